@@ -1,0 +1,45 @@
+# The two commands a new user needs:  make run  |  make test
+# Both install what they need (scripts/bootstrap) and build with -j2.
+BUILD_DIR ?= build
+JOBS ?= 2
+BUILD_TYPE ?= Release
+CMAKE_FLAGS ?=
+CONFIG ?= configs/quickstart.yaml
+FUZZ_SECONDS ?= 300
+
+.PHONY: all bootstrap configure build test run bench fuzz clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+
+configure: bootstrap $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+
+# Unit, integration and end-to-end tests (GPU tests carry the label gpu and are run separately).
+test: build
+	ctest --test-dir $(BUILD_DIR) -L 'unit|integration|e2e' --output-on-failure -j$(JOBS) --timeout 600
+
+# The main job on the built-in default: two workers, the built-in trainer, the arithmetic task.
+run: build
+	$(BUILD_DIR)/apps/arlo run $(CONFIG)
+
+bench: build
+	scripts/bench $(BUILD_DIR)
+
+# libFuzzer targets (clang), each for FUZZ_SECONDS.
+fuzz:
+	@scripts/bootstrap --fuzz
+	cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+	  -DARLO_FUZZ=ON -DARLO_WITH_TORCH=OFF -DARLO_BUILD_BENCH=OFF -DARLO_BUILD_TESTS=ON
+	cmake --build build-fuzz -j$(JOBS) --target fuzz_targets
+	scripts/fuzz build-fuzz $(FUZZ_SECONDS)
+
+clean:
+	rm -rf $(BUILD_DIR) build-fuzz
