@@ -59,6 +59,20 @@ struct Limits {
 // Exposed for fuzzing and for readers that fetch the header themselves.
 Result<Header> parse_header(std::string_view json, std::uint64_t data_size, const Limits& limits = {});
 
+// The parsed layout of a whole safetensors file held in memory.
+struct Layout {
+  Header header;
+  std::uint64_t data_start = 0;  // file offset of the data section: 8 + header length
+};
+
+// Validates a whole file image exactly as File::open does: the 8-byte little-endian length, the
+// header, and the data section that follows (its size is what remains after the header).
+// `source` names the file in error messages. Never reads outside `file_bytes`; allocates at most
+// in proportion to the header length. This is the single code path behind File::open and
+// File::from_bytes, and the entry point of the fuzz target.
+Result<Layout> parse_file_bytes(std::span<const std::byte> file_bytes, std::string_view source,
+                                const Limits& limits = {});
+
 // Serialises a header (offsets taken from `tensors` as given) to JSON, padded with spaces so the
 // data section starts 8-byte aligned, as the reference writer does.
 std::string serialize_header(const Header& header);
@@ -66,7 +80,12 @@ std::string serialize_header(const Header& header);
 // A read-only memory-mapped safetensors file.
 class File {
  public:
+  // Maps `path` read-only (MAP_SHARED). The file must not be truncated while mapped: writers replace
+  // files by rename, which leaves existing mappings intact.
   static Result<File> open(const std::filesystem::path& path, const Limits& limits = {});
+  // A file image already in memory (received over a socket, say): validated like open(); the File
+  // owns `bytes` and data() spans point into it. `name` stands for the path in error messages.
+  static Result<File> from_bytes(std::vector<std::byte> bytes, std::string name, const Limits& limits = {});
   File(File&&) noexcept;
   File& operator=(File&&) noexcept;
   ~File();
@@ -84,6 +103,8 @@ class File {
   const std::byte* map_ = nullptr;
   std::size_t map_size_ = 0;
   std::uint64_t data_start_ = 0;
+  bool mapped_ = false;            // map_ came from mmap (else it points into owned_)
+  std::vector<std::byte> owned_;   // from_bytes: the image itself
 };
 
 // What a writer declares up front.
