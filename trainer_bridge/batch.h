@@ -145,7 +145,8 @@ struct TensorRef {
 };
 
 // A received batch: owns its bytes (a memory map of the file or a received buffer) and checks the
-// schema on construction, so every accessor below is safe to use on what it returns. Hostile input
+// schema on construction, so every accessor below is safe to use on what it returns. Copies are
+// cheap and share the bytes, which live until the last copy is gone. Hostile input
 // (truncated file, lying header, wrong dtypes or shapes, out-of-range values) yields kParse or
 // kMismatch, never a crash.
 class BatchView {
@@ -153,6 +154,8 @@ class BatchView {
   static Result<BatchView> open(const std::filesystem::path& path);
   static Result<BatchView> from_bytes(std::string bytes);
 
+  BatchView(const BatchView&) = default;
+  BatchView& operator=(const BatchView&) = default;
   BatchView(BatchView&&) noexcept;
   BatchView& operator=(BatchView&&) noexcept;
   ~BatchView();
@@ -189,7 +192,7 @@ class BatchView {
  private:
   BatchView();
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace arlo::bridge

@@ -1,0 +1,100 @@
+#include "trainer_bridge/internal.h"
+
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+
+namespace arlo::bridge::internal {
+
+Status write_atomic(const std::filesystem::path& path, std::string_view content) {
+  const auto tmp = path.parent_path() / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return make_error(ErrorCode::kIo, fmt::format("creating {}: {}", tmp.string(), std::strerror(errno)));
+  }
+  std::size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return make_error(ErrorCode::kIo, fmt::format("writing {}: {}", tmp.string(), std::strerror(err)));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return make_error(ErrorCode::kIo, fmt::format("renaming {} to {}: {}", tmp.string(), path.string(), std::strerror(err)));
+  }
+  return ok();
+}
+
+Result<std::string> read_small_file(const std::filesystem::path& path, std::size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kNotFound, fmt::format("cannot open {}", path.string()));
+  std::string out;
+  char buf[4096];
+  while (in) {
+    in.read(buf, sizeof buf);
+    out.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (out.size() > max_bytes) {
+      return make_error(ErrorCode::kResourceExhausted, fmt::format("{} is larger than {} bytes", path.string(), max_bytes));
+    }
+  }
+  return out;
+}
+
+std::optional<std::int64_t> parse_numbered(std::string_view name, std::string_view prefix, std::string_view suffix) {
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) {
+    return std::nullopt;
+  }
+  const std::string_view digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  std::int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec != std::errc() || ptr != digits.data() + digits.size() || value < 0) return std::nullopt;
+  return value;
+}
+
+std::optional<std::pair<std::int64_t, int>> parse_ack_name(std::string_view name) {
+  const auto dot = name.find(".rank_");
+  if (dot == std::string_view::npos) return std::nullopt;
+  const auto step = parse_numbered(name.substr(0, dot), "step_", "");
+  if (!step) return std::nullopt;
+  const std::string_view tail = name.substr(dot + 6);
+  int rank = 0;
+  auto [p, ec] = std::from_chars(tail.data(), tail.data() + tail.size(), rank);
+  if (tail.empty() || ec != std::errc() || p != tail.data() + tail.size() || rank < 0) return std::nullopt;
+  return std::make_pair(*step, rank);
+}
+
+std::int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+boost::asio::awaitable<bool> Signal::wait(std::chrono::steady_clock::time_point deadline) {
+  auto executor = co_await boost::asio::this_coro::executor;
+  boost::asio::steady_timer timer(executor, deadline);
+  waiters_.insert(&timer);
+  boost::system::error_code ec;
+  co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+  waiters_.erase(&timer);
+  co_return ec == boost::asio::error::operation_aborted;
+}
+
+void Signal::notify_all() {
+  for (auto* timer : waiters_) timer->cancel();
+}
+
+}  // namespace arlo::bridge::internal

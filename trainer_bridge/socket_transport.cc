@@ -1,0 +1,623 @@
+// The `socket` transport (bridge.h has the contract). Frames: [u8 type][u64 LE length][payload].
+//
+//   trainer -> orchestrator: HELLO {rank, last_acked_step, version?, info?}, ACK {step},
+//                            VERSION {version, info}, HEARTBEAT {time_ms, last_acked_step}
+//   orchestrator -> trainer: WELCOME {num_ranks}, BATCH <safetensors image>, HEARTBEAT {time_ms},
+//                            ERROR {message} (then closes)
+//
+// No batch is lost or duplicated across restarts because the orchestrator keeps every
+// unacknowledged step in memory (at most max_pending_batches) and resends, on each HELLO, what
+// that rank has not acked; the trainer drops a resent step it already has or already acked (and
+// acks it again). A restarted orchestrator learns the trainer's progress from HELLO.
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <fmt/format.h>
+
+#include <array>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "trainer_bridge/internal.h"
+#include "trainer_bridge/transports.h"
+
+namespace arlo::bridge::internal {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+enum FrameType : std::uint8_t {
+  kHello = 1,
+  kWelcome = 2,
+  kBatch = 3,
+  kAck = 4,
+  kVersion = 5,
+  kHeartbeat = 6,
+  kError = 7,
+};
+
+struct Frame {
+  std::array<char, 9> head{};
+  std::shared_ptr<const std::string> payload;
+};
+
+Frame make_frame(std::uint8_t type, std::shared_ptr<const std::string> payload) {
+  Frame f;
+  f.head[0] = static_cast<char>(type);
+  const std::uint64_t n = payload->size();
+  for (int i = 0; i < 8; ++i) f.head[1 + i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  f.payload = std::move(payload);
+  return f;
+}
+Frame make_frame(std::uint8_t type, const json& body) {
+  return make_frame(type, std::make_shared<const std::string>(body.dump()));
+}
+
+// One connection's outgoing queue: frames are written in order by a single writer coroutine.
+struct Outbox {
+  std::deque<Frame> frames;
+  bool writing = false;
+};
+
+// Reads one frame; kResourceExhausted when it is larger than `max_bytes`.
+asio::awaitable<Result<std::pair<std::uint8_t, std::string>>> read_frame(tcp::socket& sock, std::size_t max_bytes) {
+  std::array<unsigned char, 9> head{};
+  boost::system::error_code ec;
+  co_await asio::async_read(sock, asio::buffer(head), asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return make_error(ErrorCode::kUnavailable, fmt::format("connection closed ({})", ec.message()));
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(head[1 + i]) << (8 * i);
+  if (n > max_bytes) {
+    co_return make_error(ErrorCode::kResourceExhausted, fmt::format("frame of {} bytes exceeds the limit of {}", n, max_bytes));
+  }
+  std::string payload(n, '\0');
+  co_await asio::async_read(sock, asio::buffer(payload), asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return make_error(ErrorCode::kUnavailable, fmt::format("connection closed mid-frame ({})", ec.message()));
+  co_return std::make_pair(head[0], std::move(payload));
+}
+
+// Starts the writer if idle. `sock` and `box` must outlive the writer (the shared_ptrs see to it).
+void enqueue(std::shared_ptr<tcp::socket> sock, std::shared_ptr<Outbox> box, Frame frame) {
+  box->frames.push_back(std::move(frame));
+  if (box->writing) return;
+  box->writing = true;
+  auto executor = sock->get_executor();
+  asio::co_spawn(
+      executor,
+      [sock, box]() -> asio::awaitable<void> {
+        while (!box->frames.empty()) {
+          Frame& f = box->frames.front();
+          std::array<asio::const_buffer, 2> bufs{asio::buffer(f.head), asio::buffer(*f.payload)};
+          boost::system::error_code ec;
+          co_await asio::async_write(*sock, bufs, asio::redirect_error(asio::use_awaitable, ec));
+          if (ec) {
+            box->frames.clear();
+            sock->close(ec);
+            break;
+          }
+          box->frames.pop_front();
+        }
+        box->writing = false;
+      },
+      asio::detached);
+}
+
+json parse_body(const std::string& payload) { return json::parse(payload, nullptr, /*allow_exceptions=*/false); }
+
+std::int64_t get_int(const json& j, const char* key, std::int64_t fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return fallback;
+  return it->get<std::int64_t>();
+}
+
+// ----------------------------------------------------------------------------------------------
+// Orchestrator side.
+
+struct Session {
+  explicit Session(tcp::socket s) : sock(std::make_shared<tcp::socket>(std::move(s))), box(std::make_shared<Outbox>()) {}
+  std::shared_ptr<tcp::socket> sock;
+  std::shared_ptr<Outbox> box;
+  int rank = -1;
+  Clock::time_point last_rx = Clock::now();
+  bool closed = false;
+
+  void send(Frame f) {
+    if (!closed) enqueue(sock, box, std::move(f));
+  }
+  void close() {
+    closed = true;
+    boost::system::error_code ec;
+    sock->close(ec);
+  }
+};
+
+struct SocketServerState {
+  SocketServerState(asio::io_context& io, ServerOptions o) : io(io), opt(std::move(o)), acceptor(io) {}
+
+  asio::io_context& io;
+  ServerOptions opt;
+  tcp::acceptor acceptor;
+  std::uint16_t bound_port = 0;
+  std::map<int, std::shared_ptr<Session>> sessions;  // by rank, after HELLO
+  std::map<std::int64_t, std::vector<std::shared_ptr<const std::string>>> pending;  // step -> per-rank image
+  std::vector<std::int64_t> rank_acked;
+  std::int64_t last_acked = 0;
+  std::int64_t latest_version = -1;
+  bool started = false, stopped = false;
+  Signal changed;
+
+  std::function<void(VersionEvent)> version_cb;
+  std::function<void(HeartbeatEvent)> heartbeat_cb;
+  std::function<void(std::int64_t)> ack_cb;
+
+  void handle_ack(int rank, std::int64_t step) {
+    rank_acked[rank] = std::max(rank_acked[rank], step);
+    const std::int64_t all = *std::min_element(rank_acked.begin(), rank_acked.end());
+    if (all <= last_acked) return;
+    last_acked = all;
+    while (!pending.empty() && pending.begin()->first <= all) {
+      const std::int64_t s = pending.begin()->first;
+      pending.erase(pending.begin());
+      if (ack_cb) ack_cb(s);
+    }
+    changed.notify_all();
+  }
+
+  void handle_version(std::int64_t version, json info) {
+    if (version <= latest_version) return;
+    latest_version = version;
+    if (version_cb) version_cb(VersionEvent{version, info.is_object() ? std::move(info) : json::object()});
+  }
+
+  void send_batch(Session& s, std::int64_t step, const std::shared_ptr<const std::string>& image) {
+    s.send(make_frame(kBatch, image));
+    (void)step;
+  }
+
+  static asio::awaitable<void> watchdog(std::shared_ptr<SocketServerState> st, std::shared_ptr<Session> s) {
+    asio::steady_timer timer(st->io);
+    while (!s->closed && !st->stopped) {
+      timer.expires_after(st->opt.heartbeat_interval);
+      boost::system::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (s->closed || st->stopped) break;
+      if (Clock::now() - s->last_rx > st->opt.heartbeat_timeout) {
+        ARLO_WARN("bridge socket: trainer rank {} silent for longer than the heartbeat timeout; dropping it", s->rank);
+        s->close();
+        break;
+      }
+      s->send(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}}));
+    }
+  }
+
+  static asio::awaitable<void> serve(std::shared_ptr<SocketServerState> st, std::shared_ptr<Session> s) {
+    asio::co_spawn(st->io, watchdog(st, s), asio::detached);
+    auto hello = co_await read_frame(*s->sock, st->opt.max_frame_bytes);
+    if (!hello || hello->first != kHello) {
+      if (hello) ARLO_WARN("bridge socket: first frame was type {}, expected HELLO; closing", hello->first);
+      s->close();
+      co_return;
+    }
+    s->last_rx = Clock::now();
+    const json h = parse_body(hello->second);
+    const std::int64_t rank = h.is_object() ? get_int(h, "rank", -1) : -1;
+    if (rank < 0 || rank >= st->opt.num_ranks) {
+      const std::string why = fmt::format("rank {} is outside [0, {}) (num_ranks of the orchestrator)", rank, st->opt.num_ranks);
+      ARLO_WARN("bridge socket: refusing a trainer: {}", why);
+      s->send(make_frame(kError, json{{"message", why}}));
+      co_return;  // the watchdog closes it after the error went out or the timeout passed
+    }
+    s->rank = static_cast<int>(rank);
+    if (auto old = st->sessions.find(s->rank); old != st->sessions.end()) old->second->close();
+    st->sessions[s->rank] = s;
+    ARLO_INFO("bridge socket: trainer rank {} connected (last acked step {})", rank, get_int(h, "last_acked_step", 0));
+    s->send(make_frame(kWelcome, json{{"num_ranks", st->opt.num_ranks}}));
+    st->handle_ack(s->rank, get_int(h, "last_acked_step", 0));
+    if (h.contains("version")) st->handle_version(get_int(h, "version", -1), h.value("info", json::object()));
+    for (const auto& [step, images] : st->pending) {
+      if (step > st->rank_acked[s->rank]) st->send_batch(*s, step, images[s->rank]);
+    }
+
+    for (;;) {
+      auto frame = co_await read_frame(*s->sock, st->opt.max_frame_bytes);
+      if (!frame) {
+        if (!s->closed && !st->stopped) ARLO_WARN("bridge socket: trainer rank {}: {}", s->rank, frame.error().what());
+        break;
+      }
+      s->last_rx = Clock::now();
+      const json body = parse_body(frame->second);
+      if (!body.is_object()) {
+        ARLO_WARN("bridge socket: trainer rank {} sent a malformed frame of type {}; closing", s->rank, frame->first);
+        break;
+      }
+      switch (frame->first) {
+        case kAck:
+          st->handle_ack(s->rank, get_int(body, "step", 0));
+          break;
+        case kVersion:
+          st->handle_version(get_int(body, "version", -1), body.value("info", json::object()));
+          break;
+        case kHeartbeat:
+          if (st->heartbeat_cb) {
+            st->heartbeat_cb(HeartbeatEvent{s->rank, get_int(body, "last_acked_step", 0), get_int(body, "time_ms", 0)});
+          }
+          break;
+        default:
+          ARLO_WARN("bridge socket: trainer rank {} sent unknown frame type {}; ignored", s->rank, frame->first);
+      }
+    }
+    s->close();
+    if (auto it = st->sessions.find(s->rank); it != st->sessions.end() && it->second == s) st->sessions.erase(it);
+  }
+
+  static asio::awaitable<void> accept_loop(std::shared_ptr<SocketServerState> st) {
+    for (;;) {
+      boost::system::error_code ec;
+      tcp::socket sock = co_await st->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      if (st->stopped) co_return;
+      if (ec) {
+        ARLO_WARN_EVERY(5.0, "bridge socket: accept failed: {}", ec.message());
+        continue;
+      }
+      sock.set_option(tcp::no_delay(true), ec);
+      asio::co_spawn(st->io, serve(st, std::make_shared<Session>(std::move(sock))), asio::detached);
+    }
+  }
+};
+
+class SocketServer final : public BridgeServer {
+ public:
+  SocketServer(asio::io_context& io, ServerOptions options)
+      : state_(std::make_shared<SocketServerState>(io, std::move(options))) {}
+  ~SocketServer() override { stop(); }
+
+  void on_version(std::function<void(VersionEvent)> cb) override { state_->version_cb = std::move(cb); }
+  void on_heartbeat(std::function<void(HeartbeatEvent)> cb) override { state_->heartbeat_cb = std::move(cb); }
+  void on_ack(std::function<void(std::int64_t)> cb) override { state_->ack_cb = std::move(cb); }
+
+  Status start() override {
+    auto& st = *state_;
+    if (st.started) return make_error(ErrorCode::kInvalidArgument, "bridge socket: start() called twice");
+    boost::system::error_code ec;
+    const auto address = asio::ip::make_address(st.opt.bind, ec);
+    if (ec) return make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket: bad bind address '{}'", st.opt.bind));
+    const tcp::endpoint endpoint(address, st.opt.port);
+    st.acceptor.open(endpoint.protocol(), ec);
+    if (!ec) st.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) st.acceptor.bind(endpoint, ec);
+    if (!ec) st.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return make_error(ErrorCode::kIo, fmt::format("bridge socket: listening on {}:{}: {}", st.opt.bind, st.opt.port, ec.message()));
+    }
+    st.bound_port = st.acceptor.local_endpoint().port();
+    st.rank_acked.assign(static_cast<std::size_t>(st.opt.num_ranks), 0);
+    st.started = true;
+    asio::co_spawn(st.io, SocketServerState::accept_loop(state_), asio::detached);
+    ARLO_INFO("bridge socket: listening on {}:{} for {} rank(s)", st.opt.bind, st.bound_port, st.opt.num_ranks);
+    return ok();
+  }
+
+  asio::awaitable<Status> send(StepBatch batch) override {
+    auto st = state_;
+    if (!st->started) co_return make_error(ErrorCode::kInvalidArgument, "bridge socket: send() before start()");
+    if (static_cast<int>(batch.ranks.size()) != st->opt.num_ranks) {
+      co_return make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket: step {} has {} rank parts, num_ranks is {}",
+                                                                    batch.step, batch.ranks.size(), st->opt.num_ranks));
+    }
+    while (!st->stopped && st->pending.size() >= st->opt.max_pending_batches && batch.step > st->last_acked) {
+      co_await st->changed.wait(Clock::time_point::max());
+    }
+    if (st->stopped) co_return make_error(ErrorCode::kCancelled, "bridge socket: stopped");
+    if (batch.step <= st->last_acked || st->pending.contains(batch.step)) co_return ok();
+    std::vector<std::shared_ptr<const std::string>> images;
+    for (const RankBatch& rb : batch.ranks) {
+      auto image = encode(rb);
+      if (!image) co_return std::unexpected(std::move(image.error()));
+      images.push_back(std::make_shared<const std::string>(std::move(*image)));
+    }
+    for (auto& [rank, session] : st->sessions) {
+      if (batch.step > st->rank_acked[rank]) st->send_batch(*session, batch.step, images[rank]);
+    }
+    st->pending.emplace(batch.step, std::move(images));
+    co_return ok();
+  }
+
+  asio::awaitable<Status> wait_all_acked(Duration timeout) override {
+    auto st = state_;
+    const auto deadline = Clock::now() + timeout;
+    while (!st->pending.empty() && !st->stopped) {
+      if (!co_await st->changed.wait(deadline) && !st->pending.empty()) {
+        co_return make_error(ErrorCode::kTimeout, fmt::format("bridge socket: {} step(s) still unacknowledged (oldest {})",
+                                                              st->pending.size(), st->pending.begin()->first));
+      }
+    }
+    if (!st->pending.empty()) co_return make_error(ErrorCode::kCancelled, "bridge socket: stopped");
+    co_return ok();
+  }
+
+  std::size_t pending() const override { return state_->pending.size(); }
+  std::int64_t last_acked_step() const override { return state_->last_acked; }
+  std::int64_t latest_version() const override { return state_->latest_version; }
+  std::uint16_t port() const override { return state_->bound_port; }
+
+  void stop() override {
+    auto& st = *state_;
+    if (st.stopped) return;
+    st.stopped = true;
+    boost::system::error_code ec;
+    st.acceptor.close(ec);
+    for (auto& [rank, s] : st.sessions) s->close();
+    st.sessions.clear();
+    st.changed.notify_all();
+  }
+
+ private:
+  std::shared_ptr<SocketServerState> state_;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Trainer side: a background thread runs the connection; the trainer's calls exchange data with it
+// under a mutex.
+
+class SocketClient final : public BridgeClient {
+ public:
+  explicit SocketClient(ClientOptions o) : opt_(std::move(o)), work_(asio::make_work_guard(io_)), backoff_timer_(io_) {
+    last_acked_ = std::max<std::int64_t>(0, opt_.start_after_step);
+  }
+  ~SocketClient() override { close(); }
+
+  void start() {
+    asio::co_spawn(io_, run(), asio::detached);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+
+  Result<BatchView> next_batch(Duration timeout) override {
+    std::unique_lock lock(mu_);
+    const auto deadline = Clock::now() + timeout;
+    cv_.wait_until(lock, deadline, [&] { return closed_ || fatal_ || batch_error_ || !ready_.empty(); });
+    if (closed_) return make_error(ErrorCode::kCancelled, "bridge socket client: closed");
+    if (fatal_) return std::unexpected(*fatal_);
+    if (batch_error_) {
+      Error e = std::move(*batch_error_);
+      batch_error_.reset();
+      return std::unexpected(std::move(e));
+    }
+    if (ready_.empty()) {
+      return make_error(ErrorCode::kTimeout, fmt::format("bridge socket client: no batch for rank {} after step {} within the "
+                                                         "timeout ({})", opt_.rank, last_acked_, connected_ ? "connected" : "not connected"));
+    }
+    return ready_.begin()->second;
+  }
+
+  Status ack(std::int64_t step) override {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return make_error(ErrorCode::kCancelled, "bridge socket client: closed");
+      if (step <= last_acked_) return ok();
+      last_acked_ = step;
+      while (!ready_.empty() && ready_.begin()->first <= step) ready_.erase(ready_.begin());
+    }
+    asio::post(io_, [this, step] { send_now(make_frame(kAck, json{{"step", step}})); });
+    return ok();
+  }
+
+  Status published(std::int64_t version, const json& info) override {
+    if (version < 0) return make_error(ErrorCode::kInvalidArgument, fmt::format("published: version {} < 0", version));
+    json body{{"version", version}, {"info", info.is_object() ? info : json::object()}};
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return make_error(ErrorCode::kCancelled, "bridge socket client: closed");
+      if (version > latest_version_) {
+        latest_version_ = version;
+        latest_info_ = body["info"];
+      }
+    }
+    // Sent now when connected; otherwise the next HELLO carries the latest version.
+    asio::post(io_, [this, body = std::move(body)] { send_now(make_frame(kVersion, body)); });
+    return ok();
+  }
+
+  Status heartbeat() override {
+    asio::post(io_, [this] { send_heartbeat(); });
+    return ok();
+  }
+
+  std::int64_t last_acked_step() const override {
+    std::lock_guard lock(mu_);
+    return last_acked_;
+  }
+
+  void close() override {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+    }
+    cv_.notify_all();
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  // io thread only from here on.
+  void send_now(Frame f) {
+    if (sock_ && sock_->is_open()) enqueue(sock_, box_, std::move(f));
+  }
+  void send_heartbeat() { send_now(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}, {"last_acked_step", last_acked_step()}})); }
+
+  asio::awaitable<void> heartbeats(std::shared_ptr<tcp::socket> sock) {
+    asio::steady_timer timer(io_);
+    while (sock->is_open()) {
+      timer.expires_after(opt_.heartbeat_interval);
+      boost::system::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (!sock->is_open() || sock != sock_) break;
+      if (Clock::now() - last_rx_ > opt_.heartbeat_timeout) {
+        ARLO_WARN("bridge socket client: orchestrator silent for longer than the heartbeat timeout; reconnecting");
+        sock->close(ec);
+        break;
+      }
+      send_heartbeat();
+    }
+  }
+
+  asio::awaitable<void> run() {
+    auto backoff = std::chrono::milliseconds(20);
+    const auto max_backoff = std::chrono::duration_cast<std::chrono::milliseconds>(opt_.reconnect_backoff_max);
+    bool warned = false;
+    for (;;) {
+      if (is_closed()) co_return;
+      auto sock = std::make_shared<tcp::socket>(io_);
+      boost::system::error_code ec;
+      const auto address = asio::ip::make_address(opt_.host, ec);
+      if (ec) {
+        set_fatal(make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket client: bad host '{}' (an IP address)", opt_.host)).error());
+        co_return;
+      }
+      co_await sock->async_connect(tcp::endpoint(address, opt_.port), asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) {
+        if (!warned) ARLO_INFO("bridge socket client: cannot reach {}:{} yet ({}); retrying", opt_.host, opt_.port, ec.message());
+        warned = true;
+        backoff_timer_.expires_after(backoff);
+        co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        backoff = std::min(backoff * 2, max_backoff);
+        continue;
+      }
+      warned = false;
+      backoff = std::chrono::milliseconds(20);
+      sock->set_option(tcp::no_delay(true), ec);
+      sock_ = sock;
+      box_ = std::make_shared<Outbox>();
+      last_rx_ = Clock::now();
+      json hello{{"rank", opt_.rank}, {"protocol", 1}};
+      {
+        std::lock_guard lock(mu_);
+        hello["last_acked_step"] = last_acked_;
+        if (latest_version_ >= 0) {
+          hello["version"] = latest_version_;
+          hello["info"] = latest_info_;
+        }
+      }
+      {
+        std::lock_guard lock(mu_);
+        connected_ = true;
+      }
+      send_now(make_frame(kHello, hello));
+      asio::co_spawn(io_, heartbeats(sock), asio::detached);
+      for (;;) {
+        auto frame = co_await read_frame(*sock, opt_.max_frame_bytes);
+        if (!frame) {
+          if (!is_closed()) ARLO_WARN("bridge socket client: {}; reconnecting", frame.error().what());
+          break;
+        }
+        last_rx_ = Clock::now();
+        if (frame->first == kBatch) {
+          on_batch(std::move(frame->second));
+        } else if (frame->first == kError) {
+          const json body = parse_body(frame->second);
+          set_fatal(Error(ErrorCode::kInvalidArgument,
+                          fmt::format("bridge socket client: orchestrator refused rank {}: {}", opt_.rank,
+                                      body.is_object() ? body.value("message", std::string("?")) : std::string("?"))));
+          sock->close(ec);
+          co_return;
+        }
+        // WELCOME and HEARTBEAT only refresh last_rx_.
+      }
+      sock->close(ec);
+      {
+        std::lock_guard lock(mu_);
+        connected_ = false;
+      }
+      backoff_timer_.expires_after(backoff);
+      co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+
+  void on_batch(std::string image) {
+    auto view = BatchView::from_bytes(std::move(image));
+    std::int64_t reack = -1;
+    {
+      std::lock_guard lock(mu_);
+      if (!view) {
+        batch_error_ = std::move(view.error()).with_context("bridge socket client: received batch refused");
+      } else if (view->rank() != opt_.rank) {
+        batch_error_ = Error(ErrorCode::kMismatch, fmt::format("bridge socket client: received a batch for rank {}, this is rank {}",
+                                                               view->rank(), opt_.rank));
+      } else if (view->step() <= last_acked_) {
+        reack = last_acked_;  // resent after a reconnect; it is done, say so again
+      } else {
+        ready_.emplace(view->step(), std::move(*view));
+      }
+    }
+    cv_.notify_all();
+    if (reack >= 0) send_now(make_frame(kAck, json{{"step", reack}}));
+  }
+
+  bool is_closed() {
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
+  void set_fatal(Error e) {
+    {
+      std::lock_guard lock(mu_);
+      fatal_ = std::move(e);
+    }
+    cv_.notify_all();
+  }
+
+  ClientOptions opt_;
+  asio::io_context io_;  // first: destroyed last, after everything that uses it
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  asio::steady_timer backoff_timer_;
+  std::thread thread_;
+
+  // io thread only
+  std::shared_ptr<tcp::socket> sock_;
+  std::shared_ptr<Outbox> box_;
+  Clock::time_point last_rx_ = Clock::now();
+
+  // shared, under mu_
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::int64_t, BatchView> ready_;
+  std::int64_t last_acked_ = 0;
+  std::int64_t latest_version_ = -1;
+  json latest_info_ = json::object();
+  std::optional<Error> batch_error_;
+  std::optional<Error> fatal_;
+  bool closed_ = false;
+  bool connected_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BridgeServer>> make_socket_server(asio::io_context& io, ServerOptions options) {
+  if (options.num_ranks < 1) return make_error(ErrorCode::kInvalidArgument, "bridge socket: num_ranks must be >= 1");
+  if (options.max_pending_batches < 1) return make_error(ErrorCode::kInvalidArgument, "bridge socket: max_pending_batches must be >= 1");
+  return std::unique_ptr<BridgeServer>(new SocketServer(io, std::move(options)));
+}
+
+Result<std::unique_ptr<BridgeClient>> make_socket_client(const ClientOptions& options) {
+  if (options.port == 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: port is 0 (give the orchestrator's port)");
+  if (options.rank < 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: rank must be >= 0");
+  auto client = std::make_unique<SocketClient>(options);
+  client->start();
+  return std::unique_ptr<BridgeClient>(std::move(client));
+}
+
+}  // namespace arlo::bridge::internal
