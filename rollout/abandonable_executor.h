@@ -1,0 +1,142 @@
+#pragma once
+// Runs untrusted blocking calls (reward plugins, user code) off the event loop, each under a
+// timeout, without ever letting a hung call block the loop or shutdown.
+//
+// A call that overruns its timeout is *abandoned*: the awaiting coroutine resumes with kTimeout,
+// the worker thread stuck in the call is written off and a replacement thread is started, so
+// capacity is kept. When the stuck call eventually returns, its thread exits and its result is
+// discarded. Threads are detached: the destructor never joins, so shutdown cannot hang on a plugin.
+// After `max_abandoned` threads are stuck at once, new calls fail fast with kResourceExhausted.
+//
+// Contract: the io_context passed to run() must outlive this executor. Whatever the work closure
+// captures (e.g. a shared_ptr to a plugin) stays alive until the call really returns.
+// Thread-safety: run() is called from the loop's thread; everything else is internal.
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/result.h"
+
+namespace arlo::rollout {
+
+class AbandonableExecutor {
+ public:
+  struct Options {
+    std::size_t threads = 2;
+    std::size_t max_abandoned = 16;
+  };
+  explicit AbandonableExecutor(Options options);
+  ~AbandonableExecutor();
+  AbandonableExecutor(const AbandonableExecutor&) = delete;
+  AbandonableExecutor& operator=(const AbandonableExecutor&) = delete;
+
+  // Runs `fn` (returning Result<R>) on a worker thread; resumes on `loop` with its result, or with
+  // kTimeout after `timeout`, or kCancelled if the executor is destroyed first.
+  template <typename R, typename F>
+  boost::asio::awaitable<Result<R>> run(boost::asio::io_context& loop, F fn, std::chrono::steady_clock::duration timeout);
+
+  // Calls currently stuck past their timeout (threads written off and not yet returned).
+  std::size_t abandoned() const;
+  // Total calls that timed out since construction.
+  std::size_t timeouts() const;
+
+ private:
+  enum : int { kQueued = 0, kRunning = 1, kDone = 2, kAbandoned = 3 };
+  struct Job {
+    std::atomic<int> state{kQueued};
+    // Runs the work and returns the closure that delivers its result to the loop.
+    std::move_only_function<std::move_only_function<void()>()> work;
+    // Delivers an error to the loop instead (shutdown).
+    std::move_only_function<void(Error)> fail;
+  };
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Job>> queue;
+    std::set<std::shared_ptr<Job>> running;
+    bool stopping = false;
+    std::size_t abandoned = 0;
+    std::size_t timeouts = 0;
+    std::size_t max_abandoned = 0;
+  };
+
+  static void worker_main(std::shared_ptr<Shared> shared);
+  static void start_worker(const std::shared_ptr<Shared>& shared);
+  // Called on the loop when a job's timer expires; returns true when the job was running (lost thread).
+  static void on_timeout(const std::shared_ptr<Shared>& shared, const std::shared_ptr<Job>& job);
+  Status enqueue(std::shared_ptr<Job> job);
+
+  std::shared_ptr<Shared> shared_;
+};
+
+template <typename R, typename F>
+boost::asio::awaitable<Result<R>> AbandonableExecutor::run(boost::asio::io_context& loop, F fn,
+                                                            std::chrono::steady_clock::duration timeout) {
+  namespace asio = boost::asio;
+  auto initiate = [this, &loop, timeout](auto handler, F fn) {
+    using H = decltype(handler);
+    // Loop-thread only: whichever of result / timeout / shutdown arrives first completes the wait.
+    struct Waiter {
+      H handler;
+      asio::steady_timer timer;
+      bool finished = false;
+      Waiter(H h, asio::io_context& l) : handler(std::move(h)), timer(l) {}
+      void finish(Result<R> r) {
+        if (finished) return;
+        finished = true;
+        timer.cancel();
+        std::move(handler)(std::move(r));
+      }
+    };
+    // The waiter is owned by the loop side only (its pending timer handler keeps it alive until it
+    // finishes), so a worker thread never destroys loop objects; workers hold weak references.
+    auto waiter = std::make_shared<Waiter>(std::move(handler), loop);
+    std::weak_ptr<Waiter> weak = waiter;
+    auto job = std::make_shared<Job>();
+    auto ex = loop.get_executor();
+    job->work = [fn = std::move(fn), weak, ex]() mutable -> std::move_only_function<void()> {
+      Result<R> result = fn();
+      return [result = std::move(result), weak, ex]() mutable {
+        asio::post(ex, [result = std::move(result), weak]() mutable {
+          if (auto w = weak.lock()) w->finish(std::move(result));
+        });
+      };
+    };
+    job->fail = [weak, ex](Error e) mutable {
+      asio::post(ex, [e = std::move(e), weak]() mutable {
+        if (auto w = weak.lock()) w->finish(std::unexpected(std::move(e)));
+      });
+    };
+    if (auto st = enqueue(job); !st) {
+      asio::post(ex, [waiter, e = std::move(st).error()]() mutable { waiter->finish(std::unexpected(std::move(e))); });
+      return;
+    }
+    waiter->timer.expires_after(timeout);
+    waiter->timer.async_wait([waiter, job, shared = shared_, timeout](const boost::system::error_code& ec) {
+      if (ec || waiter->finished) return;
+      on_timeout(shared, job);
+      waiter->finish(make_error(
+          ErrorCode::kTimeout,
+          fmt::format("call did not finish within {} ms; abandoned (its thread is written off)",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count())));
+    });
+  };
+  return asio::async_initiate<decltype(asio::use_awaitable), void(Result<R>)>(std::move(initiate), asio::use_awaitable,
+                                                                             std::move(fn));
+}
+
+}  // namespace arlo::rollout

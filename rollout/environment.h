@@ -1,0 +1,114 @@
+#pragma once
+// Where tasks come from: task sources (JSONL datasets, built-in procedural tasks), eval splits, and
+// a TaskStream that walks a source in seeded shuffled order over epochs with a cursor that can be
+// saved and restored, so a resumed run continues with exactly the task it would have served next.
+//
+// Thread-safety: sources are immutable after construction and safe to share; a TaskStream is used
+// by one thread (the orchestrator's event loop).
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "rollout/types.h"
+
+namespace arlo::rollout {
+
+// An immutable, indexable list of tasks.
+class TaskSource {
+ public:
+  virtual ~TaskSource() = default;
+  virtual const std::string& name() const = 0;
+  virtual std::size_t size() const = 0;
+  virtual const Task& at(std::size_t index) const = 0;
+};
+
+// Tasks held in memory.
+class VectorTaskSource : public TaskSource {
+ public:
+  VectorTaskSource(std::string name, std::vector<Task> tasks) : name_(std::move(name)), tasks_(std::move(tasks)) {}
+  const std::string& name() const override { return name_; }
+  std::size_t size() const override { return tasks_.size(); }
+  const Task& at(std::size_t index) const override { return tasks_.at(index); }
+
+ private:
+  std::string name_;
+  std::vector<Task> tasks_;
+};
+
+// Loads a JSONL file: one object per line with "prompt" (string) or "messages" ([{role, content}]),
+// optional "answer" (string or number), optional "id" (default "<name>-<line>") and "info" (object).
+// Blank lines are skipped. Errors cite "path:line: what is wrong".
+Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, std::string name);
+
+struct ArithmeticOptions {
+  std::uint64_t seed = 0;
+  std::size_t size = 1000;
+  int num_terms = 2;       // terms per sum
+  int min_value = 10;      // each term in [min_value, max_value]
+  int max_value = 49;      // defaults give two-digit answers: "23+45=" -> "68"
+};
+// Sums of small numbers: prompt "23+45=", answer "68", info {"terms": [23, 45]}.
+Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOptions& options);
+
+struct ReverseTextOptions {
+  std::uint64_t seed = 0;
+  std::size_t size = 1000;
+  int min_length = 3;
+  int max_length = 8;
+};
+// Reverse a short lowercase string: prompt "reverse abc:", answer "cba".
+Result<std::shared_ptr<const TaskSource>> make_reverse_text(const ReverseTextOptions& options);
+
+// Splits a source into disjoint train and eval views: `eval_size` tasks chosen by a seeded shuffle
+// go to eval, the rest to train. Both views keep the parent's task objects (no copies).
+struct SplitSources {
+  std::shared_ptr<const TaskSource> train;
+  std::shared_ptr<const TaskSource> eval;
+};
+Result<SplitSources> split_eval(std::shared_ptr<const TaskSource> source, std::size_t eval_size, std::uint64_t seed);
+
+// Walks a source in order (or a seeded shuffle per epoch) for `epochs` epochs (nullopt = forever).
+class TaskStream {
+ public:
+  struct Options {
+    std::uint64_t seed = 0;
+    bool shuffle = true;
+    std::optional<std::uint64_t> epochs;  // nullopt: cycle forever
+  };
+  TaskStream(std::shared_ptr<const TaskSource> source, Options options);
+
+  // The next task, or kNotFound once all epochs are served.
+  Result<Task> next();
+  bool exhausted() const;
+
+  std::uint64_t epoch() const { return epoch_; }
+  std::uint64_t served() const { return served_; }
+
+  // {"source", "size", "seed", "shuffle", "epoch", "index", "served"}: everything needed to resume.
+  Json cursor() const;
+  // Continues from a saved cursor. kMismatch when the cursor was saved for a different source
+  // (name, size, seed or shuffle differ), kParse when it is malformed.
+  Status restore(const Json& cursor);
+
+ private:
+  void build_order();
+
+  std::shared_ptr<const TaskSource> source_;
+  Options options_;
+  std::vector<std::size_t> order_;
+  std::uint64_t epoch_ = 0;
+  std::size_t index_ = 0;
+  std::uint64_t served_ = 0;
+};
+
+// Deterministic helpers shared by the procedural tasks and the stream (stable across platforms,
+// unlike std::shuffle's distribution).
+std::uint64_t splitmix64(std::uint64_t& state);
+// Uniform in [0, bound).
+std::uint64_t uniform_below(std::uint64_t& state, std::uint64_t bound);
+std::vector<std::size_t> seeded_permutation(std::size_t n, std::uint64_t seed);
+
+}  // namespace arlo::rollout

@@ -1,0 +1,301 @@
+#include "rollout/inference_pool.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "rollout/async_util.h"
+#include "rollout/openai.h"
+
+namespace arlo::rollout {
+
+namespace asio = boost::asio;
+
+namespace {
+
+std::string strip_slash(std::string url) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  return url;
+}
+
+asio::awaitable<void> sleep_for(Duration d) {
+  asio::steady_timer t(co_await asio::this_coro::executor, d);
+  boost::system::error_code ec;
+  co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
+bool retryable(ErrorCode code) {
+  return code == ErrorCode::kUnavailable || code == ErrorCode::kTimeout || code == ErrorCode::kIo;
+}
+
+}  // namespace
+
+HttpInferencePool::HttpInferencePool(asio::io_context& io, PoolOptions options)
+    : io_(io),
+      options_(std::move(options)),
+      client_(std::make_unique<http::Client>(io, options_.client)),
+      health_timer_(io),
+      alive_(std::make_shared<bool>(true)) {}
+
+HttpInferencePool::~HttpInferencePool() {
+  *alive_ = false;
+  running_ = false;
+  health_timer_.cancel();
+}
+
+HttpInferencePool::Server* HttpInferencePool::find(const std::string& url) {
+  for (auto& s : servers_)
+    if (s->url == url) return s.get();
+  return nullptr;
+}
+
+void HttpInferencePool::add_server(const std::string& base_url) {
+  const std::string url = strip_slash(base_url);
+  Server* s = find(url);
+  if (s) {
+    if (!s->removed) return;
+    s->removed = false;
+  } else {
+    // Servers are never erased, so Server* held by in-flight requests stay valid.
+    servers_.push_back(std::make_unique<Server>());
+    s = servers_.back().get();
+    s->url = url;
+  }
+  s->healthy = false;
+  s->circuit_open = false;
+  s->consecutive_failures = 0;
+  ARLO_INFO("inference pool: server {} joined", url);
+  if (running_) {
+    auto alive = alive_;
+    asio::co_spawn(io_, [this, s, alive]() -> asio::awaitable<void> {
+      if (*alive) co_await probe(*s);
+    }, asio::detached);
+  }
+}
+
+void HttpInferencePool::remove_server(const std::string& base_url) {
+  Server* s = find(strip_slash(base_url));
+  if (!s || s->removed) return;
+  s->removed = true;
+  s->healthy = false;
+  ARLO_INFO("inference pool: server {} left ({} requests still in flight finish there)", s->url, s->outstanding);
+}
+
+std::vector<std::string> HttpInferencePool::servers() const {
+  std::vector<std::string> out;
+  for (const auto& s : servers_)
+    if (!s->removed) out.push_back(s->url);
+  return out;
+}
+
+std::vector<ServerStatus> HttpInferencePool::status() const {
+  std::vector<ServerStatus> out;
+  for (const auto& s : servers_)
+    out.push_back({s->url, s->healthy && !s->circuit_open, s->circuit_open, s->removed, s->outstanding, s->completed,
+                   s->failed, s->version});
+  return out;
+}
+
+void HttpInferencePool::start() {
+  if (running_) return;
+  running_ = true;
+  asio::co_spawn(io_, health_loop(alive_), asio::detached);
+}
+
+void HttpInferencePool::stop() {
+  running_ = false;
+  health_timer_.cancel();
+}
+
+HttpInferencePool::Server* HttpInferencePool::pick(const std::string& key, const std::vector<std::string>& tried) {
+  auto usable = [](const Server& s) { return !s.removed && s.healthy && !s.circuit_open; };
+  auto was_tried = [&](const Server& s) { return std::find(tried.begin(), tried.end(), s.url) != tried.end(); };
+  if (!key.empty()) {
+    if (auto it = affinity_.find(key); it != affinity_.end()) {
+      Server* s = find(it->second);
+      if (s && usable(*s) && !was_tried(*s)) return s;
+    }
+  }
+  Server* best = nullptr;
+  const std::size_t n = servers_.size();
+  for (int pass = 0; pass < 2 && !best; ++pass) {
+    for (std::size_t k = 0; k < n; ++k) {
+      Server& s = *servers_[(round_robin_ + k) % n];
+      if (!usable(s) || (pass == 0 && was_tried(s))) continue;
+      if (!best || s.outstanding < best->outstanding) best = &s;
+    }
+  }
+  ++round_robin_;
+  return best;
+}
+
+void HttpInferencePool::remember_affinity(const std::string& key, const std::string& url) {
+  if (key.empty()) return;
+  auto [it, inserted] = affinity_.insert_or_assign(key, url);
+  if (!inserted) return;
+  affinity_order_.push_back(key);
+  while (affinity_order_.size() > options_.affinity_capacity) {
+    affinity_.erase(affinity_order_.front());
+    affinity_order_.pop_front();
+  }
+}
+
+void HttpInferencePool::on_success(Server& s) {
+  ++s.completed;
+  s.consecutive_failures = 0;
+  if (!s.circuit_open) s.healthy = true;
+}
+
+void HttpInferencePool::on_failure(Server& s, const Error& why) {
+  ++s.failed;
+  ++s.consecutive_failures;
+  ARLO_WARN_EVERY(5.0, "inference server {} failed ({} in a row): {}", s.url, s.consecutive_failures, why.what());
+  if (s.consecutive_failures >= options_.failure_threshold && !s.circuit_open) open_circuit(s);
+}
+
+void HttpInferencePool::open_circuit(Server& s) {
+  s.circuit_open = true;
+  s.healthy = false;
+  s.backoff = options_.open_backoff_initial;
+  ARLO_WARN("inference pool: circuit open for {} after {} consecutive failures", s.url, s.consecutive_failures);
+  if (!s.recovering && running_) {
+    s.recovering = true;
+    asio::co_spawn(io_, recover(s, alive_), asio::detached);
+  }
+}
+
+asio::awaitable<bool> HttpInferencePool::probe(Server& s) {
+  if (s.probing) co_return s.healthy;
+  s.probing = true;
+  auto alive = alive_;
+  auto r = co_await client_->get(s.url + "/health", options_.health_timeout);
+  if (!*alive) co_return false;
+  s.probing = false;
+  const bool ok = r && r->status >= 200 && r->status < 300;
+  if (ok) {
+    if (auto j = r->parse_json(); j && j->is_object() && j->contains("version") && (*j)["version"].is_number_integer())
+      s.version = (*j)["version"].get<std::int64_t>();
+    if (s.circuit_open) ARLO_INFO("inference pool: {} is back, circuit closed", s.url);
+    s.circuit_open = false;
+    s.healthy = !s.removed;
+    s.consecutive_failures = 0;
+  } else {
+    Error why = r ? Error(ErrorCode::kUnavailable, fmt::format("/health answered HTTP {}", r->status)) : r.error();
+    if (s.healthy)
+      on_failure(s, why);
+    else
+      ++s.failed;
+  }
+  co_return ok;
+}
+
+asio::awaitable<void> HttpInferencePool::recover(Server& s, std::shared_ptr<bool> alive) {
+  while (*alive && running_ && s.circuit_open && !s.removed) {
+    co_await sleep_for(s.backoff);
+    if (!*alive || !running_) co_return;
+    if (co_await probe(s)) break;
+    if (!*alive) co_return;
+    s.backoff = std::min(options_.open_backoff_max, s.backoff * 2);
+  }
+  if (*alive) s.recovering = false;
+}
+
+asio::awaitable<void> HttpInferencePool::check_all() {
+  std::vector<asio::awaitable<bool>> probes;
+  for (auto& s : servers_)
+    if (!s->removed && !s->recovering) probes.push_back(probe(*s));
+  co_await when_all(std::move(probes));
+}
+
+asio::awaitable<void> HttpInferencePool::health_loop(std::shared_ptr<bool> alive) {
+  while (*alive && running_) {
+    co_await check_all();
+    if (!*alive || !running_) co_return;
+    // Servers whose circuit opened while the loop was idle get a recovery coroutine.
+    for (auto& s : servers_)
+      if (s->circuit_open && !s->recovering && !s->removed) {
+        s->recovering = true;
+        asio::co_spawn(io_, recover(*s, alive), asio::detached);
+      }
+    health_timer_.expires_after(options_.health_interval);
+    boost::system::error_code ec;
+    co_await health_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest request, Duration deadline) {
+  auto alive = alive_;
+  const auto end = Clock::now() + deadline;
+  const std::string path = endpoint_path(request);
+  const bool chat = request.is_chat();
+  const std::string body = to_openai_body(request).dump();
+  std::vector<std::string> tried;
+  std::optional<Error> last_error;
+  int attempts = 0;
+  while (attempts < options_.max_attempts) {
+    const auto now = Clock::now();
+    if (now >= end) break;
+    Server* s = pick(request.affinity_key, tried);
+    if (!s) {
+      // Nothing usable right now: wait for a server to (re)join, within the deadline.
+      if (!running_ && servers_.empty())
+        co_return make_error(ErrorCode::kUnavailable, "inference pool has no servers (add inference.servers)");
+      co_await sleep_for(std::min<Duration>(end - now, std::chrono::milliseconds(20)));
+      if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
+      continue;
+    }
+    ++attempts;
+    tried.push_back(s->url);
+    remember_affinity(request.affinity_key, s->url);
+    http::ClientRequest hr;
+    hr.method = http::Verb::post;
+    hr.url = s->url + path;
+    hr.body = body;
+    hr.timeout = end - now;
+    if (options_.attempt_timeout) hr.timeout = std::min(hr.timeout, *options_.attempt_timeout);
+    hr.idempotent = false;
+    hr.retry = http::RetryPolicy{1, {}, {}};  // the pool retries, on another server
+    ++s->outstanding;
+    auto resp = co_await client_->request(std::move(hr));
+    if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
+    --s->outstanding;
+    if (!resp) {
+      if (!retryable(resp.error().code())) co_return std::unexpected(std::move(resp).error().with_context(s->url + path));
+      on_failure(*s, resp.error());
+      last_error = std::move(resp).error().with_context(s->url + path);
+      continue;
+    }
+    if (resp->status >= 500) {
+      Error e(ErrorCode::kUnavailable, fmt::format("{}{} answered HTTP {}: {}", s->url, path, resp->status, resp->body.substr(0, 200)));
+      on_failure(*s, e);
+      last_error = std::move(e);
+      continue;
+    }
+    if (resp->status >= 400) {
+      on_success(*s);  // the server is fine; the request is not
+      co_return make_error(ErrorCode::kInvalidArgument,
+                           fmt::format("{}{} rejected the request with HTTP {}: {}", s->url, path, resp->status, resp->body.substr(0, 500)));
+    }
+    auto json = resp->parse_json();
+    if (!json) co_return std::unexpected(std::move(json).error().with_context(s->url + path));
+    auto completion = parse_openai_response(*json, chat);
+    if (!completion) co_return std::unexpected(std::move(completion).error().with_context(s->url + path));
+    on_success(*s);
+    completion->server = s->url;
+    completion->attempts = attempts;
+    co_return std::move(*completion);
+  }
+  if (last_error && attempts >= options_.max_attempts)
+    co_return std::unexpected(std::move(*last_error).with_context(fmt::format("all {} attempts failed", attempts)));
+  co_return make_error(ErrorCode::kTimeout,
+                       fmt::format("no completion within the deadline ({} attempts{}{})", attempts,
+                                   last_error ? "; last error: " : "", last_error ? last_error->what() : ""));
+}
+
+}  // namespace arlo::rollout

@@ -1,0 +1,129 @@
+#pragma once
+// Sending completion requests to a fleet of OpenAI-compatible inference servers.
+//
+// InferencePool is the interface the orchestrator uses (fakes implement it in unit tests).
+// HttpInferencePool is the real one:
+//   - routing: least outstanding requests among usable servers, with group affinity (requests with
+//     the same affinity_key go to the same server while it stays usable, for its prefix cache);
+//   - a deadline on every request covering all attempts;
+//   - retry on another server for connection errors, 5xx answers and per-attempt timeouts; each
+//     submit() completes exactly once, with the first successful answer or the last error;
+//   - a circuit breaker per server: `failure_threshold` consecutive failures open it; while open the
+//     server gets no requests and is probed with GET /health after an exponential backoff; a
+//     successful probe closes it;
+//   - servers join (add_server: usable after its first successful health check) and leave
+//     (remove_server: no new requests, in-flight ones finish) at runtime.
+// Threading: everything runs on the io_context's single thread; no locks.
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/http.h"
+#include "common/result.h"
+#include "rollout/types.h"
+
+namespace arlo::rollout {
+
+struct ServerStatus {
+  std::string url;
+  bool healthy = false;        // last health check (or request) succeeded and circuit closed
+  bool circuit_open = false;
+  bool removed = false;
+  std::size_t outstanding = 0;
+  std::uint64_t completed = 0;  // successful requests
+  std::uint64_t failed = 0;     // failed attempts (connection errors, 5xx, timeouts)
+  std::optional<std::int64_t> version;  // policy version reported by /health, when present
+};
+
+class InferencePool {
+ public:
+  virtual ~InferencePool() = default;
+  // Sends one request; completes exactly once. Errors: kTimeout (deadline passed), kUnavailable
+  // (no usable server, or all attempts failed), kParse / kInvalidArgument for a 4xx or bad answer
+  // (not retried: the request itself is wrong).
+  virtual boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration deadline) = 0;
+  virtual std::vector<ServerStatus> status() const = 0;
+};
+
+struct PoolOptions {
+  Duration health_interval = std::chrono::seconds(2);
+  Duration health_timeout = std::chrono::seconds(2);
+  int failure_threshold = 3;                       // consecutive failures that open the circuit
+  Duration open_backoff_initial = std::chrono::milliseconds(200);
+  Duration open_backoff_max = std::chrono::seconds(30);
+  int max_attempts = 3;                            // servers tried per request
+  std::optional<Duration> attempt_timeout;         // per attempt; default: the remaining deadline
+  std::size_t affinity_capacity = 8192;            // affinity keys remembered (oldest forgotten)
+  http::ClientOptions client;
+};
+
+class HttpInferencePool final : public InferencePool {
+ public:
+  HttpInferencePool(boost::asio::io_context& io, PoolOptions options = {});
+  ~HttpInferencePool() override;
+
+  // base_url: "http://host:port". Adding a known URL again revives it if it was removed.
+  void add_server(const std::string& base_url);
+  void remove_server(const std::string& base_url);
+  std::vector<std::string> servers() const;  // not removed
+
+  // Starts the periodic health checks (also run once immediately for every server).
+  void start();
+  // Stops health checks and wakes waiters; in-flight requests finish on their own deadlines.
+  void stop();
+
+  boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration deadline) override;
+  std::vector<ServerStatus> status() const override;
+
+  // Health-checks every server now (used by start(); handy in tests). Completes when all answered.
+  boost::asio::awaitable<void> check_all();
+
+  http::Client& client() { return *client_; }
+
+ private:
+  struct Server {
+    std::string url;
+    bool healthy = false;
+    bool circuit_open = false;
+    bool removed = false;
+    bool probing = false;      // a health probe is in flight
+    bool recovering = false;   // a recovery coroutine owns this server's probes
+    int consecutive_failures = 0;
+    Duration backoff{};
+    Clock::time_point next_probe{};
+    std::size_t outstanding = 0;
+    std::uint64_t completed = 0;
+    std::uint64_t failed = 0;
+    std::optional<std::int64_t> version;
+  };
+
+  Server* find(const std::string& url);
+  Server* pick(const std::string& affinity_key, const std::vector<std::string>& tried);
+  void remember_affinity(const std::string& key, const std::string& url);
+  void on_success(Server& s);
+  void on_failure(Server& s, const Error& why);
+  void open_circuit(Server& s);
+  boost::asio::awaitable<bool> probe(Server& s);
+  boost::asio::awaitable<void> recover(Server& s, std::shared_ptr<bool> alive);
+  boost::asio::awaitable<void> health_loop(std::shared_ptr<bool> alive);
+
+  boost::asio::io_context& io_;
+  PoolOptions options_;
+  std::unique_ptr<http::Client> client_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::unordered_map<std::string, std::string> affinity_;  // key -> url
+  std::deque<std::string> affinity_order_;
+  boost::asio::steady_timer health_timer_;
+  bool running_ = false;
+  std::size_t round_robin_ = 0;           // breaks ties between equally loaded servers
+  std::shared_ptr<bool> alive_;           // guards coroutines that outlive the pool
+};
+
+}  // namespace arlo::rollout

@@ -1,0 +1,64 @@
+#pragma once
+// Reward modules: score one rollout (or a whole group) against its task.
+//
+// Contract for implementers: score() and score_group() may be called concurrently from several
+// threads (RewardScorer runs them on its own worker threads, never on the event loop) and must be
+// thread-safe. They return errors as values; RewardScorer also catches exceptions, enforces a
+// timeout and rejects non-finite rewards, then applies the configured failure policy.
+//
+// Modules are built from a JSON spec (the orchestrator converts its YAML section):
+//   {"type": "exact_match"}                                 trimmed completion == answer
+//   {"type": "numeric_match", "rel_tol": 1e-6, "abs_tol": 1e-9}  last number in completion == answer
+//   {"type": "lcs_ratio"}                                   2*LCS/(|completion|+|answer|)
+//   {"type": "regex_match", "pattern": "...", "compare_answer": false}
+//   {"type": "length_penalty", "max_tokens": 256, "free_tokens": 0, "coef": 1.0}
+//   {"type": "plugin", "path": "libmy_reward.so", "config": "<string or JSON>"}
+//   {"type": "http", "url": "http://127.0.0.1:9000/score", "timeout_s": 10}
+//   {"type": "weighted", "modules": [{"type": ..., "weight": 0.8, "name": "acc"}, ...]}
+// A list of specs is shorthand for "weighted". Every spec accepts "name" (default: its type),
+// used as the metric prefix.
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "rollout/types.h"
+
+namespace arlo::rollout {
+
+struct Score {
+  double reward = 0;
+  std::map<std::string, double> metrics;
+};
+
+class RewardModule {
+ public:
+  virtual ~RewardModule() = default;
+  virtual const std::string& name() const = 0;
+  virtual Result<Score> score(const Task& task, const Rollout& rollout) = 0;
+  // True when score_group() looks at the group as a whole (e.g. ranking); the scorer then makes one
+  // call per group instead of one per sample.
+  virtual bool scores_groups() const { return false; }
+  // Default: score() per sample, failing on the first error.
+  virtual Result<std::vector<Score>> score_group(const Task& task, std::span<const Rollout> group);
+};
+
+Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& spec);
+
+// Pieces the factory uses, exposed for tests and for composing in code.
+std::string trim(std::string_view s);
+// The last decimal number in `text` ("-12", "3.5", "1e3", "1,234"), or nullopt.
+std::optional<double> last_number(std::string_view text);
+// Longest common subsequence length (bytes).
+std::size_t lcs_length(std::string_view a, std::string_view b);
+
+struct WeightedPart {
+  std::unique_ptr<RewardModule> module;
+  double weight = 1.0;
+};
+// reward = sum(weight_i * reward_i); metrics: "<name_i>" = reward_i and "<name_i>/<metric>".
+std::unique_ptr<RewardModule> make_weighted(std::string name, std::vector<WeightedPart> parts);
+
+}  // namespace arlo::rollout

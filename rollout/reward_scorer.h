@@ -1,0 +1,63 @@
+#pragma once
+// Runs a RewardModule for whole groups off the event loop, each call under a timeout, and applies
+// the failure policy when a call fails, throws, hangs past its timeout or returns a non-finite value:
+//   assign: the sample gets `assign_value` and metric "reward/failed" = 1
+//   drop:   the sample's reward stays unset (callers treat it as dropped, not trained on)
+//   fail:   score_group returns the error; the orchestrator stops the run with it
+// Thread-safety: construct and call on the loop's thread. The module runs on worker threads.
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+#include "rollout/abandonable_executor.h"
+#include "rollout/reward.h"
+
+namespace arlo::rollout {
+
+enum class FailurePolicy { kAssign, kDrop, kFail };
+Result<FailurePolicy> parse_failure_policy(std::string_view name);  // assign | drop | fail
+
+struct ScorerOptions {
+  Duration timeout = std::chrono::seconds(30);  // per call (per sample, or per group for group modules)
+  FailurePolicy on_failure = FailurePolicy::kAssign;
+  double assign_value = 0.0;
+  std::size_t threads = 2;
+  std::size_t max_abandoned = 16;  // stuck calls tolerated before new calls fail fast
+};
+
+struct ScorerStats {
+  std::uint64_t calls = 0;
+  std::uint64_t scored = 0;      // samples that got a module reward
+  std::uint64_t failed = 0;      // samples whose call failed (any reason)
+  std::uint64_t timeouts = 0;
+  std::uint64_t non_finite = 0;
+  std::uint64_t assigned = 0;    // failed samples given assign_value
+  std::uint64_t dropped = 0;     // failed samples left unscored
+};
+
+class RewardScorer {
+ public:
+  RewardScorer(boost::asio::io_context& loop, std::shared_ptr<RewardModule> module, ScorerOptions options);
+
+  // Scores a complete group in place (reward, metrics, timings.scoring_s). Samples are scored
+  // concurrently. Returns an error only under the `fail` policy.
+  boost::asio::awaitable<Status> score_group(const Task& task, std::vector<Rollout>& group);
+
+  const ScorerStats& stats() const { return stats_; }
+  const RewardModule& module() const { return *module_; }
+
+ private:
+  Status handle_failure(Rollout& r, const Error& e);
+
+  boost::asio::io_context& loop_;
+  std::shared_ptr<RewardModule> module_;
+  ScorerOptions options_;
+  AbandonableExecutor executor_;
+  ScorerStats stats_;
+};
+
+}  // namespace arlo::rollout

@@ -1,0 +1,136 @@
+#include "rollout/types.h"
+
+#include <algorithm>
+
+namespace arlo::rollout {
+
+std::string Task::prompt_text() const {
+  if (prompt) return *prompt;
+  std::string out;
+  for (const auto& m : messages) {
+    if (!out.empty()) out += '\n';
+    out += m.role;
+    out += ": ";
+    out += m.content;
+  }
+  return out;
+}
+
+std::string_view to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+    case FinishReason::kUnknown: break;
+  }
+  return "unknown";
+}
+
+FinishReason parse_finish_reason(std::string_view text) {
+  if (text == "stop" || text == "eos" || text == "stop_sequence" || text == "end_turn") return FinishReason::kStop;
+  if (text == "length" || text == "max_tokens") return FinishReason::kLength;
+  if (text == "abort" || text == "cancelled" || text == "canceled") return FinishReason::kAbort;
+  if (text == "error") return FinishReason::kError;
+  return FinishReason::kUnknown;
+}
+
+std::optional<std::int64_t> Rollout::oldest_version() const {
+  if (version_spans.empty()) return std::nullopt;
+  std::int64_t v = version_spans.front().version;
+  for (const auto& s : version_spans) v = std::min(v, s.version);
+  return v;
+}
+
+std::optional<std::int64_t> Rollout::newest_version() const {
+  if (version_spans.empty()) return std::nullopt;
+  std::int64_t v = version_spans.front().version;
+  for (const auto& s : version_spans) v = std::max(v, s.version);
+  return v;
+}
+
+Rollout make_rollout(const Task& task, std::string group_id, int sample_index, const Completion& completion,
+                     const CompletionChoice& choice) {
+  Rollout r;
+  r.task_id = task.id;
+  r.group_id = std::move(group_id);
+  r.sample_index = sample_index;
+  r.prompt_tokens = completion.prompt_token_ids;
+  r.completion_tokens = choice.token_ids;
+  r.completion_text = choice.text;
+  r.logprobs = choice.logprobs;
+  r.version_spans = choice.version_spans;
+  r.finish_reason = choice.finish_reason;
+  return r;
+}
+
+Json to_json(const std::vector<VersionSpan>& spans) {
+  Json out = Json::array();
+  for (const auto& s : spans) out.push_back(Json::array({s.version, s.first_token}));
+  return out;
+}
+
+Json to_json(const Task& task) {
+  Json j = {{"id", task.id}, {"env", task.env}, {"answer", task.answer}, {"info", task.info}};
+  if (task.prompt) {
+    j["prompt"] = *task.prompt;
+  } else {
+    Json msgs = Json::array();
+    for (const auto& m : task.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
+    j["messages"] = std::move(msgs);
+  }
+  return j;
+}
+
+Result<Task> task_from_json(const Json& j) {
+  if (!j.is_object()) return make_error(ErrorCode::kParse, "task: expected a JSON object");
+  Task t;
+  try {
+    if (j.contains("id")) t.id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
+    if (j.contains("env")) t.env = j["env"].get<std::string>();
+    if (j.contains("prompt")) {
+      if (!j["prompt"].is_string()) return make_error(ErrorCode::kParse, "task: 'prompt' must be a string");
+      t.prompt = j["prompt"].get<std::string>();
+    } else if (j.contains("messages")) {
+      if (!j["messages"].is_array() || j["messages"].empty())
+        return make_error(ErrorCode::kParse, "task: 'messages' must be a non-empty array of {role, content}");
+      for (const auto& m : j["messages"]) {
+        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+            !m["content"].is_string())
+          return make_error(ErrorCode::kParse, "task: each message needs string 'role' and 'content'");
+        t.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+    } else {
+      return make_error(ErrorCode::kParse, "task: needs 'prompt' (string) or 'messages' (array)");
+    }
+    if (j.contains("answer")) {
+      const auto& a = j["answer"];
+      t.answer = a.is_string() ? a.get<std::string>() : a.dump();
+    }
+    if (j.contains("info")) {
+      if (!j["info"].is_object()) return make_error(ErrorCode::kParse, "task: 'info' must be a JSON object");
+      t.info = j["info"];
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(ErrorCode::kParse, std::string("task: ") + e.what());
+  }
+  return t;
+}
+
+Json to_json(const Rollout& r) {
+  Json metrics = Json::object();
+  for (const auto& [k, v] : r.metrics) metrics[k] = v;
+  return {{"task_id", r.task_id},
+          {"group_id", r.group_id},
+          {"sample_index", r.sample_index},
+          {"prompt_tokens", r.prompt_tokens},
+          {"completion_tokens", r.completion_tokens},
+          {"completion_text", r.completion_text},
+          {"logprobs", r.logprobs},
+          {"version_spans", to_json(r.version_spans)},
+          {"finish_reason", std::string(to_string(r.finish_reason))},
+          {"reward", r.reward ? Json(*r.reward) : Json(nullptr)},
+          {"metrics", metrics}};
+}
+
+}  // namespace arlo::rollout
