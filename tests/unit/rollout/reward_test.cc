@@ -1,0 +1,116 @@
+// Built-in reward modules, weighted composition and the factory's error messages.
+#include <gtest/gtest.h>
+
+#include "rollout/reward.h"
+
+namespace arlo::rollout {
+namespace {
+
+Task task(std::string answer) {
+  Task t;
+  t.id = "t1";
+  t.prompt = "q";
+  t.answer = std::move(answer);
+  return t;
+}
+
+Rollout sample(std::string text, std::size_t tokens = 0) {
+  Rollout r;
+  r.completion_text = std::move(text);
+  r.completion_tokens.assign(tokens, 1);
+  return r;
+}
+
+double score_of(const Json& spec, const Task& t, const Rollout& r) {
+  auto m = make_reward_module(spec);
+  EXPECT_TRUE(m) << (m ? "" : m.error().what());
+  if (!m) return -999;
+  auto s = (*m)->score(t, r);
+  EXPECT_TRUE(s) << (s ? "" : s.error().what());
+  return s ? s->reward : -999;
+}
+
+TEST(Rewards, ExactMatchTrimsAndOptionallyIgnoresCase) {
+  EXPECT_EQ(score_of({{"type", "exact_match"}}, task("68"), sample(" 68\n")), 1.0);
+  EXPECT_EQ(score_of({{"type", "exact_match"}}, task("68"), sample("6 8")), 0.0);
+  EXPECT_EQ(score_of({{"type", "exact_match"}}, task("Abc"), sample("abc")), 0.0);
+  EXPECT_EQ(score_of({{"type", "exact_match"}, {"case_sensitive", false}}, task("Abc"), sample("abc")), 1.0);
+}
+
+TEST(Rewards, NumericMatchUsesTheLastNumber) {
+  const Json spec = {{"type", "numeric_match"}};
+  EXPECT_EQ(score_of(spec, task("68"), sample("23+45 is 68.")), 1.0);
+  EXPECT_EQ(score_of(spec, task("1234"), sample("the answer: 1,234")), 1.0);
+  EXPECT_EQ(score_of(spec, task("0.5"), sample("0.50000001")), 1.0);
+  EXPECT_EQ(score_of(spec, task("68"), sample("68 or 69")), 0.0);
+  EXPECT_EQ(score_of(spec, task("-3"), sample("x=-3")), 1.0);
+  EXPECT_EQ(score_of(spec, task("5"), sample("no number")), 0.0);
+  auto m = make_reward_module(spec);
+  auto bad = (*m)->score(task("none"), sample("5"));
+  ASSERT_FALSE(bad);  // an answer without a number is a data error, not a zero
+  EXPECT_EQ(*last_number("a 1e3 b"), 1000.0);
+}
+
+TEST(Rewards, LcsRatioIsTwiceLcsOverTotalLength) {
+  EXPECT_EQ(lcs_length("abcde", "ace"), 3u);
+  // "cba" vs "cab": LCS 2 -> 2*2/6.
+  EXPECT_NEAR(score_of({{"type", "lcs_ratio"}}, task("cba"), sample("cab")), 4.0 / 6.0, 1e-12);
+  EXPECT_EQ(score_of({{"type", "lcs_ratio"}}, task("cba"), sample("cba")), 1.0);
+  EXPECT_EQ(score_of({{"type", "lcs_ratio"}}, task("abc"), sample("")), 0.0);
+}
+
+TEST(Rewards, RegexMatchAndCapturedAnswer) {
+  EXPECT_EQ(score_of({{"type", "regex_match"}, {"pattern", "^\\d+$"}}, task(""), sample("123")), 1.0);
+  EXPECT_EQ(score_of({{"type", "regex_match"}, {"pattern", "^\\d+$"}}, task(""), sample("12a")), 0.0);
+  const Json cmp = {{"type", "regex_match"}, {"pattern", "<answer>(.*)</answer>"}, {"compare_answer", true}};
+  EXPECT_EQ(score_of(cmp, task("42"), sample("think <answer>42</answer>")), 1.0);
+  EXPECT_EQ(score_of(cmp, task("42"), sample("<answer>41</answer>")), 0.0);
+  auto bad = make_reward_module({{"type", "regex_match"}, {"pattern", "(unclosed"}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().what().find("bad pattern"), std::string::npos);
+}
+
+TEST(Rewards, LengthPenaltyScalesBetweenFreeAndMaxTokens) {
+  const Json spec = {{"type", "length_penalty"}, {"max_tokens", 110}, {"free_tokens", 10}, {"coef", 0.5}};
+  EXPECT_EQ(score_of(spec, task(""), sample("", 10)), 0.0);
+  EXPECT_NEAR(score_of(spec, task(""), sample("", 60)), -0.25, 1e-12);
+  EXPECT_NEAR(score_of(spec, task(""), sample("", 500)), -0.5, 1e-12);
+}
+
+TEST(Rewards, WeightedCompositionSumsAndPrefixesMetrics) {
+  const Json spec = Json::array({{{"type", "exact_match"}, {"weight", 0.8}, {"name", "acc"}},
+                                 {{"type", "length_penalty"}, {"weight", 0.5}, {"max_tokens", 10}}});
+  auto m = make_reward_module(spec);
+  ASSERT_TRUE(m) << m.error().what();
+  auto s = (*m)->score(task("ab"), sample("ab", 5));
+  ASSERT_TRUE(s);
+  EXPECT_NEAR(s->reward, 0.8 * 1.0 + 0.5 * -0.5, 1e-12);
+  EXPECT_EQ(s->metrics.at("acc"), 1.0);
+  EXPECT_EQ(s->metrics.at("length_penalty"), -0.5);
+  EXPECT_EQ(s->metrics.at("length_penalty/tokens"), 5.0);
+  std::vector<Rollout> group = {sample("ab", 0), sample("x", 0)};
+  auto g = (*m)->score_group(task("ab"), group);
+  ASSERT_TRUE(g);
+  EXPECT_NEAR((*g)[0].reward, 0.8, 1e-12);
+  EXPECT_NEAR((*g)[1].reward, 0.0, 1e-12);
+}
+
+TEST(Rewards, FactoryErrorsNameTheProblem) {
+  auto r = make_reward_module({{"type", "exact_macth"}});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what().find("unknown reward type 'exact_macth'"), std::string::npos);
+  r = make_reward_module({{"type", "exact_match"}, {"casesensitive", true}});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what().find("unknown option 'casesensitive'"), std::string::npos) << r.error().what();
+  r = make_reward_module({{"type", "numeric_match"}, {"rel_tol", "big"}});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what().find("wrong type"), std::string::npos);
+  r = make_reward_module(Json::array({{{"type", "exact_match"}}, {{"type", "nope"}}}));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what().find("modules[1]"), std::string::npos) << r.error().what();
+  r = make_reward_module({{"type", "http"}, {"url", "ftp://x"}});
+  ASSERT_FALSE(r);
+}
+
+}  // namespace
+}  // namespace arlo::rollout
