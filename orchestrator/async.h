@@ -1,0 +1,157 @@
+#pragma once
+// Small coroutine primitives for code that lives on one io_context thread: a one-shot Promise, a
+// broadcast Signal, deadline enforcement that needs no cooperation from the awaited operation,
+// and spawn() that lets exceptions escape io_context::run() instead of vanishing.
+//
+// Thread-safety: none of these are thread-safe; use them only on their io_context's thread.
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/result.h"
+#include "orchestrator/ports.h"
+
+namespace arlo::orch {
+
+namespace asio = boost::asio;
+
+// Runs `coro` on `ex`; an exception thrown by it is rethrown from io_context::run() (a bug must be
+// loud; arlo code reports errors as values).
+template <typename Executor, typename Coro>
+void spawn(Executor ex, Coro&& coro) {
+  asio::co_spawn(ex, std::forward<Coro>(coro), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  });
+}
+
+// A value set once and awaited by at most one coroutine. Copies share the state. The waiter is
+// resumed through a post, never inline from set(), so set() can be called from anywhere on the loop.
+template <typename T>
+class Promise {
+ public:
+  explicit Promise(asio::any_io_executor ex) : s_(std::make_shared<State>()) { s_->ex = std::move(ex); }
+
+  bool is_set() const { return s_->set; }
+
+  // Sets the value; later calls are ignored (returns false).
+  bool set(T value) {
+    if (s_->set) return false;
+    s_->set = true;
+    if (s_->handler) {
+      post_to(std::move(s_->handler), std::move(value));
+    } else {
+      s_->value.emplace(std::move(value));
+    }
+    return true;
+  }
+
+  Awaitable<T> get() {
+    auto s = s_;
+    return asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
+        [s](auto handler) {
+          if (s->value) {
+            T v = std::move(*s->value);
+            s->value.reset();
+            post_to(asio::any_completion_handler<void(T)>(std::move(handler)), std::move(v), s->ex);
+          } else {
+            s->handler = asio::any_completion_handler<void(T)>(std::move(handler));
+          }
+        },
+        asio::use_awaitable);
+  }
+
+ private:
+  struct State {
+    asio::any_io_executor ex;
+    bool set = false;
+    std::optional<T> value;
+    asio::any_completion_handler<void(T)> handler;
+  };
+  static void post_to(asio::any_completion_handler<void(T)> h, T v, asio::any_io_executor ex) {
+    asio::post(ex, [h = std::move(h), v = std::move(v)]() mutable { std::move(h)(std::move(v)); });
+  }
+  void post_to(asio::any_completion_handler<void(T)> h, T v) { post_to(std::move(h), std::move(v), s_->ex); }
+
+  std::shared_ptr<State> s_;
+};
+
+// Wakes every coroutine waiting at the time of notify(). Waiters re-check their condition in a
+// loop, so spurious wake-ups are harmless: `while (!cond()) co_await signal.wait();`
+class Signal {
+ public:
+  explicit Signal(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  Awaitable<void> wait() {
+    Promise<bool> p(ex_);
+    waiters_.push_back(p);
+    co_await p.get();
+  }
+  void notify() {
+    auto waiters = std::move(waiters_);
+    waiters_.clear();
+    for (auto& w : waiters) w.set(true);
+  }
+  std::size_t waiters() const { return waiters_.size(); }
+
+ private:
+  asio::any_io_executor ex_;
+  std::vector<Promise<bool>> waiters_;
+};
+
+inline Awaitable<void> sleep_until(asio::any_io_executor ex, ClockPort& clock, TimePoint at) {
+  Promise<bool> p(ex);
+  auto timer = clock.schedule(at, [p]() mutable { p.set(true); });
+  co_await p.get();
+}
+
+// Awaits `op` but gives up at `deadline` with kTimeout. The operation is not required to support
+// cancellation: it keeps running detached and its late result is discarded. When `cancel` is given,
+// the operation is bound to it so the owner can cancel it (e.g. drain).
+template <typename T>
+Awaitable<Result<T>> with_deadline(asio::any_io_executor ex, ClockPort& clock, TimePoint deadline,
+                                   Awaitable<Result<T>> op, std::string what,
+                                   std::shared_ptr<asio::cancellation_signal> cancel = nullptr) {
+  Promise<Result<T>> done(ex);
+  auto timer = clock.schedule(deadline, [done, what]() mutable {
+    done.set(make_error(ErrorCode::kTimeout, what + ": deadline expired"));
+  });
+  auto body = [done, op = std::move(op)]() mutable -> Awaitable<void> {
+    auto r = co_await std::move(op);
+    done.set(std::move(r));
+  };
+  if (cancel) {
+    asio::co_spawn(ex, std::move(body), asio::bind_cancellation_slot(cancel->slot(), [](std::exception_ptr e) {
+                     if (e) std::rethrow_exception(e);
+                   }));
+  } else {
+    spawn(ex, std::move(body));
+  }
+  auto result = co_await done.get();
+  timer->cancel();
+  co_return result;
+}
+
+// The real clock: steady_clock and asio steady timers on one io_context.
+class SteadyClock final : public ClockPort {
+ public:
+  explicit SteadyClock(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  TimePoint now() const override { return Clock_::now(); }
+  std::unique_ptr<Timer> schedule(TimePoint at, std::function<void()> fn) override;
+
+ private:
+  asio::any_io_executor ex_;
+};
+
+}  // namespace arlo::orch

@@ -1,0 +1,382 @@
+#include "orchestrator/dispatcher.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/log.h"
+
+namespace arlo::orch {
+
+namespace {
+// Grace beyond a request's own deadline before the orchestrator cuts it off from outside: the
+// port should time out first and report a precise error.
+constexpr Duration kDeadlineGrace = std::chrono::seconds(2);
+
+std::string reason_of(const Error& e) { return std::string(to_string(e.code())); }
+
+// Appends `add` (generated with prefix length `offset`) to `into`. When the server reported no
+// versions, the tokens are attributed to `launch_version`, the version the workers were at when
+// the request left: the oldest they can have come from, which is the safe side for staleness.
+void merge(Completion& into, Completion&& add, Version launch_version) {
+  const auto offset = static_cast<std::int64_t>(into.tokens.size());
+  if (add.spans.empty()) add.spans.push_back({launch_version, 0});
+  for (auto& s : add.spans) {
+    s.first_token += offset;
+    if (!into.spans.empty() && into.spans.back().version == s.version) continue;
+    into.spans.push_back(s);
+  }
+  into.tokens.insert(into.tokens.end(), add.tokens.begin(), add.tokens.end());
+  into.logprobs.insert(into.logprobs.end(), add.logprobs.begin(), add.logprobs.end());
+  into.text += add.text;
+  into.finish_reason = std::move(add.finish_reason);
+}
+}  // namespace
+
+RolloutDispatcher::RolloutDispatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference,
+                                     TaskSource& tasks, Ledger& ledger, const Options& options,
+                                     DispatcherHooks hooks)
+    : ex_(ex),
+      clock_(clock),
+      inference_(inference),
+      tasks_(tasks),
+      ledger_(ledger),
+      opt_(options),
+      hooks_(std::move(hooks)),
+      idle_(ex),
+      rng_(options.seed),
+      version_(options.initial_version) {}
+
+std::int64_t RolloutDispatcher::next_target_step() const {
+  const std::int64_t base = std::max<std::int64_t>(steps_cut_, opt_.sft_warmup_steps);
+  const std::int64_t ahead = inflight_train_groups_ + (hooks_.backlog_groups ? hooks_.backlog_groups() : 0);
+  return base + 1 + ahead / opt_.groups_per_step();
+}
+
+bool RolloutDispatcher::blocked_by_version() const {
+  if (draining_ || held_) return false;
+  const auto s = next_target_step();
+  if (s > opt_.max_steps) return false;
+  if (version_ == kNoVersion || version_ < opt_.sft_warmup_steps) return true;
+  return (s - 1) - version_ > opt_.max_async_level;
+}
+
+bool RolloutDispatcher::train_allowed() const {
+  if (held_ || draining_ || failed_source_) return false;
+  if (inflight_samples_ + opt_.group_size > opt_.max_inflight) return false;
+  const std::int64_t backlog = hooks_.backlog_groups ? hooks_.backlog_groups() : 0;
+  if (inflight_train_groups_ + backlog >= opt_.queue_capacity_groups()) return false;
+  const auto s = next_target_step();
+  if (s > opt_.max_steps) return false;
+  // RL starts from the warmed-up policy: no train rollouts before the workers hold it.
+  if (version_ == kNoVersion || version_ < opt_.sft_warmup_steps) return false;
+  return (s - 1) - version_ <= opt_.max_async_level;
+}
+
+void RolloutDispatcher::pump() {
+  if (pumping_) return;  // re-entered from a hook: the outer loop continues
+  pumping_ = true;
+  while (true) {
+    if (!held_ && !continuations_.empty()) {
+      auto c = continuations_.front();
+      continuations_.pop_front();
+      launch_continuation(c);
+      continue;
+    }
+    if (!held_ && !eval_queue_.empty() && inflight_samples_ + eval_queue_.front().samples <= opt_.max_inflight) {
+      auto item = std::move(eval_queue_.front());
+      eval_queue_.pop_front();
+      auto& rec = create_group(RolloutKind::kEval, item.task, item.samples);
+      rec.group->eval_id = item.eval_id;
+      std::vector<int> all(item.samples);
+      for (int i = 0; i < item.samples; ++i) all[i] = i;
+      launch(rec, std::move(all), item.task->prompt_tokens, opt_.eval_sampling.max_tokens);
+      continue;
+    }
+    if (train_allowed()) {
+      auto task = next_train_task();
+      if (!task) {
+        failed_source_ = true;
+        ARLO_ERROR("dispatcher: task source failed: {}", task.error().what());
+        if (hooks_.on_fatal) hooks_.on_fatal(task.error());
+        break;
+      }
+      const auto target = next_target_step();
+      auto& rec = create_group(RolloutKind::kTrain, std::move(*task), opt_.group_size);
+      rec.group->target_step = target;
+      ++inflight_train_groups_;
+      std::vector<int> all(opt_.group_size);
+      for (int i = 0; i < opt_.group_size; ++i) all[i] = i;
+      launch(rec, std::move(all), rec.group->task->prompt_tokens, opt_.sampling.max_tokens);
+      continue;
+    }
+    break;
+  }
+  pumping_ = false;
+  update_wait_for_policy();
+}
+
+void RolloutDispatcher::update_wait_for_policy() {
+  const bool blocked = blocked_by_version();
+  if (blocked && !version_blocked_) {
+    version_blocked_ = true;
+    version_blocked_since_ = clock_.now();
+  } else if (!blocked && version_blocked_) {
+    version_blocked_ = false;
+    version_blocked_total_ += clock_.now() - version_blocked_since_;
+  }
+}
+
+double RolloutDispatcher::wait_for_policy_seconds() const {
+  auto total = version_blocked_total_;
+  if (version_blocked_) total += clock_.now() - version_blocked_since_;
+  return std::chrono::duration<double>(total).count();
+}
+
+Result<std::shared_ptr<const Task>> RolloutDispatcher::next_train_task() {
+  if (!requeued_.empty()) {
+    auto t = std::make_shared<const Task>(std::move(requeued_.front()));
+    requeued_.pop_front();
+    return t;
+  }
+  ARLO_ASSIGN_OR_RETURN(auto task, tasks_.next());
+  return std::make_shared<const Task>(std::move(task));
+}
+
+RolloutDispatcher::Record& RolloutDispatcher::create_group(RolloutKind kind, std::shared_ptr<const Task> task,
+                                                           int samples) {
+  auto g = std::make_shared<Group>();
+  g->id = next_group_id_++;
+  g->kind = kind;
+  g->task = std::move(task);
+  g->dispatch_version = version_;
+  g->dispatched_at = clock_.now();
+  g->prompt_tokens = g->task->prompt_tokens;
+  g->completions.resize(samples);
+  auto [it, inserted] = groups_.emplace(g->id, Record{});
+  auto& rec = it->second;
+  rec.group = std::move(g);
+  rec.states.assign(samples, SampleState::kInFlight);
+  rec.open = samples;
+  ledger_.dispatched(samples);
+  inflight_samples_ += samples;
+  return rec;
+}
+
+void RolloutDispatcher::launch(Record& rec, std::vector<int> samples, std::vector<std::int32_t> prompt,
+                               std::int64_t max_tokens) {
+  const auto& g = *rec.group;
+  GenerateRequest req;
+  req.request_id = next_request_id_++;
+  req.group_id = g.id;
+  req.task = g.task;
+  req.prompt_tokens = std::move(prompt);
+  req.n = static_cast<int>(samples.size());
+  req.sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
+  req.sampling.max_tokens = max_tokens;
+  req.seed = rng_();
+  req.deadline = clock_.now() + opt_.request_timeout;
+  auto cancel = std::make_shared<asio::cancellation_signal>();
+  rec.requests.emplace(req.request_id, cancel);
+  ++outstanding_requests_;
+  const auto id = req.request_id;
+  spawn(ex_, run_request(g.id, id, std::move(samples), version_, std::move(req), std::move(cancel)));
+}
+
+Awaitable<void> RolloutDispatcher::run_request(std::uint64_t group_id, std::uint64_t request_id,
+                                               std::vector<int> samples, Version launch_version,
+                                               GenerateRequest request,
+                                               std::shared_ptr<asio::cancellation_signal> cancel) {
+  const auto deadline = request.deadline + kDeadlineGrace;
+  auto result = co_await with_deadline<GenerateResult>(ex_, clock_, deadline, inference_.generate(std::move(request)),
+                                                       "generate", std::move(cancel));
+  on_result(group_id, request_id, samples, launch_version, std::move(result));
+}
+
+void RolloutDispatcher::on_result(std::uint64_t group_id, std::uint64_t request_id, const std::vector<int>& samples,
+                                  Version launch_version, Result<GenerateResult> result) {
+  --outstanding_requests_;
+  auto it = groups_.find(group_id);
+  if (it != groups_.end()) {
+    auto& rec = it->second;
+    rec.requests.erase(request_id);
+    if (result && result->completions.size() != samples.size()) {
+      result = make_error(ErrorCode::kMismatch, fmt::format("worker {} returned {} completions for n={}",
+                                                            result->worker, result->completions.size(),
+                                                            samples.size()));
+    }
+    if (!result) {
+      ARLO_WARN_EVERY(5.0, "dispatcher: group {} request failed: {}", group_id, result.error().what());
+      for (int s : samples) end_sample(rec, s, SampleState::kFailed, reason_of(result.error()));
+    } else {
+      auto& g = *rec.group;
+      if (g.prompt_tokens.empty()) g.prompt_tokens = result->prompt_tokens;
+      for (std::size_t j = 0; j < samples.size(); ++j) {
+        const int s = samples[j];
+        auto& c = result->completions[j];
+        completion_tokens_ += c.tokens.size();
+        merge(g.completions[s], std::move(c), launch_version);
+        if (g.completions[s].finish_reason == "abort") {
+          if (g.prompt_tokens.empty()) {
+            // Without the prompt's token ids we cannot continue the sample exactly.
+            end_sample(rec, s, SampleState::kFailed, "abort_without_prompt_tokens");
+          } else {
+            rec.states[s] = SampleState::kAwaitingContinuation;
+            continuations_.push_back({group_id, s});
+          }
+        } else {
+          end_sample(rec, s, SampleState::kCompleted);
+        }
+      }
+    }
+    maybe_finish(group_id);
+  }
+  if (outstanding_requests_ == 0) idle_.notify();
+  pump();
+}
+
+void RolloutDispatcher::launch_continuation(const Continuation& c) {
+  auto it = groups_.find(c.group_id);
+  if (it == groups_.end()) return;  // group cancelled meanwhile
+  auto& rec = it->second;
+  if (rec.states[c.sample] != SampleState::kAwaitingContinuation) return;
+  rec.states[c.sample] = SampleState::kInFlight;
+  auto& g = *rec.group;
+  auto& done = g.completions[c.sample];
+  const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
+  const auto left = sampling.max_tokens - static_cast<std::int64_t>(done.tokens.size());
+  if (left <= 0) {
+    done.finish_reason = "length";
+    end_sample(rec, c.sample, SampleState::kCompleted);
+    maybe_finish(c.group_id);
+    return;
+  }
+  std::vector<std::int32_t> prompt = g.prompt_tokens;
+  prompt.insert(prompt.end(), done.tokens.begin(), done.tokens.end());
+  launch(rec, {c.sample}, std::move(prompt), left);
+}
+
+void RolloutDispatcher::end_sample(Record& rec, int sample, SampleState state, const std::string& reason) {
+  auto& cur = rec.states[sample];
+  if (cur != SampleState::kInFlight && cur != SampleState::kAwaitingContinuation) {
+    ARLO_ERROR("dispatcher: sample {} of group {} ended twice", sample, rec.group->id);
+    std::abort();
+  }
+  cur = state;
+  --rec.open;
+  --inflight_samples_;
+  switch (state) {
+    case SampleState::kCompleted: ledger_.completed(); break;
+    case SampleState::kFailed: ledger_.failed(reason); break;
+    case SampleState::kCancelled: ledger_.cancelled(reason); break;
+    default: break;
+  }
+}
+
+void RolloutDispatcher::maybe_finish(std::uint64_t group_id) {
+  auto it = groups_.find(group_id);
+  if (it == groups_.end() || it->second.open > 0) return;
+  // Outstanding requests of a finished group can only belong to samples already ended (cancelled);
+  // their late results are ignored.
+  Record rec = std::move(it->second);
+  groups_.erase(it);
+  auto g = rec.group;
+  g->finished_at = clock_.now();
+  if (g->kind == RolloutKind::kTrain) --inflight_train_groups_;
+  const auto completed = std::count(rec.states.begin(), rec.states.end(), SampleState::kCompleted);
+  if (completed == static_cast<long>(rec.states.size())) {
+    if (g->kind == RolloutKind::kTrain) {
+      hooks_.on_train_group(std::move(g));
+    } else {
+      hooks_.on_eval_group(std::move(g));
+    }
+    return;
+  }
+  // Whole groups are dropped together: the completed samples of a broken group are unusable.
+  if (completed > 0) ledger_.dispose("group_incomplete", static_cast<std::uint64_t>(completed));
+  if (g->kind == RolloutKind::kEval && hooks_.on_eval_group_lost) hooks_.on_eval_group_lost(std::move(g));
+}
+
+void RolloutDispatcher::on_version(Version v) {
+  version_ = v;
+  pump();
+}
+
+void RolloutDispatcher::on_step_cut(std::int64_t step) {
+  steps_cut_ = step;
+  pump();
+}
+
+void RolloutDispatcher::hold(bool on) {
+  held_ = on;
+  if (!on) pump();
+  update_wait_for_policy();
+}
+
+void RolloutDispatcher::start_draining() {
+  draining_ = true;
+  update_wait_for_policy();
+}
+
+void RolloutDispatcher::cancel_train(const std::string& reason) { cancel_where(reason, true); }
+void RolloutDispatcher::cancel_all(const std::string& reason) {
+  eval_queue_.clear();
+  cancel_where(reason, false);
+}
+
+void RolloutDispatcher::cancel_where(const std::string& reason, bool train_only) {
+  std::vector<std::uint64_t> ids;
+  for (auto& [id, rec] : groups_)
+    if (!train_only || rec.group->kind == RolloutKind::kTrain) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());  // deterministic order
+  for (auto id : ids) {
+    auto& rec = groups_.at(id);
+    for (auto& [rid, sig] : rec.requests) sig->emit(asio::cancellation_type::terminal);
+    rec.requests.clear();
+    for (int s = 0; s < static_cast<int>(rec.states.size()); ++s)
+      if (rec.states[s] == SampleState::kInFlight || rec.states[s] == SampleState::kAwaitingContinuation)
+        end_sample(rec, s, SampleState::kCancelled, reason);
+    maybe_finish(id);
+  }
+}
+
+void RolloutDispatcher::enqueue_eval(std::uint64_t eval_id, const std::vector<std::shared_ptr<const Task>>& tasks,
+                                     int samples) {
+  for (const auto& t : tasks) eval_queue_.push_back({eval_id, t, samples});
+  pump();
+}
+
+void RolloutDispatcher::requeue(std::vector<Task> tasks) {
+  for (auto& t : tasks) requeued_.push_back(std::move(t));
+}
+
+std::vector<Task> RolloutDispatcher::unfinished_train_tasks() const {
+  std::vector<std::pair<std::uint64_t, Task>> v;
+  for (const auto& [id, rec] : groups_)
+    if (rec.group->kind == RolloutKind::kTrain) v.emplace_back(id, *rec.group->task);
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Task> out;
+  for (auto& t : requeued_) out.push_back(t);
+  for (auto& [id, t] : v) out.push_back(std::move(t));
+  return out;
+}
+
+Awaitable<void> RolloutDispatcher::wait_idle() {
+  while (outstanding_requests_ > 0) co_await idle_.wait();
+}
+
+std::string RolloutDispatcher::rng_state() const {
+  std::ostringstream os;
+  os << rng_;
+  return os.str();
+}
+
+Status RolloutDispatcher::restore_rng(const std::string& state) {
+  std::istringstream is(state);
+  is >> rng_;
+  if (!is) return make_error(ErrorCode::kParse, "checkpoint: malformed dispatcher RNG state");
+  return ok();
+}
+
+}  // namespace arlo::orch

@@ -1,0 +1,150 @@
+#pragma once
+// RolloutDispatcher: keeps up to `max_inflight` rollouts in flight as whole groups, obeying the
+// dispatch gate (DESIGN.md section 2):
+//   a train group serving step s is dispatched only while (s - 1) - version <= max_async_level,
+// where s = max(steps_cut, sft_warmup_steps) + 1 + (train groups in flight + finished but not yet
+// batched) / groups_per_step. Eval groups go first and bypass the gate (not the in-flight bound).
+//
+// It owns every rollout from dispatch until it ends (completed / failed / cancelled, recorded in
+// the Ledger exactly once), merges continuations after an abort-mode weight update, and hands
+// complete groups to the sinks through hooks. Event-driven: pump() dispatches what is allowed now
+// and is called after every change that can open the gate.
+//
+// Threading: the io_context thread only. Lifetime: must outlive the io_context's pending handlers
+// (the Orchestrator destroys the io_context's work first).
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "orchestrator/async.h"
+#include "orchestrator/group.h"
+#include "orchestrator/ledger.h"
+#include "orchestrator/options.h"
+#include "orchestrator/ports.h"
+
+namespace arlo::orch {
+
+struct DispatcherHooks {
+  std::function<void(GroupPtr)> on_train_group;      // a complete train group (all samples completed)
+  std::function<void(GroupPtr)> on_eval_group;       // a complete eval group
+  std::function<void(GroupPtr)> on_eval_group_lost;  // an eval group that failed or was cancelled
+  std::function<std::int64_t()> backlog_groups;      // train groups finished but not yet batched
+  std::function<void(Error)> on_fatal;               // e.g. the task source failed
+};
+
+class RolloutDispatcher {
+ public:
+  RolloutDispatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference, TaskSource& tasks,
+                    Ledger& ledger, const Options& options, DispatcherHooks hooks);
+
+  // Dispatches everything allowed now: continuations, then eval groups, then train groups.
+  void pump();
+
+  void on_version(Version v);            // the version all workers now serve
+  void on_step_cut(std::int64_t step);   // the batch for `step` has been cut
+  void hold(bool on);                    // weight update in progress: dispatch nothing new
+  void start_draining();                 // max_steps reached: no new train groups
+  // Ends every unfinished rollout of the matching groups as cancelled(reason) and cancels their
+  // requests. Late results are ignored.
+  void cancel_train(const std::string& reason);
+  void cancel_all(const std::string& reason);
+
+  void enqueue_eval(std::uint64_t eval_id, const std::vector<std::shared_ptr<const Task>>& tasks, int samples);
+  // Resume: these tasks are dispatched before new ones are drawn from the source.
+  void requeue(std::vector<Task> tasks);
+  // Tasks of train groups not yet complete (for the checkpoint: they are re-dispatched on resume).
+  std::vector<Task> unfinished_train_tasks() const;
+
+  // Completes when no request is outstanding (wait mode drains before swapping weights).
+  Awaitable<void> wait_idle();
+
+  std::int64_t inflight_samples() const { return inflight_samples_; }
+  std::int64_t inflight_train_groups() const { return inflight_train_groups_; }
+  std::int64_t outstanding_requests() const { return outstanding_requests_; }
+  Version version() const { return version_; }
+  std::int64_t steps_cut() const { return steps_cut_; }
+  bool held() const { return held_; }
+  // The step the next train group would serve.
+  std::int64_t next_target_step() const;
+  // Whether the version gate (alone) currently stops train dispatch.
+  bool blocked_by_version() const;
+  std::uint64_t completion_tokens_total() const { return completion_tokens_; }
+  // Seconds the version gate alone kept dispatch stopped (time/wait_for_policy_seconds).
+  double wait_for_policy_seconds() const;
+
+  std::string rng_state() const;
+  Status restore_rng(const std::string& state);
+
+ private:
+  enum class SampleState { kInFlight, kAwaitingContinuation, kCompleted, kFailed, kCancelled };
+  struct Record {
+    GroupPtr group;
+    std::vector<SampleState> states;
+    int open = 0;  // samples not yet ended
+    std::unordered_map<std::uint64_t, std::shared_ptr<asio::cancellation_signal>> requests;
+  };
+  struct Continuation {
+    std::uint64_t group_id;
+    int sample;
+  };
+  struct EvalItem {
+    std::uint64_t eval_id;
+    std::shared_ptr<const Task> task;
+    int samples;
+  };
+
+  bool train_allowed() const;
+  Result<std::shared_ptr<const Task>> next_train_task();
+  Record& create_group(RolloutKind kind, std::shared_ptr<const Task> task, int samples);
+  void launch(Record& rec, std::vector<int> samples, std::vector<std::int32_t> prompt, std::int64_t max_tokens);
+  Awaitable<void> run_request(std::uint64_t group_id, std::uint64_t request_id, std::vector<int> samples,
+                              Version launch_version, GenerateRequest request,
+                              std::shared_ptr<asio::cancellation_signal> cancel);
+  void on_result(std::uint64_t group_id, std::uint64_t request_id, const std::vector<int>& samples,
+                 Version launch_version, Result<GenerateResult> result);
+  void launch_continuation(const Continuation& c);
+  void end_sample(Record& rec, int sample, SampleState state, const std::string& reason = {});
+  void maybe_finish(std::uint64_t group_id);
+  void cancel_where(const std::string& reason, bool train_only);
+  void update_wait_for_policy();
+
+  asio::any_io_executor ex_;
+  ClockPort& clock_;
+  InferencePort& inference_;
+  TaskSource& tasks_;
+  Ledger& ledger_;
+  const Options& opt_;
+  DispatcherHooks hooks_;
+  Signal idle_;
+
+  std::unordered_map<std::uint64_t, Record> groups_;
+  std::deque<Continuation> continuations_;
+  std::deque<EvalItem> eval_queue_;
+  std::deque<Task> requeued_;
+  std::mt19937_64 rng_;
+  std::uint64_t next_group_id_ = 1;
+  std::uint64_t next_request_id_ = 1;
+  std::int64_t inflight_samples_ = 0;
+  std::int64_t inflight_train_groups_ = 0;
+  std::int64_t outstanding_requests_ = 0;
+  std::uint64_t completion_tokens_ = 0;
+  Version version_;
+  std::int64_t steps_cut_ = 0;
+  bool held_ = false;
+  bool draining_ = false;
+  bool pumping_ = false;
+  bool failed_source_ = false;
+  bool version_blocked_ = false;
+  TimePoint version_blocked_since_{};
+  Duration version_blocked_total_{};
+};
+
+}  // namespace arlo::orch

@@ -1,0 +1,42 @@
+#include "orchestrator/options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace arlo::orch {
+
+int Options::queue_capacity_groups() const {
+  if (max_queued_groups > 0) return max_queued_groups;
+  // Enough for every step the gate lets run ahead, plus one to absorb filtering.
+  return groups_per_step() * (max_async_level + 2);
+}
+
+Status Options::validate() const {
+  auto bad = [](std::string msg) { return make_error(ErrorCode::kInvalidArgument, std::move(msg)); };
+  if (group_size < 1) return bad(fmt::format("orchestrator.group_size: must be >= 1, got {}", group_size));
+  if (batch_size < group_size || batch_size % group_size != 0)
+    return bad(fmt::format("orchestrator.batch_size: must be a positive multiple of group_size ({}), got {}",
+                           group_size, batch_size));
+  if (max_inflight < group_size)
+    return bad(fmt::format("orchestrator.max_inflight: must be >= group_size ({}), got {}", group_size, max_inflight));
+  if (max_async_level < 0) return bad("orchestrator.max_async_level: must be >= 0");
+  if (max_off_policy_steps < 0) return bad("orchestrator.max_off_policy_steps: must be >= 0");
+  if (max_steps < 1) return bad("orchestrator.max_steps: must be >= 1");
+  if (sft_warmup_steps < 0 || sft_warmup_steps >= max_steps)
+    return bad(fmt::format("orchestrator.sft_warmup_steps: must be in [0, max_steps), got {}", sft_warmup_steps));
+  if (max_queued_groups != 0 && max_queued_groups < groups_per_step())
+    return bad(fmt::format("orchestrator.max_queued_groups: must be 0 (auto) or >= batch_size/group_size ({})",
+                           groups_per_step()));
+  if (eval_samples < 1) return bad("eval.samples: must be >= 1");
+  for (int k : eval_pass_k)
+    if (k < 1 || k > eval_samples)
+      return bad(fmt::format("eval.pass_k: each k must be in [1, eval.samples={}], got {}", eval_samples, k));
+  if (admin_attempts < 1) return bad("weight_sync.admin_attempts: must be >= 1");
+  if (log_interval_s <= 0) return bad("log.interval: must be > 0");
+  if (ckpt_interval < 0) return bad("ckpt.interval: must be >= 0");
+  if (sampling.max_tokens < 1) return bad("sampling.max_tokens: must be >= 1");
+  return ok();
+}
+
+}  // namespace arlo::orch

@@ -1,0 +1,64 @@
+#pragma once
+// Everything the orchestrator's components are configured by, as plain data. options_from_config()
+// (config_options.h) fills it from the `orchestrator`, `sampling`, `eval`, `weight_sync`, `log`,
+// `ckpt` and `status` config sections; tests fill it by hand.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "orchestrator/types.h"
+
+namespace arlo::orch {
+
+struct Options {
+  // --- orchestrator: the pipeline ---
+  int batch_size = 64;             // samples per training step; a multiple of group_size
+  int group_size = 8;              // samples per prompt, dispatched and dropped together
+  int max_inflight = 256;          // rollouts (samples) in flight at most
+  int max_async_level = 1;         // dispatch gate: (s-1) - version <= this; 0 = synchronous
+  int max_off_policy_steps = 2;    // drop when oldest token version < s-1-this at batch cut
+  std::int64_t max_steps = 100;    // trainer steps in total, warm-up included
+  int sft_warmup_steps = 0;        // steps 1..this are supervised batches from reference answers
+  int max_queued_groups = 0;       // bound on finished-but-unbatched groups; 0 = auto
+  bool filter_zero_variance = true;  // drop groups whose rewards are all equal (no signal)
+  std::uint64_t seed = 0;          // request seeds
+  Sampling sampling;
+  Duration request_timeout = std::chrono::minutes(10);
+  Duration score_timeout = std::chrono::seconds(60);
+  Version initial_version = 0;     // the version workers hold at start; kNoVersion = wait for v0
+
+  // --- weight updates ---
+  PauseMode update_mode = PauseMode::kKeep;
+  Duration admin_timeout = std::chrono::seconds(60);  // per admin call attempt
+  int admin_attempts = 3;
+  Duration admin_backoff = std::chrono::milliseconds(500);  // doubled per attempt
+  Duration drain_timeout = std::chrono::minutes(5);          // wait mode: in-flight drain bound
+  Duration final_sync_timeout = std::chrono::minutes(5);     // at the end: wait for v max_steps
+
+  // --- eval ---
+  int eval_interval = 0;             // steps; 0 = only at start and end
+  bool eval_at_start = true;         // the policy RL starts from (after the warm-up)
+  bool eval_at_end = true;
+  int eval_samples = 1;              // samples per eval task (n of pass@k)
+  std::vector<int> eval_pass_k = {1};
+  double eval_correct_threshold = 1.0;  // reward >= this counts as correct for pass@k
+  Sampling eval_sampling{0.0, 1.0, 64, {}};
+
+  // --- log / ckpt / status ---
+  double log_interval_s = 10.0;
+  std::string run_dir;             // metrics.jsonl and checkpoints; empty = write nothing
+  bool console = true;             // a line per step
+  int ckpt_interval = 0;           // steps; 0 = never
+  bool resume = false;
+  int status_port = -1;            // Prometheus /metrics; -1 = off, 0 = any free port
+  std::string status_bind = "127.0.0.1";
+
+  int groups_per_step() const { return batch_size / group_size; }
+  int queue_capacity_groups() const;
+  // kInvalidArgument naming the first inconsistent option.
+  Status validate() const;
+};
+
+}  // namespace arlo::orch

@@ -1,0 +1,424 @@
+#include "orchestrator/orchestrator.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "common/http.h"
+#include "common/log.h"
+#include "orchestrator/checkpoint.h"
+
+namespace arlo::orch {
+
+namespace {
+double wall_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string progress_bar(std::int64_t step, std::int64_t total) {
+  constexpr int kWidth = 20;
+  const int filled = total > 0 ? static_cast<int>(kWidth * step / total) : 0;
+  return fmt::format("[{}{}] ", std::string(filled, '#'), std::string(kWidth - filled, '.'));
+}
+}  // namespace
+
+nlohmann::json RunSummary::to_json() const {
+  nlohmann::json j = {{"ok", ok},
+                      {"error", error},
+                      {"steps", steps},
+                      {"seconds", seconds},
+                      {"train/reward/first5", reward_first5},
+                      {"train/reward/last5", reward_last5},
+                      {"ledger", ledger},
+                      {"run_dir", run_dir}};
+  auto ev = [](const EvalReport& r) {
+    nlohmann::json e = {{"step", r.step}};
+    for (const auto& [env, x] : r.envs) {
+      e[fmt::format("eval/{}/avg@{}", env, r.samples_per_task)] = x.avg;
+      for (const auto& [k, p] : x.pass_at) e[fmt::format("eval/{}/pass@{}", env, k)] = p;
+    }
+    return e;
+  };
+  if (eval_first) j["eval_first"] = ev(*eval_first);
+  if (eval_last) j["eval_last"] = ev(*eval_last);
+  return j;
+}
+
+Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options options, metrics::Registry* registry)
+    : io_(io), ports_(std::move(ports)), opt_(std::move(options)), registry_(registry), finished_signal_(io.get_executor()) {
+  auto ex = io_.get_executor();
+  auto& clock = *ports_.clock;
+  DispatcherHooks dh;
+  dh.on_train_group = [this](GroupPtr g) { train_sink_->add(std::move(g)); };
+  dh.on_eval_group = [this](GroupPtr g) { eval_sink_->add(std::move(g)); };
+  dh.on_eval_group_lost = [this](GroupPtr g) { eval_sink_->lost(std::move(g)); };
+  dh.backlog_groups = [this] { return train_sink_->backlog_groups(); };
+  dh.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
+  dispatcher_ = std::make_unique<RolloutDispatcher>(ex, clock, *ports_.inference, *ports_.tasks, ledger_, opt_, std::move(dh));
+
+  TrainSinkHooks th;
+  th.on_cut = [this](std::int64_t s) { dispatcher_->on_step_cut(s); };
+  th.on_step = [this](const StepReport& r) { on_step(r); };
+  th.backlog_changed = [this] { dispatcher_->pump(); };
+  th.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
+  train_sink_ = std::make_unique<TrainSink>(ex, clock, *ports_.scorer, *ports_.trainer, *ports_.tasks, ledger_, opt_,
+                                            std::move(th));
+  eval_sink_ = std::make_unique<EvalSink>(
+      ex, clock, *ports_.scorer, ledger_, opt_, std::move(ports_.eval_tasks),
+      [this](std::uint64_t id, const std::vector<std::shared_ptr<const Task>>& tasks, int n) {
+        dispatcher_->enqueue_eval(id, tasks, n);
+      },
+      [this](const EvalReport& r) { on_eval(r); });
+  watcher_ = std::make_unique<WeightWatcher>(ex, clock, *ports_.inference, *dispatcher_, opt_,
+                                             [this](const SyncReport& r) { on_synced(r); });
+  logger_ = std::make_unique<PeriodicLogger>(ex, clock, opt_.log_interval_s, [this] { tick(); });
+  lag_ = std::make_unique<LagProbe>(clock, std::chrono::milliseconds(20));
+  tty_ = ::isatty(STDOUT_FILENO) != 0;
+}
+
+Orchestrator::~Orchestrator() {
+  if (status_) status_->close();
+  if (metrics_file_) std::fclose(metrics_file_);
+}
+
+std::uint16_t Orchestrator::status_port() const { return status_ ? status_->port() : 0; }
+
+Status Orchestrator::start() {
+  if (started_) return make_error(ErrorCode::kInternal, "orchestrator started twice");
+  started_ = true;
+  ARLO_TRY(opt_.validate());
+  run_start_ = ports_.clock->now();
+  last_step_at_ = last_tick_at_ = run_start_;
+
+  std::int64_t start_step = 0;
+  if (opt_.resume) ARLO_TRY(restore(start_step));
+
+  if (!opt_.run_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opt_.run_dir, ec);
+    if (ec) return make_error(ErrorCode::kIo, fmt::format("creating run dir {}: {}", opt_.run_dir, ec.message()));
+    const auto path = std::filesystem::path(opt_.run_dir) / "metrics.jsonl";
+    metrics_file_ = std::fopen(path.c_str(), "a");
+    if (!metrics_file_) return make_error(ErrorCode::kIo, fmt::format("opening {}", path.string()));
+  }
+
+  if (opt_.status_port >= 0) {
+    http::ServerOptions so;
+    so.bind = opt_.status_bind;
+    so.port = static_cast<std::uint16_t>(opt_.status_port);
+    status_ = std::make_unique<http::Server>(io_, so);
+    status_->route(http::Verb::get, "/metrics", [this](http::Request) -> Awaitable<http::Response> {
+      co_return http::Response::text(200, registry_ ? registry_->prometheus() : std::string(),
+                                     "text/plain; version=0.0.4; charset=utf-8");
+    });
+    status_->route(http::Verb::get, "/health", [this](http::Request) -> Awaitable<http::Response> {
+      co_return http::Response::json(200, {{"step", train_sink_->steps_cut()},
+                                           {"version", dispatcher_->version()},
+                                           {"finished", finished_},
+                                           {"ledger", ledger_.to_json()}});
+    });
+    auto port = status_->start();
+    if (!port) return std::unexpected(Error(port.error()).with_context("starting the status server"));
+    ARLO_INFO("status: http://{}:{}/metrics", opt_.status_bind, *port);
+  }
+
+  spawn(io_.get_executor(), watcher_->run());
+  spawn(io_.get_executor(), logger_->run());
+  lag_->start();
+  spawn(io_.get_executor(), main_loop(start_step));
+  ARLO_INFO("orchestrator: steps {}..{} (warm-up {}), batch {} = {} groups x {}, max in flight {}, async level {}, "
+            "off-policy bound {}, update mode {}",
+            start_step + 1, opt_.max_steps, opt_.sft_warmup_steps, opt_.batch_size, opt_.groups_per_step(),
+            opt_.group_size, opt_.max_inflight, opt_.max_async_level, opt_.max_off_policy_steps,
+            to_string(opt_.update_mode));
+  // The policy RL starts from may already be on the workers.
+  if (opt_.eval_at_start && !opt_.resume && dispatcher_->version() >= opt_.sft_warmup_steps) {
+    start_eval_done_ = true;
+    last_eval_version_ = dispatcher_->version();
+    eval_sink_->start(dispatcher_->version());
+  }
+  dispatcher_->pump();
+  return ok();
+}
+
+Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
+  co_await train_sink_->run(start_step);
+  dispatcher_->start_draining();
+  dispatcher_->cancel_train("drain");
+  const bool reached_end = train_sink_->steps_cut() >= opt_.max_steps && !fatal_ && !stop_requested_;
+  if (reached_end) {
+    // The final eval must see the final policy: wait for the trainer to publish it and the
+    // workers to take it (bounded).
+    const bool synced = co_await watcher_->wait_synced(opt_.max_steps, ports_.clock->now() + opt_.final_sync_timeout);
+    if (!synced) ARLO_WARN("final version v{} was not synced within the final_sync_timeout", opt_.max_steps);
+    co_await eval_sink_->wait_done();
+  }
+  finish();
+}
+
+void Orchestrator::request_stop(const std::string& reason) {
+  if (stop_requested_ || finished_) return;
+  ARLO_WARN("orchestrator: stopping: {}", reason);
+  stop_requested_ = true;
+  train_sink_->stop();
+  eval_sink_->stop();
+}
+
+void Orchestrator::on_fatal(Error e) {
+  if (fatal_) return;
+  ARLO_ERROR("orchestrator: fatal: {}", e.what());
+  fatal_ = std::move(e);
+  train_sink_->stop();
+  eval_sink_->stop();
+}
+
+void Orchestrator::on_step(const StepReport& r) {
+  const auto now = ports_.clock->now();
+  const double step_s = seconds(now - last_step_at_);
+  const auto tokens = dispatcher_->completion_tokens_total();
+  const double tok_s = step_s > 0 ? static_cast<double>(tokens - tokens_at_last_step_) / step_s : 0.0;
+  const auto failed = ledger_.failed_total();
+  const auto cancelled = ledger_.cancelled_total();
+  const auto errors = failed - failed_at_last_step_;
+  const auto cancels = cancelled - cancelled_at_last_step_;
+  last_step_at_ = now;
+  tokens_at_last_step_ = tokens;
+  failed_at_last_step_ = failed;
+  cancelled_at_last_step_ = cancelled;
+  steps_.push_back(r);
+
+  nlohmann::json rec = {{"step", r.step},
+                        {"time", wall_time()},
+                        {"train/samples/trainable", r.samples},
+                        {"train/samples/filtered", r.filtered_samples},
+                        {"train/samples/stale", r.stale_samples},
+                        {"rollouts/completed", ledger_.completed_total()},
+                        {"rollouts/failed", failed},
+                        {"rollouts/cancelled", cancelled},
+                        {"weight_sync/seconds", last_sync_seconds_},
+                        {"throughput/tokens_per_s", tok_s},
+                        {"time/step_seconds", step_s},
+                        {"time/wait_for_policy_seconds", dispatcher_->wait_for_policy_seconds()},
+                        {"train/supervised", r.supervised}};
+  if (!r.supervised) {
+    rec["train/reward/mean"] = r.reward_mean;
+    rec["train/reward/std"] = r.reward_std;
+    rec["off_policy/mean"] = r.off_policy_mean;
+    rec["off_policy/max"] = r.off_policy_max;
+  }
+  for (const char* k : {"loss", "mismatch_kl", "grad_norm"})
+    if (last_trainer_metrics_.contains(k) && last_trainer_metrics_[k].is_number()) rec[k] = last_trainer_metrics_[k];
+  emit(rec);
+
+  if (opt_.console) {
+    const auto prefix = tty_ ? progress_bar(r.step, opt_.max_steps) : std::string();
+    if (r.supervised) {
+      ARLO_INFO("{}step {}/{} | {:.2f} s/step | sft warm-up | samples {} | errors {} | cancelled {} | sync {:.0f} ms",
+                prefix, r.step, opt_.max_steps, step_s, r.samples, errors, cancels, last_sync_seconds_ * 1e3);
+    } else {
+      ARLO_INFO("{}step {}/{} | {:.2f} s/step | reward {:.3f} | trainable {} | off-policy {:.2f}/{:.0f} | errors {} | "
+                "cancelled {} | sync {:.0f} ms | {:.0f} tok/s",
+                prefix, r.step, opt_.max_steps, step_s, r.reward_mean, r.samples, r.off_policy_mean, r.off_policy_max,
+                errors, cancels, last_sync_seconds_ * 1e3, tok_s);
+    }
+  }
+  if (opt_.ckpt_interval > 0 && r.step % opt_.ckpt_interval == 0) {
+    if (auto st = save_checkpoint(r.step); !st) ARLO_ERROR("checkpoint at step {}: {}", r.step, st.error().what());
+  }
+}
+
+void Orchestrator::on_synced(const SyncReport& r) {
+  last_sync_seconds_ = r.seconds;
+  last_trainer_metrics_ = r.trainer_metrics.is_object() ? r.trainer_metrics : nlohmann::json::object();
+  ARLO_DEBUG("weight sync: v{} on {} workers in {:.0f} ms ({} failed)", r.version, r.workers, r.seconds * 1e3,
+             r.workers_failed);
+  if (registry_) {
+    registry_->gauge("weight_sync/seconds").set(r.seconds);
+    registry_->gauge("policy/version").set(static_cast<double>(r.version));
+  }
+  const auto v = r.version;
+  if (finished_ || fatal_ || stop_requested_ || v <= last_eval_version_) return;
+  const bool at_start = opt_.eval_at_start && !start_eval_done_ && !opt_.resume && v >= opt_.sft_warmup_steps;
+  const bool at_interval = opt_.eval_interval > 0 && v > opt_.sft_warmup_steps && v % opt_.eval_interval == 0;
+  const bool at_end = opt_.eval_at_end && v == opt_.max_steps;
+  if (at_start) start_eval_done_ = true;
+  if (at_start || at_interval || at_end) {
+    last_eval_version_ = v;
+    eval_sink_->start(v);
+  }
+}
+
+void Orchestrator::on_eval(const EvalReport& r) {
+  nlohmann::json rec = {{"step", r.step}, {"time", wall_time()}, {"eval/seconds", r.seconds}};
+  std::string line = fmt::format("eval v{} ({:.1f} s):", r.step, r.seconds);
+  for (const auto& [env, e] : r.envs) {
+    rec[fmt::format("eval/{}/avg@{}", env, r.samples_per_task)] = e.avg;
+    line += fmt::format(" {} avg@{} {:.3f}", env, r.samples_per_task, e.avg);
+    for (const auto& [k, p] : e.pass_at) {
+      rec[fmt::format("eval/{}/pass@{}", env, k)] = p;
+      line += fmt::format(" pass@{} {:.3f}", k, p);
+    }
+    if (e.failed_groups) line += fmt::format(" ({} tasks failed)", e.failed_groups);
+  }
+  ARLO_INFO("{}", line);
+  emit(rec);
+}
+
+void Orchestrator::tick() {
+  const auto now = ports_.clock->now();
+  const double dt = seconds(now - last_tick_at_);
+  const auto tokens = dispatcher_->completion_tokens_total();
+  PipelineView v;
+  v.step = train_sink_->steps_cut();
+  v.max_steps = opt_.max_steps;
+  v.inflight = dispatcher_->inflight_samples();
+  v.queued_groups = train_sink_->queued_groups();
+  v.scoring_groups = train_sink_->scoring_groups();
+  v.tokens_per_s = dt > 0 ? static_cast<double>(tokens - tokens_at_last_tick_) / dt : 0.0;
+  const auto oldest = train_sink_->oldest_queued_version();
+  v.staleness = oldest == kNoVersion ? 0.0 : static_cast<double>(v.step - oldest);
+  v.version = dispatcher_->version();
+  v.last_sync_ms = last_sync_seconds_ * 1e3;
+  v.lag = lag_->take();
+  last_tick_at_ = now;
+  tokens_at_last_tick_ = tokens;
+  if (opt_.console) ARLO_INFO("{}", format_pipeline_view(v));
+  if (registry_) {
+    registry_->gauge("pipeline/inflight").set(static_cast<double>(v.inflight));
+    registry_->gauge("pipeline/queued_groups").set(static_cast<double>(v.queued_groups));
+    registry_->gauge("pipeline/staleness").set(v.staleness);
+    registry_->gauge("throughput/tokens_per_s").set(v.tokens_per_s);
+    registry_->gauge("event_loop/lag_p50_seconds").set(v.lag.p50);
+    registry_->gauge("event_loop/lag_p99_seconds").set(v.lag.p99);
+  }
+  if (metrics_file_) {
+    emit({{"step", v.step},
+          {"time", wall_time()},
+          {"pipeline/inflight", v.inflight},
+          {"pipeline/queued_groups", v.queued_groups},
+          {"pipeline/staleness", v.staleness},
+          {"event_loop/lag_p50_seconds", v.lag.p50},
+          {"event_loop/lag_p99_seconds", v.lag.p99}});
+  }
+}
+
+void Orchestrator::emit(nlohmann::json rec) {
+  if (registry_) {
+    for (const auto& [k, val] : rec.items())
+      if (val.is_number() && k != "time") registry_->gauge(k).set(val.get<double>());
+  }
+  if (metrics_file_) {
+    const auto line = rec.dump() + "\n";
+    std::fwrite(line.data(), 1, line.size(), metrics_file_);
+    std::fflush(metrics_file_);
+  }
+}
+
+Status Orchestrator::save_checkpoint(std::int64_t step) {
+  if (opt_.run_dir.empty()) return ok();
+  CheckpointState s;
+  s.step = step;
+  s.version = dispatcher_->version();
+  s.task_cursor = ports_.tasks->cursor();
+  s.pending_tasks = train_sink_->unbatched_tasks();
+  for (auto& t : dispatcher_->unfinished_train_tasks()) s.pending_tasks.push_back(std::move(t));
+  s.rng = dispatcher_->rng_state();
+  s.ledger = ledger_.to_json();
+  ARLO_TRY(write_checkpoint(checkpoint_path(opt_.run_dir), s));
+  ARLO_DEBUG("checkpoint: step {} ({} pending tasks)", step, s.pending_tasks.size());
+  return ok();
+}
+
+Status Orchestrator::restore(std::int64_t& start_step) {
+  if (opt_.run_dir.empty()) return make_error(ErrorCode::kInvalidArgument, "resume needs a run directory");
+  ARLO_ASSIGN_OR_RETURN(auto state, read_checkpoint(checkpoint_path(opt_.run_dir)));
+  if (!state) {
+    ARLO_WARN("resume: no checkpoint under {}; starting at step 1", opt_.run_dir);
+    return ok();
+  }
+  ARLO_ASSIGN_OR_RETURN(ledger_, Ledger::from_json_for_resume(state->ledger));
+  ARLO_TRY(with_context(ports_.tasks->restore(state->task_cursor), "resume: restoring the task cursor"));
+  ARLO_TRY(dispatcher_->restore_rng(state->rng));
+  dispatcher_->requeue(std::move(state->pending_tasks));
+  dispatcher_->on_step_cut(state->step);
+  start_step = state->step;
+  ARLO_INFO("resume: continuing after step {} from {}", state->step, checkpoint_path(opt_.run_dir).string());
+  return ok();
+}
+
+void Orchestrator::finish() {
+  dispatcher_->cancel_all("shutdown");
+  train_sink_->stop();
+  eval_sink_->stop();
+  watcher_->stop();
+  logger_->stop();
+  lag_->stop();
+  const auto steps = train_sink_->steps_cut();
+  if (opt_.ckpt_interval > 0 && steps > 0 && !steps_.empty()) {
+    if (auto st = save_checkpoint(steps); !st) ARLO_ERROR("final checkpoint: {}", st.error().what());
+  }
+  summary_.steps = steps;
+  summary_.seconds = seconds(ports_.clock->now() - run_start_);
+  summary_.run_dir = opt_.run_dir;
+  std::vector<double> rl;
+  for (const auto& s : steps_)
+    if (!s.supervised) rl.push_back(s.reward_mean);
+  auto mean = [](auto b, auto e) {
+    double sum = 0;
+    int n = 0;
+    for (auto it = b; it != e; ++it, ++n) sum += *it;
+    return n ? sum / n : 0.0;
+  };
+  const auto k = std::min<std::size_t>(5, rl.size());
+  summary_.reward_first5 = mean(rl.begin(), rl.begin() + static_cast<long>(k));
+  summary_.reward_last5 = mean(rl.end() - static_cast<long>(k), rl.end());
+  const auto& evals = eval_sink_->reports();
+  if (!evals.empty()) {
+    summary_.eval_first = evals.front();
+    summary_.eval_last = evals.back();
+  }
+  summary_.ledger = ledger_.to_json();
+  if (fatal_) {
+    summary_.ok = false;
+    summary_.error = fatal_->what();
+  } else if (auto st = ledger_.check(); !st) {
+    summary_.ok = false;
+    summary_.error = st.error().what();
+  } else if (stop_requested_) {
+    summary_.error = "stopped on request";
+  }
+  ARLO_INFO("summary: {} steps in {:.1f} s | train reward first 5 {:.3f} -> last 5 {:.3f} | rollouts {} dispatched, "
+            "{} completed, {} failed, {} cancelled{}",
+            summary_.steps, summary_.seconds, summary_.reward_first5, summary_.reward_last5,
+            ledger_.dispatched_total(), ledger_.completed_total(), ledger_.failed_total(), ledger_.cancelled_total(),
+            summary_.run_dir.empty() ? std::string() : " | run dir " + summary_.run_dir);
+  if (summary_.eval_first && summary_.eval_last) {
+    for (const auto& [env, last] : summary_.eval_last->envs) {
+      auto first = summary_.eval_first->envs.find(env);
+      for (const auto& [kk, p] : last.pass_at)
+        ARLO_INFO("summary: eval {} pass@{}: v{} {:.3f} -> v{} {:.3f}", env, kk, summary_.eval_first->step,
+                  first != summary_.eval_first->envs.end() ? first->second.pass_at.at(kk) : 0.0,
+                  summary_.eval_last->step, p);
+    }
+  }
+  if (!summary_.ok) ARLO_ERROR("summary: run failed: {}", summary_.error);
+  if (!opt_.run_dir.empty()) {
+    if (auto st = write_file_atomically(std::filesystem::path(opt_.run_dir) / "summary.json", summary_.to_json().dump(2) + "\n");
+        !st)
+      ARLO_ERROR("writing summary: {}", st.error().what());
+  }
+  if (status_) status_->close();
+  finished_ = true;
+  finished_signal_.notify();
+}
+
+Awaitable<RunSummary> Orchestrator::wait() {
+  while (!finished_) co_await finished_signal_.wait();
+  co_return summary_;
+}
+
+}  // namespace arlo::orch

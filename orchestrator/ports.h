@@ -1,0 +1,87 @@
+#pragma once
+// The orchestrator's ports: the narrow interfaces through which it reaches everything it does not
+// own. Real adapters (orchestrator/adapters/) connect them to rollout's worker pool, the
+// trainer_bridge and the environments; unit tests connect them to fakes and step the io_context.
+//
+// Threading contract for every port: methods are called on the orchestrator's io_context thread,
+// returned awaitables complete on that thread, and callbacks registered with a port are invoked on
+// it. A port may do its work elsewhere (a thread pool, another process) but must post back.
+#include <boost/asio/awaitable.hpp>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "orchestrator/types.h"
+
+namespace arlo::orch {
+
+template <typename T>
+using Awaitable = boost::asio::awaitable<T>;
+
+// Inference workers: data plane (generate) and admin plane (pause / update / resume), per worker.
+// Every call honours its deadline; the orchestrator also enforces it from outside, so a port that
+// fails to is cut off rather than hanging the loop.
+class InferencePort {
+ public:
+  virtual ~InferencePort() = default;
+  // n completions of one prompt, from one worker. Failure: the whole request failed (its samples
+  // are counted failed with the error code as the reason).
+  virtual Awaitable<Result<GenerateResult>> generate(GenerateRequest request) = 0;
+  // Names of the workers the admin calls address, fixed for the call sequence of one update.
+  virtual std::vector<std::string> workers() const = 0;
+  virtual Awaitable<Status> pause(std::string worker, PauseMode mode, TimePoint deadline) = 0;
+  // Makes `worker` fetch and apply `version` (prepare + commit in the arlo dialect).
+  virtual Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) = 0;
+  virtual Awaitable<Status> resume(std::string worker, TimePoint deadline) = 0;
+};
+
+// Training tasks: an endless, seeded stream with a cursor that can be saved and restored, so a
+// resumed run continues at the same data position. Cheap and synchronous (runs on the loop).
+class TaskSource {
+ public:
+  virtual ~TaskSource() = default;
+  virtual Result<Task> next() = 0;
+  virtual nlohmann::json cursor() const = 0;
+  virtual Status restore(const nlohmann::json& cursor) = 0;
+};
+
+// Scores one complete group off the event loop (reward modules on a thread pool, or a remote reward
+// server) and computes its advantages.
+class ScorerPort {
+ public:
+  virtual ~ScorerPort() = default;
+  virtual Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task> task,
+                                               std::shared_ptr<const std::vector<Completion>> completions) = 0;
+};
+
+// The trainer. send() completes when the batch is accepted; under back-pressure (too many
+// unacknowledged batches) it completes later. "Version v published" is pushed through the
+// callback, never polled.
+class TrainerPort {
+ public:
+  virtual ~TrainerPort() = default;
+  virtual Awaitable<Status> send(TrainBatch batch) = 0;
+  virtual void on_version(std::function<void(VersionNotice)> callback) = 0;
+};
+
+// Time. The real clock uses steady timers on the io_context; the fake one in tests is advanced by
+// hand, so timeouts, intervals and deadlines are tested without sleeping.
+class Timer {
+ public:
+  virtual ~Timer() = default;  // destroying a timer cancels it
+  virtual void cancel() = 0;
+};
+
+class ClockPort {
+ public:
+  virtual ~ClockPort() = default;
+  virtual TimePoint now() const = 0;
+  // Runs `fn` on the loop at or after `at`, unless the returned timer is cancelled or destroyed first.
+  virtual std::unique_ptr<Timer> schedule(TimePoint at, std::function<void()> fn) = 0;
+};
+
+}  // namespace arlo::orch

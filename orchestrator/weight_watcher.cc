@@ -1,0 +1,137 @@
+#include "orchestrator/weight_watcher.h"
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+
+namespace arlo::orch {
+
+WeightWatcher::WeightWatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference,
+                             RolloutDispatcher& dispatcher, const Options& options,
+                             std::function<void(const SyncReport&)> on_synced)
+    : ex_(ex),
+      clock_(clock),
+      inference_(inference),
+      dispatcher_(dispatcher),
+      opt_(options),
+      on_synced_(std::move(on_synced)),
+      changed_(ex),
+      synced_(options.initial_version) {}
+
+void WeightWatcher::notify(VersionNotice notice) {
+  if (latest_ && notice.version <= latest_->version) return;  // duplicate or reordered
+  latest_ = std::move(notice);
+  changed_.notify();
+}
+
+void WeightWatcher::stop() {
+  stopped_ = true;
+  changed_.notify();
+}
+
+Awaitable<void> WeightWatcher::run() {
+  while (!stopped_) {
+    if (!latest_ || latest_->version <= synced_) {
+      co_await changed_.wait();
+      continue;
+    }
+    co_await sync(*latest_);
+  }
+}
+
+Awaitable<bool> WeightWatcher::wait_synced(Version v, TimePoint deadline) {
+  bool expired = false;
+  auto timer = clock_.schedule(deadline, [this, &expired] {
+    expired = true;
+    changed_.notify();
+  });
+  while (synced_ < v && !expired && !stopped_) co_await changed_.wait();
+  co_return synced_ >= v;
+}
+
+Awaitable<Status> WeightWatcher::admin(std::string what, std::function<Awaitable<Status>(TimePoint)> call) {
+  auto backoff = opt_.admin_backoff;
+  Status last = ok();
+  for (int attempt = 1; attempt <= opt_.admin_attempts; ++attempt) {
+    const auto deadline = clock_.now() + opt_.admin_timeout;
+    last = co_await with_deadline<void>(ex_, clock_, deadline, call(deadline), what);
+    if (last) co_return last;
+    ARLO_WARN("weight sync: {} failed (attempt {}/{}): {}", what, attempt, opt_.admin_attempts, last.error().what());
+    if (attempt < opt_.admin_attempts) {
+      co_await sleep_until(ex_, clock_, clock_.now() + backoff);
+      backoff *= 2;
+    }
+  }
+  co_return last;
+}
+
+Awaitable<Status> WeightWatcher::sync_worker(std::string worker, Version v) {
+  auto& inf = inference_;
+  const auto mode = opt_.update_mode;
+  auto paused = co_await admin(fmt::format("pause({}) {}", to_string(mode), worker),
+                               [&inf, worker, mode](TimePoint d) { return inf.pause(worker, mode, d); });
+  Status updated = paused;
+  if (paused) {
+    updated = co_await admin(fmt::format("update_weights(v{}) {}", v, worker),
+                             [&inf, worker, v](TimePoint d) { return inf.update_weights(worker, v, d); });
+  }
+  // Resume even when the update failed: the worker then serves its previous version, which its
+  // tokens report, rather than nothing.
+  auto resumed = co_await admin(fmt::format("resume {}", worker),
+                                [&inf, worker](TimePoint d) { return inf.resume(worker, d); });
+  if (!updated) co_return updated;
+  co_return resumed;
+}
+
+Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
+  const auto v = notice.version;
+  const auto t0 = clock_.now();
+  syncing_ = true;
+  const bool hold = opt_.update_mode != PauseMode::kKeep;
+  if (hold) dispatcher_.hold(true);
+  if (opt_.update_mode == PauseMode::kWait) {
+    auto drained = co_await with_deadline<void>(
+        ex_, clock_, t0 + opt_.drain_timeout,
+        [](RolloutDispatcher& d) -> Awaitable<Status> {
+          co_await d.wait_idle();
+          co_return ok();
+        }(dispatcher_),
+        "drain before weight update");
+    if (!drained) ARLO_WARN("weight sync v{}: {}; swapping anyway", v, drained.error().what());
+  }
+
+  const auto workers = inference_.workers();
+  // All workers in parallel; the update is as slow as the slowest worker, not their sum.
+  Promise<bool> all_done(ex_);
+  auto remaining = std::make_shared<std::size_t>(workers.size());
+  auto failed = std::make_shared<int>(0);
+  for (const auto& w : workers) {
+    spawn(ex_, [this, w, v, remaining, failed, all_done]() mutable -> Awaitable<void> {
+      auto st = co_await sync_worker(w, v);
+      if (!st) {
+        ++*failed;
+        ARLO_ERROR("weight sync: worker {} did not take v{}: {}", w, v, st.error().what());
+      }
+      if (--*remaining == 0) all_done.set(true);
+    });
+  }
+  if (!workers.empty()) co_await all_done.get();
+
+  if (hold) dispatcher_.hold(false);
+  syncing_ = false;
+  const int nfailed = *failed;
+  failures_ += static_cast<std::uint64_t>(nfailed);
+  if (!workers.empty() && nfailed == static_cast<int>(workers.size())) {
+    ARLO_ERROR("weight sync: no worker took v{}; retrying after backoff", v);
+    co_await sleep_until(ex_, clock_, clock_.now() + opt_.admin_backoff);
+    co_return;
+  }
+  synced_ = v;
+  last_seconds_ = std::chrono::duration<double>(clock_.now() - t0).count();
+  dispatcher_.on_version(v);
+  SyncReport report{v, last_seconds_, static_cast<int>(workers.size()), nfailed, notice.metrics};
+  changed_.notify();
+  if (on_synced_) on_synced_(report);
+}
+
+}  // namespace arlo::orch

@@ -1,0 +1,78 @@
+#pragma once
+// WeightWatcher: reacts to the trainer's "version v published" notification (pushed through the
+// TrainerPort, never polled) by driving every worker through pause(mode) -> update_weights(v) ->
+// resume, then advancing the version the dispatcher sees. Notifications that arrive during an
+// update coalesce: the next update goes straight to the newest version.
+//
+// Modes: keep  - workers pause, swap and resume; in-flight requests continue and their tokens carry
+//                the versions that produced them (no hold on dispatch);
+//        wait  - dispatch is held and in-flight requests drain before the swap;
+//        abort - dispatch is held, workers abort in-flight requests (which come back with
+//                finish_reason "abort" and their partial tokens); after resume the dispatcher
+//                continues each aborted sample from its tokens.
+// Every admin call has a deadline (admin_timeout) and up to admin_attempts tries with doubling
+// backoff; none can hang. A worker that cannot be updated keeps serving its previous version (its
+// tokens say so) and is counted in failures(); if no worker took the version, the update is retried.
+//
+// Threading: the io_context thread only.
+#include <boost/asio/any_io_executor.hpp>
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "orchestrator/async.h"
+#include "orchestrator/dispatcher.h"
+#include "orchestrator/options.h"
+#include "orchestrator/ports.h"
+
+namespace arlo::orch {
+
+struct SyncReport {
+  Version version = 0;
+  double seconds = 0.0;
+  int workers = 0;
+  int workers_failed = 0;
+  nlohmann::json trainer_metrics;  // from the notice (loss, grad_norm, ...)
+};
+
+class WeightWatcher {
+ public:
+  WeightWatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference, RolloutDispatcher& dispatcher,
+                const Options& options, std::function<void(const SyncReport&)> on_synced);
+
+  // The TrainerPort's callback.
+  void notify(VersionNotice notice);
+  Awaitable<void> run();
+  void stop();
+
+  Version synced() const { return synced_; }
+  Version announced() const { return latest_ ? latest_->version : kNoVersion; }
+  bool syncing() const { return syncing_; }
+  std::uint64_t failures() const { return failures_; }
+  double last_sync_seconds() const { return last_seconds_; }
+  // Completes once `v` (or newer) is synced, or at `deadline` (returns false then), or on stop().
+  Awaitable<bool> wait_synced(Version v, TimePoint deadline);
+
+ private:
+  Awaitable<void> sync(VersionNotice notice);
+  Awaitable<Status> sync_worker(std::string worker, Version v);
+  Awaitable<Status> admin(std::string what, std::function<Awaitable<Status>(TimePoint)> call);
+
+  asio::any_io_executor ex_;
+  ClockPort& clock_;
+  InferencePort& inference_;
+  RolloutDispatcher& dispatcher_;
+  const Options& opt_;
+  std::function<void(const SyncReport&)> on_synced_;
+  Signal changed_;
+
+  std::optional<VersionNotice> latest_;
+  Version synced_;
+  bool syncing_ = false;
+  bool stopped_ = false;
+  std::uint64_t failures_ = 0;
+  double last_seconds_ = 0.0;
+};
+
+}  // namespace arlo::orch
