@@ -1,0 +1,129 @@
+/* arlo trainer bridge: the C ABI of libarlo_bridge.so, for trainers written in anything.
+ *
+ * A trainer connects, waits for batches, acknowledges each one after its optimizer step, and
+ * publishes its new weights (sent through arlo's weight_sync, then announced to the orchestrator).
+ *
+ *   arlo_bridge* b = NULL;
+ *   if (arlo_bridge_connect("{\"transport\":\"dir\",\"run_dir\":\"/runs/x\",\"rank\":0,"
+ *                           "\"weight_sync\":{\"transport\":\"filesystem\",\"dir\":\"/runs/x/weights\"}}",
+ *                           &b) != ARLO_OK) { fprintf(stderr, "%s\n", arlo_bridge_last_error()); }
+ *   arlo_bridge_publish(b, 0, params, n_params, 60000);          // v0: the initial weights
+ *   for (;;) {
+ *     arlo_batch* batch = NULL;
+ *     arlo_status s = arlo_bridge_next_batch(b, 60000, &batch);  // ARLO_TIMEOUT: nothing yet
+ *     if (s != ARLO_OK) ...;
+ *     ... train on batch->tensors[i] (see trainer_bridge/batch.h for the schema) ...
+ *     arlo_bridge_ack(b, batch->step);
+ *     arlo_batch_release(batch);
+ *     arlo_bridge_publish(b, batch_step, params, n_params, 60000);
+ *   }
+ *   arlo_bridge_close(b);
+ *
+ * Contracts
+ * - Every call returns a status; on failure arlo_bridge_last_error() returns a message saying what
+ *   went wrong and what to do. The message is per thread and stays valid until this thread's next
+ *   call into the library.
+ * - Thread-safe: calls on one bridge may come from several threads, except arlo_bridge_close, which
+ *   must be the last call on that bridge (it wakes a thread blocked in next_batch first).
+ * - A batch's tensor views stay valid until arlo_batch_release, even after arlo_bridge_close.
+ * - next_batch returns the oldest unacknowledged step again until it is acknowledged, so a trainer
+ *   that crashes mid-step sees the same batch after it restarts; pass "start_after_step" (the last
+ *   step in the trainer's checkpoint) in the config so steps already applied are never trained twice.
+ *
+ * Config JSON keys: transport ("dir" | "socket"), run_dir (dir), host, port (socket), rank,
+ * start_after_step, heartbeat_interval_ms, heartbeat_timeout_ms, weight_sync (object: transport
+ * "filesystem" | "tcp" | "shm", dir, address, expected_receivers, shm_name, payload "full" | "bf16" |
+ * "fp8" | "delta", zstd, bucket_mb, topology "star" | "chain").
+ */
+#ifndef ARLO_TRAINER_BRIDGE_ARLO_BRIDGE_H_
+#define ARLO_TRAINER_BRIDGE_ARLO_BRIDGE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ARLO_BRIDGE_ABI_VERSION 1
+
+typedef enum arlo_status {
+  ARLO_OK = 0,
+  ARLO_INVALID_ARGUMENT = 1,
+  ARLO_PARSE = 2,
+  ARLO_NOT_FOUND = 3,
+  ARLO_IO = 4,
+  ARLO_TIMEOUT = 5,
+  ARLO_CANCELLED = 6,
+  ARLO_MISMATCH = 7,
+  ARLO_UNAVAILABLE = 8,
+  ARLO_RESOURCE_EXHAUSTED = 9,
+  ARLO_INTERNAL = 10
+} arlo_status;
+
+/* Element types, as safetensors names them. */
+typedef enum arlo_dtype {
+  ARLO_F64 = 0,
+  ARLO_F32 = 1,
+  ARLO_F16 = 2,
+  ARLO_BF16 = 3,
+  ARLO_F8_E4M3 = 4,
+  ARLO_F8_E5M2 = 5,
+  ARLO_I64 = 6,
+  ARLO_I32 = 7,
+  ARLO_I16 = 8,
+  ARLO_I8 = 9,
+  ARLO_U8 = 10,
+  ARLO_BOOL = 11
+} arlo_dtype;
+
+/* A borrowed, C-contiguous host tensor. */
+typedef struct arlo_tensor {
+  const char* name;
+  int32_t dtype; /* arlo_dtype */
+  int32_t ndim;
+  const int64_t* shape;
+  const void* data;
+  uint64_t nbytes;
+} arlo_tensor;
+
+typedef struct arlo_batch {
+  int64_t step;
+  int32_t rank;
+  int32_t num_ranks;
+  int32_t rows;
+  int32_t seq_len;
+  size_t num_tensors;
+  const arlo_tensor* tensors;  /* input_ids, position_ids, loss_mask, ... (batch.h) */
+  const char* metadata_json;   /* the batch metadata as a JSON object of strings */
+  void* internal_;             /* owned by the library */
+} arlo_batch;
+
+typedef struct arlo_bridge arlo_bridge;
+
+int arlo_bridge_abi_version(void);
+const char* arlo_bridge_last_error(void);
+
+arlo_status arlo_bridge_connect(const char* config_json, arlo_bridge** out);
+/* Waits up to timeout_ms (< 0: forever) for the next unacknowledged batch of this rank. */
+arlo_status arlo_bridge_next_batch(arlo_bridge* bridge, int64_t timeout_ms, arlo_batch** out);
+arlo_status arlo_batch_release(arlo_batch* batch);
+/* Looks a tensor up by name; NULL when absent (ce_weights is optional). */
+const arlo_tensor* arlo_batch_tensor(const arlo_batch* batch, const char* name);
+arlo_status arlo_bridge_ack(arlo_bridge* bridge, int64_t step);
+/* Sends `version` of the given host tensors through weight_sync (as configured), then tells the
+ * orchestrator the version exists. The tensors are read during the call only. The first publish
+ * fixes the tensor names, dtypes and shapes for the session. */
+arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo_tensor* tensors, size_t num_tensors,
+                                int64_t timeout_ms);
+/* Only announces `version` (weights moved by other means); info_json may be NULL. */
+arlo_status arlo_bridge_announce(arlo_bridge* bridge, int64_t version, const char* info_json);
+arlo_status arlo_bridge_heartbeat(arlo_bridge* bridge);
+int64_t arlo_bridge_last_acked_step(const arlo_bridge* bridge);
+arlo_status arlo_bridge_close(arlo_bridge* bridge);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ARLO_TRAINER_BRIDGE_ARLO_BRIDGE_H_ */
