@@ -49,6 +49,8 @@ class ReceiverTransport {
   // Receives the next version into `sink` and commits it; updates state.version/specs on success
   // and on an in-place failure (version reset).
   virtual Result<ReceiveReport> receive(WeightSink& sink, ReceiverState& state, Deadline deadline) = 0;
+  // Where downstream nodes connect (tcp chain relays); empty otherwise.
+  virtual std::string relay_endpoint() const { return {}; }
 };
 
 using SenderFactory = std::function<Result<std::unique_ptr<SenderTransport>>(const Options&)>;

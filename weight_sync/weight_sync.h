@@ -93,6 +93,10 @@ struct Options {
   std::string relay_listen;              // subscriber (chain): listen endpoint for the next node
   std::chrono::milliseconds reconnect_window{5000};  // how long either side waits for a reconnect
 
+  // Fault injection for tests of the real transports: the sender flips one byte of this bucket
+  // after computing its checksum, the first time the bucket is sent.
+  std::optional<std::size_t> fault_corrupt_bucket;
+
   // shm
   std::string shm_name = "arlo-weights";
 
@@ -156,6 +160,10 @@ class Subscriber {
   // The version this subscriber knows the sink holds (e.g. loaded from disk at start), so the first
   // delta can apply. Call before receive().
   virtual void assume_version(std::optional<Version> version) = 0;
+  // Tensors of the last applied version (empty before the first).
+  virtual const std::vector<TensorSpec>& specs() const = 0;
+  // tcp chain: the bound "host:port" where the next node connects (empty when not relaying).
+  virtual std::string relay_endpoint() const = 0;
 };
 
 }  // namespace arlo::weight_sync

@@ -1,0 +1,610 @@
+// shm transport: one POSIX shared-memory segment per channel ("/arlo-ws-<shm_name>") holding a
+// control header, the manifest, and two bucket slots. The publisher encodes bucket i into slot i%2
+// while receivers verify and apply bucket i-1 from the other slot (double buffering).
+//
+// Synchronisation: atomics in the segment plus a futex "doorbell" every state change bumps; every
+// wait is bounded (bucket_timeout, the call deadline) and polls the peer's pid, so a dead peer is
+// noticed within milliseconds. Cleanup: the publisher unlinks the name when it is destroyed; if it
+// died, the first receiver (or next publisher) that notices its pid is gone unlinks it; dead
+// receivers' slots are reclaimed by the publisher.
+//
+// Session protocol per publish: phase kJoining (manifest written; receivers check it against their
+// sink and answer accepted / refused / need_full), the publisher admits the accepted receivers and
+// moves to kStreaming, then kDone once every admitted receiver applied or failed.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "common/log.h"
+#include "weight_sync/codec.h"
+#include "weight_sync/transport.h"
+#include "weight_sync/transports/proc_util.h"
+
+namespace arlo::weight_sync {
+namespace {
+
+using detail::futex_bump_and_wake;
+using detail::futex_wait;
+using detail::process_alive;
+
+constexpr std::uint64_t kMagic = 0x314d48534f4c5241ull;  // "ARLOSHM1"
+constexpr int kMaxReaders = 16;
+constexpr std::uint64_t kNoBucket = ~0ull;
+constexpr auto kPoll = std::chrono::milliseconds(10);
+
+enum ReaderState : std::uint32_t { kIdle = 0, kAccepted, kRefused, kNeedFull, kApplied, kFailed };
+enum Phase : std::uint32_t { kNone = 0, kJoining, kStreaming, kDone };
+
+struct alignas(64) ReaderSlot {
+  std::atomic<std::uint32_t> pid;
+  std::atomic<std::uint32_t> state;
+  std::atomic<std::uint64_t> session;   // last session this reader answered
+  std::atomic<std::uint64_t> admitted;  // session the publisher admitted it to
+  std::atomic<std::uint64_t> consumed;  // buckets of `session` it is done with
+  char name[64];
+  char error[448];
+};
+
+struct alignas(64) SlotHeader {
+  std::atomic<std::uint64_t> index;
+  std::uint64_t wire_bytes;
+  std::uint64_t checksum;
+};
+
+struct Header {
+  std::uint64_t magic;
+  std::uint64_t total_size;
+  std::uint64_t manifest_offset;
+  std::uint64_t manifest_capacity;
+  std::uint64_t slot_offset[2];
+  std::uint64_t slot_capacity;
+  std::atomic<std::uint32_t> publisher_pid;
+  std::atomic<std::uint32_t> retired;
+  std::atomic<std::uint32_t> doorbell;
+  std::atomic<std::uint32_t> phase;
+  std::atomic<std::uint64_t> session;
+  std::atomic<std::uint64_t> manifest_len;
+  std::atomic<std::uint64_t> published;
+  SlotHeader slots[2];
+  ReaderSlot readers[kMaxReaders];
+};
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string segment_name(const std::string& channel) {
+  std::string out = "/arlo-ws-";
+  for (char c : channel) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  return out;
+}
+
+void set_text(char* dst, std::size_t cap, const std::string& text) {
+  const std::size_t n = std::min(cap - 1, text.size());
+  std::memcpy(dst, text.data(), n);
+  dst[n] = 0;
+}
+
+std::string get_text(const char* src, std::size_t cap) { return std::string(src, strnlen(src, cap)); }
+
+// A mapping of one segment. The creator owns the name and unlinks it on destruction.
+class Segment {
+ public:
+  static Result<std::unique_ptr<Segment>> create(const std::string& name, std::uint64_t manifest_cap,
+                                                 std::uint64_t slot_cap) {
+    // A leftover from a dead publisher is removed; a live one is a configuration error.
+    if (auto old = open(name)) {
+      const pid_t owner = static_cast<pid_t>((*old)->h->publisher_pid.load());
+      if (owner != ::getpid() && process_alive(owner) && !(*old)->h->retired.load())
+        return make_error(ErrorCode::kUnavailable, "shm segment " + name + " is in use by publisher pid " +
+                                                       std::to_string(owner) + "; pick another weight_sync.shm_name");
+      (*old)->unlink_if_same();
+    }
+    auto s = std::unique_ptr<Segment>(new Segment());
+    s->name_ = name;
+    s->owner_ = true;
+    const std::uint64_t moff = align_up(sizeof(Header), 4096);
+    const std::uint64_t s0 = align_up(moff + manifest_cap, 4096);
+    const std::uint64_t s1 = align_up(s0 + slot_cap, 4096);
+    const std::uint64_t total = align_up(s1 + slot_cap, 4096);
+    s->fd_ = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (s->fd_ < 0) return make_error(ErrorCode::kIo, "shm_open " + name + ": " + std::strerror(errno));
+    if (::ftruncate(s->fd_, static_cast<off_t>(total)) != 0) {
+      ::shm_unlink(name.c_str());
+      return make_error(ErrorCode::kResourceExhausted, "ftruncate " + name + " to " + std::to_string(total) +
+                                                           " bytes: " + std::strerror(errno));
+    }
+    ARLO_TRY(s->map(total));
+    Header* h = new (s->base_) Header();
+    h->total_size = total;
+    h->manifest_offset = moff;
+    h->manifest_capacity = manifest_cap;
+    h->slot_offset[0] = s0;
+    h->slot_offset[1] = s1;
+    h->slot_capacity = slot_cap;
+    h->publisher_pid = static_cast<std::uint32_t>(::getpid());
+    h->slots[0].index = kNoBucket;
+    h->slots[1].index = kNoBucket;
+    std::atomic_thread_fence(std::memory_order_release);
+    reinterpret_cast<std::atomic<std::uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
+    s->h = h;
+    return s;
+  }
+
+  static Result<std::unique_ptr<Segment>> open(const std::string& name) {
+    auto s = std::unique_ptr<Segment>(new Segment());
+    s->name_ = name;
+    s->fd_ = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (s->fd_ < 0) return make_error(ErrorCode::kNotFound, "shm segment " + name + " does not exist (yet)");
+    struct stat st{};
+    ::fstat(s->fd_, &st);
+    if (static_cast<std::uint64_t>(st.st_size) < sizeof(Header))
+      return make_error(ErrorCode::kUnavailable, "shm segment " + name + " is being created");
+    ARLO_TRY(s->map(static_cast<std::uint64_t>(st.st_size)));
+    s->h = reinterpret_cast<Header*>(s->base_);
+    if (reinterpret_cast<std::atomic<std::uint64_t>*>(&s->h->magic)->load(std::memory_order_acquire) != kMagic ||
+        s->h->total_size != static_cast<std::uint64_t>(st.st_size))
+      return make_error(ErrorCode::kUnavailable, "shm segment " + name + " is being created");
+    return s;
+  }
+
+  ~Segment() {
+    if (owner_ && h) {
+      h->retired.store(1);
+      futex_bump_and_wake(h->doorbell);
+      unlink_if_same();
+    }
+    if (base_) ::munmap(base_, size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Unlinks the name if it still refers to this segment (not a newer one with the same name).
+  void unlink_if_same() {
+    int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    struct stat a{}, b{};
+    ::fstat(fd, &a);
+    ::fstat(fd_, &b);
+    ::close(fd);
+    if (a.st_ino == b.st_ino && a.st_dev == b.st_dev) ::shm_unlink(name_.c_str());
+  }
+
+  std::byte* manifest() { return base_ + h->manifest_offset; }
+  std::byte* slot(int k) { return base_ + h->slot_offset[k]; }
+
+  Header* h = nullptr;
+
+ private:
+  Segment() = default;
+  Status map(std::uint64_t size) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) return make_error(ErrorCode::kIo, "mmap " + name_ + ": " + std::strerror(errno));
+    base_ = static_cast<std::byte*>(p);
+    size_ = size;
+    return ok();
+  }
+  std::string name_;
+  int fd_ = -1;
+  std::byte* base_ = nullptr;
+  std::uint64_t size_ = 0;
+  bool owner_ = false;
+};
+
+// Waits on the doorbell until `done()` is true; `check()` returning an error aborts the wait.
+template <typename Done, typename Check>
+Status wait_for(Header* h, Deadline deadline, Done done, Check check, const std::string& what) {
+  while (true) {
+    const std::uint32_t seen = h->doorbell.load(std::memory_order_acquire);
+    if (done()) return ok();
+    if (auto s = check(); !s) return s;
+    const auto now = Clock::now();
+    if (now >= deadline) return make_error(ErrorCode::kTimeout, "timed out waiting for " + what);
+    futex_wait(h->doorbell, seen,
+               std::chrono::duration_cast<std::chrono::microseconds>(std::min<Clock::duration>(kPoll, deadline - now)));
+  }
+}
+
+class ShmSender final : public SenderTransport {
+ public:
+  explicit ShmSender(const Options& o) : name_(segment_name(o.shm_name)) {}
+  std::string endpoint() const override { return "shm:" + name_; }
+
+  Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
+                                Deadline deadline) override {
+    const auto t0 = Clock::now();
+    const Options& o = state.options;
+    PayloadOptions payload = o.payload;
+    bool want_delta = payload.kind == PayloadKind::kDelta && state.base && state.last_version &&
+                      state.base->specs() == source.specs();
+    if (payload.kind == PayloadKind::kDelta && !want_delta) payload.kind = PayloadKind::kFull;
+    for (int attempt = 0;; ++attempt) {
+      ARLO_ASSIGN_OR_RETURN(Manifest m, Manifest::plan(source.specs(), o.bucket_bytes, payload));
+      m.version = version;
+      if (payload.kind == PayloadKind::kDelta) m.base_version = state.last_version;
+      bool need_full = false;
+      auto r = run_session(m, source, state, deadline, need_full);
+      if (!r) return r;
+      if (need_full && payload.kind == PayloadKind::kDelta && attempt == 0) {
+        payload.kind = PayloadKind::kFull;  // a receiver holds another base: resync everyone in full
+        continue;
+      }
+      r->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return r;
+    }
+  }
+
+ private:
+  Status ensure_segment(std::uint64_t manifest_len, std::uint64_t slot_cap) {
+    if (seg_ && seg_->h->manifest_capacity >= manifest_len && seg_->h->slot_capacity >= slot_cap) return ok();
+    seg_.reset();  // retire the smaller one (receivers reopen by name)
+    ARLO_ASSIGN_OR_RETURN(seg_, Segment::create(name_, std::max<std::uint64_t>(manifest_len * 2, 1 << 20), slot_cap));
+    return ok();
+  }
+
+  Result<PublishReport> run_session(const Manifest& m, const WeightSource& source, SenderState& state,
+                                    Deadline deadline, bool& need_full) {
+    const Options& o = state.options;
+    ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
+    const std::string text = m.dump();
+    const std::uint64_t slot_cap = std::max<std::uint64_t>({enc.max_capacity(), m.max_bucket_bytes(), 4096});
+    ARLO_TRY(ensure_segment(text.size(), slot_cap));
+    Header* h = seg_->h;
+
+    // Reclaim slots of dead receivers.
+    for (auto& r : h->readers) {
+      const pid_t pid = static_cast<pid_t>(r.pid.load());
+      if (pid != 0 && !process_alive(pid)) r.pid.store(0);
+    }
+    std::memcpy(seg_->manifest(), text.data(), text.size());
+    h->manifest_len.store(text.size());
+    h->published.store(0);
+    h->slots[0].index.store(kNoBucket);
+    h->slots[1].index.store(kNoBucket);
+    const std::uint64_t session = h->session.load() + 1;
+    h->session.store(session, std::memory_order_release);
+    h->phase.store(kJoining, std::memory_order_release);
+    futex_bump_and_wake(h->doorbell);
+
+    // Join: wait for expected_receivers answers (bounded by one bucket timeout).
+    auto answered = [&] {
+      std::size_t n = 0;
+      for (auto& r : h->readers)
+        if (r.pid.load() != 0 && r.session.load() == session && r.state.load() != kIdle) ++n;
+      return n;
+    };
+    const Deadline join_deadline = std::min(deadline, Clock::now() + o.bucket_timeout);
+    (void)wait_for(h, join_deadline, [&] { return answered() >= o.expected_receivers; }, [] { return ok(); },
+                   "receivers to join");
+
+    PublishReport report;
+    report.version = m.version;
+    report.payload = m.payload.kind;
+    report.raw_bytes = m.total_bytes;
+    report.buckets = m.buckets.size();
+    std::vector<int> active;
+    std::vector<std::size_t> peer_of(kMaxReaders, 0);
+    for (int k = 0; k < kMaxReaders; ++k) {
+      auto& r = h->readers[k];
+      if (r.pid.load() == 0 || r.session.load() != session) continue;
+      const std::string peer = get_text(r.name, sizeof r.name);
+      const auto st = r.state.load();
+      if (st == kAccepted) {
+        peer_of[k] = report.peers.size();
+        report.peers.push_back({peer, false, "", 0});
+        active.push_back(k);
+      } else if (st == kNeedFull) {
+        need_full = true;
+        report.peers.push_back({peer, false, "holds another base version; needs a full resync", 0});
+      } else if (st == kRefused) {
+        report.peers.push_back({peer, false, "refused the manifest: " + get_text(r.error, sizeof r.error), 0});
+      }
+    }
+    if (need_full && m.payload.kind == PayloadKind::kDelta) {
+      h->phase.store(kDone);
+      futex_bump_and_wake(h->doorbell);
+      return report;  // caller restarts in full
+    }
+    if (report.peers.size() < o.expected_receivers)
+      report.peers.push_back({"(missing)", false,
+                              std::to_string(o.expected_receivers - report.peers.size()) +
+                                  " expected receiver(s) did not join within the bucket timeout",
+                              0});
+    if (active.empty()) {
+      h->phase.store(kDone);
+      futex_bump_and_wake(h->doorbell);
+      if (report.peers.empty() || report.peers.back().peer == "(missing)")
+        return make_error(ErrorCode::kUnavailable, "shm " + name_ + ": no receiver joined version " +
+                                                       std::to_string(m.version) + " before the deadline");
+      return report;
+    }
+    for (int k : active) h->readers[k].admitted.store(session);
+    h->phase.store(kStreaming, std::memory_order_release);
+    futex_bump_and_wake(h->doorbell);
+
+    auto drop = [&](int k, const std::string& why) {
+      report.peers[peer_of[k]].error = why;
+      active.erase(std::find(active.begin(), active.end(), k));
+    };
+    // Drops receivers that died or failed; used inside every wait.
+    auto prune = [&](std::size_t bucket) {
+      for (int k : std::vector<int>(active)) {
+        auto& r = h->readers[k];
+        if (r.state.load() == kFailed) drop(k, get_text(r.error, sizeof r.error));
+        else if (!process_alive(static_cast<pid_t>(r.pid.load())))
+          drop(k, "receiver process died during bucket " + std::to_string(bucket));
+      }
+    };
+
+    for (std::size_t i = 0; i < m.buckets.size() && !active.empty(); ++i) {
+      const int s = static_cast<int>(i % 2);
+      if (i >= 2) {
+        const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
+        auto st = wait_for(
+            h, bd,
+            [&] {
+              for (int k : active)
+                if (h->readers[k].consumed.load(std::memory_order_acquire) < i - 1 &&
+                    h->readers[k].state.load() != kFailed)
+                  return false;
+              return true;
+            },
+            [&] { prune(i - 2); return ok(); }, "bucket " + std::to_string(i - 2));
+        prune(i - 2);
+        if (!st)
+          for (int k : std::vector<int>(active))
+            if (h->readers[k].consumed.load() < i - 1)
+              drop(k, "timed out consuming bucket " + std::to_string(i - 2));
+        if (active.empty()) break;
+      }
+      std::byte* dst = seg_->slot(s);
+      std::uint64_t wire = 0, checksum = 0;
+      if (enc.zero_copy()) {
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}));
+        checksum = copy_and_hash(b.parts, dst);
+        wire = b.wire_bytes;
+      } else {
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {dst, h->slot_capacity}));
+        checksum = b.checksum;
+        wire = b.wire_bytes;
+      }
+      if (o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_ && wire > 0) {
+        dst[wire / 2] ^= std::byte{0x5A};
+        fault_done_ = true;
+      }
+      h->slots[s].wire_bytes = wire;
+      h->slots[s].checksum = checksum;
+      h->slots[s].index.store(i, std::memory_order_release);
+      h->published.store(i + 1, std::memory_order_release);
+      futex_bump_and_wake(h->doorbell);
+      report.wire_bytes += wire;
+    }
+
+    // Wait for every admitted receiver to apply or fail.
+    (void)wait_for(
+        h, deadline,
+        [&] {
+          for (int k : active)
+            if (h->readers[k].state.load() != kApplied && h->readers[k].state.load() != kFailed) return false;
+          return true;
+        },
+        [&] { prune(m.buckets.size()); return ok(); }, "receivers to apply");
+    for (int k : active) {
+      auto& r = h->readers[k];
+      auto& p = report.peers[peer_of[k]];
+      if (r.state.load() == kApplied) {
+        p.ok = true;
+        p.wire_bytes = report.wire_bytes;
+      } else if (r.state.load() == kFailed) {
+        p.error = get_text(r.error, sizeof r.error);
+      } else {
+        p.error = "did not apply before the publish deadline";
+      }
+    }
+    h->phase.store(kDone);
+    futex_bump_and_wake(h->doorbell);
+    return report;
+  }
+
+  std::string name_;
+  std::unique_ptr<Segment> seg_;
+  bool fault_done_ = false;
+};
+
+class ShmReceiver final : public ReceiverTransport {
+ public:
+  explicit ShmReceiver(const Options& o) : name_(segment_name(o.shm_name)) {}
+  ~ShmReceiver() override {
+    if (seg_ && slot_ >= 0 && seg_->h->readers[slot_].pid.load() == static_cast<std::uint32_t>(::getpid())) {
+      seg_->h->readers[slot_].pid.store(0);
+      futex_bump_and_wake(seg_->h->doorbell);
+    }
+  }
+
+  Result<ReceiveReport> receive(WeightSink& sink, ReceiverState& state, Deadline deadline) override {
+    const auto t0 = Clock::now();
+    while (true) {
+      if (Clock::now() >= deadline)
+        return make_error(ErrorCode::kTimeout, "shm " + name_ + ": no new version before the deadline");
+      if (!attach()) {
+        std::this_thread::sleep_for(kPoll);
+        continue;
+      }
+      Header* h = seg_->h;
+      // Wait for a joining phase of a session we have not answered.
+      const std::uint64_t answered = h->readers[slot_].session.load();
+      Status st = wait_for(
+          h, std::min(deadline, Clock::now() + std::chrono::milliseconds(200)),
+          [&] { return h->retired.load() || (h->phase.load() == kJoining && h->session.load() > answered); },
+          [&]() -> Status {
+            if (!process_alive(static_cast<pid_t>(h->publisher_pid.load())))
+              return make_error(ErrorCode::kUnavailable, "publisher died");
+            return ok();
+          },
+          "a new version");
+      if (!st || h->retired.load()) {
+        if (!st && st.error().code() == ErrorCode::kUnavailable) seg_->unlink_if_same();  // clean up after it
+        if (!st && st.error().code() == ErrorCode::kTimeout) continue;
+        detach();
+        continue;
+      }
+      const std::uint64_t session = h->session.load(std::memory_order_acquire);
+      auto& me = h->readers[slot_];
+      const std::string text(reinterpret_cast<const char*>(seg_->manifest()), h->manifest_len.load());
+      auto m = Manifest::parse(text);
+      std::vector<std::span<std::byte>> dest;
+      auto answer = [&](ReaderState s, const std::string& err) {
+        set_text(me.error, sizeof me.error, err);
+        me.consumed.store(0);
+        me.state.store(s);
+        me.session.store(session, std::memory_order_release);
+        futex_bump_and_wake(h->doorbell);
+      };
+      if (!m) {
+        answer(kRefused, m.error().what());
+        return make_error(ErrorCode::kMismatch, "shm " + name_ + ": manifest refused: " + m.error().what());
+      }
+      auto bound = bind_sink(*m, sink);
+      if (!bound) {
+        answer(kRefused, bound.error().what());
+        return make_error(ErrorCode::kMismatch, "shm " + name_ + ": version " + std::to_string(m->version) + ": " +
+                                                    bound.error().what());
+      }
+      if (m->payload.kind == PayloadKind::kDelta && (!state.version || !m->base_version || *state.version != *m->base_version)) {
+        answer(kNeedFull, "");
+        continue;  // the publisher restarts this version in full
+      }
+      dest = std::move(*bound);
+      answer(kAccepted, "");
+      // Admitted, or left out (joined too late): then wait for the next session.
+      st = wait_for(
+          h, deadline, [&] { return me.admitted.load() == session || h->session.load() != session || h->phase.load() != kJoining; },
+          [] { return ok(); }, "admission");
+      if (me.admitted.load() != session) continue;
+      auto r = stream(*m, session, dest, sink, state, deadline);
+      if (r) r->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return r;
+    }
+  }
+
+ private:
+  bool attach() {
+    if (seg_ && !seg_->h->retired.load()) {
+      if (seg_->h->readers[slot_].pid.load() == static_cast<std::uint32_t>(::getpid())) return true;
+    } else {
+      detach();
+      auto s = Segment::open(name_);
+      if (!s) return false;
+      seg_ = std::move(*s);
+      if (!process_alive(static_cast<pid_t>(seg_->h->publisher_pid.load()))) {
+        seg_->unlink_if_same();  // leftover of a dead publisher
+        seg_.reset();
+        return false;
+      }
+    }
+    // Claim a reader slot.
+    const auto me = static_cast<std::uint32_t>(::getpid());
+    for (int k = 0; k < kMaxReaders; ++k) {
+      std::uint32_t expected = 0;
+      auto& r = seg_->h->readers[k];
+      if (r.pid.compare_exchange_strong(expected, me)) {
+        r.state.store(kIdle);
+        r.consumed.store(0);
+        r.admitted.store(0);
+        r.session.store(seg_->h->phase.load() == kJoining ? seg_->h->session.load() - 1 : seg_->h->session.load());
+        set_text(r.name, sizeof r.name, peer_name_.empty() ? "pid " + std::to_string(me) : peer_name_);
+        slot_ = k;
+        return true;
+      }
+    }
+    ARLO_WARN_EVERY(5.0, "shm {}: all {} receiver slots are taken", name_, kMaxReaders);
+    return false;
+  }
+
+  void detach() {
+    seg_.reset();
+    slot_ = -1;
+  }
+
+  Result<ReceiveReport> stream(const Manifest& m, std::uint64_t session, std::vector<std::span<std::byte>> dest,
+                               WeightSink& sink, ReceiverState& state, Deadline deadline) {
+    Header* h = seg_->h;
+    auto& me = h->readers[slot_];
+    const Options& o = state.options;
+    BucketApplier applier(m, std::move(dest), o.apply_mode);
+    ReceiveReport report;
+    report.version = m.version;
+    report.payload = m.payload.kind;
+    report.buckets = m.buckets.size();
+    auto fail = [&](const Error& e) -> Result<ReceiveReport> {
+      set_text(me.error, sizeof me.error, e.what());
+      me.state.store(kFailed);
+      futex_bump_and_wake(h->doorbell);
+      if (applier.touched()) {
+        sink.discard(m.version, e);
+        state.version.reset();
+      }
+      return std::unexpected(e);
+    };
+    const pid_t publisher = static_cast<pid_t>(h->publisher_pid.load());
+    for (std::size_t i = 0; i < m.buckets.size(); ++i) {
+      const int s = static_cast<int>(i % 2);
+      const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
+      auto st = wait_for(
+          h, bd, [&] { return h->slots[s].index.load(std::memory_order_acquire) == i && h->published.load() > i; },
+          [&]() -> Status {
+            if (h->session.load() != session) return make_error(ErrorCode::kCancelled, "publisher abandoned the version");
+            if (!process_alive(publisher)) return make_error(ErrorCode::kUnavailable, "publisher process died");
+            return ok();
+          },
+          "bucket " + std::to_string(i));
+      if (!st) {
+        if (st.error().code() == ErrorCode::kUnavailable) seg_->unlink_if_same();
+        return fail(Error(st.error().code(), "shm " + name_ + ": version " + std::to_string(m.version) + ", bucket " +
+                                                 std::to_string(i) + ", peer publisher pid " +
+                                                 std::to_string(publisher) + ": " + st.error().message() +
+                                                 "; previous version kept"));
+      }
+      const std::span<const std::byte> wire(seg_->slot(s), h->slots[s].wire_bytes);
+      if (auto a = applier.accept(i, wire, h->slots[s].checksum); !a)
+        return fail(Error(a.error().code(), "shm " + name_ + ": version " + std::to_string(m.version) + ", peer publisher pid " +
+                                                std::to_string(publisher) + ": " + a.error().what()));
+      report.wire_bytes += wire.size();
+      me.consumed.store(i + 1, std::memory_order_release);
+      futex_bump_and_wake(h->doorbell);
+    }
+    if (auto f = applier.finish(); !f) return fail(f.error());
+    if (auto c = sink.commit(m.version); !c) return fail(c.error());
+    state.version = m.version;
+    state.specs = m.tensors;
+    me.state.store(kApplied);
+    futex_bump_and_wake(h->doorbell);
+    return report;
+  }
+
+ public:
+  std::string peer_name_;
+
+ private:
+  std::string name_;
+  std::unique_ptr<Segment> seg_;
+  int slot_ = -1;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SenderTransport>> make_shm_sender(const Options& o) {
+  return std::unique_ptr<SenderTransport>(new ShmSender(o));
+}
+
+Result<std::unique_ptr<ReceiverTransport>> make_shm_receiver(const Options& o) {
+  auto r = std::make_unique<ShmReceiver>(o);
+  r->peer_name_ = o.peer_name;
+  return std::unique_ptr<ReceiverTransport>(std::move(r));
+}
+
+}  // namespace arlo::weight_sync

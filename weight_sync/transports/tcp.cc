@@ -1,0 +1,746 @@
+// tcp transport (Boost.Asio). Star: the publisher serves every receiver directly. Chain: each
+// receiver with `relay_listen` serves the next one, so each link carries the stream once.
+//
+// Per version, on each link: receiver -> HELLO {peer, version, resume}; sender -> MANIFEST;
+// receiver -> ANSWER {accepted | refused | need_full, start}; sender -> BUCKET frames (header, data,
+// trailer xxh3) from `start`; receiver -> DONE {peers: reports of itself and everything downstream}.
+// Relays check their own sink, then offer the manifest downstream before answering, so a refusal or
+// a need for a full resync anywhere is known before data moves.
+//
+// Every operation runs under a deadline (bucket_timeout per bucket, the call deadline overall). A
+// receiver that loses its link or sees a checksum mismatch reconnects and resumes from its first
+// unverified bucket; the sending side waits reconnect_window for it. Data is hashed in 1 MiB chunks
+// as it is sent/received (while hot in cache); `full` is sent straight from the source tensors and,
+// in place, received straight into the sink's buffers.
+#include <boost/asio/ip/tcp.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <xxhash.h>
+
+#include "common/log.h"
+#include "weight_sync/codec.h"
+#include "weight_sync/transport.h"
+#include "weight_sync/transports/tcp_conn.h"
+
+namespace arlo::weight_sync {
+namespace {
+
+using detail::Conn;
+using detail::Frame;
+using detail::FrameHeader;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+constexpr std::size_t kChunk = 1u << 20;
+using Parts = std::vector<std::span<const std::byte>>;
+
+std::string vb(Version v, std::size_t i) { return "version " + std::to_string(v) + ", bucket " + std::to_string(i); }
+
+// Buckets of one version offered to downstream senders; bounds how far the producer runs ahead of
+// the slowest consumer (`depth` buffers). Thread-safe.
+class Feed {
+ public:
+  Feed(std::size_t n, std::size_t depth) : items_(n), depth_(depth) {}
+
+  void add_consumer(int id, std::size_t from) {
+    std::lock_guard l(mu_);
+    pos_[id] = from;
+    cv_.notify_all();
+  }
+  void remove_consumer(int id) {
+    std::lock_guard l(mu_);
+    pos_.erase(id);
+    cv_.notify_all();
+  }
+  void advance(int id, std::size_t next) {
+    std::lock_guard l(mu_);
+    if (pos_.count(id)) pos_[id] = next;
+    cv_.notify_all();
+  }
+  // Producer: waits until bucket i may reuse the buffer of bucket i - depth.
+  Status wait_room(std::size_t i, Deadline deadline) {
+    std::unique_lock l(mu_);
+    const bool ok_ = cv_.wait_until(l, deadline, [&] { return failed_ || i < low() + depth_; });
+    if (failed_) return std::unexpected(*failed_);
+    if (!ok_) return make_error(ErrorCode::kTimeout, "downstream did not take bucket " + std::to_string(i - depth_));
+    if (i >= depth_) items_[i - depth_].reset();
+    return ok();
+  }
+  void put(std::size_t i, Parts parts) {
+    std::lock_guard l(mu_);
+    items_[i] = std::move(parts);
+    produced_ = std::max(produced_, i + 1);
+    cv_.notify_all();
+  }
+  void fail(Error e) {
+    std::lock_guard l(mu_);
+    if (!failed_) failed_ = std::move(e);
+    cv_.notify_all();
+  }
+  // Consumer: bucket i, kNotFound when it already left the window, or the producer's error.
+  Result<Parts> get(std::size_t i, Deadline deadline) {
+    std::unique_lock l(mu_);
+    const bool ok_ = cv_.wait_until(l, deadline, [&] { return failed_ || items_[i] || i < produced_; });
+    if (items_[i]) return *items_[i];
+    if (failed_) return std::unexpected(*failed_);
+    if (!ok_) return make_error(ErrorCode::kTimeout, "bucket " + std::to_string(i) + " was not produced in time");
+    return make_error(ErrorCode::kNotFound, "bucket " + std::to_string(i) + " left the buffer window");
+  }
+
+ private:
+  std::size_t low() const {
+    std::size_t m = produced_ + depth_;  // no consumer: never blocks
+    for (const auto& [id, p] : pos_) m = std::min(m, p);
+    return m == produced_ + depth_ ? produced_ : m;
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::optional<Parts>> items_;
+  std::map<int, std::size_t> pos_;
+  std::size_t depth_;
+  std::size_t produced_ = 0;
+  std::optional<Error> failed_;
+};
+
+// Sends bucket i: header, data hashed chunk by chunk, trailer. `corrupt` flips one byte on the wire
+// (fault injection) after the checksum saw the true byte.
+Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline, bool corrupt) {
+  FrameHeader h;
+  h.type = static_cast<std::uint32_t>(Frame::kBucket);
+  h.a = i;
+  for (const auto& p : parts) h.b += p.size();
+  ARLO_TRY(c.write({asio::buffer(&h, sizeof h)}, deadline));
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  std::vector<std::byte> tmp;
+  for (const auto& p : parts) {
+    for (std::size_t off = 0; off < p.size(); off += kChunk) {
+      const std::size_t n = std::min(kChunk, p.size() - off);
+      const std::byte* data = p.data() + off;
+      XXH3_64bits_update(&st, data, n);
+      if (corrupt) {
+        tmp.assign(data, data + n);
+        tmp[n / 2] ^= std::byte{0x5A};
+        data = tmp.data();
+        corrupt = false;
+      }
+      ARLO_TRY(c.write({asio::buffer(data, n)}, deadline));
+    }
+  }
+  const std::uint64_t sum = XXH3_64bits_digest(&st);
+  return c.write({asio::buffer(&sum, sizeof sum)}, deadline);
+}
+
+// Receives bucket i into `dst` spans (their total must equal the frame's size, or, when `buffer`
+// is given, into it). Returns the wire size; kMismatch on a checksum mismatch.
+Result<std::uint64_t> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span<std::byte>>& dst,
+                                  std::span<std::byte> buffer, Deadline deadline) {
+  ARLO_ASSIGN_OR_RETURN(auto h, c.recv_frame(nullptr, deadline));
+  if (static_cast<Frame>(h.type) != Frame::kBucket || h.a != i)
+    return make_error(ErrorCode::kParse, "expected bucket " + std::to_string(i) + ", got frame type " +
+                                             std::to_string(h.type) + " index " + std::to_string(h.a));
+  std::vector<std::span<std::byte>> targets = dst;
+  if (targets.empty()) {
+    if (h.b > buffer.size())
+      return make_error(ErrorCode::kParse, "bucket " + std::to_string(i) + " larger than the manifest allows");
+    targets.push_back(buffer.subspan(0, h.b));
+  } else {
+    std::uint64_t total = 0;
+    for (const auto& t : targets) total += t.size();
+    if (total != h.b) return make_error(ErrorCode::kParse, "bucket " + std::to_string(i) + " has the wrong size");
+  }
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (const auto& t : targets) {
+    for (std::size_t off = 0; off < t.size(); off += kChunk) {
+      const std::size_t n = std::min(kChunk, t.size() - off);
+      ARLO_TRY(c.read(asio::buffer(t.data() + off, n), deadline));
+      XXH3_64bits_update(&st, t.data() + off, n);
+    }
+  }
+  std::uint64_t sum = 0;
+  ARLO_TRY(c.read(asio::buffer(&sum, sizeof sum), deadline));
+  if (sum != XXH3_64bits_digest(&st))
+    return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+  return h.b;
+}
+
+struct Hello {
+  std::string peer;
+  std::optional<Version> version;
+  std::optional<Version> resume_version;
+  std::size_t resume_bucket = 0;
+};
+
+Hello parse_hello(const nlohmann::json& j) {
+  Hello h;
+  h.peer = j.value("peer", "");
+  if (j.contains("version") && !j["version"].is_null()) h.version = j["version"].get<Version>();
+  if (j.contains("resume") && !j["resume"].is_null()) {
+    h.resume_version = j["resume"].at("version").get<Version>();
+    h.resume_bucket = j["resume"].at("bucket").get<std::size_t>();
+  }
+  return h;
+}
+
+struct Answer {
+  std::string state;  // accepted | refused | need_full
+  std::string error;
+  std::size_t start = 0;
+};
+
+// The serving side of links: the publisher, or a relay's downstream. Keeps its listening socket
+// across versions; connections that arrive between versions wait (kernel backlog, or `pending_`).
+class Server {
+ public:
+  static Result<std::unique_ptr<Server>> listen(const std::string& address) {
+    auto s = std::unique_ptr<Server>(new Server());
+    ARLO_ASSIGN_OR_RETURN(auto ep, detail::resolve(address));
+    boost::system::error_code ec;
+    s->acc_.open(ep.protocol(), ec);
+    if (!ec) s->acc_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) s->acc_.bind(ep, ec);
+    if (!ec) s->acc_.listen(64, ec);
+    if (ec) return make_error(ErrorCode::kIo, "listen on " + address + ": " + ec.message());
+    const auto local = s->acc_.local_endpoint(ec);
+    s->endpoint_ = local.address().to_string() + ":" + std::to_string(local.port());
+    return s;
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+  struct Peer {
+    std::unique_ptr<Conn> conn;
+    Hello hello;
+    Answer answer;
+    std::string error;        // set when the link failed for good
+    std::uint64_t wire_bytes = 0;
+    nlohmann::json done;      // DONE body
+    // Reconnection hand-over (acceptor thread -> serving thread).
+    std::mutex mu;
+    std::condition_variable cv;
+    std::unique_ptr<Conn> replacement;
+    std::size_t replacement_start = 0;
+    bool waiting = false;
+  };
+
+  // Accepts links until `expected` peers said HELLO (or the deadline). Returns the count.
+  std::size_t gather(std::size_t expected, Deadline deadline, std::chrono::milliseconds hello_timeout) {
+    while (peers_.size() < expected && !pending_.empty()) {
+      peers_.push_back(std::move(pending_.front()));
+      pending_.erase(pending_.begin());
+    }
+    while (peers_.size() < expected && Clock::now() < deadline) {
+      auto c = accept(deadline);
+      if (!c) continue;
+      nlohmann::json body;
+      auto h = (*c)->recv_frame(&body, std::min(deadline, Clock::now() + hello_timeout));
+      if (!h || static_cast<Frame>(h->type) != Frame::kHello) continue;
+      auto p = std::make_unique<Peer>();
+      p->hello = parse_hello(body);
+      (*c)->peer = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
+      p->conn = std::move(*c);
+      peers_.push_back(std::move(p));
+    }
+    return peers_.size();
+  }
+
+  std::vector<std::unique_ptr<Peer>>& peers() { return peers_; }
+
+  // Sends the manifest to every live peer and reads each answer.
+  void offer(const Manifest& m, Deadline deadline) {
+    const auto body = m.to_json();
+    for (auto& p : peers_) {
+      if (!p->error.empty() || p->answer.state == "refused") continue;
+      auto s = p->conn->send_json(Frame::kManifest, body, deadline);
+      nlohmann::json a;
+      Result<FrameHeader> h = s ? p->conn->recv_frame(&a, deadline) : Result<FrameHeader>(std::unexpected(s.error()));
+      if (!h || static_cast<Frame>(h->type) != Frame::kAnswer) {
+        p->error = "handshake for version " + std::to_string(m.version) + " failed: " +
+                   (h ? std::string("unexpected frame") : h.error().what());
+        continue;
+      }
+      p->answer.state = a.value("state", "refused");
+      p->answer.error = a.value("error", "");
+      p->answer.start = a.value("start", std::size_t{0});
+    }
+  }
+
+  // Streams buckets to every accepted peer (one thread each) and collects their DONE reports.
+  // `regen(i, scratch)` re-creates a bucket that left the feed's window (resume).
+  using Regen = std::function<Result<Parts>(std::size_t, std::unique_ptr<std::byte[]>&)>;
+  void stream(const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline,
+              std::atomic<bool>* fault_pending) {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (std::size_t k = 0; k < peers_.size(); ++k) {
+      Peer& p = *peers_[k];
+      if (!p.error.empty() || p.answer.state != "accepted") continue;
+      feed.add_consumer(static_cast<int>(k), p.answer.start);
+      threads.emplace_back([&, k] { serve(static_cast<int>(k), m, feed, regen, o, deadline, fault_pending); });
+    }
+    std::thread acceptor([&] { accept_resumes(m, o, stop); });
+    for (auto& t : threads) t.join();
+    stop = true;
+    acceptor.join();
+  }
+
+  // Drops every link of the finished version.
+  void reset() {
+    for (auto& p : peers_) p->conn->close();
+    peers_.clear();
+  }
+
+ private:
+  Server() : acc_(acc_ctx_) {}
+
+  Result<std::unique_ptr<Conn>> accept(Deadline deadline) {
+    auto c = std::make_unique<Conn>();
+    bool done = false;
+    boost::system::error_code result;
+    acc_.async_accept(c->sock, [&](const boost::system::error_code& ec) {
+      done = true;
+      result = ec;
+    });
+    acc_ctx_.restart();
+    acc_ctx_.run_until(deadline);
+    if (!done) {
+      boost::system::error_code ignored;
+      acc_.cancel(ignored);
+      acc_ctx_.restart();
+      acc_ctx_.run();
+      return make_error(ErrorCode::kTimeout, "no connection");
+    }
+    if (result) return make_error(ErrorCode::kIo, "accept: " + result.message());
+    c->tune();
+    return c;
+  }
+
+  void serve(int k, const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline,
+             std::atomic<bool>* fault_pending) {
+    Peer& p = *peers_[k];
+    std::unique_ptr<std::byte[]> scratch;
+    std::size_t i = p.answer.start;
+    auto fail = [&](const std::string& why) {
+      p.error = why;
+      feed.remove_consumer(k);
+    };
+    while (true) {
+      Status s = ok();
+      if (i < m.buckets.size()) {
+        auto parts = feed.get(i, std::min(deadline, Clock::now() + o.bucket_timeout));
+        if (!parts && parts.error().code() == ErrorCode::kNotFound) parts = regen(i, scratch);
+        if (!parts) return fail(vb(m.version, i) + ": " + parts.error().what());
+        bool corrupt = false;
+        if (fault_pending && o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i) corrupt = fault_pending->exchange(false);
+        s = send_bucket(*p.conn, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), corrupt);
+        if (s) {
+          for (const auto& part : *parts) p.wire_bytes += part.size();
+          feed.advance(k, ++i);
+          continue;
+        }
+      } else {
+        nlohmann::json body;
+        auto h = p.conn->recv_frame(&body, deadline);
+        if (h && static_cast<Frame>(h->type) == Frame::kDone) {
+          p.done = std::move(body);
+          feed.remove_consumer(k);
+          return;
+        }
+        s = h ? Status(make_error(ErrorCode::kParse, "unexpected frame instead of DONE")) : Status(std::unexpected(h.error()));
+      }
+      // The link failed: the receiver may reconnect and resume.
+      const std::string why = s.error().what();
+      if (s.error().code() == ErrorCode::kTimeout && i < m.buckets.size())
+        return fail(vb(m.version, i) + ", peer " + p.conn->peer + ": " + why + " (deadline " +
+                    std::to_string(o.bucket_timeout.count()) + " ms per bucket)");
+      p.conn->close();
+      std::unique_lock l(p.mu);
+      p.waiting = true;
+      const bool got = p.cv.wait_until(l, std::min(deadline, Clock::now() + o.reconnect_window),
+                                       [&] { return p.replacement != nullptr; });
+      p.waiting = false;
+      if (!got) {
+        return fail(vb(m.version, std::min(i, m.buckets.size())) + ", peer " + p.hello.peer + ": " + why +
+                    "; it did not reconnect within " + std::to_string(o.reconnect_window.count()) + " ms");
+      }
+      p.conn = std::move(p.replacement);
+      i = p.replacement_start;
+      feed.advance(k, i);
+    }
+  }
+
+  void accept_resumes(const Manifest& m, const Options& o, std::atomic<bool>& stop) {
+    while (!stop) {
+      auto c = accept(Clock::now() + std::chrono::milliseconds(50));
+      if (!c) continue;
+      nlohmann::json body;
+      auto h = (*c)->recv_frame(&body, Clock::now() + o.bucket_timeout);
+      if (!h || static_cast<Frame>(h->type) != Frame::kHello) continue;
+      Hello hello = parse_hello(body);
+      (*c)->peer = hello.peer;
+      Peer* target = nullptr;
+      if (hello.resume_version && *hello.resume_version == m.version)
+        for (auto& p : peers_)
+          if (p->hello.peer == hello.peer && p->answer.state == "accepted") target = p.get();
+      if (!target) {
+        // Someone for the next version: keep it.
+        auto p = std::make_unique<Peer>();
+        p->hello = hello;
+        p->conn = std::move(*c);
+        pending_.push_back(std::move(p));
+        continue;
+      }
+      const Deadline dl = Clock::now() + o.bucket_timeout;
+      nlohmann::json a;
+      auto s = (*c)->send_json(Frame::kManifest, m.to_json(), dl);
+      auto ah = s ? (*c)->recv_frame(&a, dl) : Result<FrameHeader>(std::unexpected(s.error()));
+      if (!ah || a.value("state", "") != "accepted") continue;
+      std::lock_guard l(target->mu);
+      target->replacement = std::move(*c);
+      target->replacement_start = a.value("start", std::size_t{0});
+      target->cv.notify_all();
+    }
+  }
+
+  asio::io_context acc_ctx_;
+  tcp::acceptor acc_;
+  std::string endpoint_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<Peer>> pending_;
+};
+
+void collect_reports(Server& server, const Manifest& m, std::vector<PeerReport>& out) {
+  for (auto& p : server.peers()) {
+    const std::string name = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
+    if (p->answer.state == "refused") {
+      out.push_back({name, false, "refused the manifest of version " + std::to_string(m.version) + ": " + p->answer.error, 0});
+      continue;
+    }
+    if (!p->error.empty() || p->done.is_null()) {
+      out.push_back({name, false, p->error.empty() ? "no acknowledgement" : p->error, p->wire_bytes});
+      continue;
+    }
+    for (const auto& r : p->done.value("peers", nlohmann::json::array()))
+      out.push_back({r.value("peer", name), r.value("ok", false), r.value("error", ""), r.value("wire_bytes", std::uint64_t{0})});
+  }
+}
+
+class TcpSender final : public SenderTransport {
+ public:
+  explicit TcpSender(std::unique_ptr<Server> s) : server_(std::move(s)) {}
+  std::string endpoint() const override { return server_->endpoint(); }
+
+  Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
+                                Deadline deadline) override {
+    const auto t0 = Clock::now();
+    const Options& o = state.options;
+    const std::size_t got = server_->gather(o.expected_receivers, deadline, o.bucket_timeout);
+    if (got == 0)
+      return make_error(ErrorCode::kUnavailable, "tcp " + server_->endpoint() + ": no receiver connected for version " +
+                                                     std::to_string(version) + " before the deadline");
+    PayloadOptions payload = o.payload;
+    bool delta = payload.kind == PayloadKind::kDelta && state.base && state.last_version &&
+                 state.base->specs() == source.specs();
+    for (auto& p : server_->peers())
+      if (!p->hello.version || *p->hello.version != state.last_version) delta = false;
+    if (payload.kind == PayloadKind::kDelta && !delta) payload.kind = PayloadKind::kFull;
+
+    Manifest m;
+    for (int attempt = 0;; ++attempt) {
+      ARLO_ASSIGN_OR_RETURN(m, Manifest::plan(source.specs(), o.bucket_bytes, payload));
+      m.version = version;
+      if (payload.kind == PayloadKind::kDelta) m.base_version = state.last_version;
+      server_->offer(m, deadline);
+      bool need_full = false;
+      for (auto& p : server_->peers()) need_full |= p->error.empty() && p->answer.state == "need_full";
+      if (!need_full) break;
+      if (payload.kind != PayloadKind::kDelta || attempt > 0) {
+        for (auto& p : server_->peers())
+          if (p->answer.state == "need_full") p->error = "needs a full resync but none was possible";
+        break;
+      }
+      payload.kind = PayloadKind::kFull;
+    }
+    ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
+    const std::size_t n = m.buckets.size();
+    std::atomic<bool> fault_pending{o.fault_corrupt_bucket.has_value()};
+    PublishReport report;
+    report.version = version;
+    report.payload = m.payload.kind;
+    report.raw_bytes = m.total_bytes;
+    report.buckets = n;
+    std::atomic<std::uint64_t> wire{0};
+    if (enc.zero_copy()) {
+      Feed feed(n, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}));
+        wire += b.wire_bytes;
+        feed.put(i, std::move(b.parts));
+      }
+      server_->stream(m, feed, [](std::size_t i, auto&) -> Result<Parts> {
+        return make_error(ErrorCode::kInternal, "bucket " + std::to_string(i) + " missing");
+      }, o, deadline, &fault_pending);
+    } else {
+      // Double buffering: the encoder thread fills bucket i+1 while links send bucket i.
+      const std::uint64_t cap = std::max<std::uint64_t>(enc.max_capacity(), 1);
+      std::unique_ptr<std::byte[]> bufs[2] = {std::unique_ptr<std::byte[]>(new std::byte[cap]),
+                                              std::unique_ptr<std::byte[]>(new std::byte[cap])};
+      Feed feed(n, 2);
+      std::thread encoder([&] {
+        for (std::size_t i = 0; i < n; ++i) {
+          if (auto s = feed.wait_room(i, deadline); !s) return feed.fail(s.error());
+          auto b = enc.encode(i, {bufs[i % 2].get(), cap});
+          if (!b) return feed.fail(b.error());
+          wire += b->wire_bytes;
+          feed.put(i, std::move(b->parts));
+        }
+      });
+      server_->stream(m, feed, [&](std::size_t i, std::unique_ptr<std::byte[]>& scratch) -> Result<Parts> {
+        if (!scratch) scratch.reset(new std::byte[cap]);
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {scratch.get(), cap}));
+        return b.parts;
+      }, o, deadline, &fault_pending);
+      feed.fail(Error(ErrorCode::kCancelled, "links finished"));
+      encoder.join();
+    }
+    report.wire_bytes = wire;
+    collect_reports(*server_, m, report.peers);
+    server_->reset();
+    report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return report;
+  }
+
+ private:
+  std::unique_ptr<Server> server_;
+};
+
+class TcpReceiver final : public ReceiverTransport {
+ public:
+  TcpReceiver(const Options& o, std::unique_ptr<Server> relay) : relay_(std::move(relay)), name_(o.peer_name) {
+    if (name_.empty()) name_ = "receiver-" + std::to_string(::getpid());
+  }
+
+  std::string relay_endpoint() const override { return relay_ ? relay_->endpoint() : std::string(); }
+
+  Result<ReceiveReport> receive(WeightSink& sink, ReceiverState& state, Deadline deadline) override {
+    const auto t0 = Clock::now();
+    const Options& o = state.options;
+    ARLO_ASSIGN_OR_RETURN(upstream_ep_, detail::resolve(o.address));
+    std::unique_ptr<Conn> conn;
+    ARLO_TRY(connect(conn, state.version, std::nullopt, 0, deadline));
+
+    // Handshake (repeated when the sender restarts the version in full).
+    Manifest m;
+    std::vector<std::span<std::byte>> dest;
+    while (true) {
+      nlohmann::json body;
+      ARLO_ASSIGN_OR_RETURN(auto h, with_context(conn->recv_frame(&body, deadline), "tcp " + o.address + ": waiting for a manifest"));
+      if (static_cast<Frame>(h.type) != Frame::kManifest) return make_error(ErrorCode::kParse, "tcp: expected a manifest");
+      auto parsed = Manifest::from_json(body);
+      Answer mine{"accepted", "", 0};
+      if (!parsed) {
+        mine = {"refused", parsed.error().what(), 0};
+      } else {
+        m = std::move(*parsed);
+        auto bound = bind_sink(m, sink);
+        if (!bound) mine = {"refused", bound.error().what(), 0};
+        else dest = std::move(*bound);
+        if (bound && m.payload.kind == PayloadKind::kDelta &&
+            (!state.version || !m.base_version || *state.version != *m.base_version))
+          mine = {"need_full", "", 0};
+      }
+      if (mine.state == "accepted" && relay_) {
+        // Offer downstream before answering, so its refusal or need for a full resync is known now.
+        if (relay_->peers().empty()) relay_->gather(1, std::min(deadline, Clock::now() + o.bucket_timeout), o.bucket_timeout);
+        relay_->offer(m, deadline);
+        for (auto& p : relay_->peers())
+          if (p->error.empty() && p->answer.state == "need_full") mine = {"need_full", "", 0};
+      }
+      ARLO_TRY(conn->send_json(Frame::kAnswer, {{"state", mine.state}, {"error", mine.error}, {"start", 0}}, deadline));
+      if (mine.state == "refused") {
+        if (relay_) relay_->reset();
+        return make_error(ErrorCode::kMismatch, "tcp " + o.address + ": manifest refused: " + mine.error);
+      }
+      if (mine.state == "accepted") break;
+    }
+
+    BucketApplier applier(m, dest, o.apply_mode);
+    ReceiveReport report;
+    report.version = m.version;
+    report.payload = m.payload.kind;
+    report.buckets = m.buckets.size();
+    const std::size_t n = m.buckets.size();
+    const bool direct = applier.direct();
+    const bool stable_parts = direct || o.apply_mode == ApplyMode::kStaging;
+    std::uint64_t cap = 0;
+    for (std::size_t i = 0; i < n; ++i) cap = std::max(cap, wire_capacity(m, i));
+    std::unique_ptr<std::byte[]> bufs[2];
+    if (!direct) {
+      bufs[0].reset(new std::byte[std::max<std::uint64_t>(cap, 1)]);
+      bufs[1].reset(new std::byte[std::max<std::uint64_t>(cap, 1)]);
+    }
+    Feed feed(n, stable_parts ? std::max<std::size_t>(n, 1) : 2);
+    std::thread relay_thread;
+    if (relay_) {
+      relay_thread = std::thread([&] {
+        relay_->stream(m, feed, [&](std::size_t i, auto&) -> Result<Parts> {
+          if (direct && applier.verified(i)) {
+            auto s = applier.direct_spans(i);
+            return Parts(s.begin(), s.end());
+          }
+          if (applier.verified(i) && !applier.kept(i).empty()) return Parts{applier.kept(i)};
+          return make_error(ErrorCode::kUnavailable, "relay cannot replay bucket " + std::to_string(i) +
+                                                         " in in_place mode with payload " +
+                                                         std::string(to_string(m.payload.kind)));
+        }, o, deadline, nullptr);
+      });
+    }
+    auto finish_relay = [&] {
+      if (!relay_) return;
+      relay_thread.join();
+    };
+
+    Status status = ok();
+    std::size_t retries = 0;
+    std::size_t i = 0;
+    while (i < n) {
+      std::span<std::byte> buf;
+      if (!direct) {
+        if (relay_ && !stable_parts) {
+          if (auto s = feed.wait_room(i, deadline); !s) { status = s; break; }
+        }
+        buf = {bufs[i % 2].get(), cap};
+      }
+      std::vector<std::span<std::byte>> targets;
+      if (direct) {
+        targets = applier.direct_spans(i);
+        applier.mark_touched();
+      }
+      auto got = recv_bucket(*conn, i, targets, buf, std::min(deadline, Clock::now() + o.bucket_timeout));
+      Status s = got ? Status(ok()) : Status(std::unexpected(got.error()));
+      if (got) {
+        if (direct) applier.mark_direct_verified(i);
+        else s = applier.accept_verified(i, buf.subspan(0, *got));
+      }
+      if (s) {
+        report.wire_bytes += *got;
+        if (relay_) {
+          if (direct) {
+            auto sp = applier.direct_spans(i);
+            feed.put(i, Parts(sp.begin(), sp.end()));
+          } else if (o.apply_mode == ApplyMode::kStaging) {
+            feed.put(i, Parts{applier.kept(i)});
+          } else {
+            feed.put(i, Parts{std::span<const std::byte>(buf.subspan(0, *got))});
+          }
+        }
+        ++i;
+        continue;
+      }
+      // Link failure or corrupted bucket: reconnect and resume from the first unverified bucket.
+      ++retries;
+      ARLO_WARN("weight_sync tcp {}: {} from {}: {}; resuming (retry {})", name_, vb(m.version, i), o.address,
+                s.error().what(), retries);
+      if (retries > 8 || Clock::now() >= deadline || s.error().code() == ErrorCode::kParse) {
+        status = make_error(s.error().code(), "tcp: " + vb(m.version, i) + ", peer " + o.address + ": " + s.error().what());
+        break;
+      }
+      conn->close();
+      auto c = connect(conn, state.version, m.version, i, std::min(deadline, Clock::now() + o.reconnect_window));
+      if (c) c = resume_handshake(*conn, m, i, deadline);
+      if (!c) {
+        status = make_error(c.error().code(), "tcp: " + vb(m.version, i) + ", peer " + o.address + ": " +
+                                                  s.error().what() + "; reconnect failed: " + c.error().what());
+        break;
+      }
+    }
+    report.retried_buckets = retries;
+    if (status) status = applier.finish();
+    if (status) status = sink.commit(m.version);
+    if (!status) {
+      feed.fail(status.error());
+      finish_relay();
+      if (relay_) relay_->reset();
+      if (applier.touched()) {
+        sink.discard(m.version, status.error());
+        state.version.reset();
+      }
+      conn->close();
+      return std::unexpected(status.error());
+    }
+    state.version = m.version;
+    state.specs = m.tensors;
+    finish_relay();
+    nlohmann::json peers = nlohmann::json::array();
+    peers.push_back({{"peer", name_}, {"ok", true}, {"error", ""}, {"wire_bytes", report.wire_bytes}});
+    if (relay_) {
+      std::vector<PeerReport> down;
+      collect_reports(*relay_, m, down);
+      for (const auto& d : down) peers.push_back({{"peer", d.peer}, {"ok", d.ok}, {"error", d.error}, {"wire_bytes", d.wire_bytes}});
+      relay_->reset();
+    }
+    (void)conn->send_json(Frame::kDone, {{"peers", peers}}, std::min(deadline, Clock::now() + o.bucket_timeout));
+    conn->close();
+    report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return report;
+  }
+
+ private:
+  Status connect(std::unique_ptr<Conn>& conn, std::optional<Version> held, std::optional<Version> resume_version,
+                 std::size_t resume_bucket, Deadline deadline) {
+    Status last = ok();
+    while (Clock::now() < deadline) {
+      conn = std::make_unique<Conn>();
+      conn->peer = "upstream";
+      last = conn->connect(upstream_ep_, deadline);
+      if (last) {
+        conn->tune();
+        nlohmann::json hello = {{"peer", name_}, {"version", held ? nlohmann::json(*held) : nlohmann::json(nullptr)}};
+        hello["resume"] = resume_version ? nlohmann::json{{"version", *resume_version}, {"bucket", resume_bucket}}
+                                         : nlohmann::json(nullptr);
+        last = conn->send_json(Frame::kHello, hello, deadline);
+        if (last) return ok();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return make_error(ErrorCode::kUnavailable, "cannot reach upstream before the deadline" +
+                                                   (last ? std::string() : ": " + last.error().what()));
+  }
+
+  Status resume_handshake(Conn& conn, const Manifest& m, std::size_t start, Deadline deadline) {
+    nlohmann::json body;
+    ARLO_ASSIGN_OR_RETURN(auto h, conn.recv_frame(&body, deadline));
+    if (static_cast<Frame>(h.type) != Frame::kManifest) return make_error(ErrorCode::kParse, "expected a manifest");
+    ARLO_ASSIGN_OR_RETURN(auto again, Manifest::from_json(body));
+    if (again.version != m.version || again.fingerprint() != m.fingerprint())
+      return make_error(ErrorCode::kMismatch, "upstream moved to another version or layout");
+    return conn.send_json(Frame::kAnswer, {{"state", "accepted"}, {"error", ""}, {"start", start}}, deadline);
+  }
+
+  std::unique_ptr<Server> relay_;
+  std::string name_;
+  tcp::endpoint upstream_ep_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SenderTransport>> make_tcp_sender(const Options& o) {
+  ARLO_ASSIGN_OR_RETURN(auto server, Server::listen(o.address));
+  return std::unique_ptr<SenderTransport>(new TcpSender(std::move(server)));
+}
+
+Result<std::unique_ptr<ReceiverTransport>> make_tcp_receiver(const Options& o) {
+  std::unique_ptr<Server> relay;
+  if (o.topology == Topology::kChain && !o.relay_listen.empty()) {
+    ARLO_ASSIGN_OR_RETURN(relay, Server::listen(o.relay_listen));
+  }
+  return std::unique_ptr<ReceiverTransport>(new TcpReceiver(o, std::move(relay)));
+}
+
+}  // namespace arlo::weight_sync

@@ -1,0 +1,103 @@
+#include "weight_sync/weight_sync.h"
+
+#include <cstring>
+
+#include <xxhash.h>
+
+#include "common/log.h"
+#include "weight_sync/transport.h"
+
+namespace arlo::weight_sync {
+namespace {
+
+Status validate(const Options& o) {
+  if (o.bucket_bytes < (1ull << 20) || o.bucket_bytes >= (4ull << 30))
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync.bucket_bytes must be in [1 MiB, 4 GiB)");
+  if (o.payload.delta_dense_threshold < 0 || o.payload.delta_dense_threshold > 1)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync.delta_dense_threshold must be in [0, 1]");
+  if (o.transport == "filesystem" && o.keep_last < 2)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync.keep_last must be >= 2");
+  if (o.bucket_timeout.count() <= 0)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync.bucket_timeout must be > 0");
+  return ok();
+}
+
+class PublisherImpl final : public Publisher {
+ public:
+  PublisherImpl(std::unique_ptr<SenderTransport> t, const Options& o) : transport_(std::move(t)) { state_.options = o; }
+
+  Result<PublishReport> publish(Version version, const WeightSource& source, Deadline deadline) override {
+    if (state_.last_version && version <= *state_.last_version)
+      return make_error(ErrorCode::kInvalidArgument, "publish(" + std::to_string(version) +
+                                                         "): versions must increase; last was " +
+                                                         std::to_string(*state_.last_version));
+    auto report = transport_->publish(version, source, state_, deadline);
+    if (!report) return report;
+    state_.last_version = version;
+    if (state_.options.payload.kind == PayloadKind::kDelta) {
+      // Snapshot what was published: the base the next delta is computed against.
+      if (!state_.base || state_.base->specs() != source.specs())
+        state_.base = std::make_unique<HostWeights>(source.specs());
+      for (std::size_t t = 0; t < source.specs().size(); ++t) {
+        ARLO_ASSIGN_OR_RETURN(auto v, source.view(t));
+        std::memcpy(state_.base->bytes(t).data(), v.bytes.data(), v.bytes.size());
+      }
+    }
+    for (const auto& p : report->peers)
+      if (!p.ok) ARLO_WARN("weight_sync: version {} not delivered to {}: {}", version, p.peer, p.error);
+    return report;
+  }
+
+  std::string endpoint() const override { return transport_->endpoint(); }
+
+ private:
+  std::unique_ptr<SenderTransport> transport_;
+  SenderState state_;
+};
+
+class SubscriberImpl final : public Subscriber {
+ public:
+  SubscriberImpl(std::unique_ptr<ReceiverTransport> t, const Options& o) : transport_(std::move(t)) {
+    state_.options = o;
+  }
+  Result<ReceiveReport> receive(WeightSink& sink, Deadline deadline) override {
+    return transport_->receive(sink, state_, deadline);
+  }
+  std::optional<Version> version() const override { return state_.version; }
+  void assume_version(std::optional<Version> v) override { state_.version = v; }
+  const std::vector<TensorSpec>& specs() const override { return state_.specs; }
+  std::string relay_endpoint() const override { return transport_->relay_endpoint(); }
+
+ private:
+  std::unique_ptr<ReceiverTransport> transport_;
+  ReceiverState state_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Publisher>> Publisher::create(const Options& options) {
+  ARLO_TRY(validate(options));
+  ARLO_ASSIGN_OR_RETURN(auto t, make_sender_transport(options));
+  return std::unique_ptr<Publisher>(new PublisherImpl(std::move(t), options));
+}
+
+Result<std::unique_ptr<Subscriber>> Subscriber::create(const Options& options) {
+  ARLO_TRY(validate(options));
+  ARLO_ASSIGN_OR_RETURN(auto t, make_receiver_transport(options));
+  return std::unique_ptr<Subscriber>(new SubscriberImpl(std::move(t), options));
+}
+
+Result<std::uint64_t> Subscriber::checksum(WeightSink& sink) const {
+  // Same definition as weights_checksum(): name, shape, bytes of every tensor in order.
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (const auto& spec : specs()) {
+    ARLO_ASSIGN_OR_RETURN(auto buf, sink.buffer_for(spec));
+    XXH3_64bits_update(&st, spec.name.data(), spec.name.size());
+    for (auto d : spec.shape) XXH3_64bits_update(&st, &d, sizeof d);
+    XXH3_64bits_update(&st, buf.data(), buf.size());
+  }
+  return XXH3_64bits_digest(&st);
+}
+
+}  // namespace arlo::weight_sync
