@@ -1,0 +1,337 @@
+// Both transports through the same contract, in one process: the orchestrator side on an
+// io_context thread, trainer clients on the test thread. Synchronisation is on events (futures,
+// condition variables), never on sleeps.
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "trainer_bridge/bridge.h"
+
+namespace arlo::bridge {
+namespace {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+StepBatch make_step(std::int64_t step, int ranks) {
+  std::mt19937 rng(static_cast<unsigned>(step * 7 + 1));
+  std::vector<Sample> samples;
+  for (int i = 0; i < 6 * ranks; ++i) {
+    Sample s;
+    s.prompt_tokens.assign(static_cast<std::size_t>(3 + rng() % 5), static_cast<std::int32_t>(step));
+    const std::size_t c = 1 + rng() % 9;
+    s.completion_tokens.assign(c, static_cast<std::int32_t>(100 + step));
+    s.completion_logprobs.assign(c, -0.25f);
+    s.token_versions.assign(c, static_cast<std::int32_t>(step - 1));
+    s.advantage = 0.5f;
+    samples.push_back(std::move(s));
+  }
+  auto packed = pack(step, samples, {.seq_len = 32, .num_ranks = ranks});
+  EXPECT_TRUE(packed);
+  return std::move(*packed);
+}
+
+// Everything the orchestrator side reports, observable from the test thread.
+struct Events {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::int64_t> versions, acks;
+  std::vector<HeartbeatEvent> heartbeats;
+  std::size_t max_pending_seen = 0;
+
+  template <typename Pred>
+  bool wait(Pred pred) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, 20s, pred);
+  }
+};
+
+class Transport : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    run_dir_ = fs::temp_directory_path() / ("arlo_bridge_transport_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(run_dir_);
+    fs::create_directories(run_dir_);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  void TearDown() override {
+    stop_server();
+    work_.reset();
+    thread_.join();
+    fs::remove_all(run_dir_);
+  }
+
+  template <typename F>
+  auto on_loop(F f) {
+    return asio::post(io_, asio::use_future(std::move(f))).get();
+  }
+
+  void start_server(int ranks, std::size_t max_pending, std::uint16_t port = 0) {
+    ServerOptions o;
+    o.transport = GetParam();
+    o.run_dir = run_dir_;
+    o.port = port;
+    o.num_ranks = ranks;
+    o.max_pending_batches = max_pending;
+    o.heartbeat_interval = 100ms;
+    o.heartbeat_timeout = 5s;
+    on_loop([&] {
+      auto s = BridgeServer::create(io_, o);
+      ASSERT_TRUE(s) << s.error().what();
+      server_ = std::move(*s);
+      server_->on_version([this](VersionEvent v) {
+        std::lock_guard lock(events_.mu);
+        events_.versions.push_back(v.version);
+        events_.cv.notify_all();
+      });
+      server_->on_ack([this](std::int64_t step) {
+        std::lock_guard lock(events_.mu);
+        events_.acks.push_back(step);
+        events_.max_pending_seen = std::max(events_.max_pending_seen, server_->pending());
+        events_.cv.notify_all();
+      });
+      server_->on_heartbeat([this](HeartbeatEvent h) {
+        std::lock_guard lock(events_.mu);
+        events_.heartbeats.push_back(h);
+        events_.cv.notify_all();
+      });
+      auto started = server_->start();
+      ASSERT_TRUE(started) << started.error().what();
+      port_ = server_->port();
+    });
+  }
+  void stop_server() {
+    if (!server_) return;
+    on_loop([&] {
+      server_->stop();
+      server_.reset();
+    });
+  }
+
+  std::future<Status> send_async(StepBatch b) {
+    return asio::co_spawn(io_, server_->send(std::move(b)), asio::use_future);
+  }
+  Status send(std::int64_t step, int ranks) { return send_async(make_step(step, ranks)).get(); }
+
+  std::unique_ptr<BridgeClient> client(int rank, std::int64_t start_after = 0) {
+    ClientOptions o;
+    o.transport = GetParam();
+    o.run_dir = run_dir_;
+    o.port = port_;
+    o.rank = rank;
+    o.start_after_step = start_after;
+    o.heartbeat_interval = 100ms;
+    o.heartbeat_timeout = 5s;
+    o.reconnect_backoff_max = 100ms;
+    auto c = connect(o);
+    EXPECT_TRUE(c) << c.error().what();
+    return std::move(*c);
+  }
+
+  fs::path run_dir_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  std::thread thread_;
+  std::unique_ptr<BridgeServer> server_;
+  std::uint16_t port_ = 0;
+  Events events_;
+};
+
+TEST_P(Transport, DeliversEveryRankInOrderAndCountsAcks) {
+  start_server(2, 3);
+  std::vector<StepBatch> sent;
+  for (int s = 1; s <= 3; ++s) {
+    sent.push_back(make_step(s, 2));
+    ASSERT_TRUE(send_async(sent.back()).get());
+  }
+  auto c0 = client(0), c1 = client(1);
+  for (int s = 1; s <= 3; ++s) {
+    for (auto* c : {c0.get(), c1.get()}) {
+      auto b = c->next_batch(20s);
+      ASSERT_TRUE(b) << b.error().what();
+      EXPECT_EQ(b->step(), s);
+      // Same step until acked.
+      auto again = c->next_batch(20s);
+      ASSERT_TRUE(again);
+      EXPECT_EQ(again->step(), s);
+      const RankBatch got = b->to_rank_batch();
+      const RankBatch& want = sent[static_cast<std::size_t>(s - 1)].ranks[static_cast<std::size_t>(b->rank())];
+      EXPECT_EQ(got.input_ids, want.input_ids);
+      EXPECT_EQ(got.loss_mask, want.loss_mask);
+      ASSERT_TRUE(c->ack(s));
+    }
+  }
+  ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 3; }));
+  EXPECT_EQ(events_.acks, (std::vector<std::int64_t>{1, 2, 3}));
+  EXPECT_EQ(on_loop([&] { return server_->pending(); }), 0u);
+  EXPECT_TRUE(asio::co_spawn(io_, server_->wait_all_acked(1s), asio::use_future).get());
+  auto none = c0->next_batch(10ms);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code(), ErrorCode::kTimeout);
+  if (GetParam() == "dir") {
+    // Consumed batches are gone once every rank acked.
+    EXPECT_FALSE(fs::exists(dir_layout::step_dir(run_dir_, 1)));
+  }
+}
+
+TEST_P(Transport, BackPressureHoldsAtMaxPending) {
+  start_server(1, 2);
+  ASSERT_TRUE(send(1, 1));
+  ASSERT_TRUE(send(2, 1));
+  auto third = send_async(make_step(3, 1));
+  // Two steps are unacknowledged, so the third cannot have been sent (it waits on an ack).
+  EXPECT_EQ(on_loop([&] { return server_->pending(); }), 2u);
+  EXPECT_EQ(third.wait_for(0s), std::future_status::timeout);
+  auto c = client(0);
+  auto b = c->next_batch(20s);
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b->step(), 1);
+  ASSERT_TRUE(c->ack(1));
+  ASSERT_TRUE(third.get());
+  EXPECT_LE(on_loop([&] { return server_->pending(); }), 2u);
+  for (int s = 2; s <= 3; ++s) {
+    auto next = c->next_batch(20s);
+    ASSERT_TRUE(next);
+    EXPECT_EQ(next->step(), s);
+    ASSERT_TRUE(c->ack(s));
+  }
+  ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 3; }));
+  EXPECT_LE(events_.max_pending_seen, 2u);
+}
+
+TEST_P(Transport, VersionsOnceInOrderAndHeartbeats) {
+  start_server(1, 2);
+  auto c = client(0);
+  ASSERT_TRUE(c->published(0, {{"where", "v0"}}));
+  ASSERT_TRUE(c->published(2));
+  ASSERT_TRUE(events_.wait([&] { return !events_.versions.empty() && events_.versions.back() == 2; }));
+  ASSERT_TRUE(c->published(1));  // older than what was reported: ignored
+  ASSERT_TRUE(c->published(3));
+  ASSERT_TRUE(events_.wait([&] { return events_.versions.back() == 3; }));
+  EXPECT_TRUE(std::is_sorted(events_.versions.begin(), events_.versions.end()));
+  EXPECT_EQ(std::count(events_.versions.begin(), events_.versions.end(), 1), 0);
+  EXPECT_EQ(on_loop([&] { return server_->latest_version(); }), 3);
+  ASSERT_TRUE(c->heartbeat());
+  ASSERT_TRUE(events_.wait([&] { return !events_.heartbeats.empty(); }));
+  EXPECT_EQ(events_.heartbeats.front().rank, 0);
+}
+
+TEST_P(Transport, UnackedBatchIsDeliveredAgainAfterTrainerRestart) {
+  start_server(1, 2);
+  ASSERT_TRUE(send(1, 1));
+  ASSERT_TRUE(send(2, 1));
+  {
+    auto c = client(0);
+    auto b = c->next_batch(20s);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->step(), 1);
+    // The trainer dies mid-step: no ack.
+  }
+  auto c = client(0);
+  auto b = c->next_batch(20s);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->step(), 1);
+  ASSERT_TRUE(c->ack(1));
+  auto b2 = c->next_batch(20s);
+  ASSERT_TRUE(b2);
+  EXPECT_EQ(b2->step(), 2);
+  ASSERT_TRUE(c->ack(2));
+  ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 2; }));
+  EXPECT_EQ(events_.acks, (std::vector<std::int64_t>{1, 2}));
+}
+
+TEST_P(Transport, StartAfterStepSkipsWhatTheCheckpointHolds) {
+  start_server(1, 3);
+  ASSERT_TRUE(send(1, 1));
+  ASSERT_TRUE(send(2, 1));
+  // Trained step 1 and checkpointed, then crashed before acking it.
+  auto c = client(0, /*start_after=*/1);
+  auto b = c->next_batch(20s);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->step(), 2);
+  ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 1; }));
+  EXPECT_EQ(events_.acks.front(), 1);
+}
+
+TEST_P(Transport, TrainerContinuesAfterOrchestratorRestart) {
+  start_server(1, 2);
+  auto c = client(0);
+  ASSERT_TRUE(c->published(0));
+  ASSERT_TRUE(events_.wait([&] { return events_.versions.size() == 1; }));
+  ASSERT_TRUE(send(1, 1));
+  auto b = c->next_batch(20s);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(c->ack(1));
+  ASSERT_TRUE(c->published(1));
+  ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 1 && events_.versions.size() == 2; }));
+  const std::uint16_t port = port_;
+  stop_server();
+  {
+    std::lock_guard lock(events_.mu);
+    events_.versions.clear();
+    events_.acks.clear();
+  }
+  start_server(1, 2, port);
+  // The restarted orchestrator learns the latest version again...
+  ASSERT_TRUE(events_.wait([&] { return !events_.versions.empty(); }));
+  EXPECT_EQ(events_.versions.back(), 1);
+  // ... re-cuts step 1 from its checkpoint (already trained: completes without redelivery) and
+  // goes on with step 2, which the same trainer process receives.
+  ASSERT_TRUE(send(1, 1));
+  ASSERT_TRUE(send(2, 1));
+  auto b2 = c->next_batch(20s);
+  ASSERT_TRUE(b2) << b2.error().what();
+  EXPECT_EQ(b2->step(), 2);
+  ASSERT_TRUE(c->ack(2));
+  ASSERT_TRUE(events_.wait([&] { return !events_.acks.empty() && events_.acks.back() == 2; }));
+  EXPECT_EQ(on_loop([&] { return server_->last_acked_step(); }), 2);
+}
+
+TEST_P(Transport, CloseWakesAWaitingTrainer) {
+  start_server(1, 2);
+  auto c = client(0);
+  auto waiting = std::async(std::launch::async, [&] { return c->next_batch(60s); });
+  c->close();
+  auto r = waiting.get();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kCancelled);
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, Transport, ::testing::Values("dir", "socket"));
+
+TEST(DirTransport, HostileBatchFileIsRefusedNotTrained) {
+  const fs::path run_dir = fs::temp_directory_path() / ("arlo_bridge_hostile_" + std::to_string(::getpid()));
+  fs::remove_all(run_dir);
+  ClientOptions o;
+  o.run_dir = run_dir;
+  auto c = connect(o);
+  ASSERT_TRUE(c);
+  // A step directory whose batch lies about its size.
+  const fs::path tmp = dir_layout::rollouts(run_dir) / ".tmp_step";
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "rank_0.safetensors", std::ios::binary) << std::string("\xff\xff\xff\x00\x00\x00\x00\x00{\"a\":", 13);
+  fs::rename(tmp, dir_layout::step_dir(run_dir, 1));
+  auto b = (*c)->next_batch(5s);
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code(), ErrorCode::kParse) << b.error().what();
+  fs::remove_all(run_dir);
+}
+
+}  // namespace
+}  // namespace arlo::bridge
