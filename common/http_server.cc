@@ -144,6 +144,9 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
       close_connection(*conn);
       conn->cancel.emit(asio::cancellation_type::terminal);
     }
+    // Every socket is closed now. A session still inside its handler leaves when the handler
+    // returns (remove() then finds nothing); it no longer counts as an open connection.
+    connections.clear();
   }
 
   asio::awaitable<void> accept_loop(std::shared_ptr<Impl> self);

@@ -1,0 +1,277 @@
+// Client behaviour over real loopback sockets: deadlines, retries, pooling, limits and errors.
+#include <gtest/gtest.h>
+
+#include <boost/asio/detached.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "common/http.h"
+#include "tests/unit/http/http_test_util.h"
+
+namespace arlo::http::test {
+namespace {
+
+RetryPolicy fast_retry(int attempts) {
+  return RetryPolicy{.max_attempts = attempts,
+                     .initial_backoff = std::chrono::milliseconds(1),
+                     .max_backoff = std::chrono::milliseconds(10)};
+}
+
+class HttpClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.bind = "127.0.0.1";
+    server = std::make_unique<Server>(io, options);
+    server->route(Verb::get, "/ok", [](Request) -> asio::awaitable<Response> {
+      co_return Response::json(200, {{"ok", true}});
+    });
+    // 503 for the first `failures_left` calls, then 200. Counts every call.
+    auto flaky = [this](Request) -> asio::awaitable<Response> {
+      ++flaky_calls;
+      if (failures_left > 0) {
+        --failures_left;
+        co_return Response::error(503, "warming up", "unavailable");
+      }
+      co_return Response::json(200, {{"calls", flaky_calls}});
+    };
+    server->route(Verb::get, "/flaky", flaky);
+    server->route(Verb::post, "/flaky", flaky);
+    server->route(Verb::get, "/never", [this](Request) -> asio::awaitable<Response> {
+      never_entered.set();
+      co_await never.wait();  // released only by the server's close() cancelling the wait
+      co_return Response::json(200, {});
+    });
+    server->route(Verb::get, "/big", [](Request) -> asio::awaitable<Response> {
+      co_return Response::text(200, std::string(5000, 'b'));
+    });
+    auto port = server->start();
+    ASSERT_TRUE(port) << port.error().what();
+    base = fmt::format("http://127.0.0.1:{}", *port);
+    ClientOptions client_options;
+    client_options.retry = fast_retry(3);
+    client = std::make_unique<Client>(io, client_options);
+  }
+  void TearDown() override {
+    client->close_idle();
+    server->close();
+  }
+
+  asio::io_context io;
+  std::unique_ptr<Server> server;
+  std::unique_ptr<Client> client;
+  std::string base;
+  int flaky_calls = 0;
+  int failures_left = 0;
+  Event never_entered{io};
+  Event never{io};
+};
+
+TEST_F(HttpClientTest, DeadlineExpiresAgainstHandlerThatNeverAnswers) {
+  run(io, [&]() -> asio::awaitable<void> {
+    const auto start = std::chrono::steady_clock::now();
+    auto r = co_await client->get(base + "/never", 300ms);
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();
+    }
+    EXPECT_TRUE(never_entered.is_set());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // generous: only "it did not hang"
+  }());
+  EXPECT_EQ(client->stats().attempts, 1u);  // a timeout is final: the deadline covers retries
+}
+
+TEST_F(HttpClientTest, RetriesOn503ThenSucceeds) {
+  failures_left = 2;
+  run(io, [&]() -> asio::awaitable<void> {
+    auto r = co_await client->get(base + "/flaky");
+    EXPECT_TRUE(r);
+    if (r) {
+      EXPECT_EQ(r->status, 200);
+    }
+  }());
+  EXPECT_EQ(flaky_calls, 3);
+  EXPECT_EQ(client->stats().attempts, 3u);
+}
+
+TEST_F(HttpClientTest, Returns5xxWhenAttemptsAreSpent) {
+  failures_left = 100;
+  run(io, [&]() -> asio::awaitable<void> {
+    auto r = co_await client->get(base + "/flaky");
+    EXPECT_TRUE(r);
+    if (r) {
+      EXPECT_EQ(r->status, 503);
+    }
+  }());
+  EXPECT_EQ(flaky_calls, 3);
+}
+
+TEST_F(HttpClientTest, NoRetryOnPostUnlessMarkedIdempotent) {
+  failures_left = 2;
+  run(io, [&]() -> asio::awaitable<void> {
+    ClientRequest post;
+    post.method = Verb::post;
+    post.url = base + "/flaky";
+    post.body = "{}";
+    auto once = co_await client->request(post);
+    EXPECT_TRUE(once);
+    if (once) {
+      EXPECT_EQ(once->status, 503);
+    }
+    EXPECT_EQ(flaky_calls, 1);
+
+    failures_left = 2;
+    flaky_calls = 0;
+    post.idempotent = true;
+    auto retried = co_await client->request(post);
+    EXPECT_TRUE(retried);
+    if (retried) {
+      EXPECT_EQ(retried->status, 200);
+    }
+    EXPECT_EQ(flaky_calls, 3);
+  }());
+}
+
+TEST_F(HttpClientTest, ConnectionRefusedIsUnavailableAfterRetries) {
+  // A port that was just free: bind, read the port, close.
+  std::uint16_t port = 0;
+  {
+    tcp::acceptor probe(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = probe.local_endpoint().port();
+  }
+  run(io, [&]() -> asio::awaitable<void> {
+    const std::string url = fmt::format("http://127.0.0.1:{}/ok", port);
+    auto r = co_await client->get(url, 20s);
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_EQ(r.error().code(), ErrorCode::kUnavailable) << r.error().what();
+      EXPECT_NE(r.error().what().find("3 attempt"), std::string::npos) << r.error().what();
+    }
+  }());
+  EXPECT_EQ(client->stats().attempts, 3u);
+  EXPECT_EQ(client->stats().connections_opened, 0u);
+}
+
+TEST_F(HttpClientTest, RetryNeverRunsPastTheDeadline) {
+  failures_left = 1000;
+  ClientRequest r;
+  r.url = base + "/flaky";
+  r.timeout = 200ms;
+  r.retry = RetryPolicy{.max_attempts = 1000, .initial_backoff = 50ms, .max_backoff = 10s};
+  run(io, [&]() -> asio::awaitable<void> {
+    const auto start = std::chrono::steady_clock::now();
+    auto out = co_await client->request(r);
+    // Either the last 503 (the next backoff would pass the deadline) or a timeout; never a hang.
+    if (out) {
+      EXPECT_EQ(out->status, 503);
+    } else {
+      EXPECT_EQ(out.error().code(), ErrorCode::kTimeout);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  }());
+  EXPECT_LT(flaky_calls, 1000);
+}
+
+TEST_F(HttpClientTest, ReplacesPooledConnectionClosedByServer) {
+  // A second server with a short idle timeout closes the pooled connection behind our back.
+  ServerOptions options;
+  options.bind = "127.0.0.1";
+  options.idle_timeout = 100ms;
+  Server quick(io, options);
+  quick.route(Verb::get, "/ok", [](Request) -> asio::awaitable<Response> { co_return Response::json(200, {}); });
+  quick.route(Verb::post, "/ok", [](Request) -> asio::awaitable<Response> { co_return Response::json(200, {}); });
+  auto port = quick.start();
+  ASSERT_TRUE(port);
+  const std::string url = fmt::format("http://127.0.0.1:{}/ok", *port);
+  run(io, [&]() -> asio::awaitable<void> {
+    auto first = co_await client->get(url);
+    EXPECT_TRUE(first && first->status == 200);
+    {
+      const bool ok_ = co_await eventually([&] { return quick.stats().connections_open == 0; });
+      EXPECT_TRUE(ok_);
+    }
+    // Non-idempotent POST: the dead pooled connection must be noticed before anything is sent.
+    nlohmann::json payload = {{"x", 1}};
+    auto second = co_await client->post_json(url, payload);
+    EXPECT_TRUE(second) << second.error().what();
+    if (second) {
+      EXPECT_EQ(second->status, 200);
+    }
+    {
+      const bool ok_ = co_await eventually([&] { return quick.stats().connections_open == 0; });
+      EXPECT_TRUE(ok_);
+    }
+    auto third = co_await client->get(url);
+    EXPECT_TRUE(third) << third.error().what();
+  }());
+  EXPECT_EQ(client->stats().connections_opened, 3u);
+  EXPECT_EQ(quick.stats().requests, 3u);
+  quick.close();
+}
+
+TEST_F(HttpClientTest, ResponseOverLimitIsResourceExhausted) {
+  ClientOptions options;
+  options.max_response_bytes = 1000;
+  Client small(io, options);
+  run(io, [&]() -> asio::awaitable<void> {
+    auto r = co_await small.get(base + "/big");
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_EQ(r.error().code(), ErrorCode::kResourceExhausted) << r.error().what();
+    }
+    auto ok = co_await small.get(base + "/ok");  // the client stays usable
+    EXPECT_TRUE(ok);
+  }());
+}
+
+TEST_F(HttpClientTest, MalformedResponseIsParseError) {
+  tcp::acceptor liar(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const std::uint16_t port = liar.local_endpoint().port();
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    auto [ec, socket] = co_await liar.async_accept(kNoThrow);
+    if (ec) co_return;
+    beast::tcp_stream stream(std::move(socket));
+    co_await read_until(stream, "\r\n\r\n");
+    co_await write_raw(stream, "HTTP/1.1 abc this is not a status line\r\n\r\n");
+  }, asio::detached);
+  run(io, [&]() -> asio::awaitable<void> {
+    ClientRequest r;
+    r.url = fmt::format("http://127.0.0.1:{}/x", port);
+    r.retry = RetryPolicy{.max_attempts = 1};
+    auto out = co_await client->request(r);
+    EXPECT_FALSE(out);
+    if (!out) {
+      EXPECT_EQ(out.error().code(), ErrorCode::kParse) << out.error().what();
+    }
+  }());
+}
+
+TEST_F(HttpClientTest, BadUrlsAreInvalidArgument) {
+  run(io, [&]() -> asio::awaitable<void> {
+    for (const char* url : {"https://127.0.0.1/x", "127.0.0.1:80/x", "http:///x", "http://h:99999/x", "http://h:x/"}) {
+      auto r = co_await client->get(url);
+      EXPECT_FALSE(r) << url;
+      if (!r) {
+        EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument) << url;
+      }
+    }
+  }());
+}
+
+TEST_F(HttpClientTest, ResolvesHostNamesAndIpv6Literals) {
+  run(io, [&]() -> asio::awaitable<void> {
+    const std::string url = fmt::format("http://localhost:{}/ok", server->port());
+    auto by_name = co_await client->get(url, 20s);
+    // "localhost" may resolve to ::1 first; the server listens on 127.0.0.1 and the client tries
+    // every address in turn.
+    EXPECT_TRUE(by_name) << by_name.error().what();
+    if (by_name) {
+      EXPECT_EQ(by_name->status, 200);
+    }
+  }());
+}
+
+}  // namespace
+}  // namespace arlo::http::test
