@@ -156,18 +156,18 @@ TEST(TaskStream, ShufflesEachEpochAndStopsAfterEpochs) {
 TEST(TaskStream, RestoredCursorContinuesExactly) {
   auto src = make_arithmetic({.seed = 5, .size = 7});
   ASSERT_TRUE(src);
-  TaskStream a(*src, {.seed = 11});
+  TaskStream a(*src, {.seed = 11, .shuffle = true, .epochs = std::nullopt});
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(a.next());  // into the second epoch
   const Json saved = Json::parse(a.cursor().dump());  // through text, as a checkpoint would
   std::vector<std::string> expected;
   for (int i = 0; i < 12; ++i) expected.push_back(a.next()->id);
 
-  TaskStream b(*src, {.seed = 11});
+  TaskStream b(*src, {.seed = 11, .shuffle = true, .epochs = std::nullopt});
   ASSERT_TRUE(b.restore(saved));
   EXPECT_EQ(b.served(), 10u);
   for (int i = 0; i < 12; ++i) EXPECT_EQ(b.next()->id, expected[i]) << i;
 
-  TaskStream other_seed(*src, {.seed = 12});
+  TaskStream other_seed(*src, {.seed = 12, .shuffle = true, .epochs = std::nullopt});
   auto st = other_seed.restore(saved);
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code(), ErrorCode::kMismatch);

@@ -88,7 +88,7 @@ Status score_with(const std::string& mode, FailurePolicy policy, std::vector<Rol
   boost::asio::io_context io;
   Status result = ok();
   {
-    RewardScorer scorer(io, load(mode), {.timeout = timeout, .on_failure = policy, .assign_value = -1.0, .threads = 2});
+    RewardScorer scorer(io, load(mode), {.timeout = timeout, .on_failure = policy, .assign_value = -1.0, .threads = 2, .max_abandoned = 16});
     run(io, [&]() -> boost::asio::awaitable<void> { result = co_await scorer.score_group(task(), g); }());
     if (stats) *stats = scorer.stats();
   }
@@ -162,7 +162,7 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   {
     RewardScorer scorer(io, load("hang"),
                         {.timeout = std::chrono::milliseconds(300), .on_failure = FailurePolicy::kAssign,
-                         .assign_value = 0.25, .threads = 2});
+                         .assign_value = 0.25, .threads = 2, .max_abandoned = 16});
     run(io, [&]() -> boost::asio::awaitable<void> {
       boost::asio::co_spawn(io, [&]() -> boost::asio::awaitable<void> {
         for (int i = 0; i < 1000 && !st.calls; ++i) {
@@ -191,10 +191,11 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   EXPECT_GT(ticks, 0);
 
   // Let the stuck calls return late: their results are discarded, then the instance is destroyed.
-  hook<void (*)()>("arlo_test_plugin_release")();
   auto returned = hook<int (*)()>("arlo_test_plugin_returned");
   auto destroyed = hook<int (*)()>("arlo_test_plugin_destroyed");
   const auto before = destroyed();
+  EXPECT_EQ(returned(), 0);
+  hook<void (*)()>("arlo_test_plugin_release")();
   for (int i = 0; i < 2000 && (returned() < 3 || destroyed() == before); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(returned(), 3);

@@ -1,0 +1,213 @@
+// Admin adapters against a real local HTTP server that records each request and answers with the
+// response shapes the arlo, vLLM and SGLang servers document.
+#include <gtest/gtest.h>
+
+#include "rollout/admin.h"
+#include "tests/unit/rollout/rollout_test_util.h"
+
+namespace arlo::rollout {
+namespace {
+
+using test::run;
+namespace asio = boost::asio;
+
+struct Recorded {
+  std::string method;
+  std::string target;
+  Json body;
+};
+
+// Records every request; answers from a table of (path -> response), default {} with 200.
+class RecordingServer {
+ public:
+  RecordingServer(asio::io_context& io, std::vector<std::string> post_paths, std::vector<std::string> get_paths) {
+    http::ServerOptions o;
+    o.stop_grace = std::chrono::milliseconds(100);
+    server_ = std::make_unique<http::Server>(io, o);
+    auto handler = [this](http::Request req) -> asio::awaitable<http::Response> {
+      Recorded r;
+      r.method = req.method == http::Verb::get ? "GET" : "POST";
+      r.target = req.target;
+      r.body = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
+      calls.push_back(r);
+      if (fail_next > 0) {
+        --fail_next;
+        co_return http::Response::error(503, "busy");
+      }
+      auto it = answers.find(req.path);
+      co_return it == answers.end() ? http::Response::json(200, Json::object()) : it->second;
+    };
+    for (const auto& p : post_paths) server_->route(http::Verb::post, p, handler);
+    for (const auto& p : get_paths) server_->route(http::Verb::get, p, handler);
+    port_ = *server_->start();
+  }
+  ~RecordingServer() { server_->close(); }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+
+  std::vector<Recorded> calls;
+  std::map<std::string, http::Response> answers;
+  int fail_next = 0;
+
+ private:
+  std::unique_ptr<http::Server> server_;
+  std::uint16_t port_ = 0;
+};
+
+AdminOptions fast() {
+  AdminOptions o;
+  o.call_timeout = std::chrono::seconds(5);
+  o.transfer_timeout = std::chrono::seconds(5);
+  o.retry = {3, std::chrono::milliseconds(1), std::chrono::milliseconds(5)};
+  return o;
+}
+
+Json manifest() {
+  return Json::parse(R"({"tensors": [{"name": "model.embed_tokens.weight", "dtype": "bfloat16", "shape": [32, 8]},
+                                     {"name": "lm_head.weight", "dtype": "bfloat16", "shape": [32, 8]}]})");
+}
+
+TEST(AdminArlo, RoutesAndBodiesFollowDesignSection3) {
+  asio::io_context io;
+  RecordingServer srv(io, {"/pause", "/resume", "/weights/prepare", "/weights/commit"}, {"/weights"});
+  srv.answers["/weights"] = http::Response::json(200, {{"version", 5}, {"checksum", "abc123"}});
+  http::Client client(io);
+  auto admin = make_admin_client(AdminDialect::kArlo, client, srv.url(), fast());
+  run(io, [&]() -> asio::awaitable<void> {
+    srv.fail_next = 1;  // a transient 503 is retried
+    EXPECT_TRUE(co_await admin->pause(PauseMode::kKeep));
+    EXPECT_TRUE(co_await admin->prepare_weights({.version = 5, .transport = "tcp", .manifest = manifest(), .extra = {}}));
+    EXPECT_TRUE(co_await admin->commit_weights(5));
+    EXPECT_TRUE(co_await admin->resume());
+    auto w = co_await admin->weights();
+    EXPECT_TRUE(w);
+    if (w) {
+      EXPECT_EQ(w->version, 5);
+      EXPECT_EQ(w->checksum, "abc123");
+    }
+  }());
+  ASSERT_EQ(srv.calls.size(), 6u);
+  EXPECT_EQ(srv.calls[0].target, "/pause?mode=keep");
+  EXPECT_EQ(srv.calls[1].target, "/pause?mode=keep");
+  EXPECT_EQ(srv.calls[2].target, "/weights/prepare");
+  EXPECT_EQ(srv.calls[2].body["version"], 5);
+  EXPECT_EQ(srv.calls[2].body["transport"], "tcp");
+  EXPECT_EQ(srv.calls[2].body["manifest"], manifest());
+  EXPECT_EQ(srv.calls[3].body, Json({{"version", 5}}));
+  EXPECT_EQ(srv.calls[4].target, "/resume");
+  EXPECT_EQ(srv.calls[5].method, "GET");
+}
+
+TEST(AdminVllm, NativeWeightTransferSequence) {
+  asio::io_context io;
+  RecordingServer srv(io, {"/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                           "/finish_weight_update"},
+                      {});
+  http::Client client(io);
+  auto admin = make_admin_client(AdminDialect::kVllm, client, srv.url(), fast());
+  const Json init_info = {{"master_address", "127.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1}, {"world_size", 2}};
+  run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await admin->pause(PauseMode::kWait));
+    // The first update without init_info is refused before anything is sent.
+    auto missing = co_await admin->prepare_weights({.version = 1, .transport = "nccl", .manifest = manifest(), .extra = {}});
+    EXPECT_FALSE(missing);
+    EXPECT_TRUE(co_await admin->prepare_weights(
+        {.version = 1, .transport = "nccl", .manifest = manifest(), .extra = {{"init_info", init_info}}}));
+    auto wrong = co_await admin->commit_weights(2);
+    EXPECT_FALSE(wrong);
+    if (!wrong) EXPECT_EQ(wrong.error().code(), ErrorCode::kMismatch);
+    EXPECT_TRUE(co_await admin->commit_weights(1));
+    // The engine is initialised once.
+    EXPECT_TRUE(co_await admin->prepare_weights({.version = 2, .transport = "nccl", .manifest = manifest(), .extra = {}}));
+    EXPECT_TRUE(co_await admin->commit_weights(2));
+    EXPECT_TRUE(co_await admin->resume());
+    auto w = co_await admin->weights();
+    EXPECT_TRUE(w && w->version == 2);
+  }());
+  std::vector<std::string> targets;
+  for (const auto& c : srv.calls) targets.push_back(c.target);
+  EXPECT_EQ(targets, (std::vector<std::string>{"/pause?mode=wait", "/init_weight_transfer_engine", "/start_weight_update",
+                                               "/update_weights", "/finish_weight_update", "/start_weight_update",
+                                               "/update_weights", "/finish_weight_update", "/resume"}));
+  EXPECT_EQ(srv.calls[1].body, Json({{"init_info", init_info}}));
+  EXPECT_EQ(srv.calls[2].body, Json({{"is_checkpoint_format", true}}));
+  const Json& info = srv.calls[3].body["update_info"];
+  EXPECT_EQ(info["names"], Json::array({"model.embed_tokens.weight", "lm_head.weight"}));
+  EXPECT_EQ(info["dtype_names"], Json::array({"bfloat16", "bfloat16"}));
+  EXPECT_EQ(info["shapes"][1], Json::array({32, 8}));
+}
+
+TEST(AdminVllm, TransferCallsAreNotRetried) {
+  asio::io_context io;
+  RecordingServer srv(io, {"/init_weight_transfer_engine", "/start_weight_update", "/update_weights"}, {});
+  http::Client client(io);
+  auto admin = make_admin_client(AdminDialect::kVllm, client, srv.url(), fast());
+  run(io, [&]() -> asio::awaitable<void> {
+    srv.fail_next = 1;
+    auto r = co_await admin->prepare_weights(
+        {.version = 1, .transport = "nccl", .manifest = manifest(), .extra = {{"init_info", Json::object()}}});
+    EXPECT_FALSE(r);
+    if (!r) EXPECT_NE(r.error().what().find("HTTP 503"), std::string::npos) << r.error().what();
+  }());
+  EXPECT_EQ(srv.calls.size(), 1u);
+}
+
+TEST(AdminSglang, PauseContinueAndDistributedUpdate) {
+  asio::io_context io;
+  RecordingServer srv(io, {"/pause_generation", "/continue_generation", "/init_weights_update_group",
+                           "/update_weights_from_distributed", "/update_weights_from_disk"},
+                      {"/get_weight_version"});
+  srv.answers["/init_weights_update_group"] = http::Response::json(200, {{"success", true}, {"message", "ok"}});
+  srv.answers["/update_weights_from_distributed"] = http::Response::json(200, {{"success", true}, {"message", "ok"}});
+  srv.answers["/update_weights_from_disk"] =
+      http::Response::json(200, {{"success", false}, {"message", "model_path does not exist"}});
+  srv.answers["/get_weight_version"] = http::Response::json(200, {{"weight_version", "7"}});
+  http::Client client(io);
+  auto admin = make_admin_client(AdminDialect::kSglang, client, srv.url(), fast());
+  const Json group = {{"master_address", "127.0.0.1"}, {"master_port", 29600}, {"rank_offset", 1},
+                      {"world_size", 2},                {"group_name", "arlo"},  {"backend", "nccl"}};
+  run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await admin->pause(PauseMode::kKeep));
+    EXPECT_FALSE(co_await admin->pause(PauseMode::kWait));  // no such mode in SGLang
+    EXPECT_TRUE(co_await admin->prepare_weights(
+        {.version = 7, .transport = "nccl", .manifest = manifest(), .extra = {{"group", group}}}));
+    EXPECT_TRUE(co_await admin->commit_weights(7));
+    auto disk = co_await admin->prepare_weights(
+        {.version = 8, .transport = "filesystem", .manifest = manifest(), .extra = {{"model_path", "/runs/x/weights/v8"}}});
+    EXPECT_FALSE(disk);  // {"success": false} with HTTP 200 is a failure
+    if (!disk) EXPECT_NE(disk.error().what().find("model_path does not exist"), std::string::npos);
+    EXPECT_TRUE(co_await admin->resume());
+    auto w = co_await admin->weights();
+    EXPECT_TRUE(w && w->version == 7);
+  }());
+  ASSERT_EQ(srv.calls.size(), 6u);
+  EXPECT_EQ(srv.calls[0].target, "/pause_generation");
+  EXPECT_EQ(srv.calls[0].body, Json({{"mode", "in_place"}}));
+  EXPECT_EQ(srv.calls[1].body, group);
+  const Json& upd = srv.calls[2].body;
+  EXPECT_EQ(upd["names"], Json::array({"model.embed_tokens.weight", "lm_head.weight"}));
+  EXPECT_EQ(upd["dtypes"], Json::array({"bfloat16", "bfloat16"}));
+  EXPECT_EQ(upd["shapes"][0], Json::array({32, 8}));
+  EXPECT_EQ(upd["group_name"], "arlo");
+  EXPECT_EQ(upd["weight_version"], "7");
+  EXPECT_EQ(srv.calls[3].target, "/update_weights_from_disk");
+  EXPECT_EQ(srv.calls[3].body["model_path"], "/runs/x/weights/v8");
+  EXPECT_EQ(srv.calls[4].target, "/continue_generation");
+  EXPECT_EQ(srv.calls[5].target, "/get_weight_version");
+}
+
+TEST(Admin, UnreachableServerFailsWithinTheDeadline) {
+  asio::io_context io;
+  http::Client client(io);
+  AdminOptions o = fast();
+  o.call_timeout = std::chrono::milliseconds(500);
+  auto admin = make_admin_client(AdminDialect::kArlo, client, "http://127.0.0.1:1", o);
+  run(io, [&]() -> asio::awaitable<void> {
+    auto r = co_await admin->pause(PauseMode::kAbort);
+    EXPECT_FALSE(r);
+  }());
+  EXPECT_FALSE(parse_admin_dialect("tgi"));
+  EXPECT_EQ(*parse_admin_dialect("sglang"), AdminDialect::kSglang);
+}
+
+}  // namespace
+}  // namespace arlo::rollout

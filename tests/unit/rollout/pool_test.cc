@@ -1,0 +1,258 @@
+// HttpInferencePool against real local HTTP servers: routing, affinity, retries, circuit breaking,
+// servers leaving and joining, and a server killed mid-run.
+#include <gtest/gtest.h>
+
+#include <boost/asio/detached.hpp>
+
+#include <map>
+#include <set>
+
+#include "rollout/async_util.h"
+#include "rollout/inference_pool.h"
+#include "tests/unit/rollout/rollout_test_util.h"
+
+namespace arlo::rollout {
+namespace {
+
+using test::Event;
+using test::FakeOpenAIServer;
+using test::run;
+namespace asio = boost::asio;
+
+PoolOptions fast_options() {
+  PoolOptions o;
+  o.health_interval = std::chrono::milliseconds(50);
+  o.health_timeout = std::chrono::milliseconds(500);
+  o.failure_threshold = 2;
+  o.open_backoff_initial = std::chrono::milliseconds(20);
+  o.open_backoff_max = std::chrono::milliseconds(200);
+  o.max_attempts = 3;
+  o.client.retry.max_attempts = 1;
+  return o;
+}
+
+CompletionRequest request(const std::string& prompt, const std::string& key = "") {
+  CompletionRequest r;
+  r.prompt = prompt;
+  r.affinity_key = key;
+  r.sampling.max_tokens = 8;
+  return r;
+}
+
+const ServerStatus& status_of(const std::vector<ServerStatus>& all, const std::string& url) {
+  for (const auto& s : all)
+    if (s.url == url) return s;
+  throw std::runtime_error("no server " + url);
+}
+
+TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
+  asio::io_context io;
+  FakeOpenAIServer a(io), b(io);
+  a.version = 3;
+  HttpInferencePool pool(io, fast_options());
+  pool.add_server(a.url());
+  pool.add_server(b.url() + "/");
+  run(io, [&]() -> asio::awaitable<void> {
+    co_await pool.check_all();
+    auto st = pool.status();
+    EXPECT_TRUE(status_of(st, a.url()).healthy);
+    EXPECT_EQ(status_of(st, a.url()).version, 3);
+    EXPECT_TRUE(status_of(st, b.url()).healthy);
+
+    auto c = co_await pool.submit(request("1+1="), std::chrono::seconds(10));
+    EXPECT_TRUE(c);
+    if (!c) co_return;
+    EXPECT_EQ(c->choices.at(0).text, "echo:1+1=");
+    EXPECT_EQ(c->choices.at(0).logprobs.size(), c->choices.at(0).token_ids.size());
+    EXPECT_EQ(c->attempts, 1);
+
+    // Four samples of one group, sent concurrently, land on one server.
+    std::vector<asio::awaitable<Result<Completion>>> calls;
+    for (int i = 0; i < 4; ++i) calls.push_back(pool.submit(request("g", "group-1"), std::chrono::seconds(10)));
+    auto results = co_await when_all(std::move(calls));
+    std::set<std::string> servers;
+    for (auto& r : results) {
+      EXPECT_TRUE(r);
+      if (r) servers.insert(r->server);
+    }
+    EXPECT_EQ(servers.size(), 1u);
+  }());
+  pool.stop();
+  a.close();
+  b.close();
+  test::drain(io);
+}
+
+TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
+  asio::io_context io;
+  FakeOpenAIServer a(io), b(io), c(io);
+  for (auto* s : {&a, &b, &c}) s->hold = true;
+  Event all_held(io);
+  int held = 0;
+  for (auto* s : {&a, &b, &c}) s->on_held = [&] { if (++held == 9) all_held.set(); };
+  HttpInferencePool pool(io, fast_options());
+  for (auto* s : {&a, &b, &c}) pool.add_server(s->url());
+  run(io, [&]() -> asio::awaitable<void> {
+    co_await pool.check_all();
+    int done = 0;
+    for (int i = 0; i < 9; ++i)
+      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
+        auto r = co_await pool.submit(request("p" + std::to_string(i)), std::chrono::seconds(20));
+        EXPECT_TRUE(r);
+        ++done;
+      }, asio::detached);
+    co_await all_held.wait();
+    // While all nine are outstanding, each server holds exactly three.
+    EXPECT_EQ(a.held, 3);
+    EXPECT_EQ(b.held, 3);
+    EXPECT_EQ(c.held, 3);
+    for (auto* s : {&a, &b, &c}) s->release_all();
+    EXPECT_TRUE(co_await test::eventually([&] { return done == 9; }));
+  }());
+  pool.stop();
+  for (auto* s : {&a, &b, &c}) s->close();
+  test::drain(io);
+}
+
+TEST(InferencePool, RetriesOn5xxOnAnotherServerAndOpensTheCircuit) {
+  asio::io_context io;
+  FakeOpenAIServer bad(io), good(io);
+  bad.fail_with_status = 503;
+  HttpInferencePool pool(io, fast_options());
+  pool.add_server(bad.url());
+  pool.add_server(good.url());
+  run(io, [&]() -> asio::awaitable<void> {
+    co_await pool.check_all();
+    for (int i = 0; i < 6; ++i) {
+      auto r = co_await pool.submit(request("x"), std::chrono::seconds(10));
+      EXPECT_TRUE(r);
+      if (r) EXPECT_EQ(r->server, good.url());
+    }
+    auto st = pool.status();
+    EXPECT_TRUE(status_of(st, bad.url()).circuit_open);
+    EXPECT_EQ(status_of(st, bad.url()).failed, 2u);  // threshold reached, then no more traffic
+    EXPECT_EQ(status_of(st, good.url()).completed, 6u);
+    EXPECT_EQ(bad.received, 2);
+  }());
+  pool.stop();
+  bad.close();
+  good.close();
+  test::drain(io);
+}
+
+TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
+  asio::io_context io;
+  FakeOpenAIServer a(io);
+  HttpInferencePool pool(io, fast_options());
+  pool.add_server(a.url());
+  run(io, [&]() -> asio::awaitable<void> {
+    co_await pool.check_all();
+    a.fail_with_status = 400;
+    auto r = co_await pool.submit(request("x"), std::chrono::seconds(10));
+    EXPECT_FALSE(r);
+    if (!r) EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(a.received, 1);
+    a.fail_with_status = 0;
+    a.hold = true;
+    r = co_await pool.submit(request("y"), std::chrono::milliseconds(300));
+    EXPECT_FALSE(r);
+    if (!r) EXPECT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();
+  }());
+  pool.stop();
+  a.close();
+  test::drain(io);
+}
+
+TEST(InferencePool, ServersJoinAndLeaveAtRuntime) {
+  asio::io_context io;
+  FakeOpenAIServer a(io), b(io);
+  HttpInferencePool pool(io, fast_options());
+  pool.add_server(a.url());
+  pool.start();
+  run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), a.url()).healthy; }));
+    pool.add_server(b.url());
+    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), b.url()).healthy; }));
+    pool.remove_server(a.url());
+    EXPECT_EQ(pool.servers(), std::vector<std::string>{b.url()});
+    for (int i = 0; i < 4; ++i) {
+      auto r = co_await pool.submit(request("x"), std::chrono::seconds(10));
+      EXPECT_TRUE(r);
+      if (r) EXPECT_EQ(r->server, b.url());
+    }
+    EXPECT_EQ(a.received, 0);
+  }());
+  pool.stop();
+  a.close();
+  b.close();
+  test::drain(io);
+}
+
+// The acceptance test: three servers, one killed while it holds requests. Every request completes
+// exactly once on the survivors, and the killed server takes traffic again once it is back.
+TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
+  asio::io_context io;
+  FakeOpenAIServer a(io), b(io), victim(io);
+  victim.hold = true;  // requests that reach it stay in flight until it dies
+  Event victim_busy(io);
+  victim.on_held = [&] { if (victim.held == 4) victim_busy.set(); };
+  HttpInferencePool pool(io, fast_options());
+  for (auto* s : {&a, &b, &victim}) pool.add_server(s->url());
+  pool.start();
+
+  constexpr int kRequests = 30;
+  std::map<int, int> completions_per_request;
+  std::map<std::string, int> served_by;
+  int finished = 0;
+  run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await test::eventually([&] {
+      for (const auto& s : pool.status()) if (!s.healthy) return false;
+      return true;
+    }));
+    for (int i = 0; i < kRequests; ++i)
+      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
+        auto r = co_await pool.submit(request("req-" + std::to_string(i), "group-" + std::to_string(i % 10)),
+                                      std::chrono::seconds(30));
+        EXPECT_TRUE(r) << (r ? "" : r.error().what());
+        if (r) {
+          EXPECT_EQ(r->choices.at(0).text, "echo:req-" + std::to_string(i));  // its own answer
+          ++completions_per_request[i];
+          ++served_by[r->server];
+        }
+        ++finished;
+      }, asio::detached);
+    co_await victim_busy.wait();
+    const std::uint16_t victim_port = victim.port();
+    victim.close();  // killed mid-run with four requests in flight
+
+    EXPECT_TRUE(co_await test::eventually([&] { return finished == kRequests; }));
+    EXPECT_EQ(completions_per_request.size(), static_cast<std::size_t>(kRequests));
+    for (const auto& [i, n] : completions_per_request) EXPECT_EQ(n, 1) << "request " << i;
+    EXPECT_EQ(served_by.count(victim.url()), 0u);
+    EXPECT_EQ(a.answered + b.answered, kRequests);  // every answer produced once, by a survivor
+    const auto st = pool.status();
+    EXPECT_EQ(status_of(st, a.url()).completed + status_of(st, b.url()).completed, static_cast<std::uint64_t>(kRequests));
+    EXPECT_FALSE(status_of(st, victim.url()).healthy);
+
+    // Back on the same port: the pool probes it, closes the circuit and routes to it again.
+    victim.hold = false;
+    victim.start(victim_port);
+    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), victim.url()).healthy; }));
+    std::vector<asio::awaitable<Result<Completion>>> calls;
+    for (int i = 0; i < 9; ++i) calls.push_back(pool.submit(request("after-" + std::to_string(i)), std::chrono::seconds(10)));
+    auto results = co_await when_all(std::move(calls));
+    int on_victim = 0;
+    for (auto& r : results) {
+      EXPECT_TRUE(r);
+      if (r && r->server == victim.url()) ++on_victim;
+    }
+    EXPECT_GT(on_victim, 0);
+    EXPECT_EQ(victim.answered, on_victim);
+  }());
+  pool.stop();
+  for (auto* s : {&a, &b, &victim}) s->close();
+  test::drain(io);
+}
+
+}  // namespace
+}  // namespace arlo::rollout
