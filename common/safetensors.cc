@@ -440,6 +440,11 @@ Result<Header> parse_header(std::string_view json, std::uint64_t data_size, cons
                                                          " bytes exceeds the limit of " +
                                                          std::to_string(limits.max_header_bytes));
   }
+  // JSON never holds a raw NUL (control characters must be escaped inside strings), and the JSON
+  // library treats one as end of input, which would let bytes after it pass unchecked.
+  if (const auto nul = json.find('\0'); nul != std::string_view::npos) {
+    return make_error(ErrorCode::kParse, "malformed JSON: NUL byte at header offset " + std::to_string(nul));
+  }
   HeaderSax sax(limits);
   bool parsed = false;
   try {

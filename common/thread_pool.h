@@ -10,6 +10,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 
 #include <cstddef>
 #include <functional>
@@ -29,9 +30,13 @@ class ThreadPool {
   std::size_t size() const { return size_; }
 
   // Runs `work` on the pool; when it finishes, runs `done(result)` on `loop`.
+  // Until `done` has been posted, `loop` counts as having outstanding work, so `loop.run()` does
+  // not return while a result is still on its way. `work` must not throw (errors are values).
   template <typename Work, typename Done>
   void run_then(boost::asio::io_context& loop, Work work, Done done) {
-    boost::asio::post(pool_, [&loop, work = std::move(work), done = std::move(done)]() mutable {
+    auto guard = boost::asio::make_work_guard(loop);
+    boost::asio::post(pool_, [&loop, guard = std::move(guard), work = std::move(work),
+                              done = std::move(done)]() mutable {
       if constexpr (std::is_void_v<std::invoke_result_t<Work&>>) {
         work();
         boost::asio::post(loop, [done = std::move(done)]() mutable { done(); });
@@ -41,6 +46,7 @@ class ThreadPool {
           done(std::move(result));
         });
       }
+      guard.reset();  // the posted completion now keeps `loop` busy
     });
   }
 
