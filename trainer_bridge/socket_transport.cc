@@ -20,11 +20,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <fcntl.h>
 #include <fmt/format.h>
 
 #include <array>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -115,6 +117,14 @@ void enqueue(std::shared_ptr<tcp::socket> sock, std::shared_ptr<Outbox> box, Fra
         box->writing = false;
       },
       asio::detached);
+}
+
+// Sockets must not leak into processes the orchestrator or trainer spawns (a child holding the
+// listening socket would keep the port bound after a restart).
+template <typename Socket>
+void set_cloexec(Socket& s) {
+  const int fd = s.native_handle();
+  if (fd >= 0) ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
 }
 
 json parse_body(const std::string& payload) { return json::parse(payload, nullptr, /*allow_exceptions=*/false); }
@@ -274,6 +284,7 @@ struct SocketServerState {
         ARLO_WARN_EVERY(5.0, "bridge socket: accept failed: {}", ec.message());
         continue;
       }
+      set_cloexec(sock);
       sock.set_option(tcp::no_delay(true), ec);
       asio::co_spawn(st->io, serve(st, std::make_shared<Session>(std::move(sock))), asio::detached);
     }
@@ -298,6 +309,7 @@ class SocketServer final : public BridgeServer {
     if (ec) return make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket: bad bind address '{}'", st.opt.bind));
     const tcp::endpoint endpoint(address, st.opt.port);
     st.acceptor.open(endpoint.protocol(), ec);
+    if (!ec) set_cloexec(st.acceptor);
     if (!ec) st.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec) st.acceptor.bind(endpoint, ec);
     if (!ec) st.acceptor.listen(asio::socket_base::max_listen_connections, ec);
@@ -449,6 +461,13 @@ class SocketClient final : public BridgeClient {
       closed_ = true;
     }
     cv_.notify_all();
+    // Let acks and version notices already queued reach the orchestrator (bounded), then stop.
+    if (thread_.joinable()) {
+      std::promise<void> flushed;
+      auto done = flushed.get_future();
+      asio::co_spawn(io_, flush_and_shutdown(), [&flushed](std::exception_ptr) { flushed.set_value(); });
+      done.wait_for(std::chrono::seconds(3));
+    }
     io_.stop();
     if (thread_.joinable()) thread_.join();
   }
@@ -459,6 +478,21 @@ class SocketClient final : public BridgeClient {
     if (sock_ && sock_->is_open()) enqueue(sock_, box_, std::move(f));
   }
   void send_heartbeat() { send_now(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}, {"last_acked_step", last_acked_step()}})); }
+
+  asio::awaitable<void> flush_and_shutdown() {
+    boost::system::error_code ec;
+    backoff_timer_.cancel();
+    asio::steady_timer timer(io_);
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (sock_ && sock_->is_open() && box_ && (box_->writing || !box_->frames.empty()) && Clock::now() < deadline) {
+      timer.expires_after(std::chrono::milliseconds(2));
+      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    if (sock_) {
+      sock_->shutdown(tcp::socket::shutdown_both, ec);
+      sock_->close(ec);
+    }
+  }
 
   asio::awaitable<void> heartbeats(std::shared_ptr<tcp::socket> sock) {
     asio::steady_timer timer(io_);
@@ -489,6 +523,8 @@ class SocketClient final : public BridgeClient {
         set_fatal(make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket client: bad host '{}' (an IP address)", opt_.host)).error());
         co_return;
       }
+      sock->open(tcp::endpoint(address, opt_.port).protocol(), ec);
+      if (!ec) set_cloexec(*sock);
       co_await sock->async_connect(tcp::endpoint(address, opt_.port), asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
         if (!warned) ARLO_INFO("bridge socket client: cannot reach {}:{} yet ({}); retrying", opt_.host, opt_.port, ec.message());
