@@ -1,0 +1,30 @@
+#pragma once
+// The subcommands of the arlo CLI, one function each, so main.cc only wires arguments.
+// Each returns the process exit status (see kExit* below).
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace arlo::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;       // something went wrong while doing the work
+constexpr int kExitBadConfig = 2;     // the configuration (or a usage) is invalid; every problem printed
+constexpr int kExitUnavailable = 3;   // the command exists but is not available in this build
+
+struct ConfigArgs {
+  std::string file;
+  std::vector<std::string> overrides;  // "section.key=value"
+};
+
+// Prints the resolved configuration as YAML to stdout, or every problem to stderr (exit 2).
+int check_config(const ConfigArgs& args);
+
+// Writes docs/configuration.md generated from the schema to `output`, or to stdout when unset.
+int config_doc(const std::optional<std::string>& output);
+
+// Replaces this process with the benchmark binary arlo-bench-<name>, found next to the arlo binary
+// or under <build>/bench/*/, passing `args`. When it is missing, lists the benchmarks that exist.
+int bench(const std::string& name, const std::vector<std::string>& args);
+
+}  // namespace arlo::cli

@@ -1,0 +1,53 @@
+// `arlo check-config` and `arlo config-doc`.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "apps/arlo/commands.h"
+#include "common/config/config.h"
+
+namespace arlo::cli {
+
+int check_config(const ConfigArgs& args) {
+  config::LoadOptions options;
+  options.overrides = args.overrides;
+  const config::Resolution resolution = config::resolve_file(args.file, options);
+  if (!resolution.config) {
+    for (const auto& d : resolution.diagnostics) std::fprintf(stderr, "%s\n", d.text().c_str());
+    std::fprintf(stderr, "check-config: %zu problem(s) in %s\n", resolution.diagnostics.size(), args.file.c_str());
+    return kExitBadConfig;
+  }
+  const std::string yaml = resolution.config->to_yaml();
+  std::fwrite(yaml.data(), 1, yaml.size(), stdout);
+  return kExitOk;
+}
+
+int config_doc(const std::optional<std::string>& output) {
+  const std::string doc = config::generate_markdown(config::product_schema());
+  if (!output) {
+    std::fwrite(doc.data(), 1, doc.size(), stdout);
+    return kExitOk;
+  }
+  // Written to a temporary name and renamed, so a reader never sees half a file.
+  const std::filesystem::path target(*output);
+  const std::filesystem::path temp = target.string() + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out.write(doc.data(), static_cast<std::streamsize>(doc.size()));
+    if (!out) {
+      std::fprintf(stderr, "config-doc: cannot write %s\n", temp.c_str());
+      return kExitFailure;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(temp, target, ec);
+  if (ec) {
+    std::fprintf(stderr, "config-doc: cannot rename %s to %s: %s\n", temp.c_str(), target.c_str(), ec.message().c_str());
+    std::filesystem::remove(temp, ec);
+    return kExitFailure;
+  }
+  std::fprintf(stderr, "config-doc: wrote %s\n", target.c_str());
+  return kExitOk;
+}
+
+}  // namespace arlo::cli

@@ -1,0 +1,423 @@
+// THE configuration schema of arlo: every section and key, its type, default, documentation and
+// validation. Add keys here (one line each), then run `arlo config-doc --output docs/configuration.md`.
+//
+// Defaults are sized for the built-in CPU quickstart (a 2-layer, 64-wide policy learning arithmetic on
+// a 2-core machine).
+#include "common/config/schema.h"
+
+#include <regex>
+
+#include "common/config/config.h"
+
+namespace arlo::config {
+
+std::string_view type_name(Type type) {
+  switch (type) {
+    case Type::kBool: return "bool";
+    case Type::kInt: return "int";
+    case Type::kFloat: return "float";
+    case Type::kString: return "string";
+    case Type::kStringList: return "list of strings";
+    case Type::kMap: return "map";
+    case Type::kObjectList: return "list of objects";
+  }
+  return "unknown";
+}
+
+Key Key::range(double lo, double hi) && {
+  min = lo;
+  max = hi;
+  return std::move(*this);
+}
+Key Key::at_least(double lo) && {
+  min = lo;
+  return std::move(*this);
+}
+Key Key::at_most(double hi) && {
+  max = hi;
+  return std::move(*this);
+}
+Key Key::one_of(std::vector<std::string> allowed) && {
+  choices = std::move(allowed);
+  return std::move(*this);
+}
+Key Key::must_be_given() && {
+  required = true;
+  return std::move(*this);
+}
+
+namespace {
+Key make(std::string name, Type type, Default def, std::string doc) {
+  Key key;
+  key.name = std::move(name);
+  key.type = type;
+  key.default_value = std::move(def);
+  key.doc = std::move(doc);
+  return key;
+}
+}  // namespace
+
+Key bool_key(std::string name, bool def, std::string doc) { return make(std::move(name), Type::kBool, def, std::move(doc)); }
+Key int_key(std::string name, std::int64_t def, std::string doc) {
+  return make(std::move(name), Type::kInt, def, std::move(doc));
+}
+Key float_key(std::string name, double def, std::string doc) {
+  return make(std::move(name), Type::kFloat, def, std::move(doc));
+}
+Key string_key(std::string name, std::string def, std::string doc) {
+  return make(std::move(name), Type::kString, std::move(def), std::move(doc));
+}
+Key strings_key(std::string name, std::vector<std::string> def, std::string doc) {
+  return make(std::move(name), Type::kStringList, std::move(def), std::move(doc));
+}
+Key map_key(std::string name, std::string def_yaml, std::string doc) {
+  return make(std::move(name), Type::kMap, std::move(def_yaml), std::move(doc));
+}
+Key objects_key(std::string name, std::vector<Key> item_keys, std::string def_yaml, std::string doc) {
+  Key key = make(std::move(name), Type::kObjectList, std::move(def_yaml), std::move(doc));
+  key.item_keys = std::move(item_keys);
+  return key;
+}
+
+const Key* Section::find(std::string_view key) const {
+  for (const auto& k : keys) {
+    if (k.name == key) return &k;
+  }
+  return nullptr;
+}
+
+Schema::Schema(std::vector<Section> sections, std::vector<Rule> rules)
+    : sections_(std::move(sections)), rules_(std::move(rules)) {}
+
+const Section* Schema::find_section(std::string_view name) const {
+  for (const auto& s : sections_) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const Key* Schema::find_key(std::string_view dotted) const {
+  const std::size_t dot = dotted.find('.');
+  if (dot == std::string_view::npos) return nullptr;
+  const Section* section = find_section(dotted.substr(0, dot));
+  return section ? section->find(dotted.substr(dot + 1)) : nullptr;
+}
+
+namespace {
+
+const std::vector<std::string> kEnvKinds = {"arithmetic", "reverse_text", "jsonl"};
+
+std::vector<Section> product_sections() {
+  return {
+      {"run", "What this run is called, where it writes, how long it lasts.",
+       {
+           string_key("name", "quickstart", "Name of the run; shown in logs and used in the default run directory."),
+           string_key("dir", "runs/{run.name}",
+                      "Run directory: checkpoints, metrics.jsonl, rollouts, weights and logs go here."),
+           int_key("seed", 42, "Seed for everything the orchestrator draws at random (task order, sampling seeds).")
+               .at_least(0),
+           int_key("max_steps", 150, "Number of training steps (optimizer updates) to run, warm-up included.")
+               .at_least(1),
+       }},
+      {"orchestrator", "The asynchronous main loop: batches, groups, in-flight work and the staleness bound.",
+       {
+           int_key("batch_size", 32, "Samples per training step (a whole number of groups).").range(1, 1 << 20),
+           int_key("group_size", 8, "Samples per prompt (one group); advantages are computed within a group.")
+               .range(1, 4096),
+           int_key("max_inflight", 64, "Most sample requests in flight across all inference workers at once.")
+               .range(1, 1 << 20),
+           int_key("max_async_level", 1,
+                   "How many policy versions rollouts may run ahead of the trainer: rollouts for step s are "
+                   "dispatched only while (s - 1) - current_version <= max_async_level. 0 is synchronous RL.")
+               .range(0, 1024),
+           int_key("max_off_policy_steps", 2,
+                   "When the batch for step s is cut, samples whose oldest token came from a version below "
+                   "s - 1 - max_off_policy_steps are dropped (time spent queued counts).")
+               .range(0, 1 << 20),
+           int_key("sft_warmup_steps", 0,
+                   "Supervised steps on the tasks' reference answers before RL starts (they count toward "
+                   "run.max_steps).")
+               .at_least(0),
+           int_key("seq_len", 256, "Length in tokens of one packed training sequence.").range(8, 1 << 20),
+           int_key("queue_capacity", 256, "Most finished rollouts waiting to be packed into a batch.")
+               .range(1, 1 << 24),
+           string_key("weight_update_mode", "keep",
+                      "How workers take a new version: keep (pause, swap, resume in-flight requests; a "
+                      "completion may span versions), wait (let in-flight requests finish, then swap), abort "
+                      "(abort in-flight requests and continue them on the new version).")
+               .one_of({"keep", "wait", "abort"}),
+           string_key("advantage", "grpo",
+                      "Advantage estimator within a group: grpo (mean and std), dr_grpo (mean only), rloo "
+                      "(leave-one-out mean).")
+               .one_of({"grpo", "dr_grpo", "rloo"}),
+           bool_key("filter_equal_reward_groups", true,
+                    "Drop groups whose rewards are all equal (they carry no learning signal)."),
+           string_key("overlong", "keep",
+                      "Completions cut off by sampling.max_tokens: keep (train on them), drop (discard the "
+                      "sample), mask (keep it but exclude its tokens from the loss).")
+               .one_of({"keep", "drop", "mask"}),
+           float_key("length_penalty", 0.0,
+                     "Reward subtracted per generated token (0 disables).").range(0.0, 1.0),
+       }},
+      {"sampling", "How training rollouts are sampled.",
+       {
+           float_key("temperature", 1.0, "Sampling temperature (0 is greedy).").range(0.0, 10.0),
+           float_key("top_p", 1.0, "Nucleus sampling: keep the smallest set of tokens with this total probability.")
+               .range(0.0, 1.0),
+           int_key("max_tokens", 16, "Most tokens generated per completion.").range(1, 1 << 20),
+           strings_key("stop", {}, "Strings that end a completion (not included in it)."),
+           int_key("seed", 0, "Base sampling seed; each request gets a distinct seed derived from it.").at_least(0),
+       }},
+      {"env", "Where training tasks come from.",
+       {
+           string_key("kind", "arithmetic",
+                      "Task source: arithmetic (sums of small numbers), reverse_text (reverse a short string), "
+                      "jsonl (a dataset file).")
+               .one_of(kEnvKinds),
+           string_key("path", "", "jsonl only: the dataset (one object per line with prompt or messages, answer, info)."),
+           int_key("seed", 1, "Seed for generating and shuffling tasks.").at_least(0),
+           int_key("size", 10000, "Number of tasks generated (procedural kinds) or used (jsonl; 0 means all).")
+               .at_least(0),
+           bool_key("shuffle", true, "Shuffle the tasks each epoch."),
+           int_key("max_operand", 20, "arithmetic: largest operand.").range(1, 1000000000),
+           int_key("num_terms", 2, "arithmetic: numbers in each sum.").range(2, 16),
+           int_key("min_len", 3, "reverse_text: shortest string.").range(1, 4096),
+           int_key("max_len", 8, "reverse_text: longest string.").range(1, 4096),
+       }},
+      {"eval", "Periodic evaluation on held-out tasks: avg@k and pass@k.",
+       {
+           int_key("interval", 10, "Evaluate at start and every this many steps (0 disables).").at_least(0),
+           int_key("k", 4, "Samples per eval task (pass@k, avg@k).").range(1, 1024),
+           int_key("size", 64, "Number of eval tasks.").range(1, 1 << 20),
+           float_key("temperature", 1.0, "Sampling temperature for eval.").range(0.0, 10.0),
+           string_key("env_kind", "same",
+                      "Eval task source: same (the training kind and settings with eval.seed), or one of "
+                      "arithmetic, reverse_text, jsonl.")
+               .one_of({"same", "arithmetic", "reverse_text", "jsonl"}),
+           string_key("env_path", "", "jsonl eval only: the dataset."),
+           int_key("seed", 7, "Seed for the eval tasks (differs from env.seed so eval tasks are held out).")
+               .at_least(0),
+       }},
+      {"reward", "How rollouts are scored: a weighted sum of reward modules.",
+       {
+           objects_key("modules",
+                       {
+                           string_key("kind", "exact_match",
+                                      "exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin "
+                                      "(a shared library), http (a reward server).")
+                               .one_of({"exact_match", "numeric_match", "lcs_ratio", "regex_match", "length_penalty",
+                                        "plugin", "http"})
+                               .must_be_given(),
+                           float_key("weight", 1.0, "Weight of this module in the sum.").range(-1e6, 1e6),
+                           string_key("path", "", "plugin: path of the shared library."),
+                           string_key("url", "", "http: URL the rollouts are posted to."),
+                           string_key("pattern", "", "regex_match: ECMAScript regular expression to search for."),
+                           map_key("config", "{}", "Free-form settings handed to the module (plugins get it as JSON)."),
+                       },
+                       "[{kind: exact_match, weight: 1.0}]", "Reward modules; the reward is sum(weight * score).")
+               .range(1, 64),
+           float_key("timeout_s", 10.0, "Deadline for scoring one rollout (or group).").range(0.001, 3600.0),
+           string_key("on_failure", "assign",
+                      "When a module fails, times out or returns a non-finite value: assign failure_value, drop "
+                      "the sample, or fail the run.")
+               .one_of({"assign", "drop", "fail"}),
+           float_key("failure_value", 0.0, "Reward assigned when on_failure is assign.").range(-1e6, 1e6),
+       }},
+      {"inference", "The inference workers that generate rollouts.",
+       {
+           string_key("launch", "embedded",
+                      "embedded: arlo starts arlo-worker processes on free loopback ports; external: connect to "
+                      "inference.urls.")
+               .one_of({"embedded", "external"}),
+           string_key("kind", "arlo", "Server dialect for admin calls: arlo (arlo-worker), vllm, sglang.")
+               .one_of({"arlo", "vllm", "sglang"}),
+           int_key("num_workers", 2, "embedded: number of arlo-worker processes.").range(1, 1024),
+           strings_key("urls", {}, "external: base URLs of the servers (http://host:port)."),
+           float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
+           float_key("admin_timeout_s", 30.0, "Deadline for one admin call (pause, weights, resume).")
+               .range(0.001, 3600.0),
+           int_key("threads", 1, "embedded: compute threads per worker.").range(1, 1024),
+       }},
+      {"model", "The built-in policy (arlo-worker, arlo-trainer). The vocabulary comes from the tokenizer.",
+       {
+           int_key("layers", 2, "Transformer layers.").range(1, 256),
+           int_key("hidden", 64, "Model width.").range(8, 65536),
+           int_key("heads", 4, "Attention heads (must divide hidden).").range(1, 1024),
+           int_key("context", 256, "Longest sequence (prompt + completion) in tokens.").range(8, 1 << 20),
+           int_key("seed", 0, "Seed for the initial weights.").at_least(0),
+       }},
+      {"trainer", "The trainer that learns from rollouts and publishes new weights.",
+       {
+           string_key("launch", "embedded",
+                      "embedded: arlo starts arlo-trainer; external: a trainer you start connects through the "
+                      "bridge.")
+               .one_of({"embedded", "external"}),
+           float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
+           float_key("weight_decay", 0.0, "AdamW weight decay.").range(0.0, 10.0),
+           float_key("beta1", 0.9, "AdamW beta1.").range(0.0, 0.999999),
+           float_key("beta2", 0.999, "AdamW beta2.").range(0.0, 0.999999),
+           float_key("max_grad_norm", 1.0, "Clip the gradient norm to this (0 disables).").range(0.0, 1e6),
+           string_key("is_correction", "token_tis",
+                      "Importance-sampling correction for the mismatch between inference and trainer logprobs: "
+                      "none, token_tis (per-token ratio truncated at is_high), seq_tis (per-sequence), token_mis "
+                      "(mask tokens whose ratio is outside [is_low, is_high]).")
+               .one_of({"none", "token_tis", "seq_tis", "token_mis"}),
+           float_key("is_low", 0.5, "Lower importance-ratio bound (token_mis).").range(0.0, 1e6),
+           float_key("is_high", 2.0, "Upper importance-ratio bound (truncation or mask).").range(0.0, 1e6),
+           int_key("ckpt_interval", 0, "Steps between trainer checkpoints (weights and optimizer; 0 disables).")
+               .at_least(0),
+           int_key("threads", 1, "Compute threads of the built-in trainer.").range(1, 1024),
+       }},
+      {"bridge", "How batches travel from the orchestrator to the trainer.",
+       {
+           string_key("transport", "dir",
+                      "dir: safetensors files under bridge.dir (written then renamed); socket: streamed with "
+                      "acknowledgement and back-pressure.")
+               .one_of({"dir", "socket"}),
+           string_key("dir", "{run.dir}/rollouts", "dir transport: directory of step_<s>/rank_<r>.safetensors."),
+           string_key("address", "127.0.0.1:0", "socket transport: host:port the orchestrator listens on (port 0: any free port)."),
+           int_key("max_pending_batches", 2, "Batches handed over but not yet acknowledged before the sink waits.")
+               .range(1, 1024),
+       }},
+      {"weight_sync", "How new weights move from the trainer to every worker (docs/weight-sync.md).",
+       {
+           string_key("transport", "filesystem",
+                      "filesystem (safetensors under weight_sync.dir), tcp (chain or star), shm (same host), nccl "
+                      "(GPU broadcast).")
+               .one_of({"filesystem", "tcp", "shm", "nccl"}),
+           string_key("dir", "{run.dir}/weights", "filesystem transport: where versions v<N>/ are written."),
+           string_key("payload", "full", "full (as trained), cast (to cast_dtype), delta (changed elements only).")
+               .one_of({"full", "cast", "delta"}),
+           string_key("cast_dtype", "bf16", "cast payload: bf16, or fp8_e4m3 with one fp32 scale per 128 elements.")
+               .one_of({"bf16", "fp8_e4m3"}),
+           bool_key("zstd", false, "Compress each bucket with zstd (level 1)."),
+           int_key("bucket_mb", 256, "Bucket size in MiB; memory on each side stays within model + 2 buckets.")
+               .range(1, 65536),
+           float_key("delta_density_threshold", 0.25,
+                     "delta payload: above this fraction of changed elements a bucket is sent dense.")
+               .range(0.0, 1.0),
+           int_key("keep_last", 2, "filesystem transport: versions kept on disk (at least 2).").range(2, 1 << 20),
+           string_key("topology", "chain", "tcp transport: chain (each receiver relays to the next) or star.")
+               .one_of({"chain", "star"}),
+           float_key("timeout_s", 120.0, "Deadline for moving one version to all workers.").range(0.001, 86400.0),
+       }},
+      {"log", "Console and file logging.",
+       {
+           string_key("level", "info", "Log level.").one_of({"trace", "debug", "info", "warn", "error", "off"}),
+           string_key("file", "", "Also append logs to this file (empty: console only)."),
+           float_key("interval_s", 10.0, "Seconds between pipeline views (in flight, queued, event-loop lag).")
+               .range(0.1, 86400.0),
+           bool_key("progress", true, "Show a progress bar toward run.max_steps when stdout is a terminal."),
+       }},
+      {"ckpt", "Orchestrator checkpoints for `arlo run --resume`.",
+       {
+           int_key("interval", 50, "Steps between orchestrator checkpoints (0 disables).").at_least(0),
+           int_key("keep", 2, "Checkpoints kept on disk.").range(1, 1 << 20),
+       }},
+      {"status", "The status endpoint (Prometheus /metrics).",
+       {
+           string_key("bind", "127.0.0.1", "Address the status server listens on."),
+           int_key("port", 0, "Port of the status server (0: any free port, logged at start).").range(0, 65535),
+       }},
+  };
+}
+
+// --- Rules between keys ---------------------------------------------------------------------------
+
+void batch_is_whole_groups(const Config& c, std::vector<Violation>& out) {
+  const auto batch = c.integer("orchestrator.batch_size");
+  const auto group = c.integer("orchestrator.group_size");
+  if (batch % group != 0) {
+    out.push_back({c.where("orchestrator.batch_size"),
+                   "orchestrator.batch_size (" + std::to_string(batch) + ") must be a multiple of orchestrator.group_size (" +
+                       std::to_string(group) + ")"});
+  }
+}
+
+void jsonl_needs_path(const Config& c, std::vector<Violation>& out) {
+  if (c.string("env.kind") == "jsonl" && c.string("env.path").empty()) {
+    out.push_back({c.where("env.kind"), "env.path is required when env.kind is jsonl"});
+  }
+  if (c.string("eval.env_kind") == "jsonl" && c.string("eval.env_path").empty()) {
+    out.push_back({c.where("eval.env_kind"), "eval.env_path is required when eval.env_kind is jsonl"});
+  }
+}
+
+void reverse_text_lengths(const Config& c, std::vector<Violation>& out) {
+  if (c.integer("env.min_len") > c.integer("env.max_len")) {
+    out.push_back({c.where("env.min_len"), "env.min_len must be <= env.max_len"});
+  }
+}
+
+void external_inference_needs_urls(const Config& c, std::vector<Violation>& out) {
+  const bool external = c.string("inference.launch") == "external";
+  if (external && c.strings("inference.urls").empty()) {
+    out.push_back({c.where("inference.launch"), "inference.urls must list the servers when inference.launch is external"});
+  }
+  if (!external && c.string("inference.kind") != "arlo") {
+    out.push_back({c.where("inference.kind"),
+                   "inference.kind " + c.string("inference.kind") + " needs inference.launch: external (arlo only launches arlo-worker)"});
+  }
+}
+
+void heads_divide_hidden(const Config& c, std::vector<Violation>& out) {
+  if (c.integer("model.hidden") % c.integer("model.heads") != 0) {
+    out.push_back({c.where("model.heads"), "model.heads must divide model.hidden"});
+  }
+}
+
+void is_bounds_ordered(const Config& c, std::vector<Violation>& out) {
+  if (c.number("trainer.is_low") >= c.number("trainer.is_high")) {
+    out.push_back({c.where("trainer.is_low"), "trainer.is_low must be below trainer.is_high"});
+  }
+}
+
+void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
+  const auto& modules = c.objects("reward.modules");
+  for (std::size_t i = 0; i < modules.size(); ++i) {
+    const Config& m = modules[i];
+    const std::string name = "reward.modules[" + std::to_string(i) + "]";
+    const std::string& kind = m.string("kind");
+    auto need = [&](const char* key) {
+      if (m.string(key).empty()) out.push_back({m.where("kind"), name + ": kind " + kind + " needs '" + key + "'"});
+    };
+    if (kind == "plugin") need("path");
+    if (kind == "http") need("url");
+    if (kind == "regex_match") {
+      need("pattern");
+      constexpr std::size_t kMaxPattern = 1024;  // libstdc++ compiles regexes recursively
+      if (m.string("pattern").size() > kMaxPattern) {
+        out.push_back({m.where("pattern"), name + ".pattern: longer than 1024 characters"});
+        continue;
+      }
+      // std::regex reports a bad pattern by throwing; caught here, at the edge.
+      try {
+        std::regex compiled(m.string("pattern"), std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        out.push_back({m.where("pattern"), name + ".pattern: not a valid regular expression: " + e.what()});
+      }
+    }
+  }
+}
+
+std::vector<Rule> product_rules() {
+  return {
+      {"orchestrator.batch_size is a multiple of orchestrator.group_size.", batch_is_whole_groups},
+      {"env.path is given when env.kind is jsonl; eval.env_path when eval.env_kind is jsonl.", jsonl_needs_path},
+      {"env.min_len <= env.max_len.", reverse_text_lengths},
+      {"inference.urls is not empty when inference.launch is external; embedded launch means inference.kind arlo.",
+       external_inference_needs_urls},
+      {"model.heads divides model.hidden.", heads_divide_hidden},
+      {"trainer.is_low < trainer.is_high.", is_bounds_ordered},
+      {"reward modules of kind plugin have a path, http a url, regex_match a valid pattern.", reward_modules_complete},
+  };
+}
+
+}  // namespace
+
+const Schema& product_schema() {
+  static const Schema schema(product_sections(), product_rules());
+  return schema;
+}
+
+}  // namespace arlo::config
