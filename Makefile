@@ -28,15 +28,15 @@ test: build
 
 # The main job on the built-in default: two workers, the built-in trainer, the arithmetic task.
 run: build
-	$(BUILD_DIR)/apps/arlo run $(CONFIG)
+	$(BUILD_DIR)/apps/arlo/arlo run $(CONFIG)
 
 bench: build
 	scripts/bench $(BUILD_DIR)
 
-# libFuzzer targets (clang), each for FUZZ_SECONDS.
+# libFuzzer targets (clang 16: the first clang that compiles libstdc++ 12 <expected>), each for FUZZ_SECONDS.
 fuzz:
 	@scripts/bootstrap --fuzz
-	cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+	cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-16 -DCMAKE_C_COMPILER=clang-16 \
 	  -DARLO_FUZZ=ON -DARLO_WITH_TORCH=OFF -DARLO_BUILD_BENCH=OFF -DARLO_BUILD_TESTS=ON
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_targets
 	scripts/fuzz build-fuzz $(FUZZ_SECONDS)
