@@ -96,6 +96,9 @@ struct Options {
   // Fault injection for tests of the real transports: the sender flips one byte of this bucket
   // after computing its checksum, the first time the bucket is sent.
   std::optional<std::size_t> fault_corrupt_bucket;
+  // Fault injection for multi-process tests: this side raises SIGSTOP just before it sends
+  // (publisher) or receives (subscriber) this bucket, so a test can kill it mid-transfer.
+  std::optional<std::size_t> fault_stop_before_bucket;
 
   // shm
   std::string shm_name = "arlo-weights";

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -361,6 +362,7 @@ class ShmSender final : public SenderTransport {
               drop(k, "timed out consuming bucket " + std::to_string(i - 2));
         if (active.empty()) break;
       }
+      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
       std::byte* dst = seg_->slot(s);
       std::uint64_t wire = 0, checksum = 0;
       if (enc.zero_copy()) {
@@ -552,6 +554,7 @@ class ShmReceiver final : public ReceiverTransport {
     };
     const pid_t publisher = static_cast<pid_t>(h->publisher_pid.load());
     for (std::size_t i = 0; i < m.buckets.size(); ++i) {
+      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
       const int s = static_cast<int>(i % 2);
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
       auto st = wait_for(

@@ -14,6 +14,7 @@
 // in place, received straight into the sink's buffers.
 #include <boost/asio/ip/tcp.hpp>
 
+#include <csignal>
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -336,6 +337,7 @@ class Server {
         auto parts = feed.get(i, std::min(deadline, Clock::now() + o.bucket_timeout));
         if (!parts && parts.error().code() == ErrorCode::kNotFound) parts = regen(i, scratch);
         if (!parts) return fail(vb(m.version, i) + ": " + parts.error().what());
+        if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
         bool corrupt = false;
         if (fault_pending && o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i) corrupt = fault_pending->exchange(false);
         s = send_bucket(*p.conn, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), corrupt);
@@ -617,6 +619,7 @@ class TcpReceiver final : public ReceiverTransport {
         }
         buf = {bufs[i % 2].get(), cap};
       }
+      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
       std::vector<std::span<std::byte>> targets;
       if (direct) {
         targets = applier.direct_spans(i);

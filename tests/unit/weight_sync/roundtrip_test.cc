@@ -1,0 +1,311 @@
+// Round trips through the real transports (loopback sockets, POSIX shm, files), in one process
+// with the publisher and each subscriber on their own threads.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "tests/unit/weight_sync/test_util.h"
+#include "weight_sync/weight_sync.h"
+
+namespace arlo::weight_sync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::copy_of;
+using testing::expected_after;
+using testing::fill;
+using testing::odd_specs;
+using testing::same_bytes;
+
+std::string unique(const std::string& prefix) {
+  static std::atomic<int> n{0};
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+struct Case {
+  std::string transport;
+  PayloadKind kind;
+  bool zstd;
+  ApplyMode mode;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const auto& c = info.param;
+  return c.transport + "_" + std::string(to_string(c.kind)) + (c.zstd ? "_zstd" : "") +
+         (c.mode == ApplyMode::kInPlace ? "_inplace" : "_staging");
+}
+
+class Channel {
+ public:
+  Channel(const std::string& transport, PayloadOptions payload, ApplyMode mode) {
+    base_.transport = transport;
+    base_.payload = payload;
+    base_.bucket_bytes = testing::kTestBucket;
+    base_.apply_mode = mode;
+    base_.bucket_timeout = 10s;
+    base_.reconnect_window = 3s;
+    base_.shm_name = unique("rt");
+    dir_ = std::filesystem::temp_directory_path() / unique("arlo-ws-rt");
+    base_.dir = dir_;
+  }
+  ~Channel() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  Options publisher_options() const { return base_; }
+  Options subscriber_options(const std::string& endpoint, const std::string& name) const {
+    Options o = base_;
+    o.address = endpoint;
+    o.peer_name = name;
+    return o;
+  }
+  Options base_;
+  std::filesystem::path dir_;
+};
+
+class RoundTrip : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RoundTrip, TwoVersionsArriveIntact) {
+  const Case c = GetParam();
+  PayloadOptions payload{c.kind, c.zstd, 0.25};
+  Channel ch(c.transport, payload, c.mode);
+  auto pub = Publisher::create(ch.publisher_options()).value();
+  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "worker-0")).value();
+
+  HostWeights w(odd_specs());
+  fill(w, 11);
+  HostWeights sink(odd_specs());
+  for (Version v : {1, 2}) {
+    if (v == 2) testing::perturb(w, 0.01, 12);
+    auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
+    auto report = pub->publish(v, w, deadline_in(20s));
+    ASSERT_TRUE(report) << report.error().what();
+    auto r = got.get();
+    ASSERT_TRUE(r) << r.error().what();
+    EXPECT_TRUE(report->all_ok()) << (report->peers.empty() ? "no peers" : report->peers[0].error);
+    EXPECT_EQ(r->version, v);
+    EXPECT_EQ(sub->version(), std::optional<Version>(v));
+    EXPECT_EQ(sink.committed(), std::optional<Version>(v));
+    EXPECT_TRUE(same_bytes(sink, expected_after(w, payload))) << "version " << v;
+    if (c.kind == PayloadKind::kDelta) {
+      EXPECT_EQ(r->payload, v == 1 ? PayloadKind::kFull : PayloadKind::kDelta);
+      if (v == 2) {
+        EXPECT_LT(r->wire_bytes, w.total_bytes() / 5);
+      }
+    }
+  }
+  // Checksum on demand agrees with the source for lossless payloads.
+  if (c.kind == PayloadKind::kFull || c.kind == PayloadKind::kDelta) {
+    EXPECT_EQ(sub->checksum(sink).value(), weights_checksum(w).value());
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> out;
+  for (std::string t : {"tcp", "shm", "filesystem"})
+    for (auto k : {PayloadKind::kFull, PayloadKind::kCastBf16, PayloadKind::kCastFp8, PayloadKind::kDelta})
+      for (bool z : {false, true})
+        for (auto mode : {ApplyMode::kStaging, ApplyMode::kInPlace}) {
+          if (z && mode == ApplyMode::kInPlace && k != PayloadKind::kFull) continue;  // keep the matrix small
+          out.push_back({t, k, z, mode});
+        }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransportsAndPayloads, RoundTrip, ::testing::ValuesIn(all_cases()), case_name);
+
+TEST(TcpTopology, StarAndChainDeliverToEveryReceiver) {
+  for (auto topo : {Topology::kStar, Topology::kChain}) {
+    Channel ch("tcp", {}, ApplyMode::kInPlace);
+    Options po = ch.publisher_options();
+    po.topology = topo;
+    po.expected_receivers = topo == Topology::kStar ? 3 : 1;
+    auto pub = Publisher::create(po).value();
+    std::vector<std::unique_ptr<Subscriber>> subs;
+    std::string upstream = pub->endpoint();
+    for (int k = 0; k < 3; ++k) {
+      Options so = ch.subscriber_options(upstream, "worker-" + std::to_string(k));
+      so.topology = topo;
+      if (topo == Topology::kChain && k < 2) so.relay_listen = "127.0.0.1:0";
+      subs.push_back(Subscriber::create(so).value());
+      if (topo == Topology::kChain) upstream = subs.back()->relay_endpoint();
+    }
+    HostWeights w(odd_specs());
+    fill(w, 21);
+    std::vector<HostWeights> sinks;
+    for (int k = 0; k < 3; ++k) sinks.emplace_back(odd_specs());
+    std::vector<std::future<Result<ReceiveReport>>> got;
+    for (int k = 0; k < 3; ++k)
+      got.push_back(std::async(std::launch::async, [&, k] { return subs[k]->receive(sinks[k], deadline_in(20s)); }));
+    auto report = pub->publish(7, w, deadline_in(20s));
+    ASSERT_TRUE(report) << report.error().what();
+    for (int k = 0; k < 3; ++k) {
+      auto r = got[k].get();
+      ASSERT_TRUE(r) << r.error().what();
+      EXPECT_TRUE(same_bytes(sinks[k], w));
+    }
+    ASSERT_EQ(report->peers.size(), 3u);
+    for (const auto& p : report->peers) EXPECT_TRUE(p.ok) << p.peer << ": " << p.error;
+  }
+}
+
+TEST(TcpFaults, FlippedByteIsRetransmittedNeverApplied) {
+  for (auto mode : {ApplyMode::kInPlace, ApplyMode::kStaging}) {
+    Channel ch("tcp", {}, mode);
+    Options po = ch.publisher_options();
+    po.fault_corrupt_bucket = 1;
+    auto pub = Publisher::create(po).value();
+    auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
+    HostWeights w(odd_specs());
+    fill(w, 31);
+    HostWeights sink(odd_specs());
+    auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
+    auto report = pub->publish(1, w, deadline_in(20s));
+    auto r = got.get();
+    ASSERT_TRUE(r) << r.error().what();
+    ASSERT_TRUE(report);
+    EXPECT_GE(r->retried_buckets, 1u);
+    EXPECT_TRUE(same_bytes(sink, w));
+  }
+}
+
+TEST(ShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
+  Channel ch("shm", {}, ApplyMode::kStaging);
+  Options po = ch.publisher_options();
+  po.fault_corrupt_bucket = 1;
+  auto pub = Publisher::create(po).value();
+  auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+  HostWeights v1(odd_specs());
+  fill(v1, 41);
+  HostWeights sink = copy_of(v1);
+  ASSERT_TRUE(sink.commit(1));
+  sub->assume_version(1);
+  HostWeights v2 = copy_of(v1);
+  testing::perturb(v2, 0.5, 42);
+  auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
+  auto report = pub->publish(2, v2, deadline_in(20s));
+  auto r = got.get();
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what().find("bucket 1"), std::string::npos) << r.error().what();
+  EXPECT_NE(r.error().what().find("checksum"), std::string::npos) << r.error().what();
+  ASSERT_TRUE(report);
+  ASSERT_EQ(report->peers.size(), 1u);
+  EXPECT_FALSE(report->peers[0].ok);
+  EXPECT_NE(report->peers[0].error.find("bucket 1"), std::string::npos);
+  EXPECT_TRUE(same_bytes(sink, v1));
+  EXPECT_EQ(sub->version(), std::optional<Version>(1));
+}
+
+TEST(FilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
+  Channel ch("filesystem", {}, ApplyMode::kInPlace);
+  auto pub = Publisher::create(ch.publisher_options()).value();
+  auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+  HostWeights w(odd_specs());
+  fill(w, 51);
+  HostWeights sink(odd_specs());
+  ASSERT_TRUE(pub->publish(1, w, deadline_in(10s)));
+  ASSERT_TRUE(sub->receive(sink, deadline_in(10s)));
+  HostWeights v1 = copy_of(sink);
+  testing::perturb(w, 0.5, 52);
+  ASSERT_TRUE(pub->publish(2, w, deadline_in(10s)));
+  const auto shard = ch.dir_ / "v2" / "model-00001-of-00002.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(shard));
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(shard) - 100));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x5A;
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(shard) - 100));
+    f.write(&c, 1);
+  }
+  auto r = sub->receive(sink, deadline_in(5s));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what().find("checksum"), std::string::npos) << r.error().what();
+  EXPECT_TRUE(same_bytes(sink, v1));
+  EXPECT_EQ(sub->version(), std::optional<Version>(1));
+}
+
+TEST(FilesystemLayout, HfShardsIndexManifestStableAndRetention) {
+  Channel ch("filesystem", {}, ApplyMode::kInPlace);
+  auto pub = Publisher::create(ch.publisher_options()).value();
+  HostWeights w(odd_specs());
+  fill(w, 61);
+  for (Version v = 1; v <= 4; ++v) ASSERT_TRUE(pub->publish(v, w, deadline_in(10s)));
+  namespace fs = std::filesystem;
+  EXPECT_FALSE(fs::exists(ch.dir_ / "v1"));
+  EXPECT_FALSE(fs::exists(ch.dir_ / "v2"));
+  for (const char* f : {"STABLE", "manifest.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                        "model-00002-of-00002.safetensors"})
+    EXPECT_TRUE(fs::exists(ch.dir_ / "v4" / f)) << f;
+  // Every shard is a valid safetensors file holding its tensors.
+  auto file = safetensors::File::open(ch.dir_ / "v4" / "model-00001-of-00002.safetensors").value();
+  EXPECT_TRUE(file.data("model.big.f32").has_value());
+}
+
+TEST(FilesystemLeases, LeasedVersionIsNeverRemoved) {
+  Channel ch("filesystem", {}, ApplyMode::kInPlace);
+  auto pub = Publisher::create(ch.publisher_options()).value();
+  HostWeights w(odd_specs());
+  fill(w, 71);
+  ASSERT_TRUE(pub->publish(1, w, deadline_in(10s)));
+  // Hold a lease on v1 the way a reader does (flock on a file in .leases).
+  const auto lease = ch.dir_ / "v1" / ".leases" / "test-holder";
+  int fd = ::open(lease.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH), 0);
+  for (Version v = 2; v <= 4; ++v) ASSERT_TRUE(pub->publish(v, w, deadline_in(10s)));
+  EXPECT_TRUE(std::filesystem::exists(ch.dir_ / "v1" / "STABLE"));
+  EXPECT_FALSE(std::filesystem::exists(ch.dir_ / "v2"));
+  ::close(fd);  // lease released: the next publish retires v1
+  ASSERT_TRUE(pub->publish(5, w, deadline_in(10s)));
+  EXPECT_FALSE(std::filesystem::exists(ch.dir_ / "v1"));
+}
+
+class Mismatch : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Mismatch, ManifestRefusedBeforeAnyByteMoves) {
+  Channel ch(GetParam(), {}, ApplyMode::kInPlace);
+  auto pub = Publisher::create(ch.publisher_options()).value();
+  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
+  HostWeights w(odd_specs());
+  fill(w, 81);
+  auto other = odd_specs();
+  other[2].shape = {130};  // one tensor differs
+  HostWeights sink(other);
+  auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(10s)); });
+  auto report = pub->publish(1, w, deadline_in(10s));
+  auto r = got.get();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kMismatch) << r.error().what();
+  EXPECT_NE(r.error().what().find("model.w.f16"), std::string::npos) << r.error().what();
+  for (std::size_t t = 0; t < other.size(); ++t)
+    for (auto b : sink.bytes(t)) ASSERT_EQ(b, std::byte{0});
+  EXPECT_FALSE(sub->version().has_value());
+  if (GetParam() != "filesystem") {
+    ASSERT_TRUE(report) << report.error().what();
+    ASSERT_FALSE(report->peers.empty());
+    EXPECT_FALSE(report->peers[0].ok);
+    EXPECT_NE(report->peers[0].error.find("refused"), std::string::npos) << report->peers[0].error;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, Mismatch, ::testing::Values("tcp", "shm", "filesystem"));
+
+TEST(Registry, UnknownTransportIsAClearError) {
+  Options o;
+  o.transport = "nccl";
+  auto p = Publisher::create(o);
+  ASSERT_FALSE(p);
+  EXPECT_NE(p.error().what().find("known"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace arlo::weight_sync
