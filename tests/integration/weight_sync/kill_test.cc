@@ -1,0 +1,153 @@
+// Real processes: a receiver or the sender is killed mid-transfer (it stops itself with SIGSTOP at
+// a chosen bucket through Options::fault_stop_before_bucket, the test then SIGKILLs it), and every
+// survivor must end on a consistent version.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "tests/unit/weight_sync/test_util.h"
+#include "weight_sync/weight_sync.h"
+
+namespace arlo::weight_sync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::fill;
+using testing::odd_specs;
+using testing::same_bytes;
+
+Options base_options(const std::string& transport, const std::string& shm) {
+  Options o;
+  o.transport = transport;
+  o.bucket_bytes = testing::kTestBucket;
+  o.bucket_timeout = 10s;
+  o.reconnect_window = 500ms;
+  o.shm_name = shm;
+  return o;
+}
+
+std::string shm_channel(const char* tag) { return std::string(tag) + "-" + std::to_string(::getpid()); }
+
+// Kills `pid` as soon as it stops itself, and reaps it.
+std::thread kill_when_stopped(pid_t pid) {
+  return std::thread([pid] {
+    int st = 0;
+    if (::waitpid(pid, &st, WUNTRACED) == pid && WIFSTOPPED(st)) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+    }
+  });
+}
+
+// Child: receive one version and compare with the deterministic expectation. Never returns.
+[[noreturn]] void run_receiver(Options o, std::uint64_t seed) {
+  auto sub = Subscriber::create(o);
+  if (!sub) ::_exit(10);
+  HostWeights sink(odd_specs());
+  auto r = (*sub)->receive(sink, deadline_in(30s));
+  if (!r) ::_exit(11);
+  HostWeights expect(odd_specs());
+  fill(expect, seed);
+  ::_exit(same_bytes(sink, expect) ? 0 : 12);
+}
+
+class KillTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
+  const std::string channel = shm_channel("kr");
+  Options po = base_options(GetParam(), channel);
+  po.expected_receivers = 2;
+  auto pub = Publisher::create(po).value();
+  Options so = base_options(GetParam(), channel);
+  so.address = pub->endpoint();
+
+  so.peer_name = "survivor";
+  const pid_t survivor = ::fork();
+  if (survivor == 0) run_receiver(so, 5);
+  so.peer_name = "victim";
+  so.fault_stop_before_bucket = 1;
+  const pid_t victim = ::fork();
+  if (victim == 0) run_receiver(so, 5);
+  auto killer = kill_when_stopped(victim);
+
+  HostWeights w(odd_specs());
+  fill(w, 5);
+  auto report = pub->publish(1, w, deadline_in(30s));
+  killer.join();
+  int st = 0;
+  ASSERT_EQ(::waitpid(survivor, &st, 0), survivor);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "survivor status " << st;
+  ASSERT_TRUE(report) << report.error().what();
+  ASSERT_EQ(report->peers.size(), 2u);
+  for (const auto& p : report->peers) {
+    if (p.peer == "survivor") {
+      EXPECT_TRUE(p.ok) << p.error;
+    } else {
+      EXPECT_FALSE(p.ok);
+      EXPECT_NE(p.error.find("bucket"), std::string::npos) << p.error;
+    }
+  }
+}
+
+TEST_P(KillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
+  for (auto mode : {ApplyMode::kStaging, ApplyMode::kInPlace}) {
+    const std::string channel = shm_channel(mode == ApplyMode::kStaging ? "ks" : "ki");
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t sender = ::fork();
+    if (sender == 0) {
+      Options po = base_options(GetParam(), channel);
+      po.fault_stop_before_bucket = 1;
+      auto pub = Publisher::create(po);
+      if (!pub) ::_exit(20);
+      const std::string ep = (*pub)->endpoint() + "\n";
+      if (::write(fds[1], ep.data(), ep.size()) < 0) ::_exit(21);
+      HostWeights w(odd_specs());
+      fill(w, 99);
+      (void)(*pub)->publish(2, w, deadline_in(30s));
+      ::_exit(0);
+    }
+    auto killer = kill_when_stopped(sender);
+    std::string ep;
+    char c;
+    while (::read(fds[0], &c, 1) == 1 && c != '\n') ep += c;
+    ::close(fds[0]);
+    ::close(fds[1]);
+
+    Options so = base_options(GetParam(), channel);
+    so.address = ep;
+    so.apply_mode = mode;
+    so.peer_name = "worker";
+    auto sub = Subscriber::create(so).value();
+    HostWeights v1(odd_specs());
+    fill(v1, 1);
+    HostWeights sink = testing::copy_of(v1);
+    ASSERT_TRUE(sink.commit(1));
+    sub->assume_version(1);
+    auto r = sub->receive(sink, deadline_in(30s));
+    killer.join();
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().what().find("bucket"), std::string::npos) << r.error().what();
+    if (mode == ApplyMode::kStaging) {
+      EXPECT_EQ(sub->version(), std::optional<Version>(1));
+      EXPECT_TRUE(same_bytes(sink, v1));
+      EXPECT_EQ(sink.committed(), std::optional<Version>(1));
+    } else {
+      // Some bytes were overwritten in place: the sink is told, and nothing claims a version.
+      EXPECT_FALSE(sub->version().has_value());
+      EXPECT_FALSE(sink.committed().has_value());
+    }
+    if (GetParam() == "shm") {
+      EXPECT_FALSE(std::filesystem::exists("/dev/shm/arlo-ws-" + channel));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KillTest, ::testing::Values("tcp", "shm"));
+
+}  // namespace
+}  // namespace arlo::weight_sync
