@@ -246,7 +246,7 @@ struct SocketServerState {
     for (;;) {
       auto frame = co_await read_frame(*s->sock, st->opt.max_frame_bytes);
       if (!frame) {
-        if (!s->closed && !st->stopped) ARLO_WARN("bridge socket: trainer rank {}: {}", s->rank, frame.error().what());
+        if (!s->closed && !st->stopped) ARLO_INFO("bridge socket: trainer rank {} disconnected: {}", s->rank, frame.error().what());
         break;
       }
       s->last_rx = Clock::now();

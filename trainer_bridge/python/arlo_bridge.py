@@ -1,0 +1,294 @@
+"""arlo trainer bridge for Python trainers: batches in, weights out (ctypes over libarlo_bridge.so).
+
+    from arlo_bridge import Bridge
+
+    with Bridge(transport="dir", run_dir="runs/x", rank=0, start_after_step=ckpt_step,
+                weight_sync={"transport": "filesystem", "dir": "runs/x/weights"}) as bridge:
+        bridge.publish(0, model.state_dict())            # v0: the initial weights
+        for batch in bridge.batches():                     # blocks until the next batch
+            t = batch.tensors(torch=True)                  # dict name -> torch.Tensor (numpy without torch)
+            loss = ...; loss.backward(); opt.step()
+            bridge.ack(batch.step)                         # after the step (and checkpoint) are done
+            bridge.publish(batch.step, model.state_dict())
+
+The batch schema (tensor names, dtypes, what each means) is documented in trainer_bridge/batch.h and
+docs/bring-your-own-trainer.md. Until a batch is acknowledged, the bridge hands out the same batch
+again, also to a restarted trainer; pass start_after_step (the last step in your checkpoint) so a
+step you already applied is acknowledged instead of trained twice.
+
+The library is found through $ARLO_BRIDGE_LIB, then the build folders next to this source tree,
+then the system's library path. Thread-safe as the C library is (see arlo_bridge.h).
+"""
+
+import ctypes
+import glob
+import json
+import os
+from typing import Any, Dict, Iterator, Mapping, Optional
+
+import numpy as np
+
+try:  # torch is optional: without it batches are numpy arrays and state dicts hold numpy arrays
+    import torch as _torch
+except ImportError:  # pragma: no cover - depends on the environment
+    _torch = None
+
+__all__ = ["Bridge", "Batch", "BridgeError", "TimeoutError_", "load_library"]
+
+# arlo_status
+OK, INVALID_ARGUMENT, PARSE, NOT_FOUND, IO, TIMEOUT, CANCELLED, MISMATCH, UNAVAILABLE, RESOURCE_EXHAUSTED, INTERNAL = range(11)
+_STATUS_NAMES = ["ok", "invalid_argument", "parse", "not_found", "io", "timeout", "cancelled", "mismatch",
+                 "unavailable", "resource_exhausted", "internal"]
+
+# arlo_dtype <-> numpy
+_DTYPES = {0: np.float64, 1: np.float32, 2: np.float16, 3: None, 4: None, 5: None, 6: np.int64, 7: np.int32,
+           8: np.int16, 9: np.int8, 10: np.uint8, 11: np.bool_}
+_RAW_DTYPES = {3: np.uint16, 4: np.uint8, 5: np.uint8}  # bf16 / fp8 come out as raw bits
+_NUMPY_TO_ARLO = {np.dtype(np.float64): 0, np.dtype(np.float32): 1, np.dtype(np.float16): 2, np.dtype(np.int64): 6,
+                  np.dtype(np.int32): 7, np.dtype(np.int16): 8, np.dtype(np.int8): 9, np.dtype(np.uint8): 10,
+                  np.dtype(np.bool_): 11}
+
+
+class BridgeError(RuntimeError):
+    """A failed bridge call: .status (int), .code (name) and the library's message."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        self.code = _STATUS_NAMES[status] if 0 <= status < len(_STATUS_NAMES) else str(status)
+        super().__init__(f"[{self.code}] {message}")
+
+
+class TimeoutError_(BridgeError):
+    """No batch arrived within the timeout."""
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p), ("nbytes", ctypes.c_uint64)]
+
+
+class _Batch(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("rank", ctypes.c_int32), ("num_ranks", ctypes.c_int32),
+                ("rows", ctypes.c_int32), ("seq_len", ctypes.c_int32), ("num_tensors", ctypes.c_size_t),
+                ("tensors", ctypes.POINTER(_Tensor)), ("metadata_json", ctypes.c_char_p),
+                ("internal_", ctypes.c_void_p)]
+
+
+_LIB = None
+
+
+def load_library(path: Optional[str] = None) -> ctypes.CDLL:
+    """Loads libarlo_bridge.so once (see the module docstring for where it is looked for)."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    candidates = []
+    if path:
+        candidates.append(path)
+    if os.environ.get("ARLO_BRIDGE_LIB"):
+        candidates.append(os.environ["ARLO_BRIDGE_LIB"])
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    candidates += sorted(glob.glob(os.path.join(root, "build*", "trainer_bridge", "libarlo_bridge.so")),
+                         key=lambda p: -os.path.getmtime(p))
+    candidates.append("libarlo_bridge.so")
+    errors = []
+    for candidate in candidates:
+        try:
+            lib = ctypes.CDLL(candidate)
+            break
+        except OSError as e:
+            errors.append(f"{candidate}: {e}")
+    else:
+        raise OSError("libarlo_bridge.so not found; build the arlo_bridge target or set ARLO_BRIDGE_LIB. Tried: "
+                      + "; ".join(errors))
+    lib.arlo_bridge_abi_version.restype = ctypes.c_int
+    lib.arlo_bridge_last_error.restype = ctypes.c_char_p
+    lib.arlo_bridge_connect.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.arlo_bridge_next_batch.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(_Batch))]
+    lib.arlo_batch_release.argtypes = [ctypes.POINTER(_Batch)]
+    lib.arlo_bridge_ack.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.arlo_bridge_publish.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Tensor), ctypes.c_size_t,
+                                        ctypes.c_int64]
+    lib.arlo_bridge_announce.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_char_p]
+    lib.arlo_bridge_heartbeat.argtypes = [ctypes.c_void_p]
+    lib.arlo_bridge_last_acked_step.argtypes = [ctypes.c_void_p]
+    lib.arlo_bridge_last_acked_step.restype = ctypes.c_int64
+    lib.arlo_bridge_close.argtypes = [ctypes.c_void_p]
+    for name in ("arlo_bridge_connect", "arlo_bridge_next_batch", "arlo_batch_release", "arlo_bridge_ack",
+                 "arlo_bridge_publish", "arlo_bridge_announce", "arlo_bridge_heartbeat", "arlo_bridge_close"):
+        getattr(lib, name).restype = ctypes.c_int
+    if lib.arlo_bridge_abi_version() != 1:
+        raise OSError(f"libarlo_bridge.so ABI version {lib.arlo_bridge_abi_version()}, this module speaks 1")
+    _LIB = lib
+    return lib
+
+
+def _check(lib, status: int) -> None:
+    if status != OK:
+        message = (lib.arlo_bridge_last_error() or b"").decode("utf-8", "replace")
+        raise (TimeoutError_ if status == TIMEOUT else BridgeError)(status, message)
+
+
+class Batch:
+    """One step's batch for this rank. Arrays are copies (safe to keep) unless the bridge was asked
+    for zero-copy views, which stay valid until release() (or garbage collection)."""
+
+    def __init__(self, lib, handle, copy: bool):
+        self._lib = lib
+        self._handle = handle
+        b = handle.contents
+        self.step = int(b.step)
+        self.rank = int(b.rank)
+        self.num_ranks = int(b.num_ranks)
+        self.rows = int(b.rows)
+        self.seq_len = int(b.seq_len)
+        self.metadata: Dict[str, str] = json.loads(b.metadata_json.decode("utf-8"))
+        self.arrays: Dict[str, np.ndarray] = {}
+        for i in range(b.num_tensors):
+            t = b.tensors[i]
+            shape = tuple(t.shape[d] for d in range(t.ndim))
+            dtype = _DTYPES.get(t.dtype) or _RAW_DTYPES[t.dtype]
+            buf = (ctypes.c_char * int(t.nbytes)).from_address(t.data) if t.nbytes else b""
+            arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+            self.arrays[t.name.decode()] = arr.copy() if copy else arr
+        if copy:
+            self.release()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.arrays
+
+    def meta_int(self, key: str) -> int:
+        return int(self.metadata[key])
+
+    def tensors(self, torch: bool = True) -> Dict[str, Any]:
+        """The arrays as torch tensors (when torch is importable and torch=True) or numpy arrays."""
+        if torch and _torch is not None:
+            return {k: _torch.from_numpy(v if v.flags.writeable else v.copy()) for k, v in self.arrays.items()}
+        return dict(self.arrays)
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._lib.arlo_batch_release(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Bridge:
+    """Trainer side of the bridge. Keyword arguments are the C config keys (arlo_bridge.h)."""
+
+    def __init__(self, transport: str = "dir", run_dir: Optional[str] = None, host: str = "127.0.0.1",
+                 port: int = 0, rank: int = 0, start_after_step: int = 0,
+                 weight_sync: Optional[Mapping[str, Any]] = None, heartbeat_interval_ms: Optional[int] = None,
+                 heartbeat_timeout_ms: Optional[int] = None, library: Optional[str] = None):
+        self._lib = load_library(library)
+        config: Dict[str, Any] = {"transport": transport, "rank": rank, "start_after_step": int(start_after_step)}
+        if run_dir is not None:
+            config["run_dir"] = str(run_dir)
+        if transport == "socket":
+            config["host"] = host
+            config["port"] = int(port)
+        if weight_sync is not None:
+            config["weight_sync"] = dict(weight_sync)
+        if heartbeat_interval_ms is not None:
+            config["heartbeat_interval_ms"] = int(heartbeat_interval_ms)
+        if heartbeat_timeout_ms is not None:
+            config["heartbeat_timeout_ms"] = int(heartbeat_timeout_ms)
+        handle = ctypes.c_void_p()
+        _check(self._lib, self._lib.arlo_bridge_connect(json.dumps(config).encode(), ctypes.byref(handle)))
+        self._handle = handle
+
+    # -- batches ----------------------------------------------------------------------------------
+    def next_batch(self, timeout_s: Optional[float] = None, copy: bool = True) -> Batch:
+        """The oldest unacknowledged batch; raises TimeoutError_ when none arrives in time."""
+        out = ctypes.POINTER(_Batch)()
+        timeout_ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        _check(self._lib, self._lib.arlo_bridge_next_batch(self._live(), timeout_ms, ctypes.byref(out)))
+        return Batch(self._lib, out, copy)
+
+    def batches(self, idle_timeout_s: Optional[float] = None, copy: bool = True) -> Iterator[Batch]:
+        """Yields batches as they come. Acknowledge each with ack(batch.step): an unacknowledged batch
+        is yielded again. Stops after idle_timeout_s without a batch (never, when None)."""
+        while True:
+            try:
+                yield self.next_batch(timeout_s=idle_timeout_s if idle_timeout_s is not None else 3600.0, copy=copy)
+            except TimeoutError_:
+                if idle_timeout_s is not None:
+                    return
+
+    def ack(self, step: int) -> None:
+        _check(self._lib, self._lib.arlo_bridge_ack(self._live(), int(step)))
+
+    @property
+    def last_acked_step(self) -> int:
+        return int(self._lib.arlo_bridge_last_acked_step(self._live()))
+
+    # -- weights ----------------------------------------------------------------------------------
+    def publish(self, version: int, state_dict: Mapping[str, Any], timeout_s: float = 120.0) -> None:
+        """Sends every tensor of state_dict (torch tensors or numpy arrays; moved to host memory and
+        made contiguous) through weight_sync as `version`, then announces the version."""
+        keep = []  # the arrays must outlive the call
+        tensors = (_Tensor * len(state_dict))()
+        for i, (name, value) in enumerate(state_dict.items()):
+            arr, code = _host_array(value)
+            shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
+            encoded = name.encode()
+            keep += [arr, shape, encoded]
+            tensors[i] = _Tensor(encoded, code, arr.ndim, shape, arr.ctypes.data if arr.nbytes else None, arr.nbytes)
+        _check(self._lib, self._lib.arlo_bridge_publish(self._live(), int(version), tensors, len(state_dict),
+                                                        int(timeout_s * 1000)))
+        del keep
+
+    def announce(self, version: int, info: Optional[Mapping[str, Any]] = None) -> None:
+        """Tells the orchestrator that `version` exists, for weights moved by other means."""
+        payload = json.dumps(dict(info)).encode() if info is not None else None
+        _check(self._lib, self._lib.arlo_bridge_announce(self._live(), int(version), payload))
+
+    def heartbeat(self) -> None:
+        _check(self._lib, self._lib.arlo_bridge_heartbeat(self._live()))
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._handle is not None and self._handle.value:
+            _check(self._lib, self._lib.arlo_bridge_close(self._handle))
+        self._handle = None
+
+    def __enter__(self) -> "Bridge":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _live(self):
+        if self._handle is None:
+            raise BridgeError(CANCELLED, "the bridge is closed")
+        return self._handle
+
+
+def _host_array(value: Any):
+    """(contiguous numpy array on the host, arlo dtype code) for a torch tensor or array-like."""
+    if _torch is not None and isinstance(value, _torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        if t.dtype == _torch.bfloat16:
+            return t.view(_torch.int16).numpy().view(np.uint16), 3
+        arr = t.numpy()
+    else:
+        arr = np.ascontiguousarray(value)
+    arr = np.ascontiguousarray(arr)
+    code = _NUMPY_TO_ARLO.get(arr.dtype)
+    if code is None:
+        raise BridgeError(INVALID_ARGUMENT, f"dtype {arr.dtype} cannot be published (use float32/16/64, bf16 or ints)")
+    return arr, code
