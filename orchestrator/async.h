@@ -4,7 +4,6 @@
 // and spawn() that lets exceptions escape io_context::run() instead of vanishing.
 //
 // Thread-safety: none of these are thread-safe; use them only on their io_context's thread.
-#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -51,7 +50,7 @@ class Promise {
     if (s_->set) return false;
     s_->set = true;
     if (s_->handler) {
-      post_to(std::move(s_->handler), std::move(value));
+      resume(std::move(s_->handler), std::move(value), s_->ex);
     } else {
       s_->value.emplace(std::move(value));
     }
@@ -62,28 +61,39 @@ class Promise {
     auto s = s_;
     return asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
         [s](auto handler) {
+          auto h = std::make_unique<HandlerImpl<decltype(handler)>>(std::move(handler));
           if (s->value) {
             T v = std::move(*s->value);
             s->value.reset();
-            post_to(asio::any_completion_handler<void(T)>(std::move(handler)), std::move(v), s->ex);
+            resume(std::move(h), std::move(v), s->ex);
           } else {
-            s->handler = asio::any_completion_handler<void(T)>(std::move(handler));
+            s->handler = std::move(h);
           }
         },
         asio::use_awaitable);
   }
 
  private:
+  // A move-only, type-erased completion handler (the coroutine waiting in get()).
+  struct HandlerBase {
+    virtual ~HandlerBase() = default;
+    virtual void call(T value) = 0;
+  };
+  template <typename H>
+  struct HandlerImpl final : HandlerBase {
+    explicit HandlerImpl(H&& h) : handler(std::move(h)) {}
+    void call(T value) override { std::move(handler)(std::move(value)); }
+    H handler;
+  };
   struct State {
     asio::any_io_executor ex;
     bool set = false;
     std::optional<T> value;
-    asio::any_completion_handler<void(T)> handler;
+    std::unique_ptr<HandlerBase> handler;
   };
-  static void post_to(asio::any_completion_handler<void(T)> h, T v, asio::any_io_executor ex) {
-    asio::post(ex, [h = std::move(h), v = std::move(v)]() mutable { std::move(h)(std::move(v)); });
+  static void resume(std::unique_ptr<HandlerBase> h, T v, const asio::any_io_executor& ex) {
+    asio::post(ex, [h = std::move(h), v = std::move(v)]() mutable { h->call(std::move(v)); });
   }
-  void post_to(asio::any_completion_handler<void(T)> h, T v) { post_to(std::move(h), std::move(v), s_->ex); }
 
   std::shared_ptr<State> s_;
 };
@@ -119,12 +129,15 @@ inline Awaitable<void> sleep_until(asio::any_io_executor ex, ClockPort& clock, T
 // Awaits `op` but gives up at `deadline` with kTimeout. The operation is not required to support
 // cancellation: it keeps running detached and its late result is discarded. When `cancel` is given,
 // the operation is bound to it so the owner can cancel it (e.g. drain).
+//
+// GCC 12 note: pass every non-trivial argument of a coroutine call inside co_await as a named
+// local moved in (temporaries in co_await expressions are mishandled by GCC 12).
 template <typename T>
 Awaitable<Result<T>> with_deadline(asio::any_io_executor ex, ClockPort& clock, TimePoint deadline,
-                                   Awaitable<Result<T>> op, std::string what,
+                                   Awaitable<Result<T>> op, const char* what,
                                    std::shared_ptr<asio::cancellation_signal> cancel = nullptr) {
   Promise<Result<T>> done(ex);
-  auto timer = clock.schedule(deadline, [done, what]() mutable {
+  auto timer = clock.schedule(deadline, [done, what = std::string(what)]() mutable {
     done.set(make_error(ErrorCode::kTimeout, what + ": deadline expired"));
   });
   auto body = [done, op = std::move(op)]() mutable -> Awaitable<void> {

@@ -189,8 +189,8 @@ Awaitable<void> RolloutDispatcher::run_request(std::uint64_t group_id, std::uint
                                                GenerateRequest request,
                                                std::shared_ptr<asio::cancellation_signal> cancel) {
   const auto deadline = request.deadline + kDeadlineGrace;
-  auto result = co_await with_deadline<GenerateResult>(ex_, clock_, deadline, inference_.generate(std::move(request)),
-                                                       "generate", std::move(cancel));
+  auto op = inference_.generate(std::move(request));
+  auto result = co_await with_deadline<GenerateResult>(ex_, clock_, deadline, std::move(op), "generate", std::move(cancel));
   on_result(group_id, request_id, samples, launch_version, std::move(result));
 }
 

@@ -64,8 +64,9 @@ void EvalSink::lost(GroupPtr g) {
 
 Awaitable<void> EvalSink::score(GroupPtr g) {
   std::shared_ptr<const std::vector<Completion>> completions(g, &g->completions);
-  auto r = co_await with_deadline<ScoredGroup>(ex_, clock_, clock_.now() + opt_.score_timeout,
-                                               scorer_.score(g->task, completions), "score eval group");
+  auto op = scorer_.score(g->task, std::move(completions));
+  const auto deadline = clock_.now() + opt_.score_timeout;
+  auto r = co_await with_deadline<ScoredGroup>(ex_, clock_, deadline, std::move(op), "score eval group");
   const auto n = g->completions.size();
   ledger_.dispose("eval", n);
   if (!r || r->rewards.size() != n) {

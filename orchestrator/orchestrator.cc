@@ -126,6 +126,7 @@ Status Orchestrator::start() {
     ARLO_INFO("status: http://{}:{}/metrics", opt_.status_bind, *port);
   }
 
+  ports_.trainer->on_version([this](VersionNotice n) { watcher_->notify(std::move(n)); });
   spawn(io_.get_executor(), watcher_->run());
   spawn(io_.get_executor(), logger_->run());
   lag_->start();
@@ -164,6 +165,10 @@ void Orchestrator::request_stop(const std::string& reason) {
   if (stop_requested_ || finished_) return;
   ARLO_WARN("orchestrator: stopping: {}", reason);
   stop_requested_ = true;
+  // Checkpoint now, while the unbatched tasks are still known, so a resume loses no data position.
+  if (opt_.ckpt_interval > 0 && train_sink_->steps_cut() > 0) {
+    if (auto st = save_checkpoint(train_sink_->steps_cut()); !st) ARLO_ERROR("checkpoint on stop: {}", st.error().what());
+  }
   train_sink_->stop();
   eval_sink_->stop();
 }
@@ -358,9 +363,6 @@ void Orchestrator::finish() {
   logger_->stop();
   lag_->stop();
   const auto steps = train_sink_->steps_cut();
-  if (opt_.ckpt_interval > 0 && steps > 0 && !steps_.empty()) {
-    if (auto st = save_checkpoint(steps); !st) ARLO_ERROR("final checkpoint: {}", st.error().what());
-  }
   summary_.steps = steps;
   summary_.seconds = seconds(ports_.clock->now() - run_start_);
   summary_.run_dir = opt_.run_dir;

@@ -87,8 +87,9 @@ void TrainSink::add(GroupPtr group) {
 
 Awaitable<void> TrainSink::score(GroupPtr g) {
   std::shared_ptr<const std::vector<Completion>> completions(g, &g->completions);
-  auto r = co_await with_deadline<ScoredGroup>(ex_, clock_, clock_.now() + opt_.score_timeout,
-                                               scorer_.score(g->task, completions), "score group");
+  auto op = scorer_.score(g->task, std::move(completions));
+  const auto deadline = clock_.now() + opt_.score_timeout;
+  auto r = co_await with_deadline<ScoredGroup>(ex_, clock_, deadline, std::move(op), "score group");
   --scoring_;
   std::erase(in_scoring_, g);
   const auto n = g->completions.size();

@@ -35,7 +35,8 @@ Awaitable<void> WeightWatcher::run() {
       co_await changed_.wait();
       continue;
     }
-    co_await sync(*latest_);
+    auto notice = *latest_;
+    co_await sync(std::move(notice));
   }
 }
 
@@ -49,16 +50,24 @@ Awaitable<bool> WeightWatcher::wait_synced(Version v, TimePoint deadline) {
   co_return synced_ >= v;
 }
 
-Awaitable<Status> WeightWatcher::admin(std::string what, std::function<Awaitable<Status>(TimePoint)> call) {
+Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v) {
+  const auto mode = opt_.update_mode;
+  const std::string what = op == AdminOp::kPause    ? fmt::format("pause({}) {}", to_string(mode), worker)
+                           : op == AdminOp::kUpdate ? fmt::format("update_weights(v{}) {}", v, worker)
+                                                    : fmt::format("resume {}", worker);
   auto backoff = opt_.admin_backoff;
   Status last = ok();
   for (int attempt = 1; attempt <= opt_.admin_attempts; ++attempt) {
     const auto deadline = clock_.now() + opt_.admin_timeout;
-    last = co_await with_deadline<void>(ex_, clock_, deadline, call(deadline), what);
+    auto call = op == AdminOp::kPause    ? inference_.pause(worker, mode, deadline)
+                : op == AdminOp::kUpdate ? inference_.update_weights(worker, v, deadline)
+                                         : inference_.resume(worker, deadline);
+    last = co_await with_deadline<void>(ex_, clock_, deadline, std::move(call), what.c_str());
     if (last) co_return last;
     ARLO_WARN("weight sync: {} failed (attempt {}/{}): {}", what, attempt, opt_.admin_attempts, last.error().what());
     if (attempt < opt_.admin_attempts) {
-      co_await sleep_until(ex_, clock_, clock_.now() + backoff);
+      const auto wake = clock_.now() + backoff;
+      co_await sleep_until(ex_, clock_, wake);
       backoff *= 2;
     }
   }
@@ -66,21 +75,19 @@ Awaitable<Status> WeightWatcher::admin(std::string what, std::function<Awaitable
 }
 
 Awaitable<Status> WeightWatcher::sync_worker(std::string worker, Version v) {
-  auto& inf = inference_;
-  const auto mode = opt_.update_mode;
-  auto paused = co_await admin(fmt::format("pause({}) {}", to_string(mode), worker),
-                               [&inf, worker, mode](TimePoint d) { return inf.pause(worker, mode, d); });
+  auto paused = co_await admin(AdminOp::kPause, worker, v);
   Status updated = paused;
-  if (paused) {
-    updated = co_await admin(fmt::format("update_weights(v{}) {}", v, worker),
-                             [&inf, worker, v](TimePoint d) { return inf.update_weights(worker, v, d); });
-  }
+  if (paused) updated = co_await admin(AdminOp::kUpdate, worker, v);
   // Resume even when the update failed: the worker then serves its previous version, which its
   // tokens report, rather than nothing.
-  auto resumed = co_await admin(fmt::format("resume {}", worker),
-                                [&inf, worker](TimePoint d) { return inf.resume(worker, d); });
+  auto resumed = co_await admin(AdminOp::kResume, worker, v);
   if (!updated) co_return updated;
   co_return resumed;
+}
+
+Awaitable<Status> WeightWatcher::drain_dispatcher() {
+  co_await dispatcher_.wait_idle();
+  co_return ok();
 }
 
 Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
@@ -90,13 +97,9 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   const bool hold = opt_.update_mode != PauseMode::kKeep;
   if (hold) dispatcher_.hold(true);
   if (opt_.update_mode == PauseMode::kWait) {
-    auto drained = co_await with_deadline<void>(
-        ex_, clock_, t0 + opt_.drain_timeout,
-        [](RolloutDispatcher& d) -> Awaitable<Status> {
-          co_await d.wait_idle();
-          co_return ok();
-        }(dispatcher_),
-        "drain before weight update");
+    auto drain = drain_dispatcher();
+    auto drained = co_await with_deadline<void>(ex_, clock_, t0 + opt_.drain_timeout, std::move(drain),
+                                                "drain before weight update");
     if (!drained) ARLO_WARN("weight sync v{}: {}; swapping anyway", v, drained.error().what());
   }
 
@@ -107,7 +110,8 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   auto failed = std::make_shared<int>(0);
   for (const auto& w : workers) {
     spawn(ex_, [this, w, v, remaining, failed, all_done]() mutable -> Awaitable<void> {
-      auto st = co_await sync_worker(w, v);
+      std::string name = w;
+      auto st = co_await sync_worker(std::move(name), v);
       if (!st) {
         ++*failed;
         ARLO_ERROR("weight sync: worker {} did not take v{}: {}", w, v, st.error().what());

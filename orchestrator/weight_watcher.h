@@ -56,8 +56,10 @@ class WeightWatcher {
 
  private:
   Awaitable<void> sync(VersionNotice notice);
+  Awaitable<Status> drain_dispatcher();
   Awaitable<Status> sync_worker(std::string worker, Version v);
-  Awaitable<Status> admin(std::string what, std::function<Awaitable<Status>(TimePoint)> call);
+  enum class AdminOp { kPause, kUpdate, kResume };
+  Awaitable<Status> admin(AdminOp op, std::string worker, Version v);
 
   asio::any_io_executor ex_;
   ClockPort& clock_;

@@ -1,0 +1,320 @@
+// arlo-bench-dispatch: rollouts per second, orchestrator CPU time per rollout and event-loop lag
+// p99 of the whole orchestrator loop (dispatcher, sinks, weight watcher, logger) against a
+// trivially fast local completion server, at 256 and 4096 rollouts in flight; beside a Python
+// asyncio + httpx client issuing the same requests to the same server in the same run.
+//
+// The server runs on its own thread; the orchestrator's loop is the main thread, whose CPU time
+// (CLOCK_THREAD_CPUTIME_ID) is what "CPU per rollout" counts: scheduling, HTTP client, JSON,
+// accounting, batching. The trainer accepts at once and publishes each version, so weight
+// updates (no-op admin calls) run through the watcher as in a real run. No thresholds asserted.
+//
+//   arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--no-python]
+#include <time.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/http.h"
+#include "common/log.h"
+#include "orchestrator/async.h"
+#include "orchestrator/orchestrator.h"
+
+namespace asio = boost::asio;
+using namespace arlo;
+using namespace arlo::orch;
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// The completion server: answers n completions of max_tokens tokens each, at once.
+http::Response complete(const http::Request& req) {
+  auto body = req.json();
+  if (!body) return http::Response::error(400, body.error().what());
+  const int n = body->value("n", 1);
+  const int max_tokens = body->value("max_tokens", 16);
+  nlohmann::json choices = nlohmann::json::array();
+  for (int i = 0; i < n; ++i) {
+    std::vector<int> ids(static_cast<std::size_t>(max_tokens));
+    std::vector<double> lps(static_cast<std::size_t>(max_tokens), -0.25);
+    for (int t = 0; t < max_tokens; ++t) ids[static_cast<std::size_t>(t)] = (i + t) % 2 ? 1000 + t : 1;
+    choices.push_back({{"index", i},
+                       {"text", "x"},
+                       {"token_ids", ids},
+                       {"logprobs", {{"token_logprobs", lps}}},
+                       {"finish_reason", "length"}});
+  }
+  return http::Response::json(200, {{"id", "cmpl"}, {"object", "text_completion"}, {"choices", choices},
+                                    {"prompt_token_ids", (*body)["prompt"]}});
+}
+
+// InferencePort over one OpenAI-compatible server (the bench's stand-in for rollout's pool).
+class HttpCompletions final : public InferencePort {
+ public:
+  HttpCompletions(asio::io_context& io, std::string url, std::size_t pool)
+      : client_(io, [&] {
+          http::ClientOptions o;
+          o.max_idle_per_host = pool;
+          return o;
+        }()),
+        url_(std::move(url)) {}
+  Awaitable<Result<GenerateResult>> generate(GenerateRequest r) override {
+    nlohmann::json body = {{"model", "policy"},
+                           {"prompt", r.prompt_tokens},
+                           {"n", r.n},
+                           {"max_tokens", r.sampling.max_tokens},
+                           {"temperature", r.sampling.temperature},
+                           {"top_p", r.sampling.top_p},
+                           {"seed", r.seed},
+                           {"logprobs", 1},
+                           {"return_token_ids", true}};
+    const auto timeout = r.deadline - Clock_::now();
+    auto resp = co_await client_.post_json(url_, std::move(body), timeout);
+    if (!resp) co_return std::unexpected(resp.error());
+    if (resp->status != 200) co_return make_error(ErrorCode::kUnavailable, fmt::format("HTTP {}", resp->status));
+    auto j = resp->parse_json();
+    if (!j) co_return std::unexpected(j.error());
+    GenerateResult out;
+    out.worker = "bench";
+    try {
+      for (const auto& c : j->at("choices")) {
+        Completion comp;
+        comp.tokens = c.at("token_ids").get<std::vector<std::int32_t>>();
+        comp.logprobs = c.at("logprobs").at("token_logprobs").get<std::vector<float>>();
+        comp.finish_reason = c.at("finish_reason").get<std::string>();
+        comp.text = c.value("text", "");
+        out.completions.push_back(std::move(comp));
+      }
+    } catch (const nlohmann::json::exception& e) {
+      co_return make_error(ErrorCode::kParse, e.what());
+    }
+    co_return out;
+  }
+  std::vector<std::string> workers() const override { return {"bench"}; }
+  Awaitable<Status> pause(std::string, PauseMode, TimePoint) override { co_return ok(); }
+  Awaitable<Status> update_weights(std::string, Version, TimePoint) override { co_return ok(); }
+  Awaitable<Status> resume(std::string, TimePoint) override { co_return ok(); }
+
+ private:
+  http::Client client_;
+  std::string url_;
+};
+
+class SyntheticTasks final : public TaskSource {
+ public:
+  Result<Task> next() override {
+    Task t;
+    t.id = next_++;
+    t.prompt_tokens = {101, 2023, 2003, 1037, 2460, 25732, static_cast<std::int32_t>(t.id % 30000)};
+    return t;
+  }
+  nlohmann::json cursor() const override { return {{"next", next_}}; }
+  Status restore(const nlohmann::json& c) override {
+    next_ = c.at("next").get<std::uint64_t>();
+    return ok();
+  }
+
+ private:
+  std::uint64_t next_ = 0;
+};
+
+// Parity reward, scored inline (the scoring cost of a real reward module is not what we measure).
+class ParityScorer final : public ScorerPort {
+ public:
+  Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task>,
+                                       std::shared_ptr<const std::vector<Completion>> cs) override {
+    ScoredGroup g;
+    for (const auto& c : *cs) g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
+    g.advantages = compute_advantages(AdvantageKind::kGrpo, g.rewards);
+    co_return g;
+  }
+};
+
+class InstantTrainer final : public TrainerPort {
+ public:
+  explicit InstantTrainer(asio::io_context& io) : io_(io) {}
+  Awaitable<Status> send(TrainBatch batch) override {
+    const auto v = batch.step;
+    asio::post(io_, [this, v] {
+      if (cb_) cb_({v, {}});
+    });
+    co_return ok();
+  }
+  void on_version(std::function<void(VersionNotice)> cb) override { cb_ = std::move(cb); }
+
+ private:
+  asio::io_context& io_;
+  std::function<void(VersionNotice)> cb_;
+};
+
+struct Figures {
+  long rollouts = 0;
+  long errors = 0;
+  double wall_s = 0, cpu_s = 0, lag_p50_s = 0, lag_p99_s = 0;
+  double per_s() const { return wall_s > 0 ? static_cast<double>(rollouts) / wall_s : 0; }
+  double cpu_us_per_rollout() const { return rollouts ? cpu_s / static_cast<double>(rollouts) * 1e6 : 0; }
+};
+
+Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int max_tokens) {
+  asio::io_context io;
+  SteadyClock clock(io.get_executor());
+  HttpCompletions inference(io, fmt::format("http://127.0.0.1:{}/v1/completions", port),
+                            static_cast<std::size_t>(inflight));
+  SyntheticTasks tasks;
+  ParityScorer scorer;
+  InstantTrainer trainer(io);
+  Options opt;
+  opt.group_size = 1;  // one completion per request, exactly what the Python client sends
+  opt.batch_size = 256;
+  opt.max_inflight = inflight;
+  opt.max_async_level = 1 << 20;  // the gate never binds: we measure the loop, not the trainer
+  opt.max_off_policy_steps = 1 << 20;
+  opt.max_steps = (rollouts + opt.batch_size - 1) / opt.batch_size;
+  opt.sampling.max_tokens = max_tokens;
+  opt.log_interval_s = 1e6;
+  opt.console = false;
+  opt.eval_at_start = opt.eval_at_end = false;
+  opt.filter_zero_variance = false;
+  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, {}}, opt);
+  LagProbe probe(clock, std::chrono::milliseconds(20));
+  const double cpu0 = thread_cpu_seconds();
+  const auto t0 = Clock_::now();
+  if (auto st = orch.start(); !st) {
+    ARLO_ERROR("bench: {}", st.error().what());
+    std::exit(1);
+  }
+  probe.start();
+  spawn(io.get_executor(), [&]() -> Awaitable<void> {
+    co_await orch.wait();
+    probe.stop();
+    io.stop();
+  });
+  io.run();
+  Figures f;
+  f.wall_s = std::chrono::duration<double>(Clock_::now() - t0).count();
+  f.cpu_s = thread_cpu_seconds() - cpu0;
+  f.rollouts = static_cast<long>(orch.ledger().completed_total());
+  f.errors = static_cast<long>(orch.ledger().failed_total());
+  auto w = probe.take();
+  f.lag_p50_s = w.p50;
+  f.lag_p99_s = w.p99;
+  if (!orch.summary().ok) ARLO_WARN("bench: run reported: {}", orch.summary().error);
+  return f;
+}
+
+std::optional<Figures> run_python(std::uint16_t port, int inflight, long rollouts, int max_tokens) {
+  const auto cmd = fmt::format("python3 {} {} {} {} {}", ARLO_BENCH_DISPATCH_PY, port, inflight, rollouts, max_tokens);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  if (::pclose(p) != 0) {
+    ARLO_WARN("bench: python baseline failed ({}); is python3-httpx installed?", cmd);
+    return std::nullopt;
+  }
+  try {
+    const auto j = nlohmann::json::parse(out);
+    Figures f;
+    f.rollouts = j.at("rollouts").get<long>();
+    f.errors = j.at("errors").get<long>();
+    f.wall_s = j.at("wall_s").get<double>();
+    f.cpu_s = j.at("cpu_s").get<double>();
+    f.lag_p50_s = j.at("lag_p50_s").get<double>();
+    f.lag_p99_s = j.at("lag_p99_s").get<double>();
+    return f;
+  } catch (const std::exception& e) {
+    ARLO_WARN("bench: cannot read the python baseline's output: {}", e.what());
+    return std::nullopt;
+  }
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoi(item));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long rollouts = 0;  // 0: per level, 16 x in-flight (at least 8192)
+  std::vector<int> levels = {256, 4096};
+  int max_tokens = 16;
+  bool python = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--rollouts") rollouts = std::stol(val());
+    else if (a == "--inflight") levels = parse_list(val());
+    else if (a == "--max-tokens") max_tokens = std::stoi(val());
+    else if (a == "--no-python") python = false;
+    else {
+      std::fprintf(stderr, "usage: arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--no-python]\n");
+      return 2;
+    }
+  }
+  log::Options log_options;
+  log_options.level = "warn";
+  (void)log::init(log_options);
+  (void)http::raise_open_file_limit();
+
+  asio::io_context server_io;
+  http::ServerOptions so;
+  http::Server server(server_io, so);
+  server.route(http::Verb::post, "/v1/completions",
+               [](http::Request req) -> asio::awaitable<http::Response> { co_return complete(req); });
+  auto port = server.start();
+  if (!port) {
+    std::fprintf(stderr, "server: %s\n", port.error().what().c_str());
+    return 1;
+  }
+  auto guard = asio::make_work_guard(server_io);
+  std::thread server_thread([&] { server_io.run(); });
+
+  std::printf("arlo-bench-dispatch: whole orchestrator loop vs Python asyncio+httpx, same server, %d tokens per "
+              "completion\n", max_tokens);
+  std::printf("%-9s %-8s %9s %12s %14s %12s %12s %7s\n", "inflight", "client", "rollouts", "rollouts/s",
+              "cpu us/rollout", "lag p50 ms", "lag p99 ms", "errors");
+  for (int level : levels) {
+    const long n = rollouts > 0 ? rollouts : std::max<long>(8192, 16L * level);
+    const auto c = run_orchestrator(*port, level, n, max_tokens);
+    std::printf("%-9d %-8s %9ld %12.0f %14.1f %12.2f %12.2f %7ld\n", level, "arlo", c.rollouts, c.per_s(),
+                c.cpu_us_per_rollout(), c.lag_p50_s * 1e3, c.lag_p99_s * 1e3, c.errors);
+    if (!python) continue;
+    const auto py = run_python(*port, level, n, max_tokens);
+    if (!py) continue;
+    std::printf("%-9d %-8s %9ld %12.0f %14.1f %12.2f %12.2f %7ld\n", level, "python", py->rollouts, py->per_s(),
+                py->cpu_us_per_rollout(), py->lag_p50_s * 1e3, py->lag_p99_s * 1e3, py->errors);
+    std::printf("%-9d ratios: rollouts/s arlo/python %.2fx | CPU per rollout python/arlo %.1fx | lag p99 python/arlo "
+                "%.1fx\n",
+                level, c.per_s() / std::max(py->per_s(), 1e-9),
+                py->cpu_us_per_rollout() / std::max(c.cpu_us_per_rollout(), 1e-9),
+                py->lag_p99_s / std::max(c.lag_p99_s, 1e-9));
+  }
+  server.close();
+  guard.reset();
+  server_io.stop();
+  server_thread.join();
+  return 0;
+}

@@ -1,0 +1,64 @@
+#include "orchestrator/config_options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace arlo::orch {
+
+namespace {
+Duration seconds(double s) { return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s)); }
+}  // namespace
+
+Result<Options> options_from_config(const config::Config& cfg) {
+  Options o;
+  o.batch_size = static_cast<int>(cfg.integer("orchestrator.batch_size"));
+  o.group_size = static_cast<int>(cfg.integer("orchestrator.group_size"));
+  o.max_inflight = static_cast<int>(cfg.integer("orchestrator.max_inflight"));
+  o.max_async_level = static_cast<int>(cfg.integer("orchestrator.max_async_level"));
+  o.max_off_policy_steps = static_cast<int>(cfg.integer("orchestrator.max_off_policy_steps"));
+  o.sft_warmup_steps = static_cast<int>(cfg.integer("orchestrator.sft_warmup_steps"));
+  o.max_steps = cfg.integer("run.max_steps");
+  // queue_capacity counts rollouts; the sink queues whole groups.
+  o.max_queued_groups = std::max<int>(o.batch_size / std::max(1, o.group_size),
+                                      static_cast<int>(cfg.integer("orchestrator.queue_capacity") / std::max(1, o.group_size)));
+  o.filter_zero_variance = cfg.boolean("orchestrator.filter_equal_reward_groups");
+  if (auto mode = parse_pause_mode(cfg.string("orchestrator.weight_update_mode"))) o.update_mode = *mode;
+  o.seed = static_cast<std::uint64_t>(cfg.integer("run.seed")) * 1000003u +
+           static_cast<std::uint64_t>(cfg.integer("sampling.seed"));
+
+  o.sampling.temperature = cfg.number("sampling.temperature");
+  o.sampling.top_p = cfg.number("sampling.top_p");
+  o.sampling.max_tokens = cfg.integer("sampling.max_tokens");
+  o.sampling.stop = cfg.strings("sampling.stop");
+
+  o.request_timeout = seconds(cfg.number("inference.request_timeout_s"));
+  o.admin_timeout = seconds(cfg.number("inference.admin_timeout_s"));
+  // A whole version move must fit in weight_sync.timeout_s; an update call carries it.
+  o.admin_timeout = std::max(o.admin_timeout, seconds(cfg.number("weight_sync.timeout_s")));
+  o.final_sync_timeout = seconds(cfg.number("weight_sync.timeout_s")) * 2;
+
+  const auto interval = cfg.integer("eval.interval");
+  o.eval_interval = static_cast<int>(interval);
+  o.eval_at_start = interval > 0;
+  o.eval_at_end = interval > 0;
+  o.eval_samples = static_cast<int>(cfg.integer("eval.k"));
+  o.eval_pass_k = {1};
+  if (o.eval_samples > 1) o.eval_pass_k.push_back(o.eval_samples);
+  o.eval_sampling = o.sampling;
+  o.eval_sampling.temperature = cfg.number("eval.temperature");
+
+  o.log_interval_s = cfg.number("log.interval_s");
+  o.run_dir = cfg.string("run.dir");
+  o.ckpt_interval = static_cast<int>(cfg.integer("ckpt.interval"));
+  o.status_bind = cfg.string("status.bind");
+  o.status_port = static_cast<int>(cfg.integer("status.port"));
+
+  if (auto st = o.validate(); !st) {
+    return std::unexpected(Error(st.error()).with_context(fmt::format("configuration ({})", cfg.where("orchestrator.batch_size"))));
+  }
+  return o;
+}
+
+}  // namespace arlo::orch

@@ -1,0 +1,14 @@
+#pragma once
+// Maps the loaded configuration (common/config) onto the orchestrator's Options: the only place
+// that knows config key names. Sections read: run, orchestrator, sampling, eval, inference, ckpt,
+// log, status, weight_sync.
+#include "common/config/config.h"
+#include "common/result.h"
+#include "orchestrator/options.h"
+
+namespace arlo::orch {
+
+// Fails (kInvalidArgument, citing the config location) when the values are inconsistent.
+Result<Options> options_from_config(const config::Config& cfg);
+
+}  // namespace arlo::orch

@@ -1,0 +1,267 @@
+#pragma once
+// Fakes for the orchestrator's ports. They store what they are asked and complete only when the
+// test says so (or at once in auto mode), so tests step the io_context deterministically.
+#include <boost/asio/io_context.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <string>
+#include <vector>
+
+#include "orchestrator/async.h"
+#include "orchestrator/ports.h"
+#include "orchestrator/train_sink.h"
+
+namespace arlo::orch::testing {
+
+class FakeClock final : public ClockPort {
+ public:
+  TimePoint now() const override { return now_; }
+  std::unique_ptr<Timer> schedule(TimePoint at, std::function<void()> fn) override {
+    const auto id = next_id_++;
+    timers_.emplace(id, Entry{at, std::move(fn)});
+    return std::make_unique<Handle>(this, id);
+  }
+  // Fires due timers in time order, moving now() to each.
+  void advance(Duration d) {
+    const auto target = now_ + d;
+    while (true) {
+      auto it = earliest();
+      if (it == timers_.end() || it->second.at > target) break;
+      now_ = std::max(now_, it->second.at);
+      auto fn = std::move(it->second.fn);
+      timers_.erase(it);
+      fn();
+    }
+    now_ = target;
+  }
+  // Moves to the next timer and fires it; false when none.
+  bool fire_next() {
+    auto it = earliest();
+    if (it == timers_.end()) return false;
+    advance(it->second.at - now_);
+    return true;
+  }
+  std::size_t pending() const { return timers_.size(); }
+
+ private:
+  struct Entry {
+    TimePoint at;
+    std::function<void()> fn;
+  };
+  struct Handle final : Timer {
+    Handle(FakeClock* c, std::uint64_t id) : clock(c), id(id) {}
+    ~Handle() override { cancel(); }
+    void cancel() override { clock->timers_.erase(id); }
+    FakeClock* clock;
+    std::uint64_t id;
+  };
+  std::map<std::uint64_t, Entry>::iterator earliest() {
+    auto best = timers_.end();
+    for (auto it = timers_.begin(); it != timers_.end(); ++it)
+      if (best == timers_.end() || it->second.at < best->second.at) best = it;
+    return best;
+  }
+  TimePoint now_{std::chrono::hours(1)};
+  std::uint64_t next_id_ = 1;
+  std::map<std::uint64_t, Entry> timers_;
+};
+
+// Inference workers. Sample j of a group answers tokens {j % 2, 10 + j, 20 + j} (so rewards by
+// FakeScorer alternate 0/1 and groups are not filtered) unless `answer` is replaced.
+class FakeInference final : public InferencePort {
+ public:
+  struct Pending {
+    GenerateRequest request;
+    Version version_at_submit;
+    Promise<Result<GenerateResult>> promise;
+    bool done = false;
+  };
+  explicit FakeInference(asio::any_io_executor ex, std::vector<std::string> workers = {"w0", "w1"})
+      : ex_(ex), workers_(std::move(workers)) {}
+
+  Awaitable<Result<GenerateResult>> generate(GenerateRequest request) override {
+    Promise<Result<GenerateResult>> p(ex_);
+    pending_.push_back(Pending{std::move(request), version_, p});
+    requests_.push_back(pending_.back().request);
+    if (auto_complete) complete(pending_.size() - 1);
+    co_return co_await p.get();
+  }
+  std::vector<std::string> workers() const override { return workers_; }
+  Awaitable<Status> pause(std::string worker, PauseMode mode, TimePoint) override {
+    log.push_back(fmt::format("pause({}) {}", to_string(mode), worker));
+    if (hang_pause.count(worker)) {
+      Promise<Status> never(ex_);
+      hung_.push_back(never);
+      co_return co_await never.get();
+    }
+    if (mode == PauseMode::kAbort) abort_all();
+    co_return ok();
+  }
+  Awaitable<Status> update_weights(std::string worker, Version v, TimePoint) override {
+    log.push_back(fmt::format("update(v{}) {}", v, worker));
+    version_ = v;
+    co_return ok();
+  }
+  Awaitable<Status> resume(std::string worker, TimePoint) override {
+    log.push_back(fmt::format("resume {}", worker));
+    co_return ok();
+  }
+
+  std::function<Completion(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
+    Completion c;
+    c.tokens = {j % 2, 10 + j, 20 + j};
+    c.logprobs = {-0.5f, -0.5f, -0.5f};
+    c.finish_reason = "stop";
+    return c;
+  };
+
+  // Completes request i; tokens after the midpoint carry the current version when it changed
+  // since submission (keep mode: a completion spanning two versions).
+  void complete(std::size_t i) {
+    auto& p = pending_.at(i);
+    if (p.done) return;
+    p.done = true;
+    GenerateResult r;
+    r.worker = workers_[p.request.group_id % workers_.size()];
+    r.prompt_tokens = p.request.prompt_tokens.empty() ? std::vector<std::int32_t>{1, 2} : p.request.prompt_tokens;
+    for (int j = 0; j < p.request.n; ++j) {
+      auto c = answer(p.request, j);
+      c.spans = {{p.version_at_submit, 0}};
+      if (version_ != p.version_at_submit && c.tokens.size() > 1)
+        c.spans.push_back({version_, static_cast<std::int64_t>(c.tokens.size() / 2)});
+      r.completions.push_back(std::move(c));
+    }
+    p.promise.set(std::move(r));
+  }
+  void fail(std::size_t i, ErrorCode code = ErrorCode::kUnavailable) {
+    auto& p = pending_.at(i);
+    if (p.done) return;
+    p.done = true;
+    p.promise.set(make_error(code, "worker died"));
+  }
+  void complete_all() {
+    for (std::size_t i = 0; i < pending_.size(); ++i) complete(i);
+  }
+  // Abort mode: every open request returns one token per sample with finish_reason "abort".
+  void abort_all() {
+    for (auto& p : pending_) {
+      if (p.done) continue;
+      p.done = true;
+      GenerateResult r;
+      r.prompt_tokens = p.request.prompt_tokens.empty() ? std::vector<std::int32_t>{1, 2} : p.request.prompt_tokens;
+      for (int j = 0; j < p.request.n; ++j) {
+        Completion c;
+        c.tokens = {j % 2};
+        c.logprobs = {-0.1f};
+        c.spans = {{p.version_at_submit, 0}};
+        c.finish_reason = "abort";
+        r.completions.push_back(std::move(c));
+      }
+      p.promise.set(std::move(r));
+    }
+  }
+  std::vector<std::size_t> open() const {
+    std::vector<std::size_t> v;
+    for (std::size_t i = 0; i < pending_.size(); ++i)
+      if (!pending_[i].done) v.push_back(i);
+    return v;
+  }
+  const std::vector<Pending>& pending() const { return pending_; }
+  const std::vector<GenerateRequest>& requests() const { return requests_; }
+  Version version() const { return version_; }
+  void set_version(Version v) { version_ = v; }  // the version the workers hold at start
+
+  bool auto_complete = false;
+  std::set<std::string> hang_pause;
+  std::vector<std::string> log;
+
+ private:
+  asio::any_io_executor ex_;
+  std::vector<std::string> workers_;
+  std::vector<Pending> pending_;
+  std::vector<GenerateRequest> requests_;
+  std::vector<Promise<Status>> hung_;
+  Version version_ = 0;
+};
+
+class FakeTasks final : public TaskSource {
+ public:
+  Result<Task> next() override {
+    Task t;
+    t.id = next_++;
+    t.env = "arith";
+    t.prompt = fmt::format("task {}", t.id);
+    t.prompt_tokens = {static_cast<std::int32_t>(t.id), 5};
+    t.answer = "1";
+    t.answer_tokens = {1, 0};
+    drawn.push_back(t.id);
+    return t;
+  }
+  nlohmann::json cursor() const override { return {{"next", next_}}; }
+  Status restore(const nlohmann::json& c) override {
+    next_ = c.at("next").get<std::uint64_t>();
+    return ok();
+  }
+  std::vector<std::uint64_t> drawn;
+
+ private:
+  std::uint64_t next_ = 0;
+};
+
+// reward = 1 when the first token is 1, else 0; GRPO advantages.
+class FakeScorer final : public ScorerPort {
+ public:
+  Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task>,
+                                       std::shared_ptr<const std::vector<Completion>> cs) override {
+    ScoredGroup g;
+    for (const auto& c : *cs) g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
+    g.advantages = compute_advantages(AdvantageKind::kGrpo, g.rewards);
+    ++scored;
+    co_return g;
+  }
+  int scored = 0;
+};
+
+// Accepts up to max_pending unacknowledged batches; with auto_publish, acknowledges each batch at
+// once and publishes its version (a trainer that is never the bottleneck).
+class FakeTrainer final : public TrainerPort {
+ public:
+  explicit FakeTrainer(asio::any_io_executor ex) : ex_(ex), space_(ex) {}
+  Awaitable<Status> send(TrainBatch batch) override {
+    while (static_cast<int>(batches.size()) - acked_ >= max_pending) co_await space_.wait();
+    batches.push_back(std::move(batch));
+    if (auto_publish) {
+      const auto step = batches.back().step;
+      asio::post(ex_, [this, step] {
+        ack(step);
+        publish(step);
+      });
+    }
+    co_return ok();
+  }
+  void on_version(std::function<void(VersionNotice)> cb) override { cb_ = std::move(cb); }
+  void publish(Version v) {
+    if (cb_) cb_({v, {{"loss", 0.5}}});
+  }
+  void ack(std::int64_t step) {
+    acked_ = static_cast<int>(std::max<std::int64_t>(acked_, step - first_step_offset));
+    space_.notify();
+  }
+  std::vector<TrainBatch> batches;
+  int max_pending = 1 << 30;
+  bool auto_publish = false;
+  std::int64_t first_step_offset = 0;  // resume: steps before the first batch this trainer saw
+
+ private:
+  asio::any_io_executor ex_;
+  Signal space_;
+  int acked_ = 0;
+  std::function<void(VersionNotice)> cb_;
+};
+
+}  // namespace arlo::orch::testing
