@@ -102,8 +102,9 @@ RunResult run_arlo(const std::string& url, long total, int concurrency) {
 }
 
 // Runs a Python client script; it prints "<cpu seconds> <requests> <errors>" for its measured loop.
-std::optional<RunResult> run_python(const std::string& script, const std::string& args, int concurrency) {
-  const std::string cmd = fmt::format("python3 -c '{}' {} 2>/dev/null", script, args);
+std::optional<RunResult> run_python(const std::string& python, const std::string& script, const std::string& args,
+                                   int concurrency) {
+  const std::string cmd = fmt::format("{} -c '{}' {} 2>/dev/null", python, script, args);
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) return std::nullopt;
   char line[256] = {};
@@ -259,7 +260,16 @@ int main(int argc, char** argv) {
                ours->concurrency, py_us / our_us);
   };
 
-  const auto stdlib = run_python(kHttpClientScript,
+  // The system interpreter carries the Debian python3-httpx package; a pyenv/venv python3 first on
+  // PATH may not.
+  std::string python = "python3";
+  for (const char* candidate : {"/usr/bin/python3", "python3"}) {
+    if (std::system(fmt::format("{} -c 'import httpx' >/dev/null 2>&1", candidate).c_str()) == 0) {
+      python = candidate;
+      break;
+    }
+  }
+  const auto stdlib = run_python(python, kHttpClientScript,
                                  fmt::format("127.0.0.1 {} {} {} {}", *port, path, python_requests, shell_quote(kRequestBody)), 1);
   if (stdlib) {
     print_row("python http.client", *stdlib, -1);
@@ -268,7 +278,7 @@ int main(int argc, char** argv) {
   }
   std::optional<RunResult> httpx;
   const int httpx_concurrency = 64;
-  httpx = run_python(kHttpxScript, fmt::format("{} {} {} {}", url, python_requests, httpx_concurrency, shell_quote(kRequestBody)),
+  httpx = run_python(python, kHttpxScript, fmt::format("{} {} {} {}", url, python_requests, httpx_concurrency, shell_quote(kRequestBody)),
                      httpx_concurrency);
   if (httpx) {
     print_row("python httpx.AsyncClient", *httpx, -1);
