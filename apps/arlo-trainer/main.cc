@@ -1,0 +1,95 @@
+// arlo-trainer: the built-in trainer (see trainer.h).
+//
+//   arlo-trainer --run-dir runs/x --ws-transport filesystem --max-steps 100 --checkpoint-every 10
+//   arlo-trainer --run-dir runs/x --ws-transport tcp --ws-address 127.0.0.1:29500 --ws-receivers 2
+//
+// Logs loss, grad norm, mismatch KL, lr and step time per step (console and
+// <run_dir>/trainer_metrics.jsonl). SIGINT/SIGTERM stop it after the current step.
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <iostream>
+
+#include "apps/arlo-trainer/trainer.h"
+#include "common/log.h"
+
+namespace {
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  arlo::trainer::TrainerOptions o;
+  CLI::App app{"arlo-trainer: the built-in policy-gradient trainer"};
+  std::string run_dir, ckpt_dir, ws_dir, payload = "full", log_level = "info";
+  int batch_timeout_ms = 1000, idle_exit_ms = 0, publish_timeout_ms = 120000;
+  std::size_t receivers = 1;
+  app.add_option("--run-dir", run_dir, "run directory (batches arrive under rollouts/)")->required();
+  app.add_option("--bridge", o.bridge_transport, "batch transport: dir | socket");
+  app.add_option("--bridge-host", o.bridge_host);
+  app.add_option("--bridge-port", o.bridge_port);
+  app.add_option("--rank", o.rank);
+  app.add_option("--layers", o.model.layers);
+  app.add_option("--hidden", o.model.hidden);
+  app.add_option("--heads", o.model.heads);
+  app.add_option("--intermediate", o.model.intermediate);
+  app.add_option("--context", o.model.context);
+  app.add_option("--seed", o.seed, "initialisation seed of v0");
+  app.add_option("--threads", o.threads, "libtorch/OpenMP threads");
+  app.add_option("--lr", o.lr);
+  app.add_option("--warmup-steps", o.warmup_steps);
+  app.add_option("--beta1", o.beta1);
+  app.add_option("--beta2", o.beta2);
+  app.add_option("--weight-decay", o.weight_decay);
+  app.add_option("--max-grad-norm", o.max_grad_norm);
+  app.add_option("--correction", o.correction, "none | token_tis | seq_tis | token_mis");
+  app.add_option("--tis-high", o.tis_high);
+  app.add_option("--mis-low", o.mis_low);
+  app.add_option("--mis-high", o.mis_high);
+  app.add_option("--ce-coef", o.ce_coef);
+  app.add_option("--temperature", o.temperature, "sampling temperature of the rollouts");
+  app.add_option("--max-steps", o.max_steps, "stop after this step (0 = run until stopped)");
+  app.add_option("--batch-timeout-ms", batch_timeout_ms);
+  app.add_option("--idle-exit-ms", idle_exit_ms, "exit after this long without a batch (0 = never)");
+  app.add_option("--checkpoint-every", o.checkpoint_every);
+  app.add_option("--checkpoint-dir", ckpt_dir);
+  app.add_option("--ws-transport", o.weight_sync.transport, "tcp | shm | filesystem");
+  app.add_option("--ws-address", o.weight_sync.address, "tcp: where the publisher listens");
+  app.add_option("--ws-receivers", receivers, "tcp: workers to wait for");
+  app.add_option("--ws-shm-name", o.weight_sync.shm_name);
+  app.add_option("--ws-dir", ws_dir, "filesystem: default <run_dir>/weights");
+  app.add_option("--ws-payload", payload, "full | bf16 | fp8 | delta");
+  app.add_option("--ws-timeout-ms", publish_timeout_ms);
+  app.add_option("--log-level", log_level);
+  CLI11_PARSE(app, argc, argv);
+
+  arlo::log::Options log_options;
+  log_options.level = log_level;
+  log_options.name = "trainer";
+  if (auto st = arlo::log::init(log_options); !st) {
+    std::cerr << "arlo-trainer: " << st.error().what() << "\n";
+    return 2;
+  }
+  o.run_dir = run_dir;
+  o.checkpoint_dir = ckpt_dir;
+  o.weight_sync.dir = ws_dir;
+  o.weight_sync.expected_receivers = receivers;
+  auto kind = arlo::weight_sync::parse_payload(payload);
+  if (!kind) {
+    std::cerr << "arlo-trainer: " << kind.error().what() << "\n";
+    return 2;
+  }
+  o.weight_sync.payload.kind = *kind;
+  o.batch_timeout = std::chrono::milliseconds(batch_timeout_ms);
+  o.idle_exit = std::chrono::milliseconds(idle_exit_ms);
+  o.publish_timeout = std::chrono::milliseconds(publish_timeout_ms);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  auto last = arlo::trainer::run_trainer(o, g_stop);
+  if (!last) {
+    std::cerr << "arlo-trainer: " << last.error().what() << "\n";
+    return 1;
+  }
+  ARLO_INFO("stopped after step {}", *last);
+  return 0;
+}

@@ -1,0 +1,208 @@
+// arlo-worker: serves the built-in policy over HTTP (see worker_server.h for the routes).
+//
+//   arlo-worker --port 0 --init-seed 1            # v0 from a seeded initialisation (as arlo-trainer's v0)
+//   arlo-worker --weights run/weights/v3/model.safetensors --weights-version 3
+//   arlo-worker --config worker.yaml --port 8001  # flags override the YAML file
+//
+// Prints "listening on <bind>:<port>" on stdout once it accepts connections, so a parent process
+// that passed --port 0 can read the port. SIGINT/SIGTERM stop it.
+//
+// YAML keys are the long flag names without dashes, '-' or '_' alike:
+//   port: 0
+//   bind: 127.0.0.1
+//   model: {layers: 2, hidden: 64, heads: 4, intermediate: 256, context: 64}
+//   threads: 1
+//   weight_sync: {transport: tcp, address: "127.0.0.1:29500", shm_name: arlo-weights, dir: run/weights}
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "apps/arlo-worker/worker_server.h"
+#include "common/log.h"
+#include "reference/model.h"
+
+namespace {
+
+struct Flags {
+  std::string config;
+  std::string bind = "127.0.0.1";
+  int port = 8000;
+  std::string model_name = "arlo-policy";
+  arlo::reference::ModelConfig model;
+  int threads = 1;
+  int max_batch = 64;
+  std::uint64_t seed = 0;
+  std::optional<std::uint64_t> init_seed;
+  std::string weights;
+  std::int64_t weights_version = 0;
+  std::string ws_transport = "tcp";
+  std::string ws_address = "127.0.0.1:29500";
+  std::string ws_shm_name = "arlo-weights";
+  std::string ws_dir;
+  int ws_timeout_ms = 120000;
+  std::string log_level = "info";
+};
+
+// Applies a YAML file to the flags (before the command line, which wins).
+arlo::Status apply_yaml(const std::string& path, Flags& f) {
+  try {
+    YAML::Node root = YAML::LoadFile(path);
+    auto get = [&](const YAML::Node& n, const char* key, auto& out) {
+      if (n && n[key]) out = n[key].as<std::decay_t<decltype(out)>>();
+    };
+    get(root, "bind", f.bind);
+    get(root, "port", f.port);
+    get(root, "model_name", f.model_name);
+    get(root, "threads", f.threads);
+    get(root, "max_batch", f.max_batch);
+    get(root, "seed", f.seed);
+    if (root["init_seed"]) f.init_seed = root["init_seed"].as<std::uint64_t>();
+    get(root, "weights", f.weights);
+    get(root, "weights_version", f.weights_version);
+    get(root, "log_level", f.log_level);
+    if (auto m = root["model"]) {
+      get(m, "layers", f.model.layers);
+      get(m, "hidden", f.model.hidden);
+      get(m, "heads", f.model.heads);
+      get(m, "intermediate", f.model.intermediate);
+      get(m, "context", f.model.context);
+    }
+    if (auto w = root["weight_sync"]) {
+      get(w, "transport", f.ws_transport);
+      get(w, "address", f.ws_address);
+      get(w, "shm_name", f.ws_shm_name);
+      get(w, "dir", f.ws_dir);
+      get(w, "timeout_ms", f.ws_timeout_ms);
+    }
+  } catch (const std::exception& e) {
+    return arlo::make_error(arlo::ErrorCode::kParse, "reading " + path + ": " + e.what());
+  }
+  return arlo::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  // The config file is read first so that flags override it.
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--config") f.config = argv[i + 1];
+  if (!f.config.empty()) {
+    if (auto st = apply_yaml(f.config, f); !st) {
+      std::cerr << "arlo-worker: " << st.error().what() << "\n";
+      return 2;
+    }
+  }
+  CLI::App app{"arlo-worker: the built-in policy behind an OpenAI-compatible server"};
+  std::int64_t init_seed_flag = -1;
+  app.add_option("--config", f.config, "YAML file with the same keys as the flags");
+  app.add_option("--bind", f.bind, "address to listen on");
+  app.add_option("--port", f.port, "port to listen on (0 = any free port)");
+  app.add_option("--model-name", f.model_name, "name reported in responses and /v1/models");
+  app.add_option("--layers", f.model.layers);
+  app.add_option("--hidden", f.model.hidden);
+  app.add_option("--heads", f.model.heads);
+  app.add_option("--intermediate", f.model.intermediate);
+  app.add_option("--context", f.model.context);
+  app.add_option("--threads", f.threads, "libtorch/OpenMP threads");
+  app.add_option("--max-batch", f.max_batch, "most requests decoded together");
+  app.add_option("--seed", f.seed, "seed of the sampling streams of requests without a seed");
+  app.add_option("--init-seed", init_seed_flag, "serve v0 from a seeded initialisation (same as arlo-trainer's)");
+  app.add_option("--weights", f.weights, "serve weights from this safetensors file");
+  app.add_option("--weights-version", f.weights_version, "version of --weights");
+  app.add_option("--ws-transport", f.ws_transport, "weight_sync transport default: tcp | shm | filesystem");
+  app.add_option("--ws-address", f.ws_address, "weight_sync tcp: the publisher's host:port");
+  app.add_option("--ws-shm-name", f.ws_shm_name, "weight_sync shm: segment name");
+  app.add_option("--ws-dir", f.ws_dir, "weight_sync filesystem: <dir>/v<version>/");
+  app.add_option("--ws-timeout-ms", f.ws_timeout_ms, "deadline of one weight transfer");
+  app.add_option("--log-level", f.log_level);
+  CLI11_PARSE(app, argc, argv);
+  if (init_seed_flag >= 0) f.init_seed = static_cast<std::uint64_t>(init_seed_flag);
+
+  arlo::log::Options log_options;
+  log_options.level = f.log_level;
+  log_options.name = "worker";
+  if (auto st = arlo::log::init(log_options); !st) {
+    std::cerr << "arlo-worker: " << st.error().what() << "\n";
+    return 2;
+  }
+  f.model.vocab_size = 104;
+  if (auto st = f.model.validate(); !st) {
+    std::cerr << "arlo-worker: " << st.error().what() << "\n";
+    return 2;
+  }
+  arlo::reference::set_torch_threads(f.threads);
+
+  arlo::worker::WorkerOptions wo;
+  wo.model_name = f.model_name;
+  wo.model = f.model;
+  wo.engine.max_batch = f.max_batch;
+  wo.engine.threads = f.threads;
+  wo.engine.seed = f.seed;
+  wo.weight_sync.transport = f.ws_transport;
+  wo.weight_sync.address = f.ws_address;
+  wo.weight_sync.shm_name = f.ws_shm_name;
+  wo.weight_sync.dir = f.ws_dir;
+  wo.weights_timeout = std::chrono::milliseconds(f.ws_timeout_ms);
+
+  boost::asio::io_context io;
+  arlo::http::ServerOptions ho;
+  ho.bind = f.bind;
+  ho.port = static_cast<std::uint16_t>(f.port);
+  ho.server_name = "arlo-worker";
+  arlo::worker::WorkerServer server(io, ho, wo);
+
+  std::shared_ptr<arlo::reference::Model> initial;
+  std::int64_t initial_version = 0;
+  if (!f.weights.empty()) {
+    auto m = arlo::reference::Model::load(f.weights, f.model);
+    if (!m) {
+      std::cerr << "arlo-worker: " << m.error().what() << "\n";
+      return 2;
+    }
+    if (!((*m)->config() == f.model)) {
+      std::cerr << "arlo-worker: " << f.weights << " holds a model of another shape than the flags ask for\n";
+      return 2;
+    }
+    initial = *m;
+    initial_version = f.weights_version;
+  } else if (f.init_seed) {
+    auto m = arlo::reference::Model::init(f.model, *f.init_seed);
+    if (!m) {
+      std::cerr << "arlo-worker: " << m.error().what() << "\n";
+      return 2;
+    }
+    initial = *m;
+  }
+  if (initial) {
+    if (auto st = server.install(initial, initial_version); !st) {
+      std::cerr << "arlo-worker: " << st.error().what() << "\n";
+      return 2;
+    }
+    ARLO_INFO("serving v{} from {}", initial_version, f.weights.empty() ? "a seeded initialisation" : f.weights);
+  } else {
+    ARLO_INFO("no weights yet: serving after the first /weights/prepare + /weights/commit");
+  }
+
+  auto port = server.start();
+  if (!port) {
+    std::cerr << "arlo-worker: " << port.error().what() << "\n";
+    return 1;
+  }
+  std::printf("listening on %s:%u\n", f.bind.c_str(), static_cast<unsigned>(*port));
+  std::fflush(stdout);
+
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code&, int) {
+    ARLO_INFO("stopping");
+    server.close();
+    io.stop();
+  });
+  io.run();
+  return 0;
+}

@@ -1,0 +1,261 @@
+#include "apps/arlo-worker/openai_api.h"
+
+#include <fmt/format.h>
+
+namespace arlo::worker {
+namespace {
+
+using nlohmann::json;
+using reference::Tokenizer;
+
+std::unexpected<ApiError> bad(std::string message, std::optional<std::string> param = std::nullopt) {
+  return std::unexpected(ApiError{400, std::move(message), std::move(param)});
+}
+
+// Reads an optional number field; absent or null keeps `out`.
+template <typename T>
+std::optional<ApiError> read_number(const json& body, const char* key, T& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) return ApiError{400, fmt::format("'{}' must be an integer", key), key};
+  } else {
+    if (!it->is_number()) return ApiError{400, fmt::format("'{}' must be a number", key), key};
+  }
+  out = it->get<T>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_token_ids(const json& j, std::vector<std::int32_t>& out, int vocab) {
+  for (const auto& x : j) {
+    if (!x.is_number_integer()) return ApiError{400, "token-id prompts must hold integers only", "prompt"};
+    auto v = x.get<std::int64_t>();
+    if (v < 0 || v >= vocab)
+      return ApiError{400, fmt::format("token id {} is outside the vocabulary [0, {})", v, vocab), "prompt"};
+    out.push_back(static_cast<std::int32_t>(v));
+  }
+  return std::nullopt;
+}
+
+std::vector<int> byte_list(const std::string& s) {
+  std::vector<int> out;
+  for (unsigned char c : s) out.push_back(c);
+  return out;
+}
+
+}  // namespace
+
+reference::SamplingParams CompletionJob::choice_params(int k) const {
+  reference::SamplingParams p = params;
+  if (p.seed) p.seed = *p.seed + static_cast<std::uint64_t>(k);
+  return p;
+}
+
+std::expected<CompletionJob, ApiError> parse_completion_request(const json& body, bool chat, const Tokenizer& tok,
+                                                                int context) {
+  if (!body.is_object()) return bad("the request body must be a JSON object");
+  CompletionJob job;
+  job.chat = chat;
+  const int vocab = tok.vocab_size();
+  if (body.value("stream", false) == true) return bad("streaming is not supported by arlo-worker", "stream");
+  if (chat) {
+    auto it = body.find("messages");
+    if (it == body.end() || !it->is_array() || it->empty()) return bad("'messages' must be a non-empty array", "messages");
+    std::vector<Tokenizer::Message> messages;
+    for (const auto& m : *it) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        return bad("each message needs a string 'role'", "messages");
+      Tokenizer::Message msg{m["role"].get<std::string>(), ""};
+      const json content = m.value("content", json());
+      if (content.is_string()) {
+        msg.content = content.get<std::string>();
+      } else if (content.is_array()) {
+        for (const auto& part : content) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+            return bad("message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
+          msg.content += part["text"].get<std::string>();
+        }
+      } else if (!content.is_null()) {
+        return bad("message content must be a string or a list of text parts", "messages");
+      }
+      messages.push_back(std::move(msg));
+    }
+    auto ids = tok.apply_chat_template(messages);
+    if (!ids) return bad("message roles must be system, user or assistant", "messages");
+    job.prompts.push_back(std::move(*ids));
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) return bad("'prompt' is required", "prompt");
+    const json& p = *it;
+    if (p.is_string()) {
+      job.prompts.push_back(tok.encode_prompt(p.get<std::string>()));
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      std::vector<std::int32_t> ids;
+      if (auto e = read_token_ids(p, ids, vocab)) return std::unexpected(*e);
+      job.prompts.push_back(std::move(ids));
+    } else if (p.is_array() && !p.empty()) {
+      for (const auto& one : p) {
+        if (one.is_string()) {
+          job.prompts.push_back(tok.encode_prompt(one.get<std::string>()));
+        } else if (one.is_array() && !one.empty()) {
+          std::vector<std::int32_t> ids;
+          if (auto e = read_token_ids(one, ids, vocab)) return std::unexpected(*e);
+          job.prompts.push_back(std::move(ids));
+        } else {
+          return bad("'prompt' must be a string, a list of token ids, or a list of those", "prompt");
+        }
+      }
+    } else {
+      return bad("'prompt' must be a string, a list of token ids, or a list of those", "prompt");
+    }
+    if (body.value("echo", false) == true) return bad("'echo' is not supported by arlo-worker", "echo");
+    if (body.contains("suffix") && !body["suffix"].is_null()) return bad("'suffix' is not supported by arlo-worker", "suffix");
+  }
+  std::size_t longest = 0;
+  for (const auto& p : job.prompts) longest = std::max(longest, p.size());
+  if (static_cast<int>(longest) >= context)
+    return bad(fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens, which leaves "
+                           "no room to generate",
+                           context, longest),
+               chat ? "messages" : "prompt");
+
+  auto& s = job.params;
+  s.max_tokens = chat ? context - static_cast<int>(longest) : 16;
+  if (auto e = read_number(body, "max_tokens", s.max_tokens)) return std::unexpected(*e);
+  if (chat)
+    if (auto e = read_number(body, "max_completion_tokens", s.max_tokens)) return std::unexpected(*e);
+  if (s.max_tokens < 1) return bad(fmt::format("'max_tokens' must be >= 1, got {}", s.max_tokens), "max_tokens");
+  if (auto e = read_number(body, "temperature", s.temperature)) return std::unexpected(*e);
+  if (s.temperature < 0 || s.temperature > 2)
+    return bad(fmt::format("'temperature' must be in [0, 2], got {}", s.temperature), "temperature");
+  if (auto e = read_number(body, "top_p", s.top_p)) return std::unexpected(*e);
+  if (!(s.top_p > 0 && s.top_p <= 1)) return bad(fmt::format("'top_p' must be in (0, 1], got {}", s.top_p), "top_p");
+  if (auto e = read_number(body, "n", job.n)) return std::unexpected(*e);
+  if (job.n < 1 || job.n > 128) return bad(fmt::format("'n' must be in [1, 128], got {}", job.n), "n");
+  if (!chat && body.contains("best_of") && !body["best_of"].is_null()) {
+    int best_of = 1;
+    if (auto e = read_number(body, "best_of", best_of)) return std::unexpected(*e);
+    if (best_of != job.n) return bad("'best_of' other than n is not supported by arlo-worker", "best_of");
+  }
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) return bad("'seed' must be an integer", "seed");
+    s.seed = static_cast<std::uint64_t>(body["seed"].get<std::int64_t>());
+  }
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json& st = body["stop"];
+    if (st.is_string()) {
+      s.stop.push_back(st.get<std::string>());
+    } else if (st.is_array()) {
+      for (const auto& x : st) {
+        if (!x.is_string()) return bad("'stop' must be a string or a list of strings", "stop");
+        s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return bad("'stop' must be a string or a list of strings", "stop");
+    }
+    for (const auto& x : s.stop)
+      if (x.empty()) return bad("'stop' strings must not be empty", "stop");
+  }
+  if (body.contains("ignore_eos") && body["ignore_eos"].is_boolean()) s.ignore_eos = body["ignore_eos"].get<bool>();
+  if (chat) {
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+      if (!body["logprobs"].is_boolean()) return bad("'logprobs' must be a boolean", "logprobs");
+      job.logprobs = body["logprobs"].get<bool>();
+    }
+    if (auto e = read_number(body, "top_logprobs", job.top_logprobs)) return std::unexpected(*e);
+    if (job.top_logprobs < 0 || job.top_logprobs > 20)
+      return bad("'top_logprobs' must be in [0, 20]", "top_logprobs");
+    if (job.top_logprobs > 0 && !job.logprobs) return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    int k = 0;
+    if (auto e = read_number(body, "logprobs", k)) return std::unexpected(*e);
+    if (k < 0 || k > 5) return bad(fmt::format("'logprobs' must be in [0, 5], got {}", k), "logprobs");
+    job.logprobs = true;
+    job.top_logprobs = k;
+  }
+  s.top_logprobs = job.top_logprobs;
+  return job;
+}
+
+json completion_response(const CompletionJob& job, const std::vector<reference::Generation>& gens,
+                         const std::string& model, const Tokenizer& tok, const std::string& id, std::int64_t created) {
+  json choices = json::array();
+  std::int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (const auto& p : job.prompts) prompt_tokens += static_cast<std::int64_t>(p.size());
+  for (std::size_t k = 0; k < gens.size(); ++k) {
+    const auto& g = gens[k];
+    completion_tokens += static_cast<std::int64_t>(g.tokens.size());
+    json spans = json::array();
+    for (const auto& s : g.version_spans) spans.push_back({s.version, s.first_token});
+    json c = {{"index", k}, {"finish_reason", std::string(reference::to_string(g.finish))}};
+    if (job.chat) {
+      c["message"] = {{"role", "assistant"}, {"content", g.text}};
+    } else {
+      c["text"] = g.text;
+    }
+    json lp = nullptr;
+    if (job.logprobs) {
+      if (job.chat) {
+        json content = json::array();
+        for (std::size_t t = 0; t < g.tokens.size(); ++t) {
+          const std::string piece = tok.piece(g.tokens[t], true);
+          json top = json::array();
+          if (t < g.top_logprobs.size())
+            for (const auto& [tid, tlp] : g.top_logprobs[t]) {
+              const std::string tp = tok.piece(tid, true);
+              top.push_back({{"token", tp}, {"logprob", tlp}, {"bytes", byte_list(tp)}});
+            }
+          content.push_back({{"token", piece}, {"logprob", g.logprobs[t]}, {"bytes", byte_list(piece)}, {"top_logprobs", top}});
+        }
+        lp = {{"content", content}, {"refusal", nullptr}};
+      } else {
+        json tokens = json::array(), token_logprobs = json::array(), offsets = json::array();
+        json top = job.top_logprobs > 0 ? json::array() : json(nullptr);
+        std::size_t offset = 0;
+        for (std::size_t t = 0; t < g.tokens.size(); ++t) {
+          tokens.push_back(tok.piece(g.tokens[t], true));
+          token_logprobs.push_back(g.logprobs[t]);
+          offsets.push_back(std::min(offset, g.text.size()));
+          offset += tok.piece(g.tokens[t]).size();
+          if (job.top_logprobs > 0) {
+            json alt = json::object();
+            if (t < g.top_logprobs.size())
+              for (const auto& [tid, tlp] : g.top_logprobs[t]) alt[tok.piece(tid, true)] = tlp;
+            top.push_back(alt);
+          }
+        }
+        lp = {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+      }
+    }
+    c["logprobs"] = lp;
+    c["token_ids"] = g.tokens;
+    c["prompt_token_ids"] = g.prompt;
+    c["version_spans"] = spans;
+    c["stop_reason"] = g.matched_stop ? json(*g.matched_stop) : json(nullptr);
+    choices.push_back(std::move(c));
+  }
+  json out = {
+      {"id", id},
+      {"object", job.chat ? "chat.completion" : "text_completion"},
+      {"created", created},
+      {"model", model},
+      {"system_fingerprint", nullptr},
+      {"choices", choices},
+      {"usage",
+       {{"prompt_tokens", prompt_tokens},
+        {"completion_tokens", completion_tokens},
+        {"total_tokens", prompt_tokens + completion_tokens}}},
+  };
+  if (job.prompts.size() == 1) out["prompt_token_ids"] = job.prompts[0];
+  return out;
+}
+
+json error_body(const ApiError& e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type},
+            {"param", e.param ? json(*e.param) : json(nullptr)},
+            {"code", nullptr}}}};
+}
+
+}  // namespace arlo::worker

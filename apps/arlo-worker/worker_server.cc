@@ -1,0 +1,403 @@
+#include "apps/arlo-worker/worker_server.h"
+
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+#include <future>
+#include <mutex>
+#include <random>
+
+#include "apps/arlo-worker/openai_api.h"
+#include "common/log.h"
+#include "reference/model_weights.h"
+
+namespace arlo::worker {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using reference::Generation;
+
+namespace {
+
+// Suspends the calling coroutine until `start(resume)` calls resume(value) from any thread; the
+// coroutine continues on `io`.
+template <typename T, typename Start>
+asio::awaitable<T> wait_for(asio::io_context& io, Start start) {
+  return asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
+      [&io, start = std::move(start)](auto handler) mutable {
+        auto h = std::make_shared<decltype(handler)>(std::move(handler));
+        start([&io, h](T value) {
+          asio::post(io, [h, value = std::move(value)]() mutable { std::move(*h)(std::move(value)); });
+        });
+      },
+      asio::use_awaitable);
+}
+
+http::Response api_error(const ApiError& e) { return http::Response::json(e.status, error_body(e)); }
+http::Response api_error(int status, std::string message, std::string type = "invalid_request_error",
+                         std::optional<std::string> param = std::nullopt) {
+  return api_error(ApiError{status, std::move(message), std::move(param), std::move(type)});
+}
+
+std::string random_id(std::string_view prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}{:016x}", prefix, rng());
+}
+
+// Response builders live outside coroutines: GCC 12 mishandles braced initializer lists (as
+// nlohmann::json literals use) inside coroutine bodies.
+http::Response ready_json(int status, json body) { return http::Response::json(status, body); }
+asio::awaitable<http::Response> ready(http::Response r) { co_return r; }
+http::Response paused_response(const std::string& mode) { return ready_json(200, {{"paused", true}, {"mode", mode}}); }
+http::Response preparing_response(std::int64_t version, bool held) {
+  json j = {{"preparing", version}};
+  if (held) j["held"] = true;
+  return ready_json(200, j);
+}
+http::Response version_response(std::int64_t version, const std::string& checksum) {
+  return ready_json(200, {{"version", version}, {"checksum", checksum}});
+}
+
+std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
+  asio::io_context& io;
+  WorkerOptions options;
+  http::Server server;
+  reference::Engine engine;
+  metrics::Registry registry;
+  std::int64_t started = unix_now();
+
+  // The version served and its checksum (io thread).
+  std::optional<std::int64_t> version;
+  std::string checksum;
+
+  // One weight transfer at a time (io thread), run on `transfer_thread`.
+  struct Transfer {
+    std::int64_t requested = 0;
+    bool done = false;
+    std::optional<Error> error;
+    std::shared_ptr<reference::Model> staged;
+    std::int64_t received = 0;
+    std::string checksum;
+    std::vector<std::function<void()>> waiters;
+  };
+  std::shared_ptr<Transfer> transfer;
+  std::thread transfer_thread;
+  std::unique_ptr<weight_sync::Subscriber> subscriber;  // used on transfer_thread only, one transfer at a time
+  std::string subscriber_key;
+
+  Impl(asio::io_context& io_, http::ServerOptions http_options, WorkerOptions options_)
+      : io(io_), options(std::move(options_)), server(io_, std::move(http_options)), engine(options.model, options.engine) {}
+
+  ~Impl() {
+    if (transfer_thread.joinable()) transfer_thread.join();
+  }
+
+  // ------------------------------------------------------------------ data plane
+
+  asio::awaitable<http::Response> completions(http::Request req, bool chat) {
+    auto self = shared_from_this();
+    registry.counter(chat ? "worker/requests/chat" : "worker/requests/completions").inc();
+    auto body = req.json();
+    if (!body) co_return api_error(400, "the request body is not valid JSON: " + body.error().message());
+    auto job = parse_completion_request(*body, chat, engine.tokenizer(), options.model.context);
+    if (!job) {
+      registry.counter("worker/requests/rejected").inc();
+      co_return api_error(job.error());
+    }
+    if (!version) co_return api_error(503, "this worker holds no weights yet; it serves after its first weight update", "server_error");
+    using Results = std::vector<std::optional<Result<Generation>>>;
+    struct Gather {
+      std::mutex mu;
+      Results results;
+      int remaining = 0;
+    };
+    const int k_total = job->choices();
+    auto results = co_await wait_for<std::shared_ptr<Results>>(io, [this, &job, k_total](auto resume) {
+      auto g = std::make_shared<Gather>();
+      g->results.resize(static_cast<std::size_t>(k_total));
+      g->remaining = k_total;
+      auto finish_one = [g, resume](int k, Result<Generation> r) {
+        bool last = false;
+        {
+          std::lock_guard lk(g->mu);
+          g->results[static_cast<std::size_t>(k)] = std::move(r);
+          last = --g->remaining == 0;
+        }
+        if (last) resume(std::shared_ptr<Results>(g, &g->results));
+      };
+      for (int k = 0; k < k_total; ++k) {
+        const auto& prompt = job->prompts[static_cast<std::size_t>(k / job->n)];
+        auto id = engine.submit(prompt, job->choice_params(k),
+                                [finish_one, k](Result<Generation> r) { finish_one(k, std::move(r)); });
+        if (!id) finish_one(k, std::unexpected(id.error()));
+      }
+    });
+    std::vector<Generation> gens;
+    for (auto& r : *results) {
+      if (!*r) {
+        const Error& e = r->error();
+        if (e.code() == ErrorCode::kInvalidArgument) co_return api_error(400, e.message());
+        co_return api_error(e.code() == ErrorCode::kCancelled ? 503 : 500, e.what(), "server_error");
+      }
+      gens.push_back(std::move(**r));
+    }
+    for (const auto& g : gens) registry.counter("worker/tokens/generated").inc(static_cast<double>(g.tokens.size()));
+    co_return http::Response::json(
+        200, completion_response(*job, gens, options.model_name, engine.tokenizer(),
+                                 random_id(chat ? "chatcmpl-" : "cmpl-"), unix_now()));
+  }
+
+  http::Response health() const {
+    if (!version) return http::Response::json(503, {{"status", "no_weights"}, {"version", nullptr}});
+    return http::Response::json(200, {{"status", "ok"}, {"version", *version}, {"model", options.model_name}});
+  }
+
+  http::Response models() const {
+    json data = json::array();
+    data.push_back({{"id", options.model_name}, {"object", "model"}, {"created", started}, {"owned_by", "arlo"},
+                    {"max_model_len", options.model.context}});
+    return http::Response::json(200, {{"object", "list"}, {"data", data}});
+  }
+
+  http::Response metrics_text() {
+    auto s = engine.stats();
+    registry.gauge("worker/version").set(version ? static_cast<double>(*version) : -1.0);
+    registry.gauge("worker/engine/active").set(static_cast<double>(s.active));
+    registry.gauge("worker/engine/queued").set(static_cast<double>(s.queued));
+    registry.gauge("worker/engine/paused").set(s.paused ? 1.0 : 0.0);
+    registry.gauge("worker/engine/steps").set(static_cast<double>(s.steps));
+    registry.gauge("worker/engine/requests_finished").set(static_cast<double>(s.requests_finished));
+    return http::Response::text(200, registry.prometheus(), "text/plain; version=0.0.4; charset=utf-8");
+  }
+
+  // ------------------------------------------------------------------ admin plane
+
+  asio::awaitable<http::Response> pause(http::Request req) {
+    auto self = shared_from_this();
+    const std::string mode_text = req.query_param("mode").value_or("keep");
+    auto mode = reference::parse_pause_mode(mode_text);
+    if (!mode) co_return api_error(400, fmt::format("unknown pause mode '{}': use keep, wait or abort", mode_text), "invalid_request_error", "mode");
+    co_await wait_for<bool>(io, [this, m = *mode](auto resume) { engine.pause(m, [resume] { resume(true); }); });
+    ARLO_INFO("paused (mode {})", mode_text);
+    co_return paused_response(mode_text);
+  }
+
+  http::Response resume() {
+    engine.resume();
+    ARLO_INFO("resumed at version {}", version ? std::to_string(*version) : "none");
+    return http::Response::json(200, {{"paused", false}, {"version", version ? json(*version) : json(nullptr)}});
+  }
+
+  http::Response weights_info() const {
+    return http::Response::json(200, {{"version", version ? json(*version) : json(nullptr)},
+                                      {"checksum", version ? json(checksum) : json(nullptr)},
+                                      {"preparing", transfer ? json(transfer->requested) : json(nullptr)},
+                                      {"paused", engine.paused()}});
+  }
+
+  // Reads the weight_sync options of one update: the worker's defaults, overridden by the body.
+  static std::expected<weight_sync::Options, ApiError> transfer_options(const json& body, weight_sync::Options o,
+                                                                        std::chrono::milliseconds& timeout) {
+    auto str = [&](const char* key, std::string& out) -> std::optional<ApiError> {
+      if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+      if (!body[key].is_string()) return ApiError{400, fmt::format("'{}' must be a string", key), key};
+      out = body[key].get<std::string>();
+      return std::nullopt;
+    };
+    if (auto e = str("transport", o.transport)) return std::unexpected(*e);
+    if (auto e = str("address", o.address)) return std::unexpected(*e);
+    if (auto e = str("shm_name", o.shm_name)) return std::unexpected(*e);
+    std::string dir = o.dir.string();
+    if (auto e = str("dir", dir)) return std::unexpected(*e);
+    o.dir = dir;
+    std::string payload;
+    if (auto e = str("payload", payload)) return std::unexpected(*e);
+    if (!payload.empty()) {
+      auto kind = weight_sync::parse_payload(payload);
+      if (!kind) return std::unexpected(ApiError{400, kind.error().message(), "payload"});
+      o.payload.kind = *kind;
+    }
+    if (body.contains("zstd") && body["zstd"].is_boolean()) o.payload.zstd = body["zstd"].get<bool>();
+    if (body.contains("timeout_ms") && body["timeout_ms"].is_number_integer())
+      timeout = std::chrono::milliseconds(body["timeout_ms"].get<std::int64_t>());
+    if (o.transport != "tcp" && o.transport != "shm" && o.transport != "filesystem")
+      return std::unexpected(ApiError{400, fmt::format("transport '{}' is not available in arlo-worker: use tcp, shm or filesystem", o.transport), "transport"});
+    if (o.transport == "filesystem" && o.dir.empty())
+      return std::unexpected(ApiError{400, "the filesystem transport needs 'dir'", "dir"});
+    o.apply_mode = weight_sync::ApplyMode::kStaging;
+    return o;
+  }
+
+  asio::awaitable<http::Response> prepare(http::Request req) {
+    auto self = shared_from_this();
+    auto body = req.json();
+    if (!body) co_return api_error(400, "the request body is not valid JSON: " + body.error().message());
+    if (!body->is_object() || !body->contains("version") || !(*body)["version"].is_number_integer() ||
+        (*body)["version"].get<std::int64_t>() < 0)
+      co_return api_error(400, "'version' (a non-negative integer) is required", "invalid_request_error", "version");
+    const std::int64_t requested = (*body)["version"].get<std::int64_t>();
+    if (transfer && !transfer->done) {
+      if (transfer->requested == requested) co_return preparing_response(requested, false);
+      co_return api_error(409, fmt::format("a transfer of version {} is in progress", transfer->requested), "conflict_error");
+    }
+    if (version && *version == requested && !transfer)
+      co_return preparing_response(requested, true);
+    auto timeout = options.weights_timeout;
+    auto opts = transfer_options(*body, options.weight_sync, timeout);
+    if (!opts) co_return api_error(opts.error());
+    opts->peer_name = opts->peer_name.empty() ? "arlo-worker" : opts->peer_name;
+
+    // Staging copy of what is served now: the base for delta payloads, discarded on failure.
+    std::shared_ptr<reference::Model> staged;
+    if (auto current = engine.model()) {
+      staged = current->clone();
+    } else {
+      auto fresh = reference::Model::init(options.model, 0);
+      if (!fresh) co_return api_error(500, fresh.error().what(), "server_error");
+      staged = *fresh;
+    }
+    if (transfer_thread.joinable()) transfer_thread.join();  // the previous transfer finished
+    auto t = std::make_shared<Transfer>();
+    t->requested = requested;
+    transfer = t;
+    const std::string key = fmt::format("{}|{}|{}|{}", opts->transport, opts->address, opts->shm_name, opts->dir.string());
+    const bool reuse = subscriber && key == subscriber_key;
+    if (!reuse) subscriber_key = key;
+    const std::optional<weight_sync::Version> held =
+        version ? std::optional<weight_sync::Version>(static_cast<weight_sync::Version>(*version)) : std::nullopt;
+    ARLO_INFO("receiving weights v{} over {}", requested, opts->transport);
+    transfer_thread = std::thread([self, t, staged, o = *opts, reuse, held, timeout] {
+      Result<weight_sync::ReceiveReport> got = make_error(ErrorCode::kInternal, "not run");
+      std::string sum;
+      {
+        if (!reuse) {
+          self->subscriber.reset();
+          auto sub = weight_sync::Subscriber::create(o);
+          if (!sub) {
+            got = std::unexpected(sub.error());
+          } else {
+            self->subscriber = std::move(*sub);
+            self->subscriber->assume_version(held);
+          }
+        }
+        if (self->subscriber) {
+          reference::ModelWeights sink(*staged);
+          got = self->subscriber->receive(sink, weight_sync::deadline_in(timeout));
+          if (got) {
+            auto s = reference::weights_checksum_hex(*staged);
+            if (s) sum = *s;
+          }
+        }
+      }
+      asio::post(self->io, [self, t, staged, got = std::move(got), sum] {
+        t->done = true;
+        if (got) {
+          t->received = static_cast<std::int64_t>(got->version);
+          t->staged = staged;
+          t->checksum = sum;
+          ARLO_INFO("received weights v{} ({} buckets, {} wire bytes, {:.3f}s)", got->version, got->buckets,
+                    got->wire_bytes, got->seconds);
+        } else {
+          t->error = got.error();
+          ARLO_WARN("weight transfer of v{} failed: {}", t->requested, got.error().what());
+        }
+        for (auto& w : t->waiters) w();
+        t->waiters.clear();
+      });
+    });
+    co_return preparing_response(requested, false);
+  }
+
+  asio::awaitable<http::Response> commit(http::Request req) {
+    auto self = shared_from_this();
+    std::optional<std::int64_t> requested;
+    if (!req.body.empty()) {
+      auto body = req.json();
+      if (!body) co_return api_error(400, "the request body is not valid JSON: " + body.error().message());
+      if (body->is_object() && body->contains("version") && (*body)["version"].is_number_integer())
+        requested = (*body)["version"].get<std::int64_t>();
+    }
+    if (!transfer) {
+      if (version && (!requested || *requested <= *version))  // a retried commit that already applied
+        co_return version_response(*version, checksum);
+      co_return api_error(409, "no weight transfer was prepared: POST /weights/prepare first", "conflict_error");
+    }
+    auto t = transfer;
+    if (requested && *requested != t->requested)
+      co_return api_error(409, fmt::format("version {} was prepared, not {}", t->requested, *requested), "conflict_error");
+    if (!t->done) co_await wait_for<bool>(io, [t](auto resume) { t->waiters.push_back([resume] { resume(true); }); });
+    if (transfer == t) transfer.reset();
+    if (t->error) {
+      registry.counter("worker/weights/failed").inc();
+      co_return api_error(500,
+                          fmt::format("weight update to v{} failed: {}; still serving {}", t->requested, t->error->what(),
+                                      version ? fmt::format("v{}", *version) : std::string("nothing")),
+                          "server_error");
+    }
+    if (t->received < t->requested)
+      co_return api_error(500, fmt::format("received v{} but v{} was prepared", t->received, t->requested), "server_error");
+    Status st = ok();
+    co_await wait_for<bool>(io, [this, t, &st](auto resume) {
+      st = engine.set_model(t->staged, t->received, [resume] { resume(true); });
+      if (!st) resume(false);
+    });
+    if (!st) co_return api_error(500, st.error().what(), "server_error");
+    version = t->received;
+    checksum = t->checksum;
+    registry.counter("worker/weights/updates").inc();
+    ARLO_INFO("serving weights v{} (checksum {})", *version, checksum);
+    co_return version_response(*version, checksum);
+  }
+
+  // Handlers hold a plain pointer: the server (and its route table) is a member, so a route never
+  // outlives this object, and no reference cycle keeps it (and its engine thread) alive forever.
+  void routes() {
+    Impl* self = this;
+    using http::Verb;
+    server.route(Verb::post, "/v1/completions", [self](http::Request r) { return self->completions(std::move(r), false); });
+    server.route(Verb::post, "/v1/chat/completions", [self](http::Request r) { return self->completions(std::move(r), true); });
+    // Handlers that answer at once: computed eagerly, handed back as a ready awaitable.
+    auto sync = [self](auto fn) { return [self, fn](http::Request r) { return ready(fn(*self, r)); }; };
+    server.route(Verb::get, "/health", sync([](Impl& s, const http::Request&) { return s.health(); }));
+    server.route(Verb::get, "/v1/models", sync([](Impl& s, const http::Request&) { return s.models(); }));
+    server.route(Verb::get, "/metrics", sync([](Impl& s, const http::Request&) { return s.metrics_text(); }));
+    server.route(Verb::post, "/resume", sync([](Impl& s, const http::Request&) { return s.resume(); }));
+    server.route(Verb::get, "/weights", sync([](Impl& s, const http::Request&) { return s.weights_info(); }));
+    server.route(Verb::post, "/pause", [self](http::Request r) { return self->pause(std::move(r)); });
+    server.route(Verb::post, "/weights/prepare", [self](http::Request r) { return self->prepare(std::move(r)); });
+    server.route(Verb::post, "/weights/commit", [self](http::Request r) { return self->commit(std::move(r)); });
+  }
+};
+
+WorkerServer::WorkerServer(asio::io_context& io, http::ServerOptions http_options, WorkerOptions options)
+    : impl_(std::make_shared<Impl>(io, std::move(http_options), std::move(options))) {
+  impl_->routes();
+}
+
+WorkerServer::~WorkerServer() { close(); }
+
+Status WorkerServer::install(std::shared_ptr<reference::Model> model, std::int64_t version) {
+  ARLO_ASSIGN_OR_RETURN(auto sum, reference::weights_checksum_hex(*model));
+  std::promise<void> applied;
+  ARLO_TRY(impl_->engine.set_model(std::move(model), version, [&] { applied.set_value(); }));
+  applied.get_future().wait();
+  impl_->version = version;
+  impl_->checksum = sum;
+  return ok();
+}
+
+Result<std::uint16_t> WorkerServer::start() { return impl_->server.start(); }
+
+void WorkerServer::close() {
+  if (impl_) impl_->server.close();
+}
+
+}  // namespace arlo::worker

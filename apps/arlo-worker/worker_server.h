@@ -1,0 +1,58 @@
+#pragma once
+// arlo-worker's HTTP surface (DESIGN.md section 3) over the generation engine.
+//
+// Data plane: POST /v1/completions, POST /v1/chat/completions (openai_api.h), GET /v1/models,
+// GET /health (200 with the version held; 503 before the worker holds one), GET /metrics.
+// Admin plane: POST /pause?mode=keep|wait|abort (answers once paused), POST /resume,
+// POST /weights/prepare {version, transport?, address?, shm_name?, dir?, payload?, zstd?,
+// timeout_ms?, manifest?} (starts receiving that version through a weight_sync subscriber into a
+// staging copy of the model, answers at once), POST /weights/commit {version?} (waits for the
+// transfer, then installs it at the next token boundary; a failed transfer answers 500 and the
+// previous version keeps serving), GET /weights {version, checksum, preparing}.
+//
+// Threads: handlers run on the io_context thread and never block: generation runs on the engine
+// thread, weight transfers on a dedicated thread; both hand results back by posting to the
+// io_context. All state below is owned by the io_context thread.
+#include <boost/asio/io_context.hpp>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/http.h"
+#include "common/metrics.h"
+#include "reference/engine.h"
+#include "reference/model.h"
+#include "weight_sync/weight_sync.h"
+
+namespace arlo::worker {
+
+struct WorkerOptions {
+  std::string model_name = "arlo-policy";
+  reference::ModelConfig model;
+  reference::EngineOptions engine;
+  weight_sync::Options weight_sync;  // defaults for /weights/prepare (transport, address, dir, ...)
+  std::chrono::milliseconds weights_timeout{120000};  // one transfer, start to finish
+};
+
+class WorkerServer {
+ public:
+  WorkerServer(boost::asio::io_context& io, http::ServerOptions http_options, WorkerOptions options);
+  ~WorkerServer();
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  // Serves `model` as `version` from now on (weights loaded at start-up). Blocks until applied;
+  // call before start() or from outside the io_context thread.
+  Status install(std::shared_ptr<reference::Model> model, std::int64_t version);
+  Result<std::uint16_t> start();
+  void close();
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace arlo::worker
