@@ -46,6 +46,9 @@ class AbandonableExecutor {
 
   // Runs `fn` (returning Result<R>) on a worker thread; resumes on `loop` with its result, or with
   // kTimeout after `timeout`, or kCancelled if the executor is destroyed first.
+  // Await it through co_spawn (e.g. rollout/async_util.h when_all), not with a bare co_await in a
+  // coroutine body: GCC 12 mis-destroys the frame of a coroutine that directly co_awaits this
+  // async_initiate-based operation with a non-trivial result (seen as a double free).
   template <typename R, typename F>
   boost::asio::awaitable<Result<R>> run(boost::asio::io_context& loop, F fn, std::chrono::steady_clock::duration timeout);
 

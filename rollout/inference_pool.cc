@@ -199,7 +199,8 @@ asio::awaitable<void> HttpInferencePool::recover(Server& s, std::shared_ptr<bool
   while (*alive && running_ && s.circuit_open && !s.removed) {
     co_await sleep_for(s.backoff);
     if (!*alive || !running_) co_return;
-    if (co_await probe(s)) break;
+    const bool back = co_await probe(s);
+    if (back) break;
     if (!*alive) co_return;
     s.backoff = std::min(options_.open_backoff_max, s.backoff * 2);
   }

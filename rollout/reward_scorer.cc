@@ -76,37 +76,85 @@ Status RewardScorer::handle_failure(Rollout& r, const Error& e) {
   return std::unexpected(std::move(out));
 }
 
-asio::awaitable<Status> RewardScorer::score_group(const Task& task, std::vector<Rollout>& group) {
+// Plain functions, not coroutine code: GCC 12 mishandles temporaries in conditional expressions
+// inside coroutines, so results are applied here.
+Status RewardScorer::apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results, double scoring_s) {
+  Status first_failure = ok();
+  const std::string& name = module_->name();
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    Status st = ok();
+    if (!results[i]) {
+      st = std::unexpected(results[i].error());
+    } else {
+      st = check_finite(name, *results[i]);
+    }
+    if (st) {
+      ++stats_.scored;
+      group[i].reward = results[i]->reward;
+      for (auto& [k, v] : results[i]->metrics) group[i].metrics[k] = v;
+    } else {
+      Status f = handle_failure(group[i], st.error());
+      if (!f && first_failure) first_failure = std::move(f);
+    }
+    group[i].timings.scoring_s = scoring_s;
+  }
+  return first_failure;
+}
+
+Status RewardScorer::apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores, double scoring_s) {
+  std::vector<Result<Score>> per_sample;
+  per_sample.reserve(group.size());
+  if (scores && scores->size() != group.size()) {
+    scores = make_error(ErrorCode::kMismatch, fmt::format("reward module '{}' returned {} scores for a group of {}",
+                                                          module_->name(), scores->size(), group.size()));
+  }
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    if (scores) {
+      per_sample.emplace_back(std::move((*scores)[i]));
+    } else {
+      per_sample.emplace_back(std::unexpected(scores.error()));
+    }
+  }
+  return apply(group, per_sample, scoring_s);
+}
+
+// Coroutine locals initialised by co_await live at function scope on purpose: GCC 12 double-destroys
+// such locals when they are declared in a nested block.
+asio::awaitable<Status> RewardScorer::score_whole_group(const Task& task, std::vector<Rollout>& group) {
   const auto t0 = Clock::now();
   std::shared_ptr<RewardModule> module = module_;
   const std::string name = module->name();
-  if (module->scores_groups()) {
-    ++stats_.calls;
-    auto task_copy = std::make_shared<const Task>(task);
-    auto group_copy = std::make_shared<const std::vector<Rollout>>(group);
-    Result<std::vector<Score>> scores = co_await executor_.run<std::vector<Score>>(
-        loop_,
-        [module, task_copy, group_copy, name]() -> Result<std::vector<Score>> {
-          return guarded(name, [&] { return module->score_group(*task_copy, *group_copy); });
-        },
-        options_.timeout);
-    if (scores && scores->size() != group.size())
-      scores = make_error(ErrorCode::kMismatch, fmt::format("reward module '{}' returned {} scores for a group of {}", name,
-                                                            scores->size(), group.size()));
-    for (std::size_t i = 0; i < group.size(); ++i) {
-      Status st = scores ? check_finite(name, (*scores)[i]) : Status(std::unexpected(scores.error()));
-      if (st) {
-        ++stats_.scored;
-        group[i].reward = (*scores)[i].reward;
-        for (auto& [k, v] : (*scores)[i].metrics) group[i].metrics[k] = v;
-      } else if (auto f = handle_failure(group[i], st.error()); !f) {
-        co_return f;
-      }
-      group[i].timings.scoring_s = seconds_since(t0);
-    }
-    co_return ok();
-  }
+  auto task_copy = std::make_shared<const Task>(task);
+  auto group_copy = std::make_shared<const std::vector<Rollout>>(group);
+  ++stats_.calls;
+  // The result travels as a shared_ptr: GCC 12 mis-destroys a co_await-initialised
+  // expected<vector<...>> in the coroutine frame.
+  using Shared = std::shared_ptr<std::vector<Score>>;
+  std::vector<asio::awaitable<Result<Shared>>> call;
+  call.push_back(executor_.run<Shared>(
+      loop_,
+      [module, task_copy, group_copy, name]() -> Result<Shared> {
+        auto r = guarded(name, [&] { return module->score_group(*task_copy, *group_copy); });
+        if (!r) return std::unexpected(std::move(r).error());
+        return std::make_shared<std::vector<Score>>(std::move(*r));
+      },
+      options_.timeout));
+  std::vector<Result<Shared>> shared = co_await when_all(std::move(call));
+  co_return apply_shared(group, shared.front(), seconds_since(t0));
+}
 
+Status RewardScorer::apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared,
+                                  double scoring_s) {
+  Result<std::vector<Score>> scores = shared ? Result<std::vector<Score>>(std::move(**shared))
+                                             : Result<std::vector<Score>>(std::unexpected(shared.error()));
+  return apply_group(group, scores, scoring_s);
+}
+
+asio::awaitable<Status> RewardScorer::score_group(const Task& task, std::vector<Rollout>& group) {
+  if (module_->scores_groups()) co_return co_await score_whole_group(task, group);
+  const auto t0 = Clock::now();
+  std::shared_ptr<RewardModule> module = module_;
+  const std::string name = module->name();
   auto task_copy = std::make_shared<const Task>(task);
   std::vector<asio::awaitable<Result<Score>>> calls;
   calls.reserve(group.size());
@@ -121,19 +169,7 @@ asio::awaitable<Status> RewardScorer::score_group(const Task& task, std::vector<
         options_.timeout));
   }
   std::vector<Result<Score>> results = co_await when_all(std::move(calls));
-  Status first_failure = ok();
-  for (std::size_t i = 0; i < group.size(); ++i) {
-    Status st = results[i] ? check_finite(name, *results[i]) : Status(std::unexpected(results[i].error()));
-    if (st) {
-      ++stats_.scored;
-      group[i].reward = results[i]->reward;
-      for (auto& [k, v] : results[i]->metrics) group[i].metrics[k] = v;
-    } else if (auto f = handle_failure(group[i], st.error()); !f && first_failure) {
-      first_failure = std::move(f);
-    }
-    group[i].timings.scoring_s = seconds_since(t0);
-  }
-  co_return first_failure;
+  co_return apply(group, results, seconds_since(t0));
 }
 
 }  // namespace arlo::rollout

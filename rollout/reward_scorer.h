@@ -51,7 +51,11 @@ class RewardScorer {
   const RewardModule& module() const { return *module_; }
 
  private:
+  boost::asio::awaitable<Status> score_whole_group(const Task& task, std::vector<Rollout>& group);
   Status handle_failure(Rollout& r, const Error& e);
+  Status apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results, double scoring_s);
+  Status apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared, double scoring_s);
+  Status apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores, double scoring_s);
 
   boost::asio::io_context& loop_;
   std::shared_ptr<RewardModule> module_;

@@ -53,6 +53,16 @@ class RecordingServer {
   std::uint16_t port_ = 0;
 };
 
+// Built outside coroutines: GCC 12 mis-compiles string literals in braced initialisers inside them.
+WeightUpdate upd(std::int64_t version, std::string transport, Json manifest, Json extra) {
+  WeightUpdate u;
+  u.version = version;
+  u.transport = std::move(transport);
+  u.manifest = std::move(manifest);
+  u.extra = std::move(extra);
+  return u;
+}
+
 AdminOptions fast() {
   AdminOptions o;
   o.call_timeout = std::chrono::seconds(5);
@@ -75,7 +85,7 @@ TEST(AdminArlo, RoutesAndBodiesFollowDesignSection3) {
   run(io, [&]() -> asio::awaitable<void> {
     srv.fail_next = 1;  // a transient 503 is retried
     EXPECT_TRUE(co_await admin->pause(PauseMode::kKeep));
-    EXPECT_TRUE(co_await admin->prepare_weights({.version = 5, .transport = "tcp", .manifest = manifest(), .extra = {}}));
+    EXPECT_TRUE(co_await admin->prepare_weights(upd(5, "tcp", manifest(), Json::object())));
     EXPECT_TRUE(co_await admin->commit_weights(5));
     EXPECT_TRUE(co_await admin->resume());
     auto w = co_await admin->weights();
@@ -105,19 +115,22 @@ TEST(AdminVllm, NativeWeightTransferSequence) {
   http::Client client(io);
   auto admin = make_admin_client(AdminDialect::kVllm, client, srv.url(), fast());
   const Json init_info = {{"master_address", "127.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1}, {"world_size", 2}};
+  const Json init_extra = {{"init_info", init_info}};
   run(io, [&]() -> asio::awaitable<void> {
     EXPECT_TRUE(co_await admin->pause(PauseMode::kWait));
     // The first update without init_info is refused before anything is sent.
-    auto missing = co_await admin->prepare_weights({.version = 1, .transport = "nccl", .manifest = manifest(), .extra = {}});
+    auto missing = co_await admin->prepare_weights(upd(1, "nccl", manifest(), Json::object()));
     EXPECT_FALSE(missing);
     EXPECT_TRUE(co_await admin->prepare_weights(
-        {.version = 1, .transport = "nccl", .manifest = manifest(), .extra = {{"init_info", init_info}}}));
+        upd(1, "nccl", manifest(), init_extra)));
     auto wrong = co_await admin->commit_weights(2);
     EXPECT_FALSE(wrong);
-    if (!wrong) EXPECT_EQ(wrong.error().code(), ErrorCode::kMismatch);
+    if (!wrong) {
+      EXPECT_EQ(wrong.error().code(), ErrorCode::kMismatch);
+    }
     EXPECT_TRUE(co_await admin->commit_weights(1));
     // The engine is initialised once.
-    EXPECT_TRUE(co_await admin->prepare_weights({.version = 2, .transport = "nccl", .manifest = manifest(), .extra = {}}));
+    EXPECT_TRUE(co_await admin->prepare_weights(upd(2, "nccl", manifest(), Json::object())));
     EXPECT_TRUE(co_await admin->commit_weights(2));
     EXPECT_TRUE(co_await admin->resume());
     auto w = co_await admin->weights();
@@ -141,12 +154,15 @@ TEST(AdminVllm, TransferCallsAreNotRetried) {
   RecordingServer srv(io, {"/init_weight_transfer_engine", "/start_weight_update", "/update_weights"}, {});
   http::Client client(io);
   auto admin = make_admin_client(AdminDialect::kVllm, client, srv.url(), fast());
+  const Json empty_init = {{"init_info", Json::object()}};
   run(io, [&]() -> asio::awaitable<void> {
     srv.fail_next = 1;
     auto r = co_await admin->prepare_weights(
-        {.version = 1, .transport = "nccl", .manifest = manifest(), .extra = {{"init_info", Json::object()}}});
+        upd(1, "nccl", manifest(), empty_init));
     EXPECT_FALSE(r);
-    if (!r) EXPECT_NE(r.error().what().find("HTTP 503"), std::string::npos) << r.error().what();
+    if (!r) {
+      EXPECT_NE(r.error().what().find("HTTP 503"), std::string::npos) << r.error().what();
+    }
   }());
   EXPECT_EQ(srv.calls.size(), 1u);
 }
@@ -165,16 +181,20 @@ TEST(AdminSglang, PauseContinueAndDistributedUpdate) {
   auto admin = make_admin_client(AdminDialect::kSglang, client, srv.url(), fast());
   const Json group = {{"master_address", "127.0.0.1"}, {"master_port", 29600}, {"rank_offset", 1},
                       {"world_size", 2},                {"group_name", "arlo"},  {"backend", "nccl"}};
+  const Json group_extra = {{"group", group}};
+  const Json disk_extra = {{"model_path", "/runs/x/weights/v8"}};
   run(io, [&]() -> asio::awaitable<void> {
     EXPECT_TRUE(co_await admin->pause(PauseMode::kKeep));
     EXPECT_FALSE(co_await admin->pause(PauseMode::kWait));  // no such mode in SGLang
     EXPECT_TRUE(co_await admin->prepare_weights(
-        {.version = 7, .transport = "nccl", .manifest = manifest(), .extra = {{"group", group}}}));
+        upd(7, "nccl", manifest(), group_extra)));
     EXPECT_TRUE(co_await admin->commit_weights(7));
     auto disk = co_await admin->prepare_weights(
-        {.version = 8, .transport = "filesystem", .manifest = manifest(), .extra = {{"model_path", "/runs/x/weights/v8"}}});
+        upd(8, "filesystem", manifest(), disk_extra));
     EXPECT_FALSE(disk);  // {"success": false} with HTTP 200 is a failure
-    if (!disk) EXPECT_NE(disk.error().what().find("model_path does not exist"), std::string::npos);
+    if (!disk) {
+      EXPECT_NE(disk.error().what().find("model_path does not exist"), std::string::npos);
+    }
     EXPECT_TRUE(co_await admin->resume());
     auto w = co_await admin->weights();
     EXPECT_TRUE(w && w->version == 7);

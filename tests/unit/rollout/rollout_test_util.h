@@ -161,7 +161,9 @@ class FakeOpenAIServer {
     closed_ = true;
     server_->close();
     release_.set();
-    server_.reset();
+    // Keep the closed server object until this fake goes away: its connection coroutines may still
+    // be queued on the io_context.
+    graveyard_.push_back(std::move(server_));
   }
   void release_all() { release_.set(); }
 
@@ -180,6 +182,7 @@ class FakeOpenAIServer {
  private:
   asio::io_context& io_;
   std::unique_ptr<http::Server> server_;
+  std::vector<std::unique_ptr<http::Server>> graveyard_;
   std::uint16_t port_ = 0;
   bool closed_ = false;
   // Simple latch shared by parked handlers.
