@@ -2,6 +2,7 @@
 //
 // yaml-cpp reports errors by throwing; every call into it that can throw is wrapped here and turned
 // into a Diagnostic, so nothing escapes resolve().
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <set>
 #include <system_error>
 
@@ -121,6 +123,21 @@ std::string did_you_mean(std::string_view name, const std::vector<std::string>& 
   return "";
 }
 
+// Records where each document starts and ignores everything else (the counting pass).
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 // One value the user gave, not yet checked: the node and where its key was written.
 struct Raw {
   YAML::Node node;
@@ -179,9 +196,33 @@ class Resolver {
 
   // Parses the text; a single YAML document whose root is a mapping of sections (or empty).
   void read_document(std::string_view text) {
-    std::vector<YAML::Node> documents;
+    // A first pass only counts documents, at most two: yaml-cpp's LoadAll never returns on input
+    // such as ", x" (the parser yields empty documents without advancing), so the count is bounded
+    // and a second document starting where the first did is reported as the syntax error it is.
+    const std::string owned(text);
     try {
-      documents = YAML::LoadAll(std::string(text));
+      std::istringstream stream(owned);
+      YAML::Parser parser(stream);
+      DocumentCounter counter;
+      int documents = 0;
+      while (documents < 2 && parser.HandleNextDocument(counter)) ++documents;
+      if (documents == 2) {
+        const YAML::Mark& second = counter.starts[1];
+        if (second.pos == counter.starts[0].pos) {
+          const char c = second.pos >= 0 && static_cast<std::size_t>(second.pos) < owned.size() ? owned[second.pos] : '?';
+          add(where_of(source_, second), std::string("malformed YAML: unexpected '") + c + "'");
+        } else {
+          add(where_of(source_, second), "only one YAML document is allowed (remove the '---' separating documents)");
+        }
+        return;
+      }
+    } catch (const YAML::Exception& e) {
+      add(where_of(source_, e.mark), "malformed YAML: " + e.msg);
+      return;
+    }
+    YAML::Node root;
+    try {
+      root = YAML::Load(owned);
     } catch (const YAML::Exception& e) {
       add(where_of(source_, e.mark), "malformed YAML: " + e.msg);
       return;
@@ -189,12 +230,6 @@ class Resolver {
       add(source_, std::string("malformed YAML: ") + e.what());
       return;
     }
-    if (documents.empty()) return;
-    if (documents.size() > 1) {
-      add(where_of(source_, documents[1].Mark()), "only one YAML document is allowed, found " +
-                                                      std::to_string(documents.size()));
-    }
-    const YAML::Node& root = documents[0];
     if (root.IsNull()) return;
     if (!root.IsMap()) {
       add(where_of(source_, root.Mark()),

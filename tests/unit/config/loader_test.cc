@@ -142,7 +142,7 @@ TEST(ConfigLoad, CollectsEveryErrorNotJustTheFirst) {
 
 TEST(ConfigLoad, MalformedYamlIsOneClearError) {
   for (const std::string bad : {"orchestrator: [unclosed\n", "a: b: c\n", "orchestrator:\n  batch_size: 1\n \tx: 2\n",
-                                "key: \"unterminated\n", "- [\n", "{a: 1", "run: *undefined_alias\n"}) {
+                                "key: \"unterminated\n", "- [\n", "{a: 1", "run: *undefined_alias\n", ", stray comma", "a: 1\n]\n"}) {
     Resolution r = load(bad);
     ASSERT_FALSE(r.config) << bad;
     ASSERT_FALSE(r.diagnostics.empty()) << bad;
