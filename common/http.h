@@ -11,7 +11,10 @@
 // Client: one pool of idle keep-alive connections per host:port. Each request has a deadline that
 // covers connect, write and read. Connection errors and 5xx answers are retried with exponential
 // backoff (with jitter) on idempotent requests (GET, HEAD, PUT, DELETE, or when the caller marks the
-// request idempotent), never past the deadline.
+// request idempotent), never past the deadline. A failed connect is retried for every method (the
+// request never left); when the next backoff would end past the deadline the last outcome is
+// returned at once. Header names and values are checked on both sides (no CR/LF injection);
+// framing headers (Content-Length, Transfer-Encoding, Connection, Host) are set by the library.
 //
 // Threading: a Server or Client belongs to one io_context and is used from that context's thread.
 #include <boost/asio/awaitable.hpp>

@@ -19,12 +19,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
+#include <iterator>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -175,8 +178,9 @@ struct Client::Impl {
   ClientStats stats;
 
   asio::awaitable<Result<std::vector<tcp::endpoint>>> endpoints_for(const Url& url, Clock::time_point deadline);
-  asio::awaitable<AttemptResult> attempt(const Url& url, const bhttp::request<bhttp::string_body>& req,
-                                         Clock::time_point deadline, bool allow_reuse);
+  // `message` is the serialised request (head, body); it stays untouched so retries re-send it.
+  asio::awaitable<AttemptResult> attempt(const Url& url, const std::array<asio::const_buffer, 2>& message,
+                                         bool head_request, Clock::time_point deadline);
   Duration backoff(const RetryPolicy& policy, int attempt);
 };
 
@@ -216,8 +220,8 @@ asio::awaitable<Result<std::vector<tcp::endpoint>>> Client::Impl::endpoints_for(
   co_return endpoints;
 }
 
-asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const bhttp::request<bhttp::string_body>& req,
-                                                     Clock::time_point deadline, bool allow_reuse) {
+asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const std::array<asio::const_buffer, 2>& message,
+                                                     bool head_request, Clock::time_point deadline) {
   AttemptResult out;
   ++stats.attempts;
   auto classify = [&](const beast::error_code& ec, Failure transport_kind) {
@@ -239,7 +243,7 @@ asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const bhttp
   };
 
   std::unique_ptr<Connection> conn;
-  if (allow_reuse) {
+  {
     auto& idle = pools[url.pool_key].idle;
     while (!idle.empty()) {
       std::unique_ptr<Connection> candidate = std::move(idle.back());
@@ -274,7 +278,7 @@ asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const bhttp
 
   conn->stream.expires_at(deadline);
   {
-    auto [ec, n] = co_await bhttp::async_write(conn->stream, req, kNoThrow);
+    auto [ec, n] = co_await asio::async_write(conn->stream, message, kNoThrow);
     if (ec) {
       classify(ec, Failure::kTransport);
       co_return out;
@@ -283,7 +287,7 @@ asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const bhttp
   bhttp::response_parser<bhttp::string_body> parser;
   parser.header_limit(kHeaderLimit);
   parser.body_limit(options.max_response_bytes);
-  if (req.method() == Verb::head) parser.skip(true);
+  if (head_request) parser.skip(true);
   {
     auto [ec, n] = co_await bhttp::async_read(conn->stream, conn->buffer, parser, kNoThrow);
     out.got_response_bytes = parser.got_some();
@@ -293,10 +297,10 @@ asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const bhttp
     }
   }
 
-  auto& message = parser.get();
-  out.response.status = static_cast<int>(message.result_int());
+  auto& answer = parser.get();
+  out.response.status = static_cast<int>(answer.result_int());
   out.response.content_type.clear();
-  for (const auto& field : message) {
+  for (const auto& field : answer) {
     if (field.name() == bhttp::field::content_type) {
       out.response.content_type = std::string(field.value());
       continue;
@@ -308,8 +312,8 @@ asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const bhttp
       it->second += std::string_view(field.value());
     }
   }
-  const bool keep_alive = message.keep_alive() && parser.is_done();
-  out.response.body = std::move(message.body());
+  const bool keep_alive = answer.keep_alive() && parser.is_done();
+  out.response.body = std::move(answer.body());
 
   auto& idle = pools[url.pool_key].idle;
   if (keep_alive && idle.size() < options.max_idle_per_host) {
@@ -351,20 +355,43 @@ asio::awaitable<Result<Response>> Client::request(ClientRequest request) {
   auto url = parse_url(request.url);
   if (!url) co_return std::unexpected(std::move(url).error());
 
-  bhttp::request<bhttp::string_body> req{request.method, url->target, 11};
-  req.set(bhttp::field::host, url->host_header);
-  req.set(bhttp::field::user_agent, c.options.user_agent);
+  // Serialise the head once (cheaper than Beast's serializer; retries re-send the same bytes).
+  if (url->target.find_first_of(" \r\n") != std::string::npos) {
+    co_return fail(ErrorCode::kInvalidArgument, "the path contains a space or a line break");
+  }
   const bool has_body = !request.body.empty() || request.method == Verb::post || request.method == Verb::put ||
                         request.method == Verb::patch;
-  if (has_body && !request.content_type.empty()) req.set(bhttp::field::content_type, request.content_type);
-  try {
-    for (const auto& [name, value] : request.headers) req.set(name, value);
-  } catch (const std::exception& e) {
-    co_return fail(ErrorCode::kInvalidArgument, fmt::format("bad header: {}", e.what()));
+  std::string head;
+  head.reserve(128 + url->target.size() + url->host_header.size() + 64 * request.headers.size());
+  fmt::format_to(std::back_inserter(head), "{} {} HTTP/1.1\r\n", method_name, url->target);
+  detail::append_header(head, "Host", url->host_header);
+  bool user_agent_set = false, content_type_set = false;
+  for (const auto& [name, value] : request.headers) {
+    if (!detail::valid_header_name(name) || !detail::valid_header_value(value)) {
+      co_return fail(ErrorCode::kInvalidArgument, fmt::format("invalid header '{}'", name));
+    }
+    // Framing and the connection are the client's business.
+    if (beast::iequals(name, "host") || beast::iequals(name, "content-length") ||
+        beast::iequals(name, "transfer-encoding") || beast::iequals(name, "connection")) {
+      continue;
+    }
+    user_agent_set = user_agent_set || beast::iequals(name, "user-agent");
+    content_type_set = content_type_set || beast::iequals(name, "content-type");
+    detail::append_header(head, name, value);
   }
-  req.body() = std::move(request.body);
-  req.keep_alive(true);
-  req.prepare_payload();
+  if (!user_agent_set && !c.options.user_agent.empty()) detail::append_header(head, "User-Agent", c.options.user_agent);
+  if (has_body) {
+    if (!content_type_set && !request.content_type.empty()) {
+      if (!detail::valid_header_value(request.content_type)) {
+        co_return fail(ErrorCode::kInvalidArgument, "invalid content type");
+      }
+      detail::append_header(head, "Content-Type", request.content_type);
+    }
+    fmt::format_to(std::back_inserter(head), "Content-Length: {}\r\n", request.body.size());
+  }
+  head.append("\r\n");
+  const std::array<asio::const_buffer, 2> message{asio::buffer(head), asio::buffer(request.body)};
+  const bool head_request = request.method == Verb::head;
 
   const bool idempotent = request.idempotent.value_or(idempotent_by_method(request.method));
   const RetryPolicy policy = request.retry.value_or(c.options.retry);
@@ -377,7 +404,7 @@ asio::awaitable<Result<Response>> Client::request(ClientRequest request) {
     if (Clock::now() >= deadline) {
       co_return fail(ErrorCode::kTimeout, fmt::format("deadline expired after {} attempt(s)", attempt - 1));
     }
-    AttemptResult r = co_await c.attempt(*url, req, deadline, true);
+    AttemptResult r = co_await c.attempt(*url, message, head_request, deadline);
     bool retryable = false;
     switch (r.failure) {
       case Failure::kNone:

@@ -28,6 +28,8 @@
 #include <boost/beast/http.hpp>
 
 #include <algorithm>
+#include <array>
+#include <iterator>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -153,7 +155,10 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   asio::awaitable<void> session(std::shared_ptr<Impl> self, std::shared_ptr<Connection> conn);
   asio::awaitable<Response> dispatch(Request request);
   // Writes `response` for a request of HTTP version `version`; returns false when the write failed.
-  asio::awaitable<bool> write(Connection& conn, Response response, unsigned version, bool keep_alive);
+  asio::awaitable<bool> write(Connection& conn, Response response, unsigned version, bool keep_alive,
+                              bool head_only = false);
+  bool serialize_head(std::string& head, const Response& response, unsigned status, unsigned version, bool keep_alive,
+                      bool no_body) const;
   // Answers a request the server rejects before any handler runs (413, 400, 431), then closes the
   // connection after a short drain so the client can read the answer instead of a reset.
   asio::awaitable<void> reject(Connection& conn, Response response);
@@ -244,11 +249,12 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Impl> self, std::sha
       auto message = parser->release();
       const unsigned version = message.version();
       const bool keep_alive = message.keep_alive();
+      const bool head_only = message.method() == Verb::head;
       Response response = co_await dispatch(to_request(std::move(message)));
 
       // 4. Answer. A stopping server says "Connection: close" and ends the session.
       const bool keep = keep_alive && !stopping;
-      if (!co_await write(*conn, std::move(response), version, keep) || !keep) break;
+      if (!co_await write(*conn, std::move(response), version, keep, head_only) || !keep) break;
     }
   } catch (const std::exception& e) {
     // Reached only through cancellation by close() (asio throws when a cancelled coroutine awaits
@@ -288,33 +294,57 @@ asio::awaitable<Response> Server::Impl::dispatch(Request request) {
   co_return Response::error(500, fmt::format("internal error in handler: {}", what), "server_error");
 }
 
-asio::awaitable<bool> Server::Impl::write(Connection& conn, Response response, unsigned version, bool keep_alive) {
-  bhttp::response<bhttp::string_body> res;
-  try {
-    const unsigned status = response.status >= 100 && response.status <= 599 ? static_cast<unsigned>(response.status) : 500u;
-    res.result(status);
-    res.version(version == 10 ? 10 : 11);
-    res.set(bhttp::field::server, options.server_name);
-    for (auto& [name, value] : response.headers) res.set(name, value);
-    if (!is_empty_body_status(status)) {
-      if (!response.content_type.empty()) res.set(bhttp::field::content_type, response.content_type);
-      res.body() = std::move(response.body);
+// Status line and headers, serialised directly (cheaper than Beast's serializer on the hot path).
+// Returns false when the handler supplied a header name or value that would break the message.
+bool Server::Impl::serialize_head(std::string& head, const Response& response, unsigned status, unsigned version,
+                                  bool keep_alive, bool no_body) const {
+  const std::string_view reason = bhttp::obsolete_reason(bhttp::int_to_status(status));
+  fmt::format_to(std::back_inserter(head), "HTTP/1.{} {} {}\r\n", version == 10 ? 0 : 1, status,
+                 reason.empty() ? std::string_view("Unknown") : reason);
+  if (!options.server_name.empty()) detail::append_header(head, "Server", options.server_name);
+  for (const auto& [name, value] : response.headers) {
+    if (!detail::valid_header_name(name) || !detail::valid_header_value(value)) return false;
+    // Framing is ours: a handler cannot set the length, the transfer coding or the connection.
+    if (beast::iequals(name, "content-length") || beast::iequals(name, "transfer-encoding") ||
+        beast::iequals(name, "connection")) {
+      continue;
     }
-    res.keep_alive(keep_alive);
-    res.prepare_payload();
-  } catch (const std::exception& e) {
-    // A header value Beast refuses (e.g. with CR/LF): answer 500 rather than send something broken.
-    ARLO_ERROR_EVERY(1.0, "http server: cannot build response: {}", e.what());
-    res = {};
-    res.result(500);
-    res.version(11);
-    res.set(bhttp::field::content_type, "application/json");
-    res.body() = Response::error(500, "handler produced an invalid response", "server_error").body;
-    res.keep_alive(keep_alive);
-    res.prepare_payload();
+    detail::append_header(head, name, value);
   }
+  if (!no_body) {
+    if (!response.content_type.empty()) {
+      if (!detail::valid_header_value(response.content_type)) return false;
+      detail::append_header(head, "Content-Type", response.content_type);
+    }
+    fmt::format_to(std::back_inserter(head), "Content-Length: {}\r\n", response.body.size());
+  }
+  if (!keep_alive) {
+    head.append("Connection: close\r\n");
+  } else if (version == 10) {
+    head.append("Connection: keep-alive\r\n");
+  }
+  head.append("\r\n");
+  return true;
+}
+
+asio::awaitable<bool> Server::Impl::write(Connection& conn, Response response, unsigned version, bool keep_alive,
+                                          bool head_only) {
+  unsigned status = response.status >= 100 && response.status <= 599 ? static_cast<unsigned>(response.status) : 500u;
+  bool no_body = is_empty_body_status(status);
+  std::string head;
+  head.reserve(128 + response.content_type.size() + options.server_name.size() + 64 * response.headers.size());
+  if (!serialize_head(head, response, status, version, keep_alive, no_body)) {
+    ARLO_ERROR_EVERY(1.0, "http server: handler returned an invalid header; answering 500 instead");
+    response = Response::error(500, "handler produced an invalid response header", "server_error");
+    status = 500;
+    no_body = false;
+    head.clear();
+    serialize_head(head, response, status, version, keep_alive, no_body);
+  }
+  const std::array<asio::const_buffer, 2> buffers{
+      asio::buffer(head), no_body || head_only ? asio::const_buffer() : asio::buffer(response.body)};
   conn.stream.expires_after(options.idle_timeout);
-  auto [ec, n] = co_await bhttp::async_write(conn.stream, res, kNoThrow);
+  auto [ec, n] = co_await asio::async_write(conn.stream, buffers, kNoThrow);
   if (ec == beast::error::timeout) ++stats.timeouts;
   co_return !ec;
 }

@@ -18,4 +18,13 @@ std::map<std::string, std::string> parse_query(std::string_view query);
 // ASCII lower-case copy (header names).
 std::string to_lower(std::string_view s);
 
+// RFC 9110 token (header field name) and field value (no CR, LF or NUL). Server and client
+// serialise heads themselves, so these checks are what keeps a caller's string from injecting
+// headers or splitting a message.
+bool valid_header_name(std::string_view name);
+bool valid_header_value(std::string_view value);
+
+// Appends "Name: value\r\n".
+void append_header(std::string& out, std::string_view name, std::string_view value);
+
 }  // namespace arlo::http::detail

@@ -260,6 +260,25 @@ TEST_F(HttpClientTest, BadUrlsAreInvalidArgument) {
   }());
 }
 
+TEST_F(HttpClientTest, HeaderInjectionIsRefused) {
+  run(io, [&]() -> asio::awaitable<void> {
+    ClientRequest r;
+    r.url = base + "/ok";
+    r.headers["X-Evil"] = "a\r\nX-Injected: 1";
+    auto out = co_await client->request(r);
+    EXPECT_FALSE(out);
+    if (!out) {
+      EXPECT_EQ(out.error().code(), ErrorCode::kInvalidArgument);
+    }
+    ClientRequest bad_name;
+    bad_name.url = base + "/ok";
+    bad_name.headers["Bad Name"] = "x";
+    auto out2 = co_await client->request(bad_name);
+    EXPECT_FALSE(out2);
+  }());
+  EXPECT_EQ(client->stats().attempts, 0u);
+}
+
 TEST_F(HttpClientTest, ResolvesHostNamesAndIpv6Literals) {
   run(io, [&]() -> asio::awaitable<void> {
     const std::string url = fmt::format("http://localhost:{}/ok", server->port());

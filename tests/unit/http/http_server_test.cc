@@ -266,6 +266,43 @@ TEST_F(HttpServerTest, HandlerExceptionIs500AndServerKeepsServing) {
   EXPECT_EQ(server->stats().connections_accepted, 1u);  // 500 does not cost the connection
 }
 
+TEST_F(HttpServerTest, InvalidHandlerHeaderIs500AndHeadHasNoBody) {
+  make_server();
+  server->route(Verb::get, "/inject", [](Request) -> asio::awaitable<Response> {
+    Response r = Response::text(200, "fine");
+    r.headers["X-Evil"] = "a\r\nX-Injected: 1";
+    co_return r;
+  });
+  server->route(Verb::head, "/thing", [](Request) -> asio::awaitable<Response> {
+    Response r = Response::text(200, "abcdef");
+    r.headers["X-Thing"] = "yes";
+    co_return r;
+  });
+  start();
+  run(io, [&]() -> asio::awaitable<void> {
+    auto r = co_await client->get(base + "/inject");
+    EXPECT_TRUE(r);
+    if (r) {
+      EXPECT_EQ(r->status, 500);
+      EXPECT_EQ(r->headers.count("x-injected"), 0u);
+    }
+    ClientRequest head;
+    head.method = Verb::head;
+    head.url = base + "/thing";
+    auto h = co_await client->request(head);
+    EXPECT_TRUE(h);
+    if (h) {
+      EXPECT_EQ(h->status, 200);
+      EXPECT_EQ(h->body, "");
+      EXPECT_EQ(h->headers["content-length"], "6");
+      EXPECT_EQ(h->headers["x-thing"], "yes");
+    }
+    auto after = co_await client->get(base + "/ok");  // the connection is still in step
+    EXPECT_TRUE(after && after->status == 200);
+  }());
+  EXPECT_EQ(server->stats().connections_accepted, 1u);
+}
+
 TEST_F(HttpServerTest, KeepAliveReusesOneConnection) {
   make_server();
   start();
