@@ -50,6 +50,7 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.eval_sampling.temperature = cfg.number("eval.temperature");
 
   o.log_interval_s = cfg.number("log.interval_s");
+  o.progress = cfg.boolean("log.progress");
   o.run_dir = cfg.string("run.dir");
   o.ckpt_interval = static_cast<int>(cfg.integer("ckpt.interval"));
   o.status_bind = cfg.string("status.bind");

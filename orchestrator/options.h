@@ -50,6 +50,7 @@ struct Options {
   double log_interval_s = 10.0;
   std::string run_dir;             // metrics.jsonl and checkpoints; empty = write nothing
   bool console = true;             // a line per step
+  bool progress = true;            // progress bar toward max_steps when stdout is a terminal
   int ckpt_interval = 0;           // steps; 0 = never
   bool resume = false;
   int status_port = -1;            // Prometheus /metrics; -1 = off, 0 = any free port

@@ -77,7 +77,7 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
                                              [this](const SyncReport& r) { on_synced(r); });
   logger_ = std::make_unique<PeriodicLogger>(ex, clock, opt_.log_interval_s, [this] { tick(); });
   lag_ = std::make_unique<LagProbe>(clock, std::chrono::milliseconds(20));
-  tty_ = ::isatty(STDOUT_FILENO) != 0;
+  tty_ = opt_.progress && ::isatty(STDOUT_FILENO) != 0;
 }
 
 Orchestrator::~Orchestrator() {

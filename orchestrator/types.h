@@ -33,6 +33,7 @@ struct Task {
   std::uint64_t id = 0;
   std::string env = "default";
   std::string prompt;
+  nlohmann::json messages = nlohmann::json::array();  // chat tasks: [{"role", "content"}, ...]
   std::vector<std::int32_t> prompt_tokens;
   std::string answer;
   std::vector<std::int32_t> answer_tokens;

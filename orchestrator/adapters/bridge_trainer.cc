@@ -1,0 +1,38 @@
+#include "orchestrator/adapters/bridge_trainer.h"
+
+#include <fmt/format.h>
+
+namespace arlo::orch::adapters {
+
+BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& server, ThreadPool& pool,
+                             bridge::PackOptions pack)
+    : io_(io), server_(server), pool_(pool), pack_(pack) {}
+
+void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
+  server_.on_version([cb = std::move(callback)](bridge::VersionEvent e) { cb(VersionNotice{e.version, e.info}); });
+}
+
+Awaitable<Status> BridgeTrainer::send(TrainBatch batch) {
+  const auto step = batch.step;
+  auto work = [batch = std::move(batch), opts = pack_]() -> Result<bridge::StepBatch> {
+    std::vector<bridge::Sample> samples;
+    samples.reserve(batch.samples.size());
+    for (const auto& s : batch.samples) {
+      bridge::Sample b;
+      b.prompt_tokens = s.prompt_tokens;
+      b.completion_tokens = s.completion_tokens;
+      b.completion_logprobs = s.logprobs;
+      b.token_versions = s.token_versions;
+      b.advantage = static_cast<float>(s.advantage);
+      if (s.supervised) b.ce_weights.assign(s.completion_tokens.size(), 1.0f);
+      samples.push_back(std::move(b));
+    }
+    return bridge::pack(batch.step, samples, opts);
+  };
+  auto packed = co_await pool_.run(io_, std::move(work));
+  if (!packed) co_return std::unexpected(Error(packed.error()).with_context(fmt::format("packing step {}", step)));
+  last_ = packed->report;
+  co_return co_await server_.send(std::move(*packed));
+}
+
+}  // namespace arlo::orch::adapters

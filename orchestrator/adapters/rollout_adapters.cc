@@ -1,0 +1,190 @@
+#include "orchestrator/adapters/rollout_adapters.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace arlo::orch::adapters {
+
+namespace {
+rollout::PauseMode to_rollout(PauseMode m) {
+  switch (m) {
+    case PauseMode::kKeep: return rollout::PauseMode::kKeep;
+    case PauseMode::kWait: return rollout::PauseMode::kWait;
+    case PauseMode::kAbort: return rollout::PauseMode::kAbort;
+  }
+  return rollout::PauseMode::kKeep;
+}
+}  // namespace
+
+rollout::Task to_rollout_task(const Task& t) {
+  rollout::Task r;
+  r.id = t.info.contains("task_id") && t.info["task_id"].is_string() ? t.info["task_id"].get<std::string>()
+                                                                      : std::to_string(t.id);
+  r.env = t.env;
+  if (t.messages.is_array() && !t.messages.empty()) {
+    for (const auto& m : t.messages)
+      r.messages.push_back({m.value("role", std::string()), m.value("content", std::string())});
+  } else {
+    r.prompt = t.prompt;
+  }
+  r.answer = t.answer;
+  r.info = t.info;
+  return r;
+}
+
+RolloutInference::RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
+                                   DescribeUpdate describe, std::string model)
+    : pool_(pool), describe_(std::move(describe)), model_(std::move(model)) {
+  for (auto& a : admins) {
+    const auto url = a->url();
+    admins_.emplace(url, std::move(a));
+  }
+}
+
+std::vector<std::string> RolloutInference::workers() const {
+  std::vector<std::string> v;
+  for (const auto& [url, a] : admins_) v.push_back(url);
+  return v;
+}
+
+Result<rollout::AdminClient*> RolloutInference::admin(const std::string& worker) {
+  auto it = admins_.find(worker);
+  if (it == admins_.end()) return make_error(ErrorCode::kNotFound, fmt::format("no admin client for worker {}", worker));
+  return it->second.get();
+}
+
+Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest req) {
+  rollout::CompletionRequest cr;
+  cr.model = model_;
+  cr.prompt_token_ids = req.prompt_tokens;
+  if (cr.prompt_token_ids.empty() && req.task) {
+    if (req.task->messages.is_array() && !req.task->messages.empty()) {
+      for (const auto& m : req.task->messages)
+        cr.messages.push_back({m.value("role", std::string()), m.value("content", std::string())});
+    } else {
+      cr.prompt = req.task->prompt;
+    }
+  }
+  cr.sampling.temperature = req.sampling.temperature;
+  cr.sampling.top_p = req.sampling.top_p;
+  cr.sampling.max_tokens = static_cast<int>(req.sampling.max_tokens);
+  cr.sampling.n = req.n;
+  cr.sampling.seed = req.seed;
+  cr.sampling.stop = req.sampling.stop;
+  cr.sampling.logprobs = true;
+  cr.affinity_key = std::to_string(req.group_id);
+  const auto budget = std::max<Duration>(Duration::zero(), req.deadline - Clock_::now());
+  auto completion = co_await pool_.submit(std::move(cr), budget);
+  if (!completion) co_return std::unexpected(std::move(completion).error());
+  GenerateResult out;
+  out.prompt_tokens = std::move(completion->prompt_token_ids);
+  out.worker = completion->server;
+  for (auto& ch : completion->choices) {
+    Completion c;
+    c.tokens = std::move(ch.token_ids);
+    c.logprobs = std::move(ch.logprobs);
+    for (const auto& s : ch.version_spans) c.spans.push_back({s.version, s.first_token});
+    c.finish_reason = std::string(rollout::to_string(ch.finish_reason));
+    c.text = std::move(ch.text);
+    out.completions.push_back(std::move(c));
+  }
+  co_return out;
+}
+
+Awaitable<Status> RolloutInference::pause(std::string worker, PauseMode mode, TimePoint) {
+  auto a = admin(worker);
+  if (!a) co_return std::unexpected(std::move(a).error());
+  co_return co_await (*a)->pause(to_rollout(mode));
+}
+
+Awaitable<Status> RolloutInference::update_weights(std::string worker, Version version, TimePoint) {
+  auto a = admin(worker);
+  if (!a) co_return std::unexpected(std::move(a).error());
+  rollout::WeightUpdate update = describe_ ? describe_(version) : rollout::WeightUpdate{};
+  update.version = version;
+  auto prepared = co_await (*a)->prepare_weights(update);
+  if (!prepared) co_return prepared;
+  co_return co_await (*a)->commit_weights(version);
+}
+
+Awaitable<Status> RolloutInference::resume(std::string worker, TimePoint) {
+  auto a = admin(worker);
+  if (!a) co_return std::unexpected(std::move(a).error());
+  co_return co_await (*a)->resume();
+}
+
+RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize)
+    : stream_(std::move(stream)), tokenize_(std::move(tokenize)) {}
+
+Task RolloutTasks::convert(const rollout::Task& t, std::uint64_t id) const {
+  Task out;
+  out.id = id;
+  out.env = t.env;
+  out.prompt = t.prompt_text();
+  if (t.is_chat()) {
+    out.messages = nlohmann::json::array();
+    for (const auto& m : t.messages) out.messages.push_back({{"role", m.role}, {"content", m.content}});
+  }
+  out.answer = t.answer;
+  out.info = t.info.is_object() ? t.info : nlohmann::json::object();
+  out.info["task_id"] = t.id;
+  if (tokenize_ && !t.is_chat()) {
+    out.prompt_tokens = tokenize_(out.prompt);
+    out.answer_tokens = tokenize_(t.answer);
+  }
+  return out;
+}
+
+Result<Task> RolloutTasks::next() {
+  ARLO_ASSIGN_OR_RETURN(auto t, stream_->next());
+  return convert(t, seq_++);
+}
+
+nlohmann::json RolloutTasks::cursor() const { return {{"stream", stream_->cursor()}, {"seq", seq_}}; }
+
+Status RolloutTasks::restore(const nlohmann::json& cursor) {
+  if (!cursor.is_object() || !cursor.contains("stream") || !cursor.contains("seq") || !cursor["seq"].is_number_unsigned())
+    return make_error(ErrorCode::kParse, "task cursor: expected {\"stream\": ..., \"seq\": N}");
+  ARLO_TRY(stream_->restore(cursor["stream"]));
+  seq_ = cursor["seq"].get<std::uint64_t>();
+  return ok();
+}
+
+RolloutScorer::RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOptions advantages)
+    : scorer_(scorer), advantages_(std::move(advantages)) {
+  // The orchestrator's TrainSink applies the equal-reward filter itself (counted in the ledger).
+  advantages_.drop_equal_reward_groups = false;
+}
+
+Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> task,
+                                                    std::shared_ptr<const std::vector<Completion>> completions) {
+  const auto rtask = to_rollout_task(*task);
+  std::vector<rollout::Rollout> group;
+  group.reserve(completions->size());
+  for (std::size_t i = 0; i < completions->size(); ++i) {
+    const auto& c = (*completions)[i];
+    rollout::Rollout r;
+    r.task_id = rtask.id;
+    r.sample_index = static_cast<int>(i);
+    r.completion_tokens = c.tokens;
+    r.completion_text = c.text;
+    r.logprobs = c.logprobs;
+    r.finish_reason = rollout::parse_finish_reason(c.finish_reason);
+    group.push_back(std::move(r));
+  }
+  auto st = co_await scorer_.score_group(rtask, group);
+  if (!st) co_return std::unexpected(std::move(st).error());
+  ScoredGroup out;
+  std::vector<rollout::SampleInput> inputs;
+  for (const auto& r : group) {
+    out.rewards.push_back(r.reward.value_or(0.0));
+    inputs.push_back({r.reward.value_or(0.0), r.completion_tokens.size(), r.finish_reason == rollout::FinishReason::kLength});
+  }
+  auto adv = rollout::compute_advantages(inputs, advantages_);
+  out.advantages = std::move(adv.advantages);
+  out.advantages.resize(out.rewards.size(), 0.0);
+  co_return out;
+}
+
+}  // namespace arlo::orch::adapters

@@ -1,0 +1,83 @@
+#pragma once
+// Adapters from the orchestrator's ports to the rollout module: the worker pool and admin clients
+// (InferencePort), an environment's task stream (TaskSource) and the reward scorer plus advantage
+// estimator (ScorerPort). Each lives on the orchestrator's io_context and is used from its thread.
+#include <boost/asio/io_context.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "orchestrator/ports.h"
+#include "rollout/admin.h"
+#include "rollout/advantages.h"
+#include "rollout/environment.h"
+#include "rollout/inference_pool.h"
+#include "rollout/reward_scorer.h"
+
+namespace arlo::orch::adapters {
+
+// Text -> token ids (the policy's tokenizer; arlo run passes the built-in one).
+using Tokenize = std::function<std::vector<std::int32_t>(std::string_view)>;
+
+// Worker pool for generation; one admin client per worker for pause / weights / resume.
+class RolloutInference final : public InferencePort {
+ public:
+  // What a worker needs to fetch version v (transport, manifest, dialect extras).
+  using DescribeUpdate = std::function<rollout::WeightUpdate(Version)>;
+  // `pool` and every admin client must outlive this adapter; workers are keyed by admin->url().
+  RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
+                   DescribeUpdate describe, std::string model = "");
+
+  Awaitable<Result<GenerateResult>> generate(GenerateRequest request) override;
+  std::vector<std::string> workers() const override;
+  Awaitable<Status> pause(std::string worker, PauseMode mode, TimePoint deadline) override;
+  Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) override;
+  Awaitable<Status> resume(std::string worker, TimePoint deadline) override;
+
+ private:
+  Result<rollout::AdminClient*> admin(const std::string& worker);
+  rollout::InferencePool& pool_;
+  std::map<std::string, std::unique_ptr<rollout::AdminClient>> admins_;
+  DescribeUpdate describe_;
+  std::string model_;
+};
+
+// An endless (or epoch-bounded) task stream. Ids are a running sequence number (the environment's
+// own id rides in info["task_id"]); the cursor holds the stream's cursor and that sequence.
+class RolloutTasks final : public TaskSource {
+ public:
+  // `tokenize` may be empty: then prompts go to the server as text and the SFT warm-up is unavailable.
+  RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize);
+  Result<Task> next() override;
+  nlohmann::json cursor() const override;
+  Status restore(const nlohmann::json& cursor) override;
+
+  // Converts one environment task (also used for the eval set).
+  Task convert(const rollout::Task& t, std::uint64_t id) const;
+
+ private:
+  std::shared_ptr<rollout::TaskStream> stream_;
+  Tokenize tokenize_;
+  std::uint64_t seq_ = 0;
+};
+
+// Scores through rollout's RewardScorer (modules on its worker threads, with its timeout and
+// failure policy), then computes advantages with rollout's estimator. A sample left unscored by
+// the `drop` policy gets reward 0 and advantage 0.
+class RolloutScorer final : public ScorerPort {
+ public:
+  RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOptions advantages);
+  Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task> task,
+                                       std::shared_ptr<const std::vector<Completion>> completions) override;
+
+ private:
+  rollout::RewardScorer& scorer_;
+  rollout::AdvantageOptions advantages_;
+};
+
+rollout::Task to_rollout_task(const Task& t);
+
+}  // namespace arlo::orch::adapters

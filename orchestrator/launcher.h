@@ -1,0 +1,76 @@
+#pragma once
+// Launcher: starts the run's child processes (arlo-worker x N, arlo-trainer), forwards their output
+// line by line with a "[name] " prefix, reports when one exits, and stops them all — never leaving
+// orphans:
+//   - every child is put in one process group owned by the launcher, so a stop reaches the whole
+//     group (grandchildren included) with one kill(-pgid, ...);
+//   - every child asks the kernel for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG), so
+//     even a SIGKILLed arlo takes its children with it;
+//   - stop() sends SIGTERM, waits up to a grace period, then SIGKILLs and reaps.
+// The destructor stops everything still running.
+//
+// Thread-safety: spawn/stop/exited from one thread; output forwarding runs on one reader thread per
+// child and calls the line sink from there (the default sink writes to stdout under a mutex).
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/result.h"
+
+namespace arlo::orch {
+
+struct ChildSpec {
+  std::string name;                         // log prefix: "worker-0"
+  std::vector<std::string> argv;            // argv[0] is looked up in PATH unless it has a '/'
+  std::map<std::string, std::string> env;   // added to the inherited environment
+};
+
+struct ChildExit {
+  std::string name;
+  pid_t pid = 0;
+  int status = 0;  // as from waitpid
+  std::string describe() const;  // "worker-0 exited with code 1" / "... killed by signal 9"
+};
+
+class Launcher {
+ public:
+  using LineSink = std::function<void(const std::string& name, const std::string& line)>;
+  explicit Launcher(LineSink sink = {});
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  Result<pid_t> spawn(const ChildSpec& spec);
+  // A child that has exited since the last call (reaped), if any. Never blocks.
+  std::optional<ChildExit> exited();
+  // SIGTERM to the group, up to `grace` for them to exit, then SIGKILL; reaps all. Idempotent.
+  void stop(std::chrono::milliseconds grace = std::chrono::seconds(5));
+  std::vector<pid_t> running() const;
+  pid_t process_group() const { return pgid_; }
+
+ private:
+  struct Child {
+    std::string name;
+    pid_t pid = 0;
+    bool reaped = false;
+    std::thread reader;
+  };
+  LineSink sink_;
+  pid_t pgid_ = 0;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+// A free TCP port on 127.0.0.1 (bound and released; the caller's child binds it next).
+Result<std::uint16_t> free_loopback_port();
+
+}  // namespace arlo::orch
