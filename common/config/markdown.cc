@@ -78,7 +78,8 @@ std::string generate_markdown(const Schema& schema) {
   out += "- Unknown sections and keys are errors; the message suggests the nearest known name "
          "(`did you mean 'batch_size'?`).\n";
   out += "- `--set section.key=value` (repeatable, applied after the file, later wins) takes a YAML value and "
-         "is checked like the file: `--set sampling.stop=[\"\\n\"]`.\n";
+         "is checked like the file: `--set sampling.stop=[\"\\n\"]`; a list of objects is replaced whole: "
+         "`--set 'reward.modules=[{kind: numeric_match}]'`.\n";
   out += "- `${VAR}` in any value is replaced by the environment variable `VAR` (an error when unset); "
          "`${VAR:-fallback}` uses `fallback` when `VAR` is unset or empty; `$${` is a literal `${`.\n";
   out += "- A key with no value (`key:` or `~`) means an empty string, list or map; bool, int and float keys "
