@@ -6,8 +6,9 @@
 //   grpo     A_i = (r_i - mean(r)) / (std(r) + std_eps)    std is the population std (divide by n)
 //   dr_grpo  A_i = r_i - mean(r)                            (no std normalisation)
 //   rloo     A_i = r_i - mean_{j != i}(r_j) = n/(n-1) * (r_i - mean(r)); needs n >= 2
-// Length penalty: r_i <- r_i - length_penalty * len_i / norm, where norm = length_norm when > 0,
-// else the longest completion in the group.
+// Length penalty: r_i <- r_i - length_penalty * len_i / norm. With the default length_norm = 1 the
+// penalty is per generated token (orchestrator.length_penalty); length_norm = 0 normalises by the
+// longest completion in the group.
 // Truncated samples (finish_reason == length): keep (as is), drop (removed before statistics, not
 // trained on), or mask (kept in the statistics, advantage 0, loss-masked).
 // A group whose kept rewards are all equal carries no signal; with drop_equal_reward_groups it is
@@ -33,7 +34,7 @@ struct AdvantageOptions {
   AdvantageKind kind = AdvantageKind::kGrpo;
   double std_eps = 1e-6;
   double length_penalty = 0.0;     // 0 = off
-  double length_norm = 0.0;        // tokens; 0 = longest completion in the group
+  double length_norm = 1.0;        // tokens; 1 = per token, 0 = longest completion in the group
   bool drop_equal_reward_groups = true;
   TruncationPolicy truncated = TruncationPolicy::kKeep;
   double equal_tolerance = 1e-12;  // rewards closer than this count as equal

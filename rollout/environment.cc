@@ -57,7 +57,7 @@ class IndexedView : public TaskSource {
 
 }  // namespace
 
-Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, std::string name) {
+Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, std::string name, std::size_t max_tasks) {
   std::ifstream in(path);
   if (!in) return make_error(ErrorCode::kNotFound, fmt::format("{}: cannot open dataset file (check the path)", path));
   std::vector<Task> tasks;
@@ -78,6 +78,7 @@ Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, st
       return make_error(ErrorCode::kInvalidArgument, fmt::format("{}:{}: duplicate id '{}'", path, line_no, task->id));
     task->env = name;
     tasks.push_back(std::move(*task));
+    if (max_tasks > 0 && tasks.size() >= max_tasks) break;
   }
   if (in.bad()) return make_error(ErrorCode::kIo, fmt::format("{}: read error after line {}", path, line_no));
   if (tasks.empty()) return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: dataset has no tasks", path));
@@ -88,13 +89,14 @@ Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOption
   if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "arithmetic: size must be >= 1");
   if (o.num_terms < 1 || o.num_terms > 8)
     return make_error(ErrorCode::kInvalidArgument, fmt::format("arithmetic: num_terms must be in [1, 8], got {}", o.num_terms));
-  if (o.min_value < 0 || o.max_value < o.min_value || o.max_value > 999999)
+  const int min_value = o.min_value.value_or(std::min(10, o.max_value));
+  if (min_value < 0 || o.max_value < min_value || o.max_value > 999999)
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("arithmetic: need 0 <= min_value <= max_value <= 999999, got [{}, {}]", o.min_value, o.max_value));
+                      fmt::format("arithmetic: need 0 <= min_value <= max_value <= 999999, got [{}, {}]", min_value, o.max_value));
   std::uint64_t state = o.seed ^ 0x61726974686d6574ULL;  // "arithmet"
   std::vector<Task> tasks;
   tasks.reserve(o.size);
-  const auto span = static_cast<std::uint64_t>(o.max_value - o.min_value + 1);
+  const auto span = static_cast<std::uint64_t>(o.max_value - min_value + 1);
   for (std::size_t i = 0; i < o.size; ++i) {
     Task t;
     t.id = fmt::format("arithmetic-{}", i);
@@ -103,7 +105,7 @@ Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOption
     long long sum = 0;
     Json terms = Json::array();
     for (int k = 0; k < o.num_terms; ++k) {
-      const long long term = o.min_value + static_cast<long long>(uniform_below(state, span));
+      const long long term = min_value + static_cast<long long>(uniform_below(state, span));
       if (k) prompt += '+';
       prompt += std::to_string(term);
       sum += term;

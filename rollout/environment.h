@@ -40,15 +40,16 @@ class VectorTaskSource : public TaskSource {
 
 // Loads a JSONL file: one object per line with "prompt" (string) or "messages" ([{role, content}]),
 // optional "answer" (string or number), optional "id" (default "<name>-<line>") and "info" (object).
-// Blank lines are skipped. Errors cite "path:line: what is wrong".
-Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, std::string name);
+// Blank lines are skipped. Errors cite "path:line: what is wrong". max_tasks > 0 keeps the first
+// max_tasks tasks (env.size), 0 keeps all.
+Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, std::string name, std::size_t max_tasks = 0);
 
 struct ArithmeticOptions {
   std::uint64_t seed = 0;
   std::size_t size = 1000;
   int num_terms = 2;       // terms per sum
-  int min_value = 10;      // each term in [min_value, max_value]
-  int max_value = 49;      // defaults give two-digit answers: "23+45=" -> "68"
+  std::optional<int> min_value{};  // each term in [min_value, max_value]; default min(10, max_value)
+  int max_value = 49;            // env.max_operand; 10..49 gives two-digit answers: "23+45=" -> "68"
 };
 // Sums of small numbers: prompt "23+45=", answer "68", info {"terms": [23, 45]}.
 Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOptions& options);
@@ -76,7 +77,7 @@ class TaskStream {
   struct Options {
     std::uint64_t seed = 0;
     bool shuffle = true;
-    std::optional<std::uint64_t> epochs;  // nullopt: cycle forever
+    std::optional<std::uint64_t> epochs{};  // nullopt: cycle forever
   };
   TaskStream(std::shared_ptr<const TaskSource> source, Options options);
 

@@ -59,7 +59,7 @@ struct PoolOptions {
   Duration open_backoff_initial = std::chrono::milliseconds(200);
   Duration open_backoff_max = std::chrono::seconds(30);
   int max_attempts = 3;                            // servers tried per request
-  std::optional<Duration> attempt_timeout;         // per attempt; default: the remaining deadline
+  std::optional<Duration> attempt_timeout{};       // per attempt; default: the remaining deadline
   std::size_t affinity_capacity = 8192;            // affinity keys remembered (oldest forgotten)
   http::ClientOptions client;
 };

@@ -16,7 +16,9 @@
 //   {"type": "http", "url": "http://127.0.0.1:9000/score", "timeout_s": 10}
 //   {"type": "weighted", "modules": [{"type": ..., "weight": 0.8, "name": "acc"}, ...]}
 // A list of specs is shorthand for "weighted". Every spec accepts "name" (default: its type),
-// used as the metric prefix.
+// used as the metric prefix. The config schema's form is accepted too: "kind" for "type", a
+// built-in's options inside "config" ({kind: numeric_match, config: {rel_tol: 1e-3}}), and empty
+// "path"/"url"/"pattern" values are ignored (so reward.modules converted to JSON works as is).
 #include <map>
 #include <memory>
 #include <span>

@@ -199,7 +199,7 @@ Result<T> get_opt(const Json& spec, const char* key, T fallback) {
 
 Status check_keys(const Json& spec, std::initializer_list<const char*> allowed) {
   for (const auto& [k, v] : spec.items()) {
-    if (k == "type" || k == "name" || k == "weight") continue;
+    if (k == "type" || k == "kind" || k == "name" || k == "weight") continue;
     if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }) == allowed.end()) {
       std::string list;
       for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
@@ -217,10 +217,46 @@ std::unique_ptr<RewardModule> make_weighted(std::string name, std::vector<Weight
   return std::make_unique<Weighted>(std::move(name), std::move(parts));
 }
 
-Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& spec) {
-  if (spec.is_array()) return make_reward_module(Json{{"type", "weighted"}, {"modules", spec}});
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
-    return make_error(ErrorCode::kInvalidArgument, "reward spec: expected an object with a string 'type'");
+namespace {
+
+// Accepts the config schema's shape ({kind, weight, path, url, pattern, config: {...}}) as well as
+// the flat one ({type, ...options}): "kind" means "type"; a built-in's options may sit in "config";
+// generic keys left at their empty defaults are ignored.
+Result<Json> normalize_spec(const Json& in) {
+  if (!in.is_object()) return make_error(ErrorCode::kInvalidArgument, "reward spec: expected an object with 'kind' (or 'type')");
+  Json spec = in;
+  if (spec.contains("kind")) {
+    if (spec.contains("type")) return make_error(ErrorCode::kInvalidArgument, "reward spec: give 'kind' or 'type', not both");
+    spec["type"] = spec["kind"];
+    spec.erase("kind");
+  }
+  if (!spec.contains("type") || !spec["type"].is_string())
+    return make_error(ErrorCode::kInvalidArgument, "reward spec: needs a string 'kind' (exact_match, numeric_match, ...)");
+  for (const char* key : {"path", "url", "pattern"})
+    if (spec.contains(key) && spec[key].is_string() && spec[key].get<std::string>().empty()) spec.erase(key);
+  const std::string type = spec["type"].get<std::string>();
+  if (spec.contains("config") && type != "plugin") {
+    const Json config = spec["config"];
+    spec.erase("config");
+    if (!config.is_object())
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("reward '{}': 'config' must be a mapping of options", type));
+    for (const auto& [k, v] : config.items()) {
+      if (spec.contains(k))
+        return make_error(ErrorCode::kInvalidArgument, fmt::format("reward '{}': option '{}' given twice (in and out of config)", type, k));
+      spec[k] = v;
+    }
+  }
+  if (type == "plugin" && spec.contains("config") && spec["config"].is_object() && spec["config"].empty() &&
+      !in.contains("type"))
+    spec["config"] = "";  // the schema default {} means "no config"
+  return spec;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& raw) {
+  if (raw.is_array()) return make_reward_module(Json{{"type", "weighted"}, {"modules", raw}});
+  ARLO_ASSIGN_OR_RETURN(const Json spec, normalize_spec(raw));
   const std::string type = spec["type"].get<std::string>();
   ARLO_ASSIGN_OR_RETURN(std::string name, get_opt<std::string>(spec, "name", type));
 

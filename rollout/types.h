@@ -58,7 +58,7 @@ struct SamplingParams {
   double top_p = 1.0;
   int max_tokens = 64;
   int n = 1;                               // samples per request
-  std::optional<std::uint64_t> seed;
+  std::optional<std::uint64_t> seed{};
   std::vector<std::string> stop;
   bool logprobs = true;                    // per-token logprobs of the generated tokens
 };

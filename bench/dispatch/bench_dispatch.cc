@@ -8,11 +8,19 @@
 // accounting, batching. The trainer accepts at once and publishes each version, so weight
 // updates (no-op admin calls) run through the watcher as in a real run. No thresholds asserted.
 //
-//   arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--no-python]
+//   arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--gen-ms MS] [--no-python]
+//
+// --gen-ms makes the server wait that long before answering (simulated generation). With a free
+// server (the default, 0) the client loop is the bottleneck by construction, so its event-loop lag
+// is the time to work through a full queue of completions; with a realistic generation time the
+// lag shows how responsive the loop stays while it holds thousands of requests.
 #include <time.h>
+#include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -216,7 +224,9 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
 }
 
 std::optional<Figures> run_python(std::uint16_t port, int inflight, long rollouts, int max_tokens) {
-  const auto cmd = fmt::format("python3 {} {} {} {} {}", ARLO_BENCH_DISPATCH_PY, port, inflight, rollouts, max_tokens);
+  // Debian's interpreter carries python3-httpx; another python3 first on PATH may not.
+  const char* python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  const auto cmd = fmt::format("{} {} {} {} {} {}", python, ARLO_BENCH_DISPATCH_PY, port, inflight, rollouts, max_tokens);
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string out;
@@ -256,6 +266,7 @@ int main(int argc, char** argv) {
   std::vector<int> levels = {256, 4096};
   int max_tokens = 16;
   bool python = true;
+  int gen_ms = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -269,8 +280,9 @@ int main(int argc, char** argv) {
     else if (a == "--inflight") levels = parse_list(val());
     else if (a == "--max-tokens") max_tokens = std::stoi(val());
     else if (a == "--no-python") python = false;
+    else if (a == "--gen-ms") gen_ms = std::stoi(val());
     else {
-      std::fprintf(stderr, "usage: arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--no-python]\n");
+      std::fprintf(stderr, "usage: arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--gen-ms MS] [--no-python]\n");
       return 2;
     }
   }
@@ -282,8 +294,13 @@ int main(int argc, char** argv) {
   asio::io_context server_io;
   http::ServerOptions so;
   http::Server server(server_io, so);
-  server.route(http::Verb::post, "/v1/completions",
-               [](http::Request req) -> asio::awaitable<http::Response> { co_return complete(req); });
+  server.route(http::Verb::post, "/v1/completions", [&server_io, gen_ms](http::Request req) -> asio::awaitable<http::Response> {
+    if (gen_ms > 0) {  // simulated generation time: the loop is then not saturated by a free server
+      asio::steady_timer t(server_io, std::chrono::milliseconds(gen_ms));
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    co_return complete(req);
+  });
   auto port = server.start();
   if (!port) {
     std::fprintf(stderr, "server: %s\n", port.error().what().c_str());
@@ -293,7 +310,7 @@ int main(int argc, char** argv) {
   std::thread server_thread([&] { server_io.run(); });
 
   std::printf("arlo-bench-dispatch: whole orchestrator loop vs Python asyncio+httpx, same server, %d tokens per "
-              "completion\n", max_tokens);
+              "completion, server answers after %d ms\n", max_tokens, gen_ms);
   std::printf("%-9s %-8s %9s %12s %14s %12s %12s %7s\n", "inflight", "client", "rollouts", "rollouts/s",
               "cpu us/rollout", "lag p50 ms", "lag p99 ms", "errors");
   for (int level : levels) {

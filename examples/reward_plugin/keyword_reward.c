@@ -1,8 +1,12 @@
 /* Example arlo reward plugin in plain C: rewards completions that contain a keyword.
  *
- * Config string: "keyword=<text>" (required) and optionally ";bonus=<number>" added when the
- * completion also stopped on its own (finish_reason "stop"). An empty keyword means "use the task's
- * answer as the keyword". Metrics: "found" (0/1) and "chars" (completion length).
+ * Config: the module's `config` mapping as JSON, {"keyword": "<text>", "bonus": <number>}, or the
+ * string form "keyword=<text>;bonus=<number>". `bonus` is added when the completion also stopped on
+ * its own (finish_reason "stop"). An empty or missing keyword means "use the task's answer".
+ * Metrics: "found" (0/1) and "chars" (completion length).
+ *
+ * The JSON reading below handles only this flat shape, to keep the example dependency-free; a real
+ * plugin should use a JSON library.
  *
  * Thread-safety: the instance is read-only after create(), so score() is safe to call concurrently.
  */
@@ -23,30 +27,67 @@ typedef struct keyword_reward {
   double bonus;
 } keyword_reward;
 
-static void* kw_create(const char* config, char* error, size_t error_size) {
-  const char* kw;
+/* Copies the string value of "key" in a flat JSON object into out (no escapes); 0 when absent. */
+static int json_string(const char* json, const char* key, char* out, size_t out_size) {
+  char pattern[64];
+  const char* p;
   const char* end;
-  size_t len;
-  keyword_reward* self;
-  if (!config || strncmp(config, "keyword=", 8) != 0) {
-    snprintf(error, error_size, "config must start with 'keyword=' (got '%s')", config ? config : "");
-    return NULL;
-  }
-  kw = config + 8;
-  end = strchr(kw, ';');
-  len = end ? (size_t)(end - kw) : strlen(kw);
-  if (len >= sizeof(self->keyword)) {
-    snprintf(error, error_size, "keyword longer than %zu bytes", sizeof(self->keyword) - 1);
-    return NULL;
-  }
-  self = (keyword_reward*)calloc(1, sizeof(keyword_reward));
+  snprintf(pattern, sizeof(pattern), "\"%s\"", key);
+  p = strstr(json, pattern);
+  if (!p) return 0;
+  p = strchr(p + strlen(pattern), ':');
+  if (!p) return 0;
+  p = strchr(p, '"');
+  if (!p) return 0;
+  end = strchr(++p, '"');
+  if (!end || (size_t)(end - p) >= out_size) return -1;
+  memcpy(out, p, (size_t)(end - p));
+  out[end - p] = '\0';
+  return 1;
+}
+
+static double json_number(const char* json, const char* key) {
+  char pattern[64];
+  const char* p;
+  snprintf(pattern, sizeof(pattern), "\"%s\"", key);
+  p = strstr(json, pattern);
+  if (!p) return 0.0;
+  p = strchr(p + strlen(pattern), ':');
+  return p ? strtod(p + 1, NULL) : 0.0;
+}
+
+static void* kw_create(const char* config, char* error, size_t error_size) {
+  keyword_reward* self = (keyword_reward*)calloc(1, sizeof(keyword_reward));
   if (!self) {
     snprintf(error, error_size, "out of memory");
     return NULL;
   }
-  memcpy(self->keyword, kw, len);
-  self->keyword[len] = '\0';
-  if (end && strncmp(end, ";bonus=", 7) == 0) self->bonus = strtod(end + 7, NULL);
+  if (!config) config = "";
+  if (config[0] == '{') {
+    if (json_string(config, "keyword", self->keyword, sizeof(self->keyword)) < 0) {
+      snprintf(error, error_size, "keyword too long (at most %zu bytes)", sizeof(self->keyword) - 1);
+      free(self);
+      return NULL;
+    }
+    self->bonus = json_number(config, "bonus");
+  } else if (strncmp(config, "keyword=", 8) == 0) {
+    const char* kw = config + 8;
+    const char* end = strchr(kw, ';');
+    size_t len = end ? (size_t)(end - kw) : strlen(kw);
+    if (len >= sizeof(self->keyword)) {
+      snprintf(error, error_size, "keyword too long (at most %zu bytes)", sizeof(self->keyword) - 1);
+      free(self);
+      return NULL;
+    }
+    memcpy(self->keyword, kw, len);
+    self->keyword[len] = '\0';
+    if (end && strncmp(end, ";bonus=", 7) == 0) self->bonus = strtod(end + 7, NULL);
+  } else if (config[0] != '\0') {
+    snprintf(error, error_size, "config must be {\"keyword\": ..., \"bonus\": ...} or 'keyword=...;bonus=...' (got '%s')",
+             config);
+    free(self);
+    return NULL;
+  }
   return self;
 }
 

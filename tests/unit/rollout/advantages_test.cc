@@ -70,6 +70,7 @@ TEST(Advantages, LengthPenaltyIsAppliedBeforeTheBaseline) {
   AdvantageOptions o;
   o.kind = AdvantageKind::kDrGrpo;
   o.length_penalty = 0.3;
+  o.length_norm = 0;
   std::vector<SampleInput> s = {{1, 10, false}, {1, 30, false}};
   auto g = compute_advantages(s, o);
   ASSERT_FALSE(g.group_dropped);
@@ -78,6 +79,10 @@ TEST(Advantages, LengthPenaltyIsAppliedBeforeTheBaseline) {
   o.length_norm = 100;  // fixed normaliser: r' = {0.97, 0.91}
   g = compute_advantages(s, o);
   EXPECT_NEAR(g.advantages[0], 0.03, 1e-12);
+  o.length_norm = 1;  // per token (the default): r' = {1 - 3, 1 - 9}; dr_grpo: {+3, -3}
+  o.length_penalty = 0.3;
+  g = compute_advantages(s, o);
+  EXPECT_NEAR(g.advantages[0], 3.0, 1e-12);
 }
 
 TEST(Advantages, TruncatedSamplesAreDroppedOrMasked) {

@@ -50,6 +50,9 @@ TEST(Jsonl, LoadsPromptAndMessagesWithAnswersAndInfo) {
   EXPECT_EQ(b.messages[0].content, "hi");
   EXPECT_EQ(b.answer, "7");
   EXPECT_EQ(b.prompt_text(), "user: hi");
+  auto first = load_jsonl(p.string(), "toy", 1);
+  ASSERT_TRUE(first);
+  EXPECT_EQ((*first)->size(), 1u);
 }
 
 TEST(Jsonl, BadLinesCiteFileAndLineNumber) {
@@ -105,6 +108,10 @@ TEST(Arithmetic, SeededTwoDigitSumsWithExactAnswers) {
   EXPECT_TRUE(differs);
   EXPECT_FALSE(make_arithmetic({.size = 0}));
   EXPECT_FALSE(make_arithmetic({.min_value = 50, .max_value = 10}));
+  // env.max_operand below 10: terms start at 0.
+  auto small = make_arithmetic({.seed = 1, .size = 50, .max_value = 5});
+  ASSERT_TRUE(small);
+  for (std::size_t i = 0; i < 50; ++i) EXPECT_LE(std::stoi((*small)->at(i).answer), 10);
 }
 
 TEST(ReverseText, AnswersAreReversedPrompts) {

@@ -14,9 +14,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string env(const char* name) {
+// From the test environment, else the values baked in at configure time.
+std::string env(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
-  return v ? v : "";
+  return v && *v ? v : fallback;
 }
 
 // Runs a shell command, its output appended to `log`; returns the exit status.
@@ -32,7 +33,7 @@ std::string slurp(const fs::path& p) {
 }
 
 TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
-  const std::string source = env("ARLO_SOURCE_DIR"), build = env("ARLO_BUILD_DIR");
+  const std::string source = env("ARLO_SOURCE_DIR", ARLO_TEST_SOURCE_DIR), build = env("ARLO_BUILD_DIR", ARLO_TEST_BUILD_DIR);
   ASSERT_FALSE(source.empty() || build.empty()) << "run through ctest (ARLO_SOURCE_DIR/ARLO_BUILD_DIR)";
   std::string tmpl = (fs::temp_directory_path() / "arlo_plugin_sdk_XXXXXX").string();
   const fs::path root = mkdtemp(tmpl.data());
@@ -67,9 +68,18 @@ TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
   EXPECT_EQ(s->metrics.at("found"), 1.0);
   EXPECT_EQ(s->metrics.at("chars"), 9.0);
 
+  // The config schema's form: a mapping handed over as JSON text.
+  const Json schema_form = {{"kind", "plugin"}, {"weight", 1.0}, {"path", lib.string()}, {"url", ""}, {"pattern", ""},
+                            {"config", {{"keyword", ""}, {"bonus", 0.25}}}};
+  auto from_schema = make_reward_module(Json::array({schema_form}));
+  ASSERT_TRUE(from_schema) << from_schema.error().what();
+  s = (*from_schema)->score(t, r);  // empty keyword: the task's answer "cba"
+  ASSERT_TRUE(s) << s.error().what();
+  EXPECT_EQ(s->reward, 1.25);
+
   auto bad = make_reward_module({{"type", "plugin"}, {"path", lib.string()}, {"config", "nope"}});
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().what().find("keyword="), std::string::npos) << bad.error().what();
+  EXPECT_NE(bad.error().what().find("config must be"), std::string::npos) << bad.error().what();
   fs::remove_all(root);
 }
 

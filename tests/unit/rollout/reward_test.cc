@@ -95,6 +95,22 @@ TEST(Rewards, WeightedCompositionSumsAndPrefixesMetrics) {
   EXPECT_NEAR((*g)[1].reward, 0.0, 1e-12);
 }
 
+TEST(Rewards, AcceptsTheConfigSchemaShape) {
+  // reward.modules entries as the config loader produces them: kind, weight, empty generic keys,
+  // a built-in's options under config.
+  const Json modules = Json::parse(R"([
+    {"kind": "numeric_match", "weight": 1.0, "path": "", "url": "", "pattern": "", "config": {"abs_tol": 0.5}},
+    {"kind": "regex_match", "weight": 0.5, "path": "", "url": "", "pattern": "^\\d+$", "config": {}}])");
+  auto m = make_reward_module(modules);
+  ASSERT_TRUE(m) << m.error().what();
+  auto s = (*m)->score(task("68"), sample("68.4"));
+  ASSERT_TRUE(s);
+  EXPECT_NEAR(s->reward, 1.0, 1e-12);  // numeric within 0.5; regex fails on "68.4"
+  auto twice = make_reward_module(Json::parse(R"({"kind": "numeric_match", "abs_tol": 1, "config": {"abs_tol": 2}})"));
+  ASSERT_FALSE(twice);
+  EXPECT_NE(twice.error().what().find("given twice"), std::string::npos);
+}
+
 TEST(Rewards, FactoryErrorsNameTheProblem) {
   auto r = make_reward_module({{"type", "exact_macth"}});
   ASSERT_FALSE(r);

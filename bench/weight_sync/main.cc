@@ -1,0 +1,601 @@
+// arlo-bench-weight-sync: moves a synthetic Qwen3-shaped model (bf16 by default) from one sender
+// process to N receiver processes through the chosen weight_sync transports, and measures, in the
+// same run, the baselines the numbers mean something against:
+//   memcpy        one thread copying the same bytes between two warm buffers
+//   socket blast  the same bytes over one loopback TCP connection, large writes, no protocol
+//   fs write+read writing the bytes to a file and reading them back (page cache)
+//   gloo          torch.distributed broadcast (gloo backend) to the same number of receivers
+// Every side is its own process (fork), weights are warm (touched) before timing, and each
+// transport moves version 1 untimed and version 2 timed (for delta: 2 = 1 with --delta-density of
+// the elements changed). Time = from the sender starting publish(2) to the last receiver holding it
+// (CLOCK_MONOTONIC is shared by the processes). Prints peak RSS per side and the receiver bound.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "weight_sync/qwen3.h"
+#include "weight_sync/weight_sync.h"
+
+namespace ws = arlo::weight_sync;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string model = "qwen3-1.7b";
+  double scale = 1.0;
+  std::string dtype = "bf16";
+  std::string transports = "tcp,shm,filesystem";
+  int receivers = 1;
+  std::string payload = "full";
+  bool zstd = false;
+  std::uint64_t bucket_mb = 256;
+  double delta_density = 0.01;
+  std::string topology = "star";
+  std::string mode = "in_place";
+  bool gloo = true;
+  bool baselines = true;
+  int repeat = 3;  // timed repetitions; the best is reported (the machine is shared)
+};
+int g_repeat = 3;
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+std::uint64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// Fast deterministic fill: splitmix64 words.
+void fill_random(std::span<std::byte> b, std::uint64_t seed) {
+  std::uint64_t x = seed;
+  std::size_t k = 0;
+  for (; k + 8 <= b.size(); k += 8) {
+    x += 0x9E3779B97F4A7C15ull;
+    std::uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::memcpy(b.data() + k, &z, 8);
+  }
+  for (; k < b.size(); ++k) b[k] = static_cast<std::byte>(k * 131 + seed);
+}
+
+void fill_model(ws::HostWeights& w, std::uint64_t seed) {
+  for (std::size_t t = 0; t < w.specs().size(); ++t) fill_random(w.bytes(t), seed + t);
+}
+
+// Changes `density` of the elements of every tensor (one byte of each chosen element flipped).
+void perturb(ws::HostWeights& w, double density, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (std::size_t t = 0; t < w.specs().size(); ++t) {
+    const std::size_t es = arlo::safetensors::dtype_size(w.specs()[t].dtype);
+    const std::uint64_t n = w.specs()[t].numel();
+    if (n == 0) continue;
+    const std::uint64_t changes = static_cast<std::uint64_t>(density * static_cast<double>(n));
+    auto b = w.bytes(t);
+    for (std::uint64_t c = 0; c < changes; ++c) b[(rng() % n) * es] ^= std::byte{0x01};
+  }
+}
+
+// Results travel from children to the parent as one JSON line each on a pipe.
+int g_result_fd = -1;
+void emit(const nlohmann::json& j) {
+  const std::string line = j.dump() + "\n";
+  if (::write(g_result_fd, line.data(), line.size()) < 0) std::perror("write result");
+}
+
+std::vector<nlohmann::json> collect(int fd) {
+  std::vector<nlohmann::json> out;
+  std::string buf;
+  char tmp[4096];
+  ssize_t n;
+  while ((n = ::read(fd, tmp, sizeof tmp)) > 0) buf.append(tmp, static_cast<std::size_t>(n));
+  std::istringstream in(buf);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line, nullptr, false));
+  return out;
+}
+
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+template <typename F>
+pid_t spawn(F f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    try {
+      code = f();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench child: %s\n", e.what());
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  return pid;
+}
+
+int wait_all(const std::vector<pid_t>& pids) {
+  int worst = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    ::waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) worst = 1;
+  }
+  return worst;
+}
+
+// ---- baselines ------------------------------------------------------------------------------
+
+nlohmann::json baseline_memcpy(std::uint64_t bytes) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {};
+  g_result_fd = fds[1];
+  auto pid = spawn([&] {
+    std::vector<std::byte> a(bytes), b(bytes);  // value-initialised: both touched
+    fill_random(a, 1);
+    double best = 1e30;
+    for (int r = 0; r < g_repeat; ++r) {
+      const double t0 = now_s();
+      std::memcpy(b.data(), a.data(), bytes);
+      best = std::min(best, now_s() - t0);
+    }
+    emit({{"seconds", best}, {"check", static_cast<int>(b[bytes / 2])}});
+    return 0;
+  });
+  ::close(fds[1]);
+  auto r = collect(fds[0]);
+  ::close(fds[0]);
+  wait_all({pid});
+  return r.empty() ? nlohmann::json{} : r[0];
+}
+
+nlohmann::json baseline_socket(std::uint64_t bytes) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {};
+  g_result_fd = fds[1];
+  const int port = free_port();
+  int ready[2];
+  if (::pipe(ready) != 0) return {};
+  auto receiver = spawn([&] {
+    std::vector<std::byte> buf(bytes);
+    int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 1) != 0) return 2;
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) return 2;
+    int s = ::accept(ls, nullptr, nullptr);  // kernel buffer autotuning, as for weight_sync
+    for (int r = 0; r < g_repeat; ++r) {
+      std::uint64_t got = 0;
+      while (got < bytes) {
+        ssize_t n = ::recv(s, buf.data() + got, std::min<std::uint64_t>(bytes - got, 4 << 20), 0);
+        if (n <= 0) return 2;
+        got += static_cast<std::uint64_t>(n);
+      }
+      if (::send(s, &c, 1, 0) != 1) return 2;
+    }
+    ::close(s);
+    emit({{"role", "receiver"}, {"rss", peak_rss_bytes()}});
+    return 0;
+  });
+  auto sender = spawn([&] {
+    std::vector<std::byte> buf(bytes);
+    fill_random(buf, 2);
+    char c;
+    if (::read(ready[0], &c, 1) != 1) return 2;
+    int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return 2;
+    double best = 1e30;
+    for (int r = 0; r < g_repeat; ++r) {
+      const double t0 = now_s();
+      std::uint64_t sent = 0;
+      while (sent < bytes) {
+        ssize_t n = ::send(s, buf.data() + sent, std::min<std::uint64_t>(bytes - sent, 4 << 20), 0);
+        if (n <= 0) return 2;
+        sent += static_cast<std::uint64_t>(n);
+      }
+      if (::recv(s, &c, 1, MSG_WAITALL) != 1) return 2;
+      best = std::min(best, now_s() - t0);
+    }
+    ::close(s);
+    emit({{"role", "sender"}, {"seconds", best}});
+    return 0;
+  });
+  ::close(fds[1]);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  auto r = collect(fds[0]);
+  ::close(fds[0]);
+  wait_all({receiver, sender});
+  for (auto& j : r)
+    if (j.value("role", "") == "sender") return j;
+  return {};
+}
+
+nlohmann::json baseline_fs(std::uint64_t bytes, const std::filesystem::path& dir) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {};
+  g_result_fd = fds[1];
+  auto pid = spawn([&] {
+    std::vector<std::byte> a(bytes), b(bytes);
+    fill_random(a, 3);
+    const auto path = dir / "baseline.bin";
+    double best = 1e30;
+    for (int r = 0; r < g_repeat; ++r) {
+    const double t0 = now_s();
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    for (std::uint64_t off = 0; off < bytes;) {
+      ssize_t n = ::write(fd, a.data() + off, std::min<std::uint64_t>(bytes - off, 64 << 20));
+      if (n <= 0) return 2;
+      off += static_cast<std::uint64_t>(n);
+    }
+    ::close(fd);
+    fd = ::open(path.c_str(), O_RDONLY);
+    for (std::uint64_t off = 0; off < bytes;) {
+      ssize_t n = ::read(fd, b.data() + off, std::min<std::uint64_t>(bytes - off, 64 << 20));
+      if (n <= 0) return 2;
+      off += static_cast<std::uint64_t>(n);
+    }
+    ::close(fd);
+    best = std::min(best, now_s() - t0);
+    std::filesystem::remove(path);
+    }
+    emit({{"seconds", best}});
+    return 0;
+  });
+  ::close(fds[1]);
+  auto r = collect(fds[0]);
+  ::close(fds[0]);
+  wait_all({pid});
+  return r.empty() ? nlohmann::json{} : r[0];
+}
+
+nlohmann::json baseline_gloo(std::uint64_t bytes, int receivers, std::uint64_t bucket) {
+  const std::string script = std::string(ARLO_BENCH_PEERS_DIR) + "/gloo_broadcast.py";
+  if (!std::filesystem::exists(script) || !std::filesystem::exists("/usr/bin/python3")) return {};
+  int fds[2];
+  if (::pipe(fds) != 0) return {};
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank <= receivers; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      const std::string a_rank = std::to_string(rank), a_world = std::to_string(receivers + 1),
+                        a_bytes = std::to_string(bytes), a_bucket = std::to_string(bucket), a_port = std::to_string(port);
+      ::setenv("OMP_NUM_THREADS", "1", 1);
+      ::execl("/usr/bin/python3", "python3", script.c_str(), "--rank", a_rank.c_str(), "--world", a_world.c_str(),
+              "--bytes", a_bytes.c_str(), "--bucket", a_bucket.c_str(), "--port", a_port.c_str(), "--repeat",
+              std::to_string(g_repeat).c_str(), nullptr);
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  ::close(fds[1]);
+  auto r = collect(fds[0]);
+  ::close(fds[0]);
+  if (wait_all(pids) != 0) return {};
+  nlohmann::json out = {{"sender_rss", 0}, {"receiver_rss", 0}};
+  for (auto& j : r) {
+    if (j.is_discarded()) continue;
+    if (j.value("rank", -1) == 0) {
+      out["seconds"] = j.value("seconds", 0.0);
+      out["sender_rss"] = j.value("rss", std::uint64_t{0});
+    } else {
+      out["receiver_rss"] = std::max(out["receiver_rss"].get<std::uint64_t>(), j.value("rss", std::uint64_t{0}));
+    }
+  }
+  return out.contains("seconds") ? out : nlohmann::json{};
+}
+
+// ---- weight_sync runs -------------------------------------------------------------------------
+
+nlohmann::json run_transport(const std::string& transport, const Args& args, const std::vector<ws::TensorSpec>& specs,
+                             const std::filesystem::path& dir) {
+  ws::Options base;
+  base.transport = transport;
+  auto kind = ws::parse_payload(args.payload);
+  base.payload.kind = kind ? *kind : ws::PayloadKind::kFull;
+  base.payload.zstd = args.zstd;
+  base.bucket_bytes = args.bucket_mb << 20;
+  base.apply_mode = args.mode == "staging" ? ws::ApplyMode::kStaging : ws::ApplyMode::kInPlace;
+  base.bucket_timeout = 120s;
+  base.topology = args.topology == "chain" ? ws::Topology::kChain : ws::Topology::kStar;
+  base.shm_name = "bench-" + std::to_string(::getpid());
+  base.dir = dir / ("ws-" + transport);
+  base.poll_interval = 2ms;
+  const int port = free_port();
+  std::vector<int> relay_ports;
+  for (int k = 0; k < args.receivers; ++k) relay_ports.push_back(free_port());
+
+  int fds[2], ready[2];
+  if (::pipe(fds) != 0 || ::pipe(ready) != 0) return {};
+  g_result_fd = fds[1];
+  std::vector<pid_t> pids;
+  for (int k = 0; k < args.receivers; ++k) {
+    pids.push_back(spawn([&, k] {
+      ws::Options o = base;
+      o.peer_name = "receiver-" + std::to_string(k);
+      const bool chain = base.topology == ws::Topology::kChain;
+      o.address = "127.0.0.1:" + std::to_string(chain && k > 0 ? relay_ports[k - 1] : port);
+      if (chain && k + 1 < args.receivers) o.relay_listen = "127.0.0.1:" + std::to_string(relay_ports[k]);
+      auto sub = ws::Subscriber::create(o);
+      if (!sub) return 2;
+      ws::HostWeights sink(specs);
+      for (std::size_t t = 0; t < specs.size(); ++t) std::memset(sink.bytes(t).data(), 0, sink.bytes(t).size());
+      auto r1 = (*sub)->receive(sink, Clock::now() + 600s);
+      if (!r1) {
+        emit({{"role", "receiver"}, {"error", r1.error().what()}});
+        return 2;
+      }
+      std::vector<double> t_end;
+      ws::ReceiveReport last;
+      for (int rep = 0; rep < g_repeat; ++rep) {
+        char c = 1;
+        if (::write(ready[1], &c, 1) != 1) return 2;
+        auto r2 = (*sub)->receive(sink, Clock::now() + 600s);
+        t_end.push_back(now_s());
+        if (!r2) {
+          emit({{"role", "receiver"}, {"error", r2.error().what()}});
+          return 2;
+        }
+        last = *r2;
+      }
+      emit({{"role", "receiver"}, {"t_end", t_end}, {"wire", last.wire_bytes}, {"rss", peak_rss_bytes()},
+            {"payload", std::string(ws::to_string(last.payload))}, {"checksum", *(*sub)->checksum(sink)}});
+      return 0;
+    }));
+  }
+  pids.push_back(spawn([&] {
+    ws::Options o = base;
+    o.address = "127.0.0.1:" + std::to_string(port);
+    o.expected_receivers = base.topology == ws::Topology::kChain ? 1 : static_cast<std::size_t>(args.receivers);
+    auto pub = ws::Publisher::create(o);
+    if (!pub) {
+      emit({{"role", "sender"}, {"error", pub.error().what()}});
+      return 2;
+    }
+    ws::HostWeights w(specs);
+    fill_model(w, 42);
+    auto r1 = (*pub)->publish(1, w, Clock::now() + 600s);
+    if (!r1 || !r1->all_ok()) {
+      emit({{"role", "sender"}, {"error", r1 ? r1->peers.front().error : r1.error().what()}});
+      return 2;
+    }
+    std::vector<double> t0s;
+    ws::PublishReport last;
+    for (int rep = 0; rep < g_repeat; ++rep) {
+      if (base.payload.kind == ws::PayloadKind::kDelta) perturb(w, args.delta_density, 7 + rep);
+      for (int k = 0; k < args.receivers; ++k) {
+        char c;
+        if (::read(ready[0], &c, 1) != 1) return 2;
+      }
+      t0s.push_back(now_s());
+      auto r2 = (*pub)->publish(2 + rep, w, Clock::now() + 600s);
+      if (!r2 || !r2->all_ok()) {
+        std::string err = r2 ? "" : r2.error().what();
+        if (r2)
+          for (auto& p : r2->peers) err += p.peer + ": " + p.error + "; ";
+        emit({{"role", "sender"}, {"error", err}});
+        return 2;
+      }
+      last = *r2;
+    }
+    emit({{"role", "sender"}, {"t0", t0s}, {"wire", last.wire_bytes}, {"rss", peak_rss_bytes()},
+          {"payload", std::string(ws::to_string(last.payload))}, {"checksum", *ws::weights_checksum(w)}});
+    return 0;
+  }));
+  ::close(fds[1]);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  auto results = collect(fds[0]);
+  ::close(fds[0]);
+  wait_all(pids);
+  std::error_code ec;
+  std::filesystem::remove_all(base.dir, ec);
+
+  nlohmann::json out = {{"transport", transport}};
+  std::vector<double> t0;
+  std::vector<double> t_end(static_cast<std::size_t>(g_repeat), 0.0);
+  std::uint64_t recv_rss = 0, recv_wire = 0;
+  std::optional<std::uint64_t> sender_sum;
+  bool checksums_ok = true;
+  std::vector<std::uint64_t> recv_sums;
+  for (auto& j : results) {
+    if (j.is_discarded()) continue;
+    if (j.contains("error")) {
+      out["error"] = j.value("role", "?") + ": " + j["error"].get<std::string>();
+      continue;
+    }
+    if (j["role"] == "sender") {
+      t0 = j["t0"].get<std::vector<double>>();
+      out["sender_rss"] = j["rss"];
+      out["wire"] = j["wire"];
+      out["payload"] = j["payload"];
+      sender_sum = j["checksum"].get<std::uint64_t>();
+    } else {
+      auto te = j["t_end"].get<std::vector<double>>();
+      for (std::size_t k = 0; k < te.size() && k < t_end.size(); ++k) t_end[k] = std::max(t_end[k], te[k]);
+      recv_rss = std::max(recv_rss, j["rss"].get<std::uint64_t>());
+      recv_wire = std::max(recv_wire, j["wire"].get<std::uint64_t>());
+      recv_sums.push_back(j["checksum"].get<std::uint64_t>());
+    }
+  }
+  if (out.contains("error")) return out;
+  for (auto s : recv_sums) checksums_ok &= sender_sum && s == *sender_sum;
+  if (static_cast<int>(recv_sums.size()) != args.receivers) return {{"transport", transport}, {"error", "missing results"}};
+  double best = 1e30;
+  for (std::size_t k = 0; k < t0.size() && k < t_end.size(); ++k) best = std::min(best, t_end[k] - t0[k]);
+  out["seconds"] = best;
+  out["receiver_rss"] = recv_rss;
+  out["receiver_wire"] = recv_wire;
+  out["weights_match"] = base.payload.kind == ws::PayloadKind::kFull || base.payload.kind == ws::PayloadKind::kDelta
+                             ? nlohmann::json(checksums_ok)
+                             : nlohmann::json("lossy payload");
+  return out;
+}
+
+std::string mb(std::uint64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.0f", static_cast<double>(b) / (1 << 20));
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"arlo weight_sync benchmark"};
+  app.add_option("--model", args.model, "qwen3-0.6b | qwen3-1.7b");
+  app.add_option("--scale", args.scale, "multiplies layers and vocabulary (model bytes)");
+  app.add_option("--dtype", args.dtype, "bf16 | f32 | f16");
+  app.add_option("--transport", args.transports, "comma list of tcp, shm, filesystem; the first one gives ratio_vs_baseline");
+  app.add_option("--receivers", args.receivers, "receiver processes")->check(CLI::Range(1, 8));
+  app.add_option("--payload", args.payload, "full | bf16 | fp8 | delta");
+  app.add_flag("--zstd", args.zstd, "zstd level 1 on top of the payload");
+  app.add_option("--bucket-mb", args.bucket_mb, "bucket size in MiB");
+  app.add_option("--delta-density", args.delta_density, "fraction of elements changed between versions (delta)");
+  app.add_option("--topology", args.topology, "tcp: star | chain");
+  app.add_option("--mode", args.mode, "in_place | staging");
+  app.add_flag("!--no-gloo", args.gloo, "skip the torch.distributed gloo peer");
+  app.add_flag("!--no-baselines", args.baselines, "skip memcpy / socket / filesystem baselines");
+  app.add_option("--repeat", args.repeat, "timed repetitions per measurement; the best is reported")->check(CLI::Range(1, 20));
+  CLI11_PARSE(app, argc, argv);
+  g_repeat = args.repeat;
+
+  auto dtype = arlo::safetensors::parse_dtype(args.dtype == "bf16" ? "BF16" : args.dtype == "f16" ? "F16" : "F32");
+  auto specs = ws::model_layout(args.model, *dtype, args.scale);
+  if (!specs) {
+    std::fprintf(stderr, "%s\n", specs.error().what().c_str());
+    return 2;
+  }
+  std::uint64_t bytes = 0;
+  for (const auto& s : *specs) bytes += s.nbytes();
+  const std::uint64_t bucket = args.bucket_mb << 20;
+  const auto dir = std::filesystem::temp_directory_path() / ("arlo-bench-ws-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+
+  std::printf("weight-sync bench: %s x%.3g %s, %zu tensors, %.3f GB; receivers %d; payload %s%s; bucket %llu MiB; "
+              "topology %s; mode %s; best of %d\n",
+              args.model.c_str(), args.scale, args.dtype.c_str(), specs->size(), bytes / 1e9, args.receivers,
+              args.payload.c_str(), args.zstd ? "+zstd" : "", static_cast<unsigned long long>(args.bucket_mb),
+              args.topology.c_str(), args.mode.c_str(), args.repeat);
+  std::fflush(stdout);
+
+  std::map<std::string, double> base_s;
+  if (args.baselines) {
+    if (auto j = baseline_memcpy(bytes); j.contains("seconds")) base_s["memcpy"] = j["seconds"];
+    if (auto j = baseline_socket(bytes); j.contains("seconds")) base_s["socket"] = j["seconds"];
+    if (auto j = baseline_fs(bytes, dir); j.contains("seconds")) base_s["fs"] = j["seconds"];
+  }
+  auto ratio = [&](const std::string& b, double seconds) -> std::string {
+    if (!base_s.count(b) || seconds <= 0) return "  -  ";
+    char s[32];
+    std::snprintf(s, sizeof s, "%.2fx", base_s[b] / seconds);
+    return s;
+  };
+  std::printf("\n%-26s %9s %8s %10s %12s %10s   %s\n", "run", "seconds", "GB/s", "send_rss_MB", "recv_rss_MB",
+              "wire_MB", "ratio vs memcpy | socket | fs+read");
+  for (const auto& [name, label] : std::vector<std::pair<std::string, std::string>>{
+           {"memcpy", "baseline memcpy"}, {"socket", "baseline socket blast"}, {"fs", "baseline fs write+read"}})
+    if (base_s.count(name))
+      std::printf("%-26s %9.3f %8.2f %10s %12s %10s\n", label.c_str(), base_s[name], bytes / 1e9 / base_s[name], "-",
+                  "-", mb(bytes).c_str());
+
+  std::vector<std::string> transports;
+  {
+    std::stringstream ss(args.transports);
+    std::string t;
+    while (std::getline(ss, t, ','))
+      if (!t.empty()) transports.push_back(t);
+  }
+  std::optional<double> first_ratio;
+  const std::uint64_t bound = bytes + 2 * bucket + (64ull << 20);
+  bool rss_ok = true;
+  std::map<std::string, double> transport_s;
+  for (const auto& t : transports) {
+    auto r = run_transport(t, args, *specs, dir);
+    if (r.contains("error")) {
+      std::printf("%-26s FAILED: %s\n", ("weight_sync " + t).c_str(), r["error"].get<std::string>().c_str());
+      continue;
+    }
+    const double s = r["seconds"];
+    transport_s[t] = s;
+    const std::uint64_t rrss = r["receiver_rss"];
+    std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s   payload %s, weights match: %s\n",
+                ("weight_sync " + t).c_str(), s, bytes / 1e9 / s, mb(r["sender_rss"]).c_str(), mb(rrss).c_str(),
+                mb(r["wire"]).c_str(), ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str(),
+                r["payload"].get<std::string>().c_str(), r["weights_match"].dump().c_str());
+    if (rrss > bound) rss_ok = false;
+    if (!first_ratio) {
+      const std::string b = t == "shm" ? "memcpy" : t == "filesystem" ? "fs" : "socket";
+      if (base_s.count(b)) first_ratio = base_s[b] / s;
+    }
+    if (args.payload == "delta")
+      std::printf("%-26s delta moved %.2f%% of the full bytes (%.1f%% elements changed)\n", "",
+                  100.0 * r["wire"].get<double>() / static_cast<double>(bytes), 100 * args.delta_density);
+  }
+  if (args.gloo) {
+    auto g = baseline_gloo(bytes, args.receivers, bucket);
+    if (g.contains("seconds")) {
+      const double s = g["seconds"];
+      std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s\n", "peer torch gloo broadcast", s, bytes / 1e9 / s,
+                  mb(g["sender_rss"]).c_str(), mb(g["receiver_rss"]).c_str(), mb(bytes).c_str(),
+                  ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str());
+      for (const auto& [t, ts] : transport_s) std::printf("%-26s %.2fx faster than gloo\n", ("weight_sync " + t).c_str(), s / ts);
+    } else {
+      std::printf("%-26s unavailable (needs /usr/bin/python3 with torch)\n", "peer torch gloo broadcast");
+    }
+  }
+  std::printf("receiver peak RSS bound (model + 2 buckets + 64 MiB) = %s MB: %s\n", mb(bound).c_str(),
+              rss_ok ? "within" : "EXCEEDED");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (first_ratio) std::printf("ratio_vs_baseline=%.3f\n", *first_ratio);
+  else std::printf("ratio_vs_baseline=0\n");
+  return 0;
+}
