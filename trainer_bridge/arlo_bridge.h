@@ -23,8 +23,9 @@
  * - Every call returns a status; on failure arlo_bridge_last_error() returns a message saying what
  *   went wrong and what to do. The message is per thread and stays valid until this thread's next
  *   call into the library.
- * - Thread-safe: calls on one bridge may come from several threads, except arlo_bridge_close, which
- *   must be the last call on that bridge (it wakes a thread blocked in next_batch first).
+ * - Thread-safe: calls on one bridge may come from several threads. arlo_bridge_close wakes a thread
+ *   blocked in next_batch (which returns ARLO_CANCELLED), waits for calls in progress to return, and
+ *   frees the bridge; no call may start on it after close began.
  * - A batch's tensor views stay valid until arlo_batch_release, even after arlo_bridge_close.
  * - next_batch returns the oldest unacknowledged step again until it is acknowledged, so a trainer
  *   that crashes mid-step sees the same batch after it restarts; pass "start_after_step" (the last

@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -119,6 +121,10 @@ arlo::Result<ws::Options> weight_sync_options(const json& j) {
 
 struct arlo_bridge {
   std::unique_ptr<arlo::bridge::BridgeClient> client;
+  // Calls in progress, so close() can wake them and wait for them to return before freeing.
+  std::mutex calls_mu;
+  std::condition_variable calls_cv;
+  int calls = 0;
   json weight_sync_config;  // null when absent
   std::mutex publish_mu;    // a Publisher is used from one thread at a time
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
@@ -127,6 +133,24 @@ struct arlo_bridge {
 };
 
 namespace {
+
+// Counts a call in progress on `b` for its lifetime.
+class CallGuard {
+ public:
+  explicit CallGuard(arlo_bridge* b) : b_(b) {
+    std::lock_guard lock(b_->calls_mu);
+    ++b_->calls;
+  }
+  ~CallGuard() {
+    std::lock_guard lock(b_->calls_mu);
+    if (--b_->calls == 0) b_->calls_cv.notify_all();
+  }
+  CallGuard(const CallGuard&) = delete;
+  CallGuard& operator=(const CallGuard&) = delete;
+
+ private:
+  arlo_bridge* b_;
+};
 
 // What an arlo_batch points into.
 struct BatchHolder {
@@ -189,6 +213,7 @@ arlo_status arlo_bridge_next_batch(arlo_bridge* bridge, int64_t timeout_ms, arlo
   return guarded("arlo_bridge_next_batch", [&]() -> arlo_status {
     if (bridge == nullptr || out == nullptr) return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_next_batch: bridge and out must not be NULL");
     *out = nullptr;
+    CallGuard call(bridge);
     auto view = bridge->client->next_batch(ms_or_forever(timeout_ms));
     if (!view) return fail(view.error());
     auto holder = std::make_unique<BatchHolder>(BatchHolder{std::move(*view), {}, {}, {}, {}, {}});
@@ -237,6 +262,7 @@ const arlo_tensor* arlo_batch_tensor(const arlo_batch* batch, const char* name) 
 arlo_status arlo_bridge_ack(arlo_bridge* bridge, int64_t step) {
   return guarded("arlo_bridge_ack", [&]() -> arlo_status {
     if (bridge == nullptr) return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_ack: bridge is NULL");
+    CallGuard call(bridge);
     auto s = bridge->client->ack(step);
     return s ? succeed() : fail(s.error());
   });
@@ -248,6 +274,7 @@ arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo
     if (bridge == nullptr || (tensors == nullptr && num_tensors > 0)) {
       return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_publish: bridge and tensors must not be NULL");
     }
+    CallGuard call(bridge);
     if (version < 0) return fail(ARLO_INVALID_ARGUMENT, fmt::format("arlo_bridge_publish: version {} < 0", version));
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
     if (bridge->weight_sync_config.is_null()) {
@@ -309,6 +336,7 @@ arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo
 arlo_status arlo_bridge_announce(arlo_bridge* bridge, int64_t version, const char* info_json) {
   return guarded("arlo_bridge_announce", [&]() -> arlo_status {
     if (bridge == nullptr) return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_announce: bridge is NULL");
+    CallGuard call(bridge);
     json info = json::object();
     if (info_json != nullptr) {
       info = json::parse(info_json, nullptr, false);
@@ -322,6 +350,7 @@ arlo_status arlo_bridge_announce(arlo_bridge* bridge, int64_t version, const cha
 arlo_status arlo_bridge_heartbeat(arlo_bridge* bridge) {
   return guarded("arlo_bridge_heartbeat", [&]() -> arlo_status {
     if (bridge == nullptr) return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_heartbeat: bridge is NULL");
+    CallGuard call(bridge);
     auto s = bridge->client->heartbeat();
     return s ? succeed() : fail(s.error());
   });
@@ -334,7 +363,11 @@ int64_t arlo_bridge_last_acked_step(const arlo_bridge* bridge) {
 arlo_status arlo_bridge_close(arlo_bridge* bridge) {
   return guarded("arlo_bridge_close", [&]() -> arlo_status {
     if (bridge == nullptr) return succeed();
-    bridge->client->close();
+    bridge->client->close();  // wakes a next_batch in progress (it returns ARLO_CANCELLED)
+    {
+      std::unique_lock lock(bridge->calls_mu);
+      bridge->calls_cv.wait(lock, [&] { return bridge->calls == 0; });
+    }
     delete bridge;
     return succeed();
   });

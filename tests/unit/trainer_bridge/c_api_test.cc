@@ -1,0 +1,163 @@
+// The C ABI (libarlo_bridge.so) against a real orchestrator side, and publishing through a real
+// weight_sync filesystem transport that a weight_sync subscriber then receives.
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_future.hpp>
+#include <nlohmann/json.hpp>
+
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "trainer_bridge/arlo_bridge.h"
+#include "trainer_bridge/bridge.h"
+#include "weight_sync/weight_sync.h"
+
+namespace {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using namespace arlo::bridge;
+using namespace std::chrono_literals;
+
+TEST(CApi, BadConfigIsAnErrorWithAMessage) {
+  arlo_bridge* b = nullptr;
+  EXPECT_EQ(arlo_bridge_connect("{not json", &b), ARLO_PARSE);
+  EXPECT_NE(std::strlen(arlo_bridge_last_error()), 0u);
+  EXPECT_EQ(b, nullptr);
+  EXPECT_EQ(arlo_bridge_connect(R"({"transport":"dir","run_dirr":"/tmp/x"})", &b), ARLO_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(arlo_bridge_last_error()).find("run_dirr"), std::string::npos);
+  EXPECT_EQ(arlo_bridge_connect(R"({"transport":"pigeon"})", &b), ARLO_INVALID_ARGUMENT);
+  EXPECT_EQ(arlo_bridge_connect(R"({"transport":"socket","port":"x"})", &b), ARLO_INVALID_ARGUMENT);
+  EXPECT_EQ(arlo_bridge_next_batch(nullptr, 0, nullptr), ARLO_INVALID_ARGUMENT);
+  EXPECT_EQ(arlo_bridge_abi_version(), ARLO_BRIDGE_ABI_VERSION);
+}
+
+class CApiDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    run_dir_ = fs::temp_directory_path() / ("arlo_c_api_" + std::to_string(::getpid()));
+    fs::remove_all(run_dir_);
+    fs::create_directories(run_dir_);
+    thread_ = std::thread([this] { io_.run(); });
+    ServerOptions o;
+    o.run_dir = run_dir_;
+    asio::post(io_, asio::use_future([&] {
+      server_ = std::move(*BridgeServer::create(io_, o));
+      server_->on_version([this](VersionEvent v) {
+        std::lock_guard lock(mu_);
+        versions_.push_back(v);
+        cv_.notify_all();
+      });
+      ASSERT_TRUE(server_->start());
+    })).get();
+  }
+  void TearDown() override {
+    asio::post(io_, asio::use_future([&] { server_->stop(); server_.reset(); })).get();
+    work_.reset();
+    thread_.join();
+    fs::remove_all(run_dir_);
+  }
+  arlo_bridge* connect_c(const std::string& extra = "") {
+    arlo_bridge* b = nullptr;
+    const std::string cfg = R"({"transport":"dir","run_dir":")" + run_dir_.string() + "\"" + extra + "}";
+    EXPECT_EQ(arlo_bridge_connect(cfg.c_str(), &b), ARLO_OK) << arlo_bridge_last_error();
+    return b;
+  }
+
+  fs::path run_dir_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
+  std::thread thread_;
+  std::unique_ptr<BridgeServer> server_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<VersionEvent> versions_;
+};
+
+TEST_F(CApiDir, BatchViewsAckAndAnnounce) {
+  std::vector<Sample> samples(3);
+  for (int i = 0; i < 3; ++i) {
+    samples[i].prompt_tokens = {1, 2};
+    samples[i].completion_tokens = {3, 4, 5};
+    samples[i].completion_logprobs = {-0.1f, -0.2f, -0.3f};
+    samples[i].token_versions = {0, 0, 0};
+    samples[i].ce_weights = {1.0f, 1.0f, 0.0f};
+  }
+  auto step = pack(1, samples, {.seq_len = 16});
+  ASSERT_TRUE(asio::co_spawn(io_, server_->send(*step), asio::use_future).get());
+  arlo_bridge* b = connect_c();
+  arlo_batch* batch = nullptr;
+  ASSERT_EQ(arlo_bridge_next_batch(b, 10000, &batch), ARLO_OK) << arlo_bridge_last_error();
+  EXPECT_EQ(batch->step, 1);
+  EXPECT_EQ(batch->seq_len, 16);
+  const arlo_tensor* ids = arlo_batch_tensor(batch, "input_ids");
+  ASSERT_NE(ids, nullptr);
+  EXPECT_EQ(ids->dtype, ARLO_I32);
+  ASSERT_EQ(ids->ndim, 2);
+  EXPECT_EQ(ids->shape[1], 16);
+  const auto* data = static_cast<const std::int32_t*>(ids->data);
+  EXPECT_EQ(std::vector<std::int32_t>(data, data + 5), (std::vector<std::int32_t>{1, 2, 3, 4, 5}));
+  ASSERT_NE(arlo_batch_tensor(batch, "ce_weights"), nullptr);
+  EXPECT_EQ(arlo_batch_tensor(batch, "nope"), nullptr);
+  auto meta = nlohmann::json::parse(batch->metadata_json);
+  EXPECT_EQ(meta["samples"], "3");
+  EXPECT_EQ(arlo_bridge_ack(b, 1), ARLO_OK);
+  EXPECT_EQ(arlo_bridge_last_acked_step(b), 1);
+  EXPECT_EQ(arlo_bridge_announce(b, 1, R"({"where":"elsewhere"})"), ARLO_OK);
+  EXPECT_EQ(arlo_bridge_announce(b, 2, "[1]"), ARLO_PARSE);
+  arlo_batch* none = nullptr;
+  EXPECT_EQ(arlo_bridge_next_batch(b, 10, &none), ARLO_TIMEOUT);
+  EXPECT_NE(std::strlen(arlo_bridge_last_error()), 0u);
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
+  // Views outlive the bridge until released.
+  EXPECT_EQ(static_cast<const std::int32_t*>(arlo_batch_tensor(batch, "input_ids")->data)[0], 1);
+  EXPECT_EQ(arlo_batch_release(batch), ARLO_OK);
+  std::unique_lock lock(mu_);
+  ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return !versions_.empty(); }));
+  EXPECT_EQ(versions_.back().version, 1);
+  EXPECT_EQ(versions_.back().info["where"], "elsewhere");
+}
+
+TEST_F(CApiDir, PublishGoesThroughWeightSyncAndAnnounces) {
+  const fs::path weights = run_dir_ / "weights";
+  arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
+  std::vector<float> w1{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  std::vector<std::int64_t> bias{7, 8};
+  const std::int64_t s1[] = {2, 3}, s2[] = {2};
+  arlo_tensor tensors[] = {{"model.w.weight", ARLO_F32, 2, s1, w1.data(), w1.size() * 4},
+                           {"model.b.bias", ARLO_I64, 1, s2, bias.data(), bias.size() * 8}};
+  ASSERT_EQ(arlo_bridge_publish(b, 1, tensors, 2, 30000), ARLO_OK) << arlo_bridge_last_error();
+  // A wrong byte count is refused before anything moves.
+  arlo_tensor bad = tensors[0];
+  bad.nbytes = 5;
+  EXPECT_EQ(arlo_bridge_publish(b, 2, &bad, 1, 30000), ARLO_INVALID_ARGUMENT);
+  {
+    std::unique_lock lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return !versions_.empty(); }));
+    EXPECT_EQ(versions_.back().version, 1);
+    EXPECT_TRUE(versions_.back().info.contains("weight_sync"));
+  }
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
+  // A worker-side subscriber receives exactly those bytes as version 1.
+  arlo::weight_sync::Options o;
+  o.transport = "filesystem";
+  o.dir = weights;
+  auto sub = arlo::weight_sync::Subscriber::create(o);
+  ASSERT_TRUE(sub) << sub.error().what();
+  arlo::weight_sync::HostWeights sink({{"model.w.weight", arlo::safetensors::DType::F32, {2, 3}},
+                                       {"model.b.bias", arlo::safetensors::DType::I64, {2}}});
+  auto got = (*sub)->receive(sink, arlo::weight_sync::deadline_in(20000ms));
+  ASSERT_TRUE(got) << got.error().what();
+  EXPECT_EQ(got->version, 1u);
+  EXPECT_EQ(std::memcmp(sink.bytes(0).data(), w1.data(), 24), 0);
+  EXPECT_EQ(std::memcmp(sink.bytes(1).data(), bias.data(), 16), 0);
+}
+
+}  // namespace
