@@ -143,6 +143,7 @@ void Launcher::stop(std::chrono::milliseconds grace) {
       ::usleep(10000);
     }
     ::kill(-pgid_, SIGKILL);
+    pgid_ = 0;  // stopped: a later stop() (the destructor's) has nothing to signal
   }
   for (auto& c : children_) {
     if (!c->reaped) {
