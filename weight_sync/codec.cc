@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include <xxhash.h>
+#include "weight_sync/xxh.h"
 #include <zstd.h>
 
 namespace arlo::weight_sync {
@@ -362,7 +362,7 @@ std::uint64_t BucketEncoder::max_capacity() const {
   return c;
 }
 
-Result<EncodedBucket> BucketEncoder::encode(std::size_t i, std::span<std::byte> buffer) const {
+Result<EncodedBucket> BucketEncoder::encode(std::size_t i, std::span<std::byte> buffer, bool with_checksum) const {
   EncodedBucket out;
   out.index = i;
   const auto& m = *manifest_;
@@ -373,7 +373,7 @@ Result<EncodedBucket> BucketEncoder::encode(std::size_t i, std::span<std::byte> 
       out.parts.push_back(views_[it.tensor].subspan(it.elem_offset * es, it.elem_count * es));
       out.wire_bytes += it.elem_count * es;
     }
-    out.checksum = xxh3(out.parts);
+    if (with_checksum) out.checksum = xxh3(out.parts);
     return out;
   }
   if (buffer.size() < capacity(i))
@@ -394,7 +394,7 @@ Result<EncodedBucket> BucketEncoder::encode(std::size_t i, std::span<std::byte> 
   }
   out.parts.push_back(buffer.subspan(0, n));
   out.wire_bytes = n;
-  out.checksum = xxh3(out.parts[0]);
+  if (with_checksum) out.checksum = xxh3(out.parts[0]);
   return out;
 }
 

@@ -62,7 +62,8 @@ class BucketEncoder {
   bool zero_copy() const;
   // Encodes bucket i into `buffer` (>= capacity(i)) or gathers source views. Thread-safe for
   // different i (it keeps no per-call state except zstd scratch, which is per call).
-  Result<EncodedBucket> encode(std::size_t i, std::span<std::byte> buffer) const;
+  // `with_checksum = false` skips the hash for callers that hash while moving the bytes.
+  Result<EncodedBucket> encode(std::size_t i, std::span<std::byte> buffer, bool with_checksum = true) const;
 
  private:
   const Manifest* manifest_ = nullptr;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
+#include "weight_sync/xxh.h"
 
 namespace arlo::weight_sync {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <utility>
 
-#include <xxhash.h>
+#include "weight_sync/xxh.h"
 
 namespace arlo::weight_sync {
 

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include <xxhash.h>
+#include "weight_sync/xxh.h"
 
 #include "common/log.h"
 #include "weight_sync/transport.h"

@@ -24,7 +24,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
+#include "weight_sync/xxh.h"
 
 #include "common/log.h"
 #include "common/safetensors.h"

@@ -366,7 +366,7 @@ class ShmSender final : public SenderTransport {
       std::byte* dst = seg_->slot(s);
       std::uint64_t wire = 0, checksum = 0;
       if (enc.zero_copy()) {
-        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}));
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}, /*with_checksum=*/false));
         checksum = copy_and_hash(b.parts, dst);
         wire = b.wire_bytes;
       } else {

@@ -22,7 +22,7 @@
 #include <mutex>
 #include <thread>
 
-#include <xxhash.h>
+#include "weight_sync/xxh.h"
 
 #include "common/log.h"
 #include "weight_sync/codec.h"
@@ -481,7 +481,7 @@ class TcpSender final : public SenderTransport {
     if (enc.zero_copy()) {
       Feed feed(n, n);
       for (std::size_t i = 0; i < n; ++i) {
-        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}));
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}, /*with_checksum=*/false));  // hashed while sent
         wire += b.wire_bytes;
         feed.put(i, std::move(b.parts));
       }
@@ -497,7 +497,7 @@ class TcpSender final : public SenderTransport {
       std::thread encoder([&] {
         for (std::size_t i = 0; i < n; ++i) {
           if (auto s = feed.wait_room(i, deadline); !s) return feed.fail(s.error());
-          auto b = enc.encode(i, {bufs[i % 2].get(), cap});
+          auto b = enc.encode(i, {bufs[i % 2].get(), cap}, /*with_checksum=*/false);
           if (!b) return feed.fail(b.error());
           wire += b->wire_bytes;
           feed.put(i, std::move(b->parts));
@@ -505,7 +505,7 @@ class TcpSender final : public SenderTransport {
       });
       server_->stream(m, feed, [&](std::size_t i, std::unique_ptr<std::byte[]>& scratch) -> Result<Parts> {
         if (!scratch) scratch.reset(new std::byte[cap]);
-        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {scratch.get(), cap}));
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {scratch.get(), cap}, /*with_checksum=*/false));
         return b.parts;
       }, o, deadline, &fault_pending);
       feed.fail(Error(ErrorCode::kCancelled, "links finished"));

@@ -4,6 +4,12 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <cerrno>
+#include <cstring>
+
 namespace arlo::weight_sync::detail {
 
 template <typename Start>
@@ -35,15 +41,79 @@ Status Conn::run(Start start, Deadline deadline, const char* what) {
 Status Conn::connect(const tcp::endpoint& ep, Deadline deadline) {
   boost::system::error_code ignored;
   sock.close(ignored);
+  blocking_ = false;
   return run([&](auto h) { sock.async_connect(ep, std::move(h)); }, deadline, "connect");
 }
 
+// Bulk I/O uses the socket's descriptor in blocking mode with SO_SNDTIMEO/SO_RCVTIMEO set to the
+// time left: one syscall per chunk and a direct wake-up by the kernel, which measured about twice
+// as fast on loopback as reactor-driven async operations per chunk. Asio still owns the socket,
+// connects, accepts and resolves.
+namespace {
+Status set_timeout(int fd, int opt, Deadline deadline) {
+  const auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return make_error(ErrorCode::kTimeout, "deadline passed");
+  const auto us = std::max<long long>(1000, std::chrono::duration_cast<std::chrono::microseconds>(left).count());
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  if (::setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof tv) != 0)
+    return make_error(ErrorCode::kIo, std::string("setsockopt timeout: ") + std::strerror(errno));
+  return ok();
+}
+
+Status io_error(const char* what, int err) {
+  if (err == EAGAIN || err == EWOULDBLOCK) return make_error(ErrorCode::kTimeout, std::string(what) + " timed out");
+  const bool closed = err == ECONNRESET || err == EPIPE || err == 0;
+  return make_error(closed ? ErrorCode::kUnavailable : ErrorCode::kIo,
+                    std::string(what) + ": " + (closed ? "connection closed by peer" : std::strerror(err)));
+}
+}  // namespace
+
+Status Conn::blocking() {
+  if (blocking_) return ok();
+  boost::system::error_code ec;
+  sock.native_non_blocking(false, ec);
+  if (ec) return make_error(ErrorCode::kIo, "socket mode: " + ec.message());
+  blocking_ = true;
+  return ok();
+}
+
 Status Conn::write(const std::vector<asio::const_buffer>& buffers, Deadline deadline) {
-  return run([&](auto h) { asio::async_write(sock, buffers, std::move(h)); }, deadline, "send");
+  ARLO_TRY(blocking());
+  const int fd = sock.native_handle();
+  ARLO_TRY(set_timeout(fd, SO_SNDTIMEO, deadline));
+  for (const auto& b : buffers) {
+    const char* p = static_cast<const char*>(b.data());
+    std::size_t left = b.size();
+    while (left > 0) {
+      const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return io_error("send", errno);
+      }
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+  }
+  return ok();
 }
 
 Status Conn::read(asio::mutable_buffer buffer, Deadline deadline) {
-  return run([&](auto h) { asio::async_read(sock, buffer, std::move(h)); }, deadline, "receive");
+  ARLO_TRY(blocking());
+  const int fd = sock.native_handle();
+  ARLO_TRY(set_timeout(fd, SO_RCVTIMEO, deadline));
+  char* p = static_cast<char*>(buffer.data());
+  std::size_t left = buffer.size();
+  while (left > 0) {
+    const ssize_t n = ::recv(fd, p, left, MSG_WAITALL);
+    if (n == 0) return io_error("receive", 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return io_error("receive", errno);
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  return ok();
 }
 
 Status Conn::send_json(Frame type, const nlohmann::json& body, Deadline deadline) {
@@ -77,9 +147,9 @@ void Conn::close() {
 
 void Conn::tune() {
   boost::system::error_code ignored;
+  // Buffer sizes are left to the kernel's autotuning: fixing SO_SNDBUF/SO_RCVBUF disables it and
+  // measured slower on loopback.
   sock.set_option(tcp::no_delay(true), ignored);
-  sock.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
-  sock.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
 }
 
 Result<tcp::endpoint> resolve(const std::string& address) {

@@ -1,8 +1,8 @@
 #pragma once
 // Blocking-with-deadline operations on one Asio TCP socket, and the framing of the weight_sync
-// wire protocol. Each Conn owns its io_context, so the thread that drives it runs exactly its own
-// operations: start an async op, run the context until the op completes or the deadline passes,
-// cancel on expiry. Nothing here throws.
+// wire protocol. Each Conn owns its io_context and is driven by one thread at a time. Connect runs
+// as an Asio async operation under the deadline; reads and writes use the descriptor in blocking
+// mode with kernel timeouts (see tcp_conn.cc). Nothing here throws.
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
@@ -43,7 +43,7 @@ class Conn {
   // Reads the next frame header; for json frames also the body (into `body`).
   Result<FrameHeader> recv_frame(nlohmann::json* body, Deadline deadline);
   void close();
-  void tune();  // TCP_NODELAY, large socket buffers
+  void tune();  // TCP_NODELAY
 
   asio::io_context ctx;
   tcp::socket sock;
@@ -52,6 +52,8 @@ class Conn {
  private:
   template <typename Start>
   Status run(Start start, Deadline deadline, const char* what);
+  Status blocking();
+  bool blocking_ = false;
 };
 
 // "host:port" -> endpoint (numeric host or a name resolved once).
