@@ -54,7 +54,7 @@ TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
 
   auto module = make_reward_module({{"type", "plugin"}, {"path", lib.string()}, {"config", "keyword=cba;bonus=0.5"}});
   ASSERT_TRUE(module) << module.error().what();
-  EXPECT_EQ((*module)->name(), "plugin");
+  EXPECT_EQ((*module)->name(), "keyword");  // the plugin table names it
   Task t;
   t.id = "t";
   t.prompt = "reverse abc:";
