@@ -1,6 +1,7 @@
 #include "apps/arlo-worker/worker_server.h"
 
-#include <boost/asio/async_result.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <fmt/format.h>
@@ -22,17 +23,30 @@ using reference::Generation;
 namespace {
 
 // Suspends the calling coroutine until `start(resume)` calls resume(value) from any thread; the
-// coroutine continues on `io`.
+// coroutine continues on `io`. A timer that never expires is the event: resume() posts the value
+// to `io` and cancels the timer.
+// GCC 12: callers create this awaitable in a statement of its own and co_await the named object,
+// so no temporary (the lambda) lives across the suspension.
 template <typename T, typename Start>
 asio::awaitable<T> wait_for(asio::io_context& io, Start start) {
-  return asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
-      [&io, start = std::move(start)](auto handler) mutable {
-        auto h = std::make_shared<decltype(handler)>(std::move(handler));
-        start([&io, h](T value) {
-          asio::post(io, [h, value = std::move(value)]() mutable { std::move(*h)(std::move(value)); });
-        });
-      },
-      asio::use_awaitable);
+  struct Event {
+    explicit Event(asio::io_context& io) : timer(io, asio::steady_timer::time_point::max()) {}
+    asio::steady_timer timer;
+    std::optional<T> value;
+  };
+  auto event = std::make_shared<Event>(io);
+  start([&io, event](T value) {
+    asio::post(io, [event, value = std::move(value)]() mutable {
+      event->value = std::move(value);
+      event->timer.cancel();
+    });
+  });
+  while (!event->value) {
+    boost::system::error_code ec;
+    auto wake = event->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_await std::move(wake);
+  }
+  co_return std::move(*event->value);
 }
 
 http::Response api_error(const ApiError& e) { return http::Response::json(e.status, error_body(e)); }
@@ -120,7 +134,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
       int remaining = 0;
     };
     const int k_total = job->choices();
-    auto results = co_await wait_for<std::shared_ptr<Results>>(io, [this, &job, k_total](auto resume) {
+    auto generate = wait_for<std::shared_ptr<Results>>(io, [this, &job, k_total](auto resume) {
       auto g = std::make_shared<Gather>();
       g->results.resize(static_cast<std::size_t>(k_total));
       g->remaining = k_total;
@@ -140,6 +154,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
         if (!id) finish_one(k, std::unexpected(id.error()));
       }
     });
+    std::shared_ptr<Results> results = co_await std::move(generate);
     std::vector<Generation> gens;
     for (auto& r : *results) {
       if (!*r) {
@@ -185,7 +200,8 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     const std::string mode_text = req.query_param("mode").value_or("keep");
     auto mode = reference::parse_pause_mode(mode_text);
     if (!mode) co_return api_error(400, fmt::format("unknown pause mode '{}': use keep, wait or abort", mode_text), "invalid_request_error", "mode");
-    co_await wait_for<bool>(io, [this, m = *mode](auto resume) { engine.pause(m, [resume] { resume(true); }); });
+    auto paused = wait_for<bool>(io, [this, m = *mode](auto resume) { engine.pause(m, [resume] { resume(true); }); });
+    co_await std::move(paused);
     ARLO_INFO("paused (mode {})", mode_text);
     co_return paused_response(mode_text);
   }
@@ -333,7 +349,10 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     auto t = transfer;
     if (requested && *requested != t->requested)
       co_return api_error(409, fmt::format("version {} was prepared, not {}", t->requested, *requested), "conflict_error");
-    if (!t->done) co_await wait_for<bool>(io, [t](auto resume) { t->waiters.push_back([resume] { resume(true); }); });
+    if (!t->done) {
+      auto received = wait_for<bool>(io, [t](auto resume) { t->waiters.push_back([resume] { resume(true); }); });
+      co_await std::move(received);
+    }
     if (transfer == t) transfer.reset();
     if (t->error) {
       registry.counter("worker/weights/failed").inc();
@@ -345,10 +364,11 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     if (t->received < t->requested)
       co_return api_error(500, fmt::format("received v{} but v{} was prepared", t->received, t->requested), "server_error");
     Status st = ok();
-    co_await wait_for<bool>(io, [this, t, &st](auto resume) {
+    auto applied = wait_for<bool>(io, [this, t, &st](auto resume) {
       st = engine.set_model(t->staged, t->received, [resume] { resume(true); });
       if (!st) resume(false);
     });
+    co_await std::move(applied);
     if (!st) co_return api_error(500, st.error().what(), "server_error");
     version = t->received;
     checksum = t->checksum;

@@ -4,6 +4,9 @@
 
 #include <sys/wait.h>
 
+#include <fmt/format.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 

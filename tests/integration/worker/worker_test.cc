@@ -4,6 +4,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
@@ -143,11 +144,15 @@ TEST(WorkerOpenAi, RecordedRequestResponsePairs) {
       completion_tokens += static_cast<std::int64_t>(c["token_ids"].size());
       EXPECT_EQ(c["prompt_token_ids"], ours["prompt_token_ids"]);
       EXPECT_EQ(c["version_spans"], json::parse("[[0, 0]]"));
-      if (req.contains("max_tokens")) EXPECT_LE(c["token_ids"].size(), req["max_tokens"].get<std::size_t>());
-      if (c["logprobs"].is_object() && c["logprobs"].contains("token_logprobs"))
+      if (req.contains("max_tokens")) {
+        EXPECT_LE(c["token_ids"].size(), req["max_tokens"].get<std::size_t>());
+      }
+      if (c["logprobs"].is_object() && c["logprobs"].contains("token_logprobs")) {
         EXPECT_EQ(c["logprobs"]["token_logprobs"].size(), c["token_ids"].size());
-      if (c["logprobs"].is_object() && c["logprobs"].contains("content"))
+      }
+      if (c["logprobs"].is_object() && c["logprobs"].contains("content")) {
         EXPECT_EQ(c["logprobs"]["content"].size(), c["token_ids"].size());
+      }
     }
     EXPECT_EQ(ours["usage"]["completion_tokens"], completion_tokens);
     EXPECT_EQ(ours["usage"]["prompt_tokens"], ours["prompt_token_ids"].size());
@@ -346,7 +351,7 @@ TEST(WorkerAdmin, FailedUpdateKeepsTheOldVersionServing) {
 }
 
 TEST(WorkerAdmin, ServesNothingBeforeItHoldsAVersion) {
-  Worker w({});
+  Worker w(std::vector<std::string>{});
   ASSERT_TRUE(w.ok());
   EXPECT_EQ(w.get("/health", 503)["status"], "no_weights");
   EXPECT_EQ(w.post("/v1/completions", {{"prompt", "x"}}, 503)["error"]["type"], "server_error");

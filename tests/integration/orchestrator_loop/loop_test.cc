@@ -1,0 +1,233 @@
+// The orchestrator with real parts on every port: HTTP completion servers (arlo admin dialect,
+// answering every other sample correctly), rollout's HttpInferencePool, arithmetic tasks,
+// exact_match scoring on the scorer's threads, and a trainer thread on the bridge's dir transport
+// that acknowledges each batch and publishes its version.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "common/http.h"
+#include "common/metrics.h"
+#include "orchestrator/adapters/bridge_trainer.h"
+#include "orchestrator/adapters/rollout_adapters.h"
+#include "orchestrator/orchestrator.h"
+#include "rollout/reward.h"
+
+namespace arlo::orch {
+namespace {
+
+namespace asio = boost::asio;
+
+// A completion server speaking the OpenAI completions API and the arlo admin dialect. Sample j of a
+// request answers the sum of "a+b=" when j is even, "0" otherwise; tokens carry the held version.
+class CompletionServer {
+ public:
+  explicit CompletionServer(asio::io_context& io) : server_(io, http::ServerOptions{}) {
+    server_.route(http::Verb::post, "/v1/completions", [this](http::Request r) -> asio::awaitable<http::Response> {
+      co_return complete(r);
+    });
+    server_.route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
+      co_return http::Response::json(200, {{"status", "ok"}, {"version", version_}});
+    });
+    for (const char* p : {"/pause", "/resume", "/weights/prepare", "/weights/commit"}) {
+      server_.route(http::Verb::post, p, [this, p](http::Request r) -> asio::awaitable<http::Response> {
+        std::string entry = std::string(p);
+        if (auto j = r.json(); j && j->is_object() && j->contains("version")) {
+          entry += " v" + std::to_string((*j)["version"].get<std::int64_t>());
+          if (std::string(p) == "/weights/commit") version_ = (*j)["version"].get<std::int64_t>();
+        }
+        if (auto mode = r.query_param("mode")) entry += " " + *mode;
+        admin_log.push_back(entry);
+        co_return http::Response::json(200, nlohmann::json::object());
+      });
+    }
+  }
+  std::uint16_t start() { return *server_.start(); }
+  void close() { server_.close(); }
+  std::vector<std::string> admin_log;
+  int completions = 0;
+
+ private:
+  http::Response complete(const http::Request& r) {
+    auto body = r.json();
+    if (!body) return http::Response::error(400, body.error().what());
+    const auto prompt = body->value("prompt", std::string());
+    int a = 0, b = 0;
+    std::sscanf(prompt.c_str(), "%d+%d=", &a, &b);
+    const int n = body->value("n", 1);
+    nlohmann::json choices = nlohmann::json::array();
+    for (int j = 0; j < n; ++j) {
+      const std::string text = j % 2 == 0 ? std::to_string(a + b) : "0";
+      std::vector<int> ids;
+      for (char c : text) ids.push_back(static_cast<int>(c));
+      choices.push_back({{"index", j},
+                         {"text", text},
+                         {"token_ids", ids},
+                         {"logprobs", {{"token_logprobs", std::vector<double>(ids.size(), -0.1)}}},
+                         {"finish_reason", "stop"},
+                         {"version_spans", {{{"version", version_}, {"first_token", 0}}}}});
+    }
+    ++completions;
+    std::vector<int> prompt_ids;
+    for (char c : prompt) prompt_ids.push_back(static_cast<int>(c));
+    return http::Response::json(200, {{"choices", choices}, {"prompt_token_ids", prompt_ids}});
+  }
+  http::Server server_;
+  std::int64_t version_ = 0;
+};
+
+TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
+  const auto run_dir = std::filesystem::temp_directory_path() / fmt::format("arlo_orch_loop_{}", ::getpid());
+  std::filesystem::remove_all(run_dir);
+  std::filesystem::create_directories(run_dir);
+  constexpr int kSteps = 3;
+
+  asio::io_context io;
+  CompletionServer s0(io), s1(io);
+  const auto p0 = s0.start(), p1 = s1.start();
+
+  rollout::HttpInferencePool pool(io);
+  const std::string u0 = fmt::format("http://127.0.0.1:{}", p0), u1 = fmt::format("http://127.0.0.1:{}", p1);
+  pool.add_server(u0);
+  pool.add_server(u1);
+  pool.start();
+  std::vector<std::unique_ptr<rollout::AdminClient>> admins;
+  admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u0));
+  admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u1));
+  adapters::RolloutInference inference(pool, std::move(admins), [](Version) {
+    rollout::WeightUpdate u;
+    u.transport = "filesystem";
+    return u;
+  });
+
+  rollout::ArithmeticOptions ao;
+  ao.seed = 3;
+  ao.size = 200;
+  auto source = rollout::make_arithmetic(ao);
+  ASSERT_TRUE(source);
+  auto stream = std::make_shared<rollout::TaskStream>(*source, rollout::TaskStream::Options{});
+  adapters::RolloutTasks tasks(stream, {});
+  std::vector<Task> eval_tasks;
+  for (std::size_t i = 0; i < 4; ++i) eval_tasks.push_back(tasks.convert((*source)->at(i), 100000 + i));
+
+  auto module = rollout::make_reward_module({{"type", "exact_match"}});
+  ASSERT_TRUE(module) << module.error().what();
+  rollout::RewardScorer reward(io, std::shared_ptr<rollout::RewardModule>(std::move(*module)), {});
+  adapters::RolloutScorer scorer(reward, rollout::AdvantageOptions{});
+
+  bridge::ServerOptions bo;
+  bo.transport = "dir";
+  bo.run_dir = run_dir;
+  auto bridge_server = bridge::BridgeServer::create(io, bo);
+  ASSERT_TRUE(bridge_server) << bridge_server.error().what();
+  ThreadPool threads(1);
+  bridge::PackOptions pack;
+  pack.seq_len = 64;
+  adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
+
+  SteadyClock clock(io.get_executor());
+  Options opt;
+  opt.batch_size = 8;
+  opt.group_size = 4;
+  opt.max_inflight = 16;
+  opt.max_async_level = 1;
+  opt.max_steps = kSteps;
+  opt.sampling.max_tokens = 8;
+  opt.eval_at_end = true;
+  opt.eval_at_start = true;
+  opt.eval_samples = 2;
+  opt.eval_pass_k = {1, 2};
+  opt.log_interval_s = 0.2;
+  opt.console = true;
+  opt.run_dir = run_dir.string();
+  opt.ckpt_interval = 1;
+  opt.status_port = 0;
+  metrics::Registry registry;
+  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, eval_tasks}, opt, &registry);
+  ASSERT_TRUE(orch.start());
+  ASSERT_TRUE((*bridge_server)->start());
+
+  // The trainer: a separate thread on the bridge's blocking client, as arlo-trainer would be.
+  std::vector<std::int64_t> trained;
+  std::vector<std::int64_t> batch_samples;
+  std::thread trainer_thread([&] {
+    bridge::ClientOptions co;
+    co.transport = "dir";
+    co.run_dir = run_dir;
+    auto client = bridge::connect(co);
+    if (!client) return;
+    for (int i = 0; i < kSteps; ++i) {
+      auto batch = (*client)->next_batch(std::chrono::seconds(60));
+      if (!batch) break;
+      const auto step = batch->step();
+      trained.push_back(step);
+      batch_samples.push_back(batch->meta_int("step_samples").value_or(-1));
+      if (!(*client)->ack(step)) break;
+      if (!(*client)->published(step, {{"loss", 0.25}})) break;
+    }
+    (*client)->close();
+  });
+
+  bool timed_out = false;
+  asio::steady_timer guard(io, std::chrono::seconds(90));
+  guard.async_wait([&](boost::system::error_code ec) {
+    if (!ec) {
+      timed_out = true;
+      orch.request_stop("test timeout");
+    }
+  });
+  spawn(io.get_executor(), [&]() -> Awaitable<void> {
+    co_await orch.wait();
+    guard.cancel();
+    pool.stop();
+    (*bridge_server)->stop();
+    s0.close();
+    s1.close();
+    io.stop();
+  });
+  io.run();
+  trainer_thread.join();
+
+  ASSERT_FALSE(timed_out);
+  const auto& summary = orch.summary();
+  EXPECT_TRUE(summary.ok) << summary.error;
+  EXPECT_EQ(summary.steps, kSteps);
+  EXPECT_EQ(trained, (std::vector<std::int64_t>{1, 2, 3}));
+  for (auto n : batch_samples) EXPECT_EQ(n, 8);
+  auto st = orch.ledger().check();
+  EXPECT_TRUE(st) << st.error().what();
+  // Every version reached both workers through pause -> prepare -> commit -> resume.
+  for (auto* s : {&s0, &s1})
+    for (int v = 1; v <= kSteps; ++v) {
+      EXPECT_NE(std::find(s->admin_log.begin(), s->admin_log.end(), "/pause keep"), s->admin_log.end());
+      EXPECT_NE(std::find(s->admin_log.begin(), s->admin_log.end(), "/weights/commit v" + std::to_string(v)),
+                s->admin_log.end());
+    }
+  // Half the samples are right: reward mean 0.5 on every step; eval pass@2 = 1, pass@1 = 0.5.
+  for (const auto& r : orch.step_reports()) EXPECT_DOUBLE_EQ(r.reward_mean, 0.5);
+  ASSERT_TRUE(summary.eval_last.has_value());
+  EXPECT_EQ(summary.eval_last->step, kSteps);
+  const auto& e = summary.eval_last->envs.begin()->second;
+  EXPECT_DOUBLE_EQ(e.pass_at.at(1), 0.5);
+  EXPECT_DOUBLE_EQ(e.pass_at.at(2), 1.0);
+  EXPECT_NE(registry.prometheus().find("arlo_train_reward_mean"), std::string::npos);
+  int step_lines = 0;
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    if (nlohmann::json::parse(line).contains("train/reward/mean")) ++step_lines;
+  EXPECT_EQ(step_lines, kSteps);
+  EXPECT_TRUE(std::filesystem::exists(run_dir / "summary.json"));
+  EXPECT_TRUE(std::filesystem::exists(run_dir / "orchestrator" / "checkpoint.json"));
+  std::filesystem::remove_all(run_dir);
+}
+
+}  // namespace
+}  // namespace arlo::orch
