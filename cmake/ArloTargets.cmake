@@ -32,8 +32,11 @@ function(arlo_test name)
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   arlo_target_defaults(${name})
+  # The environment travels as an `env` launcher: a list-valued ENVIRONMENT property does not survive
+  # gtest_discover_tests' re-quoting, and the launcher also runs test discovery with the same variables.
+  set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR
+    "/usr/bin/env;ARLO_SOURCE_DIR=${PROJECT_SOURCE_DIR};ARLO_BUILD_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-               ENVIRONMENT "ARLO_SOURCE_DIR=${PROJECT_SOURCE_DIR};ARLO_BUILD_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()
