@@ -259,7 +259,7 @@ std::uint64_t xxh3(const std::vector<std::span<const std::byte>>& parts) {
 }
 
 namespace {
-constexpr std::size_t kHashChunk = 256u << 10;
+constexpr std::size_t kHashChunk = 128u << 10;
 }
 
 std::uint64_t copy_and_hash(const std::vector<std::span<const std::byte>>& parts, std::byte* dst) {
@@ -268,8 +268,8 @@ std::uint64_t copy_and_hash(const std::vector<std::span<const std::byte>>& parts
   for (const auto& part : parts) {
     for (std::size_t off = 0; off < part.size(); off += kHashChunk) {
       const std::size_t n = std::min(kHashChunk, part.size() - off);
+      XXH3_64bits_update(&st, part.data() + off, n);  // source first: the copy then reads cache
       std::memcpy(dst, part.data() + off, n);
-      XXH3_64bits_update(&st, dst, n);
       dst += n;
     }
   }

@@ -30,7 +30,7 @@
 // STABLE last); receive() applies the newest STABLE version above the one held. shm: same host;
 // publisher and subscribers name the same `shm_name`.
 //
-// Options::from_config keys (DESIGN.md section 4 `weight_sync.*`): see docs/weight-sync.md.
+// Options is a plain struct; the config layer maps `weight_sync.*` keys onto it (docs/weight-sync.md).
 //
 // ## Contracts
 // - The manifest (names, dtypes, shapes, bucket layout, payload, version) is agreed before any data

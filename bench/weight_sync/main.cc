@@ -207,7 +207,7 @@ nlohmann::json baseline_socket(std::uint64_t bytes) {
     for (int r = 0; r < g_repeat; ++r) {
       std::uint64_t got = 0;
       while (got < bytes) {
-        ssize_t n = ::recv(s, buf.data() + got, std::min<std::uint64_t>(bytes - got, 4 << 20), 0);
+        ssize_t n = ::recv(s, buf.data() + got, std::min<std::uint64_t>(bytes - got, 4 << 20), MSG_WAITALL);
         if (n <= 0) return 2;
         got += static_cast<std::uint64_t>(n);
       }

@@ -27,6 +27,7 @@
 #include "weight_sync/codec.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/transports/proc_util.h"
+#include "weight_sync/xxh.h"
 
 namespace arlo::weight_sync {
 namespace {
@@ -53,11 +54,18 @@ struct alignas(64) ReaderSlot {
   char error[448];
 };
 
+// A slot is filled progressively for plain `full` buckets: `filled` grows chunk by chunk so an
+// in-place receiver copies while the publisher is still writing; `sealed` says the checksum is final.
 struct alignas(64) SlotHeader {
   std::atomic<std::uint64_t> index;
   std::uint64_t wire_bytes;
   std::uint64_t checksum;
+  std::atomic<std::uint64_t> filled;
+  std::atomic<std::uint32_t> sealed;
 };
+
+constexpr std::uint64_t kStreamChunk = 1u << 20;  // published granularity
+constexpr std::uint64_t kPiece = 128u << 10;       // hash-then-copy granularity (stays in L2)
 
 struct Header {
   std::uint64_t magic;
@@ -365,22 +373,54 @@ class ShmSender final : public SenderTransport {
       if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
       std::byte* dst = seg_->slot(s);
       std::uint64_t wire = 0, checksum = 0;
+      const bool corrupt = o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_;
+      auto& slot = h->slots[s];
       if (enc.zero_copy()) {
+        // Streamed: announce the bucket, then publish it chunk by chunk (copied and hashed while hot).
         ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}, /*with_checksum=*/false));
-        checksum = copy_and_hash(b.parts, dst);
         wire = b.wire_bytes;
+        slot.sealed.store(0);
+        slot.filled.store(0);
+        slot.wire_bytes = wire;
+        slot.index.store(i, std::memory_order_release);
+        XXH3_state_t st;
+        XXH3_64bits_reset(&st);
+        std::uint64_t off = 0;
+        for (const auto& part : b.parts) {
+          for (std::size_t p = 0; p < part.size(); p += kStreamChunk) {
+            const std::size_t n = std::min<std::size_t>(kStreamChunk, part.size() - p);
+            // Hash each piece of the source first (it is then in cache), then copy it: small pieces
+            // keep memcpy on regular (cached) stores.
+            for (std::size_t q = 0; q < n; q += kPiece) {
+              const std::size_t k = std::min<std::size_t>(kPiece, n - q);
+              XXH3_64bits_update(&st, part.data() + p + q, k);
+              std::memcpy(dst + off + q, part.data() + p + q, k);
+            }
+            if (corrupt && wire / 2 >= off && wire / 2 < off + n) {
+              dst[wire / 2] ^= std::byte{0x5A};
+              fault_done_ = true;
+            }
+            off += n;
+            slot.filled.store(off, std::memory_order_release);
+            futex_bump_and_wake(h->doorbell);
+          }
+        }
+        checksum = XXH3_64bits_digest(&st);
       } else {
         ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {dst, h->slot_capacity}));
         checksum = b.checksum;
         wire = b.wire_bytes;
+        if (corrupt && wire > 0) {
+          dst[wire / 2] ^= std::byte{0x5A};
+          fault_done_ = true;
+        }
+        slot.sealed.store(0);
+        slot.wire_bytes = wire;
+        slot.filled.store(wire);
+        slot.index.store(i, std::memory_order_release);
       }
-      if (o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_ && wire > 0) {
-        dst[wire / 2] ^= std::byte{0x5A};
-        fault_done_ = true;
-      }
-      h->slots[s].wire_bytes = wire;
-      h->slots[s].checksum = checksum;
-      h->slots[s].index.store(i, std::memory_order_release);
+      slot.checksum = checksum;
+      slot.sealed.store(1, std::memory_order_release);
       h->published.store(i + 1, std::memory_order_release);
       futex_bump_and_wake(h->doorbell);
       report.wire_bytes += wire;
@@ -553,18 +593,67 @@ class ShmReceiver final : public ReceiverTransport {
       return std::unexpected(e);
     };
     const pid_t publisher = static_cast<pid_t>(h->publisher_pid.load());
+    const auto alive = [&]() -> Status {
+      if (h->session.load() != session) return make_error(ErrorCode::kCancelled, "publisher abandoned the version");
+      if (!process_alive(publisher)) return make_error(ErrorCode::kUnavailable, "publisher process died");
+      return ok();
+    };
     for (std::size_t i = 0; i < m.buckets.size(); ++i) {
       if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
       const int s = static_cast<int>(i % 2);
+      auto& slot = h->slots[s];
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
-      auto st = wait_for(
-          h, bd, [&] { return h->slots[s].index.load(std::memory_order_acquire) == i && h->published.load() > i; },
-          [&]() -> Status {
-            if (h->session.load() != session) return make_error(ErrorCode::kCancelled, "publisher abandoned the version");
-            if (!process_alive(publisher)) return make_error(ErrorCode::kUnavailable, "publisher process died");
-            return ok();
-          },
-          "bucket " + std::to_string(i));
+      Status st;
+      if (applier.direct()) {
+        // Streamed in place: hash and copy each chunk as soon as the publisher marks it filled.
+        st = wait_for(h, bd, [&] { return slot.index.load(std::memory_order_acquire) == i; }, alive,
+                      "bucket " + std::to_string(i));
+        if (st) {
+          auto dst = applier.direct_spans(i);
+          applier.mark_touched();
+          XXH3_state_t hs;
+          XXH3_64bits_reset(&hs);
+          std::size_t span = 0, span_off = 0;
+          std::uint64_t off = 0;
+          const std::uint64_t wire = slot.wire_bytes;
+          const std::byte* src = seg_->slot(s);
+          while (st && off < wire) {
+            std::uint64_t filled = 0;
+            st = wait_for(h, bd, [&] { return (filled = slot.filled.load(std::memory_order_acquire)) > off; }, alive,
+                          "bucket " + std::to_string(i));
+            while (st && off < filled) {
+              const std::size_t n = std::min<std::uint64_t>({filled - off, dst[span].size() - span_off, kPiece});
+              XXH3_64bits_update(&hs, src + off, n);
+              std::memcpy(dst[span].data() + span_off, src + off, n);
+              off += n;
+              span_off += n;
+              if (span_off == dst[span].size()) {
+                ++span;
+                span_off = 0;
+              }
+            }
+          }
+          if (st) st = wait_for(h, bd, [&] { return slot.sealed.load(std::memory_order_acquire) == 1; }, alive,
+                                "bucket " + std::to_string(i));
+          if (st && XXH3_64bits_digest(&hs) != slot.checksum)
+            st = make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+          if (st) {
+            applier.mark_direct_verified(i);
+            report.wire_bytes += wire;
+            me.consumed.store(i + 1, std::memory_order_release);
+            futex_bump_and_wake(h->doorbell);
+            continue;
+          }
+          if (st.error().code() == ErrorCode::kMismatch)
+            return fail(Error(st.error().code(), "shm " + name_ + ": version " + std::to_string(m.version) +
+                                                     ", peer publisher pid " + std::to_string(publisher) + ": " +
+                                                     st.error().what()));
+        }
+      } else {
+        st = wait_for(
+            h, bd, [&] { return slot.index.load(std::memory_order_acquire) == i && slot.sealed.load() == 1; }, alive,
+            "bucket " + std::to_string(i));
+      }
       if (!st) {
         if (st.error().code() == ErrorCode::kUnavailable) seg_->unlink_if_same();
         return fail(Error(st.error().code(), "shm " + name_ + ": version " + std::to_string(m.version) + ", bucket " +
