@@ -78,13 +78,25 @@ def run_trainer_and_feeder(transport, run_dir, ws_dir, samples_path, log):
     feeder = subprocess.Popen([FEEDER, "--transport", transport, "--run-dir", run_dir, "--samples", samples_path,
                                "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "64", "--timeout", "200"],
                               stdout=subprocess.PIPE, text=True)
-    port = int(feeder.stdout.readline().split()[1])
-    args = [sys.executable, EXAMPLE, "--transport", transport, "--run-dir", run_dir, "--port", str(port),
-            "--ws-transport", "filesystem", "--ws-dir", ws_dir, "--steps", str(STEPS), "--metrics", log, "--lr", "1e-3"]
-    trainer = subprocess.run(args, capture_output=True, text=True, timeout=240)
-    if trainer.returncode != 0:
-        fail(f"trainer ({transport}) exited {trainer.returncode}:\n{trainer.stdout}\n{trainer.stderr}")
-    out, _ = feeder.communicate(timeout=60)
+    try:
+        port = None
+        for line in feeder.stdout:  # log lines may come first
+            if line.startswith("port "):
+                port = int(line.split()[1])
+                break
+        if port is None:
+            fail(f"feeder ({transport}) exited without a port")
+        args = [sys.executable, EXAMPLE, "--transport", transport, "--run-dir", run_dir, "--port", str(port),
+                "--ws-transport", "filesystem", "--ws-dir", ws_dir, "--steps", str(STEPS), "--metrics", log,
+                "--lr", "1e-3"]
+        trainer = subprocess.run(args, capture_output=True, text=True, timeout=240)
+        if trainer.returncode != 0:
+            fail(f"trainer ({transport}) exited {trainer.returncode}:\n{trainer.stdout}\n{trainer.stderr}")
+        out, _ = feeder.communicate(timeout=60)
+    finally:
+        if feeder.poll() is None:
+            feeder.kill()
+            feeder.wait()
     if feeder.returncode != 0:
         fail(f"feeder ({transport}) exited {feeder.returncode}: {out}")
     lines = out.split("\n")
@@ -110,7 +122,6 @@ def main():
         # The trainer publishes v0 first; the worker serves it; rollouts come from it.
         samples_path = os.path.join(tmp, "samples.jsonl")
         open(samples_path, "w").close()
-        feeder_args = None  # started after rollouts exist
         log = os.path.join(tmp, "dir_metrics.jsonl")
         trainer = subprocess.Popen([sys.executable, EXAMPLE, "--transport", "dir", "--run-dir", run_dir,
                                     "--ws-transport", "filesystem", "--ws-dir", ws_dir, "--steps", str(STEPS),
@@ -140,6 +151,9 @@ def main():
         # the PyTorch mirror of the reference model must agree with the C++ engine's logprobs.
         if records[0]["mismatch_kl"] > 1e-3:
             fail(f"PyTorch model disagrees with the reference engine: mismatch_kl {records[0]['mismatch_kl']}")
+        # ... and the metric is live: after an update the trainer has moved away from v0's samples.
+        if not records[-1]["mismatch_kl"] > 0.0:
+            fail(f"mismatch_kl stays 0 after training: {records}")
         # The worker receives the newest version the trainer published.
         w = update_worker(client, url, STEPS, ws_dir)
         if w.get("version") != STEPS or w.get("checksum") == w0.get("checksum"):
