@@ -102,6 +102,11 @@ class PublishQueue {
     if (options_.transport == "shm") info["shm_name"] = options_.shm_name;
     if (options_.transport == "filesystem") info["dir"] = options_.dir.string();
     const bool streaming = options_.transport != "filesystem";
+    if (!streaming && std::filesystem::exists(options_.dir / fmt::format("v{}", item.version) / "STABLE")) {
+      ARLO_INFO("v{} is already on disk (resumed run): announcing it", item.version);
+      announce(item.version, info);
+      return;
+    }
     if (streaming) announce(item.version, info);
     auto report = publisher_->publish(static_cast<weight_sync::Version>(item.version), source,
                                       weight_sync::deadline_in(timeout_));
@@ -115,10 +120,7 @@ class PublishQueue {
       for (const auto& p : report->peers)
         if (!p.ok) ARLO_WARN("v{} to {}: {}", item.version, p.peer, p.error);
     }
-    // filesystem: announce once the version is on disk (also when a resumed trainer finds the
-    // version it resumes at already there).
-    if (!streaming && (report || std::filesystem::exists(options_.dir / fmt::format("v{}", item.version) / "STABLE")))
-      announce(item.version, info);
+    if (!streaming && report) announce(item.version, info);  // filesystem: once the version is on disk
   }
   void announce(std::int64_t version, const json& info) {
     if (auto st = client_.published(version, info); !st) ARLO_WARN("announcing v{}: {}", version, st.error().what());
