@@ -18,6 +18,7 @@
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -56,7 +57,7 @@ constexpr int kListenBacklog = 65535;
 
 // One accepted connection. Owned by its session coroutine (shared_ptr); the server's registry
 // holds a raw pointer that the session removes before it ends.
-struct Connection {
+struct Connection : std::enable_shared_from_this<Connection> {
   explicit Connection(tcp::socket socket) : stream(std::move(socket)) {}
   beast::tcp_stream stream;
   // Emitted by Server::close() so a handler awaiting something cancellable is woken.
@@ -145,6 +146,10 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
     for (Connection* conn : all) {
       close_connection(*conn);
       conn->cancel.emit(asio::cancellation_type::terminal);
+      // co_spawn forwards the cancellation to the coroutine through a handler it dispatches to the
+      // executor, which refers to state stored in `conn->cancel`. Keep the connection alive until
+      // after that handler has run, or a session that ends first frees the state under it.
+      asio::post(io, [keep = conn->shared_from_this()] {});
     }
     // Every socket is closed now. A session still inside its handler leaves when the handler
     // returns (remove() then finds nothing); it no longer counts as an open connection.
