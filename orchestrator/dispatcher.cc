@@ -13,6 +13,7 @@ namespace {
 // Grace beyond a request's own deadline before the orchestrator cuts it off from outside: the
 // port should time out first and report a precise error.
 constexpr Duration kDeadlineGrace = std::chrono::seconds(2);
+constexpr int kMaxLaunchesPerTurn = 32;
 
 std::string reason_of(const Error& e) { return std::string(to_string(e.code())); }
 
@@ -77,7 +78,20 @@ bool RolloutDispatcher::train_allowed() const {
 void RolloutDispatcher::pump() {
   if (pumping_) return;  // re-entered from a hook: the outer loop continues
   pumping_ = true;
+  int launched = 0;
   while (true) {
+    // Bound the work of one turn so a refill of thousands of requests does not stall the loop:
+    // the rest is dispatched from a posted continuation, after whatever else is ready.
+    if (launched++ >= kMaxLaunchesPerTurn) {
+      if (!pump_posted_) {
+        pump_posted_ = true;
+        asio::post(ex_, [this] {
+          pump_posted_ = false;
+          pump();
+        });
+      }
+      break;
+    }
     if (!held_ && !continuations_.empty()) {
       auto c = continuations_.front();
       continuations_.pop_front();

@@ -141,6 +141,7 @@ class RolloutDispatcher {
   bool held_ = false;
   bool draining_ = false;
   bool pumping_ = false;
+  bool pump_posted_ = false;
   bool failed_source_ = false;
   bool version_blocked_ = false;
   TimePoint version_blocked_since_{};

@@ -296,7 +296,12 @@ int main(int argc, char** argv) {
   http::Server server(server_io, so);
   server.route(http::Verb::post, "/v1/completions", [&server_io, gen_ms](http::Request req) -> asio::awaitable<http::Response> {
     if (gen_ms > 0) {  // simulated generation time: the loop is then not saturated by a free server
-      asio::steady_timer t(server_io, std::chrono::milliseconds(gen_ms));
+      // Spread over [0.5, 1.5] x gen_ms (fixed by the request's seed) so completions do not arrive
+      // in lockstep waves, as generations of different lengths would not.
+      auto body = req.json();
+      const auto seed = body ? body->value("seed", std::uint64_t{0}) : 0;
+      const double spread = 0.5 + static_cast<double>((seed * 0x9E3779B97F4A7C15ull) >> 11) / 9007199254740992.0;
+      asio::steady_timer t(server_io, std::chrono::microseconds(static_cast<long>(gen_ms * 1000 * spread)));
       co_await t.async_wait(asio::use_awaitable);
     }
     co_return complete(req);
