@@ -108,6 +108,17 @@ class Mapped {
   std::size_t size_ = 0;
 };
 
+// Drops the page-table entries of a read-only file mapping range (the page cache keeps the data):
+// mapped shards then never add more than one window to the reader's RSS.
+void release_mapped(std::span<const std::byte> range) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<std::uintptr_t>(range.data()) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(range.data()) + range.size()) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+constexpr std::size_t kWindow = 32u << 20;
+
 std::optional<Version> parse_version_dir(const std::string& name) {
   if (name.size() < 2 || name[0] != 'v') return std::nullopt;
   Version v = 0;
@@ -366,19 +377,19 @@ class FsReceiver final : public ReceiverTransport {
                                 (m.payload.kind != PayloadKind::kDelta || (state.version && m.base_version &&
                                                                            *state.version == *m.base_version));
     if (payload_usable) {
-      // Encoded stream: verify every bucket, then decode.
-      std::vector<Mapped> files;
+      // Encoded stream: verify every bucket, then decode. Each file is mapped only while it is
+      // used, so mapped page cache never adds more than one bucket to the reader's RSS.
+      auto bucket_path = [&](std::size_t i) { return vdir / "payload" / fmt::format("bucket-{:05d}.bin", i); };
       for (std::size_t i = 0; i < m.buckets.size(); ++i) {
-        const fs::path p = vdir / "payload" / fmt::format("bucket-{:05d}.bin", i);
-        ARLO_ASSIGN_OR_RETURN(auto f, with_context(Mapped::open(p), where));
+        ARLO_ASSIGN_OR_RETURN(auto f, with_context(Mapped::open(bucket_path(i)), where));
         if (xxh3(f.bytes()) != m.checksums.at(i))
-          return make_error(ErrorCode::kMismatch, where + ": bucket " + std::to_string(i) + " (" + p.string() +
-                                                      "): checksum mismatch; previous version kept");
+          return make_error(ErrorCode::kMismatch, where + ": bucket " + std::to_string(i) + " (" +
+                                                      bucket_path(i).string() + "): checksum mismatch; previous version kept");
         report.wire_bytes += f.bytes().size();
-        files.push_back(std::move(f));
       }
       for (std::size_t i = 0; i < m.buckets.size(); ++i) {
-        auto s = decode_bucket(m, i, files[i].bytes(), dest);
+        auto f = Mapped::open(bucket_path(i));
+        auto s = f ? decode_bucket(m, i, f->bytes(), dest) : Status(std::unexpected(f.error()));
         if (!s) {
           sink.discard(v, s.error());
           state.version.reset();
@@ -390,7 +401,6 @@ class FsReceiver final : public ReceiverTransport {
     } else {
       // Shards (full resync): verify every shard, then copy.
       const auto& shards = mj.at("shards");
-      std::vector<safetensors::File> files;
       for (std::size_t k = 0; k < shards.size(); ++k) {
         const fs::path p = vdir / shards[k].at("file").get<std::string>();
         ARLO_ASSIGN_OR_RETURN(auto f, with_context(safetensors::File::open(p), where));
@@ -402,20 +412,35 @@ class FsReceiver final : public ReceiverTransport {
           if (!bytes || bytes->size() != spec.nbytes())
             return make_error(ErrorCode::kMismatch, where + ": shard " + p.filename().string() + " lacks tensor '" +
                                                         spec.name + "' of the manifest's size");
-          XXH3_64bits_update(&st, bytes->data(), bytes->size());
+          for (std::size_t off = 0; off < bytes->size(); off += kWindow) {
+            const auto w = bytes->subspan(off, std::min(kWindow, bytes->size() - off));
+            XXH3_64bits_update(&st, w.data(), w.size());
+            release_mapped(w);
+          }
           report.wire_bytes += bytes->size();
         }
         if (XXH3_64bits_digest(&st) != shards[k].at("checksum").get<std::uint64_t>())
           return make_error(ErrorCode::kMismatch, where + ": shard " + std::to_string(k) + " (" +
                                                       p.filename().string() + "): checksum mismatch; previous version kept");
-        files.push_back(std::move(f));
       }
-      for (std::size_t k = 0; k < shards.size(); ++k)
+      // Every shard verified (and leased, so immutable): copy, one mapping at a time.
+      for (std::size_t k = 0; k < shards.size(); ++k) {
+        auto f = safetensors::File::open(vdir / shards[k].at("file").get<std::string>());
+        if (!f) {
+          sink.discard(v, f.error());
+          state.version.reset();
+          return make_error(f.error().code(), where + ": " + f.error().what());
+        }
         for (auto t : shards[k].at("tensors")) {
           const std::size_t ti = t.get<std::size_t>();
-          auto bytes = *files[k].data(m.tensors[ti].name);
-          std::memcpy(dest[ti].data(), bytes.data(), bytes.size());
+          auto bytes = *f->data(m.tensors[ti].name);
+          for (std::size_t off = 0; off < bytes.size(); off += kWindow) {
+            const auto w = bytes.subspan(off, std::min(kWindow, bytes.size() - off));
+            std::memcpy(dest[ti].data() + off, w.data(), w.size());
+            release_mapped(w);
+          }
         }
+      }
       report.payload = PayloadKind::kFull;
       report.buckets = shards.size();
     }
