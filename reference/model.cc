@@ -310,9 +310,10 @@ Status Model::copy_from(const Model& other) {
 }
 
 std::shared_ptr<Model> Model::clone() const {
-  auto m = Model::init(config(), 0);
-  (void)(*m)->copy_from(*this);
-  return *m;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> copies;
+  for (const auto& t : impl_->parameters()) copies.push_back(t.detach().clone(at::MemoryFormat::Contiguous));
+  return std::shared_ptr<Model>(new Model(std::make_unique<ModelImpl>(config(), params(), std::move(copies))));
 }
 
 void set_torch_threads(int threads) {

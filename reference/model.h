@@ -65,6 +65,7 @@ class Model {
   std::string checksum() const;
   // Copies all parameters from a model of the same config.
   Status copy_from(const Model& other);
+  // An independent copy of every parameter (no gradient tracking).
   std::shared_ptr<Model> clone() const;
 
   ModelImpl& impl() { return *impl_; }

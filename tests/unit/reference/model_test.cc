@@ -37,6 +37,15 @@ TEST(Model, InitIsDeterministicInTheSeed) {
   EXPECT_EQ((*a)->checksum().size(), 16u);
 }
 
+TEST(Model, CloneIsAnIndependentCopy) {
+  auto a = Model::init({}, 7);
+  ASSERT_TRUE(a);
+  auto b = (*a)->clone();
+  EXPECT_EQ(b->checksum(), (*a)->checksum());
+  b->mutable_bytes("model.norm.weight")[0] = std::byte{0x7f};
+  EXPECT_NE(b->checksum(), (*a)->checksum());
+}
+
 TEST(Model, SaveLoadRoundTripThroughSafetensors) {
   auto dir = temp_dir("roundtrip");
   ModelConfig cfg;
