@@ -188,12 +188,14 @@ void Orchestrator::on_step(const StepReport& r) {
   const double tok_s = step_s > 0 ? static_cast<double>(tokens - tokens_at_last_step_) / step_s : 0.0;
   const auto failed = ledger_.failed_total();
   const auto cancelled = ledger_.cancelled_total();
+  const double wait_s = dispatcher_->wait_for_policy_seconds();
   const auto errors = failed - failed_at_last_step_;
   const auto cancels = cancelled - cancelled_at_last_step_;
   last_step_at_ = now;
   tokens_at_last_step_ = tokens;
   failed_at_last_step_ = failed;
   cancelled_at_last_step_ = cancelled;
+  wait_at_last_step_ = wait_s;
   steps_.push_back(r);
 
   nlohmann::json rec = {{"step", r.step},
@@ -207,7 +209,7 @@ void Orchestrator::on_step(const StepReport& r) {
                         {"weight_sync/seconds", last_sync_seconds_},
                         {"throughput/tokens_per_s", tok_s},
                         {"time/step_seconds", step_s},
-                        {"time/wait_for_policy_seconds", dispatcher_->wait_for_policy_seconds()},
+                        {"time/wait_for_policy_seconds", wait_s - wait_at_last_step_},
                         {"train/supervised", r.supervised}};
   if (!r.supervised) {
     rec["train/reward/mean"] = r.reward_mean;

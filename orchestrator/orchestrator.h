@@ -126,6 +126,7 @@ class Orchestrator {
   std::uint64_t failed_at_last_step_ = 0;
   std::uint64_t cancelled_at_last_step_ = 0;
   double last_sync_seconds_ = 0.0;
+  double wait_at_last_step_ = 0.0;  // dispatcher's cumulative gate wait at the previous step
   nlohmann::json last_trainer_metrics_ = nlohmann::json::object();
   std::vector<StepReport> steps_;
   RunSummary summary_;

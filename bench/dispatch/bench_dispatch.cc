@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -293,6 +295,7 @@ int main(int argc, char** argv) {
 
   asio::io_context server_io;
   http::ServerOptions so;
+  so.stop_grace = std::chrono::milliseconds(std::max(5000, 2 * gen_ms));
   http::Server server(server_io, so);
   server.route(http::Verb::post, "/v1/completions", [&server_io, gen_ms](http::Request req) -> asio::awaitable<http::Response> {
     if (gen_ms > 0) {  // simulated generation time: the loop is then not saturated by a free server
@@ -334,9 +337,10 @@ int main(int argc, char** argv) {
                 py->cpu_us_per_rollout() / std::max(c.cpu_us_per_rollout(), 1e-9),
                 py->lag_p99_s / std::max(c.lag_p99_s, 1e-9));
   }
-  server.close();
+  // Graceful stop on the server's own thread: simulated generations still running for requests
+  // the orchestrator cancelled at its drain finish first (within the grace period).
   guard.reset();
-  server_io.stop();
+  asio::co_spawn(server_io, server.stop(), asio::detached);
   server_thread.join();
   return 0;
 }
