@@ -55,9 +55,9 @@ std::thread kill_when_stopped(pid_t pid) {
   ::_exit(same_bytes(sink, expect) ? 0 : 12);
 }
 
-class KillTest : public ::testing::TestWithParam<std::string> {};
+class WeightSyncKillTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(KillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
+TEST_P(WeightSyncKillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
   const std::string channel = shm_channel("kr");
   Options po = base_options(GetParam(), channel);
   po.expected_receivers = 2;
@@ -93,7 +93,7 @@ TEST_P(KillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
   }
 }
 
-TEST_P(KillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
+TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
   for (auto mode : {ApplyMode::kStaging, ApplyMode::kInPlace}) {
     const std::string channel = shm_channel(mode == ApplyMode::kStaging ? "ks" : "ki");
     int fds[2];
@@ -147,7 +147,7 @@ TEST_P(KillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, KillTest, ::testing::Values("tcp", "shm"));
+INSTANTIATE_TEST_SUITE_P(Transports, WeightSyncKillTest, ::testing::Values("tcp", "shm"));
 
 }  // namespace
 }  // namespace arlo::weight_sync

@@ -19,7 +19,7 @@ using testing::expected_after;
 using testing::fill;
 using testing::odd_specs;
 
-TEST(Bf16, RoundsToNearestEven) {
+TEST(WeightSyncBf16, RoundsToNearestEven) {
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
   // 1 + 2^-8 is exactly half way between bf16 1.0 and 1.0078125: ties to even (1.0).
   EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.f, -8)), 0x3F80);
@@ -30,7 +30,7 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(-2.5f)), -2.5f);
 }
 
-TEST(E4m3, ExactValuesSaturationAndNaN) {
+TEST(WeightSyncE4m3, ExactValuesSaturationAndNaN) {
   EXPECT_EQ(f32_to_e4m3(0.f), 0x00);
   EXPECT_EQ(f32_to_e4m3(1.f), 0x38);
   EXPECT_EQ(f32_to_e4m3(-1.f), 0xB8);
@@ -51,7 +51,7 @@ TEST(E4m3, ExactValuesSaturationAndNaN) {
   }
 }
 
-TEST(E4m3, BlockScaledErrorBound) {
+TEST(WeightSyncE4m3, BlockScaledErrorBound) {
   // Documented bound: |x - x'| <= 2^-4 |x| + 2^-10 * scale, scale = block amax / 448.
   std::vector<TensorSpec> specs = {{"w", DType::F32, {4096 + 77}}};
   HostWeights w(specs);
@@ -71,7 +71,7 @@ TEST(E4m3, BlockScaledErrorBound) {
   }
 }
 
-TEST(Manifest, SplitsLargeTensorsOnBlockBoundaries) {
+TEST(WeightSyncManifest, SplitsLargeTensorsOnBlockBoundaries) {
   auto m = Manifest::plan(odd_specs(), testing::kTestBucket, {}).value();
   std::uint64_t covered = 0;
   for (const auto& b : m.buckets) {
@@ -91,14 +91,14 @@ TEST(Manifest, SplitsLargeTensorsOnBlockBoundaries) {
   EXPECT_FALSE(Manifest::plan(odd_specs(), 1000, {}).has_value());
 }
 
-TEST(Manifest, TamperedJsonIsRejected) {
+TEST(WeightSyncManifest, TamperedJsonIsRejected) {
   auto m = Manifest::plan(odd_specs(), testing::kTestBucket, {}).value();
   auto j = m.to_json();
   j["tensors"][0]["shape"][0] = 999;
   EXPECT_FALSE(Manifest::from_json(j).has_value());
 }
 
-TEST(Delta, SparseDenseAndIdempotent) {
+TEST(WeightSyncDelta, SparseDenseAndIdempotent) {
   std::vector<TensorSpec> specs = {{"a", DType::BF16, {10000}}, {"b", DType::F32, {1000}}, {"c", DType::U8, {50}}};
   HostWeights base(specs), cur(specs);
   fill(base, 1);
@@ -120,7 +120,7 @@ TEST(Delta, SparseDenseAndIdempotent) {
   EXPECT_TRUE(testing::same_bytes(recv, cur));
 }
 
-TEST(Codec, EveryPayloadWithZstdMatchesWithout) {
+TEST(WeightSyncCodec, EveryPayloadWithZstdMatchesWithout) {
   HostWeights w(odd_specs());
   fill(w, 3);
   for (auto kind : {PayloadKind::kFull, PayloadKind::kCastBf16, PayloadKind::kCastFp8}) {
@@ -131,7 +131,7 @@ TEST(Codec, EveryPayloadWithZstdMatchesWithout) {
   EXPECT_TRUE(testing::same_bytes(expected_after(w, {}), w));
 }
 
-TEST(Codec, CorruptedZstdFrameIsAParseError) {
+TEST(WeightSyncCodec, CorruptedZstdFrameIsAParseError) {
   HostWeights w(odd_specs());
   fill(w, 4);
   auto m = Manifest::plan(w.specs(), testing::kTestBucket, {PayloadKind::kFull, true, 0.25}).value();
@@ -146,7 +146,7 @@ TEST(Codec, CorruptedZstdFrameIsAParseError) {
   EXPECT_FALSE(decode_bucket(m, 0, wire, dest));
 }
 
-TEST(Qwen3, LayoutMatchesPublicConfig) {
+TEST(WeightSyncQwen3, LayoutMatchesPublicConfig) {
   auto specs = model_layout("qwen3-1.7b", DType::BF16).value();
   std::uint64_t params = 0;
   for (const auto& s : specs) params += s.numel();

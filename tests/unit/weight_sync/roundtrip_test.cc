@@ -70,9 +70,9 @@ class Channel {
   std::filesystem::path dir_;
 };
 
-class RoundTrip : public ::testing::TestWithParam<Case> {};
+class WeightSyncRoundTrip : public ::testing::TestWithParam<Case> {};
 
-TEST_P(RoundTrip, TwoVersionsArriveIntact) {
+TEST_P(WeightSyncRoundTrip, TwoVersionsArriveIntact) {
   const Case c = GetParam();
   PayloadOptions payload{c.kind, c.zstd, 0.25};
   Channel ch(c.transport, payload, c.mode);
@@ -119,9 +119,9 @@ std::vector<Case> all_cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTransportsAndPayloads, RoundTrip, ::testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(AllTransportsAndPayloads, WeightSyncRoundTrip, ::testing::ValuesIn(all_cases()), case_name);
 
-TEST(TcpTopology, StarAndChainDeliverToEveryReceiver) {
+TEST(WeightSyncTcpTopology, StarAndChainDeliverToEveryReceiver) {
   for (auto topo : {Topology::kStar, Topology::kChain}) {
     Channel ch("tcp", {}, ApplyMode::kInPlace);
     Options po = ch.publisher_options();
@@ -156,7 +156,7 @@ TEST(TcpTopology, StarAndChainDeliverToEveryReceiver) {
   }
 }
 
-TEST(TcpFaults, FlippedByteIsRetransmittedNeverApplied) {
+TEST(WeightSyncTcpFaults, FlippedByteIsRetransmittedNeverApplied) {
   for (auto mode : {ApplyMode::kInPlace, ApplyMode::kStaging}) {
     Channel ch("tcp", {}, mode);
     Options po = ch.publisher_options();
@@ -176,7 +176,7 @@ TEST(TcpFaults, FlippedByteIsRetransmittedNeverApplied) {
   }
 }
 
-TEST(ShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
+TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   Channel ch("shm", {}, ApplyMode::kStaging);
   Options po = ch.publisher_options();
   po.fault_corrupt_bucket = 1;
@@ -203,7 +203,7 @@ TEST(ShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   EXPECT_EQ(sub->version(), std::optional<Version>(1));
 }
 
-TEST(FilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
+TEST(WeightSyncFilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
   auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
@@ -233,7 +233,7 @@ TEST(FilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
   EXPECT_EQ(sub->version(), std::optional<Version>(1));
 }
 
-TEST(FilesystemLayout, HfShardsIndexManifestStableAndRetention) {
+TEST(WeightSyncFilesystemLayout, HfShardsIndexManifestStableAndRetention) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
   HostWeights w(odd_specs());
@@ -250,7 +250,7 @@ TEST(FilesystemLayout, HfShardsIndexManifestStableAndRetention) {
   EXPECT_TRUE(file.data("model.big.f32").has_value());
 }
 
-TEST(FilesystemLeases, LeasedVersionIsNeverRemoved) {
+TEST(WeightSyncFilesystemLeases, LeasedVersionIsNeverRemoved) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
   HostWeights w(odd_specs());
@@ -269,9 +269,9 @@ TEST(FilesystemLeases, LeasedVersionIsNeverRemoved) {
   EXPECT_FALSE(std::filesystem::exists(ch.dir_ / "v1"));
 }
 
-class Mismatch : public ::testing::TestWithParam<std::string> {};
+class WeightSyncMismatch : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Mismatch, ManifestRefusedBeforeAnyByteMoves) {
+TEST_P(WeightSyncMismatch, ManifestRefusedBeforeAnyByteMoves) {
   Channel ch(GetParam(), {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
   auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
@@ -297,9 +297,9 @@ TEST_P(Mismatch, ManifestRefusedBeforeAnyByteMoves) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTransports, Mismatch, ::testing::Values("tcp", "shm", "filesystem"));
+INSTANTIATE_TEST_SUITE_P(AllTransports, WeightSyncMismatch, ::testing::Values("tcp", "shm", "filesystem"));
 
-TEST(Registry, UnknownTransportIsAClearError) {
+TEST(WeightSyncRegistry, UnknownTransportIsAClearError) {
   Options o;
   o.transport = "nccl";
   auto p = Publisher::create(o);
