@@ -343,7 +343,9 @@ class ShmSender final : public SenderTransport {
     auto prune = [&](std::size_t bucket) {
       for (int k : std::vector<int>(active)) {
         auto& r = h->readers[k];
-        if (r.state.load() == kFailed) drop(k, get_text(r.error, sizeof r.error));
+        const auto state = r.state.load();
+        if (state == kApplied) continue;  // done; it may exit right away
+        if (state == kFailed) drop(k, get_text(r.error, sizeof r.error));
         else if (!process_alive(static_cast<pid_t>(r.pid.load())))
           drop(k, "receiver process died during bucket " + std::to_string(bucket));
       }

@@ -49,7 +49,10 @@ std::thread kill_when_stopped(pid_t pid) {
   if (!sub) ::_exit(10);
   HostWeights sink(odd_specs());
   auto r = (*sub)->receive(sink, deadline_in(30s));
-  if (!r) ::_exit(11);
+  if (!r) {
+    std::fprintf(stderr, "receiver %s: %s\n", o.peer_name.c_str(), r.error().what().c_str());
+    ::_exit(11);
+  }
   HostWeights expect(odd_specs());
   fill(expect, seed);
   ::_exit(same_bytes(sink, expect) ? 0 : 12);
