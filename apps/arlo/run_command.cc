@@ -1,13 +1,262 @@
-// `arlo run` until the orchestrator exists: it validates the configuration (so `make run` already
-// catches config mistakes) and then says plainly that running is not available yet.
+// `arlo run`: loads the configuration, starts (embedded) or finds (external) the inference workers
+// and the trainer, wires the orchestrator to them through its real adapters, runs the event loop
+// until the run ends, and stops every child on the way out — normal end, error or SIGINT/SIGTERM.
+//
+// Order matters: workers must answer /health before the orchestrator starts dispatching; the
+// orchestrator registers its trainer callback (start()) before the bridge starts; the trainer is
+// started after the bridge so a socket bridge has a port to give it.
 #include "apps/arlo/run_command.h"
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include <fmt/format.h>
 
 #include "apps/arlo/commands.h"
+#include "apps/arlo/run_children.h"
+#include "apps/arlo/run_launch.h"
+#include "apps/arlo/run_parts.h"
 #include "common/config/config.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/thread_pool.h"
+#include "orchestrator/adapters/bridge_trainer.h"
+#include "orchestrator/adapters/rollout_adapters.h"
+#include "orchestrator/async.h"
+#include "orchestrator/config_options.h"
+#include "orchestrator/orchestrator.h"
+#include "rollout/reward_scorer.h"
 
 namespace arlo::cli {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr auto kStartupDeadline = std::chrono::seconds(120);
+constexpr auto kChildPoll = std::chrono::milliseconds(200);
+
+rollout::Duration seconds(double s) { return std::chrono::duration_cast<rollout::Duration>(std::chrono::duration<double>(s)); }
+
+// Everything one run needs, built from the configuration before the event loop starts.
+struct Setup {
+  config::Config cfg;
+  orch::Options options;
+  RolloutParts parts;
+  LaunchPlan plan;
+  std::string run_dir;  // absolute
+};
+
+Result<Setup> prepare(const config::Config& cfg, bool resume) {
+  Setup s{cfg, {}, {}, {}, {}};
+  ARLO_ASSIGN_OR_RETURN(s.options, orch::options_from_config(cfg));
+  s.options.resume = resume;
+  std::error_code ec;
+  s.run_dir = fs::absolute(s.options.run_dir).lexically_normal().string();
+  fs::create_directories(s.run_dir, ec);
+  if (ec)
+    return make_error(ErrorCode::kIo,
+                      fmt::format("creating the run directory {}: {} ({})", s.run_dir, ec.message(), cfg.where("run.dir")));
+  s.options.run_dir = s.run_dir;
+  // With tcp and shm the trainer's publisher waits for every worker to join each version, v0
+  // included: let the orchestrator move v0 to the workers rather than assume they hold it.
+  const auto& transport = cfg.string("weight_sync.transport");
+  if (cfg.string("trainer.launch") == "embedded" && (transport == "tcp" || transport == "shm"))
+    s.options.initial_version = orch::kNoVersion;
+  ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
+  ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
+  return s;
+}
+
+// The run on one event loop. Owns the children; execute() returns the exit status.
+class Run {
+ public:
+  explicit Run(Setup setup) : s_(std::move(setup)) {}
+
+  int execute() {
+    const bool embedded_inference = s_.cfg.string("inference.launch") == "embedded";
+    const bool embedded_trainer = s_.cfg.string("trainer.launch") == "embedded";
+    for (const auto& spec : s_.plan.worker_specs)
+      if (auto st = children_.spawn(spec); !st) return fail(st.error().what());
+    if (!embedded_inference) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
+
+    auto dialect = rollout::parse_admin_dialect(s_.cfg.string("inference.kind"));
+    if (!dialect) return fail(dialect.error().what());
+    rollout::PoolOptions po;
+    // Keep-alive connections for every request in flight, so none is re-opened per request.
+    po.client.max_idle_per_host =
+        std::max<std::size_t>(po.client.max_idle_per_host, static_cast<std::size_t>(s_.options.max_inflight));
+    rollout::HttpInferencePool pool(io_, po);
+    std::vector<std::unique_ptr<rollout::AdminClient>> admins;
+    rollout::AdminOptions ao;
+    ao.call_timeout = seconds(s_.cfg.number("inference.admin_timeout_s"));
+    ao.transfer_timeout = seconds(s_.cfg.number("weight_sync.timeout_s"));
+    for (const auto& [name, url] : s_.plan.workers) {
+      pool.add_server(url);
+      admins.push_back(rollout::make_admin_client(*dialect, pool.client(), url, ao));
+    }
+    const auto ws = s_.plan.weight_sync;
+    const auto dial = *dialect;
+    orch::adapters::RolloutInference inference(pool, std::move(admins),
+                                               [ws, dial](orch::Version v) { return ws.describe(v, dial); });
+
+    TokenizedTasks tasks(s_.parts.stream);
+    rollout::ScorerOptions so;
+    so.timeout = seconds(s_.cfg.number("reward.timeout_s"));
+    if (auto p = rollout::parse_failure_policy(s_.cfg.string("reward.on_failure"))) so.on_failure = *p;
+    so.assign_value = s_.cfg.number("reward.failure_value");
+    rollout::RewardScorer reward(io_, s_.parts.reward, so);
+    rollout::AdvantageOptions adv;
+    if (auto k = rollout::parse_advantage_kind(s_.cfg.string("orchestrator.advantage"))) adv.kind = *k;
+    if (auto t = rollout::parse_truncation_policy(s_.cfg.string("orchestrator.overlong"))) adv.truncated = *t;
+    adv.length_penalty = s_.cfg.number("orchestrator.length_penalty");
+    adv.drop_equal_reward_groups = s_.cfg.boolean("orchestrator.filter_equal_reward_groups");
+    orch::adapters::RolloutScorer scorer(reward, adv);
+
+    bridge::ServerOptions bo;
+    bo.transport = s_.cfg.string("bridge.transport");
+    bo.run_dir = s_.run_dir;
+    bo.max_pending_batches = static_cast<std::size_t>(s_.cfg.integer("bridge.max_pending_batches"));
+    if (bo.transport == "socket") {
+      const auto& address = s_.cfg.string("bridge.address");
+      const auto colon = address.rfind(':');
+      bo.bind = colon == std::string::npos ? address : address.substr(0, colon);
+      if (colon != std::string::npos) bo.port = static_cast<std::uint16_t>(std::atoi(address.c_str() + colon + 1));
+    }
+    auto server = bridge::BridgeServer::create(io_, bo);
+    if (!server) return fail(server.error().what());
+    ThreadPool pack_threads(1);
+    bridge::PackOptions pack;
+    pack.seq_len = static_cast<int>(s_.cfg.integer("orchestrator.seq_len"));
+    orch::adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
+
+    orch::SteadyClock clock(io_.get_executor());
+    metrics::Registry registry;
+    orch::Orchestrator orchestrator(io_, orch::Ports{&inference, &tasks, &scorer, &trainer, &clock, s_.parts.eval_tasks},
+                                    s_.options, &registry);
+
+    asio::signal_set signals(io_, SIGINT, SIGTERM);
+    signals.async_wait([&](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      ARLO_WARN("arlo run: signal {}: stopping (drain, final checkpoint, then the children)", sig);
+      stop_reason_ = fmt::format("signal {}", sig);
+      if (started_) {
+        orchestrator.request_stop(stop_reason_);
+      } else {
+        finish_early("stopped by " + stop_reason_);
+      }
+      // A second signal stops the children at once.
+      signals.async_wait([this](boost::system::error_code ec2, int) {
+        if (!ec2) children_.stop();
+      });
+    });
+
+    orch::spawn(io_.get_executor(), [&]() -> orch::Awaitable<void> {
+      if (embedded_inference) {
+        auto st = co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
+        if (!st) {
+          finish_early(st.error().what());
+          co_return;
+        }
+        ARLO_INFO("arlo run: {} worker(s) healthy", s_.plan.workers.size());
+      }
+      if (done_) co_return;
+      pool.start();
+      if (auto st = orchestrator.start(); !st) {
+        finish_early(st.error().what());
+        co_return;
+      }
+      started_ = true;
+      if (auto st = (*server)->start(); !st) {
+        error_ = st.error().what();
+        orchestrator.request_stop(error_);
+      }
+      if (embedded_trainer && error_.empty()) {
+        const auto spec = trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync, static_cast<int>(s_.plan.workers.size()),
+                                       (*server)->port());
+        if (auto st = children_.spawn(spec); !st) {
+          error_ = st.error().what();
+          orchestrator.request_stop(error_);
+        }
+      } else if (!embedded_trainer) {
+        ARLO_INFO("arlo run: waiting for a trainer on the bridge ({} transport, {})", bo.transport,
+                  bo.transport == "socket" ? fmt::format("port {}", (*server)->port()) : s_.run_dir + "/rollouts");
+      }
+      spawn_child_watch(orchestrator);
+      auto summary = co_await orchestrator.wait();
+      done_ = true;
+      if (!summary.ok && error_.empty()) error_ = summary.error;
+      pool.stop();
+      (*server)->stop();
+      children_.stop();
+      signals.cancel();
+      io_.stop();
+    });
+    io_.run();
+    children_.stop();
+    const auto& summary = orchestrator.summary();
+    if (!error_.empty()) return fail(error_);
+    if (!stop_reason_.empty()) {
+      std::fprintf(stderr, "arlo run: stopped by %s after %lld step(s); run dir %s\n", stop_reason_.c_str(),
+                   static_cast<long long>(summary.steps), s_.run_dir.c_str());
+      return kExitFailure;
+    }
+    std::fprintf(stdout, "arlo run: finished %lld step(s) in %.1f s; run dir %s\n", static_cast<long long>(summary.steps),
+                 summary.seconds, s_.run_dir.c_str());
+    return kExitOk;
+  }
+
+ private:
+  // Watches the children while the run goes on: an exit before the end stops the run with an error
+  // naming the child and its last lines.
+  void spawn_child_watch(orch::Orchestrator& orchestrator) {
+    orch::spawn(io_.get_executor(), [this, &orchestrator]() -> orch::Awaitable<void> {
+      asio::steady_timer timer(io_);
+      while (!done_) {
+        if (auto e = children_.exited()) {
+          if (done_) co_return;
+          if (error_.empty()) error_ = *e;
+          ARLO_ERROR("arlo run: {}", *e);
+          orchestrator.request_stop(*e);
+          co_return;
+        }
+        timer.expires_after(kChildPoll);
+        co_await timer.async_wait(asio::use_awaitable);
+      }
+    });
+  }
+
+  void finish_early(const std::string& why) {
+    if (error_.empty()) error_ = why;
+    done_ = true;
+    children_.stop();
+    io_.stop();
+  }
+
+  int fail(const std::string& why) {
+    children_.stop();
+    std::fprintf(stderr, "arlo run: %s\n", why.c_str());
+    return kExitFailure;
+  }
+
+  Setup s_;
+  asio::io_context io_;
+  RunChildren children_;
+  bool started_ = false;
+  bool done_ = false;
+  std::string error_;
+  std::string stop_reason_;
+};
+
+}  // namespace
 
 int run_command(const RunArgs& args) {
   config::LoadOptions options;
@@ -19,12 +268,22 @@ int run_command(const RunArgs& args) {
                  args.config.c_str());
     return kExitBadConfig;
   }
-  std::fprintf(stderr,
-               "arlo run: the configuration %s is valid, but the run command is not available yet: this arlo "
-               "was built without the orchestrator. Use `arlo check-config %s` to see the resolved "
-               "configuration.\n",
-               args.config.c_str(), args.config.c_str());
-  return kExitUnavailable;
+  const auto& cfg = *resolution.config;
+  log::Options lo;
+  lo.level = cfg.string("log.level");
+  if (!cfg.string("log.file").empty()) lo.file = cfg.string("log.file");
+  if (auto st = log::init(lo); !st) {
+    std::fprintf(stderr, "arlo run: %s\n", st.error().what().c_str());
+    return kExitBadConfig;
+  }
+  auto setup = prepare(cfg, args.resume);
+  if (!setup) {
+    std::fprintf(stderr, "arlo run: %s\n", setup.error().what().c_str());
+    return kExitBadConfig;
+  }
+  ARLO_INFO("arlo run: {} -> {}", args.config, setup->run_dir);
+  Run run(std::move(*setup));
+  return run.execute();
 }
 
 }  // namespace arlo::cli

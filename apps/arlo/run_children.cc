@@ -1,0 +1,97 @@
+#include "apps/arlo/run_children.h"
+
+#include <unistd.h>
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+namespace arlo::cli {
+
+namespace fs = std::filesystem;
+
+std::string find_binary(const std::string& name) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path dir = self.parent_path();
+    for (const fs::path& candidate : {dir / name, dir.parent_path() / name / name, dir.parent_path().parent_path() / "apps" / name / name})
+      if (fs::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+  }
+  return name;
+}
+
+RunChildren::RunChildren() : launcher_([this](const std::string& name, const std::string& line) { on_line(name, line); }) {}
+
+RunChildren::~RunChildren() { stop(); }
+
+void RunChildren::on_line(const std::string& name, const std::string& line) {
+  std::lock_guard lock(mu_);
+  auto& tail = tails_[name];
+  tail.push_back(line);
+  if (tail.size() > kTailLines) tail.pop_front();
+  std::fprintf(stdout, "[%s] %s\n", name.c_str(), line.c_str());
+  std::fflush(stdout);
+}
+
+std::string RunChildren::tail(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  auto it = tails_.find(name);
+  if (it == tails_.end() || it->second.empty()) return "  (no output)";
+  for (const auto& line : it->second) out += fmt::format("  [{}] {}\n", name, line);
+  if (!out.empty()) out.pop_back();
+  return out;
+}
+
+Status RunChildren::spawn(const orch::ChildSpec& spec) {
+  auto pid = launcher_.spawn(spec);
+  if (!pid) return std::unexpected(Error(pid.error()).with_context(fmt::format("starting {} ({})", spec.name, spec.argv.at(0))));
+  return {};
+}
+
+std::optional<std::string> RunChildren::exited() {
+  auto e = launcher_.exited();
+  if (!e) return std::nullopt;
+  // Give the reader thread a moment to forward the child's last lines before quoting them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return fmt::format("{}; its last lines:\n{}", e->describe(), tail(e->name));
+}
+
+orch::Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
+                                                  const std::vector<std::pair<std::string, std::string>>& workers,
+                                                  std::chrono::steady_clock::time_point deadline) {
+  http::ClientOptions co;
+  co.retry.max_attempts = 1;
+  http::Client client(io, co);
+  std::vector<bool> ready(workers.size(), false);
+  boost::asio::steady_timer timer(io);
+  for (;;) {
+    if (auto e = exited()) co_return make_error(ErrorCode::kUnavailable, fmt::format("a child stopped during start-up: {}", *e));
+    bool all = true;
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      if (ready[i]) continue;
+      auto r = co_await client.get(workers[i].second + "/health", std::chrono::seconds(1));
+      ready[i] = r && r->status == 200;
+      all = all && ready[i];
+    }
+    if (all) co_return Status{};
+    if (std::chrono::steady_clock::now() >= deadline) {
+      for (std::size_t i = 0; i < workers.size(); ++i)
+        if (!ready[i])
+          co_return make_error(ErrorCode::kTimeout,
+                               fmt::format("{} at {} did not become healthy in time; its last lines:\n{}", workers[i].first,
+                                           workers[i].second, tail(workers[i].first)));
+    }
+    timer.expires_after(std::chrono::milliseconds(100));
+    co_await timer.async_wait(boost::asio::use_awaitable);
+  }
+}
+
+void RunChildren::stop() { launcher_.stop(); }
+
+}  // namespace arlo::cli

@@ -1,0 +1,57 @@
+#pragma once
+// The child processes of an embedded `arlo run` (arlo-worker x N, arlo-trainer) on top of
+// orchestrator::Launcher: finds the binaries, forwards each child's lines to stdout with a
+// "[name] " prefix while keeping the last lines of each for error messages, waits until the
+// workers answer /health, and turns an unexpected exit into an error that names the child and
+// shows its last lines. The Launcher (and so this class's destructor) stops every child: no orphans.
+//
+// Thread-safety: spawn/exited/stop from the event loop's thread; the line sink runs on the
+// launcher's reader threads and only touches the mutex-protected tails.
+#include <boost/asio/io_context.hpp>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/http.h"
+#include "common/result.h"
+#include "orchestrator/launcher.h"
+#include "orchestrator/ports.h"
+
+namespace arlo::cli {
+
+// The path of a sibling binary of this arlo: <dir of arlo>/<name>, <build>/apps/<name>/<name>, or
+// the bare name (looked up in PATH by the launcher) when neither exists.
+std::string find_binary(const std::string& name);
+
+class RunChildren {
+ public:
+  static constexpr std::size_t kTailLines = 20;
+  RunChildren();
+  ~RunChildren();
+  RunChildren(const RunChildren&) = delete;
+  RunChildren& operator=(const RunChildren&) = delete;
+
+  Status spawn(const orch::ChildSpec& spec);
+  // An exit since the last call, described with the child's last lines; nullopt when none.
+  std::optional<std::string> exited();
+  // Polls GET <url>/health of every worker until each answers 200; fails when a child exits or at
+  // `deadline` (naming the worker that is not ready and its last lines).
+  orch::Awaitable<Status> wait_healthy(boost::asio::io_context& io, const std::vector<std::pair<std::string, std::string>>& workers,
+                                       std::chrono::steady_clock::time_point deadline);
+  // SIGTERM, grace, SIGKILL; idempotent.
+  void stop();
+  std::string tail(const std::string& name) const;
+
+ private:
+  void on_line(const std::string& name, const std::string& line);
+  mutable std::mutex mu_;
+  std::map<std::string, std::deque<std::string>> tails_;
+  orch::Launcher launcher_;
+};
+
+}  // namespace arlo::cli

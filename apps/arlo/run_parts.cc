@@ -1,0 +1,108 @@
+#include "apps/arlo/run_parts.h"
+
+#include <fmt/format.h>
+
+#include "reference/tokenizer.h"
+
+namespace arlo::cli {
+
+namespace {
+
+// Eval task ids live far above the training sequence numbers so the two never collide.
+constexpr std::uint64_t kEvalIdBase = 1ull << 40;
+
+Result<std::shared_ptr<const rollout::TaskSource>> make_source(const config::Config& cfg, const std::string& kind,
+                                                               std::uint64_t seed, std::size_t size,
+                                                               const std::string& path) {
+  if (kind == "arithmetic") {
+    rollout::ArithmeticOptions o;
+    o.seed = seed;
+    o.size = size;
+    o.num_terms = static_cast<int>(cfg.integer("env.num_terms"));
+    o.max_value = static_cast<int>(cfg.integer("env.max_operand"));
+    return rollout::make_arithmetic(o);
+  }
+  if (kind == "reverse_text") {
+    rollout::ReverseTextOptions o;
+    o.seed = seed;
+    o.size = size;
+    o.min_length = static_cast<int>(cfg.integer("env.min_len"));
+    o.max_length = static_cast<int>(cfg.integer("env.max_len"));
+    return rollout::make_reverse_text(o);
+  }
+  return rollout::load_jsonl(path, "jsonl", size);
+}
+
+Result<std::shared_ptr<rollout::RewardModule>> make_reward(const config::Config& cfg) {
+  std::vector<rollout::WeightedPart> parts;
+  const auto& modules = cfg.objects("reward.modules");
+  for (std::size_t i = 0; i < modules.size(); ++i) {
+    const auto& m = modules[i];
+    nlohmann::json spec = {{"kind", m.string("kind")},
+                           {"path", m.string("path")},
+                           {"url", m.string("url")},
+                           {"pattern", m.string("pattern")}};
+    if (!m.map("config").empty()) spec["config"] = m.map("config");
+    auto module = rollout::make_reward_module(spec);
+    if (!module)
+      return std::unexpected(Error(module.error()).with_context(fmt::format("reward.modules[{}] ({})", i, m.where("kind"))));
+    parts.push_back({std::move(*module), m.number("weight")});
+  }
+  if (parts.size() == 1 && parts[0].weight == 1.0) return std::shared_ptr<rollout::RewardModule>(std::move(parts[0].module));
+  return std::shared_ptr<rollout::RewardModule>(rollout::make_weighted("reward", std::move(parts)));
+}
+
+}  // namespace
+
+void tokenize_task(orch::Task& task) {
+  if (!task.messages.empty()) return;
+  static const reference::Tokenizer tokenizer;
+  task.prompt_tokens = tokenizer.encode_prompt(task.prompt);
+  task.answer_tokens.clear();
+  if (!task.answer.empty()) {
+    task.answer_tokens = tokenizer.encode(task.answer);
+    task.answer_tokens.push_back(reference::Tokenizer::kEos);
+  }
+}
+
+TokenizedTasks::TokenizedTasks(std::shared_ptr<rollout::TaskStream> stream) : inner_(std::move(stream), {}) {}
+
+Result<orch::Task> TokenizedTasks::next() {
+  ARLO_ASSIGN_OR_RETURN(auto task, inner_.next());
+  tokenize_task(task);
+  return task;
+}
+
+orch::Task TokenizedTasks::convert(const rollout::Task& t, std::uint64_t id) const {
+  auto task = inner_.convert(t, id);
+  tokenize_task(task);
+  return task;
+}
+
+Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
+  RolloutParts parts;
+  const auto env_kind = cfg.string("env.kind");
+  auto source = make_source(cfg, env_kind, static_cast<std::uint64_t>(cfg.integer("env.seed")),
+                            static_cast<std::size_t>(cfg.integer("env.size")), cfg.string("env.path"));
+  if (!source) return std::unexpected(Error(source.error()).with_context(fmt::format("env ({})", cfg.where("env.kind"))));
+  rollout::TaskStream::Options so;
+  so.seed = static_cast<std::uint64_t>(cfg.integer("env.seed"));
+  so.shuffle = cfg.boolean("env.shuffle");
+  parts.stream = std::make_shared<rollout::TaskStream>(*source, so);
+
+  if (cfg.integer("eval.interval") > 0) {
+    const auto eval_kind = cfg.string("eval.env_kind") == "same" ? env_kind : cfg.string("eval.env_kind");
+    const auto eval_path = cfg.string("eval.env_kind") == "same" ? cfg.string("env.path") : cfg.string("eval.env_path");
+    const auto size = static_cast<std::size_t>(cfg.integer("eval.size"));
+    auto eval_source = make_source(cfg, eval_kind, static_cast<std::uint64_t>(cfg.integer("eval.seed")), size, eval_path);
+    if (!eval_source)
+      return std::unexpected(Error(eval_source.error()).with_context(fmt::format("eval ({})", cfg.where("eval.env_kind"))));
+    const TokenizedTasks converter(parts.stream);
+    const auto n = std::min(size, (*eval_source)->size());
+    for (std::size_t i = 0; i < n; ++i) parts.eval_tasks.push_back(converter.convert((*eval_source)->at(i), kEvalIdBase + i));
+  }
+  ARLO_ASSIGN_OR_RETURN(parts.reward, make_reward(cfg));
+  return parts;
+}
+
+}  // namespace arlo::cli
