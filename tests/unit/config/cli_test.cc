@@ -105,15 +105,12 @@ TEST_F(CliTest, ConfigDocWritesTheGeneratedReference) {
   EXPECT_EQ(text.str(), arlo::config::generate_markdown(arlo::config::product_schema()));
 }
 
-TEST_F(CliTest, RunValidatesThenSaysItIsNotAvailable) {
-  const std::string good = write("good.yaml", "run:\n  max_steps: 3\n");
-  Outcome o = arlo("run " + good + " --resume");
-  EXPECT_EQ(o.status, 3) << o.output;
-  EXPECT_THAT(o.output, HasSubstr("not available yet"));
+TEST_F(CliTest, RunRefusesABadConfigBeforeStartingAnything) {
   const std::string bad = write("bad.yaml", "run:\n  max_step: 3\n");
   Outcome b = arlo("run " + bad);
   EXPECT_EQ(b.status, 2) << b.output;
   EXPECT_THAT(b.output, HasSubstr("did you mean 'max_steps'"));
+  EXPECT_THAT(b.output, HasSubstr("nothing was started"));
 }
 
 TEST_F(CliTest, BenchListsWhatIsMissing) {
