@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "common/config/config.h"
+
 namespace arlo::cli {
 
 constexpr int kExitOk = 0;
@@ -16,6 +18,12 @@ struct ConfigArgs {
   std::string file;
   std::vector<std::string> overrides;  // "section.key=value"
 };
+
+// Loads `file` with `overrides`. On failure prints every problem to stderr, then
+// "<command>: N problem(s) in FILE<consequence>", and returns nullopt (callers exit kExitBadConfig).
+std::optional<config::Config> load_config_or_report(const std::string& command, const std::string& file,
+                                                    const std::vector<std::string>& overrides,
+                                                    const std::string& consequence = "");
 
 // Prints the resolved configuration as YAML to stdout, or every problem to stderr (exit 2).
 int check_config(const ConfigArgs& args);

@@ -8,16 +8,24 @@
 
 namespace arlo::cli {
 
-int check_config(const ConfigArgs& args) {
+std::optional<config::Config> load_config_or_report(const std::string& command, const std::string& file,
+                                                    const std::vector<std::string>& overrides,
+                                                    const std::string& consequence) {
   config::LoadOptions options;
-  options.overrides = args.overrides;
-  const config::Resolution resolution = config::resolve_file(args.file, options);
+  options.overrides = overrides;
+  config::Resolution resolution = config::resolve_file(file, options);
   if (!resolution.config) {
     for (const auto& d : resolution.diagnostics) std::fprintf(stderr, "%s\n", d.text().c_str());
-    std::fprintf(stderr, "check-config: %zu problem(s) in %s\n", resolution.diagnostics.size(), args.file.c_str());
-    return kExitBadConfig;
+    std::fprintf(stderr, "%s: %zu problem(s) in %s%s\n", command.c_str(), resolution.diagnostics.size(), file.c_str(),
+                 consequence.c_str());
   }
-  const std::string yaml = resolution.config->to_yaml();
+  return std::move(resolution.config);
+}
+
+int check_config(const ConfigArgs& args) {
+  const auto cfg = load_config_or_report("check-config", args.file, args.overrides);
+  if (!cfg) return kExitBadConfig;
+  const std::string yaml = cfg->to_yaml();
   std::fwrite(yaml.data(), 1, yaml.size(), stdout);
   return kExitOk;
 }

@@ -259,16 +259,9 @@ class Run {
 }  // namespace
 
 int run_command(const RunArgs& args) {
-  config::LoadOptions options;
-  options.overrides = args.overrides;
-  const config::Resolution resolution = config::resolve_file(args.config, options);
-  if (!resolution.config) {
-    for (const auto& d : resolution.diagnostics) std::fprintf(stderr, "%s\n", d.text().c_str());
-    std::fprintf(stderr, "arlo run: %zu problem(s) in %s; nothing was started\n", resolution.diagnostics.size(),
-                 args.config.c_str());
-    return kExitBadConfig;
-  }
-  const auto& cfg = *resolution.config;
+  const auto loaded = load_config_or_report("arlo run", args.config, args.overrides, "; nothing was started");
+  if (!loaded) return kExitBadConfig;
+  const config::Config& cfg = *loaded;
   log::Options lo;
   lo.level = cfg.string("log.level");
   if (!cfg.string("log.file").empty()) lo.file = cfg.string("log.file");

@@ -6,20 +6,11 @@
 #include <cstdio>
 
 #include "apps/arlo/commands.h"
-#include "common/config/config.h"
 
 namespace arlo::cli {
 
 int run_command(const RunArgs& args) {
-  config::LoadOptions options;
-  options.overrides = args.overrides;
-  const config::Resolution resolution = config::resolve_file(args.config, options);
-  if (!resolution.config) {
-    for (const auto& d : resolution.diagnostics) std::fprintf(stderr, "%s\n", d.text().c_str());
-    std::fprintf(stderr, "arlo run: %zu problem(s) in %s; nothing was started\n", resolution.diagnostics.size(),
-                 args.config.c_str());
-    return kExitBadConfig;
-  }
+  if (!load_config_or_report("arlo run", args.config, args.overrides, "; nothing was started")) return kExitBadConfig;
   std::fprintf(stderr,
                "arlo run: the configuration %s is valid, but the run command is not available yet: this arlo "
                "was built without the orchestrator. Use `arlo check-config %s` to see the resolved "
