@@ -503,17 +503,7 @@ Status BucketApplier::accept(std::size_t i, std::span<const std::byte> wire, std
     return ok();
   }
   if (xxh3(wire) != checksum) return mismatch();
-  if (mode_ == ApplyMode::kInPlace) {
-    touched_ = true;
-    ARLO_TRY(decode_bucket(*manifest_, i, wire, dest_));
-  } else {
-    // Kept as received; decoded into the sink by finish() once every bucket verified.
-    kept_[i].reset(new std::byte[wire.size() ? wire.size() : 1]);
-    std::memcpy(kept_[i].get(), wire.data(), wire.size());
-    kept_size_[i] = wire.size();
-  }
-  verified_[i] = true;
-  return ok();
+  return accept_verified(i, wire);
 }
 
 Status BucketApplier::accept_verified(std::size_t i, std::span<const std::byte> wire) {
@@ -522,6 +512,7 @@ Status BucketApplier::accept_verified(std::size_t i, std::span<const std::byte> 
     touched_ = true;
     ARLO_TRY(decode_bucket(*manifest_, i, wire, dest_));
   } else {
+    // Kept as received; decoded into the sink by finish() once every bucket verified.
     kept_[i].reset(new std::byte[wire.size() ? wire.size() : 1]);
     std::memcpy(kept_[i].get(), wire.data(), wire.size());
     kept_size_[i] = wire.size();
