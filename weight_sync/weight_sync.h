@@ -102,6 +102,11 @@ struct Options {
 
   // shm
   std::string shm_name = "arlo-weights";
+  // shm, in_place `full` payload: each receiver copies straight from the publisher's memory with
+  // process_vm_readv (one copy instead of two; needs same user and, under Yama ptrace_scope 1, the
+  // publisher allows it with PR_SET_PTRACER). Falls back to the slot copies, with a log line, when
+  // the OS refuses; false always uses the slots.
+  bool shm_direct_read = true;
 
   // filesystem
   std::filesystem::path dir;             // <dir>/v<version>/
@@ -133,6 +138,7 @@ struct ReceiveReport {
   std::uint64_t wire_bytes = 0;
   std::size_t buckets = 0;
   std::size_t retried_buckets = 0;  // buckets that failed verification or were cut and came again
+  std::string path;                 // how the bytes came: "tcp", "shm direct read", "shm slots", "filesystem"
   double seconds = 0;
 };
 

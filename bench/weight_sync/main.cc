@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -60,6 +61,14 @@ struct Args {
 int g_repeat = 3;
 
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// CPU seconds (user + system) this process used so far: what a run costs, independent of how much
+// of the machine other jobs took meanwhile.
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 std::uint64_t peak_rss_bytes() {
   std::ifstream in("/proc/self/status");
@@ -135,6 +144,7 @@ int free_port() {
 
 template <typename F>
 pid_t spawn(F f) {
+  std::fflush(stdout);  // or the child's first log line repeats what the parent had buffered
   const pid_t pid = ::fork();
   if (pid == 0) {
     int code = 0;
@@ -384,6 +394,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
       }
       std::vector<double> t_end;
       ws::ReceiveReport last;
+      const double cpu0 = cpu_seconds();
       for (int rep = 0; rep < g_repeat; ++rep) {
         char c = 1;
         if (::write(ready[1], &c, 1) != 1) return 2;
@@ -396,6 +407,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
         last = *r2;
       }
       emit({{"role", "receiver"}, {"t_end", t_end}, {"wire", last.wire_bytes}, {"rss", peak_rss_bytes()},
+            {"cpu", (cpu_seconds() - cpu0) / g_repeat}, {"path", last.path},
             {"payload", std::string(ws::to_string(last.payload))}, {"checksum", *(*sub)->checksum(sink)}});
       return 0;
     }));
@@ -418,6 +430,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
     }
     std::vector<double> t0s;
     ws::PublishReport last;
+    const double cpu0 = cpu_seconds();
     for (int rep = 0; rep < g_repeat; ++rep) {
       if (base.payload.kind == ws::PayloadKind::kDelta) perturb(w, args.delta_density, 7 + rep);
       for (int k = 0; k < args.receivers; ++k) {
@@ -436,6 +449,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
       last = *r2;
     }
     emit({{"role", "sender"}, {"t0", t0s}, {"wire", last.wire_bytes}, {"rss", peak_rss_bytes()},
+          {"cpu", (cpu_seconds() - cpu0) / g_repeat},
           {"payload", std::string(ws::to_string(last.payload))}, {"checksum", *ws::weights_checksum(w)}});
     return 0;
   }));
@@ -452,6 +466,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
   std::vector<double> t0;
   std::vector<double> t_end(static_cast<std::size_t>(g_repeat), 0.0);
   std::uint64_t recv_rss = 0, recv_wire = 0;
+  double recv_cpu = 0;
   std::optional<std::uint64_t> sender_sum;
   bool checksums_ok = true;
   std::vector<std::uint64_t> recv_sums;
@@ -464,6 +479,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
     if (j["role"] == "sender") {
       t0 = j["t0"].get<std::vector<double>>();
       out["sender_rss"] = j["rss"];
+      out["sender_cpu"] = j.value("cpu", 0.0);
       out["wire"] = j["wire"];
       out["payload"] = j["payload"];
       sender_sum = j["checksum"].get<std::uint64_t>();
@@ -471,6 +487,8 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
       auto te = j["t_end"].get<std::vector<double>>();
       for (std::size_t k = 0; k < te.size() && k < t_end.size(); ++k) t_end[k] = std::max(t_end[k], te[k]);
       recv_rss = std::max(recv_rss, j["rss"].get<std::uint64_t>());
+      recv_cpu = std::max(recv_cpu, j.value("cpu", 0.0));
+      out["path"] = j.value("path", std::string());
       recv_wire = std::max(recv_wire, j["wire"].get<std::uint64_t>());
       recv_sums.push_back(j["checksum"].get<std::uint64_t>());
     }
@@ -482,6 +500,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
   for (std::size_t k = 0; k < t0.size() && k < t_end.size(); ++k) best = std::min(best, t_end[k] - t0[k]);
   out["seconds"] = best;
   out["receiver_rss"] = recv_rss;
+  out["receiver_cpu"] = recv_cpu;
   out["receiver_wire"] = recv_wire;
   out["weights_match"] = base.payload.kind == ws::PayloadKind::kFull || base.payload.kind == ws::PayloadKind::kDelta
                              ? nlohmann::json(checksums_ok)
@@ -583,6 +602,8 @@ int main(int argc, char** argv) {
                 ("weight_sync " + t).c_str(), s, bytes / 1e9 / s, mb(r["sender_rss"]).c_str(), mb(rrss).c_str(),
                 mb(r["wire"]).c_str(), ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str(),
                 r["payload"].get<std::string>().c_str(), r["weights_match"].dump().c_str());
+    std::printf("%-26s path: %s; cpu seconds per version: sender %.3f, busiest receiver %.3f\n", "",
+                r.value("path", std::string("?")).c_str(), r.value("sender_cpu", 0.0), r.value("receiver_cpu", 0.0));
     if (rrss > bound) rss_ok = false;
     if (!first_ratio) {
       const std::string b = t == "shm" ? "memcpy" : t == "filesystem" ? "fs" : "socket";

@@ -373,6 +373,7 @@ class FsReceiver final : public ReceiverTransport {
 
     ReceiveReport report;
     report.version = v;
+    report.path = "filesystem";
     const bool payload_usable = mj.value("has_payload", false) &&
                                 (m.payload.kind != PayloadKind::kDelta || (state.version && m.base_version &&
                                                                            *state.version == *m.base_version));

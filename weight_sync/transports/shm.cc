@@ -11,6 +11,17 @@
 // Session protocol per publish: phase kJoining (manifest written; receivers check it against their
 // sink and answer accepted / refused / need_full), the publisher admits the accepted receivers and
 // moves to kStreaming, then kDone once every admitted receiver applied or failed.
+//
+// Two data paths, chosen per session and logged by the publisher:
+//  - direct read (in_place `full` payload, every admitted receiver able to read the publisher's
+//    memory): the publisher writes a table of its source addresses per bucket next to the manifest;
+//    each receiver copies straight from the publisher's memory into its sink with process_vm_readv
+//    (one copy), hashing each piece while it is hot in cache, and verifies each bucket against the
+//    xxh3 the publisher computes once per bucket (in parallel with the copies) and posts in the
+//    table. No slot memory is touched. Receivers probe the permission at join time (a word of known
+//    value in the publisher); a refusal (Yama ptrace_scope, other user, seccomp) selects the slots.
+//  - slots (any other payload or mode, or when direct reads are not permitted): the publisher copies
+//    (or encodes) bucket i into slot i%2 and receivers copy it out, double-buffered.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -20,6 +31,7 @@
 #include <csignal>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <thread>
 
@@ -36,7 +48,7 @@ using detail::futex_bump_and_wake;
 using detail::futex_wait;
 using detail::process_alive;
 
-constexpr std::uint64_t kMagic = 0x314d48534f4c5241ull;  // "ARLOSHM1"
+constexpr std::uint64_t kMagic = 0x324d48534f4c5241ull;  // "ARLOSHM2"
 constexpr int kMaxReaders = 16;
 constexpr std::uint64_t kNoBucket = ~0ull;
 constexpr auto kPoll = std::chrono::milliseconds(10);
@@ -50,6 +62,7 @@ struct alignas(64) ReaderSlot {
   std::atomic<std::uint64_t> session;   // last session this reader answered
   std::atomic<std::uint64_t> admitted;  // session the publisher admitted it to
   std::atomic<std::uint64_t> consumed;  // buckets of `session` it is done with
+  std::atomic<std::uint32_t> can_direct;  // its answer: it can read the publisher's memory directly
   char name[64];
   char error[448];
 };
@@ -66,6 +79,7 @@ struct alignas(64) SlotHeader {
 
 constexpr std::uint64_t kStreamChunk = 1u << 20;  // published granularity
 constexpr std::uint64_t kPiece = 128u << 10;       // hash-then-copy granularity (stays in L2)
+constexpr std::uint64_t kDirectPiece = 256u << 10; // direct read: one process_vm_readv, then hashed in L2
 
 struct Header {
   std::uint64_t magic;
@@ -81,11 +95,41 @@ struct Header {
   std::atomic<std::uint64_t> session;
   std::atomic<std::uint64_t> manifest_len;
   std::atomic<std::uint64_t> published;
+  std::atomic<std::uint32_t> direct;  // 1: this session's buckets are read from the publisher's memory
+  std::atomic<std::uint64_t> hashed;  // direct: leading buckets whose checksum is in the table
+  std::uint64_t table_offset;         // direct: segment offset of the session's DirectTable (0: none)
+  std::uint64_t probe_addr;           // publisher address of a word holding kMagic (read-permission probe)
   SlotHeader slots[2];
   ReaderSlot readers[kMaxReaders];
 };
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+// Direct-read table, placed after the manifest text: where each bucket's bytes live in the
+// publisher (source order), and the publisher's checksum per bucket once `Header::hashed` covers it.
+//   u64 buckets, u64 parts, u64 first[buckets + 1], RemotePart part[parts], u64 checksum[buckets]
+struct RemotePart {
+  std::uint64_t addr;
+  std::uint64_t len;
+};
+struct DirectTable {
+  std::uint64_t* head = nullptr;
+  std::uint64_t* first = nullptr;
+  RemotePart* parts = nullptr;
+  std::uint64_t* checksums = nullptr;
+
+  static std::uint64_t bytes(std::uint64_t buckets, std::uint64_t parts) {
+    return 16 + 8 * (buckets + 1) + 16 * parts + 8 * buckets;
+  }
+  static DirectTable at(std::byte* p) {
+    DirectTable t;
+    t.head = reinterpret_cast<std::uint64_t*>(p);
+    t.first = t.head + 2;
+    t.parts = reinterpret_cast<RemotePart*>(t.first + t.head[0] + 1);
+    t.checksums = reinterpret_cast<std::uint64_t*>(t.parts + t.head[1]);
+    return t;
+  }
+};
 
 std::string segment_name(const std::string& channel) {
   std::string out = "/arlo-ws-";
@@ -184,6 +228,7 @@ class Segment {
   }
 
   std::byte* manifest() { return base_ + h->manifest_offset; }
+  std::byte* at(std::uint64_t offset) { return base_ + offset; }
   std::byte* slot(int k) { return base_ + h->slot_offset[k]; }
 
   Header* h = nullptr;
@@ -220,7 +265,9 @@ Status wait_for(Header* h, Deadline deadline, Done done, Check check, const std:
 
 class ShmSender final : public SenderTransport {
  public:
-  explicit ShmSender(const Options& o) : name_(segment_name(o.shm_name)) {}
+  explicit ShmSender(const Options& o) : name_(segment_name(o.shm_name)), probe_(std::make_unique<std::uint64_t>(kMagic)) {
+    if (o.shm_direct_read) ARLO_INFO("weight_sync shm {}: direct reads by receivers: {}", name_, detail::allow_same_user_readers());
+  }
   std::string endpoint() const override { return "shm:" + name_; }
 
   Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
@@ -261,7 +308,20 @@ class ShmSender final : public SenderTransport {
     ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
     const std::string text = m.dump();
     const std::uint64_t slot_cap = std::max<std::uint64_t>({enc.max_capacity(), m.max_bucket_bytes(), 4096});
-    ARLO_TRY(ensure_segment(text.size(), slot_cap));
+    // Direct reads are possible for payloads sent as the source's own bytes: list where they live.
+    const bool offer_direct = o.shm_direct_read && enc.zero_copy();
+    std::vector<std::vector<std::span<const std::byte>>> bucket_parts;
+    std::uint64_t nparts = 0;
+    if (offer_direct) {
+      for (std::size_t i = 0; i < m.buckets.size(); ++i) {
+        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}, /*with_checksum=*/false));
+        nparts += b.parts.size();
+        bucket_parts.push_back(std::move(b.parts));
+      }
+    }
+    const std::uint64_t table_at = align_up(text.size(), 64);
+    const std::uint64_t table_len = offer_direct ? DirectTable::bytes(m.buckets.size(), nparts) : 0;
+    ARLO_TRY(ensure_segment(table_at + table_len, slot_cap));
     Header* h = seg_->h;
 
     // Reclaim slots of dead receivers.
@@ -272,6 +332,26 @@ class ShmSender final : public SenderTransport {
     std::memcpy(seg_->manifest(), text.data(), text.size());
     h->manifest_len.store(text.size());
     h->published.store(0);
+    h->direct.store(0);
+    h->hashed.store(0);
+    h->probe_addr = reinterpret_cast<std::uintptr_t>(probe_.get());
+    h->table_offset = 0;
+    DirectTable table;
+    if (offer_direct) {
+      h->table_offset = h->manifest_offset + table_at;
+      std::byte* t = seg_->at(h->table_offset);
+      auto* head = reinterpret_cast<std::uint64_t*>(t);
+      head[0] = m.buckets.size();
+      head[1] = nparts;
+      table = DirectTable::at(t);
+      std::uint64_t k = 0;
+      for (std::size_t i = 0; i < bucket_parts.size(); ++i) {
+        table.first[i] = k;
+        for (const auto& part : bucket_parts[i])
+          table.parts[k++] = {static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(part.data())), part.size()};
+      }
+      table.first[bucket_parts.size()] = k;
+    }
     h->slots[0].index.store(kNoBucket);
     h->slots[1].index.store(kNoBucket);
     const std::uint64_t session = h->session.load() + 1;
@@ -331,6 +411,23 @@ class ShmSender final : public SenderTransport {
                                                        std::to_string(m.version) + " before the deadline");
       return report;
     }
+    // Path for this session: direct reads only when every admitted receiver can do them.
+    std::string why_slots;
+    if (!o.shm_direct_read) why_slots = "weight_sync.shm_direct_read is off";
+    else if (!enc.zero_copy()) why_slots = "payload " + std::string(to_string(m.payload.kind)) + (m.payload.zstd ? "+zstd" : "") + " is encoded";
+    for (int k : active)
+      if (why_slots.empty() && h->readers[k].can_direct.load() != 1)
+        why_slots = get_text(h->readers[k].name, sizeof h->readers[k].name) +
+                    " cannot read this process's memory or does not apply in place";
+    const bool use_direct = why_slots.empty();
+    const std::string path = use_direct ? std::string("direct read") : "slots (" + why_slots + ")";
+    if (path != last_path_) {
+      ARLO_INFO("weight_sync shm {}: version {}: {}", name_, m.version,
+                use_direct ? "receivers copy straight from this process's memory (process_vm_readv, one copy)"
+                           : "buckets are copied through the shared slots: " + why_slots);
+      last_path_ = path;
+    }
+    h->direct.store(use_direct ? 1 : 0);
     for (int k : active) h->readers[k].admitted.store(session);
     h->phase.store(kStreaming, std::memory_order_release);
     futex_bump_and_wake(h->doorbell);
@@ -351,7 +448,23 @@ class ShmSender final : public SenderTransport {
       }
     };
 
-    for (std::size_t i = 0; i < m.buckets.size() && !active.empty(); ++i) {
+    // Direct: receivers pull on their own; the publisher only posts each bucket's checksum, hashing
+    // the source once while they copy.
+    for (std::size_t i = 0; use_direct && i < m.buckets.size() && !active.empty(); ++i) {
+      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+      std::uint64_t checksum = xxh3(bucket_parts[i]);
+      if (o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_) {
+        // Fault injection: receivers read the true bytes, so announce a checksum that they do not
+        // match (the effect of one flipped byte in transit).
+        checksum ^= 0x5A;
+        fault_done_ = true;
+      }
+      table.checksums[i] = checksum;
+      h->hashed.store(i + 1, std::memory_order_release);
+      futex_bump_and_wake(h->doorbell);
+      for (const auto& part : bucket_parts[i]) report.wire_bytes += part.size();
+    }
+    for (std::size_t i = 0; !use_direct && i < m.buckets.size() && !active.empty(); ++i) {
       const int s = static_cast<int>(i % 2);
       if (i >= 2) {
         const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
@@ -428,15 +541,37 @@ class ShmSender final : public SenderTransport {
       report.wire_bytes += wire;
     }
 
-    // Wait for every admitted receiver to apply or fail.
-    (void)wait_for(
-        h, deadline,
-        [&] {
-          for (int k : active)
-            if (h->readers[k].state.load() != kApplied && h->readers[k].state.load() != kFailed) return false;
-          return true;
-        },
-        [&] { prune(m.buckets.size()); return ok(); }, "receivers to apply");
+    // Wait for every admitted receiver to apply or fail; one that makes no progress for a bucket
+    // timeout is dropped (direct reads have no slot hand-over to bound them otherwise).
+    std::vector<std::uint64_t> seen(kMaxReaders, ~0ull);
+    Clock::time_point progress_at = Clock::now();
+    while (true) {
+      const Deadline step = std::min(deadline, progress_at + o.bucket_timeout);
+      auto st = wait_for(
+          h, step,
+          [&] {
+            bool moved = false;
+            for (int k : active) {
+              const auto c = h->readers[k].consumed.load();
+              if (c != seen[k]) moved = true, seen[k] = c;
+            }
+            if (moved) progress_at = Clock::now();
+            for (int k : active)
+              if (h->readers[k].state.load() != kApplied && h->readers[k].state.load() != kFailed) return false;
+            return true;
+          },
+          [&] { prune(m.buckets.size()); return ok(); }, "receivers to apply");
+      if (st || Clock::now() >= deadline) break;
+      if (Clock::now() >= progress_at + o.bucket_timeout) {
+        for (int k : std::vector<int>(active)) {
+          const auto state = h->readers[k].state.load();
+          if (state != kApplied && state != kFailed)
+            drop(k, "made no progress for " + std::to_string(o.bucket_timeout.count()) + " ms at bucket " +
+                        std::to_string(h->readers[k].consumed.load()));
+        }
+        break;
+      }
+    }
     for (int k : active) {
       auto& r = h->readers[k];
       auto& p = report.peers[peer_of[k]];
@@ -457,6 +592,8 @@ class ShmSender final : public SenderTransport {
   std::string name_;
   std::unique_ptr<Segment> seg_;
   bool fault_done_ = false;
+  std::unique_ptr<std::uint64_t> probe_;  // kMagic at a stable address: receivers test read permission on it
+  std::string last_path_;                 // path of the previous session (logged when it changes)
 };
 
 class ShmReceiver final : public ReceiverTransport {
@@ -523,6 +660,9 @@ class ShmReceiver final : public ReceiverTransport {
         continue;  // the publisher restarts this version in full
       }
       dest = std::move(*bound);
+      const bool direct_apply = state.options.shm_direct_read && state.options.apply_mode == ApplyMode::kInPlace &&
+                                m->payload.kind == PayloadKind::kFull && !m->payload.zstd;
+      me.can_direct.store(direct_apply && can_read_publisher(h) ? 1 : 0);
       answer(kAccepted, "");
       // Admitted, or left out (joined too late): then wait for the next session.
       st = wait_for(
@@ -574,6 +714,69 @@ class ShmReceiver final : public ReceiverTransport {
     slot_ = -1;
   }
 
+  // Whether process_vm_readv from the publisher works: reads its probe word (known value). The
+  // answer is kept per publisher pid; a refusal is logged once with the reason.
+  bool can_read_publisher(Header* h) {
+    const pid_t pid = static_cast<pid_t>(h->publisher_pid.load());
+    if (pid == probed_pid_) return probe_ok_;
+    std::uint64_t word = 0;
+    const int err = detail::read_remote(pid, {reinterpret_cast<std::byte*>(&word), sizeof word}, h->probe_addr);
+    probed_pid_ = pid;
+    probe_ok_ = err == 0 && word == kMagic;
+    if (!probe_ok_)
+      ARLO_WARN("weight_sync shm {}: cannot read publisher pid {}'s memory directly ({}); buckets will come through "
+                "the shared slots (two copies). Same user and Yama ptrace_scope <= 1 allow direct reads.",
+                name_, pid, err ? std::strerror(err) : "probe word differs");
+    else
+      ARLO_INFO("weight_sync shm {}: reading buckets straight from publisher pid {} (process_vm_readv)", name_, pid);
+    return probe_ok_;
+  }
+
+  // Direct path for bucket i: copies the publisher's bytes into the sink piece by piece, hashing each
+  // piece while it is in cache, then checks the publisher's checksum for the bucket.
+  Status read_direct(Header* h, const DirectTable& table, std::size_t i, BucketApplier& applier, pid_t publisher,
+                     std::uint64_t session, Deadline bd, const std::function<Status()>& alive, std::uint64_t& wire) {
+    auto dst = applier.direct_spans(i);
+    std::uint64_t need = 0, have = 0;
+    for (const auto& d : dst) need += d.size();
+    for (std::uint64_t k = table.first[i]; k < table.first[i + 1]; ++k) have += table.parts[k].len;
+    if (need != have || table.head[0] <= i)
+      return make_error(ErrorCode::kParse, "bucket " + std::to_string(i) + ": direct-read table does not match the manifest");
+    applier.mark_touched();
+    XXH3_state_t hs;
+    XXH3_64bits_reset(&hs);
+    std::size_t li = 0;
+    std::uint64_t loff = 0, roff = 0;
+    for (std::uint64_t k = table.first[i]; k < table.first[i + 1];) {
+      const RemotePart part = table.parts[k];
+      if (roff == part.len) {
+        ++k;
+        roff = 0;
+        continue;
+      }
+      while (dst[li].size() == loff) ++li, loff = 0;
+      const std::uint64_t n = std::min({part.len - roff, dst[li].size() - loff, kDirectPiece});
+      auto piece = dst[li].subspan(loff, n);
+      if (const int err = detail::read_remote(publisher, piece, part.addr + roff); err != 0) {
+        if (err == ESRCH || !process_alive(publisher)) return make_error(ErrorCode::kUnavailable, "publisher process died");
+        return make_error(ErrorCode::kIo, "bucket " + std::to_string(i) + ": reading the publisher's memory: " + std::strerror(err));
+      }
+      XXH3_64bits_update(&hs, piece.data(), n);
+      roff += n;
+      loff += n;
+      if (h->session.load(std::memory_order_relaxed) != session)
+        return make_error(ErrorCode::kCancelled, "publisher abandoned the version");
+      if (Clock::now() >= bd) return make_error(ErrorCode::kTimeout, "timed out reading bucket " + std::to_string(i));
+    }
+    ARLO_TRY(wait_for(h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
+                      "the checksum of bucket " + std::to_string(i)));
+    if (XXH3_64bits_digest(&hs) != table.checksums[i])
+      return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+    applier.mark_direct_verified(i);
+    wire = need;
+    return ok();
+  }
+
   Result<ReceiveReport> stream(const Manifest& m, std::uint64_t session, std::vector<std::span<std::byte>> dest,
                                WeightSink& sink, ReceiverState& state, Deadline deadline) {
     Header* h = seg_->h;
@@ -595,18 +798,35 @@ class ShmReceiver final : public ReceiverTransport {
       return std::unexpected(e);
     };
     const pid_t publisher = static_cast<pid_t>(h->publisher_pid.load());
-    const auto alive = [&]() -> Status {
+    const std::function<Status()> alive = [&]() -> Status {
       if (h->session.load() != session) return make_error(ErrorCode::kCancelled, "publisher abandoned the version");
       if (!process_alive(publisher)) return make_error(ErrorCode::kUnavailable, "publisher process died");
       return ok();
     };
+    const bool direct_read = h->direct.load() == 1 && applier.direct() && h->table_offset != 0;
+    report.path = direct_read ? "shm direct read" : "shm slots";
+    const DirectTable table = direct_read ? DirectTable::at(seg_->at(h->table_offset)) : DirectTable{};
     for (std::size_t i = 0; i < m.buckets.size(); ++i) {
       if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
       const int s = static_cast<int>(i % 2);
       auto& slot = h->slots[s];
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
       Status st;
-      if (applier.direct()) {
+      if (direct_read) {
+        std::uint64_t wire = 0;
+        st = read_direct(h, table, i, applier, publisher, session, bd, alive, wire);
+        if (st) {
+          report.wire_bytes += wire;
+          me.consumed.store(i + 1, std::memory_order_release);
+          futex_bump_and_wake(h->doorbell);
+          continue;
+        }
+        if (st.error().code() == ErrorCode::kMismatch || st.error().code() == ErrorCode::kParse ||
+            st.error().code() == ErrorCode::kIo)
+          return fail(Error(st.error().code(), "shm " + name_ + ": version " + std::to_string(m.version) +
+                                                   ", peer publisher pid " + std::to_string(publisher) + ": " +
+                                                   st.error().what()));
+      } else if (applier.direct()) {
         // Streamed in place: hash and copy each chunk as soon as the publisher marks it filled.
         st = wait_for(h, bd, [&] { return slot.index.load(std::memory_order_acquire) == i; }, alive,
                       "bucket " + std::to_string(i));
@@ -687,6 +907,8 @@ class ShmReceiver final : public ReceiverTransport {
   std::string name_;
   std::unique_ptr<Segment> seg_;
   int slot_ = -1;
+  pid_t probed_pid_ = 0;   // publisher whose memory was probed
+  bool probe_ok_ = false;  // whether direct reads from it work
 };
 
 }  // namespace

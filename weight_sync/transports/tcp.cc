@@ -45,9 +45,40 @@ std::string vb(Version v, std::size_t i) { return "version " + std::to_string(v)
 
 // Buckets of one version offered to downstream senders; bounds how far the producer runs ahead of
 // the slowest consumer (`depth` buffers). Thread-safe.
+//
+// Feed also holds each bucket's checksum, computed once for every downstream link: the first link
+// to send a bucket hashes it while sending (claim_sum / set_sum) and the others reuse the value;
+// a relay posts the checksum it received and verified, so it never hashes for the next hop.
 class Feed {
  public:
-  Feed(std::size_t n, std::size_t depth) : items_(n), depth_(depth) {}
+  Feed(std::size_t n, std::size_t depth) : items_(n), depth_(depth), sums_(n, 0), sum_state_(n, kSumNone) {}
+
+  // Known checksum of bucket i, if any.
+  std::optional<std::uint64_t> sum(std::size_t i) {
+    std::lock_guard l(mu_);
+    if (sum_state_[i] == kSumDone) return sums_[i];
+    return std::nullopt;
+  }
+  // True when the caller is the one to compute bucket i's checksum (it must then call set_sum).
+  bool claim_sum(std::size_t i) {
+    std::lock_guard l(mu_);
+    if (sum_state_[i] != kSumNone) return false;
+    sum_state_[i] = kSumClaimed;
+    return true;
+  }
+  void set_sum(std::size_t i, std::uint64_t value) {
+    std::lock_guard l(mu_);
+    sums_[i] = value;
+    sum_state_[i] = kSumDone;
+    cv_.notify_all();
+  }
+  // Waits for the checksum another link is computing.
+  Result<std::uint64_t> wait_sum(std::size_t i, Deadline deadline) {
+    std::unique_lock l(mu_);
+    if (!cv_.wait_until(l, deadline, [&] { return sum_state_[i] == kSumDone; }))
+      return make_error(ErrorCode::kTimeout, "checksum of bucket " + std::to_string(i) + " not ready in time");
+    return sums_[i];
+  }
 
   void add_consumer(int id, std::size_t from) {
     std::lock_guard l(mu_);
@@ -107,40 +138,61 @@ class Feed {
   std::size_t depth_;
   std::size_t produced_ = 0;
   std::optional<Error> failed_;
+  static constexpr std::uint8_t kSumNone = 0, kSumClaimed = 1, kSumDone = 2;
+  std::vector<std::uint64_t> sums_;
+  std::vector<std::uint8_t> sum_state_;
 };
 
-// Sends bucket i: header, data hashed chunk by chunk, trailer. `corrupt` flips one byte on the wire
-// (fault injection) after the checksum saw the true byte.
-Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline, bool corrupt) {
+// Sends bucket i: header, data, trailer checksum. The checksum comes from the feed when known;
+// otherwise this link computes it chunk by chunk while sending (each chunk hashed while hot in
+// cache) and posts it for the other links, even when its own link fails midway. `corrupt` flips one
+// byte on the wire (fault injection) after the checksum saw the true byte.
+Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline, bool corrupt, Feed& feed) {
   FrameHeader h;
   h.type = static_cast<std::uint32_t>(Frame::kBucket);
   h.a = i;
   for (const auto& p : parts) h.b += p.size();
-  ARLO_TRY(c.write({asio::buffer(&h, sizeof h)}, deadline));
+  const std::optional<std::uint64_t> known = feed.sum(i);
+  const bool hashing = !known && feed.claim_sum(i);
+  Status s = c.write({asio::buffer(&h, sizeof h)}, deadline);
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
   std::vector<std::byte> tmp;
   for (const auto& p : parts) {
+    if (!s && !hashing) break;
     for (std::size_t off = 0; off < p.size(); off += kChunk) {
       const std::size_t n = std::min(kChunk, p.size() - off);
       const std::byte* data = p.data() + off;
-      XXH3_64bits_update(&st, data, n);
+      if (hashing) XXH3_64bits_update(&st, data, n);
+      if (!s) {
+        if (!hashing) break;
+        continue;  // finish the checksum for the other links
+      }
       if (corrupt) {
         tmp.assign(data, data + n);
         tmp[n / 2] ^= std::byte{0x5A};
         data = tmp.data();
         corrupt = false;
       }
-      ARLO_TRY(c.write({asio::buffer(data, n)}, deadline));
+      s = c.write({asio::buffer(data, n)}, deadline);
     }
   }
-  const std::uint64_t sum = XXH3_64bits_digest(&st);
+  if (hashing) feed.set_sum(i, XXH3_64bits_digest(&st));
+  ARLO_TRY(s);
+  std::uint64_t sum = 0;
+  if (known) sum = *known;
+  else { ARLO_ASSIGN_OR_RETURN(sum, feed.wait_sum(i, deadline)); }
   return c.write({asio::buffer(&sum, sizeof sum)}, deadline);
 }
 
+struct Received {
+  std::uint64_t bytes = 0;     // wire size
+  std::uint64_t checksum = 0;  // verified xxh3 of those bytes
+};
+
 // Receives bucket i into `dst` spans (their total must equal the frame's size, or, when `buffer`
-// is given, into it). Returns the wire size; kMismatch on a checksum mismatch.
-Result<std::uint64_t> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span<std::byte>>& dst,
+// is given, into it). Returns the wire size and checksum; kMismatch on a checksum mismatch.
+Result<Received> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span<std::byte>>& dst,
                                   std::span<std::byte> buffer, Deadline deadline) {
   ARLO_ASSIGN_OR_RETURN(auto h, c.recv_frame(nullptr, deadline));
   if (static_cast<Frame>(h.type) != Frame::kBucket || h.a != i)
@@ -169,7 +221,7 @@ Result<std::uint64_t> recv_bucket(Conn& c, std::size_t i, const std::vector<std:
   ARLO_TRY(c.read(asio::buffer(&sum, sizeof sum), deadline));
   if (sum != XXH3_64bits_digest(&st))
     return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
-  return h.b;
+  return Received{h.b, sum};
 }
 
 struct Hello {
@@ -340,7 +392,7 @@ class Server {
         if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
         bool corrupt = false;
         if (fault_pending && o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i) corrupt = fault_pending->exchange(false);
-        s = send_bucket(*p.conn, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), corrupt);
+        s = send_bucket(*p.conn, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), corrupt, feed);
         if (s) {
           for (const auto& part : *parts) p.wire_bytes += part.size();
           feed.advance(k, ++i);
@@ -577,6 +629,7 @@ class TcpReceiver final : public ReceiverTransport {
     report.version = m.version;
     report.payload = m.payload.kind;
     report.buckets = m.buckets.size();
+    report.path = "tcp";
     const std::size_t n = m.buckets.size();
     const bool direct = applier.direct();
     const bool stable_parts = direct || o.apply_mode == ApplyMode::kStaging;
@@ -629,18 +682,19 @@ class TcpReceiver final : public ReceiverTransport {
       Status s = got ? Status(ok()) : Status(std::unexpected(got.error()));
       if (got) {
         if (direct) applier.mark_direct_verified(i);
-        else s = applier.accept_verified(i, buf.subspan(0, *got));
+        else s = applier.accept_verified(i, buf.subspan(0, got->bytes));
       }
       if (s) {
-        report.wire_bytes += *got;
+        report.wire_bytes += got->bytes;
         if (relay_) {
+          feed.set_sum(i, got->checksum);  // the next hop gets the verified checksum, not a second hash
           if (direct) {
             auto sp = applier.direct_spans(i);
             feed.put(i, Parts(sp.begin(), sp.end()));
           } else if (o.apply_mode == ApplyMode::kStaging) {
             feed.put(i, Parts{applier.kept(i)});
           } else {
-            feed.put(i, Parts{std::span<const std::byte>(buf.subspan(0, *got))});
+            feed.put(i, Parts{std::span<const std::byte>(buf.subspan(0, got->bytes))});
           }
         }
         ++i;
