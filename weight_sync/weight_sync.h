@@ -102,11 +102,12 @@ struct Options {
 
   // shm
   std::string shm_name = "arlo-weights";
-  // shm, in_place `full` payload: each receiver copies straight from the publisher's memory with
-  // process_vm_readv (one copy instead of two; needs same user and, under Yama ptrace_scope 1, the
-  // publisher allows it with PR_SET_PTRACER). Falls back to the slot copies, with a log line, when
-  // the OS refuses; false always uses the slots.
-  bool shm_direct_read = true;
+  // shm, in_place `full` payload: by default buckets stream through a small ring in the segment
+  // that stays in the shared cache (publisher and receivers copy concurrently). true: receivers
+  // instead copy straight from the publisher's memory with process_vm_readv (one copy, but the
+  // kernel's per-page cost made it slower here; same user and, under Yama ptrace_scope 1, the
+  // publisher sets PR_SET_PTRACER); where the OS refuses, the ring is used and a line is logged.
+  bool shm_direct_read = false;
 
   // filesystem
   std::filesystem::path dir;             // <dir>/v<version>/

@@ -54,6 +54,7 @@ struct Args {
   double delta_density = 0.01;
   std::string topology = "star";
   std::string mode = "in_place";
+  std::string shm_read = "default";  // shm: default | direct (process_vm_readv) | channel (ring or slots)
   bool gloo = true;
   bool baselines = true;
   int repeat = 3;  // timed repetitions; the best is reported (the machine is shared)
@@ -366,6 +367,8 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
   base.bucket_timeout = 120s;
   base.topology = args.topology == "chain" ? ws::Topology::kChain : ws::Topology::kStar;
   base.shm_name = "bench-" + std::to_string(::getpid());
+  if (args.shm_read == "direct") base.shm_direct_read = true;
+  if (args.shm_read == "channel") base.shm_direct_read = false;
   base.dir = dir / ("ws-" + transport);
   base.poll_interval = 2ms;
   const int port = free_port();
@@ -530,6 +533,8 @@ int main(int argc, char** argv) {
   app.add_option("--delta-density", args.delta_density, "fraction of elements changed between versions (delta)");
   app.add_option("--topology", args.topology, "tcp: star | chain");
   app.add_option("--mode", args.mode, "in_place | staging");
+  app.add_option("--shm-read", args.shm_read,
+                 "shm: default | direct (receivers pull with process_vm_readv) | channel (through the shared ring/slots)");
   app.add_flag("!--no-gloo", args.gloo, "skip the torch.distributed gloo peer");
   app.add_flag("!--no-baselines", args.baselines, "skip memcpy / socket / filesystem baselines");
   std::uint64_t blast_kb = 4096;

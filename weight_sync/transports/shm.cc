@@ -33,6 +33,9 @@
 #include <cstring>
 #include <functional>
 #include <new>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 #include <thread>
 
 #include "common/log.h"
@@ -55,6 +58,11 @@ constexpr auto kPoll = std::chrono::milliseconds(10);
 
 enum ReaderState : std::uint32_t { kIdle = 0, kAccepted, kRefused, kNeedFull, kApplied, kFailed };
 enum Phase : std::uint32_t { kNone = 0, kJoining, kStreaming, kDone };
+// Data path of a session (Header::mode).
+enum Mode : std::uint32_t { kModeSlots = 0, kModeRing, kModeDirectRead };
+// Receiver capabilities (ReaderSlot::caps): it applies `full` bytes straight into its sink (in
+// place), and it may read the publisher's memory (process_vm_readv).
+constexpr std::uint32_t kCapInPlace = 1, kCapRead = 2;
 
 struct alignas(64) ReaderSlot {
   std::atomic<std::uint32_t> pid;
@@ -62,7 +70,8 @@ struct alignas(64) ReaderSlot {
   std::atomic<std::uint64_t> session;   // last session this reader answered
   std::atomic<std::uint64_t> admitted;  // session the publisher admitted it to
   std::atomic<std::uint64_t> consumed;  // buckets of `session` it is done with
-  std::atomic<std::uint32_t> can_direct;  // its answer: it can read the publisher's memory directly
+  std::atomic<std::uint32_t> caps;           // its answer: kCapInPlace | kCapRead
+  std::atomic<std::uint64_t> ring_consumed;  // ring mode: stream bytes it has taken out of the ring
   char name[64];
   char error[448];
 };
@@ -80,6 +89,7 @@ struct alignas(64) SlotHeader {
 constexpr std::uint64_t kStreamChunk = 1u << 20;  // published granularity
 constexpr std::uint64_t kPiece = 128u << 10;       // hash-then-copy granularity (stays in L2)
 constexpr std::uint64_t kDirectPiece = 256u << 10; // direct read: one process_vm_readv, then hashed in L2
+constexpr std::uint64_t kRingBytes = 16u << 20;     // ring mode: stays in the shared L3 cache
 
 struct Header {
   std::uint64_t magic;
@@ -95,8 +105,10 @@ struct Header {
   std::atomic<std::uint64_t> session;
   std::atomic<std::uint64_t> manifest_len;
   std::atomic<std::uint64_t> published;
-  std::atomic<std::uint32_t> direct;  // 1: this session's buckets are read from the publisher's memory
-  std::atomic<std::uint64_t> hashed;  // direct: leading buckets whose checksum is in the table
+  std::atomic<std::uint32_t> mode;    // Mode of this session
+  std::atomic<std::uint64_t> hashed;  // ring / direct: leading buckets whose checksum is in the table
+  std::atomic<std::uint64_t> ring_filled;  // ring: stream bytes the publisher has put in the ring
+  std::uint64_t ring_bytes;                // ring: size (in slot 0)
   std::uint64_t table_offset;         // direct: segment offset of the session's DirectTable (0: none)
   std::uint64_t probe_addr;           // publisher address of a word holding kMagic (read-permission probe)
   SlotHeader slots[2];
@@ -263,6 +275,57 @@ Status wait_for(Header* h, Deadline deadline, Done done, Check check, const std:
   }
 }
 
+// Copies n bytes to `dst` with non-temporal stores where the CPU has them: the sink is written once
+// and not read again soon, so it need not be fetched into the cache first (saves a third of the
+// memory traffic of a copy).
+void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {
+#if defined(__x86_64__)
+  std::size_t head = (16 - (reinterpret_cast<std::uintptr_t>(dst) & 15)) & 15;
+  if (head > n) head = n;
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  std::size_t k = 0;
+  for (; k + 64 <= n; k += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k + 48), d);
+  }
+  std::memcpy(dst + k, src + k, n - k);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+// Ring hand-over wait: spins briefly (the peer is usually a few microseconds from making room or
+// data), then waits on the doorbell like wait_for. `check` runs at most every kPoll.
+template <typename Done>
+Status ring_wait(Header* h, Deadline deadline, Done done, const std::function<Status()>& check, const std::string& what) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(30);
+  do {
+    if (done()) return ok();
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+  } while (Clock::now() < spin_until);
+  auto next_check = Clock::now();
+  return wait_for(h, deadline, done,
+                  [&]() -> Status {
+                    const auto now = Clock::now();
+                    if (now < next_check) return ok();
+                    next_check = now + kPoll;
+                    return check();
+                  },
+                  what);
+}
+
 class ShmSender final : public SenderTransport {
  public:
   explicit ShmSender(const Options& o) : name_(segment_name(o.shm_name)), probe_(std::make_unique<std::uint64_t>(kMagic)) {
@@ -308,8 +371,9 @@ class ShmSender final : public SenderTransport {
     ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
     const std::string text = m.dump();
     const std::uint64_t slot_cap = std::max<std::uint64_t>({enc.max_capacity(), m.max_bucket_bytes(), 4096});
-    // Direct reads are possible for payloads sent as the source's own bytes: list where they live.
-    const bool offer_direct = o.shm_direct_read && enc.zero_copy();
+    // Payloads sent as the source's own bytes can go through the ring or be read directly: list
+    // where they live (the table also carries the per-bucket checksums).
+    const bool offer_direct = enc.zero_copy();
     std::vector<std::vector<std::span<const std::byte>>> bucket_parts;
     std::uint64_t nparts = 0;
     if (offer_direct) {
@@ -332,8 +396,10 @@ class ShmSender final : public SenderTransport {
     std::memcpy(seg_->manifest(), text.data(), text.size());
     h->manifest_len.store(text.size());
     h->published.store(0);
-    h->direct.store(0);
+    h->mode.store(kModeSlots);
     h->hashed.store(0);
+    h->ring_filled.store(0);
+    h->ring_bytes = std::min<std::uint64_t>(h->slot_capacity, kRingBytes);
     h->probe_addr = reinterpret_cast<std::uintptr_t>(probe_.get());
     h->table_offset = 0;
     DirectTable table;
@@ -411,23 +477,33 @@ class ShmSender final : public SenderTransport {
                                                        std::to_string(m.version) + " before the deadline");
       return report;
     }
-    // Path for this session: direct reads only when every admitted receiver can do them.
+    // Path for this session (the same for every admitted receiver):
+    //   ring: `full` bytes, every receiver applies in place: chunks pass through a small ring that
+    //         stays in the shared cache, publisher and receivers copying at the same time;
+    //   direct read: as ring, and shm_direct_read asks receivers to pull from this process's memory;
+    //   slots: anything else (encoded payloads, staging receivers).
     std::string why_slots;
-    if (!o.shm_direct_read) why_slots = "weight_sync.shm_direct_read is off";
-    else if (!enc.zero_copy()) why_slots = "payload " + std::string(to_string(m.payload.kind)) + (m.payload.zstd ? "+zstd" : "") + " is encoded";
-    for (int k : active)
-      if (why_slots.empty() && h->readers[k].can_direct.load() != 1)
-        why_slots = get_text(h->readers[k].name, sizeof h->readers[k].name) +
-                    " cannot read this process's memory or does not apply in place";
-    const bool use_direct = why_slots.empty();
-    const std::string path = use_direct ? std::string("direct read") : "slots (" + why_slots + ")";
+    if (!enc.zero_copy())
+      why_slots = "payload " + std::string(to_string(m.payload.kind)) + (m.payload.zstd ? "+zstd" : "") + " is encoded";
+    bool all_read = o.shm_direct_read;
+    for (int k : active) {
+      const auto caps = h->readers[k].caps.load();
+      if (why_slots.empty() && !(caps & kCapInPlace))
+        why_slots = get_text(h->readers[k].name, sizeof h->readers[k].name) + " applies in staging mode";
+      if (!(caps & kCapRead)) all_read = false;
+    }
+    const Mode mode = !why_slots.empty() ? kModeSlots : all_read ? kModeDirectRead : kModeRing;
+    const bool use_direct = mode == kModeDirectRead;
+    const std::string path = mode == kModeSlots ? "slots (" + why_slots + ")" : mode == kModeRing ? "ring" : "direct read";
     if (path != last_path_) {
       ARLO_INFO("weight_sync shm {}: version {}: {}", name_, m.version,
-                use_direct ? "receivers copy straight from this process's memory (process_vm_readv, one copy)"
-                           : "buckets are copied through the shared slots: " + why_slots);
+                mode == kModeDirectRead ? std::string("receivers copy straight from this process's memory (process_vm_readv)")
+                : mode == kModeRing     ? "buckets stream through a " + std::to_string(h->ring_bytes >> 20) +
+                                              " MiB ring (publisher and receivers copy concurrently)"
+                                        : "buckets are copied through the shared bucket slots: " + why_slots);
       last_path_ = path;
     }
-    h->direct.store(use_direct ? 1 : 0);
+    h->mode.store(mode);
     for (int k : active) h->readers[k].admitted.store(session);
     h->phase.store(kStreaming, std::memory_order_release);
     futex_bump_and_wake(h->doorbell);
@@ -464,7 +540,8 @@ class ShmSender final : public SenderTransport {
       futex_bump_and_wake(h->doorbell);
       for (const auto& part : bucket_parts[i]) report.wire_bytes += part.size();
     }
-    for (std::size_t i = 0; !use_direct && i < m.buckets.size() && !active.empty(); ++i) {
+    if (mode == kModeRing) report.wire_bytes += stream_ring(m, bucket_parts, table, active, drop, prune, deadline, o);
+    for (std::size_t i = 0; mode == kModeSlots && i < m.buckets.size() && !active.empty(); ++i) {
       const int s = static_cast<int>(i % 2);
       if (i >= 2) {
         const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
@@ -589,6 +666,62 @@ class ShmSender final : public SenderTransport {
     return report;
   }
 
+  // Ring mode: copies every bucket's bytes through the ring in slot 0, hashing each piece while it
+  // is hot, posting each bucket's checksum in the table. A receiver that does not make room within
+  // a bucket timeout is dropped. Returns the bytes streamed.
+  template <typename Drop, typename Prune>
+  std::uint64_t stream_ring(const Manifest& m, const std::vector<std::vector<std::span<const std::byte>>>& bucket_parts,
+                            const DirectTable& table, std::vector<int>& active, Drop& drop, Prune& prune,
+                            Deadline deadline, const Options& o) {
+    Header* h = seg_->h;
+    std::byte* ring = seg_->slot(0);
+    const std::uint64_t ring_size = h->ring_bytes;
+    std::uint64_t pos = 0;
+    for (std::size_t i = 0; i < m.buckets.size() && !active.empty(); ++i) {
+      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+      const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
+      const bool corrupt = o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_;
+      XXH3_state_t st;
+      XXH3_64bits_reset(&st);
+      std::uint64_t bucket_bytes = 0;
+      for (const auto& part : bucket_parts[i]) bucket_bytes += part.size();
+      const std::uint64_t bucket_start = pos;
+      for (const auto& part : bucket_parts[i]) {
+        for (std::size_t off = 0; off < part.size() && !active.empty();) {
+          const std::uint64_t n = std::min<std::uint64_t>({kPiece, part.size() - off, ring_size - pos % ring_size});
+          auto room = [&] {
+            for (int k : active)
+              if (h->readers[k].ring_consumed.load(std::memory_order_acquire) + ring_size < pos + n &&
+                  h->readers[k].state.load() != kFailed)
+                return false;
+            return true;
+          };
+          auto st_room = ring_wait(h, bd, room, [&]() -> Status { prune(i); return ok(); }, "ring room");
+          if (!st_room)
+            for (int k : std::vector<int>(active))
+              if (h->readers[k].ring_consumed.load() + ring_size < pos + n)
+                drop(k, "timed out consuming bucket " + std::to_string(i));
+          if (active.empty()) break;
+          std::byte* dst = ring + pos % ring_size;
+          XXH3_64bits_update(&st, part.data() + off, n);
+          std::memcpy(dst, part.data() + off, n);
+          if (corrupt && bucket_start + bucket_bytes / 2 >= pos && bucket_start + bucket_bytes / 2 < pos + n) {
+            dst[bucket_start + bucket_bytes / 2 - pos] ^= std::byte{0x5A};  // fault injection, after hashing
+            fault_done_ = true;
+          }
+          pos += n;
+          off += n;
+          h->ring_filled.store(pos, std::memory_order_release);
+          futex_bump_and_wake(h->doorbell);
+        }
+      }
+      table.checksums[i] = XXH3_64bits_digest(&st);
+      h->hashed.store(i + 1, std::memory_order_release);
+      futex_bump_and_wake(h->doorbell);
+    }
+    return pos;
+  }
+
   std::string name_;
   std::unique_ptr<Segment> seg_;
   bool fault_done_ = false;
@@ -660,9 +793,12 @@ class ShmReceiver final : public ReceiverTransport {
         continue;  // the publisher restarts this version in full
       }
       dest = std::move(*bound);
-      const bool direct_apply = state.options.shm_direct_read && state.options.apply_mode == ApplyMode::kInPlace &&
-                                m->payload.kind == PayloadKind::kFull && !m->payload.zstd;
-      me.can_direct.store(direct_apply && can_read_publisher(h) ? 1 : 0);
+      const bool in_place_full = state.options.apply_mode == ApplyMode::kInPlace &&
+                                 m->payload.kind == PayloadKind::kFull && !m->payload.zstd;
+      std::uint32_t caps = in_place_full ? kCapInPlace : 0;
+      if (in_place_full && state.options.shm_direct_read && can_read_publisher(h)) caps |= kCapRead;
+      me.caps.store(caps);
+      me.ring_consumed.store(0);
       answer(kAccepted, "");
       // Admitted, or left out (joined too late): then wait for the next session.
       st = wait_for(
@@ -730,6 +866,43 @@ class ShmReceiver final : public ReceiverTransport {
     else
       ARLO_INFO("weight_sync shm {}: reading buckets straight from publisher pid {} (process_vm_readv)", name_, pid);
     return probe_ok_;
+  }
+
+  // Ring path for bucket i: takes the bucket's bytes out of the ring as the publisher puts them in,
+  // hashing each piece, then copying it to the sink (non-temporal), then checks the checksum.
+  Status read_ring(Header* h, const DirectTable& table, std::size_t i, BucketApplier& applier, std::uint64_t& pos,
+                   Deadline bd, const std::function<Status()>& alive, std::uint64_t& wire) {
+    auto& me = h->readers[slot_];
+    const std::byte* ring = seg_->slot(0);
+    const std::uint64_t ring_size = h->ring_bytes;
+    auto dst = applier.direct_spans(i);
+    applier.mark_touched();
+    XXH3_state_t hs;
+    XXH3_64bits_reset(&hs);
+    std::uint64_t total = 0;
+    for (const auto& d : dst) {
+      for (std::size_t off = 0; off < d.size();) {
+        std::uint64_t filled = 0;
+        ARLO_TRY(ring_wait(h, bd, [&] { return (filled = h->ring_filled.load(std::memory_order_acquire)) > pos; }, alive,
+                           "bucket " + std::to_string(i)));
+        const std::uint64_t n = std::min<std::uint64_t>({filled - pos, d.size() - off, ring_size - pos % ring_size, kPiece});
+        const std::byte* src = ring + pos % ring_size;
+        XXH3_64bits_update(&hs, src, n);
+        stream_copy(d.data() + off, src, n);
+        pos += n;
+        off += n;
+        total += n;
+        me.ring_consumed.store(pos, std::memory_order_release);
+        futex_bump_and_wake(h->doorbell);
+      }
+    }
+    ARLO_TRY(wait_for(h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
+                      "the checksum of bucket " + std::to_string(i)));
+    if (XXH3_64bits_digest(&hs) != table.checksums[i])
+      return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+    applier.mark_direct_verified(i);
+    wire = total;
+    return ok();
   }
 
   // Direct path for bucket i: copies the publisher's bytes into the sink piece by piece, hashing each
@@ -803,18 +976,21 @@ class ShmReceiver final : public ReceiverTransport {
       if (!process_alive(publisher)) return make_error(ErrorCode::kUnavailable, "publisher process died");
       return ok();
     };
-    const bool direct_read = h->direct.load() == 1 && applier.direct() && h->table_offset != 0;
-    report.path = direct_read ? "shm direct read" : "shm slots";
-    const DirectTable table = direct_read ? DirectTable::at(seg_->at(h->table_offset)) : DirectTable{};
+    const Mode mode = applier.direct() && h->table_offset != 0 ? static_cast<Mode>(h->mode.load()) : kModeSlots;
+    const bool direct_read = mode == kModeDirectRead;
+    report.path = mode == kModeDirectRead ? "shm direct read" : mode == kModeRing ? "shm ring" : "shm slots";
+    const DirectTable table = mode != kModeSlots ? DirectTable::at(seg_->at(h->table_offset)) : DirectTable{};
+    std::uint64_t ring_pos = 0;
     for (std::size_t i = 0; i < m.buckets.size(); ++i) {
       if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
       const int s = static_cast<int>(i % 2);
       auto& slot = h->slots[s];
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
       Status st;
-      if (direct_read) {
+      if (mode != kModeSlots) {
         std::uint64_t wire = 0;
-        st = read_direct(h, table, i, applier, publisher, session, bd, alive, wire);
+        st = direct_read ? read_direct(h, table, i, applier, publisher, session, bd, alive, wire)
+                         : read_ring(h, table, i, applier, ring_pos, bd, alive, wire);
         if (st) {
           report.wire_bytes += wire;
           me.consumed.store(i + 1, std::memory_order_release);

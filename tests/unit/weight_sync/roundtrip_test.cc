@@ -203,6 +203,98 @@ TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   EXPECT_EQ(sub->version(), std::optional<Version>(1));
 }
 
+// shm in place with `full`: the ring by default, process_vm_readv on request, the bucket slots when
+// either is switched off or the receiver stages. Each path delivers intact bytes and says which it took.
+TEST(WeightSyncShmPaths, RingDirectReadAndSlotsEachDeliver) {
+  struct PathCase {
+    ApplyMode mode;
+    bool direct_read;
+    const char* expect;
+  };
+  for (const auto& pc : {PathCase{ApplyMode::kInPlace, false, "shm ring"}, PathCase{ApplyMode::kInPlace, true, "shm direct read"},
+                         PathCase{ApplyMode::kStaging, false, "shm slots"}, PathCase{ApplyMode::kStaging, true, "shm slots"}}) {
+    Channel ch("shm", {}, pc.mode);
+    ch.base_.shm_direct_read = pc.direct_read;
+    auto pub = Publisher::create(ch.publisher_options()).value();
+    auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+    HostWeights w(odd_specs());
+    fill(w, 91);
+    HostWeights sink(odd_specs());
+    for (Version v : {1, 2}) {
+      if (v == 2) testing::perturb(w, 0.3, 92);
+      auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
+      auto report = pub->publish(v, w, deadline_in(20s));
+      auto r = got.get();
+      ASSERT_TRUE(r) << pc.expect << ": " << r.error().what();
+      ASSERT_TRUE(report && report->all_ok()) << pc.expect;
+      EXPECT_EQ(r->path, pc.expect);
+      std::uint64_t model_bytes = 0;
+      for (const auto& spec : w.specs()) model_bytes += spec.nbytes();
+      EXPECT_EQ(r->wire_bytes, model_bytes) << pc.expect;  // full payload: every byte once, nothing more
+      EXPECT_TRUE(same_bytes(sink, w)) << pc.expect << " version " << v;
+    }
+  }
+}
+
+// In place, a bucket that does not verify is never committed: the sink is discarded and the
+// subscriber holds no version, on the ring and on the direct-read path alike.
+TEST(WeightSyncShmFaults, FlippedByteInPlaceDiscardsNeverCommits) {
+  for (bool direct_read : {false, true}) {
+    Channel ch("shm", {}, ApplyMode::kInPlace);
+    ch.base_.shm_direct_read = direct_read;
+    Options po = ch.publisher_options();
+    po.fault_corrupt_bucket = 1;
+    auto pub = Publisher::create(po).value();
+    auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+    HostWeights v1(odd_specs());
+    fill(v1, 43);
+    HostWeights sink = copy_of(v1);
+    ASSERT_TRUE(sink.commit(1));
+    sub->assume_version(1);
+    HostWeights v2 = copy_of(v1);
+    testing::perturb(v2, 0.5, 44);
+    auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
+    auto report = pub->publish(2, v2, deadline_in(20s));
+    auto r = got.get();
+    ASSERT_FALSE(r) << "direct_read " << direct_read;
+    EXPECT_NE(r.error().what().find("bucket 1"), std::string::npos) << r.error().what();
+    EXPECT_NE(r.error().what().find("checksum"), std::string::npos) << r.error().what();
+    ASSERT_TRUE(report);
+    ASSERT_EQ(report->peers.size(), 1u);
+    EXPECT_FALSE(report->peers[0].ok);
+    EXPECT_FALSE(sink.committed().has_value());
+    EXPECT_FALSE(sub->version().has_value());
+  }
+}
+
+// Three receivers share one ring: the publisher waits for the slowest; all get every byte.
+TEST(WeightSyncShmPaths, RingServesSeveralReceivers) {
+  Channel ch("shm", {}, ApplyMode::kInPlace);
+  Options po = ch.publisher_options();
+  po.expected_receivers = 3;
+  auto pub = Publisher::create(po).value();
+  std::vector<std::unique_ptr<Subscriber>> subs;
+  std::vector<HostWeights> sinks;
+  for (int k = 0; k < 3; ++k) {
+    subs.push_back(Subscriber::create(ch.subscriber_options("", "w" + std::to_string(k))).value());
+    sinks.emplace_back(odd_specs());
+  }
+  HostWeights w(odd_specs());
+  fill(w, 95);
+  std::vector<std::future<Result<ReceiveReport>>> got;
+  for (int k = 0; k < 3; ++k)
+    got.push_back(std::async(std::launch::async, [&, k] { return subs[k]->receive(sinks[k], deadline_in(20s)); }));
+  auto report = pub->publish(1, w, deadline_in(20s));
+  ASSERT_TRUE(report) << report.error().what();
+  for (int k = 0; k < 3; ++k) {
+    auto r = got[k].get();
+    ASSERT_TRUE(r) << r.error().what();
+    EXPECT_EQ(r->path, "shm ring");
+    EXPECT_TRUE(same_bytes(sinks[k], w));
+  }
+  EXPECT_TRUE(report->all_ok());
+}
+
 TEST(WeightSyncFilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
