@@ -9,9 +9,12 @@
 //
 // Every operation runs under a deadline (bucket_timeout per bucket, the call deadline overall). A
 // receiver that loses its link or sees a checksum mismatch reconnects and resumes from its first
-// unverified bucket; the sending side waits reconnect_window for it. Data is hashed in 1 MiB chunks
-// as it is sent/received (while hot in cache); `full` is sent straight from the source tensors and,
-// in place, received straight into the sink's buffers.
+// unverified bucket; the sending side waits reconnect_window for it. Data moves in 4 MiB calls
+// (fewer syscalls; a chunk still sits in the shared cache when it is hashed). Each bucket is hashed
+// once on the publisher, by the first link that sends it, and reused for every other link; a relay
+// forwards the checksum it verified instead of hashing again. Receivers hash what they receive.
+// `full` is sent straight from the source tensors and, in place, received straight into the sink's
+// buffers.
 #include <boost/asio/ip/tcp.hpp>
 
 #include <csignal>
@@ -38,7 +41,7 @@ using detail::FrameHeader;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
-constexpr std::size_t kChunk = 1u << 20;
+constexpr std::size_t kChunk = 4u << 20;
 using Parts = std::vector<std::span<const std::byte>>;
 
 std::string vb(Version v, std::size_t i) { return "version " + std::to_string(v) + ", bucket " + std::to_string(i); }
@@ -72,6 +75,40 @@ class Feed {
     sum_state_[i] = kSumDone;
     cv_.notify_all();
   }
+  // Cut-through (a relay receiving `full` in place): every bucket's parts are the sink's spans from
+  // the start and downstream links send bytes as soon as they arrived (avail), then wait for the
+  // checksum the relay verified. A bucket that arrives corrupted upstream is received again into
+  // the same spans; the bytes a downstream link already took then fail its own check and it
+  // resumes, so nothing unverified is ever applied downstream either.
+  void enable_cut_through(const std::function<Parts(std::size_t)>& parts_of) {
+    std::lock_guard l(mu_);
+    avail_.assign(items_.size(), 0);
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+      items_[i] = parts_of(i);
+      sum_state_[i] = kSumClaimed;  // comes from upstream, never hashed here
+    }
+    produced_ = items_.size();
+    cv_.notify_all();
+  }
+  bool cut_through() {
+    std::lock_guard l(mu_);
+    return !avail_.empty();
+  }
+  // Bytes of bucket i received so far (in the current attempt).
+  void set_avail(std::size_t i, std::uint64_t bytes) {
+    std::lock_guard l(mu_);
+    avail_[i] = bytes;
+    cv_.notify_all();
+  }
+  Status wait_avail(std::size_t i, std::uint64_t bytes, Deadline deadline) {
+    std::unique_lock l(mu_);
+    const bool ok_ = cv_.wait_until(l, deadline, [&] { return failed_ || avail_[i] >= bytes; });
+    if (avail_[i] >= bytes) return ok();
+    if (failed_) return std::unexpected(*failed_);
+    if (!ok_) return make_error(ErrorCode::kTimeout, "bucket " + std::to_string(i) + " did not arrive upstream in time");
+    return ok();
+  }
+
   // Waits for the checksum another link is computing.
   Result<std::uint64_t> wait_sum(std::size_t i, Deadline deadline) {
     std::unique_lock l(mu_);
@@ -141,6 +178,7 @@ class Feed {
   static constexpr std::uint8_t kSumNone = 0, kSumClaimed = 1, kSumDone = 2;
   std::vector<std::uint64_t> sums_;
   std::vector<std::uint8_t> sum_state_;
+  std::vector<std::uint64_t> avail_;  // cut-through only
 };
 
 // Sends bucket i: header, data, trailer checksum. The checksum comes from the feed when known;
@@ -154,6 +192,8 @@ Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline
   for (const auto& p : parts) h.b += p.size();
   const std::optional<std::uint64_t> known = feed.sum(i);
   const bool hashing = !known && feed.claim_sum(i);
+  const bool cut_through = feed.cut_through();
+  std::uint64_t sent = 0;
   Status s = c.write({asio::buffer(&h, sizeof h)}, deadline);
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
@@ -168,6 +208,8 @@ Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline
         if (!hashing) break;
         continue;  // finish the checksum for the other links
       }
+      if (cut_through) s = feed.wait_avail(i, sent + n, deadline);
+      if (!s) break;
       if (corrupt) {
         tmp.assign(data, data + n);
         tmp[n / 2] ^= std::byte{0x5A};
@@ -175,6 +217,7 @@ Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline
         corrupt = false;
       }
       s = c.write({asio::buffer(data, n)}, deadline);
+      sent += n;
     }
   }
   if (hashing) feed.set_sum(i, XXH3_64bits_digest(&st));
@@ -192,8 +235,9 @@ struct Received {
 
 // Receives bucket i into `dst` spans (their total must equal the frame's size, or, when `buffer`
 // is given, into it). Returns the wire size and checksum; kMismatch on a checksum mismatch.
+// `cut` (relays, cut-through) is told how many bytes of the bucket arrived after every chunk.
 Result<Received> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span<std::byte>>& dst,
-                                  std::span<std::byte> buffer, Deadline deadline) {
+                             std::span<std::byte> buffer, Deadline deadline, Feed* cut = nullptr) {
   ARLO_ASSIGN_OR_RETURN(auto h, c.recv_frame(nullptr, deadline));
   if (static_cast<Frame>(h.type) != Frame::kBucket || h.a != i)
     return make_error(ErrorCode::kParse, "expected bucket " + std::to_string(i) + ", got frame type " +
@@ -210,11 +254,15 @@ Result<Received> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span
   }
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
+  std::uint64_t arrived = 0;
+  if (cut) cut->set_avail(i, 0);
   for (const auto& t : targets) {
     for (std::size_t off = 0; off < t.size(); off += kChunk) {
       const std::size_t n = std::min(kChunk, t.size() - off);
       ARLO_TRY(c.read(asio::buffer(t.data() + off, n), deadline));
       XXH3_64bits_update(&st, t.data() + off, n);
+      arrived += n;
+      if (cut) cut->set_avail(i, arrived);
     }
   }
   std::uint64_t sum = 0;
@@ -642,6 +690,12 @@ class TcpReceiver final : public ReceiverTransport {
     }
     Feed feed(n, stable_parts ? std::max<std::size_t>(n, 1) : 2);
     std::thread relay_thread;
+    const bool cut_through = relay_ && direct;
+    if (cut_through)
+      feed.enable_cut_through([&](std::size_t b) {
+        auto sp = applier.direct_spans(b);
+        return Parts(sp.begin(), sp.end());
+      });
     if (relay_) {
       relay_thread = std::thread([&] {
         relay_->stream(m, feed, [&](std::size_t i, auto&) -> Result<Parts> {
@@ -678,7 +732,8 @@ class TcpReceiver final : public ReceiverTransport {
         targets = applier.direct_spans(i);
         applier.mark_touched();
       }
-      auto got = recv_bucket(*conn, i, targets, buf, std::min(deadline, Clock::now() + o.bucket_timeout));
+      auto got = recv_bucket(*conn, i, targets, buf, std::min(deadline, Clock::now() + o.bucket_timeout),
+                             cut_through ? &feed : nullptr);
       Status s = got ? Status(ok()) : Status(std::unexpected(got.error()));
       if (got) {
         if (direct) applier.mark_direct_verified(i);

@@ -176,6 +176,38 @@ TEST(WeightSyncTcpFaults, FlippedByteIsRetransmittedNeverApplied) {
   }
 }
 
+// Chain with cut-through relays: the relay forwards bytes before it verified them, so a byte flipped
+// on the first link reaches the second one too. Both must detect it and resume; both end intact.
+TEST(WeightSyncTcpFaults, FlippedByteInAChainIsCaughtAtEveryHop) {
+  Channel ch("tcp", {}, ApplyMode::kInPlace);
+  Options po = ch.publisher_options();
+  po.topology = Topology::kChain;
+  po.fault_corrupt_bucket = 1;
+  auto pub = Publisher::create(po).value();
+  Options relay_o = ch.subscriber_options(pub->endpoint(), "relay");
+  relay_o.topology = Topology::kChain;
+  relay_o.relay_listen = "127.0.0.1:0";
+  auto relay = Subscriber::create(relay_o).value();
+  Options last_o = ch.subscriber_options(relay->relay_endpoint(), "last");
+  last_o.topology = Topology::kChain;
+  auto last = Subscriber::create(last_o).value();
+  HostWeights w(odd_specs());
+  fill(w, 33);
+  HostWeights sink_relay(odd_specs()), sink_last(odd_specs());
+  auto got_relay = std::async(std::launch::async, [&] { return relay->receive(sink_relay, deadline_in(20s)); });
+  auto got_last = std::async(std::launch::async, [&] { return last->receive(sink_last, deadline_in(20s)); });
+  auto report = pub->publish(1, w, deadline_in(20s));
+  auto r1 = got_relay.get();
+  auto r2 = got_last.get();
+  ASSERT_TRUE(r1) << r1.error().what();
+  ASSERT_TRUE(r2) << r2.error().what();
+  ASSERT_TRUE(report) << report.error().what();
+  EXPECT_TRUE(report->all_ok());
+  EXPECT_GE(r1->retried_buckets, 1u);
+  EXPECT_TRUE(same_bytes(sink_relay, w));
+  EXPECT_TRUE(same_bytes(sink_last, w));
+}
+
 TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   Channel ch("shm", {}, ApplyMode::kStaging);
   Options po = ch.publisher_options();
