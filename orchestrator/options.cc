@@ -12,6 +12,10 @@ int Options::queue_capacity_groups() const {
   return groups_per_step() * (max_async_level + 2);
 }
 
+int Options::filter_budget_groups() const {
+  return max_filtered_groups_per_step > 0 ? max_filtered_groups_per_step : 4 * groups_per_step();
+}
+
 Status Options::validate() const {
   auto bad = [](std::string msg) { return make_error(ErrorCode::kInvalidArgument, std::move(msg)); };
   if (group_size < 1) return bad(fmt::format("orchestrator.group_size: must be >= 1, got {}", group_size));
@@ -28,6 +32,7 @@ Status Options::validate() const {
   if (max_queued_groups != 0 && max_queued_groups < groups_per_step())
     return bad(fmt::format("orchestrator.max_queued_groups: must be 0 (auto) or >= batch_size/group_size ({})",
                            groups_per_step()));
+  if (max_filtered_groups_per_step < 0) return bad("orchestrator.max_filtered_groups_per_step: must be >= 0");
   if (eval_samples < 1) return bad("eval.samples: must be >= 1");
   for (int k : eval_pass_k)
     if (k < 1 || k > eval_samples)

@@ -23,6 +23,7 @@ struct Options {
   int sft_warmup_steps = 0;        // steps 1..this are supervised batches from reference answers
   int max_queued_groups = 0;       // bound on finished-but-unbatched groups; 0 = auto
   bool filter_zero_variance = true;  // drop groups whose rewards are all equal (no signal)
+  int max_filtered_groups_per_step = 0;  // past this, equal-reward groups are kept; 0 = auto
   std::uint64_t seed = 0;          // request seeds
   Sampling sampling;
   Duration request_timeout = std::chrono::minutes(10);
@@ -58,6 +59,7 @@ struct Options {
 
   int groups_per_step() const { return batch_size / group_size; }
   int queue_capacity_groups() const;
+  int filter_budget_groups() const;  // max_filtered_groups_per_step, auto resolved
   // kInvalidArgument naming the first inconsistent option.
   Status validate() const;
 };

@@ -108,11 +108,20 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
   }
   g->scores = std::move(*r);
   const auto& rw = g->scores.rewards;
-  if (opt_.filter_zero_variance && n > 1 && std::all_of(rw.begin(), rw.end(), [&](double x) { return x == rw[0]; })) {
-    ledger_.dispose("filtered", n);
-    filtered_since_cut_ += static_cast<int>(n);
-    if (hooks_.backlog_changed) hooks_.backlog_changed();
-    co_return;
+  const bool equal = n > 1 && std::all_of(rw.begin(), rw.end(), [&](double x) { return x == rw[0]; });
+  if (opt_.filter_zero_variance && equal) {
+    if (filtered_groups_since_cut_ < opt_.filter_budget_groups()) {
+      ledger_.dispose("filtered", n);
+      filtered_since_cut_ += static_cast<int>(n);
+      ++filtered_groups_since_cut_;
+      if (hooks_.backlog_changed) hooks_.backlog_changed();
+      co_return;
+    }
+    // Budget spent: keep it (zero advantage, no gradient) so the step is not starved of groups.
+    ARLO_WARN_EVERY(30.0, "train sink: {} equal-reward groups dropped since the last step "
+                    "(orchestrator.max_filtered_groups_per_step); training on further ones with zero advantage. "
+                    "Are the tasks too easy or too hard for the policy?", filtered_groups_since_cut_);
+    std::fill(g->scores.advantages.begin(), g->scores.advantages.end(), 0.0);
   }
   ready_.push_back(std::move(g));
   ready_signal_.notify();
@@ -239,6 +248,7 @@ Awaitable<void> TrainSink::run(std::int64_t start_step) {
     }
     report.filtered_samples = filtered_since_cut_;
     filtered_since_cut_ = 0;
+    filtered_groups_since_cut_ = 0;
     // The groups are consumed now: the gate counts this step as cut before the trainer accepts it,
     // so back-pressure cannot make the dispatcher run ahead.
     steps_cut_ = step;

@@ -89,7 +89,8 @@ class TrainSink {
   std::vector<GroupPtr> in_scoring_;
   std::int64_t scoring_ = 0;
   std::int64_t steps_cut_ = 0;
-  int filtered_since_cut_ = 0;
+  int filtered_since_cut_ = 0;          // samples, for the step report
+  int filtered_groups_since_cut_ = 0;   // against Options::filter_budget_groups()
   bool stopped_ = false;
 };
 

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "initialisation seed of v0");
   app.add_option("--threads", o.threads, "libtorch/OpenMP threads");
   app.add_option("--lr", o.lr);
+  app.add_option("--sft-lr", o.sft_lr, "learning rate on batches with ce_weights (0: --lr)");
   app.add_option("--warmup-steps", o.warmup_steps);
   app.add_option("--beta1", o.beta1);
   app.add_option("--beta2", o.beta2);

@@ -263,7 +263,8 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
     const std::int64_t rows = b.rows(), cols = b.seq_len();
     reference::LossOutput out;
     double grad_norm = 0;
-    const double lr = o.warmup_steps > 0 ? o.lr * std::min(1.0, static_cast<double>(step + 1) / o.warmup_steps) : o.lr;
+    const double base_lr = b.has_ce_weights() && o.sft_lr > 0 ? o.sft_lr : o.lr;
+    const double lr = o.warmup_steps > 0 ? base_lr * std::min(1.0, static_cast<double>(step + 1) / o.warmup_steps) : base_lr;
     try {
       auto ids = to_tensor(b.input_ids(), rows, cols, at::kLong);
       auto pos = to_tensor(b.position_ids(), rows, cols, at::kLong);
@@ -305,6 +306,9 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
               step, m["loss"].get<double>(), out.pg_loss, out.ce_loss, grad_norm, out.mismatch_kl,
               out.clipped_fraction, out.entropy, lr, seconds);
   }
+  // A final checkpoint, so that a run extended with --resume continues from the last step trained.
+  if (o.checkpoint_every > 0 && step > 0 && step % o.checkpoint_every != 0)
+    ARLO_TRY(save_checkpoint(ckpt_root, step, *model, opt));
   publish.drain();
   client->close();
   return step;

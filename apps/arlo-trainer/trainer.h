@@ -37,6 +37,7 @@ struct TrainerOptions {
   int threads = 1;
 
   double lr = 3e-3;
+  double sft_lr = 0.0;         // on supervised batches (those with ce_weights); 0: lr
   int warmup_steps = 0;        // linear warm-up of the learning rate
   double beta1 = 0.9, beta2 = 0.99, eps = 1e-8, weight_decay = 0.0, max_grad_norm = 1.0;
   std::string correction = "token_tis";  // none | token_tis | seq_tis | token_mis

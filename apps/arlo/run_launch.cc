@@ -102,6 +102,12 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
   return plan;
 }
 
+// The trainer checkpoints with the orchestrator unless told otherwise: a resume needs both.
+std::int64_t trainer_ckpt_interval(const config::Config& cfg) {
+  const auto own = cfg.integer("trainer.ckpt_interval");
+  return own > 0 ? own : cfg.integer("ckpt.interval");
+}
+
 orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws, int num_workers,
                              std::uint16_t bridge_port) {
   orch::ChildSpec spec;
@@ -109,13 +115,14 @@ orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_d
   const auto threads = std::to_string(cfg.integer("trainer.threads"));
   spec.argv = {find_binary("arlo-trainer"), "--run-dir", run_dir, "--bridge", cfg.string("bridge.transport"),
                "--seed", std::to_string(cfg.integer("model.seed")), "--threads", threads,
-               "--lr", num(cfg.number("trainer.lr")), "--weight-decay", num(cfg.number("trainer.weight_decay")),
+               "--lr", num(cfg.number("trainer.lr")), "--sft-lr", num(cfg.number("trainer.sft_lr")),
+               "--weight-decay", num(cfg.number("trainer.weight_decay")),
                "--beta1", num(cfg.number("trainer.beta1")), "--beta2", num(cfg.number("trainer.beta2")),
                "--max-grad-norm", num(cfg.number("trainer.max_grad_norm")),
                "--correction", cfg.string("trainer.is_correction"), "--tis-high", num(cfg.number("trainer.is_high")),
                "--mis-low", num(cfg.number("trainer.is_low")), "--mis-high", num(cfg.number("trainer.is_high")),
                "--temperature", num(cfg.number("sampling.temperature")),
-               "--checkpoint-every", std::to_string(cfg.integer("trainer.ckpt_interval")),
+               "--checkpoint-every", std::to_string(trainer_ckpt_interval(cfg)),
                "--ws-payload", ws.payload, "--log-level", cfg.string("log.level")};
   if (cfg.string("bridge.transport") == "socket")
     append(spec.argv, {"--bridge-host", "127.0.0.1", "--bridge-port", std::to_string(bridge_port)});

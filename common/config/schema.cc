@@ -152,6 +152,11 @@ std::vector<Section> product_sections() {
                .one_of({"grpo", "dr_grpo", "rloo"}),
            bool_key("filter_equal_reward_groups", true,
                     "Drop groups whose rewards are all equal (they carry no learning signal)."),
+           int_key("max_filtered_groups_per_step", 0,
+                   "Bound on the equal-reward groups dropped (and replaced by new rollouts) for one step; past "
+                   "it they are trained on with zero advantage, so a policy that solves (or fails) every task "
+                   "still makes progress. 0: 4 x batch_size/group_size.")
+               .at_least(0),
            string_key("overlong", "keep",
                       "Completions cut off by sampling.max_tokens: keep (train on them), drop (discard the "
                       "sample), mask (keep it but exclude its tokens from the loss).")
@@ -253,6 +258,10 @@ std::vector<Section> product_sections() {
                       "bridge.")
                .one_of({"embedded", "external"}),
            float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
+           float_key("sft_lr", 0.0,
+                     "Learning rate on the supervised warm-up batches (orchestrator.sft_warmup_steps); 0 uses lr. "
+                     "Supervised steps tolerate a rate that makes policy-gradient steps diverge.")
+               .range(0.0, 10.0),
            float_key("weight_decay", 0.0, "AdamW weight decay.").range(0.0, 10.0),
            float_key("beta1", 0.9, "AdamW beta1.").range(0.0, 0.999999),
            float_key("beta2", 0.999, "AdamW beta2.").range(0.0, 0.999999),
@@ -264,7 +273,10 @@ std::vector<Section> product_sections() {
                .one_of({"none", "token_tis", "seq_tis", "token_mis"}),
            float_key("is_low", 0.5, "Lower importance-ratio bound (token_mis).").range(0.0, 1e6),
            float_key("is_high", 2.0, "Upper importance-ratio bound (truncation or mask).").range(0.0, 1e6),
-           int_key("ckpt_interval", 0, "Steps between trainer checkpoints (weights and optimizer; 0 disables).")
+           int_key("ckpt_interval", 0,
+                   "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "
+                   "`arlo run --resume` finds the trainer at the orchestrator's step. The trainer also "
+                   "checkpoints when it stops.")
                .at_least(0),
            int_key("threads", 1, "Compute threads of the built-in trainer.").range(1, 1024),
        }},

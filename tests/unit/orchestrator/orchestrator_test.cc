@@ -142,6 +142,34 @@ TEST(Gate, InflightBoundCountsSamples) {
   EXPECT_EQ(h.orch->dispatcher().inflight_samples(), 4);
 }
 
+TEST(Filter, EqualRewardGroupsAreReplacedOnlyUpToTheBudget) {
+  Harness h;
+  h.opt.max_steps = 3;
+  h.opt.max_async_level = 0;
+  h.opt.max_filtered_groups_per_step = 3;
+  h.inf.auto_complete = true;
+  h.trainer.auto_publish = true;
+  // Every sample solves its task: every group has equal rewards.
+  h.inf.answer = [](const GenerateRequest&, int) {
+    Completion c;
+    c.tokens = {1, 7};
+    c.logprobs = {-0.1f, -0.1f};
+    c.finish_reason = "stop";
+    return c;
+  };
+  h.start();
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  ASSERT_EQ(h.trainer.batches.size(), 3u);
+  // Per step: 3 groups dropped and replaced, then 2 kept with zero advantage (batch 4 / group 2).
+  for (const auto& b : h.trainer.batches) {
+    ASSERT_EQ(b.samples.size(), 4u);
+    for (const auto& s : b.samples) EXPECT_EQ(s.advantage, 0.0);
+  }
+  EXPECT_EQ(h.orch->ledger().disposed("filtered"), 3u * 3u * 2u);
+  EXPECT_EQ(h.inf.requests().size(), 3u * 5u);
+  h.expect_ledger_adds_up();
+}
+
 TEST(Staleness, DropCountsTimeSpentQueued) {
   Harness h;
   h.opt.batch_size = 2;  // one group per step
