@@ -61,6 +61,13 @@ int main(int argc, char** argv) {
   app.add_option("--ws-dir", ws_dir, "filesystem: default <run_dir>/weights");
   app.add_option("--ws-payload", payload, "full | bf16 | fp8 | delta");
   app.add_option("--ws-timeout-ms", publish_timeout_ms);
+  app.add_option("--ws-zstd", o.weight_sync.payload.zstd, "zstd level 1 on every bucket");
+  app.add_option("--ws-delta-threshold", o.weight_sync.payload.delta_dense_threshold,
+                 "delta: above this changed fraction a bucket is sent dense");
+  std::uint64_t bucket_mb = o.weight_sync.bucket_bytes >> 20;
+  app.add_option("--ws-bucket-mb", bucket_mb, "bucket size in MiB")->check(CLI::Range(1, 65536));
+  app.add_option("--ws-keep-last", o.weight_sync.keep_last, "filesystem: versions kept on disk (>= 2)")
+      ->check(CLI::Range(2, 1 << 20));
   app.add_option("--log-level", log_level);
   CLI11_PARSE(app, argc, argv);
 
@@ -75,6 +82,7 @@ int main(int argc, char** argv) {
   o.checkpoint_dir = ckpt_dir;
   o.weight_sync.dir = ws_dir;
   o.weight_sync.expected_receivers = receivers;
+  o.weight_sync.bucket_bytes = bucket_mb << 20;
   auto kind = arlo::weight_sync::parse_payload(payload);
   if (!kind) {
     std::cerr << "arlo-trainer: " << kind.error().what() << "\n";

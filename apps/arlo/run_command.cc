@@ -103,10 +103,6 @@ class Run {
       pool.add_server(url);
       admins.push_back(rollout::make_admin_client(*dialect, pool.client(), url, ao));
     }
-    const auto ws = s_.plan.weight_sync;
-    const auto dial = *dialect;
-    orch::adapters::RolloutInference inference(pool, std::move(admins),
-                                               [ws, dial](orch::Version v) { return ws.describe(v, dial); });
 
     TokenizedTasks tasks(s_.parts.stream);
     rollout::ScorerOptions so;
@@ -137,6 +133,13 @@ class Run {
     bridge::PackOptions pack;
     pack.seq_len = static_cast<int>(s_.cfg.integer("orchestrator.seq_len"));
     orch::adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
+    // Where the weights are: what the trainer announced (an external trainer's own address or
+    // directory) over what this run planned for an embedded one.
+    const auto ws = s_.plan.weight_sync;
+    const auto dial = *dialect;
+    orch::adapters::RolloutInference inference(pool, std::move(admins), [ws, dial, &trainer](orch::Version v) {
+      return ws.describe(v, dial, trainer.latest_announcement());
+    });
 
     orch::SteadyClock clock(io_.get_executor());
     metrics::Registry registry;

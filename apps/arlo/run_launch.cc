@@ -37,19 +37,25 @@ std::string num(double v) { return fmt::format("{}", v); }
 
 }  // namespace
 
-rollout::WeightUpdate WeightSyncPlan::describe(std::int64_t version, rollout::AdminDialect dialect) const {
+rollout::WeightUpdate WeightSyncPlan::describe(std::int64_t version, rollout::AdminDialect dialect,
+                                              const nlohmann::json& announced) const {
+  auto pick = [&](const char* key, const std::string& planned) {
+    auto it = announced.find(key);
+    return it != announced.end() && it->is_string() && !it->get<std::string>().empty() ? it->get<std::string>() : planned;
+  };
+  const std::string weights_dir = pick("dir", dir);
   rollout::WeightUpdate u;
   u.version = version;
   u.transport = transport;
   if (dialect == rollout::AdminDialect::kArlo) {
-    if (transport == "tcp") u.extra["address"] = address;
-    if (transport == "shm") u.extra["shm_name"] = shm_name;
-    if (transport == "filesystem") u.extra["dir"] = dir;
-    u.extra["payload"] = payload;
+    if (transport == "tcp") u.extra["address"] = pick("address", address);
+    if (transport == "shm") u.extra["shm_name"] = pick("shm_name", shm_name);
+    if (transport == "filesystem") u.extra["dir"] = weights_dir;
+    u.extra["payload"] = pick("payload", payload);
     u.extra["timeout_ms"] = timeout_ms;
   } else if (transport == "filesystem") {
     // vLLM and SGLang load a version from its directory of Hugging Face-compatible shards.
-    u.extra["model_path"] = fmt::format("{}/v{}", dir, version);
+    u.extra["model_path"] = fmt::format("{}/v{}", weights_dir, version);
   }
   return u;
 }
@@ -68,6 +74,11 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
     ARLO_ASSIGN_OR_RETURN(auto port, orch::free_loopback_port());
     ws.address = fmt::format("127.0.0.1:{}", port);
   }
+  if (embedded && ws.transport == "tcp" && cfg.string("weight_sync.topology") == "chain")
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("weight_sync.topology chain ({}): embedded arlo-workers do not relay to each other "
+                                  "yet; use star (the trainer serves every worker)",
+                                  cfg.where("weight_sync.topology")));
   if (embedded && ws.transport == "nccl")
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("weight_sync.transport nccl ({}): arlo-worker receives over tcp, shm or filesystem; "
@@ -123,7 +134,11 @@ orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_d
                "--mis-low", num(cfg.number("trainer.is_low")), "--mis-high", num(cfg.number("trainer.is_high")),
                "--temperature", num(cfg.number("sampling.temperature")),
                "--checkpoint-every", std::to_string(trainer_ckpt_interval(cfg)),
-               "--ws-payload", ws.payload, "--log-level", cfg.string("log.level")};
+               "--ws-payload", ws.payload, "--ws-zstd", cfg.boolean("weight_sync.zstd") ? "true" : "false",
+               "--ws-bucket-mb", std::to_string(cfg.integer("weight_sync.bucket_mb")),
+               "--ws-delta-threshold", num(cfg.number("weight_sync.delta_density_threshold")),
+               "--ws-keep-last", std::to_string(cfg.integer("weight_sync.keep_last")),
+               "--log-level", cfg.string("log.level")};
   if (cfg.string("bridge.transport") == "socket")
     append(spec.argv, {"--bridge-host", "127.0.0.1", "--bridge-port", std::to_string(bridge_port)});
   append(spec.argv, model_flags(cfg));

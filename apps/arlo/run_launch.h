@@ -23,7 +23,10 @@ struct WeightSyncPlan {
   std::string payload;    // arlo-trainer/arlo-worker payload name: full | bf16 | fp8 | delta
   std::int64_t timeout_ms = 0;
   // The body extras of POST /weights/prepare (arlo dialect) or the dialect's extras (vllm, sglang).
-  rollout::WeightUpdate describe(std::int64_t version, rollout::AdminDialect dialect) const;
+  // `announced` is what the trainer published with its newest version: its "address", "shm_name"
+  // or "dir", when present, win over the planned ones (an external trainer knows where it is).
+  rollout::WeightUpdate describe(std::int64_t version, rollout::AdminDialect dialect,
+                                 const nlohmann::json& announced = nlohmann::json::object()) const;
 };
 
 struct LaunchPlan {

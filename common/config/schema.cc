@@ -283,10 +283,9 @@ std::vector<Section> product_sections() {
       {"bridge", "How batches travel from the orchestrator to the trainer.",
        {
            string_key("transport", "dir",
-                      "dir: safetensors files under bridge.dir (written then renamed); socket: streamed with "
+                      "dir: safetensors files under <run.dir>/rollouts/ (written then renamed); socket: streamed with "
                       "acknowledgement and back-pressure.")
                .one_of({"dir", "socket"}),
-           string_key("dir", "{run.dir}/rollouts", "dir transport: directory of step_<s>/rank_<r>.safetensors."),
            string_key("address", "127.0.0.1:0", "socket transport: host:port the orchestrator listens on (port 0: any free port)."),
            int_key("max_pending_batches", 2, "Batches handed over but not yet acknowledged before the sink waits.")
                .range(1, 1024),
@@ -309,7 +308,9 @@ std::vector<Section> product_sections() {
                      "delta payload: above this fraction of changed elements a bucket is sent dense.")
                .range(0.0, 1.0),
            int_key("keep_last", 2, "filesystem transport: versions kept on disk (at least 2).").range(2, 1 << 20),
-           string_key("topology", "chain", "tcp transport: chain (each receiver relays to the next) or star.")
+           string_key("topology", "star",
+                      "tcp transport: star (the trainer serves every worker) or chain (each receiver relays to "
+                      "the next; library and benchmark only: embedded arlo-workers do not relay yet).")
                .one_of({"chain", "star"}),
            float_key("timeout_s", 120.0, "Deadline for moving one version to all workers.").range(0.001, 86400.0),
        }},

@@ -9,7 +9,10 @@ BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& 
     : io_(io), server_(server), pool_(pool), pack_(pack) {}
 
 void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
-  server_.on_version([cb = std::move(callback)](bridge::VersionEvent e) { cb(VersionNotice{e.version, e.info}); });
+  server_.on_version([this, cb = std::move(callback)](bridge::VersionEvent e) {
+    if (e.info.is_object()) latest_info_ = e.info;
+    cb(VersionNotice{e.version, e.info});
+  });
 }
 
 Awaitable<Status> BridgeTrainer::send(TrainBatch batch) {

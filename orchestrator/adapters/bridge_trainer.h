@@ -19,6 +19,9 @@ class BridgeTrainer final : public TrainerPort {
   Awaitable<Status> send(TrainBatch batch) override;
   void on_version(std::function<void(VersionNotice)> callback) override;
   const bridge::PackReport& last_report() const { return last_; }
+  // What the trainer announced with the newest version it published (where the weights are: tcp
+  // address, shm name, filesystem dir), or an empty object before the first announcement.
+  const nlohmann::json& latest_announcement() const { return latest_info_; }
 
  private:
   boost::asio::io_context& io_;
@@ -26,6 +29,7 @@ class BridgeTrainer final : public TrainerPort {
   ThreadPool& pool_;
   bridge::PackOptions pack_;
   bridge::PackReport last_;
+  nlohmann::json latest_info_ = nlohmann::json::object();
 };
 
 }  // namespace arlo::orch::adapters

@@ -68,6 +68,38 @@ TEST(ArloRunPlan, FilesystemUpdatesNameTheWeightsDirectory) {
   EXPECT_EQ(sglang.extra.value("model_path", ""), "/tmp/run/w/v3");
 }
 
+TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
+  const auto cfg = load({"weight_sync.transport=tcp"});
+  auto plan = plan_launch(cfg, "/tmp/run");
+  ASSERT_TRUE(plan) << plan.error().what();
+  EXPECT_EQ(plan->weight_sync.describe(2, rollout::AdminDialect::kArlo).extra.value("address", ""),
+            plan->weight_sync.address);
+  const nlohmann::json announced = {{"address", "10.1.2.3:29500"}, {"payload", "delta"}};
+  const auto u = plan->weight_sync.describe(2, rollout::AdminDialect::kArlo, announced);
+  EXPECT_EQ(u.extra.value("address", ""), "10.1.2.3:29500");
+  EXPECT_EQ(u.extra.value("payload", ""), "delta");
+
+  auto fs_plan = plan_launch(load({"weight_sync.transport=filesystem", "weight_sync.dir=/tmp/run/w"}), "/tmp/run");
+  ASSERT_TRUE(fs_plan);
+  const auto vllm = fs_plan->weight_sync.describe(4, rollout::AdminDialect::kVllm, {{"dir", "/shared/weights"}});
+  EXPECT_EQ(vllm.extra.value("model_path", ""), "/shared/weights/v4");
+}
+
+TEST(ArloRunPlan, WeightSyncKnobsReachTheTrainerAndChainNeedsRelays) {
+  const auto cfg = load({"weight_sync.zstd=true", "weight_sync.bucket_mb=64", "weight_sync.keep_last=3",
+                         "weight_sync.delta_density_threshold=0.1"});
+  auto plan = plan_launch(cfg, "/tmp/run");
+  ASSERT_TRUE(plan) << plan.error().what();
+  const auto trainer = trainer_spec(cfg, "/tmp/run", plan->weight_sync, 2, 0);
+  EXPECT_EQ(flag(trainer.argv, "--ws-zstd"), "true");
+  EXPECT_EQ(flag(trainer.argv, "--ws-bucket-mb"), "64");
+  EXPECT_EQ(flag(trainer.argv, "--ws-keep-last"), "3");
+  EXPECT_EQ(flag(trainer.argv, "--ws-delta-threshold"), "0.1");
+  auto chain = plan_launch(load({"weight_sync.transport=tcp", "weight_sync.topology=chain"}), "/tmp/run");
+  ASSERT_FALSE(chain);
+  EXPECT_NE(chain.error().what().find("weight_sync.topology"), std::string::npos) << chain.error().what();
+}
+
 TEST(ArloRunPlan, ExternalUsesGivenUrlsAndNcclNeedsExternal) {
   const auto ext = load({"inference.launch=external", "inference.urls=[\"http://10.0.0.1:8000/\"]"});
   auto plan = plan_launch(ext, "/tmp/run");
