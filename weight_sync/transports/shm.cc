@@ -12,16 +12,20 @@
 // sink and answer accepted / refused / need_full), the publisher admits the accepted receivers and
 // moves to kStreaming, then kDone once every admitted receiver applied or failed.
 //
-// Two data paths, chosen per session and logged by the publisher:
-//  - direct read (in_place `full` payload, every admitted receiver able to read the publisher's
-//    memory): the publisher writes a table of its source addresses per bucket next to the manifest;
-//    each receiver copies straight from the publisher's memory into its sink with process_vm_readv
-//    (one copy), hashing each piece while it is hot in cache, and verifies each bucket against the
-//    xxh3 the publisher computes once per bucket (in parallel with the copies) and posts in the
-//    table. No slot memory is touched. Receivers probe the permission at join time (a word of known
-//    value in the publisher); a refusal (Yama ptrace_scope, other user, seccomp) selects the slots.
-//  - slots (any other payload or mode, or when direct reads are not permitted): the publisher copies
-//    (or encodes) bucket i into slot i%2 and receivers copy it out, double-buffered.
+// Three data paths, chosen per session (Header::mode) and logged by the publisher when it changes:
+//  - ring (default for in_place `full` when every admitted receiver applies in place): the publisher
+//    copies 128 KiB pieces of the source into a 16 MiB ring (it stays in the shared L3 cache),
+//    hashing each piece first; receivers take pieces out as they arrive, hash them and write them to
+//    the sink with non-temporal stores. Both sides copy concurrently; memory traffic is that of one
+//    memcpy. The publisher posts each bucket's xxh3 in a table next to the manifest once its last
+//    piece is in; receivers check every bucket against it before it counts.
+//  - direct read (same, with Options::shm_direct_read and every receiver permitted): the table also
+//    lists the publisher's source addresses per bucket; receivers copy straight from the
+//    publisher's memory with process_vm_readv, hashing each piece while it is hot, and check it
+//    against the checksum the publisher computes once per bucket in parallel. Permission is probed
+//    at join time (a word of known value in the publisher); a refusal selects the ring.
+//  - slots (encoded payloads, staging receivers): the publisher copies or encodes bucket i into
+//    slot i%2 and receivers copy it out, double-buffered.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

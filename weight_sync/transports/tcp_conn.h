@@ -53,7 +53,13 @@ class Conn {
   template <typename Start>
   Status run(Start start, Deadline deadline, const char* what);
   Status blocking();
+  Status arm(int opt, Deadline deadline);  // SO_SNDTIMEO / SO_RCVTIMEO for `deadline`
   bool blocking_ = false;
+  struct Armed {
+    Deadline deadline{};
+    Clock::time_point at{};
+  };
+  Armed snd_armed_, rcv_armed_;
 };
 
 // "host:port" -> endpoint (numeric host or a name resolved once).
