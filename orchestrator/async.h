@@ -11,6 +11,7 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <exception>
@@ -124,6 +125,24 @@ inline Awaitable<void> sleep_until(asio::any_io_executor ex, ClockPort& clock, T
   Promise<bool> p(ex);
   auto timer = clock.schedule(at, [p]() mutable { p.set(true); });
   co_await p.get();
+}
+
+// Runs the coroutine that make() returns on `elsewhere` (another io_context's thread; make() is
+// called there too) and resumes the caller on its own executor with the result. The operation runs
+// to its end even if the caller stops waiting; its result is then discarded. This is the one place
+// where a value crosses threads: through a post to the caller's executor.
+template <typename T, typename Make>
+Awaitable<T> run_on(asio::any_io_executor elsewhere, Make make) {
+  asio::any_io_executor home = co_await asio::this_coro::executor;
+  Promise<T> done(home);
+  auto body = [make = std::move(make), done, home]() mutable -> Awaitable<void> {
+    auto op = make();
+    T result = co_await std::move(op);
+    asio::post(home, [done, result = std::move(result)]() mutable { done.set(std::move(result)); });
+  };
+  spawn(elsewhere, std::move(body));
+  auto result = co_await done.get();
+  co_return result;
 }
 
 // Awaits `op` but gives up at `deadline` with kTimeout. The operation is not required to support

@@ -26,6 +26,7 @@
 #include "common/config/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/io_thread.h"
 #include "common/thread_pool.h"
 #include "orchestrator/adapters/bridge_trainer.h"
 #include "orchestrator/adapters/rollout_adapters.h"
@@ -94,7 +95,13 @@ class Run {
     // Keep-alive connections for every request in flight, so none is re-opened per request.
     po.client.max_idle_per_host =
         std::max<std::size_t>(po.client.max_idle_per_host, static_cast<std::size_t>(s_.options.max_inflight));
-    rollout::HttpInferencePool pool(io_, po);
+    // Requests to the workers live on their own thread (see IoThread); the loop only orchestrates.
+    IoThread network(kNetworkThreadNice);
+    rollout::HttpInferencePool pool(network.context(), po);
+    struct StopNetworkFirst {  // before the pool and its clients are destroyed, on every path
+      IoThread& network;
+      ~StopNetworkFirst() { network.stop(); }
+    } stop_network_first{network};
     std::vector<std::unique_ptr<rollout::AdminClient>> admins;
     rollout::AdminOptions ao;
     ao.call_timeout = seconds(s_.cfg.number("inference.admin_timeout_s"));
@@ -137,9 +144,10 @@ class Run {
     // directory) over what this run planned for an embedded one.
     const auto ws = s_.plan.weight_sync;
     const auto dial = *dialect;
-    orch::adapters::RolloutInference inference(pool, std::move(admins), [ws, dial, &trainer](orch::Version v) {
-      return ws.describe(v, dial, trainer.latest_announcement());
-    });
+    orch::adapters::RolloutInference inference(
+        pool, std::move(admins),
+        [ws, dial, &trainer](orch::Version v) { return ws.describe(v, dial, trainer.latest_announcement()); }, "",
+        network.executor());
 
     orch::SteadyClock clock(io_.get_executor());
     metrics::Registry registry;
@@ -172,7 +180,7 @@ class Run {
         ARLO_INFO("arlo run: {} worker(s) healthy", s_.plan.workers.size());
       }
       if (done_) co_return;
-      pool.start();
+      asio::post(network.context(), [&pool] { pool.start(); });
       if (auto st = orchestrator.start(); !st) {
         finish_early(st.error().what());
         co_return;
@@ -197,13 +205,14 @@ class Run {
       auto summary = co_await orchestrator.wait();
       done_ = true;
       if (!summary.ok && error_.empty()) error_ = summary.error;
-      pool.stop();
+      asio::post(network.context(), [&pool] { pool.stop(); });
       (*server)->stop();
       children_.stop();
       signals.cancel();
       io_.stop();
     });
     io_.run();
+    network.stop();  // the network thread's work ends before anything it uses is destroyed
     children_.stop();
     const auto& summary = orchestrator.summary();
     if (!error_.empty()) return fail(error_);

@@ -3,10 +3,12 @@
 // trivially fast local completion server, at 256 and 4096 rollouts in flight; beside a Python
 // asyncio + httpx client issuing the same requests to the same server in the same run.
 //
-// The server runs on its own thread; the orchestrator's loop is the main thread, whose CPU time
-// (CLOCK_THREAD_CPUTIME_ID) is what "CPU per rollout" counts: scheduling, HTTP client, JSON,
-// accounting, batching. The trainer accepts at once and publishes each version, so weight
-// updates (no-op admin calls) run through the watcher as in a real run. No thresholds asserted.
+// The orchestrator is wired as `arlo run` wires it: its loop on the main thread, the worker pool
+// (rollout::HttpInferencePool behind the RolloutInference adapter) on a network thread. "CPU per
+// rollout" is the CPU time of both threads (CLOCK_THREAD_CPUTIME_ID): scheduling, HTTP client,
+// JSON, accounting, batching; "lag" is that of the orchestrator's loop. The server runs on a third
+// thread. The trainer accepts at once and publishes each version, so weight updates (admin calls
+// the server answers at once) run through the watcher as in a real run. No thresholds asserted.
 //
 //   arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--gen-ms MS] [--no-python]
 //
@@ -14,6 +16,7 @@
 // server (the default, 0) the client loop is the bottleneck by construction, so its event-loop lag
 // is the time to work through a full queue of completions; with a realistic generation time the
 // lag shows how responsive the loop stays while it holds thousands of requests.
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,8 +37,10 @@
 #include <vector>
 
 #include "common/http.h"
+#include "common/io_thread.h"
 #include "common/log.h"
 #include "orchestrator/async.h"
+#include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 
 namespace asio = boost::asio;
@@ -70,58 +75,6 @@ http::Response complete(const http::Request& req) {
   return http::Response::json(200, {{"id", "cmpl"}, {"object", "text_completion"}, {"choices", choices},
                                     {"prompt_token_ids", (*body)["prompt"]}});
 }
-
-// InferencePort over one OpenAI-compatible server (the bench's stand-in for rollout's pool).
-class HttpCompletions final : public InferencePort {
- public:
-  HttpCompletions(asio::io_context& io, std::string url, std::size_t pool)
-      : client_(io, [&] {
-          http::ClientOptions o;
-          o.max_idle_per_host = pool;
-          return o;
-        }()),
-        url_(std::move(url)) {}
-  Awaitable<Result<GenerateResult>> generate(GenerateRequest r) override {
-    nlohmann::json body = {{"model", "policy"},
-                           {"prompt", r.prompt_tokens},
-                           {"n", r.n},
-                           {"max_tokens", r.sampling.max_tokens},
-                           {"temperature", r.sampling.temperature},
-                           {"top_p", r.sampling.top_p},
-                           {"seed", r.seed},
-                           {"logprobs", 1},
-                           {"return_token_ids", true}};
-    const auto timeout = r.deadline - Clock_::now();
-    auto resp = co_await client_.post_json(url_, std::move(body), timeout);
-    if (!resp) co_return std::unexpected(resp.error());
-    if (resp->status != 200) co_return make_error(ErrorCode::kUnavailable, fmt::format("HTTP {}", resp->status));
-    auto j = resp->parse_json();
-    if (!j) co_return std::unexpected(j.error());
-    GenerateResult out;
-    out.worker = "bench";
-    try {
-      for (const auto& c : j->at("choices")) {
-        Completion comp;
-        comp.tokens = c.at("token_ids").get<std::vector<std::int32_t>>();
-        comp.logprobs = c.at("logprobs").at("token_logprobs").get<std::vector<float>>();
-        comp.finish_reason = c.at("finish_reason").get<std::string>();
-        comp.text = c.value("text", "");
-        out.completions.push_back(std::move(comp));
-      }
-    } catch (const nlohmann::json::exception& e) {
-      co_return make_error(ErrorCode::kParse, e.what());
-    }
-    co_return out;
-  }
-  std::vector<std::string> workers() const override { return {"bench"}; }
-  Awaitable<Status> pause(std::string, PauseMode, TimePoint) override { co_return ok(); }
-  Awaitable<Status> update_weights(std::string, Version, TimePoint) override { co_return ok(); }
-  Awaitable<Status> resume(std::string, TimePoint) override { co_return ok(); }
-
- private:
-  http::Client client_;
-  std::string url_;
-};
 
 class SyntheticTasks final : public TaskSource {
  public:
@@ -181,8 +134,16 @@ struct Figures {
 Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int max_tokens) {
   asio::io_context io;
   SteadyClock clock(io.get_executor());
-  HttpCompletions inference(io, fmt::format("http://127.0.0.1:{}/v1/completions", port),
-                            static_cast<std::size_t>(inflight));
+  IoThread network(kNetworkThreadNice);
+  rollout::PoolOptions po;
+  po.client.max_idle_per_host = static_cast<std::size_t>(inflight);
+  rollout::HttpInferencePool pool(network.context(), po);
+  const std::string url = fmt::format("http://127.0.0.1:{}", port);
+  pool.add_server(url);
+  std::vector<std::unique_ptr<rollout::AdminClient>> admins;
+  admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url, {}));
+  adapters::RolloutInference inference(pool, std::move(admins), {}, "policy", network.executor());
+  network.run_and_wait([&] { pool.start(); });
   SyntheticTasks tasks;
   ParityScorer scorer;
   InstantTrainer trainer(io);
@@ -200,6 +161,8 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   opt.filter_zero_variance = false;
   Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, {}}, opt);
   LagProbe probe(clock, std::chrono::milliseconds(20));
+  double network_cpu0 = 0, network_cpu1 = 0;
+  network.run_and_wait([&] { network_cpu0 = thread_cpu_seconds(); });
   const double cpu0 = thread_cpu_seconds();
   const auto t0 = Clock_::now();
   if (auto st = orch.start(); !st) {
@@ -216,6 +179,12 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   Figures f;
   f.wall_s = std::chrono::duration<double>(Clock_::now() - t0).count();
   f.cpu_s = thread_cpu_seconds() - cpu0;
+  network.run_and_wait([&] {
+    network_cpu1 = thread_cpu_seconds();
+    pool.stop();
+  });
+  network.stop();
+  f.cpu_s += network_cpu1 - network_cpu0;
   f.rollouts = static_cast<long>(orch.ledger().completed_total());
   f.errors = static_cast<long>(orch.ledger().failed_total());
   auto w = probe.take();
@@ -309,13 +278,23 @@ int main(int argc, char** argv) {
     }
     co_return complete(req);
   });
+  // What the pool's health checks and the arlo admin client call: answered at once.
+  auto accept = [](http::Request) -> asio::awaitable<http::Response> { co_return http::Response::json(200, {{"ok", true}}); };
+  server.route(http::Verb::get, "/health", accept);
+  for (const char* path : {"/pause", "/resume", "/weights/prepare", "/weights/commit"})
+    server.route(http::Verb::post, path, accept);
   auto port = server.start();
   if (!port) {
     std::fprintf(stderr, "server: %s\n", port.error().what().c_str());
     return 1;
   }
   auto guard = asio::make_work_guard(server_io);
-  std::thread server_thread([&] { server_io.run(); });
+  // The server stands in for inference workers on other machines: on this shared CPU it yields to
+  // the orchestrator's loop, as the network thread does.
+  std::thread server_thread([&] {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kNetworkThreadNice);
+    server_io.run();
+  });
 
   std::printf("arlo-bench-dispatch: whole orchestrator loop vs Python asyncio+httpx, same server, %d tokens per "
               "completion, server answers after %d ms\n", max_tokens, gen_ms);

@@ -34,8 +34,9 @@ rollout::Task to_rollout_task(const Task& t) {
 }
 
 RolloutInference::RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
-                                   DescribeUpdate describe, std::string model)
-    : pool_(pool), describe_(std::move(describe)), model_(std::move(model)) {
+                                   DescribeUpdate describe, std::string model,
+                                   std::optional<asio::any_io_executor> network)
+    : pool_(pool), describe_(std::move(describe)), model_(std::move(model)), network_(std::move(network)) {
   for (auto& a : admins) {
     const auto url = a->url();
     admins_.emplace(url, std::move(a));
@@ -54,7 +55,18 @@ Result<rollout::AdminClient*> RolloutInference::admin(const std::string& worker)
   return it->second.get();
 }
 
-Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest req) {
+Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest request) {
+  if (!network_) {
+    auto op = generate_here(std::move(request));
+    co_return co_await std::move(op);
+  }
+  auto op = run_on<Result<GenerateResult>>(*network_, [this, request = std::move(request)]() mutable {
+    return generate_here(std::move(request));
+  });
+  co_return co_await std::move(op);
+}
+
+Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateRequest req) {
   rollout::CompletionRequest cr;
   cr.model = model_;
   cr.prompt_token_ids = req.prompt_tokens;
@@ -92,26 +104,58 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest req
   co_return out;
 }
 
-Awaitable<Status> RolloutInference::pause(std::string worker, PauseMode mode, TimePoint) {
+Awaitable<Status> RolloutInference::admin_call_here(std::string worker,
+                                                   std::function<Awaitable<Status>(rollout::AdminClient&)> call) {
   auto a = admin(worker);
   if (!a) co_return std::unexpected(std::move(a).error());
-  co_return co_await (*a)->pause(to_rollout(mode));
+  auto op = call(**a);
+  co_return co_await std::move(op);
 }
 
+Awaitable<Status> RolloutInference::admin_call(std::string worker,
+                                              std::function<Awaitable<Status>(rollout::AdminClient&)> call) {
+  if (!network_) {
+    auto op = admin_call_here(std::move(worker), std::move(call));
+    co_return co_await std::move(op);
+  }
+  auto op = run_on<Status>(*network_, [this, worker = std::move(worker), call = std::move(call)]() mutable {
+    return admin_call_here(std::move(worker), std::move(call));
+  });
+  co_return co_await std::move(op);
+}
+
+Awaitable<Status> RolloutInference::pause(std::string worker, PauseMode mode, TimePoint) {
+  std::function<Awaitable<Status>(rollout::AdminClient&)> call = [mode](rollout::AdminClient& a) {
+    return a.pause(to_rollout(mode));
+  };
+  auto op = admin_call(std::move(worker), std::move(call));
+  co_return co_await std::move(op);
+}
+
+namespace {
+Awaitable<Status> prepare_then_commit(rollout::AdminClient& a, rollout::WeightUpdate update) {
+  auto prepare = a.prepare_weights(update);
+  auto prepared = co_await std::move(prepare);
+  if (!prepared) co_return prepared;
+  auto commit = a.commit_weights(update.version);
+  co_return co_await std::move(commit);
+}
+}  // namespace
+
 Awaitable<Status> RolloutInference::update_weights(std::string worker, Version version, TimePoint) {
-  auto a = admin(worker);
-  if (!a) co_return std::unexpected(std::move(a).error());
   rollout::WeightUpdate update = describe_ ? describe_(version) : rollout::WeightUpdate{};
   update.version = version;
-  auto prepared = co_await (*a)->prepare_weights(update);
-  if (!prepared) co_return prepared;
-  co_return co_await (*a)->commit_weights(version);
+  std::function<Awaitable<Status>(rollout::AdminClient&)> call = [update](rollout::AdminClient& a) {
+    return prepare_then_commit(a, update);
+  };
+  auto op = admin_call(std::move(worker), std::move(call));
+  co_return co_await std::move(op);
 }
 
 Awaitable<Status> RolloutInference::resume(std::string worker, TimePoint) {
-  auto a = admin(worker);
-  if (!a) co_return std::unexpected(std::move(a).error());
-  co_return co_await (*a)->resume();
+  std::function<Awaitable<Status>(rollout::AdminClient&)> call = [](rollout::AdminClient& a) { return a.resume(); };
+  auto op = admin_call(std::move(worker), std::move(call));
+  co_return co_await std::move(op);
 }
 
 RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize)

@@ -1,15 +1,18 @@
 #pragma once
 // Adapters from the orchestrator's ports to the rollout module: the worker pool and admin clients
 // (InferencePort), an environment's task stream (TaskSource) and the reward scorer plus advantage
-// estimator (ScorerPort). Each lives on the orchestrator's io_context and is used from its thread.
+// estimator (ScorerPort). Each is called on the orchestrator's io_context thread; RolloutInference
+// can run its HTTP work on a separate network thread (see its constructor).
 #include <boost/asio/io_context.hpp>
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "orchestrator/async.h"
 #include "orchestrator/ports.h"
 #include "rollout/admin.h"
 #include "rollout/advantages.h"
@@ -28,8 +31,13 @@ class RolloutInference final : public InferencePort {
   // What a worker needs to fetch version v (transport, manifest, dialect extras).
   using DescribeUpdate = std::function<rollout::WeightUpdate(Version)>;
   // `pool` and every admin client must outlive this adapter; workers are keyed by admin->url().
+  // With `network`, the pool and the admin clients live on that executor's thread (another
+  // io_context): every call hops there and its result comes back to the caller's loop, so request
+  // and response handling (sockets, JSON) never delays the orchestrator's loop. `describe` is
+  // always called on the caller's thread.
   RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
-                   DescribeUpdate describe, std::string model = "");
+                   DescribeUpdate describe, std::string model = "",
+                   std::optional<asio::any_io_executor> network = std::nullopt);
 
   Awaitable<Result<GenerateResult>> generate(GenerateRequest request) override;
   std::vector<std::string> workers() const override;
@@ -39,10 +47,15 @@ class RolloutInference final : public InferencePort {
 
  private:
   Result<rollout::AdminClient*> admin(const std::string& worker);
+  // The calls themselves, on the pool's thread.
+  Awaitable<Result<GenerateResult>> generate_here(GenerateRequest request);
+  Awaitable<Status> admin_call_here(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
+  Awaitable<Status> admin_call(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
   rollout::InferencePool& pool_;
   std::map<std::string, std::unique_ptr<rollout::AdminClient>> admins_;
   DescribeUpdate describe_;
   std::string model_;
+  std::optional<asio::any_io_executor> network_;
 };
 
 // An endless (or epoch-bounded) task stream. Ids are a running sequence number (the environment's
