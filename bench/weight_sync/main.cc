@@ -8,7 +8,9 @@
 // Every side is its own process (fork), weights are warm (touched) before timing, and each
 // transport moves version 1 untimed and version 2 timed (for delta: 2 = 1 with --delta-density of
 // the elements changed). Time = from the sender starting publish(2) to the last receiver holding it
-// (CLOCK_MONOTONIC is shared by the processes). Prints peak RSS per side and the receiver bound.
+// (CLOCK_MONOTONIC is shared by the processes). Prints peak RSS per side and the receiver bound,
+// the data path the receivers took, and CPU seconds per version on each side (what a path costs,
+// whatever else the machine is doing).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
