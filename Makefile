@@ -27,8 +27,9 @@ test: build
 	ctest --test-dir $(BUILD_DIR) -L 'unit|integration|e2e' --output-on-failure -j$(JOBS) --timeout 600
 
 # The main job on the built-in default: two workers, the built-in trainer, the arithmetic task.
+# Each `make run` starts over in the config's run.dir (runs/quickstart).
 run: build
-	$(BUILD_DIR)/apps/arlo/arlo run $(CONFIG)
+	$(BUILD_DIR)/apps/arlo/arlo run $(CONFIG) --overwrite
 
 bench: build
 	scripts/bench $(BUILD_DIR)

@@ -33,6 +33,10 @@ int main(int argc, char** argv) {
   run_cmd->add_option("config", run.config, "YAML config file")->required();
   run_cmd->add_option("--set", run.overrides, "Override a key: section.key=value (repeatable)");
   run_cmd->add_flag("--resume", run.resume, "Continue from the run directory's last checkpoint");
+  run_cmd->add_flag("--overwrite", run.overwrite,
+                    "Start over in a run directory that holds a previous run (removes its checkpoints, batches, "
+                    "weights and metrics)")
+      ->excludes("--resume");
 
   try {
     app.parse(argc, argv);

@@ -56,7 +56,36 @@ struct Setup {
   std::string run_dir;  // absolute
 };
 
-Result<Setup> prepare(const config::Config& cfg, bool resume) {
+// What a run leaves in its directory (and the weights directory): a new run must not mix with it.
+constexpr const char* kRunEntries[] = {"orchestrator", "checkpoints", "rollouts", "weights",
+                                       "metrics.jsonl", "trainer_metrics.jsonl", "summary.json"};
+
+// Without --resume, a directory holding a previous run is refused (its trainer checkpoint and
+// weights would silently be picked up), unless `overwrite` removes what the run left there.
+Status claim_run_dir(const fs::path& run_dir, const fs::path& weights_dir, bool overwrite, const config::Config& cfg) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const char* name : kRunEntries)
+    if (fs::exists(run_dir / name, ec)) found.push_back(run_dir / name);
+  for (fs::directory_iterator it(weights_dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().starts_with("v") && it->is_directory()) found.push_back(it->path());
+  if (found.empty()) return ok();
+  if (!overwrite)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("run.dir {} holds a previous run ({}{}; {}): pass --resume to continue it, "
+                                  "--overwrite to start over, or choose another run.dir",
+                                  run_dir.string(), found.front().string(),
+                                  found.size() > 1 ? fmt::format(" and {} more", found.size() - 1) : "",
+                                  cfg.where("run.dir")));
+  ARLO_WARN("arlo run: --overwrite: removing the previous run in {}", run_dir.string());
+  for (const auto& p : found) {
+    fs::remove_all(p, ec);
+    if (ec) return make_error(ErrorCode::kIo, fmt::format("--overwrite: removing {}: {}", p.string(), ec.message()));
+  }
+  return ok();
+}
+
+Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   Setup s{cfg, {}, {}, {}, {}};
   ARLO_ASSIGN_OR_RETURN(s.options, orch::options_from_config(cfg));
   s.options.resume = resume;
@@ -74,6 +103,7 @@ Result<Setup> prepare(const config::Config& cfg, bool resume) {
     s.options.initial_version = orch::kNoVersion;
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
+  if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.dir, overwrite, cfg));
   return s;
 }
 
@@ -281,7 +311,7 @@ int run_command(const RunArgs& args) {
     std::fprintf(stderr, "arlo run: %s\n", st.error().what().c_str());
     return kExitBadConfig;
   }
-  auto setup = prepare(cfg, args.resume);
+  auto setup = prepare(cfg, args.resume, args.overwrite);
   if (!setup) {
     std::fprintf(stderr, "arlo run: %s\n", setup.error().what().c_str());
     return kExitBadConfig;

@@ -10,6 +10,7 @@ struct RunArgs {
   std::string config;                  // path of the YAML config
   std::vector<std::string> overrides;  // "section.key=value"
   bool resume = false;                 // continue from the run directory's last checkpoint
+  bool overwrite = false;              // start over in a run directory that holds a previous run
 };
 
 // Returns the process exit status.

@@ -185,6 +185,16 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
                            "ckpt.interval=10"});
   ASSERT_FALSE(HasFailure());
   const auto checkpoint = nlohmann::json::parse(read_file(run_dir / "orchestrator" / "checkpoint.json"));
+  // A new run into the same directory without --resume (or --overwrite) is refused, not mixed in.
+  const char* src = std::getenv("ARLO_SOURCE_DIR");
+  const fs::path refused_log = run_dir.string() + ".refused.log";
+  const int refused = run_process({ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml", "--set",
+                                   "run.dir=" + run_dir.string()},
+                                  refused_log);
+  const std::string refusal = read_file(refused_log);
+  fs::remove(refused_log);
+  EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) != 0) << refusal;
+  EXPECT_NE(refusal.find("holds a previous run"), std::string::npos) << refusal;
   const std::string output = run_quickstart(
       run_dir, {"run.max_steps=30", "orchestrator.sft_warmup_steps=10", "eval.interval=0", "ckpt.interval=10"},
       {"--resume"});
