@@ -55,12 +55,18 @@ Result<rollout::AdminClient*> RolloutInference::admin(const std::string& worker)
   return it->second.get();
 }
 
-Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest request) {
+template <typename T, typename Make>
+Awaitable<T> RolloutInference::on_pool_thread(Make make) {
   if (!network_) {
-    auto op = generate_here(std::move(request));
+    auto op = make();
     co_return co_await std::move(op);
   }
-  auto op = run_on<Result<GenerateResult>>(*network_, [this, request = std::move(request)]() mutable {
+  auto op = run_on<T>(*network_, std::move(make));
+  co_return co_await std::move(op);
+}
+
+Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest request) {
+  auto op = on_pool_thread<Result<GenerateResult>>([this, request = std::move(request)]() mutable {
     return generate_here(std::move(request));
   });
   co_return co_await std::move(op);
@@ -114,11 +120,7 @@ Awaitable<Status> RolloutInference::admin_call_here(std::string worker,
 
 Awaitable<Status> RolloutInference::admin_call(std::string worker,
                                               std::function<Awaitable<Status>(rollout::AdminClient&)> call) {
-  if (!network_) {
-    auto op = admin_call_here(std::move(worker), std::move(call));
-    co_return co_await std::move(op);
-  }
-  auto op = run_on<Status>(*network_, [this, worker = std::move(worker), call = std::move(call)]() mutable {
+  auto op = on_pool_thread<Status>([this, worker = std::move(worker), call = std::move(call)]() mutable {
     return admin_call_here(std::move(worker), std::move(call));
   });
   co_return co_await std::move(op);

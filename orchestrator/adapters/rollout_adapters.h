@@ -47,6 +47,9 @@ class RolloutInference final : public InferencePort {
 
  private:
   Result<rollout::AdminClient*> admin(const std::string& worker);
+  // Runs the coroutine make() returns on the pool's thread (here when there is no network thread).
+  template <typename T, typename Make>
+  Awaitable<T> on_pool_thread(Make make);
   // The calls themselves, on the pool's thread.
   Awaitable<Result<GenerateResult>> generate_here(GenerateRequest request);
   Awaitable<Status> admin_call_here(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
