@@ -76,6 +76,7 @@ struct alignas(64) ReaderSlot {
   std::atomic<std::uint64_t> consumed;  // buckets of `session` it is done with
   std::atomic<std::uint32_t> caps;           // its answer: kCapInPlace | kCapRead
   std::atomic<std::uint64_t> ring_consumed;  // ring mode: stream bytes it has taken out of the ring
+  std::atomic<std::uint64_t> ring_data_want; // ring mode: asleep until ring_filled reaches this (0: awake)
   char name[64];
   char error[448];
 };
@@ -94,6 +95,7 @@ constexpr std::uint64_t kStreamChunk = 1u << 20;  // published granularity
 constexpr std::uint64_t kPiece = 128u << 10;       // hash-then-copy granularity (stays in L2)
 constexpr std::uint64_t kDirectPiece = 256u << 10; // direct read: one process_vm_readv, then hashed in L2
 constexpr std::uint64_t kRingBytes = 16u << 20;     // ring mode: stays in the shared L3 cache
+constexpr std::uint64_t kRingBatch = 1u << 20;      // ring mode: a sleeping side is woken per this much
 
 struct Header {
   std::uint64_t magic;
@@ -113,6 +115,7 @@ struct Header {
   std::atomic<std::uint64_t> hashed;  // ring / direct: leading buckets whose checksum is in the table
   std::atomic<std::uint64_t> ring_filled;  // ring: stream bytes the publisher has put in the ring
   std::uint64_t ring_bytes;                // ring: size (in slot 0)
+  std::atomic<std::uint64_t> ring_room_want;  // ring: publisher asleep until every receiver consumed this (0: awake)
   std::uint64_t table_offset;         // direct: segment offset of the session's DirectTable (0: none)
   std::uint64_t probe_addr;           // publisher address of a word holding kMagic (read-permission probe)
   SlotHeader slots[2];
@@ -309,9 +312,13 @@ void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) {
 }
 
 // Ring hand-over wait: spins briefly (the peer is usually a few microseconds from making room or
-// data), then waits on the doorbell like wait_for. `check` runs at most every kPoll.
+// data), then publishes `want_value` in `want` (the position at which the peer should wake it, so
+// the peer rings the doorbell once per batch instead of once per piece) and waits on the doorbell
+// like wait_for. `check` runs at most every kPoll. The peer stores its position, then reads `want`
+// (both sequentially consistent, as here), so either it sees `want` or this side sees the position.
 template <typename Done>
-Status ring_wait(Header* h, Deadline deadline, Done done, const std::function<Status()>& check, const std::string& what) {
+Status ring_wait(Header* h, Deadline deadline, Done done, std::atomic<std::uint64_t>& want, std::uint64_t want_value,
+                 const std::function<Status()>& check, const std::string& what) {
   const auto spin_until = Clock::now() + std::chrono::microseconds(30);
   do {
     if (done()) return ok();
@@ -319,15 +326,18 @@ Status ring_wait(Header* h, Deadline deadline, Done done, const std::function<St
     _mm_pause();
 #endif
   } while (Clock::now() < spin_until);
+  want.store(want_value);
   auto next_check = Clock::now();
-  return wait_for(h, deadline, done,
-                  [&]() -> Status {
-                    const auto now = Clock::now();
-                    if (now < next_check) return ok();
-                    next_check = now + kPoll;
-                    return check();
-                  },
-                  what);
+  Status st = wait_for(h, deadline, done,
+                       [&]() -> Status {
+                         const auto now = Clock::now();
+                         if (now < next_check) return ok();
+                         next_check = now + kPoll;
+                         return check();
+                       },
+                       what);
+  want.store(0);
+  return st;
 }
 
 class ShmSender final : public SenderTransport {
@@ -403,6 +413,7 @@ class ShmSender final : public SenderTransport {
     h->mode.store(kModeSlots);
     h->hashed.store(0);
     h->ring_filled.store(0);
+    h->ring_room_want.store(0);
     h->ring_bytes = std::min<std::uint64_t>(h->slot_capacity, kRingBytes);
     h->probe_addr = reinterpret_cast<std::uintptr_t>(probe_.get());
     h->table_offset = 0;
@@ -695,12 +706,13 @@ class ShmSender final : public SenderTransport {
           const std::uint64_t n = std::min<std::uint64_t>({kPiece, part.size() - off, ring_size - pos % ring_size});
           auto room = [&] {
             for (int k : active)
-              if (h->readers[k].ring_consumed.load(std::memory_order_acquire) + ring_size < pos + n &&
-                  h->readers[k].state.load() != kFailed)
+              if (h->readers[k].ring_consumed.load() + ring_size < pos + n && h->readers[k].state.load() != kFailed)
                 return false;
             return true;
           };
-          auto st_room = ring_wait(h, bd, room, [&]() -> Status { prune(i); return ok(); }, "ring room");
+          const std::uint64_t want = std::min(pos, pos + n + kRingBatch - ring_size);
+          auto st_room = ring_wait(h, bd, room, h->ring_room_want, want, [&]() -> Status { prune(i); return ok(); },
+                                   "ring room");
           if (!st_room)
             for (int k : std::vector<int>(active))
               if (h->readers[k].ring_consumed.load() + ring_size < pos + n)
@@ -715,8 +727,13 @@ class ShmSender final : public SenderTransport {
           }
           pos += n;
           off += n;
-          h->ring_filled.store(pos, std::memory_order_release);
-          futex_bump_and_wake(h->doorbell);
+          h->ring_filled.store(pos);
+          bool wake = false;
+          for (int k : active) {
+            const std::uint64_t w = h->readers[k].ring_data_want.load();
+            wake |= w != 0 && pos >= w;
+          }
+          if (wake) futex_bump_and_wake(h->doorbell);
         }
       }
       table.checksums[i] = XXH3_64bits_digest(&st);
@@ -803,6 +820,7 @@ class ShmReceiver final : public ReceiverTransport {
       if (in_place_full && state.options.shm_direct_read && can_read_publisher(h)) caps |= kCapRead;
       me.caps.store(caps);
       me.ring_consumed.store(0);
+      me.ring_data_want.store(0);
       answer(kAccepted, "");
       // Admitted, or left out (joined too late): then wait for the next session.
       st = wait_for(
@@ -884,11 +902,13 @@ class ShmReceiver final : public ReceiverTransport {
     XXH3_state_t hs;
     XXH3_64bits_reset(&hs);
     std::uint64_t total = 0;
+    std::uint64_t bucket_end = pos;
+    for (const auto& d : dst) bucket_end += d.size();
     for (const auto& d : dst) {
       for (std::size_t off = 0; off < d.size();) {
         std::uint64_t filled = 0;
-        ARLO_TRY(ring_wait(h, bd, [&] { return (filled = h->ring_filled.load(std::memory_order_acquire)) > pos; }, alive,
-                           "bucket " + std::to_string(i)));
+        ARLO_TRY(ring_wait(h, bd, [&] { return (filled = h->ring_filled.load()) > pos; }, me.ring_data_want,
+                           std::min(pos + kRingBatch, bucket_end), alive, "bucket " + std::to_string(i)));
         const std::uint64_t n = std::min<std::uint64_t>({filled - pos, d.size() - off, ring_size - pos % ring_size, kPiece});
         const std::byte* src = ring + pos % ring_size;
         XXH3_64bits_update(&hs, src, n);
@@ -896,8 +916,8 @@ class ShmReceiver final : public ReceiverTransport {
         pos += n;
         off += n;
         total += n;
-        me.ring_consumed.store(pos, std::memory_order_release);
-        futex_bump_and_wake(h->doorbell);
+        me.ring_consumed.store(pos);
+        if (const std::uint64_t w = h->ring_room_want.load(); w != 0 && pos >= w) futex_bump_and_wake(h->doorbell);
       }
     }
     ARLO_TRY(wait_for(h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
