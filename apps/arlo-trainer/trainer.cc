@@ -50,12 +50,13 @@ class PublishQueue {
     cv_.notify_all();
     thread_.join();
   }
-  // Takes a copy of the weights now; publishes later.
-  void push(std::int64_t version, const reference::Model& model, json info) {
+  // Takes a copy of the weights now; publishes later. `workers_hold_it`: announce without moving
+  // the bytes (the seeded v0, which every worker builds from the same seed).
+  void push(std::int64_t version, const reference::Model& model, json info, bool workers_hold_it = false) {
     auto copy = model.clone();
     {
       std::lock_guard lk(mu_);
-      queue_.push_back({version, std::move(copy), std::move(info)});
+      queue_.push_back({version, std::move(copy), std::move(info), workers_hold_it});
     }
     cv_.notify_all();
   }
@@ -70,6 +71,7 @@ class PublishQueue {
     std::int64_t version;
     std::shared_ptr<reference::Model> model;
     json info;
+    bool workers_hold_it = false;
   };
   void run() {
     while (true) {
@@ -102,6 +104,13 @@ class PublishQueue {
     if (options_.transport == "shm") info["shm_name"] = options_.shm_name;
     if (options_.transport == "filesystem") info["dir"] = options_.dir.string();
     const bool streaming = options_.transport != "filesystem";
+    if (streaming && item.workers_hold_it) {
+      // A streaming publisher waits for every worker, but a worker asked for the version it
+      // already serves does not connect: announce it only.
+      ARLO_INFO("v{} is the seeded initialisation the workers start from: announced, not sent", item.version);
+      announce(item.version, info);
+      return;
+    }
     if (!streaming && std::filesystem::exists(options_.dir / fmt::format("v{}", item.version) / "STABLE")) {
       ARLO_INFO("v{} is already on disk (resumed run): announcing it", item.version);
       announce(item.version, info);
@@ -228,7 +237,7 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   ARLO_ASSIGN_OR_RETURN(auto publisher, weight_sync::Publisher::create(wso));
   ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher->endpoint());
   PublishQueue publish(std::move(publisher), *client, wso, o.publish_timeout);
-  publish.push(step, *model, json::object());
+  publish.push(step, *model, json::object(), /*workers_hold_it=*/!ckpt);
 
   std::ofstream metrics_log(o.run_dir / "trainer_metrics.jsonl", std::ios::app);
   reference::LossOptions lo;

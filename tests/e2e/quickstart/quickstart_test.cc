@@ -151,6 +151,42 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
   fs::remove_all(run_dir);
 }
 
+// The in-memory weight transports end to end: the trainer pushes every version to both workers
+// (v0 is announced, not sent: the workers build the same seeded weights), the run ends with both
+// serving the last version with the same checksum, and no shared-memory segment is left behind.
+TEST(QuickstartE2E, WeightsMoveOverTcpAndSharedMemory) {
+  for (const std::string transport : {"tcp", "shm"}) {
+    SCOPED_TRACE(transport);
+    const fs::path run_dir = scratch("ws_" + transport);
+    fs::remove_all(run_dir);
+    const std::string output = run_quickstart(
+        run_dir, {"run.max_steps=15", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
+                  "weight_sync.transport=" + transport});
+    ASSERT_FALSE(HasFailure());
+    EXPECT_NE(output.find("published v15: "), std::string::npos) << output;
+    EXPECT_NE(output.find("2/2 receivers ok"), std::string::npos) << output;
+    std::string checksums[2];
+    for (int w = 0; w < 2; ++w) {
+      const std::string prefix = "[worker-" + std::to_string(w) + "]";
+      std::istringstream lines(output);
+      for (std::string line; std::getline(lines, line);)
+        if (line.starts_with(prefix) && line.find("serving weights v15 (checksum ") != std::string::npos)
+          checksums[w] = line.substr(line.find("checksum "));
+      EXPECT_FALSE(checksums[w].empty()) << prefix << " never served v15";
+    }
+    EXPECT_EQ(checksums[0], checksums[1]);
+    if (transport == "shm") {  // the trainer logs "weights: shm publisher at shm:/<segment>"
+      const std::string marker = "publisher at shm:/";
+      const auto at = output.find(marker);
+      ASSERT_NE(at, std::string::npos) << output;
+      const auto begin = at + marker.size();
+      const std::string segment = output.substr(begin, output.find_first_of(" \n", begin) - begin);
+      EXPECT_FALSE(fs::exists(fs::path("/dev/shm") / segment)) << "left behind: /dev/shm/" << segment;
+    }
+    fs::remove_all(run_dir);
+  }
+}
+
 // The quickstart's own warm-up (350 supervised steps leave about 0.3 exact answers), then 150 GRPO
 // steps. Measured on four runs of the full quickstart (different async timings, warm-ups of 300 to
 // 350 steps), the mean train reward of RL steps 131-150 was 0.16 to 0.21 above that of steps 1-20;
