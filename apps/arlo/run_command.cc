@@ -67,8 +67,10 @@ Status claim_run_dir(const fs::path& run_dir, const fs::path& weights_dir, bool 
   std::error_code ec;
   for (const char* name : kRunEntries)
     if (fs::exists(run_dir / name, ec)) found.push_back(run_dir / name);
-  for (fs::directory_iterator it(weights_dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().filename().string().starts_with("v") && it->is_directory()) found.push_back(it->path());
+  // A weights directory elsewhere (weight_sync.dir): its version directories.
+  if (weights_dir.lexically_normal() != (run_dir / "weights").lexically_normal())
+    for (fs::directory_iterator it(weights_dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename().string().starts_with("v") && it->is_directory()) found.push_back(it->path());
   if (found.empty()) return ok();
   if (!overwrite)
     return make_error(ErrorCode::kInvalidArgument,
@@ -96,8 +98,9 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
     return make_error(ErrorCode::kIo,
                       fmt::format("creating the run directory {}: {} ({})", s.run_dir, ec.message(), cfg.where("run.dir")));
   s.options.run_dir = s.run_dir;
-  // With tcp and shm the trainer's publisher waits for every worker to join each version, v0
-  // included: let the orchestrator move v0 to the workers rather than assume they hold it.
+  // With tcp and shm a version reaches the workers only through an update the orchestrator asks
+  // for: start from no version, so v0 (announced by the trainer; seeded workers already hold it)
+  // is confirmed with every worker before the first rollout.
   const auto& transport = cfg.string("weight_sync.transport");
   if (cfg.string("trainer.launch") == "embedded" && (transport == "tcp" || transport == "shm"))
     s.options.initial_version = orch::kNoVersion;
