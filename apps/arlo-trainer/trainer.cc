@@ -35,7 +35,10 @@ Status write_atomic(const std::filesystem::path& path, const std::string& text) 
   return ok();
 }
 
-// Publishes versions in order on its own thread (see trainer.h for the announce order).
+// Publishes versions in order on its own thread (see trainer.h for the announce order). When the
+// trainer outpaces publishing, a version superseded by a newer one before its turn is skipped:
+// the queue then holds at most one copy of the weights besides the one being published, and the
+// workers get the newest weights sooner. The seeded v0 and the last version are never skipped.
 class PublishQueue {
  public:
   PublishQueue(std::unique_ptr<weight_sync::Publisher> publisher, bridge::BridgeClient& client,
@@ -80,6 +83,11 @@ class PublishQueue {
         std::unique_lock lk(mu_);
         cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;
+        while (queue_.size() > 1 && !queue_.front().workers_hold_it) {
+          ARLO_DEBUG("v{} superseded by v{} before it was published: skipped", queue_.front().version,
+                     queue_.back().version);
+          queue_.pop_front();
+        }
         item = std::move(queue_.front());
         queue_.pop_front();
         busy_ = true;

@@ -5,7 +5,8 @@
 //
 // Versions (DESIGN.md section 2): v0 is published at start (or v<s> when resuming at step s);
 // after training on the batch of step s, version s is published.
-// Publishing runs on its own thread so the next step only waits for the copy of the weights:
+// Publishing runs on its own thread so the next step only waits for the copy of the weights (a
+// version superseded before its turn to publish is skipped, so copies do not pile up):
 // for streaming transports (tcp, shm) the version is announced first and then streamed (the
 // workers pull it when the orchestrator tells them to); for filesystem it is written first
 // (STABLE marker last) and then announced.
