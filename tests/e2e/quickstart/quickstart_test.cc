@@ -187,16 +187,17 @@ TEST(QuickstartE2E, WeightsMoveOverTcpAndSharedMemory) {
   }
 }
 
-// The quickstart's own warm-up (350 supervised steps leave about 0.3 exact answers), then 150 GRPO
-// steps. Measured on four runs of the full quickstart (different async timings, warm-ups of 300 to
-// 350 steps), the mean train reward of RL steps 131-150 was 0.16 to 0.21 above that of steps 1-20;
-// the test asks for 0.08.
-TEST(QuickstartE2E, GrpoRaisesTheTrainReward) {
+// The quickstart's own warm-up (350 supervised steps leave 0.305 exact answers), then 150 GRPO
+// steps. Over 14 runs here (different async timings and machine load; four of them full
+// quickstarts) the mean train reward of RL steps 131-150 was 0.10 to 0.22 above that of steps 1-20;
+// in the 8 with an eval after 150 RL steps, greedy eval pass@1 was 0.23 to 0.34 above the
+// warmed-up policy's. The test asks for about half the smallest of each: 0.05 and 0.12.
+TEST(QuickstartE2E, GrpoRaisesTheTrainRewardAndEval) {
   const fs::path run_dir = scratch("learning");
   fs::remove_all(run_dir);
   constexpr int kRlSteps = 150;
   run_quickstart(run_dir, {"run.max_steps=" + std::to_string(350 + kRlSteps), "orchestrator.sft_warmup_steps=350",
-                           "eval.interval=0"});
+                           "eval.interval=" + std::to_string(kRlSteps)});
   ASSERT_FALSE(HasFailure());
   const auto steps = rl_step_records(run_dir);
   ASSERT_EQ(steps.size(), static_cast<std::size_t>(kRlSteps));
@@ -207,7 +208,13 @@ TEST(QuickstartE2E, GrpoRaisesTheTrainReward) {
   };
   const double first = mean_reward(0, 20), last = mean_reward(kRlSteps - 20, kRlSteps);
   std::printf("train reward: RL steps 1-20 %.3f, %d-%d %.3f\n", first, kRlSteps - 19, kRlSteps, last);
-  EXPECT_GE(last, first + 0.08) << "first 20 RL steps " << first << ", last 20 " << last;
+  const auto summary = nlohmann::json::parse(read_file(run_dir / "summary.json"));
+  ASSERT_TRUE(summary.contains("eval_first") && summary.contains("eval_last")) << summary.dump(2);
+  const double eval_first = summary["eval_first"].at("eval/arithmetic/pass@1").get<double>();
+  const double eval_last = summary["eval_last"].at("eval/arithmetic/pass@1").get<double>();
+  std::printf("greedy eval pass@1: v350 %.3f, v%d %.3f\n", eval_first, 350 + kRlSteps, eval_last);
+  EXPECT_GE(eval_last, eval_first + 0.12) << summary.dump(2);
+  EXPECT_GE(last, first + 0.05) << "first 20 RL steps " << first << ", last 20 " << last;
   fs::remove_all(run_dir);
 }
 
