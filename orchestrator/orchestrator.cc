@@ -34,6 +34,7 @@ nlohmann::json RunSummary::to_json() const {
                       {"train/reward/first5", reward_first5},
                       {"train/reward/last5", reward_last5},
                       {"ledger", ledger},
+                      {"workers", workers},
                       {"run_dir", run_dir}};
   auto ev = [](const EvalReport& r) {
     nlohmann::json e = {{"step", r.step}};
@@ -158,7 +159,19 @@ Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
     if (!synced) ARLO_WARN("final version v{} was not synced within the final_sync_timeout", opt_.max_steps);
     co_await eval_sink_->wait_done();
   }
+  co_await read_worker_weights();
   finish();
+}
+
+Awaitable<void> Orchestrator::read_worker_weights() {
+  for (const auto& worker : ports_.inference->workers()) {
+    const auto deadline = ports_.clock->now() + opt_.admin_timeout;
+    auto query = ports_.inference->weights(worker, deadline);
+    auto w = co_await with_deadline<WorkerWeights>(io_.get_executor(), *ports_.clock, deadline, std::move(query),
+                                                   "reading a worker's weights");
+    summary_.workers[worker] = w ? nlohmann::json{{"version", w->version}, {"checksum", w->checksum}}
+                                 : nlohmann::json{{"error", w.error().what()}};
+  }
 }
 
 void Orchestrator::request_stop(const std::string& reason) {

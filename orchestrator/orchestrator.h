@@ -56,6 +56,8 @@ struct RunSummary {
   std::optional<EvalReport> eval_first;
   std::optional<EvalReport> eval_last;
   nlohmann::json ledger;
+  // What each worker served at the end (GET /weights): {"<worker>": {"version", "checksum"} or {"error"}}.
+  nlohmann::json workers = nlohmann::json::object();
   std::string run_dir;
   nlohmann::json to_json() const;
 };
@@ -86,6 +88,7 @@ class Orchestrator {
 
  private:
   Awaitable<void> main_loop(std::int64_t start_step);
+  Awaitable<void> read_worker_weights();
   void on_step(const StepReport& r);
   void on_synced(const SyncReport& r);
   void on_eval(const EvalReport& r);

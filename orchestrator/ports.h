@@ -37,6 +37,8 @@ class InferencePort {
   // Makes `worker` fetch and apply `version` (prepare + commit in the arlo dialect).
   virtual Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) = 0;
   virtual Awaitable<Status> resume(std::string worker, TimePoint deadline) = 0;
+  // What `worker` serves now (read at the end of a run for summary.json).
+  virtual Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint deadline) = 0;
 };
 
 // Training tasks: an endless, seeded stream with a cursor that can be saved and restored, so a

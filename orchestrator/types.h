@@ -27,6 +27,13 @@ struct VersionSpan {
   std::int64_t first_token = 0;
 };
 
+// The weights a worker reports it serves (GET /weights): the version it committed last and the
+// checksum of its parameters ("" when the server does not report one).
+struct WorkerWeights {
+  Version version = kNoVersion;
+  std::string checksum;
+};
+
 // One task from an environment. `prompt_tokens` may be empty when the inference server tokenizes
 // `prompt`; `answer_tokens` is needed only for the supervised warm-up (ce_weights).
 struct Task {

@@ -160,6 +160,22 @@ Awaitable<Status> RolloutInference::resume(std::string worker, TimePoint) {
   co_return co_await std::move(op);
 }
 
+Awaitable<Result<WorkerWeights>> RolloutInference::weights(std::string worker, TimePoint) {
+  auto op = on_pool_thread<Result<WorkerWeights>>([this, worker = std::move(worker)]() mutable {
+    return weights_here(std::move(worker));
+  });
+  co_return co_await std::move(op);
+}
+
+Awaitable<Result<WorkerWeights>> RolloutInference::weights_here(std::string worker) {
+  auto a = admin(worker);
+  if (!a) co_return std::unexpected(std::move(a).error());
+  auto query = (*a)->weights();
+  auto info = co_await std::move(query);
+  if (!info) co_return std::unexpected(std::move(info).error());
+  co_return WorkerWeights{info->version.value_or(kNoVersion), info->checksum};
+}
+
 RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize)
     : stream_(std::move(stream)), tokenize_(std::move(tokenize)) {}
 

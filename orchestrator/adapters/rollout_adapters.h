@@ -44,6 +44,7 @@ class RolloutInference final : public InferencePort {
   Awaitable<Status> pause(std::string worker, PauseMode mode, TimePoint deadline) override;
   Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) override;
   Awaitable<Status> resume(std::string worker, TimePoint deadline) override;
+  Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint deadline) override;
 
  private:
   Result<rollout::AdminClient*> admin(const std::string& worker);
@@ -52,6 +53,7 @@ class RolloutInference final : public InferencePort {
   Awaitable<T> on_pool_thread(Make make);
   // The calls themselves, on the pool's thread.
   Awaitable<Result<GenerateResult>> generate_here(GenerateRequest request);
+  Awaitable<Result<WorkerWeights>> weights_here(std::string worker);
   Awaitable<Status> admin_call_here(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
   Awaitable<Status> admin_call(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
   rollout::InferencePool& pool_;

@@ -16,9 +16,12 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/config/config.h"
 
 namespace {
 
@@ -31,8 +34,9 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
-// Runs argv with stdout and stderr into `log`; returns the wait status. The child dies with the test.
-int run_process(const std::vector<std::string>& args, const fs::path& log) {
+// Runs argv with stdout and stderr into `log`; returns the wait status (and the child's pid in
+// `child`). The child dies with the test.
+int run_process(const std::vector<std::string>& args, const fs::path& log, pid_t* child = nullptr) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -46,6 +50,7 @@ int run_process(const std::vector<std::string>& args, const fs::path& log) {
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
+  if (child) *child = pid;
   int status = 0;
   ::waitpid(pid, &status, 0);
   return status;
@@ -61,24 +66,54 @@ fs::path scratch(const std::string& name) {
   return fs::temp_directory_path() / ("arlo_quickstart_e2e_" + name + "_" + std::to_string(::getpid()));
 }
 
+// Extra --set overrides for every run, from ARLO_E2E_SET ("key=value;key=value"), for measuring the
+// tests under other settings by hand (e.g. ARLO_E2E_SET=trainer.lr=0 shows the learning test fail).
+std::vector<std::string> extra_sets() {
+  std::vector<std::string> out;
+  const char* env = std::getenv("ARLO_E2E_SET");
+  std::stringstream ss(env ? env : "");
+  for (std::string item; std::getline(ss, item, ';');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
 // `arlo run configs/quickstart.yaml` into run_dir with the given --set overrides (and extra flags);
-// returns its whole output, failing the test when it does not exit 0.
-std::string run_quickstart(const fs::path& run_dir, const std::vector<std::string>& sets,
-                           const std::vector<std::string>& flags = {}) {
+// returns its summary.json, failing the test when it does not exit 0 (the output's tail is shown then).
+nlohmann::json run_quickstart(const fs::path& run_dir, const std::vector<std::string>& sets,
+                              const std::vector<std::string>& flags = {}, pid_t* child = nullptr) {
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   EXPECT_NE(src, nullptr);
   if (src == nullptr) return {};
   std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml",
                                    "--set", "run.dir=" + run_dir.string(), "--set", "log.progress=false"};
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  for (const auto& s : extra_sets()) args.insert(args.end(), {"--set", s});
   args.insert(args.end(), flags.begin(), flags.end());
   const fs::path log = run_dir.string() + ".log";
-  const int status = run_process(args, log);
-  std::string output = read_file(log);
+  const int status = run_process(args, log, child);
+  const std::string output = read_file(log);
   fs::remove(log);
   const std::string tail = output.size() > 6000 ? output.substr(output.size() - 6000) : output;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "arlo run failed (status " << status << "):\n" << tail;
-  return output;
+  const std::string summary = read_file(run_dir / "summary.json");
+  EXPECT_FALSE(summary.empty()) << "no summary.json in " << run_dir << "; output:\n" << tail;
+  return summary.empty() ? nlohmann::json::object() : nlohmann::json::parse(summary);
+}
+
+// Both workers ended on `version` with the same, reported checksum (summary.json "workers", read
+// from each worker's GET /weights at the end of the run).
+void expect_workers_serve(const nlohmann::json& summary, std::int64_t version) {
+  ASSERT_TRUE(summary.contains("workers")) << summary.dump(2);
+  const auto& workers = summary.at("workers");
+  ASSERT_EQ(workers.size(), 2u) << workers.dump(2);
+  std::string checksum;
+  for (const auto& [name, w] : workers.items()) {
+    ASSERT_FALSE(w.contains("error")) << name << ": " << w.dump();
+    EXPECT_EQ(w.at("version").get<std::int64_t>(), version) << name;
+    EXPECT_FALSE(w.at("checksum").get<std::string>().empty()) << name;
+    if (checksum.empty()) checksum = w.at("checksum").get<std::string>();
+    EXPECT_EQ(w.at("checksum").get<std::string>(), checksum) << "the workers hold different weights: " << workers.dump(2);
+  }
 }
 
 // The per-step records of metrics.jsonl that have a train reward (RL steps), in file order.
@@ -94,19 +129,22 @@ std::vector<nlohmann::json> rl_step_records(const fs::path& run_dir) {
 
 constexpr int kWarmup = 10;
 constexpr int kSteps = 25;
+// configs/quickstart.yaml's orchestrator.sft_warmup_steps (the learning test keeps the quickstart's warm-up).
+std::int64_t quickstart_warmup() {
+  const char* src = std::getenv("ARLO_SOURCE_DIR");
+  if (src == nullptr) return 0;
+  auto cfg = arlo::config::load_file(std::string(src) + "/configs/quickstart.yaml", {.overrides = extra_sets()});
+  return cfg ? cfg->integer("orchestrator.sft_warmup_steps") : 0;
+}
 
 TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
   const fs::path run_dir = scratch("accounting");
   fs::remove_all(run_dir);
-  const std::string output =
+  const auto summary =
       run_quickstart(run_dir, {"run.max_steps=" + std::to_string(kSteps),
                                "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup), "eval.interval=100",
                                "ckpt.interval=10"});
   ASSERT_FALSE(HasFailure());
-  EXPECT_NE(output.find("[worker-0]"), std::string::npos) << "worker output is forwarded with its prefix";
-  EXPECT_NE(output.find("[trainer]"), std::string::npos);
-
-  const auto summary = nlohmann::json::parse(read_file(run_dir / "summary.json"));
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
   EXPECT_EQ(summary.at("steps").get<int>(), kSteps);
   const auto& ledger = summary.at("ledger");
@@ -148,6 +186,8 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
   EXPECT_TRUE(fs::exists(run_dir / "orchestrator" / "checkpoint.json"));
   // The eval at the start of RL and at the end were both reported.
   EXPECT_TRUE(summary.contains("eval_first") && summary.contains("eval_last")) << summary.dump(2);
+  // The run waited for the last version to reach both workers (filesystem transport).
+  expect_workers_serve(summary, kSteps);
   fs::remove_all(run_dir);
 }
 
@@ -159,46 +199,57 @@ TEST(QuickstartE2E, WeightsMoveOverTcpAndSharedMemory) {
     SCOPED_TRACE(transport);
     const fs::path run_dir = scratch("ws_" + transport);
     fs::remove_all(run_dir);
-    const std::string output = run_quickstart(
-        run_dir, {"run.max_steps=15", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
-                  "weight_sync.transport=" + transport});
+    pid_t arlo_pid = 0;
+    const auto summary = run_quickstart(run_dir,
+                                        {"run.max_steps=15", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
+                                         "weight_sync.transport=" + transport},
+                                        {}, &arlo_pid);
     ASSERT_FALSE(HasFailure());
-    EXPECT_NE(output.find("published v15: "), std::string::npos) << output;
-    EXPECT_NE(output.find("2/2 receivers ok"), std::string::npos) << output;
-    std::string checksums[2];
-    for (int w = 0; w < 2; ++w) {
-      const std::string prefix = "[worker-" + std::to_string(w) + "]";
-      std::istringstream lines(output);
-      for (std::string line; std::getline(lines, line);)
-        if (line.starts_with(prefix) && line.find("serving weights v15 (checksum ") != std::string::npos)
-          checksums[w] = line.substr(line.find("checksum "));
-      EXPECT_FALSE(checksums[w].empty()) << prefix << " never served v15";
-    }
-    EXPECT_EQ(checksums[0], checksums[1]);
-    if (transport == "shm") {  // the trainer logs "weights: shm publisher at shm:/<segment>"
-      const std::string marker = "publisher at shm:/";
-      const auto at = output.find(marker);
-      ASSERT_NE(at, std::string::npos) << output;
-      const auto begin = at + marker.size();
-      const std::string segment = output.substr(begin, output.find_first_of(" \n", begin) - begin);
-      EXPECT_FALSE(fs::exists(fs::path("/dev/shm") / segment)) << "left behind: /dev/shm/" << segment;
-    }
+    EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
+    expect_workers_serve(summary, 15);
+    // arlo names the run's segment after its own pid (apps/arlo/run_launch.cc): /arlo-ws-arlo-weights-<pid>.
+    const fs::path segment = fs::path("/dev/shm") / ("arlo-ws-arlo-weights-" + std::to_string(arlo_pid));
+    EXPECT_FALSE(fs::exists(segment)) << "left behind: " << segment;
     fs::remove_all(run_dir);
   }
 }
 
-// The quickstart's own warm-up (350 supervised steps leave 0.305 exact answers), then 150 GRPO
-// steps. Over 14 runs here (different async timings and machine load; four of them full
-// quickstarts) the mean train reward of RL steps 131-150 was 0.10 to 0.22 above that of steps 1-20;
-// in the 8 with an eval after 150 RL steps, greedy eval pass@1 was 0.23 to 0.34 above the
-// warmed-up policy's. The test asks for about half the smallest of each: 0.05 and 0.12.
+// The greedy eval pass@1 records of metrics.jsonl, in file order: (version, pass@1).
+std::vector<std::pair<std::int64_t, double>> eval_records(const fs::path& run_dir) {
+  std::vector<std::pair<std::int64_t, double>> out;
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("eval/arithmetic/pass@1"))
+      out.emplace_back(j.at("step").get<std::int64_t>(), j.at("eval/arithmetic/pass@1").get<double>());
+  }
+  return out;
+}
+
+// The quickstart as configured (its own warm-up, learning rates and async level 1 with two
+// workers, so the async interleaving is part of what is tested), cut to kRlSteps GRPO steps, with
+// a greedy eval every 50 steps. Learning is measured against the policy RL starts from, so the test
+// holds wherever the warm-up lands (it moves between CPU models: float results of the BLAS kernels
+// differ), and on means, so no single noisy eval decides it:
+//   eval gain  = mean pass@1 of the last three evals - pass@1 of the warmed-up policy
+//   train gain = mean train reward of the last 20 RL steps - that of the first 20.
+// Measured gains (runs of this test, also with the warm-up moved to land from 0.3 to 0.6, and with
+// another CPU-heavy job on the machine): see kMinEvalGain and kMinTrainGain. The asserted gains are
+// at most half the smallest measured ones; with learning disabled (trainer.lr=0) both gains are 0.
+constexpr int kRlSteps = 300;
+constexpr double kMinEvalGain = 0.12;
+constexpr double kMinTrainGain = 0.10;
+
 TEST(QuickstartE2E, GrpoRaisesTheTrainRewardAndEval) {
   const fs::path run_dir = scratch("learning");
   fs::remove_all(run_dir);
-  constexpr int kRlSteps = 150;
-  run_quickstart(run_dir, {"run.max_steps=" + std::to_string(350 + kRlSteps), "orchestrator.sft_warmup_steps=350",
-                           "eval.interval=" + std::to_string(kRlSteps)});
+  const std::int64_t warmup = quickstart_warmup();
+  ASSERT_GT(warmup, 0) << "configs/quickstart.yaml has a supervised warm-up";
+  const auto summary = run_quickstart(
+      run_dir, {"run.max_steps=" + std::to_string(warmup + kRlSteps), "eval.interval=50"});
   ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
+
   const auto steps = rl_step_records(run_dir);
   ASSERT_EQ(steps.size(), static_cast<std::size_t>(kRlSteps));
   auto mean_reward = [&](std::size_t from, std::size_t to) {
@@ -206,15 +257,22 @@ TEST(QuickstartE2E, GrpoRaisesTheTrainRewardAndEval) {
     for (std::size_t i = from; i < to; ++i) sum += steps[i].at("train/reward/mean").get<double>();
     return sum / static_cast<double>(to - from);
   };
-  const double first = mean_reward(0, 20), last = mean_reward(kRlSteps - 20, kRlSteps);
-  std::printf("train reward: RL steps 1-20 %.3f, %d-%d %.3f\n", first, kRlSteps - 19, kRlSteps, last);
-  const auto summary = nlohmann::json::parse(read_file(run_dir / "summary.json"));
-  ASSERT_TRUE(summary.contains("eval_first") && summary.contains("eval_last")) << summary.dump(2);
-  const double eval_first = summary["eval_first"].at("eval/arithmetic/pass@1").get<double>();
-  const double eval_last = summary["eval_last"].at("eval/arithmetic/pass@1").get<double>();
-  std::printf("greedy eval pass@1: v350 %.3f, v%d %.3f\n", eval_first, 350 + kRlSteps, eval_last);
-  EXPECT_GE(eval_last, eval_first + 0.12) << summary.dump(2);
-  EXPECT_GE(last, first + 0.05) << "first 20 RL steps " << first << ", last 20 " << last;
+  const double train_first = mean_reward(0, 20), train_last = mean_reward(kRlSteps - 20, kRlSteps);
+
+  const auto evals = eval_records(run_dir);
+  ASSERT_GE(evals.size(), 4u) << "an eval of the warmed-up policy and at least three during RL";
+  ASSERT_EQ(evals.front().first, warmup) << "the first eval is of the policy RL starts from";
+  ASSERT_EQ(evals.back().first, warmup + kRlSteps) << "the last eval is of the final policy";
+  const double eval_start = evals.front().second;
+  const double eval_end = (evals[evals.size() - 1].second + evals[evals.size() - 2].second + evals[evals.size() - 3].second) / 3;
+
+  std::printf("learning: eval pass@1 v%lld %.3f -> mean of last 3 evals %.3f (gain %+.3f, asserted %+.3f); "
+              "train reward first 20 RL steps %.3f -> last 20 %.3f (gain %+.3f, asserted %+.3f)\n",
+              static_cast<long long>(evals.front().first), eval_start, eval_end, eval_end - eval_start, kMinEvalGain,
+              train_first, train_last, train_last - train_first, kMinTrainGain);
+  EXPECT_GE(eval_end - eval_start, kMinEvalGain) << "greedy eval pass@1: v" << evals.front().first << " " << eval_start
+                                                 << ", mean of the last three evals " << eval_end;
+  EXPECT_GE(train_last - train_first, kMinTrainGain) << "first 20 RL steps " << train_first << ", last 20 " << train_last;
   fs::remove_all(run_dir);
 }
 
@@ -228,7 +286,9 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
                            "ckpt.interval=10"});
   ASSERT_FALSE(HasFailure());
   const auto checkpoint = nlohmann::json::parse(read_file(run_dir / "orchestrator" / "checkpoint.json"));
-  // A new run into the same directory without --resume (or --overwrite) is refused, not mixed in.
+  const std::string metrics_before = read_file(run_dir / "metrics.jsonl");
+  // A new run into the same directory without --resume (or --overwrite) is refused as a usage error
+  // (exit 2), and the previous run's files are left as they were.
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   const fs::path refused_log = run_dir.string() + ".refused.log";
   const int refused = run_process({ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml", "--set",
@@ -236,18 +296,17 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
                                   refused_log);
   const std::string refusal = read_file(refused_log);
   fs::remove(refused_log);
-  EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) != 0) << refusal;
-  EXPECT_NE(refusal.find("holds a previous run"), std::string::npos) << refusal;
-  const std::string output = run_quickstart(
+  EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) == 2) << "status " << refused << ":\n" << refusal;
+  EXPECT_EQ(read_file(run_dir / "metrics.jsonl"), metrics_before) << "a refused run changed the previous run";
+  EXPECT_TRUE(fs::exists(run_dir / "orchestrator" / "checkpoint.json"));
+  const auto summary = run_quickstart(
       run_dir, {"run.max_steps=30", "orchestrator.sft_warmup_steps=10", "eval.interval=0", "ckpt.interval=10"},
       {"--resume"});
   ASSERT_FALSE(HasFailure());
-  EXPECT_NE(output.find("resume: continuing after step 20"), std::string::npos) << output;
 
   const auto steps = rl_step_records(run_dir);
   ASSERT_EQ(steps.size(), 20u) << "10 RL steps per run";
   for (std::size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i].at("step").get<int>(), static_cast<int>(11 + i));
-  const auto summary = nlohmann::json::parse(read_file(run_dir / "summary.json"));
   EXPECT_EQ(summary.at("steps").get<int>(), 30);
 
   // The trainer resumed from step 20: its step 21 was trained from the weights the workers used.

@@ -111,6 +111,9 @@ class FakeInference final : public InferencePort {
     log.push_back(fmt::format("resume {}", worker));
     co_return ok();
   }
+  Awaitable<Result<WorkerWeights>> weights(std::string, TimePoint) override {
+    co_return WorkerWeights{version_, fmt::format("fake-{}", version_)};
+  }
 
   std::function<Completion(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
     Completion c;

@@ -378,6 +378,12 @@ TEST(Drain, StopsAtMaxStepsWithFinalEval) {
   EXPECT_DOUBLE_EQ(e.avg, 0.5);            // samples alternate 0, 1
   EXPECT_DOUBLE_EQ(e.pass_at.at(1), 0.5);  // c=2 of n=4
   EXPECT_DOUBLE_EQ(e.pass_at.at(4), 1.0);
+  // The summary records what each worker served at the end (its GET /weights).
+  ASSERT_EQ(s.workers.size(), 2u) << s.workers.dump();
+  for (const char* w : {"w0", "w1"}) {
+    EXPECT_EQ(s.workers.at(w).at("version").get<std::int64_t>(), 3) << s.workers.dump();
+    EXPECT_EQ(s.workers.at(w).at("checksum").get<std::string>(), "fake-3") << s.workers.dump();
+  }
   // Eval requests used eval sampling and n = eval_samples.
   int eval_requests = 0;
   for (const auto& r : h.inf.requests())
