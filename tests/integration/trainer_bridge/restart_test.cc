@@ -93,6 +93,7 @@ class Restart : public ::testing::TestWithParam<std::string> {
     o.run_dir = run_dir_;
     o.port = port;
     o.max_pending_batches = 4;
+    o.heartbeat_timeout = 60s;  // a dead trainer closes its socket; slowness must never drop it
     on_loop([&] {
       server_ = std::move(*BridgeServer::create(io_, o));
       server_->on_ack([this](std::int64_t step) {
@@ -115,7 +116,7 @@ class Restart : public ::testing::TestWithParam<std::string> {
   Status send(std::int64_t step) { return asio::co_spawn(io_, server_->send(make_step(step)), asio::use_future).get(); }
   std::string config() const {
     return GetParam() == "dir" ? R"({"transport":"dir","run_dir":")" + run_dir_.string() + "\"}"
-                               : R"({"transport":"socket","port":)" + std::to_string(port_) + R"(,"heartbeat_interval_ms":100})";
+                               : R"({"transport":"socket","port":)" + std::to_string(port_) + R"(,"heartbeat_interval_ms":100,"heartbeat_timeout_ms":60000})";
   }
   bool wait_acked(std::int64_t step) {
     std::unique_lock lock(mu_);

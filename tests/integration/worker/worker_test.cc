@@ -217,10 +217,11 @@ TEST(WorkerAdmin, PauseQueuesRequestsUntilResume) {
   });
   // Wait (on the worker's own report, not a sleep) until the request is queued behind the pause.
   bool queued = false;
-  for (int i = 0; i < 2000 && !queued; ++i) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!queued && std::chrono::steady_clock::now() < until) {
     auto m = call(http::Verb::get, w.url("/metrics"));
     queued = m && m->body.find("arlo_worker_engine_queued 1") != std::string::npos;
-    if (!queued) std::this_thread::yield();
+    if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   ASSERT_TRUE(queued);
   w.post("/resume", json::object());
@@ -254,7 +255,7 @@ json update_worker(const Worker& w, const Update& u, reference::Model& model, st
   json prepare = {{"version", version}, {"transport", u.transport}};
   if (u.transport == "tcp") prepare["address"] = (*pub)->endpoint();
   if (u.transport == "shm") prepare["shm_name"] = u.shm_name;
-  if (u.transport == "filesystem") prepare["dir"] = u.dir.string(), prepare["timeout_ms"] = 3000;
+  if (u.transport == "filesystem") prepare["dir"] = u.dir.string(), prepare["timeout_ms"] = 60000;
   if (u.transport == "filesystem") {
     auto rep = (*pub)->publish(static_cast<weight_sync::Version>(version), source, weight_sync::deadline_in(std::chrono::seconds(30)));
     EXPECT_TRUE(rep) << (rep ? "" : rep.error().what());

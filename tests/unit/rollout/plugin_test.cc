@@ -4,10 +4,12 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cmath>
 #include <thread>
 
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 
 #include "rollout/reward_plugin_loader.h"
 #include "rollout/reward_scorer.h"
@@ -153,7 +155,21 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   // Hold our own reference so the hooks stay callable after arlo closes its handle.
   void* keep = dlopen(ARLO_TEST_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_TRUE(keep);
+  auto hung = hook<int (*)()>("arlo_test_plugin_hung");
+  ASSERT_TRUE(hung);
   boost::asio::io_context io;
+  // The 300 ms timeout runs on the loop from the moment a call is queued. On a starved machine a
+  // worker thread may not even have started the call by then, and a call that times out while
+  // queued is dropped, not hung. So, just before scoring, post a handler that holds the loop until
+  // `n` calls are inside the plugin (bounded, in case they never get there): the timeout can then
+  // only fire on calls that really hang. score_group queues its calls before it first suspends, so
+  // this handler runs after that and before any timer handler.
+  auto hold_loop_until_hung = [&](int n) {
+    boost::asio::post(io, [hung, n] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (hung() < n && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  };
   int ticks = 0;  // proves the loop kept running while the plugin hung
   auto g = group({"68", "68"});
   Status result = ok();
@@ -170,16 +186,19 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
           co_await test::sleep_for(std::chrono::milliseconds(10));
         }
       }, boost::asio::detached);
+      hold_loop_until_hung(2);
       result = co_await scorer.score_group(task(), g);
       st = scorer.stats();
     }());
     // The group ends on the timeout: the plugin is still stuck.
-    auto hung = hook<int (*)()>("arlo_test_plugin_hung");
-    ASSERT_TRUE(hung);
     EXPECT_EQ(hung(), 2);
     // A second group still gets service: stuck threads were replaced.
     auto g2 = group({"68"});
-    run(io, [&]() -> boost::asio::awaitable<void> { co_await scorer.score_group(task(), g2); }());
+    run(io, [&]() -> boost::asio::awaitable<void> {
+      hold_loop_until_hung(3);
+      co_await scorer.score_group(task(), g2);
+    }());
+    EXPECT_EQ(hung(), 3);
     EXPECT_EQ(g2[0].reward, 0.25);
     abandoned = scorer.stats().timeouts;
   }  // scorer destroyed while three calls still hang: must return, not join
@@ -196,7 +215,8 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   const auto before = destroyed();
   EXPECT_EQ(returned(), 0);
   hook<void (*)()>("arlo_test_plugin_release")();
-  for (int i = 0; i < 2000 && (returned() < 3 || destroyed() == before); ++i)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((returned() < 3 || destroyed() == before) && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(returned(), 3);
   EXPECT_EQ(destroyed(), before + 1);  // the hung instance is destroyed only after its last call returned

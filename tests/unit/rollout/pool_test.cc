@@ -22,7 +22,10 @@ namespace asio = boost::asio;
 PoolOptions fast_options() {
   PoolOptions o;
   o.health_interval = std::chrono::milliseconds(50);
-  o.health_timeout = std::chrono::milliseconds(500);
+  // A probe of a healthy server must never time out, even on a starved machine: a timed-out probe
+  // counts as a failure and can open a good server's circuit. No test here needs a probe to expire
+  // (a dead server refuses the connection at once).
+  o.health_timeout = std::chrono::seconds(20);
   o.failure_threshold = 2;
   o.open_backoff_initial = std::chrono::milliseconds(20);
   o.open_backoff_max = std::chrono::milliseconds(200);
@@ -157,7 +160,7 @@ TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
     }
     EXPECT_EQ(a.received, 1);
     a.fail_with_status = 0;
-    a.hold = true;
+    a.hold = true;  // parked until the server closes: the 300 ms deadline must expire
     r = co_await pool.submit(request("y"), std::chrono::milliseconds(300));
     EXPECT_FALSE(r);
     if (!r) {

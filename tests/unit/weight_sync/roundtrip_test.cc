@@ -50,7 +50,7 @@ class Channel {
     base_.bucket_bytes = testing::kTestBucket;
     base_.apply_mode = mode;
     base_.bucket_timeout = 10s;
-    base_.reconnect_window = 3s;
+    base_.reconnect_window = 20s;  // only waited for when a link fails; the receiver reconnects at once
     base_.shm_name = unique("rt");
     dir_ = std::filesystem::temp_directory_path() / unique("arlo-ws-rt");
     base_.dir = dir_;
