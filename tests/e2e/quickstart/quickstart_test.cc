@@ -233,12 +233,15 @@ std::vector<std::pair<std::int64_t, double>> eval_records(const fs::path& run_di
 // differ), and on means, so no single noisy eval decides it:
 //   eval gain  = mean pass@1 of the last three evals - pass@1 of the warmed-up policy
 //   train gain = mean train reward of the last 20 RL steps - that of the first 20.
-// Measured gains (runs of this test, also with the warm-up moved to land from 0.3 to 0.6, and with
-// another CPU-heavy job on the machine): see kMinEvalGain and kMinTrainGain. The asserted gains are
-// at most half the smallest measured ones; with learning disabled (trainer.lr=0) both gains are 0.
-constexpr int kRlSteps = 300;
-constexpr double kMinEvalGain = 0.12;
-constexpr double kMinTrainGain = 0.10;
+// Measured over 20 runs of this test (load average 2.5-5.1 from other jobs), with the warm-up cut
+// to land at different points as other CPUs do (orchestrator.sft_warmup_steps 260/270/285/300 put
+// the start at 0.32/0.44/0.40/0.51, 3/6/8/3 runs): eval gain +0.216 to +0.440, train gain +0.273
+// to +0.414. The test asks for at most half the smallest of each: +0.10 and +0.12. With learning
+// disabled (ARLO_E2E_SET=trainer.lr=0) the eval gain is exactly 0 and the train gain about 0.
+// (A shorter RL phase gained too little: at 300 RL steps the 0.44 start gained only +0.065.)
+constexpr int kRlSteps = 500;
+constexpr double kMinEvalGain = 0.10;
+constexpr double kMinTrainGain = 0.12;
 
 TEST(QuickstartE2E, GrpoRaisesTheTrainRewardAndEval) {
   const fs::path run_dir = scratch("learning");
