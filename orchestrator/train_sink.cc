@@ -30,39 +30,6 @@ std::vector<std::int32_t> per_token_versions(const Completion& c, Version fallba
 }
 }  // namespace
 
-std::vector<double> compute_advantages(AdvantageKind kind, const std::vector<double>& r) {
-  const auto n = r.size();
-  std::vector<double> a(n, 0.0);
-  if (n == 0) return a;
-  double sum = 0;
-  for (double x : r) sum += x;
-  const double mean = sum / static_cast<double>(n);
-  switch (kind) {
-    case AdvantageKind::kGrpo: {
-      double var = 0;
-      for (double x : r) var += (x - mean) * (x - mean);
-      const double sd = n > 1 ? std::sqrt(var / static_cast<double>(n - 1)) : 0.0;
-      for (std::size_t i = 0; i < n; ++i) a[i] = (r[i] - mean) / (sd + 1e-6);
-      break;
-    }
-    case AdvantageKind::kDrGrpo:
-      for (std::size_t i = 0; i < n; ++i) a[i] = r[i] - mean;
-      break;
-    case AdvantageKind::kRloo:
-      if (n > 1)
-        for (std::size_t i = 0; i < n; ++i) a[i] = r[i] - (sum - r[i]) / static_cast<double>(n - 1);
-      break;
-  }
-  return a;
-}
-
-std::optional<AdvantageKind> parse_advantage(std::string_view s) {
-  if (s == "grpo") return AdvantageKind::kGrpo;
-  if (s == "dr_grpo") return AdvantageKind::kDrGrpo;
-  if (s == "rloo") return AdvantageKind::kRloo;
-  return std::nullopt;
-}
-
 TrainSink::TrainSink(asio::any_io_executor ex, ClockPort& clock, ScorerPort& scorer, TrainerPort& trainer,
                      TaskSource& tasks, Ledger& ledger, const Options& options, TrainSinkHooks hooks)
     : ex_(ex),

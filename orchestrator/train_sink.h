@@ -94,9 +94,5 @@ class TrainSink {
   bool stopped_ = false;
 };
 
-// GRPO: (r - mean) / (std + eps); DR-GRPO: r - mean; RLOO: r - mean of the others.
-enum class AdvantageKind { kGrpo, kDrGrpo, kRloo };
-std::vector<double> compute_advantages(AdvantageKind kind, const std::vector<double>& rewards);
-std::optional<AdvantageKind> parse_advantage(std::string_view s);
 
 }  // namespace arlo::orch

@@ -42,6 +42,7 @@
 #include "orchestrator/async.h"
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
+#include "rollout/advantages.h"
 
 namespace asio = boost::asio;
 using namespace arlo;
@@ -101,7 +102,9 @@ class ParityScorer final : public ScorerPort {
                                        std::shared_ptr<const std::vector<Completion>> cs) override {
     ScoredGroup g;
     for (const auto& c : *cs) g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
-    g.advantages = compute_advantages(AdvantageKind::kGrpo, g.rewards);
+    std::vector<rollout::SampleInput> in;
+    for (double r : g.rewards) in.push_back({.reward = r});
+    g.advantages = rollout::compute_advantages(in, {.drop_equal_reward_groups = false}).advantages;
     co_return g;
   }
 };

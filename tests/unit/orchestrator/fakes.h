@@ -15,6 +15,7 @@
 #include "orchestrator/async.h"
 #include "orchestrator/ports.h"
 #include "orchestrator/train_sink.h"
+#include "rollout/advantages.h"
 
 namespace arlo::orch::testing {
 
@@ -216,6 +217,14 @@ class FakeTasks final : public TaskSource {
   std::uint64_t next_ = 0;
 };
 
+// GRPO advantages of one group's rewards (rollout's implementation, as in production).
+inline std::vector<double> grpo_advantages(const std::vector<double>& rewards) {
+  std::vector<rollout::SampleInput> in;
+  for (double r : rewards) in.push_back({.reward = r});
+  return rollout::compute_advantages(in, {.kind = rollout::AdvantageKind::kGrpo, .drop_equal_reward_groups = false})
+      .advantages;
+}
+
 // reward = 1 when the first token is 1, else 0; GRPO advantages.
 class FakeScorer final : public ScorerPort {
  public:
@@ -223,7 +232,7 @@ class FakeScorer final : public ScorerPort {
                                        std::shared_ptr<const std::vector<Completion>> cs) override {
     ScoredGroup g;
     for (const auto& c : *cs) g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
-    g.advantages = compute_advantages(AdvantageKind::kGrpo, g.rewards);
+    g.advantages = grpo_advantages(g.rewards);
     ++scored;
     co_return g;
   }

@@ -506,15 +506,6 @@ TEST(Eval, UnbiasedPassAtK) {
   EXPECT_NEAR(pass_at_k(5, 2, 3), 0.9, 1e-12);
 }
 
-TEST(Advantages, GroupNormalized) {
-  auto a = compute_advantages(AdvantageKind::kGrpo, {0, 1});
-  EXPECT_NEAR(a[0], -0.5 / (std::sqrt(0.5) + 1e-6), 1e-9);
-  auto d = compute_advantages(AdvantageKind::kDrGrpo, {0, 1, 2});
-  EXPECT_EQ(d, (std::vector<double>{-1, 0, 1}));
-  auto r = compute_advantages(AdvantageKind::kRloo, {0, 1, 2});
-  EXPECT_EQ(r, (std::vector<double>{-1.5, 0, 1.5}));
-}
-
 TEST(Options, RejectsInconsistentValues) {
   Options o;
   o.batch_size = 6;
