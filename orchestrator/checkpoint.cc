@@ -1,63 +1,16 @@
 #include "orchestrator/checkpoint.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 
-namespace arlo::orch {
+#include "common/file.h"
 
-namespace {
-Status io_error(const std::string& what, const std::filesystem::path& p) {
-  return make_error(ErrorCode::kIo, fmt::format("{} {}: {}", what, p.string(), std::strerror(errno)));
-}
-}  // namespace
+namespace arlo::orch {
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& run_dir) {
   return run_dir / "orchestrator" / "checkpoint.json";
-}
-
-Status write_file_atomically(const std::filesystem::path& path, std::string_view contents) {
-  std::error_code ec;
-  std::filesystem::create_directories(path.parent_path(), ec);
-  if (ec) return make_error(ErrorCode::kIo, fmt::format("creating {}: {}", path.parent_path().string(), ec.message()));
-  const auto tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("opening", tmp);
-  std::size_t done = 0;
-  while (done < contents.size()) {
-    const auto n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      auto e = io_error("writing", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return e;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    auto e = io_error("fsync", tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return e;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    auto e = io_error("renaming into", path);
-    ::unlink(tmp.c_str());
-    return e;
-  }
-  const int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return ok();
 }
 
 Status write_checkpoint(const std::filesystem::path& path, const CheckpointState& s) {

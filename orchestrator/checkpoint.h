@@ -32,7 +32,4 @@ Status write_checkpoint(const std::filesystem::path& path, const CheckpointState
 // nullopt when no checkpoint exists; an error for one that cannot be read or parsed.
 Result<std::optional<CheckpointState>> read_checkpoint(const std::filesystem::path& path);
 
-// Writes `contents` to `path` through a temporary file and a rename (durable when it returns ok).
-Status write_file_atomically(const std::filesystem::path& path, std::string_view contents);
-
 }  // namespace arlo::orch

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "common/file.h"
 #include "common/http.h"
 #include "common/log.h"
 #include "orchestrator/checkpoint.h"

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <set>
 
+#include "common/file.h"
 #include "common/log.h"
 #include "trainer_bridge/internal.h"
 #include "trainer_bridge/transports.h"
@@ -130,7 +131,7 @@ struct DirServerState : std::enable_shared_from_this<DirServerState> {
     const std::int64_t all = *std::min_element(rank_acked.begin(), rank_acked.end());
     if (all <= last_acked) return;
     last_acked = all;
-    if (auto s = write_atomic(watermark_file(run_dir()), fmt::format("{}\n", all)); !s) {
+    if (auto s = write_file_atomically(watermark_file(run_dir()), fmt::format("{}\n", all)); !s) {
       ARLO_WARN("bridge dir: {}", s.error().what());
     }
     std::vector<std::int64_t> done;
@@ -403,7 +404,7 @@ class DirClient final : public BridgeClient {
   Status ack(std::int64_t step) override {
     std::lock_guard lock(mu_);
     if (step <= last_acked_) return ok();
-    ARLO_TRY(write_atomic(dir_layout::ack_file(opt_.run_dir, step, opt_.rank), ""));
+    ARLO_TRY(write_file_atomically(dir_layout::ack_file(opt_.run_dir, step, opt_.rank), ""));
     last_acked_ = step;
     // Our part of every acknowledged step is consumed: remove it (the orchestrator removes the
     // directories once every rank acked).
@@ -419,12 +420,12 @@ class DirClient final : public BridgeClient {
     nlohmann::json j = info.is_object() ? info : nlohmann::json::object();
     j["version"] = version;
     j["rank"] = opt_.rank;
-    return write_atomic(dir_layout::version_file(opt_.run_dir, version), j.dump());
+    return write_file_atomically(dir_layout::version_file(opt_.run_dir, version), j.dump());
   }
 
   Status heartbeat() override {
     nlohmann::json j{{"rank", opt_.rank}, {"time_ms", wall_ms()}, {"last_acked_step", last_acked_step()}};
-    return write_atomic(dir_layout::heartbeat_file(opt_.run_dir, opt_.rank), j.dump());
+    return write_file_atomically(dir_layout::heartbeat_file(opt_.run_dir, opt_.rank), j.dump());
   }
 
   std::int64_t last_acked_step() const override {

@@ -3,43 +3,13 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
 
 namespace arlo::bridge::internal {
-
-Status write_atomic(const std::filesystem::path& path, std::string_view content) {
-  const auto tmp = path.parent_path() / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return make_error(ErrorCode::kIo, fmt::format("creating {}: {}", tmp.string(), std::strerror(errno)));
-  }
-  std::size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return make_error(ErrorCode::kIo, fmt::format("writing {}: {}", tmp.string(), std::strerror(err)));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return make_error(ErrorCode::kIo, fmt::format("renaming {} to {}: {}", tmp.string(), path.string(), std::strerror(err)));
-  }
-  return ok();
-}
 
 Result<std::string> read_small_file(const std::filesystem::path& path, std::size_t max_bytes) {
   std::ifstream in(path, std::ios::binary);

@@ -15,9 +15,6 @@
 
 namespace arlo::bridge::internal {
 
-// Writes `content` to `path` through a temporary name in the same directory and a rename, so a
-// reader sees either nothing or the whole file.
-Status write_atomic(const std::filesystem::path& path, std::string_view content);
 Result<std::string> read_small_file(const std::filesystem::path& path, std::size_t max_bytes = 1 << 20);
 
 // "step_12" -> 12; "v3.json" -> 3 (with prefix "v", suffix ".json"); nullopt when the name does

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/file.h"
 #include "common/log.h"
 #include "reference/adamw.h"
 #include "reference/loss.h"
@@ -20,20 +21,6 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-Status write_atomic(const std::filesystem::path& path, const std::string& text) {
-  auto tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out) return make_error(ErrorCode::kIo, "writing " + tmp.string());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return make_error(ErrorCode::kIo, fmt::format("renaming {} into place: {}", path.string(), ec.message()));
-  return ok();
-}
 
 // Publishes versions in order on its own thread (see trainer.h for the announce order). When the
 // trainer outpaces publishing, a version superseded by a newer one before its turn is skipped:
@@ -185,8 +172,8 @@ Status save_checkpoint(const std::filesystem::path& root, std::int64_t step, con
   if (ec) return make_error(ErrorCode::kIo, fmt::format("creating {}: {}", dir.string(), ec.message()));
   ARLO_TRY(model.save(dir / "model.safetensors", {{"arlo.version", std::to_string(step)}}));
   ARLO_TRY(opt.save(dir / "optimizer.safetensors"));
-  ARLO_TRY(write_atomic(dir / "state.json", json{{"step", step}, {"optimizer_steps", opt.steps()}}.dump()));
-  ARLO_TRY(write_atomic(root / "latest", std::to_string(step)));
+  ARLO_TRY(write_file_atomically(dir / "state.json", json{{"step", step}, {"optimizer_steps", opt.steps()}}.dump()));
+  ARLO_TRY(write_file_atomically(root / "latest", std::to_string(step)));
   // Keep the two newest checkpoints.
   for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
     auto name = entry.path().filename().string();

@@ -1,10 +1,9 @@
 // `arlo check-config` and `arlo config-doc`.
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "apps/arlo/commands.h"
 #include "common/config/config.h"
+#include "common/file.h"
 
 namespace arlo::cli {
 
@@ -36,25 +35,11 @@ int config_doc(const std::optional<std::string>& output) {
     std::fwrite(doc.data(), 1, doc.size(), stdout);
     return kExitOk;
   }
-  // Written to a temporary name and renamed, so a reader never sees half a file.
-  const std::filesystem::path target(*output);
-  const std::filesystem::path temp = target.string() + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out.write(doc.data(), static_cast<std::streamsize>(doc.size()));
-    if (!out) {
-      std::fprintf(stderr, "config-doc: cannot write %s\n", temp.c_str());
-      return kExitFailure;
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(temp, target, ec);
-  if (ec) {
-    std::fprintf(stderr, "config-doc: cannot rename %s to %s: %s\n", temp.c_str(), target.c_str(), ec.message().c_str());
-    std::filesystem::remove(temp, ec);
+  if (auto st = write_file_atomically(*output, doc); !st) {
+    std::fprintf(stderr, "config-doc: %s\n", st.error().what().c_str());
     return kExitFailure;
   }
-  std::fprintf(stderr, "config-doc: wrote %s\n", target.c_str());
+  std::fprintf(stderr, "config-doc: wrote %s\n", output->c_str());
   return kExitOk;
 }
 

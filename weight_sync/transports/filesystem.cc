@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include "weight_sync/xxh.h"
 
+#include "common/file.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "weight_sync/codec.h"
@@ -38,27 +39,6 @@ namespace {
 
 std::unexpected<Error> io_error(const std::string& what, const fs::path& p) {
   return make_error(ErrorCode::kIo, what + " " + p.string() + ": " + std::strerror(errno));
-}
-
-Status write_text(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("create", tmp);
-  const char* p = text.data();
-  std::size_t left = text.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      return io_error("write", tmp);
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return io_error("rename to", path);
-  return ok();
 }
 
 Result<std::string> read_text(const fs::path& path) {
@@ -218,7 +198,7 @@ class FsSender final : public SenderTransport {
       shard_info.push_back({{"file", name}, {"tensors", shards[k]}, {"checksum", XXH3_64bits_digest(&st)}});
     }
     nlohmann::json index = {{"metadata", {{"total_size", m.total_bytes}}}, {"weight_map", weight_map}};
-    ARLO_TRY(write_text(vdir / "model.safetensors.index.json", index.dump(2)));
+    ARLO_TRY(write_file_atomically(vdir / "model.safetensors.index.json", index.dump(2)));
 
     // 2. The encoded stream, when it differs from the shards.
     std::uint64_t payload_bytes = 0;
@@ -256,8 +236,8 @@ class FsSender final : public SenderTransport {
     nlohmann::json mj = m.to_json();
     mj["shards"] = shard_info;
     mj["has_payload"] = has_payload;
-    ARLO_TRY(write_text(vdir / "manifest.json", mj.dump()));
-    ARLO_TRY(write_text(vdir / "STABLE", std::to_string(version) + "\n"));
+    ARLO_TRY(write_file_atomically(vdir / "manifest.json", mj.dump()));
+    ARLO_TRY(write_file_atomically(vdir / "STABLE", std::to_string(version) + "\n"));
     retire_old(o.keep_last);
 
     PublishReport r;
