@@ -92,32 +92,6 @@ GroupAdvantages compute_advantages(std::span<const SampleInput> samples, const A
   return out;
 }
 
-GroupAdvantages apply_advantages(std::span<Rollout> group, const AdvantageOptions& options) {
-  // Unscored samples (dropped by the reward policy) take no part: compute over the scored ones.
-  std::vector<SampleInput> inputs;
-  std::vector<std::size_t> scored;
-  for (std::size_t i = 0; i < group.size(); ++i) {
-    if (!group[i].reward) continue;
-    scored.push_back(i);
-    inputs.push_back({*group[i].reward, group[i].completion_tokens.size(), group[i].truncated()});
-  }
-  GroupAdvantages sub = compute_advantages(inputs, options);
-  GroupAdvantages out;
-  out.advantages.assign(group.size(), 0.0);
-  out.fates.assign(group.size(), SampleFate::kDropped);
-  out.group_dropped = sub.group_dropped;
-  out.drop_reason = sub.drop_reason;
-  for (std::size_t k = 0; k < scored.size(); ++k) {
-    out.advantages[scored[k]] = sub.advantages[k];
-    out.fates[scored[k]] = sub.fates[k];
-  }
-  for (std::size_t i = 0; i < group.size(); ++i) {
-    group[i].advantage = out.advantages[i];
-    group[i].loss_masked = out.fates[i] == SampleFate::kMasked;
-  }
-  return out;
-}
-
 Result<double> pass_at_k(std::size_t n, std::size_t c, std::size_t k) {
   if (k < 1 || k > n || c > n)
     return make_error(ErrorCode::kInvalidArgument, fmt::format("pass@k needs 1 <= k <= n and c <= n, got n={} c={} k={}", n, c, k));

@@ -59,10 +59,6 @@ struct GroupAdvantages {
 // Pure function over one group; deterministic.
 GroupAdvantages compute_advantages(std::span<const SampleInput> samples, const AdvantageOptions& options);
 
-// Convenience: computes over rollouts (reward must be set; unset rewards count as dropped samples),
-// writes `advantage` and `loss_masked` into them and returns the per-sample fates.
-GroupAdvantages apply_advantages(std::span<Rollout> group, const AdvantageOptions& options);
-
 // Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k).
 // Requires 1 <= k <= n and 0 <= c <= n (kInvalidArgument otherwise).
 Result<double> pass_at_k(std::size_t n, std::size_t c, std::size_t k);

@@ -114,8 +114,6 @@ struct Rollout {
   FinishReason finish_reason = FinishReason::kUnknown;
   std::optional<double> reward;                 // unset until scored (or when dropped)
   std::map<std::string, double> metrics;
-  double advantage = 0;
-  bool loss_masked = false;                     // kept for statistics but contributes no loss
   Timings timings;
 
   // Oldest / newest policy version among the generated tokens; nullopt when no spans.

@@ -262,20 +262,6 @@ namespace {
 constexpr std::size_t kHashChunk = 128u << 10;
 }
 
-std::uint64_t copy_and_hash(const std::vector<std::span<const std::byte>>& parts, std::byte* dst) {
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
-  for (const auto& part : parts) {
-    for (std::size_t off = 0; off < part.size(); off += kHashChunk) {
-      const std::size_t n = std::min(kHashChunk, part.size() - off);
-      XXH3_64bits_update(&st, part.data() + off, n);  // source first: the copy then reads cache
-      std::memcpy(dst, part.data() + off, n);
-      dst += n;
-    }
-  }
-  return XXH3_64bits_digest(&st);
-}
-
 std::uint64_t scatter_and_hash(std::span<const std::byte> src, const std::vector<std::span<std::byte>>& dst) {
   XXH3_state_t st;
   XXH3_64bits_reset(&st);

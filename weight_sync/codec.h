@@ -35,10 +35,9 @@ std::uint8_t f32_to_e4m3(float value);    // round to nearest even, saturating t
 float e4m3_to_f32(std::uint8_t value);
 bool is_floating(DType dtype);
 
-// Copies `parts` back to back into `dst`, hashing chunk by chunk while each chunk is hot in cache
-// (one pass over memory instead of two). Returns the xxh3-64 of the copied bytes.
-std::uint64_t copy_and_hash(const std::vector<std::span<const std::byte>>& parts, std::byte* dst);
-// Copies `src` into the `dst` spans in order (their sizes must add up to src.size()), hashing as above.
+// Copies `src` into the `dst` spans in order (their sizes must add up to src.size()), hashing chunk
+// by chunk while each chunk is hot in cache (one pass over memory instead of two). Returns the
+// xxh3-64 of the copied bytes.
 std::uint64_t scatter_and_hash(std::span<const std::byte> src, const std::vector<std::span<std::byte>>& dst);
 
 // One bucket's bytes ready to send: either views into the source (zero copy) or one encoded buffer.

@@ -50,15 +50,6 @@ Result<Entry> find(const std::string& name) {
 
 }  // namespace
 
-Status register_transport(const std::string& name, SenderFactory sender, ReceiverFactory receiver) {
-  auto& r = registry();
-  std::lock_guard lock(r.mu);
-  if (r.entries.count(name))
-    return make_error(ErrorCode::kInvalidArgument, "transport '" + name + "' is already registered");
-  r.entries[name] = {std::move(sender), std::move(receiver)};
-  return ok();
-}
-
 Result<std::unique_ptr<SenderTransport>> make_sender_transport(const Options& options) {
   ARLO_ASSIGN_OR_RETURN(auto e, find(options.transport));
   return e.sender(options);
@@ -67,14 +58,6 @@ Result<std::unique_ptr<SenderTransport>> make_sender_transport(const Options& op
 Result<std::unique_ptr<ReceiverTransport>> make_receiver_transport(const Options& options) {
   ARLO_ASSIGN_OR_RETURN(auto e, find(options.transport));
   return e.receiver(options);
-}
-
-std::vector<std::string> transport_names() {
-  auto& r = registry();
-  std::lock_guard lock(r.mu);
-  std::vector<std::string> out;
-  for (const auto& [k, v] : r.entries) out.push_back(k);
-  return out;
 }
 
 }  // namespace arlo::weight_sync

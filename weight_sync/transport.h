@@ -56,10 +56,7 @@ class ReceiverTransport {
 using SenderFactory = std::function<Result<std::unique_ptr<SenderTransport>>(const Options&)>;
 using ReceiverFactory = std::function<Result<std::unique_ptr<ReceiverTransport>>(const Options&)>;
 
-// Registers a transport kind. kInvalidArgument if the name is taken. Thread-safe.
-Status register_transport(const std::string& name, SenderFactory sender, ReceiverFactory receiver);
 Result<std::unique_ptr<SenderTransport>> make_sender_transport(const Options& options);
 Result<std::unique_ptr<ReceiverTransport>> make_receiver_transport(const Options& options);
-std::vector<std::string> transport_names();
 
 }  // namespace arlo::weight_sync

@@ -110,22 +110,6 @@ TEST(Advantages, TruncatedSamplesAreDroppedOrMasked) {
   EXPECT_EQ(g.trainable(), 3u);
 }
 
-TEST(Advantages, ApplyWritesIntoRolloutsAndSkipsUnscored) {
-  std::vector<Rollout> group(3);
-  group[0].reward = 1;
-  group[1].reward = 0;  // group[2] unscored (dropped by the reward policy)
-  group[1].finish_reason = FinishReason::kLength;
-  group[1].completion_tokens = {1, 2};
-  AdvantageOptions o;
-  o.kind = AdvantageKind::kDrGrpo;
-  o.truncated = TruncationPolicy::kMask;
-  auto g = apply_advantages(group, o);
-  EXPECT_DOUBLE_EQ(group[0].advantage, 0.5);
-  EXPECT_TRUE(group[1].loss_masked);
-  EXPECT_DOUBLE_EQ(group[1].advantage, 0);
-  EXPECT_EQ(g.fates[2], SampleFate::kDropped);
-}
-
 TEST(PassAtK, MatchesHandComputedValues) {
   // n=4, c=1, k=1: 1/4. n=4, c=1, k=2: 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5.
   EXPECT_NEAR(*pass_at_k(4, 1, 1), 0.25, 1e-12);
