@@ -26,19 +26,19 @@ Status Options::validate() const {
     return bad(fmt::format("orchestrator.max_inflight: must be >= group_size ({}), got {}", group_size, max_inflight));
   if (max_async_level < 0) return bad("orchestrator.max_async_level: must be >= 0");
   if (max_off_policy_steps < 0) return bad("orchestrator.max_off_policy_steps: must be >= 0");
-  if (max_steps < 1) return bad("orchestrator.max_steps: must be >= 1");
+  if (max_steps < 1) return bad("run.max_steps: must be >= 1");
   if (sft_warmup_steps < 0 || sft_warmup_steps >= max_steps)
-    return bad(fmt::format("orchestrator.sft_warmup_steps: must be in [0, max_steps), got {}", sft_warmup_steps));
+    return bad(fmt::format("orchestrator.sft_warmup_steps: must be in [0, run.max_steps={}), got {}", max_steps, sft_warmup_steps));
   if (max_queued_groups != 0 && max_queued_groups < groups_per_step())
-    return bad(fmt::format("orchestrator.max_queued_groups: must be 0 (auto) or >= batch_size/group_size ({})",
-                           groups_per_step()));
+    return bad(fmt::format("orchestrator.queue_capacity: must hold at least one batch ({} groups of group_size), got {} groups",
+                           groups_per_step(), max_queued_groups));
   if (max_filtered_groups_per_step < 0) return bad("orchestrator.max_filtered_groups_per_step: must be >= 0");
-  if (eval_samples < 1) return bad("eval.samples: must be >= 1");
+  if (eval_samples < 1) return bad("eval.k: must be >= 1");
   for (int k : eval_pass_k)
     if (k < 1 || k > eval_samples)
-      return bad(fmt::format("eval.pass_k: each k must be in [1, eval.samples={}], got {}", eval_samples, k));
-  if (admin_attempts < 1) return bad("weight_sync.admin_attempts: must be >= 1");
-  if (log_interval_s <= 0) return bad("log.interval: must be > 0");
+      return bad(fmt::format("eval: each pass@k must have k in [1, eval.k={}], got {}", eval_samples, k));
+  if (admin_attempts < 1) return bad("orchestrator Options::admin_attempts (no config key): must be >= 1");
+  if (log_interval_s <= 0) return bad("log.interval_s: must be > 0");
   if (ckpt_interval < 0) return bad("ckpt.interval: must be >= 0");
   if (sampling.max_tokens < 1) return bad("sampling.max_tokens: must be >= 1");
   return ok();

@@ -514,7 +514,15 @@ TEST(Options, RejectsInconsistentValues) {
   o.batch_size = 8;
   EXPECT_TRUE(o.validate());
   o.sft_warmup_steps = static_cast<int>(o.max_steps);
-  EXPECT_FALSE(o.validate());
+  auto st = o.validate();
+  ASSERT_FALSE(st);
+  // Messages name the config keys users set.
+  EXPECT_NE(st.error().what().find("run.max_steps="), std::string::npos) << st.error().what();
+  o.sft_warmup_steps = 0;
+  o.log_interval_s = 0;
+  st = o.validate();
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().what().find("log.interval_s"), std::string::npos) << st.error().what();
 }
 
 TEST(LedgerDeathTest, DoubleEndAborts) {
