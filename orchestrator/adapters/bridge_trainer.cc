@@ -11,7 +11,11 @@ BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& 
 void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
   server_.on_version([this, cb = std::move(callback)](bridge::VersionEvent e) {
     if (e.info.is_object()) latest_info_ = e.info;
-    cb(VersionNotice{e.version, e.info});
+    // The announcement carries the step's trainer metrics under "metrics" (arlo-trainer:
+    // loss, grad_norm, mismatch_kl, ...), beside where the weights are.
+    VersionNotice notice{e.version};
+    if (e.info.is_object() && e.info.contains("metrics") && e.info["metrics"].is_object()) notice.metrics = e.info["metrics"];
+    cb(std::move(notice));
   });
 }
 

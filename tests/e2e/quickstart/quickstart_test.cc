@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -179,6 +180,11 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
     for (const char* key : {"rollouts/completed", "rollouts/failed", "rollouts/cancelled", "throughput/tokens_per_s",
                             "time/step_seconds"})
       EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
+    // arlo-trainer's metrics of the newest synced version.
+    for (const char* key : {"loss", "mismatch_kl", "grad_norm"}) {
+      ASSERT_TRUE(j.contains(key)) << key << " missing in " << line;
+      EXPECT_TRUE(std::isfinite(j.at(key).get<double>())) << line;
+    }
   }
   EXPECT_EQ(supervised_records, kWarmup);
   EXPECT_EQ(step_records, kSteps - kWarmup);
