@@ -117,14 +117,19 @@ void expect_workers_serve(const nlohmann::json& summary, std::int64_t version) {
   }
 }
 
+// Every record of a JSON-lines file (metrics.jsonl, trainer_metrics.jsonl), in file order.
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 // The per-step records of metrics.jsonl that have a train reward (RL steps), in file order.
 std::vector<nlohmann::json> rl_step_records(const fs::path& run_dir) {
   std::vector<nlohmann::json> out;
-  std::ifstream metrics(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    auto j = nlohmann::json::parse(line);
+  for (auto& j : read_jsonl(run_dir / "metrics.jsonl"))
     if (j.contains("train/reward/mean") && !j.value("train/supervised", false)) out.push_back(std::move(j));
-  }
   return out;
 }
 
@@ -160,9 +165,8 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
 
   int step_records = 0, supervised_records = 0;
   std::int64_t last_step = 0;
-  std::ifstream metrics(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const auto j = nlohmann::json::parse(line);
+  for (const auto& j : read_jsonl(run_dir / "metrics.jsonl")) {
+    const std::string line = j.dump();
     ASSERT_TRUE(j.contains("step") && j.contains("time")) << line;
     if (j.value("train/supervised", false)) {
       ++supervised_records;
@@ -223,12 +227,9 @@ TEST(QuickstartE2E, WeightsMoveOverTcpAndSharedMemory) {
 // The greedy eval pass@1 records of metrics.jsonl, in file order: (version, pass@1).
 std::vector<std::pair<std::int64_t, double>> eval_records(const fs::path& run_dir) {
   std::vector<std::pair<std::int64_t, double>> out;
-  std::ifstream metrics(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const auto j = nlohmann::json::parse(line);
+  for (const auto& j : read_jsonl(run_dir / "metrics.jsonl"))
     if (j.contains("eval/arithmetic/pass@1"))
       out.emplace_back(j.at("step").get<std::int64_t>(), j.at("eval/arithmetic/pass@1").get<double>());
-  }
   return out;
 }
 
@@ -319,9 +320,7 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
   EXPECT_EQ(summary.at("steps").get<int>(), 30);
 
   // The trainer resumed from step 20: its step 21 was trained from the weights the workers used.
-  std::ifstream trainer_metrics(run_dir / "trainer_metrics.jsonl");
-  std::vector<nlohmann::json> trained;
-  for (std::string line; std::getline(trainer_metrics, line);) trained.push_back(nlohmann::json::parse(line));
+  const auto trained = read_jsonl(run_dir / "trainer_metrics.jsonl");
   ASSERT_EQ(trained.size(), 30u);
   for (std::size_t i = 0; i < trained.size(); ++i) EXPECT_EQ(trained[i].at("step").get<int>(), static_cast<int>(i + 1));
   EXPECT_LT(trained[20].at("mismatch_kl").get<double>(), 1e-3) << trained[20].dump();
