@@ -371,6 +371,7 @@ void PrometheusE2E::scrape_a_run() {
   std::optional<ScrapeFindings> complete;  // the first scrape with every required name
   std::string invalid;                     // the first invalid exposition, with the reason
   std::optional<std::string> content_type;  // one that is not text/plain; version=0.0.4
+  std::string last_text;                    // the last scrape, kept in the test's dir for inspection
   const auto run_deadline = Clock::now() + 480s;
   while (arlo.running() && Clock::now() < run_deadline) {
     auto r = http_get("http://" + instance + "/metrics", 5s);
@@ -378,6 +379,7 @@ void PrometheusE2E::scrape_a_run() {
       ++scrapes;
       if (!r->content_type.starts_with("text/plain") || r->content_type.find("version=0.0.4") == std::string::npos)
         content_type = r->content_type;
+      last_text = r->body;
       auto e = parse_exposition(r->body);
       if (!e) {
         if (invalid.empty()) invalid = e.error() + "\n" + tail(r->body, 4000);
@@ -388,6 +390,7 @@ void PrometheusE2E::scrape_a_run() {
     }
     std::this_thread::sleep_for(100ms);
   }
+  std::ofstream(dir_ / "last_scrape.txt") << last_text;
   const bool finished = arlo.wait_until(run_deadline);
   ASSERT_TRUE(finished) << "arlo run did not finish within 480 s:\n" << tail(arlo.output());
   ASSERT_TRUE(arlo.exited_ok()) << "arlo run failed (status " << arlo.status() << "):\n" << tail(arlo.output());
@@ -511,8 +514,8 @@ void PrometheusE2E::scrape_a_run() {
       unknown.insert("__name__=~\"" + re + "\"");
   }
   EXPECT_TRUE(unknown.empty()) << "the dashboard queries metrics Prometheus does not have: " << join(unknown);
-  std::printf("prometheus e2e: dashboard: %d panels, %d queries, %zu metric names and %zu name patterns, "
-              "all in Prometheus (%zu names)\n", panels, queries, queried.names.size(), queried.regexes.size(),
+  std::printf("prometheus e2e: dashboard: %d panels, %d queries, %zu metric names and %zu name patterns; "
+              "Prometheus has %zu names\n", panels, queries, queried.names.size(), queried.regexes.size(),
               names.size());
 
   const int prom_status = prometheus.stop(30s);
