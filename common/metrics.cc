@@ -114,7 +114,7 @@ std::vector<double> Histogram::exponential(double start, double factor, int coun
 Counter& Registry::counter(const std::string& name, const std::string& help) {
   std::lock_guard lock(mu_);
   Entry& e = entries_[name];
-  if (!e.counter && !e.gauge && !e.histogram) {
+  if (e.empty()) {
     e.help = help;
     e.counter = std::make_unique<Counter>();
   }
@@ -127,7 +127,7 @@ Counter& Registry::counter(const std::string& name, const std::string& help) {
 Gauge& Registry::gauge(const std::string& name, const std::string& help) {
   std::lock_guard lock(mu_);
   Entry& e = entries_[name];
-  if (!e.counter && !e.gauge && !e.histogram) {
+  if (e.empty()) {
     e.help = help;
     e.gauge = std::make_unique<Gauge>();
   }
@@ -137,10 +137,45 @@ Gauge& Registry::gauge(const std::string& name, const std::string& help) {
   return detached;
 }
 
+namespace {
+// {a="x",b="y"} with the exposition format's escapes (backslash, double quote, newline).
+std::string render_labels(const Labels& labels) {
+  std::string out = "{";
+  for (const auto& [k, v] : labels) {
+    if (out.size() > 1) out += ',';
+    out += k + "=\"";
+    for (char c : v) {
+      if (c == '\\' || c == '"') out += '\\';
+      if (c == '\n') {
+        out += "\\n";
+        continue;
+      }
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+}  // namespace
+
+Gauge& Registry::gauge(const std::string& name, const Labels& labels, const std::string& help) {
+  std::lock_guard lock(mu_);
+  Entry& e = entries_[name];
+  if (e.empty()) e.help = help;
+  if (!e.counter && !e.gauge && !e.histogram) {
+    auto& g = e.series[render_labels(labels)];
+    if (!g) g = std::make_unique<Gauge>();
+    return *g;
+  }
+  ARLO_ERROR("metric '{}' is not a labelled gauge; this update is not exported", name);
+  static Gauge detached;
+  return detached;
+}
+
 Histogram& Registry::histogram(const std::string& name, std::vector<double> bounds, const std::string& help) {
   std::lock_guard lock(mu_);
   Entry& e = entries_[name];
-  if (!e.counter && !e.gauge && !e.histogram) {
+  if (e.empty()) {
     e.help = help;
     e.histogram = std::make_unique<Histogram>(std::move(bounds));
   }
@@ -172,7 +207,10 @@ std::string Registry::prometheus() const {
       continue;
     }
     out += "# HELP " + pname + " " + escape_help(e.help.empty() ? name : e.help) + "\n";
-    if (e.counter) {
+    if (!e.series.empty()) {
+      out += "# TYPE " + pname + " gauge\n";
+      for (const auto& [labels, g] : e.series) out += pname + labels + " " + format_value(g->value()) + "\n";
+    } else if (e.counter) {
       out += "# TYPE " + pname + " counter\n";
       out += pname + " " + format_value(e.counter->value()) + "\n";
     } else if (e.gauge) {
@@ -200,6 +238,7 @@ nlohmann::json Registry::snapshot() const {
   std::lock_guard lock(mu_);
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [name, e] : entries_) {
+    for (const auto& [labels, g] : e.series) out[name + labels] = g->value();
     if (e.counter) {
       out[name] = e.counter->value();
     } else if (e.gauge) {

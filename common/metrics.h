@@ -59,16 +59,23 @@ class Histogram {
   std::atomic<std::uint64_t> count_{0};
 };
 
+// Label name -> value, for the series of one labelled family.
+using Labels = std::map<std::string, std::string>;
+
 class Registry {
  public:
   // Returns the metric with this name, creating it on first use. `help` is kept from the first call.
   Counter& counter(const std::string& name, const std::string& help = "");
   Gauge& gauge(const std::string& name, const std::string& help = "");
+  // One series of a labelled gauge family, e.g. gauge("weight_sync/worker_seconds", {{"worker", url}}):
+  // arlo_weight_sync_worker_seconds{worker="..."}. A family is either labelled or plain.
+  Gauge& gauge(const std::string& name, const Labels& labels, const std::string& help = "");
   Histogram& histogram(const std::string& name, std::vector<double> bounds, const std::string& help = "");
 
   // Prometheus text format 0.0.4.
   std::string prometheus() const;
-  // {"name": value, ...}; histograms appear as name/p50, name/p99, name/count, name/sum.
+  // {"name": value, ...}; histograms appear as name/p50, name/p99, name/count, name/sum; labelled
+  // series as name{label="value"}.
   nlohmann::json snapshot() const;
 
   // "train/reward/mean" -> "arlo_train_reward_mean"
@@ -80,6 +87,8 @@ class Registry {
     std::unique_ptr<Counter> counter;
     std::unique_ptr<Gauge> gauge;
     std::unique_ptr<Histogram> histogram;
+    std::map<std::string, std::unique_ptr<Gauge>> series;  // labelled gauges: rendered labels -> gauge
+    bool empty() const { return !counter && !gauge && !histogram && series.empty(); }
   };
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;

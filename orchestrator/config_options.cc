@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 namespace arlo::orch {
 
@@ -45,13 +46,20 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.eval_at_start = interval > 0;
   o.eval_at_end = interval > 0;
   o.eval_samples = static_cast<int>(cfg.integer("eval.k"));
-  o.eval_pass_k = {1};
-  if (o.eval_samples > 1) o.eval_pass_k.push_back(o.eval_samples);
+  o.eval_pass_k.clear();
+  for (const auto& k : cfg.strings("eval.pass_k")) o.eval_pass_k.push_back(std::atoi(k.c_str()));  // checked by the schema
+  if (o.eval_pass_k.empty()) {
+    o.eval_pass_k = {1};
+    if (o.eval_samples > 1) o.eval_pass_k.push_back(o.eval_samples);
+  }
+  o.eval_correct_threshold = cfg.number("eval.correct_threshold");
   o.eval_sampling = o.sampling;
   o.eval_sampling.temperature = cfg.number("eval.temperature");
 
   o.log_interval_s = cfg.number("log.interval_s");
   o.progress = cfg.boolean("log.progress");
+  o.step_line_interval_s = cfg.number("log.step_interval_s");
+  o.run_name = cfg.string("run.name");
   o.run_dir = cfg.string("run.dir");
   o.ckpt_interval = static_cast<int>(cfg.integer("ckpt.interval"));
   o.status_bind = cfg.string("status.bind");

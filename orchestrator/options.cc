@@ -36,7 +36,7 @@ Status Options::validate() const {
   if (eval_samples < 1) return bad("eval.k: must be >= 1");
   for (int k : eval_pass_k)
     if (k < 1 || k > eval_samples)
-      return bad(fmt::format("eval: each pass@k must have k in [1, eval.k={}], got {}", eval_samples, k));
+      return bad(fmt::format("eval.pass_k: each k must be in [1, eval.k={}], got {}", eval_samples, k));
   if (admin_attempts < 1) return bad("orchestrator Options::admin_attempts (no config key): must be >= 1");
   if (log_interval_s <= 0) return bad("log.interval_s: must be > 0");
   if (ckpt_interval < 0) return bad("ckpt.interval: must be >= 0");

@@ -49,9 +49,11 @@ struct Options {
 
   // --- log / ckpt / status ---
   double log_interval_s = 10.0;
+  std::string run_name;            // shown on the status page
   std::string run_dir;             // metrics.jsonl and checkpoints; empty = write nothing
   bool console = true;             // a line per step
-  bool progress = true;            // progress bar toward max_steps when stdout is a terminal
+  bool progress = true;            // progress bar and ETA toward max_steps when stdout is a terminal
+  double step_line_interval_s = 0.0;  // at most one console step line per this many seconds; 0 = every step
   int ckpt_interval = 0;           // steps; 0 = never
   bool resume = false;
   int status_port = -1;            // Prometheus /metrics; -1 = off, 0 = any free port

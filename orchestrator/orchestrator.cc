@@ -11,6 +11,7 @@
 #include "common/http.h"
 #include "common/log.h"
 #include "orchestrator/checkpoint.h"
+#include "web/assets.h"
 
 namespace arlo::orch {
 
@@ -20,11 +21,9 @@ double wall_time() {
 }
 double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::string progress_bar(std::int64_t step, std::int64_t total) {
-  constexpr int kWidth = 20;
-  const int filled = total > 0 ? static_cast<int>(kWidth * step / total) : 0;
-  return fmt::format("[{}{}] ", std::string(filled, '#'), std::string(kWidth - filled, '.'));
-}
+// The unix time of a steady-clock instant (records carry unix seconds; the clock port is steady).
+double wall_time_of(TimePoint t, TimePoint now) { return wall_time() - seconds(now - t); }
+
 }  // namespace
 
 nlohmann::json RunSummary::to_json() const {
@@ -51,7 +50,12 @@ nlohmann::json RunSummary::to_json() const {
 }
 
 Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options options, metrics::Registry* registry)
-    : io_(io), ports_(std::move(ports)), opt_(std::move(options)), registry_(registry), finished_signal_(io.get_executor()) {
+    : io_(io),
+      ports_(std::move(ports)),
+      opt_(std::move(options)),
+      registry_(registry),
+      finished_signal_(io.get_executor()),
+      pacer_(opt_.step_line_interval_s) {
   auto ex = io_.get_executor();
   auto& clock = *ports_.clock;
   DispatcherHooks dh;
@@ -108,24 +112,19 @@ Status Orchestrator::start() {
     if (!metrics_file_) return make_error(ErrorCode::kIo, fmt::format("opening {}", path.string()));
   }
 
+  for (const auto& w : ports_.inference->workers()) workers_[w].version = dispatcher_->version();
+  failed_at_last_line_ = ledger_.failed_total();
+  cancelled_at_last_line_ = ledger_.cancelled_total();
+  started_at_ = wall_time();
   if (opt_.status_port >= 0) {
     http::ServerOptions so;
     so.bind = opt_.status_bind;
     so.port = static_cast<std::uint16_t>(opt_.status_port);
     status_ = std::make_unique<http::Server>(io_, so);
-    status_->route(http::Verb::get, "/metrics", [this](http::Request) -> Awaitable<http::Response> {
-      co_return http::Response::text(200, registry_ ? registry_->prometheus() : std::string(),
-                                     "text/plain; version=0.0.4; charset=utf-8");
-    });
-    status_->route(http::Verb::get, "/health", [this](http::Request) -> Awaitable<http::Response> {
-      co_return http::Response::json(200, {{"step", train_sink_->steps_cut()},
-                                           {"version", dispatcher_->version()},
-                                           {"finished", finished_},
-                                           {"ledger", ledger_.to_json()}});
-    });
+    add_status_routes();
     auto port = status_->start();
     if (!port) return std::unexpected(Error(port.error()).with_context("starting the status server"));
-    ARLO_INFO("status: http://{}:{}/metrics", opt_.status_bind, *port);
+    ARLO_INFO("status: http://{}:{}/ (live run page; /metrics for Prometheus)", opt_.status_bind, *port);
   }
 
   ports_.trainer->on_version([this](VersionNotice n) { watcher_->notify(std::move(n)); });
@@ -146,6 +145,50 @@ Status Orchestrator::start() {
   }
   dispatcher_->pump();
   return ok();
+}
+
+void Orchestrator::add_status_routes() {
+  status_->route(http::Verb::get, "/metrics", [this](http::Request) -> Awaitable<http::Response> {
+    co_return http::Response::text(200, registry_ ? registry_->prometheus() : std::string(),
+                                   "text/plain; version=0.0.4; charset=utf-8");
+  });
+  status_->route(http::Verb::get, "/health", [this](http::Request) -> Awaitable<http::Response> {
+    co_return http::Response::json(200, {{"step", train_sink_->steps_cut()},
+                                         {"version", dispatcher_->version()},
+                                         {"finished", finished_},
+                                         {"ledger", ledger_.to_json()}});
+  });
+  status_->route(http::Verb::get, "/", [](http::Request) -> Awaitable<http::Response> {
+    co_return http::Response::text(200, std::string(web::run_page()), "text/html; charset=utf-8");
+  });
+  status_->route(http::Verb::get, "/api/status", [this](http::Request) -> Awaitable<http::Response> {
+    co_return http::Response::json(200, status_json());
+  });
+  status_->route(http::Verb::get, "/api/records", [this](http::Request req) -> Awaitable<http::Response> {
+    const auto since = req.query_param("since").value_or("0");
+    char* end = nullptr;
+    const auto n = std::strtoull(since.c_str(), &end, 10);
+    if (since.empty() || *end != '\0' || since[0] == '-')
+      co_return http::Response::json(400, {{"error", "since: expected a record index (a non-negative integer), got '" + since + "'"}});
+    co_return http::Response::json(200, records_.since(n));
+  });
+}
+
+nlohmann::json Orchestrator::status_json() const {
+  auto workers = nlohmann::json::array();
+  for (const auto& [w, st] : workers_) workers.push_back(st.to_json(w));
+  return {{"run", opt_.run_name},
+          {"run_dir", opt_.run_dir},
+          {"max_steps", opt_.max_steps},
+          {"sft_warmup_steps", opt_.sft_warmup_steps},
+          {"step", train_sink_->steps_cut()},
+          {"version", dispatcher_->version()},
+          {"finished", finished_},
+          {"ok", !finished_ || summary_.ok},
+          {"error", finished_ ? summary_.error : std::string()},
+          {"started_at", started_at_},
+          {"ledger", ledger_.to_json()},
+          {"workers", std::move(workers)}};
 }
 
 Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
@@ -203,13 +246,8 @@ void Orchestrator::on_step(const StepReport& r) {
   const auto failed = ledger_.failed_total();
   const auto cancelled = ledger_.cancelled_total();
   const double wait_s = dispatcher_->wait_for_policy_seconds();
-  const auto errors = failed - failed_at_last_step_;
-  const auto cancels = cancelled - cancelled_at_last_step_;
   last_step_at_ = now;
   tokens_at_last_step_ = tokens;
-  failed_at_last_step_ = failed;
-  cancelled_at_last_step_ = cancelled;
-  wait_at_last_step_ = wait_s;
   steps_.push_back(r);
 
   nlohmann::json rec = {{"step", r.step},
@@ -230,37 +268,91 @@ void Orchestrator::on_step(const StepReport& r) {
     rec["train/reward/std"] = r.reward_std;
     rec["off_policy/mean"] = r.off_policy_mean;
     rec["off_policy/max"] = r.off_policy_max;
-  }
-  for (const char* k : {"loss", "mismatch_kl", "grad_norm"})
-    if (last_trainer_metrics_.contains(k) && last_trainer_metrics_[k].is_number()) rec[k] = last_trainer_metrics_[k];
-  emit(rec);
-
-  if (opt_.console) {
-    const auto prefix = tty_ ? progress_bar(r.step, opt_.max_steps) : std::string();
-    if (r.supervised) {
-      ARLO_INFO("{}step {}/{} | {:.2f} s/step | sft warm-up | samples {} | errors {} | cancelled {} | sync {:.0f} ms",
-                prefix, r.step, opt_.max_steps, step_s, r.samples, errors, cancels, last_sync_seconds_ * 1e3);
-    } else {
-      ARLO_INFO("{}step {}/{} | {:.2f} s/step | reward {:.3f} | trainable {} | off-policy {:.2f}/{:.0f} | errors {} | "
-                "cancelled {} | sync {:.0f} ms | {:.0f} tok/s",
-                prefix, r.step, opt_.max_steps, step_s, r.reward_mean, r.samples, r.off_policy_mean, r.off_policy_max,
-                errors, cancels, last_sync_seconds_ * 1e3, tok_s);
+    rec["off_policy/histogram"] = r.off_policy_histogram;
+    // "<module>" is the module's reward, "<module>/<metric>" its other figures, "reward/failed" the
+    // share of samples whose scoring failed.
+    for (const auto& [k, v] : r.reward_metrics) {
+      if (k == "reward/failed") {
+        rec["train/reward/failed"] = v;
+      } else {
+        rec["train/reward/" + k + (k.find('/') == std::string::npos ? "/mean" : "")] = v;
+      }
     }
+    if (!rec.contains("train/reward/failed")) rec["train/reward/failed"] = 0.0;
   }
+  // The trainer's own figures, from the newest version it published, as it names them.
+  for (const auto& [k, v] : last_trainer_metrics_.items())
+    if (v.is_number()) rec["trainer/" + k] = v;
+  wait_at_last_step_ = wait_s;
+  emit("step", std::move(rec));
+  if (opt_.console) print_step_line(r, step_s, tok_s);
   if (opt_.ckpt_interval > 0 && r.step % opt_.ckpt_interval == 0) {
     if (auto st = save_checkpoint(r.step); !st) ARLO_ERROR("checkpoint at step {}: {}", r.step, st.error().what());
   }
 }
 
+// Errors and cancellations count since the previous printed line, so a paced console hides none.
+void Orchestrator::print_step_line(const StepReport& r, double step_s, double tok_s) {
+  const bool phase_changed = r.step == opt_.sft_warmup_steps + 1 || r.step == 1;
+  if (!pacer_.due(seconds(ports_.clock->now() - run_start_), r.step, opt_.max_steps, phase_changed)) return;
+  const auto errors = ledger_.failed_total() - failed_at_last_line_;
+  const auto cancels = ledger_.cancelled_total() - cancelled_at_last_line_;
+  failed_at_last_line_ = ledger_.failed_total();
+  cancelled_at_last_line_ = ledger_.cancelled_total();
+  const auto prefix = tty_ ? progress_prefix(r.step, opt_.max_steps, pacer_.eta_seconds(r.step, opt_.max_steps))
+                           : std::string();
+  if (r.supervised) {
+    ARLO_INFO("{}step {}/{} | {:.2f} s/step | sft warm-up | samples {} | errors {} | cancelled {} | sync {:.0f} ms",
+              prefix, r.step, opt_.max_steps, step_s, r.samples, errors, cancels, last_sync_seconds_ * 1e3);
+    return;
+  }
+  ARLO_INFO("{}step {}/{} | {:.2f} s/step | reward {:.3f} | trainable {} | off-policy {:.2f}/{:.0f} | errors {} | "
+            "cancelled {} | sync {:.0f} ms | {:.0f} tok/s",
+            prefix, r.step, opt_.max_steps, step_s, r.reward_mean, r.samples, r.off_policy_mean, r.off_policy_max,
+            errors, cancels, last_sync_seconds_ * 1e3, tok_s);
+}
+
 void Orchestrator::on_synced(const SyncReport& r) {
+  const auto now = ports_.clock->now();
+  auto workers = nlohmann::json::array();
+  for (const auto& w : r.workers) {
+    workers.push_back({{"worker", w.worker},
+                       {"start", wall_time_of(w.start, now)},
+                       {"pause_s", w.pause_s},
+                       {"update_s", w.update_s},
+                       {"resume_s", w.resume_s},
+                       {"ok", w.ok()},
+                       {"error", w.error}});
+    auto& st = workers_[w.worker];
+    st.healthy = w.ok();
+    st.last_error = w.error;
+    if (w.ok()) {
+      st.version = r.version;
+      ++st.syncs;
+    } else {
+      ++st.failures;
+    }
+    if (registry_) {
+      registry_->gauge("weight_sync/worker_seconds", {{"worker", w.worker}}, "Seconds of the worker's last update.")
+          .set(w.pause_s + w.update_s + w.resume_s);
+      registry_->gauge("worker/version", {{"worker", w.worker}}, "The newest version the worker took.")
+          .set(static_cast<double>(st.version));
+    }
+  }
+  emit("weight_sync", {{"step", train_sink_->steps_cut()},
+                       {"time", wall_time()},
+                       {"version", r.version},
+                       {"applied", r.applied},
+                       {"start", wall_time_of(r.start, now)},
+                       {"weight_sync/seconds", r.seconds},
+                       {"weight_sync/workers_failed", r.workers_failed},
+                       {"workers", std::move(workers)}});
+  if (!r.applied) return;
   last_sync_seconds_ = r.seconds;
   last_trainer_metrics_ = r.trainer_metrics.is_object() ? r.trainer_metrics : nlohmann::json::object();
-  ARLO_DEBUG("weight sync: v{} on {} workers in {:.0f} ms ({} failed)", r.version, r.workers, r.seconds * 1e3,
+  ARLO_DEBUG("weight sync: v{} on {} workers in {:.0f} ms ({} failed)", r.version, r.workers.size(), r.seconds * 1e3,
              r.workers_failed);
-  if (registry_) {
-    registry_->gauge("weight_sync/seconds").set(r.seconds);
-    registry_->gauge("policy/version").set(static_cast<double>(r.version));
-  }
+  if (registry_) registry_->gauge("policy/version").set(static_cast<double>(r.version));
   const auto v = r.version;
   if (finished_ || fatal_ || stop_requested_ || v <= last_eval_version_) return;
   const bool at_start = opt_.eval_at_start && !start_eval_done_ && !opt_.resume && v >= opt_.sft_warmup_steps;
@@ -286,7 +378,7 @@ void Orchestrator::on_eval(const EvalReport& r) {
     if (e.failed_groups) line += fmt::format(" ({} tasks failed)", e.failed_groups);
   }
   ARLO_INFO("{}", line);
-  emit(rec);
+  emit("eval", std::move(rec));
 }
 
 void Orchestrator::tick() {
@@ -308,35 +400,29 @@ void Orchestrator::tick() {
   last_tick_at_ = now;
   tokens_at_last_tick_ = tokens;
   if (opt_.console) ARLO_INFO("{}", format_pipeline_view(v));
-  if (registry_) {
-    registry_->gauge("pipeline/inflight").set(static_cast<double>(v.inflight));
-    registry_->gauge("pipeline/queued_groups").set(static_cast<double>(v.queued_groups));
-    registry_->gauge("pipeline/staleness").set(v.staleness);
-    registry_->gauge("throughput/tokens_per_s").set(v.tokens_per_s);
-    registry_->gauge("event_loop/lag_p50_seconds").set(v.lag.p50);
-    registry_->gauge("event_loop/lag_p99_seconds").set(v.lag.p99);
-  }
-  if (metrics_file_) {
-    emit({{"step", v.step},
-          {"time", wall_time()},
-          {"pipeline/inflight", v.inflight},
-          {"pipeline/queued_groups", v.queued_groups},
-          {"pipeline/staleness", v.staleness},
-          {"event_loop/lag_p50_seconds", v.lag.p50},
-          {"event_loop/lag_p99_seconds", v.lag.p99}});
-  }
+  emit("pipeline", {{"step", v.step},
+                    {"time", wall_time()},
+                    {"pipeline/inflight", v.inflight},
+                    {"pipeline/queued_groups", v.queued_groups},
+                    {"pipeline/staleness", v.staleness},
+                    {"throughput/tokens_per_s", v.tokens_per_s},
+                    {"event_loop/lag_p50_seconds", v.lag.p50},
+                    {"event_loop/lag_p99_seconds", v.lag.p99}});
 }
 
-void Orchestrator::emit(nlohmann::json rec) {
+void Orchestrator::emit(const char* kind, nlohmann::json rec) {
+  rec["kind"] = kind;
   if (registry_) {
     for (const auto& [k, val] : rec.items())
-      if (val.is_number() && k != "time") registry_->gauge(k).set(val.get<double>());
+      if (val.is_number() && k != "time" && k != "start" && k != "step" && k != "version")
+        registry_->gauge(k).set(val.get<double>());
   }
+  const auto line = rec.dump() + "\n";
   if (metrics_file_) {
-    const auto line = rec.dump() + "\n";
     std::fwrite(line.data(), 1, line.size(), metrics_file_);
     std::fflush(metrics_file_);
   }
+  records_.append(std::move(rec));
 }
 
 Status Orchestrator::save_checkpoint(std::int64_t step) {

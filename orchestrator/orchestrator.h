@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@
 #include "orchestrator/options.h"
 #include "orchestrator/periodic_logger.h"
 #include "orchestrator/ports.h"
+#include "orchestrator/run_view.h"
 #include "orchestrator/train_sink.h"
 #include "orchestrator/weight_watcher.h"
 
@@ -84,6 +86,10 @@ class Orchestrator {
   WeightWatcher& weight_watcher() { return *watcher_; }
   const Options& options() const { return opt_; }
   std::uint16_t status_port() const;
+  // The records written to metrics.jsonl this process (what GET /api/records serves).
+  const RecordLog& records() const { return records_; }
+  // GET /api/status: the run's position, the ledger and each worker's state.
+  nlohmann::json status_json() const;
   const std::vector<StepReport>& step_reports() const { return steps_; }
 
  private:
@@ -94,7 +100,9 @@ class Orchestrator {
   void on_eval(const EvalReport& r);
   void on_fatal(Error e);
   void tick();
-  void emit(nlohmann::json record);
+  void emit(const char* kind, nlohmann::json record);
+  void print_step_line(const StepReport& r, double step_s, double tok_s);
+  void add_status_routes();
   Status save_checkpoint(std::int64_t step);
   Status restore(std::int64_t& start_step);
   void finish();
@@ -126,11 +134,15 @@ class Orchestrator {
   std::uint64_t tokens_at_last_step_ = 0;
   std::uint64_t tokens_at_last_tick_ = 0;
   TimePoint last_tick_at_{};
-  std::uint64_t failed_at_last_step_ = 0;
-  std::uint64_t cancelled_at_last_step_ = 0;
+  std::uint64_t failed_at_last_line_ = 0;  // console: counts at the previous printed step line
+  std::uint64_t cancelled_at_last_line_ = 0;
   double last_sync_seconds_ = 0.0;
   double wait_at_last_step_ = 0.0;  // dispatcher's cumulative gate wait at the previous step
   nlohmann::json last_trainer_metrics_ = nlohmann::json::object();
+  RecordLog records_;
+  std::map<std::string, WorkerState> workers_;
+  StepLinePacer pacer_;
+  double started_at_ = 0.0;  // unix seconds
   std::vector<StepReport> steps_;
   RunSummary summary_;
 };

@@ -148,6 +148,11 @@ Awaitable<Result<TrainBatch>> TrainSink::cut_rl(std::int64_t step, StepReport& r
       const double off = static_cast<double>(std::max<Version>(0, (step - 1) - oldest));
       off_sum += off;
       off_max = std::max(off_max, off);
+      const auto d = static_cast<std::size_t>(off);
+      if (report.off_policy_histogram.size() <= d) report.off_policy_histogram.resize(d + 1, 0);
+      ++report.off_policy_histogram[d];
+      if (i < g->scores.metrics.size())
+        for (const auto& [k, val] : g->scores.metrics[i]) report.reward_metrics[k] += val;
       vmin = vmin == kNoVersion ? oldest : std::min(vmin, oldest);
       vmax = std::max(vmax, oldest);
       sum += s.reward;
@@ -163,6 +168,7 @@ Awaitable<Result<TrainBatch>> TrainSink::cut_rl(std::int64_t step, StepReport& r
   report.reward_std = std::sqrt(std::max(0.0, sumsq / n - report.reward_mean * report.reward_mean));
   report.off_policy_mean = off_sum / n;
   report.off_policy_max = off_max;
+  for (auto& [k, total] : report.reward_metrics) total /= n;
   batch.metadata = {{"step", step},
                     {"samples", batch.samples.size()},
                     {"reward_mean", report.reward_mean},

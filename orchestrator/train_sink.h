@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <vector>
+#include <string>
 
 #include "orchestrator/async.h"
 #include "orchestrator/group.h"
@@ -34,6 +36,10 @@ struct StepReport {
   double reward_std = 0.0;
   double off_policy_mean = 0.0;    // (s-1) - oldest token version, per sample
   double off_policy_max = 0.0;
+  std::vector<int> off_policy_histogram;  // samples of the batch by off-policy distance 0, 1, 2, ...
+  // Batch means of what the reward modules reported per sample ("<module>", "<module>/<metric>",
+  // "reward/failed"); a sample that lacks a key counts as 0 for it.
+  std::map<std::string, double> reward_metrics;
   std::uint64_t batch_tokens = 0;
   double wait_for_rollouts_seconds = 0.0;  // how long the cut waited for enough groups
   double send_seconds = 0.0;               // how long the trainer took to accept (back-pressure)

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +94,9 @@ std::optional<PauseMode> parse_pause_mode(std::string_view s);
 struct ScoredGroup {
   std::vector<double> rewards;
   std::vector<double> advantages;
+  // Per sample, what the reward modules reported: "<module>" (its reward), "<module>/<metric>",
+  // "reward/failed" = 1 for a sample whose scoring failed. May be empty.
+  std::vector<std::map<std::string, double>> metrics;
 };
 
 // One training sample as the trainer bridge packs it (DESIGN.md section 3).

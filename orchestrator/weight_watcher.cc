@@ -74,15 +74,30 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
   co_return last;
 }
 
-Awaitable<Status> WeightWatcher::sync_worker(std::string worker, Version v) {
-  auto paused = co_await admin(AdminOp::kPause, worker, v);
+Awaitable<void> WeightWatcher::sync_worker(Version v, WorkerSync& out) {
+  auto phase = [this](TimePoint& t) {
+    const auto now = clock_.now();
+    const double s = std::chrono::duration<double>(now - t).count();
+    t = now;
+    return s;
+  };
+  auto t = out.start = clock_.now();
+  auto paused = co_await admin(AdminOp::kPause, out.worker, v);
+  out.pause_s = phase(t);
   Status updated = paused;
-  if (paused) updated = co_await admin(AdminOp::kUpdate, worker, v);
+  if (paused) {
+    updated = co_await admin(AdminOp::kUpdate, out.worker, v);
+    out.update_s = phase(t);
+  }
   // Resume even when the update failed: the worker then serves its previous version, which its
   // tokens report, rather than nothing.
-  auto resumed = co_await admin(AdminOp::kResume, worker, v);
-  if (!updated) co_return updated;
-  co_return resumed;
+  auto resumed = co_await admin(AdminOp::kResume, out.worker, v);
+  out.resume_s = phase(t);
+  if (!updated) {
+    out.error = updated.error().what();
+  } else if (!resumed) {
+    out.error = resumed.error().what();
+  }
 }
 
 Awaitable<Status> WeightWatcher::drain_dispatcher() {
@@ -103,37 +118,41 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
     if (!drained) ARLO_WARN("weight sync v{}: {}; swapping anyway", v, drained.error().what());
   }
 
-  const auto workers = inference_.workers();
+  SyncReport report;
+  report.version = v;
+  report.start = t0;
+  report.trainer_metrics = notice.metrics;
+  for (const auto& w : inference_.workers()) {
+    report.workers.emplace_back();
+    report.workers.back().worker = w;
+  }
   // All workers in parallel; the update is as slow as the slowest worker, not their sum.
   Promise<bool> all_done(ex_);
-  auto remaining = std::make_shared<std::size_t>(workers.size());
-  auto failed = std::make_shared<int>(0);
-  for (const auto& w : workers) {
-    spawn(ex_, [this, w, v, remaining, failed, all_done]() mutable -> Awaitable<void> {
-      std::string name = w;
-      auto st = co_await sync_worker(std::move(name), v);
-      if (!st) {
-        ++*failed;
-        ARLO_ERROR("weight sync: worker {} did not take v{}: {}", w, v, st.error().what());
-      }
+  auto remaining = std::make_shared<std::size_t>(report.workers.size());
+  for (auto& w : report.workers) {
+    spawn(ex_, [this, &w, v, remaining, all_done]() mutable -> Awaitable<void> {
+      co_await sync_worker(v, w);
+      if (!w.ok()) ARLO_ERROR("weight sync: worker {} did not take v{}: {}", w.worker, v, w.error);
       if (--*remaining == 0) all_done.set(true);
     });
   }
-  if (!workers.empty()) co_await all_done.get();
+  if (!report.workers.empty()) co_await all_done.get();
 
   if (hold) dispatcher_.hold(false);
   syncing_ = false;
-  const int nfailed = *failed;
-  failures_ += static_cast<std::uint64_t>(nfailed);
-  if (!workers.empty() && nfailed == static_cast<int>(workers.size())) {
+  for (const auto& w : report.workers) report.workers_failed += w.ok() ? 0 : 1;
+  failures_ += static_cast<std::uint64_t>(report.workers_failed);
+  report.seconds = std::chrono::duration<double>(clock_.now() - t0).count();
+  report.applied = report.workers.empty() || report.workers_failed < static_cast<int>(report.workers.size());
+  if (!report.applied) {
+    if (on_synced_) on_synced_(report);
     ARLO_ERROR("weight sync: no worker took v{}; retrying after backoff", v);
     co_await sleep_until(ex_, clock_, clock_.now() + opt_.admin_backoff);
     co_return;
   }
   synced_ = v;
-  last_seconds_ = std::chrono::duration<double>(clock_.now() - t0).count();
+  last_seconds_ = report.seconds;
   dispatcher_.on_version(v);
-  SyncReport report{v, last_seconds_, static_cast<int>(workers.size()), nfailed, notice.metrics};
   changed_.notify();
   if (on_synced_) on_synced_(report);
 }

@@ -20,6 +20,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "orchestrator/async.h"
 #include "orchestrator/dispatcher.h"
@@ -28,11 +29,25 @@
 
 namespace arlo::orch {
 
+// One worker's part of one version update: how long each admin phase took (0 when not reached).
+struct WorkerSync {
+  std::string worker;
+  TimePoint start{};
+  double pause_s = 0.0;
+  double update_s = 0.0;  // the transfer: the worker fetches and applies the version
+  double resume_s = 0.0;
+  std::string error;      // empty when the worker took the version
+  bool ok() const { return error.empty(); }
+};
+
+// One update attempt of one version. `applied` is false when no worker took it (it is retried).
 struct SyncReport {
   Version version = 0;
+  bool applied = false;
+  TimePoint start{};
   double seconds = 0.0;
-  int workers = 0;
   int workers_failed = 0;
+  std::vector<WorkerSync> workers;
   nlohmann::json trainer_metrics;  // from the notice (loss, grad_norm, ...)
 };
 
@@ -57,7 +72,7 @@ class WeightWatcher {
  private:
   Awaitable<void> sync(VersionNotice notice);
   Awaitable<Status> drain_dispatcher();
-  Awaitable<Status> sync_worker(std::string worker, Version v);
+  Awaitable<void> sync_worker(Version v, WorkerSync& out);
   enum class AdminOp { kPause, kUpdate, kResume };
   Awaitable<Status> admin(AdminOp op, std::string worker, Version v);
 

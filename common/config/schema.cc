@@ -5,6 +5,7 @@
 // a 2-core machine).
 #include "common/config/schema.h"
 
+#include <cstdlib>
 #include <regex>
 
 #include "common/config/config.h"
@@ -193,6 +194,8 @@ std::vector<Section> product_sections() {
        {
            int_key("interval", 10, "Evaluate at start and every this many steps (0 disables).").at_least(0),
            int_key("k", 4, "Samples per eval task (pass@k, avg@k).").range(1, 1024),
+           strings_key("pass_k", {}, "The k of each pass@k reported, e.g. [1, 4]; each in 1..eval.k (empty: 1 and eval.k)."),
+           float_key("correct_threshold", 1.0, "A sample with reward >= this counts as correct for pass@k."),
            int_key("size", 64, "Number of eval tasks.").range(1, 1 << 20),
            float_key("temperature", 1.0, "Sampling temperature for eval.").range(0.0, 10.0),
            string_key("env_kind", "same",
@@ -320,7 +323,11 @@ std::vector<Section> product_sections() {
            string_key("file", "", "Also append logs to this file (empty: console only)."),
            float_key("interval_s", 10.0, "Seconds between pipeline views (in flight, queued, event-loop lag).")
                .range(0.1, 86400.0),
-           bool_key("progress", true, "Show a progress bar toward run.max_steps when stdout is a terminal."),
+           bool_key("progress", true, "Show a progress bar and ETA toward run.max_steps when stdout is a terminal."),
+           float_key("step_interval_s", 2.0,
+                     "At most one step line per this many seconds on the console (the first and last step and the "
+                     "first of each phase always print; metrics.jsonl has every step). 0: every step.")
+               .range(0.0, 86400.0),
        }},
       {"ckpt", "Orchestrator checkpoints for `arlo run --resume`.",
        {
@@ -353,6 +360,17 @@ void jsonl_needs_path(const Config& c, std::vector<Violation>& out) {
   }
   if (c.string("eval.env_kind") == "jsonl" && c.string("eval.env_path").empty()) {
     out.push_back({c.where("eval.env_kind"), "eval.env_path is required when eval.env_kind is jsonl"});
+  }
+}
+
+void pass_k_within_samples(const Config& c, std::vector<Violation>& out) {
+  const auto n = c.integer("eval.k");
+  for (const auto& k : c.strings("eval.pass_k")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(k.c_str(), &end, 10);
+    if (k.empty() || *end != '\0' || v < 1 || v > n) {
+      out.push_back({c.where("eval.pass_k"), "eval.pass_k: '" + k + "' is not an integer in 1..eval.k (" + std::to_string(n) + ")"});
+    }
   }
 }
 
@@ -417,6 +435,7 @@ std::vector<Rule> product_rules() {
   return {
       {"orchestrator.batch_size is a multiple of orchestrator.group_size.", batch_is_whole_groups},
       {"env.path is given when env.kind is jsonl; eval.env_path when eval.env_kind is jsonl.", jsonl_needs_path},
+      {"Each eval.pass_k is an integer in 1..eval.k.", pass_k_within_samples},
       {"env.min_len <= env.max_len.", reverse_text_lengths},
       {"inference.urls is not empty when inference.launch is external; embedded launch means inference.kind arlo.",
        external_inference_needs_urls},

@@ -241,6 +241,7 @@ Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> 
   std::vector<rollout::SampleInput> inputs;
   for (const auto& r : group) {
     out.rewards.push_back(r.reward.value_or(0.0));
+    out.metrics.push_back(r.metrics);
     inputs.push_back({r.reward.value_or(0.0), r.completion_tokens.size(), r.finish_reason == rollout::FinishReason::kLength});
   }
   auto adv = rollout::compute_advantages(inputs, advantages_);

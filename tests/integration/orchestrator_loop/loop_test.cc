@@ -171,7 +171,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
       trained.push_back(step);
       batch_samples.push_back(batch->meta_int("step_samples").value_or(-1));
       if (!(*client)->ack(step)) break;
-      if (!(*client)->published(step, {{"metrics", {{"loss", 0.25}}}})) break;
+      if (!(*client)->published(step, {{"metrics", {{"loss", 0.25}, {"lr", 0.001}}}})) break;
     }
     (*client)->close();
   });
@@ -235,17 +235,18 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   std::ifstream metrics(run_dir / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
     const auto j = nlohmann::json::parse(line);
-    if (!j.contains("train/reward/mean")) continue;
+    if (j.value("kind", "") != "step") continue;
     ++step_lines;
     // The trainer's metrics, announced under "metrics" with each version, reach the step records.
-    if (j.contains("loss")) {
+    if (j.contains("trainer/loss")) {
       ++loss_lines;
-      EXPECT_DOUBLE_EQ(j.at("loss").get<double>(), 0.25) << line;
+      EXPECT_DOUBLE_EQ(j.at("trainer/loss").get<double>(), 0.25) << line;
+      EXPECT_DOUBLE_EQ(j.at("trainer/lr").get<double>(), 0.001) << line;
     }
   }
   EXPECT_EQ(step_lines, kSteps);
   EXPECT_GE(loss_lines, 1) << "no step record carries the trainer's loss";
-  EXPECT_NE(registry.prometheus().find("arlo_loss 0.25"), std::string::npos) << registry.prometheus();
+  EXPECT_NE(registry.prometheus().find("arlo_trainer_loss 0.25"), std::string::npos) << registry.prometheus();
   EXPECT_TRUE(std::filesystem::exists(run_dir / "summary.json"));
   EXPECT_TRUE(std::filesystem::exists(run_dir / "orchestrator" / "checkpoint.json"));
   std::filesystem::remove_all(run_dir);

@@ -116,6 +116,26 @@ TEST(MetricsRegistry, PrometheusExpositionExactText) {
   EXPECT_EQ(r.prometheus(), expected);
 }
 
+TEST(MetricsRegistry, LabelledGaugesAreOneFamilyWithEscapedLabels) {
+  Registry r;
+  r.gauge("worker/version", {{"worker", "http://127.0.0.1:8001"}}, "Version each worker holds.").set(7);
+  r.gauge("worker/version", {{"worker", "odd\"name\\\n"}}).set(6);
+  r.gauge("worker/version", {{"worker", "http://127.0.0.1:8001"}}).add(1);
+  const std::string expected =
+      "# HELP arlo_worker_version Version each worker holds.\n"
+      "# TYPE arlo_worker_version gauge\n"
+      "arlo_worker_version{worker=\"http://127.0.0.1:8001\"} 8\n"
+      "arlo_worker_version{worker=\"odd\\\"name\\\\\\n\"} 6\n";
+  EXPECT_EQ(r.prometheus(), expected);
+  EXPECT_EQ(r.snapshot()["worker/version{worker=\"http://127.0.0.1:8001\"}"], 8.0);
+  // A labelled family is not also a plain gauge, and the reverse.
+  r.gauge("worker/version").set(1);
+  r.gauge("plain").set(1);
+  r.gauge("plain", {{"a", "b"}}).set(2);
+  EXPECT_EQ(r.prometheus().find("arlo_worker_version 1"), std::string::npos);
+  EXPECT_EQ(r.prometheus().find("arlo_plain{"), std::string::npos);
+}
+
 // Every line is a comment (HELP/TYPE) or `name{labels} value` with a valid name and a value Go's
 // ParseFloat accepts; each family's HELP and TYPE precede its samples.
 TEST(MetricsRegistry, ExpositionIsWellFormedForAwkwardNamesAndValues) {

@@ -230,7 +230,11 @@ class FakeScorer final : public ScorerPort {
   Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task>,
                                        std::shared_ptr<const std::vector<Completion>> cs) override {
     ScoredGroup g;
-    for (const auto& c : *cs) g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
+    for (const auto& c : *cs) {
+      g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
+      // What a reward module reports: its reward and one figure of its own.
+      g.metrics.push_back({{"fake", g.rewards.back()}, {"fake/tokens", static_cast<double>(c.tokens.size())}});
+    }
     g.advantages = grpo_advantages(g.rewards);
     ++scored;
     co_return g;
@@ -257,7 +261,7 @@ class FakeTrainer final : public TrainerPort {
   }
   void on_version(std::function<void(VersionNotice)> cb) override { cb_ = std::move(cb); }
   void publish(Version v) {
-    if (cb_) cb_({v, {{"loss", 0.5}}});
+    if (cb_) cb_({v, {{"loss", 0.5}, {"lr", 1e-3}, {"step", v}, {"note", "not a number"}}});
   }
   void ack(std::int64_t step) {
     acked_ = static_cast<int>(std::max<std::int64_t>(acked_, step - first_step_offset));

@@ -6,10 +6,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <unistd.h>
 
+#include "common/http.h"
+#include "common/metrics.h"
 #include "orchestrator/checkpoint.h"
 #include "orchestrator/orchestrator.h"
 #include "tests/unit/orchestrator/fakes.h"
@@ -504,6 +507,174 @@ TEST(Eval, UnbiasedPassAtK) {
   EXPECT_DOUBLE_EQ(pass_at_k(4, 0, 3), 0.0);
   EXPECT_DOUBLE_EQ(pass_at_k(4, 4, 2), 1.0);
   EXPECT_NEAR(pass_at_k(5, 2, 3), 0.9, 1e-12);
+}
+
+std::vector<nlohmann::json> records_of(const Orchestrator& o, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  const auto all = o.records().since(0);
+  for (const auto& r : all.at("records"))
+    if (r.at("kind") == kind) out.push_back(r);
+  return out;
+}
+
+TEST(Records, StepRecordsCarryTrainerRewardModuleAndStalenessFigures) {
+  Harness h;
+  h.opt.max_steps = 3;
+  h.inf.auto_complete = true;
+  h.trainer.auto_publish = true;
+  h.start();
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  const auto steps = records_of(*h.orch, "step");
+  ASSERT_EQ(steps.size(), 3u);
+  for (const auto& r : steps) {
+    const auto line = r.dump();
+    // Off-policy histogram: every sample of the batch in one bucket.
+    int in_histogram = 0;
+    for (const auto& n : r.at("off_policy/histogram")) in_histogram += n.get<int>();
+    EXPECT_EQ(in_histogram, 4) << line;
+    // The reward module's own figures, averaged over the batch.
+    EXPECT_DOUBLE_EQ(r.at("train/reward/fake/mean").get<double>(), r.at("train/reward/mean").get<double>()) << line;
+    EXPECT_DOUBLE_EQ(r.at("train/reward/fake/tokens").get<double>(), 3.0) << line;
+    EXPECT_DOUBLE_EQ(r.at("train/reward/failed").get<double>(), 0.0) << line;
+  }
+  // Step 1 is cut before any version was published; step 3 waits for v1 (async level 1), so it
+  // carries the newest trainer figures, numbers only, under trainer/.
+  EXPECT_FALSE(steps[0].contains("trainer/loss")) << steps[0].dump();
+  EXPECT_DOUBLE_EQ(steps[2].at("trainer/loss").get<double>(), 0.5) << steps[2].dump();
+  EXPECT_DOUBLE_EQ(steps[2].at("trainer/lr").get<double>(), 1e-3) << steps[2].dump();
+  EXPECT_GE(steps[2].at("trainer/step").get<int>(), 1) << steps[2].dump();
+  for (const auto& r : steps) EXPECT_FALSE(r.contains("trainer/note")) << r.dump();
+  // One weight_sync record per version pushed (notices that arrive during an update coalesce),
+  // each worker's phases in it.
+  const auto syncs = records_of(*h.orch, "weight_sync");
+  ASSERT_GE(syncs.size(), 2u);
+  EXPECT_EQ(syncs.back().at("version").get<int>(), 3);
+  int last_version = 0;
+  for (const auto& r : syncs) {
+    EXPECT_GT(r.at("version").get<int>(), last_version) << r.dump();
+    last_version = r.at("version").get<int>();
+    EXPECT_TRUE(r.at("applied").get<bool>()) << r.dump();
+    ASSERT_EQ(r.at("workers").size(), 2u) << r.dump();
+    for (const auto& w : r.at("workers")) {
+      EXPECT_TRUE(w.at("ok").get<bool>()) << r.dump();
+      for (const char* k : {"pause_s", "update_s", "resume_s", "start"}) EXPECT_GE(w.at(k).get<double>(), 0.0) << k;
+    }
+  }
+  const auto status = h.orch->status_json();
+  ASSERT_EQ(status.at("workers").size(), 2u) << status.dump();
+  for (const auto& w : status.at("workers")) {
+    EXPECT_EQ(w.at("version").get<int>(), 3) << status.dump();
+    EXPECT_TRUE(w.at("healthy").get<bool>()) << status.dump();
+    EXPECT_EQ(w.at("syncs").get<std::size_t>(), syncs.size()) << status.dump();
+  }
+  EXPECT_TRUE(status.at("finished").get<bool>());
+}
+
+TEST(Records, AWorkerThatFailsAnUpdateIsUnhealthyAndNamed) {
+  Harness h;
+  h.inf.hang_pause = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->dispatcher().version() == 1; }, 1000));
+  const auto syncs = records_of(*h.orch, "weight_sync");
+  ASSERT_EQ(syncs.size(), 1u);
+  EXPECT_EQ(syncs[0].at("weight_sync/workers_failed").get<int>(), 1) << syncs[0].dump();
+  for (const auto& w : syncs[0].at("workers")) {
+    const bool hung = w.at("worker") == "w1";
+    EXPECT_EQ(w.at("ok").get<bool>(), !hung) << syncs[0].dump();
+    EXPECT_EQ(w.at("error").get<std::string>().empty(), !hung) << syncs[0].dump();
+  }
+  // Every admin call of w1 waited out its deadline: 2 attempts of 5 s plus the 1 s backoff.
+  for (const auto& w : syncs[0].at("workers"))
+    if (w.at("worker") == "w1") {
+      EXPECT_DOUBLE_EQ(w.at("pause_s").get<double>(), 11.0) << syncs[0].dump();
+    }
+  for (const auto& w : h.orch->status_json().at("workers")) {
+    const bool hung = w.at("worker") == "w1";
+    EXPECT_EQ(w.at("healthy").get<bool>(), !hung);
+    EXPECT_EQ(w.at("version").get<int>(), hung ? 0 : 1);
+    EXPECT_EQ(w.at("failures").get<int>(), hung ? 1 : 0);
+  }
+}
+
+TEST(Records, TheLogKeepsItsNewestRecordsAndCountsOn) {
+  RecordLog log(3);
+  for (int i = 0; i < 5; ++i) log.append({{"i", i}});
+  EXPECT_EQ(log.next(), 5u);
+  auto all = log.since(0);
+  EXPECT_EQ(all.at("next").get<int>(), 5);
+  ASSERT_EQ(all.at("records").size(), 3u);
+  EXPECT_EQ(all.at("records")[0].at("i").get<int>(), 2);  // the two oldest were dropped
+  auto tail = log.since(4);
+  ASSERT_EQ(tail.at("records").size(), 1u);
+  EXPECT_EQ(tail.at("records")[0].at("i").get<int>(), 4);
+  EXPECT_EQ(log.since(5).at("records").size(), 0u);
+  EXPECT_EQ(log.since(9).at("next").get<int>(), 9);  // a poller ahead of the log waits where it is
+  auto page = log.since(2, 2);
+  EXPECT_EQ(page.at("records").size(), 2u);
+  EXPECT_EQ(page.at("next").get<int>(), 4);
+}
+
+TEST(Console, StepLinesArePacedAndTheEtaFollowsThePace) {
+  StepLinePacer p(5.0);
+  std::vector<std::int64_t> printed;
+  // 4 steps per second, RL starting at step 31; 100 steps in all.
+  for (std::int64_t s = 1; s <= 100; ++s)
+    if (p.due(0.25 * static_cast<double>(s), s, 100, s == 31)) printed.push_back(s);
+  EXPECT_EQ(printed, (std::vector<std::int64_t>{1, 21, 31, 51, 71, 91, 100}));
+  EXPECT_NEAR(p.eta_seconds(50, 100), 12.5, 1e-9);
+  StepLinePacer every(0.0);
+  for (std::int64_t s = 1; s <= 5; ++s) EXPECT_TRUE(every.due(0.0, s, 5, false));
+  EXPECT_LT(StepLinePacer(1.0).eta_seconds(1, 10), 0.0);  // unknown before two steps
+  EXPECT_EQ(progress_prefix(25, 100, 192.0), "[#####...............]  25% ETA 3m12s ");
+  EXPECT_EQ(progress_prefix(100, 100, -1.0), "[####################] 100% ");
+  EXPECT_EQ(progress_prefix(1, 2, 7300.0), "[##########..........]  50% ETA 2h01m ");
+}
+
+TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
+  Harness h;
+  h.opt.status_port = 0;
+  h.inf.auto_complete = true;  // the trainer publishes v1 only: the gate holds the run at step 2
+  metrics::Registry registry;
+  h.orch = std::make_unique<Orchestrator>(h.io, Ports{&h.inf, &h.tasks, &h.scorer, &h.trainer, &h.clock, {}}, h.opt,
+                                          &registry);
+  ASSERT_TRUE(h.orch->start());
+  ASSERT_TRUE(h.run_until([&] { return h.orch->train_sink().steps_cut() >= 2; }));
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->dispatcher().version() == 1; }));
+  const std::string base = "http://127.0.0.1:" + std::to_string(h.orch->status_port());
+  http::Client client(h.io);
+  std::map<std::string, Result<http::Response>> got;
+  spawn(h.io.get_executor(), [&]() -> Awaitable<void> {
+    for (const char* path : {"/api/records?since=0", "/api/status", "/metrics", "/api/records?since=x"})
+      got.emplace(path, co_await client.get(base + path, std::chrono::seconds(20)));
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (got.size() < 4 && std::chrono::steady_clock::now() < deadline) {
+    h.io.restart();
+    h.io.run_one_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& [path, r] : got) ASSERT_TRUE(r) << path << ": " << r.error().what();
+  auto records = got.at("/api/records?since=0")->parse_json();
+  ASSERT_TRUE(records);
+  EXPECT_EQ(records->at("next").get<std::uint64_t>(), h.orch->records().next());
+  EXPECT_EQ(records->at("records").size(), h.orch->records().next());
+  int steps = 0;
+  for (const auto& r : records->at("records")) steps += r.at("kind") == "step" ? 1 : 0;
+  EXPECT_GE(steps, 2);
+  auto status = got.at("/api/status")->parse_json();
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->at("workers").size(), 2u) << status->dump();
+  EXPECT_EQ(status->at("max_steps").get<int>(), 10);
+  const auto& text = got.at("/metrics")->body;
+  EXPECT_NE(text.find("arlo_worker_version{worker=\"w0\"}"), std::string::npos) << text;
+  EXPECT_NE(text.find("arlo_weight_sync_worker_seconds{worker=\"w1\"}"), std::string::npos) << text;
+  EXPECT_NE(text.find("arlo_trainer_loss 0.5"), std::string::npos) << text;
+  EXPECT_EQ(got.at("/api/records?since=x")->status, 400);
+  EXPECT_NE(got.at("/api/records?since=x")->body.find("since"), std::string::npos);
+  h.orch->request_stop("test over");
+  EXPECT_TRUE(h.run_until([&] { return h.orch->finished(); }));
 }
 
 TEST(Options, RejectsInconsistentValues) {
