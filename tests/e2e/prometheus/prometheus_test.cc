@@ -261,6 +261,7 @@ std::vector<std::string> processes_mentioning(const fs::path& dir) {
 // The parts of one scrape the test checks.
 struct ScrapeFindings {
   std::set<std::string> missing;                         // of kRequired
+  std::set<std::string> not_finite;                      // of kRequired: NaN or infinite
   std::map<std::string, std::set<std::string>> workers;  // labelled name -> worker label values
 };
 
@@ -269,6 +270,8 @@ ScrapeFindings check_scrape(const Exposition& e) {
   for (const auto& name : kRequired) {
     const auto samples = e.named(name);
     if (samples.empty()) f.missing.insert(name);
+    for (const auto& s : samples)
+      if (!std::isfinite(s.value)) f.not_finite.insert(name);
   }
   for (const auto& name : kPerWorker)
     for (const auto& s : e.named(name))
@@ -409,9 +412,9 @@ void PrometheusE2E::scrape_a_run() {
   std::set<std::string> worker_urls;
   for (const auto& [url, w] : summary.at("workers").items()) worker_urls.insert(url);
   EXPECT_EQ(worker_urls.size(), static_cast<std::size_t>(kWorkers)) << summary.at("workers").dump();
-  const ScrapeFindings& seen = complete ? *complete : *last;
+  EXPECT_TRUE(last->not_finite.empty()) << "not finite at the last scrape: " << join(last->not_finite);
   for (const auto& name : kPerWorker)
-    EXPECT_EQ(seen.workers.contains(name) ? seen.workers.at(name) : std::set<std::string>{}, worker_urls)
+    EXPECT_EQ(last->workers.contains(name) ? last->workers.at(name) : std::set<std::string>{}, worker_urls)
         << name << "{worker=...}: one series per worker";
 
   // What the run wrote to metrics.jsonl as its train reward.
