@@ -464,8 +464,8 @@ void PrometheusE2E::scrape_a_run() {
   std::printf("prometheus e2e: %zu samples of arlo_train_reward_mean in Prometheus (%zu distinct), %zu steps "
               "with a reward in metrics.jsonl\n", prom_rewards.size(), distinct.size(), rewards.size());
 
-  // Prometheus' own parser took every scrape that reached arlo: `up` is 1 on each of them (an
-  // exposition it cannot parse makes it 0), and there were several.
+  // Prometheus' own parser accepted arlo's exposition: `up` is 1 on several scrapes (a scrape whose
+  // text it cannot parse sets it to 0, as does one that finds the status port closed).
   {
     auto up = api.query("up{job=\"arlo\"}" + window, unix_now());
     ASSERT_TRUE(up.has_value()) << up.error();
