@@ -48,7 +48,7 @@ Result<std::shared_ptr<rollout::RewardModule>> make_reward(const config::Config&
       return std::unexpected(Error(module.error()).with_context(fmt::format("reward.modules[{}] ({})", i, m.where("kind"))));
     parts.push_back({std::move(*module), m.number("weight")});
   }
-  if (parts.size() == 1 && parts[0].weight == 1.0) return std::shared_ptr<rollout::RewardModule>(std::move(parts[0].module));
+  // Always the weighted sum, even of one module: it reports each module's reward as "<module>".
   return std::shared_ptr<rollout::RewardModule>(rollout::make_weighted("reward", std::move(parts)));
 }
 

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -165,18 +166,35 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
 
   int step_records = 0, supervised_records = 0;
   std::int64_t last_step = 0;
+  std::set<std::int64_t> synced_versions;
   for (const auto& j : read_jsonl(run_dir / "metrics.jsonl")) {
     const std::string line = j.dump();
-    ASSERT_TRUE(j.contains("step") && j.contains("time")) << line;
+    ASSERT_TRUE(j.contains("kind") && j.contains("step") && j.contains("time")) << line;
+    if (j.at("kind") == "weight_sync") {
+      // Each update names both workers and how long each of their phases took.
+      ASSERT_EQ(j.at("workers").size(), 2u) << line;
+      for (const auto& w : j.at("workers")) {
+        EXPECT_TRUE(w.at("ok").get<bool>()) << line;
+        EXPECT_GE(w.at("update_s").get<double>(), 0.0) << line;
+      }
+      synced_versions.insert(j.at("version").get<std::int64_t>());
+      continue;
+    }
+    if (j.at("kind") != "step") continue;
     if (j.value("train/supervised", false)) {
       ++supervised_records;
       EXPECT_LE(j.at("step").get<std::int64_t>(), kWarmup) << line;
       continue;
     }
-    if (!j.contains("train/reward/mean")) continue;
     const double reward = j.at("train/reward/mean").get<double>();
     EXPECT_TRUE(reward >= 0.0 && reward <= 1.0) << line;
+    // One reward module, weight 1: its mean is the reward; no sample failed scoring.
+    EXPECT_DOUBLE_EQ(j.at("train/reward/exact_match/mean").get<double>(), reward) << line;
+    EXPECT_EQ(j.at("train/reward/failed").get<double>(), 0.0) << line;
     EXPECT_EQ(j.at("train/samples/trainable").get<int>(), 64) << line;
+    int histogram = 0;
+    for (const auto& n : j.at("off_policy/histogram")) histogram += n.get<int>();
+    EXPECT_EQ(histogram, 64) << line;
     EXPECT_EQ(j.at("rollouts/failed").get<int>(), 0) << line;
     ++step_records;
     EXPECT_GT(j.at("step").get<std::int64_t>(), last_step) << "steps are logged once, in order";
@@ -184,12 +202,15 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
     for (const char* key : {"rollouts/completed", "rollouts/failed", "rollouts/cancelled", "throughput/tokens_per_s",
                             "time/step_seconds"})
       EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
-    // arlo-trainer's metrics of the newest synced version.
-    for (const char* key : {"loss", "mismatch_kl", "grad_norm"}) {
+    // arlo-trainer's figures of the newest synced version, on every RL step.
+    for (const char* key : {"trainer/loss", "trainer/mismatch_kl", "trainer/grad_norm", "trainer/lr", "trainer/entropy",
+                            "trainer/clipped_fraction"}) {
       ASSERT_TRUE(j.contains(key)) << key << " missing in " << line;
       EXPECT_TRUE(std::isfinite(j.at(key).get<double>())) << line;
     }
+    EXPECT_GT(j.at("trainer/lr").get<double>(), 0.0) << line;
   }
+  EXPECT_TRUE(synced_versions.count(kSteps)) << "the final version's update is recorded";
   EXPECT_EQ(supervised_records, kWarmup);
   EXPECT_EQ(step_records, kSteps - kWarmup);
   EXPECT_EQ(last_step, kSteps);
