@@ -70,19 +70,21 @@ Result<LossOutput> compute_loss(const LossInputs& in, const LossOptions& o) {
       auto log_ratio = (logp_d - q) * m;
       auto rho = log_ratio.exp();
       at::Tensor w;
-      at::Tensor changed;
+      // Tokens whose weight the correction changed: below the band (masked) or above the cap.
+      at::Tensor low = at::zeros_like(rho, at::kBool);
+      at::Tensor high = at::zeros_like(rho, at::kBool);
       switch (o.correction) {
         case Correction::kNone:
           w = at::ones_like(rho);
-          changed = at::zeros_like(rho, at::kBool);
           break;
         case Correction::kTokenTis:
           w = rho.clamp_max(o.tis_high);
-          changed = rho > o.tis_high;
+          high = rho > o.tis_high;
           break;
         case Correction::kTokenMis:
-          changed = (rho < o.mis_low) | (rho > o.mis_high);
-          w = (~changed).to(at::kFloat);
+          low = rho < o.mis_low;
+          high = rho > o.mis_high;
+          w = (~(low | high)).to(at::kFloat);
           break;
         case Correction::kSeqTis: {
           // Sequence ids over the flattened batch: a sequence starts at position 0 or at a row start.
@@ -93,14 +95,16 @@ Result<LossOutput> compute_loss(const LossInputs& in, const LossOptions& o) {
           auto seq_log_ratio = at::zeros({nseg}, at::kFloat).index_add_(0, seg, log_ratio.reshape({-1}));
           auto seq_rho = seq_log_ratio.exp().index_select(0, seg).view(rho.sizes());
           w = seq_rho.clamp_max(o.tis_high);
-          changed = seq_rho > o.tis_high;
+          high = seq_rho > o.tis_high;
           break;
         }
       }
       if (n > 0) {
         pg = -(w * adv * tl.logp * m).sum() / n;
         out.mismatch_kl = ((rho - 1.0 - log_ratio) * m).sum().item<double>() / n;
-        out.clipped_fraction = (changed.to(at::kFloat) * m).sum().item<double>() / n;
+        out.clipped_low_fraction = (low.to(at::kFloat) * m).sum().item<double>() / n;
+        out.clipped_high_fraction = (high.to(at::kFloat) * m).sum().item<double>() / n;
+        out.clipped_fraction = out.clipped_low_fraction + out.clipped_high_fraction;
         out.entropy = (tl.entropy * m).sum().item<double>() / n;
       }
     }

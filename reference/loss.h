@@ -59,7 +59,9 @@ struct LossOutput {
   double pg_loss = 0;
   double ce_loss = 0;
   double mismatch_kl = 0;
-  double clipped_fraction = 0;
+  double clipped_fraction = 0;       // clipped_low_fraction + clipped_high_fraction
+  double clipped_low_fraction = 0;   // token_mis: ratio below mis_low (masked)
+  double clipped_high_fraction = 0;  // ratio above the cap (tis_high, or mis_high: truncated or masked)
   double entropy = 0;
   std::int64_t pg_tokens = 0;
   std::int64_t ce_tokens = 0;

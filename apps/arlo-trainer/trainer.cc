@@ -297,6 +297,8 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
               {"grad_norm", grad_norm},
               {"mismatch_kl", out.mismatch_kl},
               {"clipped_fraction", out.clipped_fraction},
+              {"clipped_low_fraction", out.clipped_low_fraction},
+              {"clipped_high_fraction", out.clipped_high_fraction},
               {"entropy", out.entropy},
               {"lr", lr},
               {"step_seconds", seconds},

@@ -64,6 +64,8 @@ TEST(Loss, TokenTruncatedIsClipsTheRatioAndKeepsItsGradientDetached) {
   auto out = run(in, Correction::kTokenTis);
   EXPECT_NEAR(out.loss.item<double>(), s.pg(1.5, 1.25), 1e-6);
   EXPECT_NEAR(out.clipped_fraction, 0.5, 1e-9);
+  EXPECT_NEAR(out.clipped_high_fraction, 0.5, 1e-9);
+  EXPECT_EQ(out.clipped_low_fraction, 0.0);
   out.loss.backward();
   // d loss / d logits[0][1] = -(w1 * A1 / n) * (1 - p1): the weight is a constant.
   EXPECT_NEAR(in.logits.grad()[0][0][1].item<double>(), -(1.5 * 1.0 / 2) * (1 - s.p1), 1e-6);
@@ -83,6 +85,18 @@ TEST(Loss, TokenMaskedIsDropsTokensOutsideTheBand) {
   Small s;
   auto out = run(s.inputs(), Correction::kTokenMis);
   EXPECT_NEAR(out.loss.item<double>(), s.pg(0, 1), 1e-6);
+  EXPECT_NEAR(out.clipped_fraction, 0.5, 1e-9);
+  EXPECT_NEAR(out.clipped_high_fraction, 0.5, 1e-9);  // rho 2 > mis_high; 1.25 is inside the band
+  EXPECT_EQ(out.clipped_low_fraction, 0.0);
+}
+
+TEST(Loss, TokenMaskedIsCountsRatiosBelowTheBandAsLowClips) {
+  Small s;
+  s.rho1 = 0.5;  // below mis_low: masked
+  auto out = run(s.inputs(), Correction::kTokenMis);
+  EXPECT_NEAR(out.loss.item<double>(), s.pg(0, 1), 1e-6);
+  EXPECT_NEAR(out.clipped_low_fraction, 0.5, 1e-9);
+  EXPECT_EQ(out.clipped_high_fraction, 0.0);
   EXPECT_NEAR(out.clipped_fraction, 0.5, 1e-9);
 }
 
