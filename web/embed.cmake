@@ -9,6 +9,12 @@ endforeach()
 
 file(READ ${UPLOT_DIR}/uPlot.min.css uplot_css)
 file(READ ${UPLOT_DIR}/uPlot.iife.min.js uplot_js)
+# uPlot's banner names its repository by URL; the page carries its license instead (and no URL at all).
+file(READ ${UPLOT_DIR}/../LICENSE uplot_license)
+file(READ ${UPLOT_DIR}/../package.json uplot_package)
+string(JSON uplot_version GET "${uplot_package}" version)
+string(REGEX REPLACE "^/\\*![^\n]*\\*/\n" "" uplot_js "${uplot_js}")
+set(uplot_js "/*! uPlot ${uplot_version} (npm package uplot)\n${uplot_license}*/\n${uplot_js}")
 file(READ ${SOURCE_DIR}/page/style.css style_css)
 file(READ ${SOURCE_DIR}/page/charts.js charts_js)
 file(READ ${SOURCE_DIR}/page/live.js live_js)

@@ -35,4 +35,14 @@ int config_doc(const std::optional<std::string>& output);
 // or under <build>/bench/*/, passing `args`. When it is missing, lists the benchmarks that exist.
 int bench(const std::string& name, const std::vector<std::string>& args);
 
+struct ReportArgs {
+  std::vector<std::string> run_dirs;
+  std::string output = "report.html";
+};
+
+// Writes one self-contained HTML report of the runs to args.output and PNG charts next to it
+// (<stem>-reward.png, -eval.png, -loss.png). A run dir that cannot be read is named with the
+// problem (file and line for a corrupt metrics.jsonl line) and nothing is written (exit 2).
+int report(const ReportArgs& args);
+
 }  // namespace arlo::cli

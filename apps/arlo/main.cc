@@ -38,6 +38,12 @@ int main(int argc, char** argv) {
                     "weights and metrics)")
       ->excludes("--resume");
 
+  arlo::cli::ReportArgs report;
+  auto* report_cmd = app.add_subcommand("report", "Write one HTML report (and PNG charts) of one or more run dirs");
+  report_cmd->add_option("run_dirs", report.run_dirs, "Run directories (each holds metrics.jsonl)")->required();
+  report_cmd->add_option("--output,-o", report.output, "The HTML file to write; the PNGs go next to it")
+      ->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -50,5 +56,6 @@ int main(int argc, char** argv) {
   if (*doc_cmd) return arlo::cli::config_doc(doc_output);
   if (*bench_cmd) return arlo::cli::bench(bench_name, bench_cmd->remaining());
   if (*run_cmd) return arlo::cli::run_command(run);
+  if (*report_cmd) return arlo::cli::report(report);
   return arlo::cli::kExitFailure;
 }

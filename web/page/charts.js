@@ -88,13 +88,16 @@ const ArloCharts = (() => {
   }
 
   // Series of the step table whose key matches `re`; label from the first capture group (or `name`).
-  function stepSeries(ds, picks) {
+  // With rlOnly, supervised warm-up steps read null.
+  function stepSeries(ds, picks, rlOnly = false) {
     const series = [];
+    const supervised = ds.steps.column("train/supervised");
     for (const {re, name, scale} of picks) {
       for (const key of ds.steps.labels()) {
         const m = key.match(re);
         if (!m) continue;
-        const values = ds.steps.column(key);
+        let values = ds.steps.column(key);
+        if (rlOnly) values = values.map((v, i) => (supervised[i] === 1 ? null : v));
         if (values.every((v) => v === null)) continue;
         series.push({label: name || m[1], values, scale: scale || "y"});
       }
@@ -122,7 +125,7 @@ const ArloCharts = (() => {
      ]))},
     {id: "eval", title: "Eval", subtitle: "pass@k and avg@n on the eval set at each evaluated version",
      x: "version (trainer step)", y: "fraction correct", range: [0, 1],
-     build: (ds) => ({x: ds.evals.x, series: ds.evals.labels().map((key) => ({
+     build: (ds) => ({x: ds.evals.x, series: ds.evals.labels().filter((key) => /^eval\/[^/]+\/(pass|avg)@\d+$/.test(key)).map((key) => ({
        label: key.replace(/^eval\//, "").replace("/", " "), values: ds.evals.column(key), scale: "y"}))})},
     {id: "loss", title: "Trainer loss", subtitle: "latest figures the trainer reported at each step",
      x: "trainer step", y: "loss",
@@ -130,12 +133,12 @@ const ArloCharts = (() => {
        {re: /^trainer\/loss$/, name: "loss"}, {re: /^trainer\/pg_loss$/, name: "policy-gradient loss"},
        {re: /^trainer\/ce_loss$/, name: "cross-entropy loss"},
      ]))},
-    {id: "kl", title: "Mismatch KL and grad norm", subtitle: "KL(inference || trainer) of the sampled tokens; gradient L2 norm before clipping",
+    {id: "kl", title: "Mismatch KL and grad norm", subtitle: "RL steps: KL(inference || trainer) of the sampled tokens; gradient L2 norm before clipping",
      x: "trainer step", y: "mismatch KL (nats)", y2: "grad norm",
      build: (ds) => compact(stepSeries(ds, [
        {re: /^trainer\/mismatch_kl$/, name: "mismatch KL"},
        {re: /^trainer\/grad_norm$/, name: "grad norm", scale: "y2"},
-     ]))},
+     ], true))},
     {id: "throughput", title: "Throughput", subtitle: "tokens generated per second of wall time",
      x: "trainer step", y: "tokens / s",
      build: (ds) => compact(stepSeries(ds, [{re: /^throughput\/tokens_per_s$/, name: "tokens/s"}]))},
@@ -186,8 +189,6 @@ const ArloCharts = (() => {
     return v.toExponential(2);
   }
 
-  function axisValues(u, splits) { return splits.map((v) => (v === null ? "" : fmt(v))); }
-
   // One uPlot chart in `el`, recreated when its series change, resized with its card.
   class Chart {
     constructor(el, spec, opts = {}) {
@@ -213,7 +214,9 @@ const ArloCharts = (() => {
       this.key = key;
       this.plot = new uPlot(this.options(data), aligned, this.el);
     }
-    resize() { if (this.plot) this.plot.setSize({width: this.width(), height: this.opts.height || 240}); }
+    // How many x values the uPlot instance holds (0 before it draws).
+    points() { return this.plot ? this.plot.data[0].length : 0; }
+    resize() { if (this.plot) this.plot.setSize({width: this.width(), height: this.opts.height || 280}); }
     options(data) {
       const spec = this.spec;
       const bars = spec.kind === "bars";
@@ -230,42 +233,46 @@ const ArloCharts = (() => {
       });
       const axes = [
         {label: spec.x, stroke: "#333", grid: {stroke: "#eee"}, ticks: {stroke: "#ccc"},
-         values: bars || spec.integerX !== false ? (u, splits) => splits.map((v) => (Number.isInteger(v) ? String(v) : "")) : axisValues},
-        {label: spec.y, scale: "y", stroke: "#333", grid: {stroke: "#eee"}, ticks: {stroke: "#ccc"}, values: axisValues, size: 60},
+         values: (u, splits) => splits.map((v) => (Number.isInteger(v) ? String(v) : ""))},
+        {label: spec.y, scale: "y", stroke: "#333", grid: {stroke: "#eee"}, ticks: {stroke: "#ccc"}, size: 64},
       ];
-      if (spec.y2) axes.push({label: spec.y2, scale: "y2", side: 1, stroke: "#333", grid: {show: false}, values: axisValues, size: 60});
+      if (spec.y2) axes.push({label: spec.y2, scale: "y2", side: 1, stroke: "#333", grid: {show: false}, size: 64});
       const scales = {x: {time: false}, y: spec.range ? {range: spec.range} : {}};
       if (bars) scales.x.range = (u, min, max) => [min - 0.6, max + 0.6];
       if (spec.y2) scales.y2 = {};
-      return {width: this.width(), height: this.opts.height || 240, series, axes, scales,
+      return {width: this.width(), height: this.opts.height || 280, series, axes, scales,
               legend: {live: true}, cursor: {drag: {x: true, y: false}}};
     }
   }
 
-  // A stacked bar chart of one worker's weight syncs: pause, transfer and resume per version.
+  // A stacked bar chart of one worker's weight syncs: pause, transfer and resume per version. Each
+  // series holds its part's milliseconds (what the legend shows); its bars are drawn from the sum of
+  // the parts before it to that sum plus its own.
   class SyncChart extends Chart {
     set(tl) {
-      // Stacked: each bar is drawn from 0 to the running sum, tallest first, so each part shows.
-      const sums = [];
-      let acc = tl.x.map(() => 0);
-      for (const p of tl.parts) { acc = acc.map((a, i) => a + (p.values[i] || 0)); sums.push(acc); }
-      const series = tl.parts.map((p, i) => ({label: p.label, color: p.color, values: sums[i], scale: "y"})).reverse();
       this.timeline = tl;
-      super.set({x: tl.x, series});
-      this.data = {x: tl.x, series: tl.parts.map((p) => ({label: p.label, values: p.values}))};
+      this.bases = [];
+      let acc = tl.x.map(() => 0);
+      for (const p of tl.parts) { this.bases.push(acc); acc = acc.map((a, i) => a + (p.values[i] || 0)); }
+      this.total = acc;
+      super.set({x: tl.x, series: tl.parts.map((p) => ({label: p.label, color: p.color, values: p.values, scale: "y"}))});
     }
     options(data) {
       const o = super.options(data);
-      const parts = data.series;
       o.series.forEach((s, i) => {
         if (i === 0) return;
-        const part = parts.length - i;  // series are the parts reversed
-        s.fill = parts[i - 1].color; s.stroke = parts[i - 1].color;
-        s.paths = uPlot.paths.bars({size: [0.8, 40]});
+        const part = i - 1;
+        s.fill = data.series[part].color;
+        s.stroke = data.series[part].color;
         s.points = {show: false};
-        s.value = (u, v, si, idx) => (idx === null || idx === undefined ? "-" : fmt(this.timeline.parts[part].values[idx]) + " ms");
+        s.paths = uPlot.paths.bars({size: [0.8, 40], disp: {
+          y0: {unit: 1, values: () => this.bases[part]},
+          y1: {unit: 1, values: () => this.bases[part].map((b, k) => b + (this.timeline.parts[part].values[k] || 0))},
+        }});
+        s.value = (u, v) => (v === null || v === undefined ? "-" : fmt(v) + " ms");
       });
       o.scales.x.range = (u, min, max) => [min - 0.6, max + 0.6];
+      o.scales.y = {range: () => [0, Math.max(1e-3, ...this.total) * 1.08]};
       return o;
     }
   }

@@ -1,6 +1,7 @@
 // The live run page: polls the orchestrator's status port (/api/records?since=N for new records,
 // /api/status for the header, workers and ledger) and redraws the charts of charts.js.
-// window.arlo exposes what the page shows, for tests: {charts: {id: data}, records, state, status}.
+// window.arlo exposes what the page shows, for tests: {charts: {id: data}, drawn: {id: points uPlot
+// holds}, records (how many taken), state ("connecting", "running", "finished", "disconnected"), status}.
 "use strict";
 
 (() => {
@@ -14,7 +15,7 @@
   const ds = new Dataset();
   const charts = {};
   const syncCharts = new Map();  // worker URL -> SyncChart
-  const page = {charts: {}, records: 0, state: "connecting", status: null, polls: 0};
+  const page = {charts: {}, drawn: {}, records: 0, state: "connecting", status: null, polls: 0};
   window.arlo = page;
   let next = 0;
   let status = null;
@@ -89,7 +90,8 @@
     document.title = `arlo: ${st.run || "run"} step ${step}${max ? "/" + max : ""}`;
     $("step").textContent = step;
     $("max-steps").textContent = max || "?";
-    $("version").textContent = st.version ?? "-";
+    const synced = ds.syncs.reduce((v, x) => Math.max(v, x.version ?? 0), 0);
+    $("version").textContent = Math.max(st.version ?? 0, synced);
     const warm = st.sft_warmup_steps || 0;
     $("phase").textContent = max ? (step < warm ? `supervised warm-up (${warm} steps)` : `RL (after ${warm} warm-up steps)`) : "";
     $("progress-bar").style.width = max ? `${Math.min(100, 100 * step / max)}%` : "0";
@@ -154,6 +156,7 @@
     for (const spec of SPECS) {
       charts[spec.id].set(spec.build(ds));
       page.charts[spec.id] = charts[spec.id].data;
+      page.drawn[spec.id] = charts[spec.id].points();
     }
     const workers = ds.workers();
     workers.forEach((w, i) => {
@@ -167,6 +170,7 @@
       const c = syncCharts.get(w);
       c.set(syncTimeline(ds, w, SYNC_VERSIONS));
       page.charts[`sync-${i}`] = c.data;
+      page.drawn[`sync-${i}`] = c.points();
     });
   }
 

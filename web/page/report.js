@@ -1,6 +1,7 @@
 // `arlo report`: the charts of charts.js for one or more finished runs, overlaid (one color per run).
 // The runs come inlined as JSON: {generated, runs: [{name, dir, summary, records}]}.
-// window.arlo exposes what the page shows, for tests: {charts: {id: data}, runs}.
+// window.arlo exposes what the page shows, for tests: {charts: {id: data}, drawn: {id: points uPlot
+// holds}, runs}.
 "use strict";
 
 (() => {
@@ -11,7 +12,7 @@
     for (const r of run.records) ds.add(r);
     return {...run, ds};
   });
-  const page = {charts: {}, runs: runs.length};
+  const page = {charts: {}, drawn: {}, runs: runs.length};
   window.arlo = page;
   document.getElementById("run-count").textContent = `${runs.length} run${runs.length === 1 ? "" : "s"}`;
   document.getElementById("generated").textContent = `generated ${input.generated}`;
@@ -74,6 +75,7 @@
     const chart = new Chart(c.querySelector(".plot"), spec, {emptyText: "no data in these runs"});
     chart.set(overlay(spec));
     page.charts[spec.id] = chart.data;
+    page.drawn[spec.id] = chart.points();
     window.addEventListener("resize", () => chart.resize());
   }
 })();
