@@ -123,7 +123,10 @@ Status Orchestrator::start() {
     status_ = std::make_unique<http::Server>(io_, so);
     add_status_routes();
     auto port = status_->start();
-    if (!port) return std::unexpected(Error(port.error()).with_context("starting the status server"));
+    if (!port)
+      return std::unexpected(Error(port.error()).with_context(fmt::format(
+          "starting the status server on status.bind {} status.port {} (status.port 0 takes any free port)",
+          opt_.status_bind, opt_.status_port)));
     ARLO_INFO("status: http://{}:{}/ (live run page; /metrics for Prometheus)", opt_.status_bind, *port);
   }
 

@@ -87,7 +87,8 @@ nlohmann::json run_quickstart(const fs::path& run_dir, const std::vector<std::st
   EXPECT_NE(src, nullptr);
   if (src == nullptr) return {};
   std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml",
-                                   "--set", "run.dir=" + run_dir.string(), "--set", "log.progress=false"};
+                                   "--set", "run.dir=" + run_dir.string(), "--set", "log.progress=false",
+                                   "--set", "status.port=0"};  // tests run side by side
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   for (const auto& s : extra_sets()) args.insert(args.end(), {"--set", s});
   args.insert(args.end(), flags.begin(), flags.end());
