@@ -92,14 +92,14 @@ const ArloCharts = (() => {
   function stepSeries(ds, picks, rlOnly = false) {
     const series = [];
     const supervised = ds.steps.column("train/supervised");
-    for (const {re, name, scale} of picks) {
+    for (const {re, name, scale, dash} of picks) {
       for (const key of ds.steps.labels()) {
         const m = key.match(re);
         if (!m) continue;
         let values = ds.steps.column(key);
         if (rlOnly) values = values.map((v, i) => (supervised[i] === 1 ? null : v));
         if (values.every((v) => v === null)) continue;
-        series.push({label: name || m[1], values, scale: scale || "y"});
+        series.push({label: name || m[1], values, scale: scale || "y", dash});
       }
     }
     return {x: ds.steps.x, series};
@@ -121,7 +121,7 @@ const ArloCharts = (() => {
      x: "trainer step", y: "mean reward",
      build: (ds) => compact(stepSeries(ds, [
        {re: /^train\/reward\/mean$/, name: "train mean"},
-       {re: /^train\/reward\/(?!mean$|std$)([^/]+)\/mean$/},
+       {re: /^train\/reward\/(?!mean$|std$)([^/]+)\/mean$/, dash: [6, 4]},
      ]))},
     {id: "eval", title: "Eval", subtitle: "pass@k and avg@n on the eval set at each evaluated version",
      x: "version (trainer step)", y: "fraction correct", range: [0, 1],
@@ -241,7 +241,7 @@ const ArloCharts = (() => {
       if (bars) scales.x.range = (u, min, max) => [min - 0.6, max + 0.6];
       if (spec.y2) scales.y2 = {};
       return {width: this.width(), height: this.opts.height || 280, series, axes, scales,
-              legend: {live: true}, cursor: {drag: {x: true, y: false}}};
+              legend: {live: true}, cursor: {drag: {x: true, y: false, setScale: !!this.opts.zoom}}};
     }
   }
 

@@ -72,7 +72,7 @@
     c.querySelector("h3").textContent = spec.title;
     c.querySelector(".sub").textContent = spec.subtitle;
     document.getElementById("charts").appendChild(c);
-    const chart = new Chart(c.querySelector(".plot"), spec, {emptyText: "no data in these runs"});
+    const chart = new Chart(c.querySelector(".plot"), spec, {emptyText: "no data in these runs", zoom: true});
     chart.set(overlay(spec));
     page.charts[spec.id] = chart.data;
     page.drawn[spec.id] = chart.points();

@@ -5,7 +5,9 @@
 // metrics.jsonl after it: the same records), that they grow as steps arrive, and that the page shows
 // the finished state. Screenshots during and after the run go to $ARLO_SCREENSHOT_DIR when set.
 //
-// Usage: node live_page_test.js --arlo <arlo binary> --source <repo root> [--steps N]
+// Usage: node live_page_test.js --arlo <arlo binary> --source <repo root>
+//          [--steps 150] [--warmup 20] [--eval-interval 20] [--during-step S]
+// (docs/images: ARLO_SCREENSHOT_DIR=docs/images ... --steps 1285 --warmup 285 --eval-interval 50 --during-step 700)
 "use strict";
 
 const assert = require("node:assert/strict");
@@ -23,7 +25,9 @@ for (const need of ["arlo", "source"]) if (!args[need]) throw new Error(`missing
 const {chromium} = require(path.join(args.source, "web/node_modules/playwright-core"));
 
 const MAX_STEPS = Number(args.steps || 150);
-const WARMUP = 20;
+const WARMUP = Number(args.warmup || 20);
+const EVAL_INTERVAL = Number(args["eval-interval"] || 20);
+const DURING_STEP = Number(args["during-step"] || 0);  // the "during" screenshot: at this step or later
 const DEADLINE_S = 480;  // the whole run, on a loaded 2-core machine
 
 function log(msg) { console.log(`[live-page ${new Date().toISOString().slice(11, 23)}] ${msg}`); }
@@ -67,14 +71,15 @@ function points(chart, label) {
 // What the charts must hold for `records` (the first records of the run, in order).
 function expected(records) {
   const steps = records.filter((r) => r.kind === "step");
-  const pick = (key) => steps.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
+  const pick = (key, rows = steps) => rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
+  const rl = steps.filter((r) => r["train/supervised"] !== true);
   const histogram = [];
   for (const r of steps) (r["off_policy/histogram"] || []).forEach((n, d) => { histogram[d] = (histogram[d] || 0) + n; });
   return {
     steps,
     reward: pick("train/reward/mean"),
     loss: pick("trainer/loss"),
-    kl: pick("trainer/mismatch_kl"),
+    kl: pick("trainer/mismatch_kl", rl),  // the page shows KL on RL steps only
     evals: records.filter((r) => r.kind === "eval").map((r) => [r.step, r["eval/arithmetic/pass@1"]]),
     syncs: records.filter((r) => r.kind === "weight_sync").map((r) => r.version),
     histogram: Array.from(histogram, (n) => n || 0),
@@ -116,7 +121,7 @@ async function main() {
 
   const runLog = path.join(tmp, "arlo-run.log");
   const out = fs.openSync(runLog, "w");
-  const sets = [`run.max_steps=${MAX_STEPS}`, `orchestrator.sft_warmup_steps=${WARMUP}`, "eval.interval=20",
+  const sets = [`run.max_steps=${MAX_STEPS}`, `orchestrator.sft_warmup_steps=${WARMUP}`, `eval.interval=${EVAL_INTERVAL}`,
                 `status.port=${port}`, "status.bind=127.0.0.1", `run.dir=${runDir}`, "log.progress=false"];
   const child = spawn(args.arlo, ["run", path.join(args.source, "configs/quickstart.yaml"),
                                   ...sets.flatMap((s) => ["--set", s]), "--overwrite"],
@@ -137,10 +142,11 @@ async function main() {
     let during = null;
     await waitFor("the run to end", DEADLINE_S, async () => {
       const s = await page.evaluate(() => ({state: window.arlo.state, n: window.arlo.charts.reward ? window.arlo.charts.reward.x.length : 0,
-                                            syncs: window.arlo.charts.sync ? window.arlo.charts.sync.x.length : 0}));
+                                            syncs: window.arlo.charts.sync ? window.arlo.charts.sync.x.length : 0,
+                                            step: window.arlo.status ? window.arlo.status.step : 0}));
       if (counts[counts.length - 1] !== s.n) counts.push(s.n);
       // "During": some RL steps and weight syncs drawn, the run still going: compare with /api/records now.
-      if (!during && !exited && s.state === "running" && s.n >= 10 && s.syncs > 0) {
+      if (!during && !exited && s.state === "running" && s.n >= 10 && s.syncs > 0 && s.step >= DURING_STEP) {
         const snapshot = await page.evaluate(() => JSON.parse(JSON.stringify(window.arlo)));
         let served;
         try { served = await getJson(`${base}/api/records?since=0`); } catch { return exited !== null; }
