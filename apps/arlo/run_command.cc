@@ -110,17 +110,46 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   return s;
 }
 
+rollout::ScorerOptions scorer_options(const config::Config& cfg) {
+  rollout::ScorerOptions so;
+  so.timeout = seconds(cfg.number("reward.timeout_s"));
+  if (auto p = rollout::parse_failure_policy(cfg.string("reward.on_failure"))) so.on_failure = *p;
+  so.assign_value = cfg.number("reward.failure_value");
+  return so;
+}
+
+rollout::AdvantageOptions advantage_options(const config::Config& cfg) {
+  rollout::AdvantageOptions adv;
+  if (auto k = rollout::parse_advantage_kind(cfg.string("orchestrator.advantage"))) adv.kind = *k;
+  if (auto t = rollout::parse_truncation_policy(cfg.string("orchestrator.overlong"))) adv.truncated = *t;
+  adv.length_penalty = cfg.number("orchestrator.length_penalty");
+  adv.drop_equal_reward_groups = cfg.boolean("orchestrator.filter_equal_reward_groups");
+  return adv;
+}
+
+bridge::ServerOptions bridge_options(const config::Config& cfg, const std::string& run_dir) {
+  bridge::ServerOptions bo;
+  bo.transport = cfg.string("bridge.transport");
+  bo.run_dir = run_dir;
+  bo.max_pending_batches = static_cast<std::size_t>(cfg.integer("bridge.max_pending_batches"));
+  if (bo.transport == "socket") {
+    const auto& address = cfg.string("bridge.address");
+    const auto colon = address.rfind(':');
+    bo.bind = colon == std::string::npos ? address : address.substr(0, colon);
+    if (colon != std::string::npos) bo.port = static_cast<std::uint16_t>(std::atoi(address.c_str() + colon + 1));
+  }
+  return bo;
+}
+
 // The run on one event loop. Owns the children; execute() returns the exit status.
 class Run {
  public:
   explicit Run(Setup setup) : s_(std::move(setup)) {}
 
   int execute() {
-    const bool embedded_inference = s_.cfg.string("inference.launch") == "embedded";
-    const bool embedded_trainer = s_.cfg.string("trainer.launch") == "embedded";
     for (const auto& spec : s_.plan.worker_specs)
       if (auto st = children_.spawn(spec); !st) return fail(st.error().what());
-    if (!embedded_inference) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
+    if (!embedded_inference()) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
 
     auto dialect = rollout::parse_admin_dialect(s_.cfg.string("inference.kind"));
     if (!dialect) return fail(dialect.error().what());
@@ -145,28 +174,9 @@ class Run {
     }
 
     TokenizedTasks tasks(s_.parts.stream);
-    rollout::ScorerOptions so;
-    so.timeout = seconds(s_.cfg.number("reward.timeout_s"));
-    if (auto p = rollout::parse_failure_policy(s_.cfg.string("reward.on_failure"))) so.on_failure = *p;
-    so.assign_value = s_.cfg.number("reward.failure_value");
-    rollout::RewardScorer reward(io_, s_.parts.reward, so);
-    rollout::AdvantageOptions adv;
-    if (auto k = rollout::parse_advantage_kind(s_.cfg.string("orchestrator.advantage"))) adv.kind = *k;
-    if (auto t = rollout::parse_truncation_policy(s_.cfg.string("orchestrator.overlong"))) adv.truncated = *t;
-    adv.length_penalty = s_.cfg.number("orchestrator.length_penalty");
-    adv.drop_equal_reward_groups = s_.cfg.boolean("orchestrator.filter_equal_reward_groups");
-    orch::adapters::RolloutScorer scorer(reward, adv);
-
-    bridge::ServerOptions bo;
-    bo.transport = s_.cfg.string("bridge.transport");
-    bo.run_dir = s_.run_dir;
-    bo.max_pending_batches = static_cast<std::size_t>(s_.cfg.integer("bridge.max_pending_batches"));
-    if (bo.transport == "socket") {
-      const auto& address = s_.cfg.string("bridge.address");
-      const auto colon = address.rfind(':');
-      bo.bind = colon == std::string::npos ? address : address.substr(0, colon);
-      if (colon != std::string::npos) bo.port = static_cast<std::uint16_t>(std::atoi(address.c_str() + colon + 1));
-    }
+    rollout::RewardScorer reward(io_, s_.parts.reward, scorer_options(s_.cfg));
+    orch::adapters::RolloutScorer scorer(reward, advantage_options(s_.cfg));
+    const auto bo = bridge_options(s_.cfg, s_.run_dir);
     auto server = bridge::BridgeServer::create(io_, bo);
     if (!server) return fail(server.error().what());
     ThreadPool pack_threads(1);
@@ -186,9 +196,23 @@ class Run {
     metrics::Registry registry;
     orch::Orchestrator orchestrator(io_, orch::Ports{&inference, &tasks, &scorer, &trainer, &clock, s_.parts.eval_tasks},
                                     s_.options, &registry);
-
     asio::signal_set signals(io_, SIGINT, SIGTERM);
-    signals.async_wait([&](boost::system::error_code ec, int sig) {
+    watch_signals(signals, orchestrator);
+    orch::spawn(io_.get_executor(), drive(orchestrator, pool, network, **server, signals));
+    io_.run();
+    network.stop();  // the network thread's work ends before anything it uses is destroyed
+    children_.stop();
+    return exit_status(orchestrator.summary());
+  }
+
+ private:
+  bool embedded_inference() const { return s_.cfg.string("inference.launch") == "embedded"; }
+  bool embedded_trainer() const { return s_.cfg.string("trainer.launch") == "embedded"; }
+
+  // SIGINT/SIGTERM: a graceful stop (drain, final checkpoint, then the children); a second signal
+  // stops the children at once.
+  void watch_signals(asio::signal_set& signals, orch::Orchestrator& orchestrator) {
+    signals.async_wait([this, &signals, &orchestrator](boost::system::error_code ec, int sig) {
       if (ec) return;
       ARLO_WARN("arlo run: signal {}: stopping (drain, final checkpoint, then the children)", sig);
       stop_reason_ = fmt::format("signal {}", sig);
@@ -197,57 +221,64 @@ class Run {
       } else {
         finish_early("stopped by " + stop_reason_);
       }
-      // A second signal stops the children at once.
       signals.async_wait([this](boost::system::error_code ec2, int) {
         if (!ec2) children_.stop();
       });
     });
+  }
 
-    orch::spawn(io_.get_executor(), [&]() -> orch::Awaitable<void> {
-      if (embedded_inference) {
-        auto st = co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
-        if (!st) {
-          finish_early(st.error().what());
-          co_return;
-        }
-        ARLO_INFO("arlo run: {} worker(s) healthy", s_.plan.workers.size());
-      }
-      if (done_) co_return;
-      asio::post(network.context(), [&pool] { pool.start(); });
-      if (auto st = orchestrator.start(); !st) {
+  // Workers healthy, then the orchestrator, the bridge and the trainer, in that order (see the top
+  // of this file); then waits for the end and stops everything.
+  orch::Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::HttpInferencePool& pool, IoThread& network,
+                              bridge::BridgeServer& server, asio::signal_set& signals) {
+    if (embedded_inference()) {
+      auto st = co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
+      if (!st) {
         finish_early(st.error().what());
         co_return;
       }
-      started_ = true;
-      if (auto st = (*server)->start(); !st) {
-        error_ = st.error().what();
-        orchestrator.request_stop(error_);
-      }
-      if (embedded_trainer && error_.empty()) {
-        const auto spec = trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync, static_cast<int>(s_.plan.workers.size()),
-                                       (*server)->port());
-        if (auto st = children_.spawn(spec); !st) {
-          error_ = st.error().what();
-          orchestrator.request_stop(error_);
-        }
-      } else if (!embedded_trainer) {
-        ARLO_INFO("arlo run: waiting for a trainer on the bridge ({} transport, {})", bo.transport,
-                  bo.transport == "socket" ? fmt::format("port {}", (*server)->port()) : s_.run_dir + "/rollouts");
-      }
-      spawn_child_watch(orchestrator);
-      auto summary = co_await orchestrator.wait();
-      done_ = true;
-      if (!summary.ok && error_.empty()) error_ = summary.error;
-      asio::post(network.context(), [&pool] { pool.stop(); });
-      (*server)->stop();
-      children_.stop();
-      signals.cancel();
-      io_.stop();
-    });
-    io_.run();
-    network.stop();  // the network thread's work ends before anything it uses is destroyed
+      ARLO_INFO("arlo run: {} worker(s) healthy", s_.plan.workers.size());
+    }
+    if (done_) co_return;
+    asio::post(network.context(), [&pool] { pool.start(); });
+    if (auto st = orchestrator.start(); !st) {
+      finish_early(st.error().what());
+      co_return;
+    }
+    started_ = true;
+    if (auto st = server.start(); !st) {
+      error_ = st.error().what();
+      orchestrator.request_stop(error_);
+    }
+    start_or_await_trainer(orchestrator, server);
+    spawn_child_watch(orchestrator);
+    auto summary = co_await orchestrator.wait();
+    done_ = true;
+    if (!summary.ok && error_.empty()) error_ = summary.error;
+    asio::post(network.context(), [&pool] { pool.stop(); });
+    server.stop();
     children_.stop();
-    const auto& summary = orchestrator.summary();
+    signals.cancel();
+    io_.stop();
+  }
+
+  void start_or_await_trainer(orch::Orchestrator& orchestrator, bridge::BridgeServer& server) {
+    if (!error_.empty()) return;
+    if (!embedded_trainer()) {
+      const auto& transport = s_.cfg.string("bridge.transport");
+      ARLO_INFO("arlo run: waiting for a trainer on the bridge ({} transport, {})", transport,
+                transport == "socket" ? fmt::format("port {}", server.port()) : s_.run_dir + "/rollouts");
+      return;
+    }
+    const auto spec = trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync, static_cast<int>(s_.plan.workers.size()),
+                                   server.port());
+    if (auto st = children_.spawn(spec); !st) {
+      error_ = st.error().what();
+      orchestrator.request_stop(error_);
+    }
+  }
+
+  int exit_status(const orch::RunSummary& summary) {
     if (!error_.empty()) return fail(error_);
     if (!stop_reason_.empty()) {
       std::fprintf(stderr, "arlo run: stopped by %s after %lld step(s); run dir %s\n", stop_reason_.c_str(),
@@ -259,7 +290,6 @@ class Run {
     return kExitOk;
   }
 
- private:
   // Watches the children while the run goes on: an exit before the end stops the run with an error
   // naming the child and its last lines.
   void spawn_child_watch(orch::Orchestrator& orchestrator) {
