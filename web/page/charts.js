@@ -92,14 +92,14 @@ const ArloCharts = (() => {
   function stepSeries(ds, picks, rlOnly = false) {
     const series = [];
     const supervised = ds.steps.column("train/supervised");
-    for (const {re, name, scale, dash} of picks) {
+    for (const {re, name, scale, dash, color, width, faint} of picks) {
       for (const key of ds.steps.labels()) {
         const m = key.match(re);
         if (!m) continue;
         let values = ds.steps.column(key);
         if (rlOnly) values = values.map((v, i) => (supervised[i] === 1 ? null : v));
         if (values.every((v) => v === null)) continue;
-        series.push({label: name || m[1], values, scale: scale || "y", dash});
+        series.push({label: name || m[1], values, scale: scale || "y", dash, color, width, faint});
       }
     }
     return {x: ds.steps.x, series};
@@ -113,31 +113,68 @@ const ArloCharts = (() => {
             series: data.series.map((s) => ({...s, values: s.values.filter((_, i) => keep[i])}))};
   }
 
+  // The mean of each value and the up to n-1 non-null values before it (null where `values` is).
+  function rolling(values, n) {
+    const window = [];
+    let sum = 0;
+    return values.map((v) => {
+      if (v === null) return null;
+      window.push(v);
+      sum += v;
+      if (window.length > n) sum -= window.shift();
+      return sum / window.length;
+    });
+  }
+
   function ms(v) { return v === null || v === undefined ? null : v * 1000; }
 
-  // One chart per entry. kind: "line" (x = trainer step unless noted), "bars", "stack" (per worker).
+  // One chart per entry. kind: "line" (the default) or "bars"; overlay: the series `arlo report` draws
+  // for each run (all when unset). A series may set color, width, dash, and faint (drawn see-through
+  // in the report, where a run's series share its color).
   const SPECS = [
-    {id: "reward", title: "Train reward", subtitle: "mean reward of each RL step's batch, overall and per reward module",
+    {id: "reward", title: "Train reward", subtitle: "mean reward of each RL step's batch, its 20-step average, and each reward module's mean where it differs",
      x: "trainer step", y: "mean reward",
-     build: (ds) => compact(stepSeries(ds, [
-       {re: /^train\/reward\/mean$/, name: "train mean"},
-       {re: /^train\/reward\/(?!mean$|std$)([^/]+)\/mean$/, dash: [6, 4]},
-     ]))},
+     build: (ds) => {
+       const d = compact(stepSeries(ds, [
+         {re: /^train\/reward\/mean$/, name: "train mean", color: "#8fb9dd", width: 1, faint: true},
+         {re: /^train\/reward\/(?!mean$|std$)([^/]+)\/mean$/, dash: [6, 4], width: 1},
+       ]));
+       const mean = d.series.find((s) => s.label === "train mean");
+       if (!mean) return d;
+       // A module whose mean is the overall mean (one module of weight 1) would only hide it.
+       d.series = d.series.filter((s) => s === mean || s.values.some((v, i) => v !== mean.values[i]));
+       d.series.forEach((s, i) => { if (s !== mean && !s.color) s.color = PALETTE[(i + 2) % PALETTE.length]; });
+       d.series.push({label: "20-step average", color: "#1f4e79", width: 2.5, scale: "y", values: rolling(mean.values, 20)});
+       return d;
+     }},
     {id: "eval", title: "Eval", subtitle: "pass@k and avg@n on the eval set at each evaluated version",
      x: "version (trainer step)", y: "fraction correct", range: [0, 1],
-     build: (ds) => ({x: ds.evals.x, series: ds.evals.labels().filter((key) => /^eval\/[^/]+\/(pass|avg)@\d+$/.test(key)).map((key) => ({
-       label: key.replace(/^eval\//, "").replace("/", " "), values: ds.evals.column(key), scale: "y"}))})},
+     build: (ds) => {
+       const keys = ds.evals.labels().filter((key) => /^eval\/[^/]+\/(pass|avg)@\d+$/.test(key))
+         .sort((a, b) => (a.includes("/avg@") - b.includes("/avg@")) || a.localeCompare(b));
+       const series = [];
+       for (const key of keys) {
+         const label = key.replace(/^eval\//, "").replace("/", " ");
+         const values = ds.evals.column(key);
+         // avg@1 and pass@1 are one figure: one line, both names.
+         const same = series.find((s) => s.values.every((v, i) => v === values[i]));
+         if (same) same.label += ` = ${label.split(" ").pop()}`;
+         else series.push({label, values, scale: "y"});
+       }
+       return {x: ds.evals.x, series};
+     }},
     {id: "loss", title: "Trainer loss", subtitle: "latest figures the trainer reported at each step",
-     x: "trainer step", y: "loss",
+     x: "trainer step", y: "loss", overlay: ["loss"],
      build: (ds) => compact(stepSeries(ds, [
-       {re: /^trainer\/loss$/, name: "loss"}, {re: /^trainer\/pg_loss$/, name: "policy-gradient loss"},
-       {re: /^trainer\/ce_loss$/, name: "cross-entropy loss"},
+       {re: /^trainer\/pg_loss$/, name: "policy-gradient loss", color: PALETTE[3], width: 1, dash: [5, 3]},
+       {re: /^trainer\/ce_loss$/, name: "cross-entropy loss", color: PALETTE[2], width: 1, dash: [2, 3]},
+       {re: /^trainer\/loss$/, name: "loss", color: PALETTE[0], width: 2},
      ]))},
     {id: "kl", title: "Mismatch KL and grad norm", subtitle: "RL steps: KL(inference || trainer) of the sampled tokens; gradient L2 norm before clipping",
      x: "trainer step", y: "mismatch KL (nats)", y2: "grad norm",
      build: (ds) => compact(stepSeries(ds, [
-       {re: /^trainer\/mismatch_kl$/, name: "mismatch KL"},
-       {re: /^trainer\/grad_norm$/, name: "grad norm", scale: "y2"},
+       {re: /^trainer\/grad_norm$/, name: "grad norm", scale: "y2", color: "#e8a0a0", width: 1},
+       {re: /^trainer\/mismatch_kl$/, name: "mismatch KL", color: PALETTE[0], width: 2},
      ], true))},
     {id: "throughput", title: "Throughput", subtitle: "tokens generated per second of wall time",
      x: "trainer step", y: "tokens / s",
@@ -149,15 +186,16 @@ const ArloCharts = (() => {
        return {x: ds.histogram.map((_, d) => d),
                series: total > 0 ? [{label: "samples", values: ds.histogram.map((n) => 100 * n / total), scale: "y"}] : []};
      }},
-    {id: "sync", title: "Weight sync", subtitle: "seconds from the trainer's announcement to every worker serving the version",
-     x: "version", y: "ms",
+    {id: "sync", title: "Weight sync", subtitle: "milliseconds from the trainer's announcement to every worker serving the version",
+     x: "version", y: "ms", overlay: ["all workers"],
      build: (ds) => {
        const workers = ds.workers();
-       const series = [{label: "all workers", values: ds.syncs.map((s) => ms(s.seconds)), scale: "y"}];
-       workers.forEach((w, i) => series.push({label: `worker ${i}`, scale: "y", values: ds.syncs.map((s) => {
+       const series = workers.map((w, i) => ({label: `worker ${i}`, scale: "y", width: 1, color: PALETTE[(i + 1) % PALETTE.length],
+                                              values: ds.syncs.map((s) => {
          const e = s.workers.find((x) => x.worker === w);
          return e ? ms((e.pause_s || 0) + (e.update_s || 0) + (e.resume_s || 0)) : null;
        })}));
+       series.push({label: "all workers", values: ds.syncs.map((s) => ms(s.seconds)), scale: "y", width: 2, color: PALETTE[0]});
        return sortByX({x: ds.syncs.map((s) => s.version), series: ds.syncs.length ? series : []});
      }},
   ];
@@ -202,7 +240,7 @@ const ArloCharts = (() => {
     width() { return Math.max(320, Math.floor(this.el.clientWidth || 560)); }
     set(data) {
       this.data = data;
-      const key = data.series.map((s) => `${s.label}|${s.scale}|${s.color || ""}`).join(";");
+      const key = data.series.map((s) => `${s.label}|${s.scale}|${s.color || ""}|${s.width || ""}`).join(";");
       this.empty.style.display = data.x.length && data.series.length ? "none" : "";
       if (!data.x.length || !data.series.length) {
         if (this.plot) { this.plot.destroy(); this.plot = null; this.key = ""; }
@@ -224,9 +262,9 @@ const ArloCharts = (() => {
       data.series.forEach((s, i) => {
         const color = s.color || PALETTE[i % PALETTE.length];
         series.push({
-          label: s.label, scale: s.scale || "y", stroke: color, width: bars ? 1 : 1.5, dash: s.dash || [],
+          label: s.label, scale: s.scale || "y", stroke: color, width: s.width || (bars ? 1 : 1.5), dash: s.dash || [],
           fill: bars ? color + "b0" : undefined, spanGaps: true,
-          points: {show: bars ? false : data.x.length < 60, size: 4},
+          points: bars ? {show: false} : {size: 5},
           paths: bars ? uPlot.paths.bars({size: [0.7, 80]}) : undefined,
           value: (u, v) => (v === null ? "-" : fmt(v)),
         });

@@ -51,13 +51,16 @@
     const tables = [], series = [];
     runs.forEach((run, r) => {
       const d = spec.build(run.ds);
+      if (spec.overlay) d.series = d.series.filter((s) => spec.overlay.includes(s.label));
       if (!d.x.length || !d.series.length) return;
       let x = d.x;
       if (spec.kind === "bars" && runs.length > 1) x = x.map((v) => v + (r - (runs.length - 1) / 2) * (0.8 / runs.length));
       tables.push([x, ...d.series.map((s) => s.values)]);
-      d.series.forEach((s, i) => series.push({
+      let solid = 0;  // the run's first series that is not faint is solid, the next dashed, ...
+      d.series.forEach((s) => series.push({
         label: d.series.length === 1 && spec.kind !== "bars" ? run.name : `${run.name}: ${s.label}`,
-        scale: s.scale, color: PALETTE[r % PALETTE.length], dash: DASHES[i % DASHES.length]}));
+        scale: s.scale, width: s.width, color: PALETTE[r % PALETTE.length] + (s.faint ? "60" : ""),
+        dash: s.faint ? [] : DASHES[solid++ % DASHES.length]}));
     });
     if (!tables.length) return {x: [], series: []};
     const joined = uPlot.join(tables);

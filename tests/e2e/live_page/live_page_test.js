@@ -63,7 +63,7 @@ function readJsonl(file) {
 
 // The points of the page's chart series `label` as [x, y] pairs (nulls dropped).
 function points(chart, label) {
-  const s = chart.series.find((x) => x.label === label);
+  const s = chart.series.find((x) => x.label === label || x.label.startsWith(`${label} = `));
   assert.ok(s, `no series "${label}" in ${JSON.stringify(chart.series.map((x) => x.label))}`);
   return chart.x.map((x, i) => [x, s.values[i]]).filter(([, y]) => y !== null);
 }
