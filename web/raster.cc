@@ -239,7 +239,7 @@ Raster render_line_chart(const LineChart& chart) {
     img.text(lx + 28, legend_y, s.label, ink, kText);
     lx += w;
   }
-  const int top = legend_y + line_h + Raster::text_height(kText) + 10;  // room for the y label
+  const int top = legend_y + line_h + Raster::text_height(kText) + 20;  // room for the y label
   const int left = 100, right = chart.width - 30, bottom = chart.height - 70;
 
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
@@ -306,7 +306,8 @@ Raster render_line_chart(const LineChart& chart) {
       }
       const double x = px(s.x[i]), y = py(std::clamp(*s.y[i], ymin, ymax));
       if (prev) img.line(prev->first, prev->second, x, y, s.color, 2, s.dash, &phase);
-      else img.fill_rect(static_cast<int>(x) - 1, static_cast<int>(y) - 1, 3, 3, s.color);
+      // Sparse series (evals) show their points; a lone point shows anyway.
+      if (s.x.size() < 60 || !prev) img.fill_rect(static_cast<int>(x) - 3, static_cast<int>(y) - 3, 7, 7, s.color);
       prev = {x, y};
     }
   }
