@@ -9,6 +9,7 @@
   const RECORDS_EVERY_MS = 1000;
   const STATUS_EVERY_MS = 2000;
   const RETRY_MS = 3000;
+  const ENDING_EVERY_MS = 200;  // records and status, in the last 10 steps
   const SYNC_VERSIONS = 40;  // versions shown per worker in the weight-sync charts
 
   const $ = (id) => document.getElementById(id);
@@ -215,7 +216,8 @@
     page.polls += 1;
     try {
       await pollRecords();
-      if (!status || Date.now() - lastStatusAt >= STATUS_EVERY_MS) await pollStatus();
+      const ending = status && status.max_steps && ds.lastStep >= status.max_steps - 10;
+      if (!status || ending || Date.now() - lastStatusAt >= STATUS_EVERY_MS) await pollStatus();
       if (status.finished) {
         await pollRecords();  // the records written before the run finished
         finished("the run is over");
@@ -223,7 +225,10 @@
       }
       setState("running");
       render();
-      setTimeout(tick, RECORDS_EVERY_MS);
+      // Near the last step, poll faster: the port closes soon after the run's final records.
+      const max = status.max_steps || 0;
+      const last = max > 0 && Math.max(status.step || 0, ds.lastStep) >= max - 10;
+      setTimeout(tick, last ? ENDING_EVERY_MS : RECORDS_EVERY_MS);
     } catch (e) {
       // The status port closes when the run ends: a run that reached its last step has finished.
       const max = status && status.max_steps;
