@@ -1,5 +1,6 @@
 # The two commands a new user needs:  make run  |  make test
-# Both install what they need (scripts/bootstrap) and build with -j2.
+# Both install what they need (scripts/bootstrap) and build with -j2: make run only the programs it
+# starts (target arlo_apps), make test everything. A new build dir uses Ninja when it is installed.
 BUILD_DIR ?= build
 JOBS ?= 2
 BUILD_TYPE ?= Release
@@ -15,7 +16,7 @@ bootstrap:
 	@scripts/bootstrap
 
 $(BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_DIR) $$(command -v ninja >/dev/null && echo -G Ninja) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
 
 configure: bootstrap $(BUILD_DIR)/CMakeCache.txt
 
@@ -28,7 +29,8 @@ test: build
 
 # The main job on the built-in default: two workers, the built-in trainer, the arithmetic task.
 # Each `make run` starts over in the config's run.dir (runs/quickstart).
-run: build
+run: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target arlo_apps
 	$(BUILD_DIR)/apps/arlo/arlo run $(CONFIG) --overwrite
 
 bench: build

@@ -3,9 +3,11 @@ include_guard(GLOBAL)
 include(GoogleTest)
 
 # Warnings as errors on project code only (third-party headers are included as SYSTEM).
+set(ARLO_WARNINGS -Wall -Wextra -Werror)
 function(arlo_target_defaults target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror)
+  target_compile_options(${target} PRIVATE ${ARLO_WARNINGS})
   target_compile_features(${target} PUBLIC cxx_std_23)
+  arlo_pch_register(${target})   # ArloBuildSpeed.cmake
 endfunction()
 
 # arlo_library(NAME SOURCES ... [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
