@@ -4,12 +4,13 @@
 # 2 s of each unit's parse (gtest 1.6 s more); loaded from a .gch, 0.5 s.
 include_guard(GLOBAL)
 
-# ccache, when installed (not required). Sloppiness as its manual asks for precompiled headers.
+# ccache, when installed (not required). Sloppiness as its manual asks for precompiled headers;
+# paths relative to the checkout, so another clone of the same sources hits the same cache.
 option(ARLO_CCACHE "Compile through ccache when it is installed" ON)
 find_program(ARLO_CCACHE_PROGRAM ccache)
 if(ARLO_CCACHE AND ARLO_CCACHE_PROGRAM AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
   set(arlo_launcher env CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-      ${ARLO_CCACHE_PROGRAM})
+      CCACHE_BASEDIR=${PROJECT_SOURCE_DIR} ${ARLO_CCACHE_PROGRAM})
   set(CMAKE_C_COMPILER_LAUNCHER ${arlo_launcher})
   set(CMAKE_CXX_COMPILER_LAUNCHER ${arlo_launcher})
   message(STATUS "arlo: compiling through ${ARLO_CCACHE_PROGRAM}")
