@@ -64,6 +64,7 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.ckpt_interval = static_cast<int>(cfg.integer("ckpt.interval"));
   o.status_bind = cfg.string("status.bind");
   o.status_port = static_cast<int>(cfg.integer("status.port"));
+  o.status_linger = seconds(cfg.number("status.linger_s"));
 
   if (auto st = o.validate(); !st) {
     return std::unexpected(Error(st.error()).with_context(fmt::format("configuration ({})", cfg.where("orchestrator.batch_size"))));

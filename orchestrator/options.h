@@ -58,6 +58,7 @@ struct Options {
   bool resume = false;
   int status_port = -1;            // Prometheus /metrics; -1 = off, 0 = any free port
   std::string status_bind = "127.0.0.1";
+  Duration status_linger{};        // the status port stays open this long after the end
 
   int groups_per_step() const { return batch_size / group_size; }
   int queue_capacity_groups() const;

@@ -518,13 +518,23 @@ void Orchestrator::finish() {
         !st)
       ARLO_ERROR("writing summary: {}", st.error().what());
   }
-  if (status_) status_->close();
   finished_ = true;
+  // Pages and scrapers read the end (finished, the last records) before the port closes.
+  if (status_ && opt_.status_linger > Duration::zero()) {
+    linger_ = ports_.clock->schedule(ports_.clock->now() + opt_.status_linger, [this] { close(); });
+  } else {
+    close();
+  }
+}
+
+void Orchestrator::close() {
+  if (status_) status_->close();
+  closed_ = true;
   finished_signal_.notify();
 }
 
 Awaitable<RunSummary> Orchestrator::wait() {
-  while (!finished_) co_await finished_signal_.wait();
+  while (!closed_) co_await finished_signal_.wait();
   co_return summary_;
 }
 

@@ -76,7 +76,7 @@ class Orchestrator {
   void request_stop(const std::string& reason);
   bool finished() const { return finished_; }
   const RunSummary& summary() const { return summary_; }
-  // Completes when finished.
+  // Completes when finished and the status port has closed (status_linger after the end).
   Awaitable<RunSummary> wait();
 
   const Ledger& ledger() const { return ledger_; }
@@ -106,6 +106,7 @@ class Orchestrator {
   Status save_checkpoint(std::int64_t step);
   Status restore(std::int64_t& start_step);
   void finish();
+  void close();  // the status port, then wait() completes
 
   boost::asio::io_context& io_;
   Ports ports_;
@@ -125,6 +126,8 @@ class Orchestrator {
   bool tty_ = false;
   bool started_ = false;
   bool finished_ = false;
+  bool closed_ = false;
+  std::unique_ptr<Timer> linger_;
   bool stop_requested_ = false;
   std::optional<Error> fatal_;
   bool start_eval_done_ = false;

@@ -334,10 +334,14 @@ std::vector<Section> product_sections() {
            int_key("interval", 50, "Steps between orchestrator checkpoints (0 disables).").at_least(0),
            int_key("keep", 2, "Checkpoints kept on disk.").range(1, 1 << 20),
        }},
-      {"status", "The status endpoint (Prometheus /metrics).",
+      {"status", "The status server: the live run page at /, Prometheus /metrics, /api/records, /api/status.",
        {
            string_key("bind", "127.0.0.1", "Address the status server listens on."),
            int_key("port", 0, "Port of the status server (0: any free port, logged at start).").range(0, 65535),
+           float_key("linger_s", 3.0,
+                     "Seconds the status server stays up after the run ends, so the live page and scrapers see the "
+                     "end (the final records and finished).")
+               .range(0.0, 3600.0),
        }},
   };
 }

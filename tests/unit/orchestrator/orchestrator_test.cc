@@ -633,9 +633,26 @@ TEST(Console, StepLinesArePacedAndTheEtaFollowsThePace) {
   EXPECT_EQ(progress_prefix(1, 2, 7300.0), "[##########..........]  50% ETA 2h01m ");
 }
 
+// GETs each path from the status port, stepping the io_context (real sockets) until all answered.
+std::map<std::string, Result<http::Response>> http_get(Harness& h, const std::vector<std::string>& paths) {
+  const std::string base = "http://127.0.0.1:" + std::to_string(h.orch->status_port());
+  http::Client client(h.io);
+  std::map<std::string, Result<http::Response>> got;
+  spawn(h.io.get_executor(), [&]() -> Awaitable<void> {
+    for (const auto& path : paths) got.emplace(path, co_await client.get(base + path, std::chrono::seconds(20)));
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (got.size() < paths.size() && std::chrono::steady_clock::now() < deadline) {
+    h.io.restart();
+    h.io.run_one_for(std::chrono::milliseconds(100));
+  }
+  return got;
+}
+
 TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
   Harness h;
   h.opt.status_port = 0;
+  h.opt.status_linger = std::chrono::seconds(3);
   h.inf.auto_complete = true;  // the trainer publishes v1 only: the gate holds the run at step 2
   metrics::Registry registry;
   h.orch = std::make_unique<Orchestrator>(h.io, Ports{&h.inf, &h.tasks, &h.scorer, &h.trainer, &h.clock, {}}, h.opt,
@@ -644,18 +661,7 @@ TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
   ASSERT_TRUE(h.run_until([&] { return h.orch->train_sink().steps_cut() >= 2; }));
   h.trainer.publish(1);
   ASSERT_TRUE(h.run_until([&] { return h.orch->dispatcher().version() == 1; }));
-  const std::string base = "http://127.0.0.1:" + std::to_string(h.orch->status_port());
-  http::Client client(h.io);
-  std::map<std::string, Result<http::Response>> got;
-  spawn(h.io.get_executor(), [&]() -> Awaitable<void> {
-    for (const char* path : {"/api/records?since=0", "/api/status", "/metrics", "/api/records?since=x"})
-      got.emplace(path, co_await client.get(base + path, std::chrono::seconds(20)));
-  });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (got.size() < 4 && std::chrono::steady_clock::now() < deadline) {
-    h.io.restart();
-    h.io.run_one_for(std::chrono::milliseconds(100));
-  }
+  auto got = http_get(h, {"/api/records?since=0", "/api/status", "/metrics", "/api/records?since=x"});
   ASSERT_EQ(got.size(), 4u);
   for (const auto& [path, r] : got) ASSERT_TRUE(r) << path << ": " << r.error().what();
   auto records = got.at("/api/records?since=0")->parse_json();
@@ -669,14 +675,30 @@ TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
   ASSERT_TRUE(status);
   EXPECT_EQ(status->at("workers").size(), 2u) << status->dump();
   EXPECT_EQ(status->at("max_steps").get<int>(), 10);
+  EXPECT_FALSE(status->at("finished").get<bool>());
   const auto& text = got.at("/metrics")->body;
   EXPECT_NE(text.find("arlo_worker_version{worker=\"w0\"}"), std::string::npos) << text;
   EXPECT_NE(text.find("arlo_weight_sync_worker_seconds{worker=\"w1\"}"), std::string::npos) << text;
   EXPECT_NE(text.find("arlo_trainer_loss 0.5"), std::string::npos) << text;
   EXPECT_EQ(got.at("/api/records?since=x")->status, 400);
   EXPECT_NE(got.at("/api/records?since=x")->body.find("since"), std::string::npos);
+
+  // After the end the port stays open for status_linger: it says finished, then closes.
   h.orch->request_stop("test over");
-  EXPECT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  bool waited = false;
+  spawn(h.io.get_executor(), [&]() -> Awaitable<void> {
+    co_await h.orch->wait();
+    waited = true;
+  });
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  auto after = http_get(h, {"/api/status"});
+  ASSERT_EQ(after.size(), 1u);
+  ASSERT_TRUE(after.at("/api/status"));
+  auto end = after.at("/api/status")->parse_json();
+  ASSERT_TRUE(end);
+  EXPECT_TRUE(end->at("finished").get<bool>()) << end->dump();
+  EXPECT_FALSE(waited);
+  EXPECT_TRUE(h.run_until([&] { return waited; }));
 }
 
 TEST(Options, EvalPassKAndCorrectThresholdComeFromTheConfig) {
