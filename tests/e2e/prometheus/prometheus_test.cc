@@ -12,7 +12,6 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +40,7 @@
 
 #include "common/http.h"
 #include "tests/e2e/prometheus/exposition.h"
+#include "tests/e2e/spawn.h"
 
 namespace {
 
@@ -93,21 +93,8 @@ int free_port() {
 // destructor end it: SIGTERM, then SIGKILL if it has not exited within the grace period.
 class Process {
  public:
-  Process(const std::vector<std::string>& args, fs::path log) : log_(std::move(log)) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      std::FILE* f = std::fopen(log_.c_str(), "w");
-      if (!f) ::_exit(126);
-      ::dup2(::fileno(f), 1);
-      ::dup2(::fileno(f), 2);
-      std::vector<char*> argv;
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-  }
+  Process(const std::vector<std::string>& args, fs::path log)
+      : log_(std::move(log)), pid_(arlo::e2e::spawn_logged(args, log_)) {}
   ~Process() { stop(30s); }
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;

@@ -6,7 +6,6 @@
 // section 9 names, supervised steps marked); that the GRPO phase raises the reward it optimises;
 // and that `arlo run --resume` continues a finished run at the next step and data position.
 #include <gtest/gtest.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config/config.h"
+#include "tests/e2e/spawn.h"
 
 namespace {
 
@@ -39,19 +39,7 @@ std::string read_file(const fs::path& p) {
 // Runs argv with stdout and stderr into `log`; returns the wait status (and the child's pid in
 // `child`). The child dies with the test.
 int run_process(const std::vector<std::string>& args, const fs::path& log, pid_t* child = nullptr) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::FILE* f = std::fopen(log.c_str(), "w");
-    if (!f) ::_exit(126);
-    ::dup2(::fileno(f), 1);
-    ::dup2(::fileno(f), 2);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
+  const pid_t pid = arlo::e2e::spawn_logged(args, log);
   if (child) *child = pid;
   int status = 0;
   ::waitpid(pid, &status, 0);
