@@ -109,6 +109,38 @@ std::optional<Version> parse_version_dir(const std::string& name) {
   return v;
 }
 
+// One shard of a version as manifest.json lists it, checked: a plain file name inside the version
+// directory (never a path: "../x" or "/x" would read outside it), tensor indices of the manifest.
+struct ShardRef {
+  std::string file;
+  std::vector<std::size_t> tensors;
+  std::uint64_t checksum = 0;
+};
+
+Result<std::vector<ShardRef>> parse_shards(const nlohmann::json& mj, std::size_t tensor_count) {
+  const auto bad = [](std::string what) { return make_error(ErrorCode::kParse, "manifest.json: " + what); };
+  if (!mj.contains("shards") || !mj["shards"].is_array()) return bad("\"shards\" is missing or not a list");
+  std::vector<ShardRef> out;
+  for (std::size_t k = 0; k < mj["shards"].size(); ++k) {
+    const auto& j = mj["shards"][k];
+    const std::string at = fmt::format("shards[{}]", k);
+    if (!j.is_object() || !j.contains("file") || !j["file"].is_string() || !j.contains("checksum") ||
+        !j["checksum"].is_number_unsigned() || !j.contains("tensors") || !j["tensors"].is_array())
+      return bad(at + ": expected {\"file\": name, \"tensors\": [indices], \"checksum\": xxh3}");
+    ShardRef r{j["file"].get<std::string>(), {}, j["checksum"].get<std::uint64_t>()};
+    if (r.file.empty() || r.file.front() == '.' || r.file.find('/') != std::string::npos ||
+        r.file.find('\\') != std::string::npos || r.file.find('\0') != std::string::npos)
+      return bad(fmt::format("{}: file '{}' is not a plain file name in the version directory", at, r.file));
+    for (const auto& t : j["tensors"]) {
+      if (!t.is_number_unsigned() || t.get<std::size_t>() >= tensor_count)
+        return bad(fmt::format("{}: tensor index {} is not one of the manifest's {} tensors", at, t.dump(), tensor_count));
+      r.tensors.push_back(t.get<std::size_t>());
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 fs::path version_dir(const fs::path& root, Version v) { return root / fmt::format("v{}", v); }
 
 std::string shard_name(std::size_t k, std::size_t n) {
@@ -381,14 +413,14 @@ class FsReceiver final : public ReceiverTransport {
       report.buckets = m.buckets.size();
     } else {
       // Shards (full resync): verify every shard, then copy.
-      const auto& shards = mj.at("shards");
+      ARLO_ASSIGN_OR_RETURN(auto shards, with_context(parse_shards(mj, m.tensors.size()), where));
       for (std::size_t k = 0; k < shards.size(); ++k) {
-        const fs::path p = vdir / shards[k].at("file").get<std::string>();
+        const fs::path p = vdir / shards[k].file;
         ARLO_ASSIGN_OR_RETURN(auto f, with_context(safetensors::File::open(p), where));
         XXH3_state_t st;
         XXH3_64bits_reset(&st);
-        for (auto t : shards[k].at("tensors")) {
-          const auto& spec = m.tensors.at(t.get<std::size_t>());
+        for (auto ti : shards[k].tensors) {
+          const auto& spec = m.tensors[ti];
           auto bytes = f.data(spec.name);
           if (!bytes || bytes->size() != spec.nbytes())
             return make_error(ErrorCode::kMismatch, where + ": shard " + p.filename().string() + " lacks tensor '" +
@@ -400,20 +432,19 @@ class FsReceiver final : public ReceiverTransport {
           }
           report.wire_bytes += bytes->size();
         }
-        if (XXH3_64bits_digest(&st) != shards[k].at("checksum").get<std::uint64_t>())
+        if (XXH3_64bits_digest(&st) != shards[k].checksum)
           return make_error(ErrorCode::kMismatch, where + ": shard " + std::to_string(k) + " (" +
                                                       p.filename().string() + "): checksum mismatch; previous version kept");
       }
       // Every shard verified (and leased, so immutable): copy, one mapping at a time.
-      for (std::size_t k = 0; k < shards.size(); ++k) {
-        auto f = safetensors::File::open(vdir / shards[k].at("file").get<std::string>());
+      for (const auto& shard : shards) {
+        auto f = safetensors::File::open(vdir / shard.file);
         if (!f) {
           sink.discard(v, f.error());
           state.version.reset();
           return make_error(f.error().code(), where + ": " + f.error().what());
         }
-        for (auto t : shards[k].at("tensors")) {
-          const std::size_t ti = t.get<std::size_t>();
+        for (const auto ti : shard.tensors) {
           auto bytes = *f->data(m.tensors[ti].name);
           for (std::size_t off = 0; off < bytes.size(); off += kWindow) {
             const auto w = bytes.subspan(off, std::min(kWindow, bytes.size() - off));

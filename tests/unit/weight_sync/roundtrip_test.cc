@@ -1,6 +1,7 @@
 // Round trips through the real transports (loopback sockets, POSIX shm, files), in one process
 // with the publisher and each subscriber on their own threads.
 #include <gtest/gtest.h>
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -8,8 +9,11 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/unit/weight_sync/test_util.h"
 #include "weight_sync/weight_sync.h"
@@ -355,6 +359,40 @@ TEST(WeightSyncFilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
   EXPECT_NE(r.error().what().find("checksum"), std::string::npos) << r.error().what();
   EXPECT_TRUE(same_bytes(sink, v1));
   EXPECT_EQ(sub->version(), std::optional<Version>(1));
+}
+
+// A manifest names shards by file; a name that leaves the version directory, or a tensor index the
+// manifest lacks, is refused before any byte is read (the shard outside is a valid copy: without
+// the check it would be applied).
+TEST(WeightSyncFilesystemFaults, ManifestShardsOutsideTheVersionOrOutOfRangeAreRefused) {
+  namespace fs = std::filesystem;
+  Channel ch("filesystem", {}, ApplyMode::kInPlace);
+  auto pub = Publisher::create(ch.publisher_options()).value();
+  HostWeights w(odd_specs());
+  fill(w, 81);
+  ASSERT_TRUE(pub->publish(1, w, deadline_in(10s)));
+  const auto manifest = ch.dir_ / "v1" / "manifest.json";
+  const auto original = nlohmann::json::parse(std::ifstream(manifest));
+  fs::copy_file(ch.dir_ / "v1" / "model-00001-of-00002.safetensors", ch.dir_ / "outside.safetensors");
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> cases = {
+      {"not a plain file name", [](nlohmann::json& m) { m["shards"][0]["file"] = "../outside.safetensors"; }},
+      {"not a plain file name", [&](nlohmann::json& m) { m["shards"][0]["file"] = (ch.dir_ / "outside.safetensors").string(); }},
+      {"not one of the manifest's", [](nlohmann::json& m) { m["shards"][0]["tensors"].push_back(999); }},
+      {"\"shards\" is missing", [](nlohmann::json& m) { m.erase("shards"); }},
+      {"expected {", [](nlohmann::json& m) { m["shards"][0].erase("checksum"); }},
+  };
+  for (const auto& [expected, tamper] : cases) {
+    auto m = original;
+    tamper(m);
+    std::ofstream(manifest, std::ios::trunc) << m.dump();
+    auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+    HostWeights sink(odd_specs());
+    auto r = sub->receive(sink, deadline_in(5s));
+    ASSERT_FALSE(r) << expected;
+    EXPECT_NE(r.error().what().find(expected), std::string::npos) << r.error().what();
+    EXPECT_NE(r.error().what().find("manifest.json"), std::string::npos) << r.error().what();
+    EXPECT_FALSE(sub->version().has_value());
+  }
 }
 
 TEST(WeightSyncFilesystemLayout, HfShardsIndexManifestStableAndRetention) {
