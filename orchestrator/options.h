@@ -28,6 +28,8 @@ struct Options {
   Sampling sampling;
   Duration request_timeout = std::chrono::minutes(10);
   Duration score_timeout = std::chrono::seconds(60);
+  Duration trainer_timeout{};      // a batch not accepted by the trainer within this is fatal; 0 = no bound
+  Duration trainer_alarm{};        // a warning every this while the trainer has not accepted; 0 = none
   Version initial_version = 0;     // the version workers hold at start; kNoVersion = wait for v0
 
   // --- weight updates ---

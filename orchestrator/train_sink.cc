@@ -227,13 +227,36 @@ Awaitable<void> TrainSink::run(std::int64_t start_step) {
     steps_cut_ = step;
     if (hooks_.on_cut) hooks_.on_cut(step);
     const auto t0 = clock_.now();
-    auto sent = co_await trainer_.send(std::move(*batch));
+    auto waiting = std::make_shared<bool>(true);
+    if (opt_.trainer_alarm > Duration::zero()) spawn(ex_, alarm_while_waiting(step, t0, waiting));
+    Status sent = ok();
+    if (opt_.trainer_timeout > Duration::zero()) {
+      auto op = trainer_.send(std::move(*batch));
+      sent = co_await with_deadline<void>(ex_, clock_, t0 + opt_.trainer_timeout, std::move(op),
+                                          "the trainer accepting the batch (trainer.accept_timeout_s)");
+    } else {
+      sent = co_await trainer_.send(std::move(*batch));
+    }
+    *waiting = false;
     report.send_seconds = seconds(clock_.now() - t0);
     if (!sent) {
       if (hooks_.on_fatal) hooks_.on_fatal(Error(sent.error()).with_context(fmt::format("sending batch {}", step)));
       co_return;
     }
     if (hooks_.on_step) hooks_.on_step(report);
+  }
+}
+
+// A trainer that takes long to accept a batch is back-pressure or a trainer gone silent: say so
+// every trainer_alarm while it lasts.
+Awaitable<void> TrainSink::alarm_while_waiting(std::int64_t step, TimePoint since, std::shared_ptr<bool> waiting) {
+  while (*waiting && !stopped_) {
+    co_await sleep_until(ex_, clock_, clock_.now() + opt_.trainer_alarm);
+    if (!*waiting || stopped_) break;
+    ++trainer_alarms_;
+    ARLO_WARN("train sink: the trainer has not accepted the batch for step {} for {:.0f} s (it is slow, or gone silent; "
+              "the run stops after trainer.accept_timeout_s)",
+              step, seconds(clock_.now() - since));
   }
 }
 

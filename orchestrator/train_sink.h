@@ -14,8 +14,9 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <vector>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "orchestrator/async.h"
 #include "orchestrator/group.h"
@@ -64,6 +65,8 @@ class TrainSink {
   std::int64_t queued_groups() const { return static_cast<std::int64_t>(ready_.size()); }
   std::int64_t scoring_groups() const { return scoring_; }
   std::int64_t steps_cut() const { return steps_cut_; }
+  // Warnings so far that the trainer was slow to accept a batch (Options::trainer_alarm).
+  std::uint64_t trainer_alarms() const { return trainer_alarms_; }
   // Oldest token version among queued groups (kNoVersion when empty), for the pipeline view.
   Version oldest_queued_version() const;
 
@@ -80,6 +83,7 @@ class TrainSink {
   Awaitable<void> score(GroupPtr group);
   Awaitable<Result<TrainBatch>> cut_rl(std::int64_t step, StepReport& report);
   Result<TrainBatch> cut_sft(std::int64_t step, StepReport& report);
+  Awaitable<void> alarm_while_waiting(std::int64_t step, TimePoint since, std::shared_ptr<bool> waiting);
 
   asio::any_io_executor ex_;
   ClockPort& clock_;
@@ -98,6 +102,7 @@ class TrainSink {
   int filtered_since_cut_ = 0;          // samples, for the step report
   int filtered_groups_since_cut_ = 0;   // against Options::filter_budget_groups()
   bool stopped_ = false;
+  std::uint64_t trainer_alarms_ = 0;
 };
 
 

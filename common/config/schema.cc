@@ -276,6 +276,13 @@ std::vector<Section> product_sections() {
                .one_of({"none", "token_tis", "seq_tis", "token_mis"}),
            float_key("is_low", 0.5, "Lower importance-ratio bound (token_mis).").range(0.0, 1e6),
            float_key("is_high", 2.0, "Upper importance-ratio bound (truncation or mask).").range(0.0, 1e6),
+           float_key("accept_timeout_s", 3600.0,
+                     "Deadline for the trainer to accept one batch (back-pressure included); past it the run stops "
+                     "with an error naming the step. 0: no deadline.")
+               .range(0.0, 1e7),
+           float_key("alarm_s", 60.0,
+                     "While the trainer has not accepted a batch, a warning every this many seconds. 0: none.")
+               .range(0.0, 1e7),
            int_key("ckpt_interval", 0,
                    "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "
                    "`arlo run --resume` finds the trainer at the orchestrator's step. The trainer also "

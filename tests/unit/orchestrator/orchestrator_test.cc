@@ -701,6 +701,42 @@ TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
   EXPECT_TRUE(h.run_until([&] { return waited; }));
 }
 
+TEST(Trainer, ASilentTrainerRaisesAlarmsThenStopsTheRunNamingTheStep) {
+  Harness h;
+  h.opt.trainer_alarm = std::chrono::seconds(60);
+  h.opt.trainer_timeout = std::chrono::seconds(330);
+  h.trainer.max_pending = 1;  // accepts step 1, then never acknowledges: step 2 waits
+  h.inf.auto_complete = true;
+  h.start();
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  const auto& s = h.orch->summary();
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.error.find("sending batch 2"), std::string::npos) << s.error;
+  EXPECT_NE(s.error.find("trainer.accept_timeout_s"), std::string::npos) << s.error;
+  EXPECT_EQ(h.orch->train_sink().trainer_alarms(), 5u);  // at 60, 120, 180, 240 and 300 s
+  EXPECT_EQ(h.trainer.batches.size(), 1u);
+  h.expect_ledger_adds_up();
+}
+
+TEST(Trainer, ABusyTrainerRaisesAnAlarmAndTheRunGoesOn) {
+  Harness h;
+  h.opt.max_steps = 3;
+  h.opt.trainer_alarm = std::chrono::seconds(60);
+  h.opt.trainer_timeout = std::chrono::seconds(3600);
+  h.trainer.max_pending = 1;
+  h.inf.auto_complete = true;
+  h.start();
+  ASSERT_TRUE(h.run_until([&] { return h.orch->train_sink().trainer_alarms() >= 1; }));
+  // The trainer comes back: it acknowledges and publishes every step from now on.
+  h.trainer.auto_publish = true;
+  h.trainer.ack(1);
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  EXPECT_TRUE(h.orch->summary().ok) << h.orch->summary().error;
+  EXPECT_EQ(h.orch->summary().steps, 3);
+  EXPECT_EQ(h.orch->train_sink().trainer_alarms(), 1u);
+}
+
 TEST(Options, EvalPassKAndCorrectThresholdComeFromTheConfig) {
   auto cfg = config::load_string("eval:\n  k: 8\n  pass_k: [1, 4, 8]\n  correct_threshold: 0.5\n");
   ASSERT_TRUE(cfg) << cfg.error().what();
