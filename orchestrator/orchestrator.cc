@@ -173,7 +173,7 @@ void Orchestrator::add_status_routes() {
     const auto n = std::strtoull(since.c_str(), &end, 10);
     if (since.empty() || *end != '\0' || since[0] == '-')
       co_return http::Response::json(400, {{"error", "since: expected a record index (a non-negative integer), got '" + since + "'"}});
-    co_return http::Response::json(200, records_.since(n));
+    co_return http::Response::text(200, records_.since(n), "application/json");
   });
 }
 
@@ -274,6 +274,7 @@ void Orchestrator::on_step(const StepReport& r) {
     rec["off_policy/histogram"] = r.off_policy_histogram;
     // "<module>" is the module's reward, "<module>/<metric>" its other figures, "reward/failed" the
     // share of samples whose scoring failed.
+    rec["train/reward/failed"] = 0.0;
     for (const auto& [k, v] : r.reward_metrics) {
       if (k == "reward/failed") {
         rec["train/reward/failed"] = v;
@@ -281,7 +282,6 @@ void Orchestrator::on_step(const StepReport& r) {
         rec["train/reward/" + k + (k.find('/') == std::string::npos ? "/mean" : "")] = v;
       }
     }
-    if (!rec.contains("train/reward/failed")) rec["train/reward/failed"] = 0.0;
   }
   // The trainer's own figures, from the newest version it published, as it names them.
   for (const auto& [k, v] : last_trainer_metrics_.items())
@@ -420,12 +420,13 @@ void Orchestrator::emit(const char* kind, nlohmann::json rec) {
       if (val.is_number() && k != "time" && k != "start" && k != "step" && k != "version")
         registry_->gauge(k).set(val.get<double>());
   }
-  const auto line = rec.dump() + "\n";
+  auto line = rec.dump();
   if (metrics_file_) {
     std::fwrite(line.data(), 1, line.size(), metrics_file_);
+    std::fputc('\n', metrics_file_);
     std::fflush(metrics_file_);
   }
-  records_.append(std::move(rec));
+  records_.append(std::move(line));
 }
 
 Status Orchestrator::save_checkpoint(std::int64_t step) {

@@ -6,19 +6,22 @@
 
 namespace arlo::orch {
 
-void RecordLog::append(nlohmann::json record) {
-  records_.push_back(std::move(record));
+void RecordLog::append(std::string record_json) {
+  records_.push_back(std::move(record_json));
   while (records_.size() > capacity_) {
     records_.pop_front();
     ++first_;
   }
 }
 
-nlohmann::json RecordLog::since(std::uint64_t since, std::size_t max_records) const {
-  auto out = nlohmann::json::array();
+std::string RecordLog::since(std::uint64_t since, std::size_t max_records) const {
+  std::string records;
   std::uint64_t i = std::max(since, first_);
-  for (; i < next() && out.size() < max_records; ++i) out.push_back(records_[i - first_]);
-  return {{"next", std::max(i, since)}, {"records", std::move(out)}};
+  for (std::size_t n = 0; i < next() && n < max_records; ++i, ++n) {
+    if (n > 0) records += ',';
+    records += records_[i - first_];
+  }
+  return fmt::format("{{\"next\":{},\"records\":[{}]}}", std::max(i, since), records);
 }
 
 nlohmann::json WorkerState::to_json(const std::string& worker) const {

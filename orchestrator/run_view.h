@@ -1,8 +1,9 @@
 #pragma once
 // What users watch of a running orchestrator, apart from the metrics registry:
-// - RecordLog: the run's records (the objects written to metrics.jsonl), kept in memory so that the
-//   status port can serve them to the live run page (`GET /api/records?since=N`). Bounded: past
-//   `capacity` the oldest records are dropped (the file keeps them all); indices keep counting.
+// - RecordLog: the run's records (the lines written to metrics.jsonl), kept in memory as their JSON
+//   text so that the status port can serve them to the live run page (`GET /api/records?since=N`)
+//   without re-encoding. Bounded: past `capacity` (about 1 KB each) the oldest records are dropped
+//   (the file keeps them all); indices keep counting.
 // - WorkerState: what each worker holds and how its last weight update went (`GET /api/status`).
 // - StepLinePacer: which step lines the console prints (at most one per `interval_s`, plus the first
 //   and the last step and the first step of each phase) and the ETA shown with the progress bar.
@@ -21,17 +22,17 @@ namespace arlo::orch {
 
 class RecordLog {
  public:
-  explicit RecordLog(std::size_t capacity = 200000) : capacity_(capacity) {}
-  void append(nlohmann::json record);
-  // {"next": M, "records": [...]}: the kept records with index >= since, at most max_records of them;
-  // M is the index after the last one returned (poll again with since = M).
-  nlohmann::json since(std::uint64_t since, std::size_t max_records = 5000) const;
+  explicit RecordLog(std::size_t capacity = 50000) : capacity_(capacity) {}
+  void append(std::string record_json);  // one JSON object
+  // JSON text {"next": M, "records": [...]}: the kept records with index >= since, at most
+  // max_records of them; M is the index after the last one returned (poll again with since = M).
+  std::string since(std::uint64_t since, std::size_t max_records = 5000) const;
   std::uint64_t next() const { return first_ + records_.size(); }
 
  private:
   std::size_t capacity_;
   std::uint64_t first_ = 0;  // index of records_.front()
-  std::deque<nlohmann::json> records_;
+  std::deque<std::string> records_;
 };
 
 struct WorkerState {

@@ -513,7 +513,7 @@ TEST(Eval, UnbiasedPassAtK) {
 
 std::vector<nlohmann::json> records_of(const Orchestrator& o, const std::string& kind) {
   std::vector<nlohmann::json> out;
-  const auto all = o.records().since(0);
+  const auto all = nlohmann::json::parse(o.records().since(0));
   for (const auto& r : all.at("records"))
     if (r.at("kind") == kind) out.push_back(r);
   return out;
@@ -601,18 +601,18 @@ TEST(Records, AWorkerThatFailsAnUpdateIsUnhealthyAndNamed) {
 
 TEST(Records, TheLogKeepsItsNewestRecordsAndCountsOn) {
   RecordLog log(3);
-  for (int i = 0; i < 5; ++i) log.append({{"i", i}});
+  for (int i = 0; i < 5; ++i) log.append(nlohmann::json{{"i", i}}.dump());
   EXPECT_EQ(log.next(), 5u);
-  auto all = log.since(0);
+  auto all = nlohmann::json::parse(log.since(0));
   EXPECT_EQ(all.at("next").get<int>(), 5);
   ASSERT_EQ(all.at("records").size(), 3u);
   EXPECT_EQ(all.at("records")[0].at("i").get<int>(), 2);  // the two oldest were dropped
-  auto tail = log.since(4);
+  auto tail = nlohmann::json::parse(log.since(4));
   ASSERT_EQ(tail.at("records").size(), 1u);
   EXPECT_EQ(tail.at("records")[0].at("i").get<int>(), 4);
-  EXPECT_EQ(log.since(5).at("records").size(), 0u);
-  EXPECT_EQ(log.since(9).at("next").get<int>(), 9);  // a poller ahead of the log waits where it is
-  auto page = log.since(2, 2);
+  EXPECT_EQ(nlohmann::json::parse(log.since(5)).at("records").size(), 0u);
+  EXPECT_EQ(nlohmann::json::parse(log.since(9)).at("next").get<int>(), 9);  // a poller ahead of the log waits where it is
+  auto page = nlohmann::json::parse(log.since(2, 2));
   EXPECT_EQ(page.at("records").size(), 2u);
   EXPECT_EQ(page.at("next").get<int>(), 4);
 }
