@@ -60,6 +60,15 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::int64_t version, rollout::Ad
   return u;
 }
 
+nlohmann::json WeightSyncPlan::trainer_block(int num_workers) const {
+  nlohmann::json b = {{"transport", transport}, {"payload", payload}, {"timeout_ms", timeout_ms}};
+  if (transport == "tcp") b["address"] = address;
+  if (transport == "shm") b["shm_name"] = shm_name;
+  if (transport == "filesystem") b["dir"] = dir;
+  if (transport == "tcp" || transport == "shm") b["expected_receivers"] = num_workers;
+  return b;
+}
+
 Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run_dir) {
   LaunchPlan plan;
   auto& ws = plan.weight_sync;

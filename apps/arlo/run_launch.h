@@ -27,6 +27,9 @@ struct WeightSyncPlan {
   // or "dir", when present, win over the planned ones (an external trainer knows where it is).
   rollout::WeightUpdate describe(std::int64_t version, rollout::AdminDialect dialect,
                                  const nlohmann::json& announced = nlohmann::json::object()) const;
+  // The weight-sync block a trainer publishes with (weight_sync::options_from_json's form): what
+  // arlo-trainer gets with --weight-sync and a `trainer.launch: command` trainer in ARLO_WEIGHT_SYNC.
+  nlohmann::json trainer_block(int num_workers) const;
 };
 
 struct LaunchPlan {
