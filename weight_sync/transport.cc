@@ -1,63 +1,142 @@
 #include "weight_sync/transport.h"
 
-#include <map>
-#include <mutex>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 namespace arlo::weight_sync {
 
-// Defined by each built-in transport (transports/*.cc).
-Result<std::unique_ptr<SenderTransport>> make_tcp_sender(const Options&);
-Result<std::unique_ptr<ReceiverTransport>> make_tcp_receiver(const Options&);
-Result<std::unique_ptr<SenderTransport>> make_shm_sender(const Options&);
-Result<std::unique_ptr<ReceiverTransport>> make_shm_receiver(const Options&);
-Result<std::unique_ptr<SenderTransport>> make_fs_sender(const Options&);
-Result<std::unique_ptr<ReceiverTransport>> make_fs_receiver(const Options&);
+#define ARLO_TRANSPORT(x) TransportDescriptor x##_transport();
+#include "weight_sync/transports/registry.inc"
+#undef ARLO_TRANSPORT
+
+const std::vector<TransportDescriptor>& transports() {
+  static const std::vector<TransportDescriptor> all = {
+#define ARLO_TRANSPORT(x) x##_transport(),
+#include "weight_sync/transports/registry.inc"
+#undef ARLO_TRANSPORT
+  };
+  return all;
+}
+
+OptionSpec OptionSpec::user_key(nlohmann::json def) && {
+  config = true;
+  config_default = std::move(def);
+  return std::move(*this);
+}
+
+OptionSpec OptionSpec::one_of(std::vector<std::string> allowed) && {
+  choices = std::move(allowed);
+  return std::move(*this);
+}
+
+OptionSpec string_option(std::string key, std::string def, std::string doc) {
+  OptionSpec o;
+  o.key = std::move(key);
+  o.type = OptionSpec::Type::kString;
+  o.default_value = std::move(def);
+  o.doc = std::move(doc);
+  return o;
+}
+
+OptionSpec bool_option(std::string key, bool def, std::string doc) {
+  OptionSpec o;
+  o.key = std::move(key);
+  o.type = OptionSpec::Type::kBool;
+  o.default_value = def;
+  o.doc = std::move(doc);
+  return o;
+}
+
+OptionSpec int_option(std::string key, std::int64_t def, std::string doc, double min, double max) {
+  OptionSpec o;
+  o.key = std::move(key);
+  o.type = OptionSpec::Type::kInt;
+  o.default_value = def;
+  o.doc = std::move(doc);
+  o.min = min;
+  o.max = max;
+  return o;
+}
+
+const OptionSpec* TransportDescriptor::option(std::string_view key) const {
+  for (const auto& o : options)
+    if (o.key == key) return &o;
+  return nullptr;
+}
+
+Result<const TransportDescriptor*> find_transport(std::string_view name) {
+  std::string known;
+  for (const auto& d : transports()) {
+    if (d.name == name) return &d;
+    known += (known.empty() ? "" : " | ") + d.name;
+  }
+  return make_error(ErrorCode::kInvalidArgument,
+                    fmt::format("weight_sync transport '{}' is not available; known: {}", name, known));
+}
 
 namespace {
 
-struct Entry {
-  SenderFactory sender;
-  ReceiverFactory receiver;
-};
-
-struct Registry {
-  std::mutex mu;
-  std::map<std::string, Entry> entries;
-  Registry() {
-    entries["tcp"] = {make_tcp_sender, make_tcp_receiver};
-    entries["shm"] = {make_shm_sender, make_shm_receiver};
-    entries["filesystem"] = {make_fs_sender, make_fs_receiver};
+bool has_type(const nlohmann::json& v, OptionSpec::Type t) {
+  switch (t) {
+    case OptionSpec::Type::kBool: return v.is_boolean();
+    case OptionSpec::Type::kInt: return v.is_number_integer();
+    case OptionSpec::Type::kFloat: return v.is_number();
+    case OptionSpec::Type::kString: return v.is_string();
   }
-};
-
-Registry& registry() {
-  static Registry r;
-  return r;
+  return false;
 }
 
-Result<Entry> find(const std::string& name) {
-  auto& r = registry();
-  std::lock_guard lock(r.mu);
-  auto it = r.entries.find(name);
-  if (it == r.entries.end()) {
-    std::string known;
-    for (const auto& [k, v] : r.entries) known += (known.empty() ? "" : " | ") + k;
-    return make_error(ErrorCode::kInvalidArgument,
-                      "weight_sync.transport = '" + name + "' is not available; known: " + known);
+std::string_view type_word(OptionSpec::Type t) {
+  switch (t) {
+    case OptionSpec::Type::kBool: return "a boolean";
+    case OptionSpec::Type::kInt: return "an integer";
+    case OptionSpec::Type::kFloat: return "a number";
+    case OptionSpec::Type::kString: return "a string";
   }
-  return it->second;
+  return "?";
+}
+
+Status check_value(const TransportDescriptor& d, const OptionSpec& o, const nlohmann::json& v) {
+  auto bad = [&](const std::string& why) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("weight_sync {} option '{}': {}", d.name, o.key, why));
+  };
+  if (!has_type(v, o.type)) return bad(fmt::format("must be {}, got {}", type_word(o.type), v.dump()));
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if ((o.min && x < *o.min) || (o.max && x > *o.max))
+      return bad(fmt::format("{} is outside [{}, {}]", v.dump(), o.min ? fmt::format("{}", *o.min) : "-inf",
+                             o.max ? fmt::format("{}", *o.max) : "inf"));
+  }
+  if (v.is_string() && !o.choices.empty() &&
+      std::find(o.choices.begin(), o.choices.end(), v.get<std::string>()) == o.choices.end())
+    return bad(fmt::format("'{}' is not one of {}", v.get<std::string>(), fmt::join(o.choices, " | ")));
+  return ok();
 }
 
 }  // namespace
 
-Result<std::unique_ptr<SenderTransport>> make_sender_transport(const Options& options) {
-  ARLO_ASSIGN_OR_RETURN(auto e, find(options.transport));
-  return e.sender(options);
-}
-
-Result<std::unique_ptr<ReceiverTransport>> make_receiver_transport(const Options& options) {
-  ARLO_ASSIGN_OR_RETURN(auto e, find(options.transport));
-  return e.receiver(options);
+Result<nlohmann::json> resolve_params(const TransportDescriptor& d, const nlohmann::json& params) {
+  if (!params.is_null() && !params.is_object())
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("weight_sync {} options must be an object", d.name));
+  nlohmann::json out = nlohmann::json::object();
+  if (params.is_object()) {
+    for (const auto& [key, value] : params.items()) {
+      const OptionSpec* o = d.option(key);
+      if (o == nullptr) {
+        std::vector<std::string> keys;
+        for (const auto& spec : d.options) keys.push_back(spec.key);
+        return make_error(ErrorCode::kInvalidArgument, fmt::format("weight_sync {} has no option '{}'; its options: {}",
+                                                                   d.name, key, fmt::join(keys, ", ")));
+      }
+      ARLO_TRY(check_value(d, *o, value));
+      out[key] = value;
+    }
+  }
+  for (const auto& o : d.options)
+    if (!out.contains(o.key)) out[o.key] = o.default_value;
+  return out;
 }
 
 }  // namespace arlo::weight_sync

@@ -1,7 +1,9 @@
 #pragma once
-// Transports: how encoded versions travel. One SenderTransport/ReceiverTransport pair per kind,
-// created by name from a registry (Options::transport), so a GPU transport (cuda_ipc, nccl) can be
-// registered later without touching Publisher/Subscriber or their callers.
+// Transports: how encoded versions travel. Each transport is one folder or file under transports/
+// that defines a TransportDescriptor (name, capabilities, its own options, sender and receiver
+// factories) and one line in transports/registry.inc; nothing outside weight_sync/ knows a
+// transport by name. The config schema (weight_sync.* keys), docs/configuration.md, the wire form
+// (wire.h) and every caller read the registered descriptors.
 //
 // A transport owns the whole exchange of one version (handshake, buckets, acknowledgement) because
 // the kinds differ in shape: streaming (tcp, shm) versus durable files (filesystem). The shared
@@ -10,7 +12,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/result.h"
 #include "weight_sync/types.h"
@@ -20,9 +25,44 @@ namespace arlo::weight_sync {
 
 class HostWeights;
 
+// One option of a transport: a key of Options::params (and, when `config`, of the weight_sync
+// config section, documented in docs/configuration.md).
+struct OptionSpec {
+  enum class Type { kBool, kInt, kFloat, kString };
+  std::string key;
+  Type type = Type::kString;
+  nlohmann::json default_value;      // of the library; a config default may differ (config_default)
+  std::string doc;
+  std::vector<std::string> choices;  // kString: the allowed values (empty: any)
+  std::optional<double> min, max;    // kInt / kFloat: inclusive bounds
+  bool config = false;               // a user config key (false: set by arlo, e.g. endpoints)
+  nlohmann::json config_default;     // null: default_value; strings may use "{section.key}" templates
+
+  // Builders: string_option("dir", "", "where versions live").user_key("{run.dir}/weights").
+  OptionSpec user_key(nlohmann::json config_default = nullptr) &&;
+  OptionSpec one_of(std::vector<std::string> allowed) &&;
+};
+OptionSpec string_option(std::string key, std::string def, std::string doc);
+OptionSpec bool_option(std::string key, bool def, std::string doc);
+OptionSpec int_option(std::string key, std::int64_t def, std::string doc, double min, double max);
+
+struct Capabilities {
+  bool durable = false;  // a staged version outlives its publisher (files); false: streamed
+  bool relays = false;   // a receiver can serve the next one (chain topology)
+  std::vector<Device::Kind> devices{Device::Kind::kCpu};  // where source and sink memory may live
+};
+
+// Test-only fault injection (weight_sync/testing.h sets it; transports read it).
+struct Faults {
+  std::optional<std::size_t> corrupt_bucket;      // the sender flips one byte of it, once per version
+  std::optional<std::size_t> stop_before_bucket;  // this side raises SIGSTOP just before it
+};
+
 // State the Publisher keeps across versions and lends to its transport.
 struct SenderState {
   Options options;
+  nlohmann::json params;                // options.params with the descriptor's defaults filled in
+  Faults faults;
   std::optional<Version> last_version;  // last version published (the delta base)
   std::unique_ptr<HostWeights> base;    // snapshot of last_version; kept only for the delta payload
 };
@@ -30,6 +70,8 @@ struct SenderState {
 // State the Subscriber keeps across versions and lends to its transport.
 struct ReceiverState {
   Options options;
+  nlohmann::json params;
+  Faults faults;
   std::optional<Version> version;       // what the sink holds
   std::vector<TensorSpec> specs;        // tensors of the last applied manifest
 };
@@ -37,8 +79,9 @@ struct ReceiverState {
 class SenderTransport {
  public:
   virtual ~SenderTransport() = default;
-  virtual std::string endpoint() const = 0;
-  // Delivers `version` to every receiver. Does not update `state` (the Publisher does).
+  // Where receivers reach this sender: the endpoint object of an announcement (wire.h).
+  virtual nlohmann::json endpoint() const = 0;
+  // Delivers `version` to the receivers that come for it. Does not update `state` (the Publisher does).
   virtual Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
                                         Deadline deadline) = 0;
 };
@@ -49,14 +92,31 @@ class ReceiverTransport {
   // Receives the next version into `sink` and commits it; updates state.version/specs on success
   // and on an in-place failure (version reset).
   virtual Result<ReceiveReport> receive(WeightSink& sink, ReceiverState& state, Deadline deadline) = 0;
-  // Where downstream nodes connect (tcp chain relays); empty otherwise.
-  virtual std::string relay_endpoint() const { return {}; }
+  // Where downstream nodes connect (chain relays), an endpoint object; empty otherwise.
+  virtual nlohmann::json relay_endpoint() const { return nlohmann::json::object(); }
 };
 
-using SenderFactory = std::function<Result<std::unique_ptr<SenderTransport>>(const Options&)>;
-using ReceiverFactory = std::function<Result<std::unique_ptr<ReceiverTransport>>(const Options&)>;
+// Factories get the state's options and params (defaults filled, types checked).
+using SenderFactory = std::function<Result<std::unique_ptr<SenderTransport>>(const SenderState&)>;
+using ReceiverFactory = std::function<Result<std::unique_ptr<ReceiverTransport>>(const ReceiverState&)>;
 
-Result<std::unique_ptr<SenderTransport>> make_sender_transport(const Options& options);
-Result<std::unique_ptr<ReceiverTransport>> make_receiver_transport(const Options& options);
+struct TransportDescriptor {
+  std::string name;        // the value of weight_sync.transport
+  std::string doc;         // one line for docs/configuration.md
+  Capabilities capabilities;
+  std::vector<OptionSpec> options;
+  SenderFactory sender;
+  ReceiverFactory receiver;
+
+  const OptionSpec* option(std::string_view key) const;
+};
+
+// Every registered transport, in registration order (transports/registry.inc).
+const std::vector<TransportDescriptor>& transports();
+// The descriptor of `name`; the error lists the registered names.
+Result<const TransportDescriptor*> find_transport(std::string_view name);
+// `params` checked against `d` (unknown keys and wrong types are errors naming the key) with the
+// descriptor's defaults filled in for absent keys.
+Result<nlohmann::json> resolve_params(const TransportDescriptor& d, const nlohmann::json& params);
 
 }  // namespace arlo::weight_sync

@@ -4,10 +4,29 @@
 
 #include "weight_sync/xxh.h"
 
+#include <mutex>
+
 #include "common/log.h"
+#include "weight_sync/testing.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::weight_sync {
+
+namespace testing {
+namespace {
+std::mutex faults_mu;
+Faults side_faults[2];
+}  // namespace
+void set_faults(Side side, Faults f) {
+  std::lock_guard lock(faults_mu);
+  side_faults[static_cast<int>(side)] = f;
+}
+Faults faults(Side side) {
+  std::lock_guard lock(faults_mu);
+  return side_faults[static_cast<int>(side)];
+}
+}  // namespace testing
+
 namespace {
 
 Status validate(const Options& o) {
@@ -15,16 +34,26 @@ Status validate(const Options& o) {
     return make_error(ErrorCode::kInvalidArgument, "weight_sync.bucket_bytes must be in [1 MiB, 4 GiB)");
   if (o.payload.delta_dense_threshold < 0 || o.payload.delta_dense_threshold > 1)
     return make_error(ErrorCode::kInvalidArgument, "weight_sync.delta_dense_threshold must be in [0, 1]");
-  if (o.transport == "filesystem" && o.keep_last < 2)
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync.keep_last must be >= 2");
-  if (o.bucket_timeout.count() <= 0)
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync.bucket_timeout must be > 0");
+  if (o.keep_last < 2) return make_error(ErrorCode::kInvalidArgument, "weight_sync.keep_last must be >= 2");
+  if (o.bucket_timeout.count() <= 0 || o.timeout.count() <= 0)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync bucket_timeout and timeout must be > 0");
+  if (o.expected_receivers < 1) return make_error(ErrorCode::kInvalidArgument, "weight_sync expected_receivers must be >= 1");
   return ok();
+}
+
+// The descriptor of o.transport, refusing what it cannot do.
+Result<const TransportDescriptor*> descriptor_for(const Options& o) {
+  ARLO_TRY(validate(o));
+  ARLO_ASSIGN_OR_RETURN(const auto* d, find_transport(o.transport));
+  if (o.relay && !d->capabilities.relays)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "weight_sync chain: the " + d->name + " transport does not relay; use topology star");
+  return d;
 }
 
 class PublisherImpl final : public Publisher {
  public:
-  PublisherImpl(std::unique_ptr<SenderTransport> t, const Options& o) : transport_(std::move(t)) { state_.options = o; }
+  PublisherImpl(std::unique_ptr<SenderTransport> t, SenderState state) : transport_(std::move(t)), state_(std::move(state)) {}
 
   Result<PublishReport> publish(Version version, const WeightSource& source, Deadline deadline) override {
     if (state_.last_version && version <= *state_.last_version)
@@ -48,7 +77,7 @@ class PublisherImpl final : public Publisher {
     return report;
   }
 
-  std::string endpoint() const override { return transport_->endpoint(); }
+  nlohmann::json endpoint() const override { return transport_->endpoint(); }
 
  private:
   std::unique_ptr<SenderTransport> transport_;
@@ -57,16 +86,14 @@ class PublisherImpl final : public Publisher {
 
 class SubscriberImpl final : public Subscriber {
  public:
-  SubscriberImpl(std::unique_ptr<ReceiverTransport> t, const Options& o) : transport_(std::move(t)) {
-    state_.options = o;
-  }
+  SubscriberImpl(std::unique_ptr<ReceiverTransport> t, ReceiverState state) : transport_(std::move(t)), state_(std::move(state)) {}
   Result<ReceiveReport> receive(WeightSink& sink, Deadline deadline) override {
     return transport_->receive(sink, state_, deadline);
   }
   std::optional<Version> version() const override { return state_.version; }
   void assume_version(std::optional<Version> v) override { state_.version = v; }
   const std::vector<TensorSpec>& specs() const override { return state_.specs; }
-  std::string relay_endpoint() const override { return transport_->relay_endpoint(); }
+  nlohmann::json relay_endpoint() const override { return transport_->relay_endpoint(); }
 
  private:
   std::unique_ptr<ReceiverTransport> transport_;
@@ -76,15 +103,23 @@ class SubscriberImpl final : public Subscriber {
 }  // namespace
 
 Result<std::unique_ptr<Publisher>> Publisher::create(const Options& options) {
-  ARLO_TRY(validate(options));
-  ARLO_ASSIGN_OR_RETURN(auto t, make_sender_transport(options));
-  return std::unique_ptr<Publisher>(new PublisherImpl(std::move(t), options));
+  ARLO_ASSIGN_OR_RETURN(const auto* d, descriptor_for(options));
+  SenderState state;
+  state.options = options;
+  ARLO_ASSIGN_OR_RETURN(state.params, resolve_params(*d, options.params));
+  state.faults = testing::faults(testing::Side::kPublisher);
+  ARLO_ASSIGN_OR_RETURN(auto t, d->sender(state));
+  return std::unique_ptr<Publisher>(new PublisherImpl(std::move(t), std::move(state)));
 }
 
 Result<std::unique_ptr<Subscriber>> Subscriber::create(const Options& options) {
-  ARLO_TRY(validate(options));
-  ARLO_ASSIGN_OR_RETURN(auto t, make_receiver_transport(options));
-  return std::unique_ptr<Subscriber>(new SubscriberImpl(std::move(t), options));
+  ARLO_ASSIGN_OR_RETURN(const auto* d, descriptor_for(options));
+  ReceiverState state;
+  state.options = options;
+  ARLO_ASSIGN_OR_RETURN(state.params, resolve_params(*d, options.params));
+  state.faults = testing::faults(testing::Side::kSubscriber);
+  ARLO_ASSIGN_OR_RETURN(auto t, d->receiver(state));
+  return std::unique_ptr<Subscriber>(new SubscriberImpl(std::move(t), std::move(state)));
 }
 
 Result<std::uint64_t> Subscriber::checksum(WeightSink& sink) const {

@@ -6,9 +6,9 @@
 // Trainer (one Publisher per run; publish() pushes one version to every connected receiver):
 //
 //   weight_sync::Options opt;
-//   opt.transport = "tcp";                 // "tcp" | "shm" | "filesystem"
-//   opt.address = "0.0.0.0:29500";        // tcp: where the publisher listens
-//   opt.expected_receivers = 2;            // tcp star: number of workers; chain: 1
+//   opt.transport = "tcp";                 // a registered transport: tcp | shm | filesystem
+//   opt.params = {{"address", "0.0.0.0:29500"}};  // tcp: where the publisher listens
+//   opt.expected_receivers = 2;            // star: number of workers; chain: 1
 //   opt.payload.kind = weight_sync::PayloadKind::kFull;
 //   ARLO_ASSIGN_OR_RETURN(auto pub, weight_sync::Publisher::create(opt));
 //   weight_sync::HostWeights weights(specs);            // or your own WeightSource over torch tensors
@@ -18,8 +18,8 @@
 //
 //   weight_sync::Options opt;
 //   opt.transport = "tcp";
-//   opt.address = "trainer-host:29500";    // tcp: the publisher (or, in a chain, the previous worker)
-//   opt.relay_listen = "0.0.0.0:29501";    // chain only: where the next worker connects
+//   opt.params = {{"address", "trainer-host:29500"}};  // the publisher (in a chain, the previous worker)
+//   opt.relay = true;                      // chain: serve the next worker (tcp: at params relay_listen)
 //   opt.apply_mode = weight_sync::ApplyMode::kInPlace;  // generation is paused; or kStaging
 //   ARLO_ASSIGN_OR_RETURN(auto sub, weight_sync::Subscriber::create(opt));
 //   MySink sink(model);                    // a WeightSink handing out the parameter buffers by name
@@ -28,9 +28,9 @@
 //
 // filesystem: the publisher writes <dir>/v<version>/ (HF safetensors shards, index, manifest.json,
 // STABLE last); receive() applies the newest STABLE version above the one held. shm: same host;
-// publisher and subscribers name the same `shm_name`.
-//
-// Options is a plain struct; the config layer maps `weight_sync.*` keys onto it (docs/weight-sync.md).
+// publisher and subscribers name the same `shm_name`. Each transport's keys: its descriptor
+// (transport.h); the one JSON form of Options and of an announcement: wire.h (docs/weight-sync.md).
+// A trainer that must not wait for receivers uses the StagingPublisher (staging.h) around this.
 //
 // ## Contracts
 // - The manifest (names, dtypes, shapes, bucket layout, payload, version) is agreed before any data
@@ -50,6 +50,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/result.h"
 #include "weight_sync/types.h"
@@ -76,43 +78,21 @@ enum class ApplyMode {
   kInPlace,  // verified buckets go straight into the sink (caller paused generation); lowest memory
 };
 
-enum class Topology { kStar, kChain };
-
+// What every transport shares. The transport's own parameters (tcp's address, the filesystem's dir,
+// ...) are `params`, a JSON object checked against the transport's descriptor (transport.h: its
+// keys, types and defaults); wire.h has the one JSON form of the whole block.
 struct Options {
-  std::string transport = "tcp";        // key into the transport registry: tcp | shm | filesystem
+  std::string transport = "tcp";        // a registered transport (transport.h: transports())
   PayloadOptions payload;
   std::uint64_t bucket_bytes = 256ull << 20;
   ApplyMode apply_mode = ApplyMode::kStaging;
   std::chrono::milliseconds bucket_timeout{30000};  // deadline for each bucket (and each handshake)
+  std::chrono::milliseconds timeout{120000};        // deadline for moving one version
+  std::size_t keep_last = 2;             // versions a publisher keeps (staged, or on disk); >= 2
+  std::size_t expected_receivers = 1;    // publisher: direct downstream links (star: the workers; chain: 1)
+  bool relay = false;                    // receiver in a chain: serve the next one (transports that relay)
   std::string peer_name;                 // how this side is named in reports ("worker-0")
-
-  // tcp
-  std::string address = "127.0.0.1:0";  // publisher: listen endpoint; subscriber: upstream endpoint
-  Topology topology = Topology::kStar;
-  std::size_t expected_receivers = 1;    // publisher: direct downstream connections to wait for
-  std::string relay_listen;              // subscriber (chain): listen endpoint for the next node
-  std::chrono::milliseconds reconnect_window{5000};  // how long either side waits for a reconnect
-
-  // Fault injection for tests of the real transports: the sender flips one byte of this bucket
-  // after computing its checksum, the first time the bucket is sent.
-  std::optional<std::size_t> fault_corrupt_bucket;
-  // Fault injection for multi-process tests: this side raises SIGSTOP just before it sends
-  // (publisher) or receives (subscriber) this bucket, so a test can kill it mid-transfer.
-  std::optional<std::size_t> fault_stop_before_bucket;
-
-  // shm
-  std::string shm_name = "arlo-weights";
-  // shm, in_place `full` payload: by default buckets stream through a small ring in the segment
-  // that stays in the shared cache (publisher and receivers copy concurrently). true: receivers
-  // instead copy straight from the publisher's memory with process_vm_readv (one copy, but the
-  // kernel's per-page cost made it slower here; same user and, under Yama ptrace_scope 1, the
-  // publisher sets PR_SET_PTRACER); where the OS refuses, the ring is used and a line is logged.
-  bool shm_direct_read = false;
-
-  // filesystem
-  std::filesystem::path dir;             // <dir>/v<version>/
-  std::size_t keep_last = 2;             // >= 2; leased versions are never removed
-  std::chrono::milliseconds poll_interval{50};  // subscriber: how often to look for a new STABLE
+  nlohmann::json params = nlohmann::json::object();  // the transport's own options
 };
 
 struct PeerReport {
@@ -152,8 +132,9 @@ class Publisher {
   // Returns an error only when nothing could be delivered (no receiver, bad source); per-peer
   // failures are in the report. `source` must stay unchanged until this returns.
   virtual Result<PublishReport> publish(Version version, const WeightSource& source, Deadline deadline) = 0;
-  // tcp: the bound "host:port" (useful with port 0). Others: a description of the endpoint.
-  virtual std::string endpoint() const = 0;
+  // Where receivers reach it: the transport's endpoint object (tcp {"address": bound host:port},
+  // shm {"shm_name"}, filesystem {"dir"}), what an announcement carries (wire.h).
+  virtual nlohmann::json endpoint() const = 0;
 };
 
 class Subscriber {
@@ -172,8 +153,9 @@ class Subscriber {
   virtual void assume_version(std::optional<Version> version) = 0;
   // Tensors of the last applied version (empty before the first).
   virtual const std::vector<TensorSpec>& specs() const = 0;
-  // tcp chain: the bound "host:port" where the next node connects (empty when not relaying).
-  virtual std::string relay_endpoint() const = 0;
+  // Chain: where the next node connects, as an endpoint object (tcp {"address": bound host:port});
+  // empty object when not relaying.
+  virtual nlohmann::json relay_endpoint() const = 0;
 };
 
 }  // namespace arlo::weight_sync

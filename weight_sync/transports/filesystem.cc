@@ -179,8 +179,8 @@ std::vector<std::vector<std::size_t>> plan_shards(const std::vector<TensorSpec>&
 
 class FsSender final : public SenderTransport {
  public:
-  explicit FsSender(const Options& o) : root_(o.dir) {}
-  std::string endpoint() const override { return root_.string(); }
+  explicit FsSender(const SenderState& s) : root_(s.params.at("dir").get<std::string>()) {}
+  nlohmann::json endpoint() const override { return {{"dir", root_.string()}}; }
 
   Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
                                 Deadline) override {
@@ -336,7 +336,8 @@ class Lease {
 
 class FsReceiver final : public ReceiverTransport {
  public:
-  explicit FsReceiver(const Options& o) : root_(o.dir) {}
+  explicit FsReceiver(const ReceiverState& s)
+      : root_(s.params.at("dir").get<std::string>()), poll_(s.params.at("poll_interval_ms").get<std::int64_t>()) {}
 
   Result<ReceiveReport> receive(WeightSink& sink, ReceiverState& state, Deadline deadline) override {
     const auto t0 = Clock::now();
@@ -356,7 +357,7 @@ class FsReceiver final : public ReceiverTransport {
         return make_error(ErrorCode::kTimeout, "no STABLE version newer than " +
                                                    (state.version ? std::to_string(*state.version) : "none") +
                                                    " appeared in " + root_.string() + " before the deadline");
-      std::this_thread::sleep_for(std::min<Clock::duration>(state.options.poll_interval, deadline - Clock::now()));
+      std::this_thread::sleep_for(std::min<Clock::duration>(poll_, deadline - Clock::now()));
     }
   }
 
@@ -467,18 +468,37 @@ class FsReceiver final : public ReceiverTransport {
   }
 
   fs::path root_;
+  std::chrono::milliseconds poll_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<SenderTransport>> make_fs_sender(const Options& o) {
-  if (o.dir.empty()) return make_error(ErrorCode::kInvalidArgument, "weight_sync.dir is required for filesystem");
-  return std::unique_ptr<SenderTransport>(new FsSender(o));
+namespace {
+Status need_dir(const nlohmann::json& params) {
+  if (params.at("dir").get<std::string>().empty())
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync filesystem: 'dir' (where versions v<N>/ live) is required");
+  return ok();
 }
+}  // namespace
 
-Result<std::unique_ptr<ReceiverTransport>> make_fs_receiver(const Options& o) {
-  if (o.dir.empty()) return make_error(ErrorCode::kInvalidArgument, "weight_sync.dir is required for filesystem");
-  return std::unique_ptr<ReceiverTransport>(new FsReceiver(o));
+TransportDescriptor filesystem_transport() {
+  TransportDescriptor d;
+  d.name = "filesystem";
+  d.doc = "safetensors shards under dir/v<N>/ (durable; also what vLLM and SGLang load from disk)";
+  d.capabilities.durable = true;
+  d.options = {
+      string_option("dir", "", "where versions v<N>/ are written").user_key("{run.dir}/weights"),
+      int_option("poll_interval_ms", 50, "how often a receiver looks for a new STABLE version", 1, 60000),
+  };
+  d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
+    ARLO_TRY(need_dir(s.params));
+    return std::unique_ptr<SenderTransport>(new FsSender(s));
+  };
+  d.receiver = [](const ReceiverState& s) -> Result<std::unique_ptr<ReceiverTransport>> {
+    ARLO_TRY(need_dir(s.params));
+    return std::unique_ptr<ReceiverTransport>(new FsReceiver(s));
+  };
+  return d;
 }
 
 }  // namespace arlo::weight_sync

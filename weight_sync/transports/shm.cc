@@ -342,10 +342,16 @@ Status ring_wait(Header* h, Deadline deadline, Done done, std::atomic<std::uint6
 
 class ShmSender final : public SenderTransport {
  public:
-  explicit ShmSender(const Options& o) : name_(segment_name(o.shm_name)), probe_(std::make_unique<std::uint64_t>(kMagic)) {
-    if (o.shm_direct_read) ARLO_INFO("weight_sync shm {}: direct reads by receivers: {}", name_, detail::allow_same_user_readers());
+  explicit ShmSender(const SenderState& s)
+      : channel_(s.params.at("shm_name").get<std::string>()),
+        name_(segment_name(channel_)),
+        expected_(s.options.expected_receivers),
+        direct_read_(s.params.at("direct_read").get<bool>()),
+        faults_(s.faults),
+        probe_(std::make_unique<std::uint64_t>(kMagic)) {
+    if (direct_read_) ARLO_INFO("weight_sync shm {}: direct reads by receivers: {}", name_, detail::allow_same_user_readers());
   }
-  std::string endpoint() const override { return "shm:" + name_; }
+  nlohmann::json endpoint() const override { return {{"shm_name", channel_}}; }
 
   Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
                                 Deadline deadline) override {
@@ -448,7 +454,7 @@ class ShmSender final : public SenderTransport {
       return n;
     };
     const Deadline join_deadline = std::min(deadline, Clock::now() + o.bucket_timeout);
-    (void)wait_for(h, join_deadline, [&] { return answered() >= o.expected_receivers; }, [] { return ok(); },
+    (void)wait_for(h, join_deadline, [&] { return answered() >= expected_; }, [] { return ok(); },
                    "receivers to join");
 
     PublishReport report;
@@ -479,9 +485,9 @@ class ShmSender final : public SenderTransport {
       futex_bump_and_wake(h->doorbell);
       return report;  // caller restarts in full
     }
-    if (report.peers.size() < o.expected_receivers)
+    if (report.peers.size() < expected_)
       report.peers.push_back({"(missing)", false,
-                              std::to_string(o.expected_receivers - report.peers.size()) +
+                              std::to_string(expected_ - report.peers.size()) +
                                   " expected receiver(s) did not join within the bucket timeout",
                               0});
     if (active.empty()) {
@@ -500,7 +506,7 @@ class ShmSender final : public SenderTransport {
     std::string why_slots;
     if (!enc.zero_copy())
       why_slots = "payload " + std::string(to_string(m.payload.kind)) + (m.payload.zstd ? "+zstd" : "") + " is encoded";
-    bool all_read = o.shm_direct_read;
+    bool all_read = direct_read_;
     for (int k : active) {
       const auto caps = h->readers[k].caps.load();
       if (why_slots.empty() && !(caps & kCapInPlace))
@@ -542,9 +548,9 @@ class ShmSender final : public SenderTransport {
     // Direct: receivers pull on their own; the publisher only posts each bucket's checksum, hashing
     // the source once while they copy.
     for (std::size_t i = 0; use_direct && i < m.buckets.size() && !active.empty(); ++i) {
-      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
       std::uint64_t checksum = xxh3(bucket_parts[i]);
-      if (o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_) {
+      if (faults_.corrupt_bucket && *faults_.corrupt_bucket == i && !fault_done_) {
         // Fault injection: receivers read the true bytes, so announce a checksum that they do not
         // match (the effect of one flipped byte in transit).
         checksum ^= 0x5A;
@@ -577,10 +583,10 @@ class ShmSender final : public SenderTransport {
               drop(k, "timed out consuming bucket " + std::to_string(i - 2));
         if (active.empty()) break;
       }
-      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
       std::byte* dst = seg_->slot(s);
       std::uint64_t wire = 0, checksum = 0;
-      const bool corrupt = o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_;
+      const bool corrupt = faults_.corrupt_bucket && *faults_.corrupt_bucket == i && !fault_done_;
       auto& slot = h->slots[s];
       if (enc.zero_copy()) {
         // Streamed: announce the bucket, then publish it chunk by chunk (copied and hashed while hot).
@@ -693,9 +699,9 @@ class ShmSender final : public SenderTransport {
     const std::uint64_t ring_size = h->ring_bytes;
     std::uint64_t pos = 0;
     for (std::size_t i = 0; i < m.buckets.size() && !active.empty(); ++i) {
-      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
-      const bool corrupt = o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i && !fault_done_;
+      const bool corrupt = faults_.corrupt_bucket && *faults_.corrupt_bucket == i && !fault_done_;
       XXH3_state_t st;
       XXH3_64bits_reset(&st);
       std::uint64_t bucket_bytes = 0;
@@ -743,7 +749,11 @@ class ShmSender final : public SenderTransport {
     return pos;
   }
 
+  std::string channel_;  // the shm_name receivers give
   std::string name_;
+  std::size_t expected_;
+  bool direct_read_;
+  Faults faults_;
   std::unique_ptr<Segment> seg_;
   bool fault_done_ = false;
   std::unique_ptr<std::uint64_t> probe_;  // kMagic at a stable address: receivers test read permission on it
@@ -752,7 +762,11 @@ class ShmSender final : public SenderTransport {
 
 class ShmReceiver final : public ReceiverTransport {
  public:
-  explicit ShmReceiver(const Options& o) : name_(segment_name(o.shm_name)) {}
+  explicit ShmReceiver(const ReceiverState& s)
+      : name_(segment_name(s.params.at("shm_name").get<std::string>())),
+        direct_read_(s.params.at("direct_read").get<bool>()),
+        faults_(s.faults),
+        peer_name_(s.options.peer_name) {}
   ~ShmReceiver() override {
     if (seg_ && slot_ >= 0 && seg_->h->readers[slot_].pid.load() == static_cast<std::uint32_t>(::getpid())) {
       seg_->h->readers[slot_].pid.store(0);
@@ -817,7 +831,7 @@ class ShmReceiver final : public ReceiverTransport {
       const bool in_place_full = state.options.apply_mode == ApplyMode::kInPlace &&
                                  m->payload.kind == PayloadKind::kFull && !m->payload.zstd;
       std::uint32_t caps = in_place_full ? kCapInPlace : 0;
-      if (in_place_full && state.options.shm_direct_read && can_read_publisher(h)) caps |= kCapRead;
+      if (in_place_full && direct_read_ && can_read_publisher(h)) caps |= kCapRead;
       me.caps.store(caps);
       me.ring_consumed.store(0);
       me.ring_data_want.store(0);
@@ -1006,7 +1020,7 @@ class ShmReceiver final : public ReceiverTransport {
     const DirectTable table = mode != kModeSlots ? DirectTable::at(seg_->at(h->table_offset)) : DirectTable{};
     std::uint64_t ring_pos = 0;
     for (std::size_t i = 0; i < m.buckets.size(); ++i) {
-      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
       const int s = static_cast<int>(i % 2);
       auto& slot = h->slots[s];
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
@@ -1100,11 +1114,11 @@ class ShmReceiver final : public ReceiverTransport {
     return report;
   }
 
- public:
-  std::string peer_name_;
-
  private:
   std::string name_;
+  bool direct_read_;
+  Faults faults_;
+  std::string peer_name_;
   std::unique_ptr<Segment> seg_;
   int slot_ = -1;
   pid_t probed_pid_ = 0;   // publisher whose memory was probed
@@ -1113,14 +1127,24 @@ class ShmReceiver final : public ReceiverTransport {
 
 }  // namespace
 
-Result<std::unique_ptr<SenderTransport>> make_shm_sender(const Options& o) {
-  return std::unique_ptr<SenderTransport>(new ShmSender(o));
-}
-
-Result<std::unique_ptr<ReceiverTransport>> make_shm_receiver(const Options& o) {
-  auto r = std::make_unique<ShmReceiver>(o);
-  r->peer_name_ = o.peer_name;
-  return std::unique_ptr<ReceiverTransport>(std::move(r));
+TransportDescriptor shm_transport() {
+  TransportDescriptor d;
+  d.name = "shm";
+  d.doc = "a POSIX shared-memory segment on one host (streamed)";
+  d.options = {
+      string_option("shm_name", "arlo-weights", "segment name (/dev/shm/arlo-ws-<name>); arlo run picks one per run"),
+      bool_option("direct_read", false,
+                  "in-place full payload: receivers copy straight from the publisher's memory (process_vm_readv) "
+                  "instead of through the shared ring")
+          .user_key(),
+  };
+  d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
+    return std::unique_ptr<SenderTransport>(new ShmSender(s));
+  };
+  d.receiver = [](const ReceiverState& s) -> Result<std::unique_ptr<ReceiverTransport>> {
+    return std::unique_ptr<ReceiverTransport>(new ShmReceiver(s));
+  };
+  return d;
 }
 
 }  // namespace arlo::weight_sync

@@ -1,5 +1,5 @@
 // tcp transport (Boost.Asio). Star: the publisher serves every receiver directly. Chain: each
-// receiver with `relay_listen` serves the next one, so each link carries the stream once.
+// relaying receiver (Options::relay, at `relay_listen`) serves the next one, so each link carries the stream once.
 //
 // Per version, on each link: receiver -> HELLO {peer, version, resume}; sender -> MANIFEST;
 // receiver -> ANSWER {accepted | refused | need_full, start}; sender -> BUCKET frames (header, data,
@@ -302,8 +302,11 @@ struct Answer {
 // across versions; connections that arrive between versions wait (kernel backlog, or `pending_`).
 class Server {
  public:
-  static Result<std::unique_ptr<Server>> listen(const std::string& address) {
+  static Result<std::unique_ptr<Server>> listen(const std::string& address, std::chrono::milliseconds reconnect_window,
+                                                Faults faults) {
     auto s = std::unique_ptr<Server>(new Server());
+    s->reconnect_window_ = reconnect_window;
+    s->faults_ = faults;
     ARLO_ASSIGN_OR_RETURN(auto ep, detail::resolve(address));
     boost::system::error_code ec;
     s->acc_.open(ep.protocol(), ec);
@@ -316,6 +319,7 @@ class Server {
     return s;
   }
   const std::string& endpoint() const { return endpoint_; }
+  const Faults& faults() const { return faults_; }
 
   struct Peer {
     std::unique_ptr<Conn> conn;
@@ -439,9 +443,9 @@ class Server {
         auto parts = feed.get(i, std::min(deadline, Clock::now() + o.bucket_timeout));
         if (!parts && parts.error().code() == ErrorCode::kNotFound) parts = regen(i, scratch);
         if (!parts) return fail(vb(m.version, i) + ": " + parts.error().what());
-        if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+        if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
         bool corrupt = false;
-        if (fault_pending && o.fault_corrupt_bucket && *o.fault_corrupt_bucket == i) corrupt = fault_pending->exchange(false);
+        if (fault_pending && faults_.corrupt_bucket && *faults_.corrupt_bucket == i) corrupt = fault_pending->exchange(false);
         s = send_bucket(*p.conn, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), corrupt, feed);
         if (s) {
           for (const auto& part : *parts) p.wire_bytes += part.size();
@@ -466,12 +470,12 @@ class Server {
       p.conn->close();
       std::unique_lock l(p.mu);
       p.waiting = true;
-      const bool got = p.cv.wait_until(l, std::min(deadline, Clock::now() + o.reconnect_window),
+      const bool got = p.cv.wait_until(l, std::min(deadline, Clock::now() + reconnect_window_),
                                        [&] { return p.replacement != nullptr; });
       p.waiting = false;
       if (!got) {
         return fail(vb(m.version, std::min(i, m.buckets.size())) + ", peer " + p.hello.peer + ": " + why +
-                    "; it did not reconnect within " + std::to_string(o.reconnect_window.count()) + " ms");
+                    "; it did not reconnect within " + std::to_string(reconnect_window_.count()) + " ms");
       }
       p.conn = std::move(p.replacement);
       i = p.replacement_start;
@@ -515,6 +519,8 @@ class Server {
   asio::io_context acc_ctx_;
   tcp::acceptor acc_;
   std::string endpoint_;
+  std::chrono::milliseconds reconnect_window_{5000};
+  Faults faults_;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Peer>> pending_;
 };
@@ -537,14 +543,14 @@ void collect_reports(Server& server, const Manifest& m, std::vector<PeerReport>&
 
 class TcpSender final : public SenderTransport {
  public:
-  explicit TcpSender(std::unique_ptr<Server> s) : server_(std::move(s)) {}
-  std::string endpoint() const override { return server_->endpoint(); }
+  TcpSender(std::unique_ptr<Server> s, std::size_t expected) : server_(std::move(s)), expected_(expected) {}
+  nlohmann::json endpoint() const override { return {{"address", server_->endpoint()}}; }
 
   Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
                                 Deadline deadline) override {
     const auto t0 = Clock::now();
     const Options& o = state.options;
-    const std::size_t got = server_->gather(o.expected_receivers, deadline, o.bucket_timeout);
+    const std::size_t got = server_->gather(expected_, deadline, o.bucket_timeout);
     if (got == 0)
       return make_error(ErrorCode::kUnavailable, "tcp " + server_->endpoint() + ": no receiver connected for version " +
                                                      std::to_string(version) + " before the deadline");
@@ -573,7 +579,7 @@ class TcpSender final : public SenderTransport {
     }
     ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
     const std::size_t n = m.buckets.size();
-    std::atomic<bool> fault_pending{o.fault_corrupt_bucket.has_value()};
+    std::atomic<bool> fault_pending{server_->faults().corrupt_bucket.has_value()};
     PublishReport report;
     report.version = version;
     report.payload = m.payload.kind;
@@ -622,20 +628,28 @@ class TcpSender final : public SenderTransport {
 
  private:
   std::unique_ptr<Server> server_;
+  std::size_t expected_;
 };
 
 class TcpReceiver final : public ReceiverTransport {
  public:
-  TcpReceiver(const Options& o, std::unique_ptr<Server> relay) : relay_(std::move(relay)), name_(o.peer_name) {
+  TcpReceiver(const ReceiverState& s, std::unique_ptr<Server> relay)
+      : relay_(std::move(relay)),
+        name_(s.options.peer_name),
+        address_(s.params.at("address").get<std::string>()),
+        reconnect_window_(s.params.at("reconnect_window_ms").get<std::int64_t>()),
+        faults_(s.faults) {
     if (name_.empty()) name_ = "receiver-" + std::to_string(::getpid());
   }
 
-  std::string relay_endpoint() const override { return relay_ ? relay_->endpoint() : std::string(); }
+  nlohmann::json relay_endpoint() const override {
+    return relay_ ? nlohmann::json{{"address", relay_->endpoint()}} : nlohmann::json::object();
+  }
 
   Result<ReceiveReport> receive(WeightSink& sink, ReceiverState& state, Deadline deadline) override {
     const auto t0 = Clock::now();
     const Options& o = state.options;
-    ARLO_ASSIGN_OR_RETURN(upstream_ep_, detail::resolve(o.address));
+    ARLO_ASSIGN_OR_RETURN(upstream_ep_, detail::resolve(address_));
     std::unique_ptr<Conn> conn;
     ARLO_TRY(connect(conn, state.version, std::nullopt, 0, deadline));
 
@@ -644,7 +658,7 @@ class TcpReceiver final : public ReceiverTransport {
     std::vector<std::span<std::byte>> dest;
     while (true) {
       nlohmann::json body;
-      ARLO_ASSIGN_OR_RETURN(auto h, with_context(conn->recv_frame(&body, deadline), "tcp " + o.address + ": waiting for a manifest"));
+      ARLO_ASSIGN_OR_RETURN(auto h, with_context(conn->recv_frame(&body, deadline), "tcp " + address_ + ": waiting for a manifest"));
       if (static_cast<Frame>(h.type) != Frame::kManifest) return make_error(ErrorCode::kParse, "tcp: expected a manifest");
       auto parsed = Manifest::from_json(body);
       Answer mine{"accepted", "", 0};
@@ -669,7 +683,7 @@ class TcpReceiver final : public ReceiverTransport {
       ARLO_TRY(conn->send_json(Frame::kAnswer, {{"state", mine.state}, {"error", mine.error}, {"start", 0}}, deadline));
       if (mine.state == "refused") {
         if (relay_) relay_->reset();
-        return make_error(ErrorCode::kMismatch, "tcp " + o.address + ": manifest refused: " + mine.error);
+        return make_error(ErrorCode::kMismatch, "tcp " + address_ + ": manifest refused: " + mine.error);
       }
       if (mine.state == "accepted") break;
     }
@@ -728,7 +742,7 @@ class TcpReceiver final : public ReceiverTransport {
         }
         buf = {bufs[i % 2].get(), cap};
       }
-      if (o.fault_stop_before_bucket && *o.fault_stop_before_bucket == i) ::raise(SIGSTOP);
+      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
       std::vector<std::span<std::byte>> targets;
       if (direct) {
         targets = applier.direct_spans(i);
@@ -759,17 +773,17 @@ class TcpReceiver final : public ReceiverTransport {
       }
       // Link failure or corrupted bucket: reconnect and resume from the first unverified bucket.
       ++retries;
-      ARLO_WARN("weight_sync tcp {}: {} from {}: {}; resuming (retry {})", name_, vb(m.version, i), o.address,
+      ARLO_WARN("weight_sync tcp {}: {} from {}: {}; resuming (retry {})", name_, vb(m.version, i), address_,
                 s.error().what(), retries);
       if (retries > 8 || Clock::now() >= deadline || s.error().code() == ErrorCode::kParse) {
-        status = make_error(s.error().code(), "tcp: " + vb(m.version, i) + ", peer " + o.address + ": " + s.error().what());
+        status = make_error(s.error().code(), "tcp: " + vb(m.version, i) + ", peer " + address_ + ": " + s.error().what());
         break;
       }
       conn->close();
-      auto c = connect(conn, state.version, m.version, i, std::min(deadline, Clock::now() + o.reconnect_window));
+      auto c = connect(conn, state.version, m.version, i, std::min(deadline, Clock::now() + reconnect_window_));
       if (c) c = resume_handshake(*conn, m, i, deadline);
       if (!c) {
-        status = make_error(c.error().code(), "tcp: " + vb(m.version, i) + ", peer " + o.address + ": " +
+        status = make_error(c.error().code(), "tcp: " + vb(m.version, i) + ", peer " + address_ + ": " +
                                                   s.error().what() + "; reconnect failed: " + c.error().what());
         break;
       }
@@ -839,22 +853,45 @@ class TcpReceiver final : public ReceiverTransport {
 
   std::unique_ptr<Server> relay_;
   std::string name_;
+  std::string address_;  // upstream host:port
+  std::chrono::milliseconds reconnect_window_;
+  Faults faults_;
   tcp::endpoint upstream_ep_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<SenderTransport>> make_tcp_sender(const Options& o) {
-  ARLO_ASSIGN_OR_RETURN(auto server, Server::listen(o.address));
-  return std::unique_ptr<SenderTransport>(new TcpSender(std::move(server)));
-}
-
-Result<std::unique_ptr<ReceiverTransport>> make_tcp_receiver(const Options& o) {
-  std::unique_ptr<Server> relay;
-  if (o.topology == Topology::kChain && !o.relay_listen.empty()) {
-    ARLO_ASSIGN_OR_RETURN(relay, Server::listen(o.relay_listen));
-  }
-  return std::unique_ptr<ReceiverTransport>(new TcpReceiver(o, std::move(relay)));
+TransportDescriptor tcp_transport() {
+  TransportDescriptor d;
+  d.name = "tcp";
+  d.doc = "streamed over TCP from the trainer (star) or worker to worker (chain), any host";
+  d.capabilities.relays = true;
+  d.options = {
+      string_option("address", "127.0.0.1:0",
+                    "publisher: where it listens (port 0: any free port, announced); receiver: the upstream host:port"),
+      string_option("relay_listen", "127.0.0.1:0",
+                    "relaying receiver (chain): where the next node connects (port 0: any free port)"),
+      int_option("reconnect_window_ms", 5000, "how long either side waits for a dropped link to come back and resume",
+                 0, 3600000)
+          .user_key(),
+  };
+  d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
+    ARLO_ASSIGN_OR_RETURN(auto server, Server::listen(s.params.at("address").get<std::string>(),
+                                                      std::chrono::milliseconds(s.params.at("reconnect_window_ms").get<std::int64_t>()),
+                                                      s.faults));
+    return std::unique_ptr<SenderTransport>(
+        new TcpSender(std::move(server), s.options.expected_receivers));
+  };
+  d.receiver = [](const ReceiverState& s) -> Result<std::unique_ptr<ReceiverTransport>> {
+    std::unique_ptr<Server> relay;
+    const auto& relay_listen = s.params.at("relay_listen").get_ref<const std::string&>();
+    if (s.options.relay) {
+      ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, std::chrono::milliseconds(s.params.at("reconnect_window_ms").get<std::int64_t>()),
+                                                  s.faults));
+    }
+    return std::unique_ptr<ReceiverTransport>(new TcpReceiver(s, std::move(relay)));
+  };
+  return d;
 }
 
 }  // namespace arlo::weight_sync

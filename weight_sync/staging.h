@@ -1,0 +1,63 @@
+#pragma once
+// StagingPublisher: stage / announce / pull (docs/weight-sync.md), what a trainer publishes with.
+//
+//   auto pub = weight_sync::StagingPublisher::create(options, [&](const weight_sync::Announcement& a) {
+//     bridge.published(a.version, {{"weight_sync", weight_sync::to_json(a)}});   // tell the orchestrator
+//   });
+//   ...after each optimizer step:
+//   ARLO_ASSIGN_OR_RETURN(auto staged, (*pub)->stage(step, weights));  // returns after one copy
+//
+// - stage(version, source) copies `source` into staging memory and returns; the trainer's step is
+//   never held longer than that copy. At most `keep_last` versions are staged (the newest; older
+//   ones are dropped once no transfer uses them).
+// - Streaming transports announce a version as soon as it is staged; receivers pull it when the
+//   orchestrator tells them to. Durable transports (filesystem) announce it once it is on disk.
+// - A version superseded before anyone pulled it is dropped (durable: never written).
+// - Receivers that never come hold nobody: a transfer starts with the receivers that came
+//   (Options::expected_receivers is how many it waits for at most, briefly); a receiver that comes
+//   late, or restarts, gets the newest staged version (full, or a delta from what it holds).
+//
+// Thread-safety: stage(), flush() and the accessors may be called from any thread; the announce
+// callback runs on the publisher's own thread.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "common/result.h"
+#include "weight_sync/weight_sync.h"
+#include "weight_sync/wire.h"
+
+namespace arlo::weight_sync {
+
+struct StageReport {
+  Version version = 0;
+  std::uint64_t bytes = 0;
+  double copy_seconds = 0;  // the staging copy: all the caller waited for
+};
+
+class StagingPublisher {
+ public:
+  using Announce = std::function<void(const Announcement&)>;
+  virtual ~StagingPublisher() = default;
+  static Result<std::unique_ptr<StagingPublisher>> create(const Options& options, Announce announce);
+
+  // Copies `source` into staging memory; announces and publishes it in the background. Versions
+  // must increase. `source` may change as soon as this returns.
+  virtual Result<StageReport> stage(Version version, const WeightSource& source) = 0;
+  // Announces `version` without moving bytes: every receiver already holds exactly these weights
+  // (e.g. v0 from a shared seed). It is staged too, so a receiver that asks for it still gets it.
+  virtual Result<StageReport> stage_held(Version version, const WeightSource& source) = 0;
+  // Waits until the newest staged version was published (durable: on disk and announced;
+  // streaming: announced) or `deadline`.
+  virtual Status flush(Deadline deadline) = 0;
+  // Where receivers reach it (the transport's endpoint object).
+  virtual nlohmann::json endpoint() const = 0;
+  // The report of the newest completed transfer, if any.
+  virtual std::optional<PublishReport> last_report() const = 0;
+};
+
+}  // namespace arlo::weight_sync
