@@ -35,6 +35,7 @@ nlohmann::json RunSummary::to_json() const {
                       {"train/reward/last5", reward_last5},
                       {"ledger", ledger},
                       {"workers", workers},
+                      {"trainer", trainer},
                       {"run_dir", run_dir}};
   auto ev = [](const EvalReport& r) {
     nlohmann::json e = {{"step", r.step}};
@@ -130,7 +131,11 @@ Status Orchestrator::start() {
     ARLO_INFO("status: http://{}:{}/ (live run page; /metrics for Prometheus)", opt_.status_bind, *port);
   }
 
-  ports_.trainer->on_version([this](VersionNotice n) { watcher_->notify(std::move(n)); });
+  ports_.trainer->on_version([this](VersionNotice n) {
+    if (n.version >= summary_.trainer.value("version", Version{-1}))
+      summary_.trainer = {{"version", n.version}, {"checksum", n.checksum}};
+    watcher_->notify(std::move(n));
+  });
   spawn(io_.get_executor(), watcher_->run());
   spawn(io_.get_executor(), logger_->run());
   lag_->start();

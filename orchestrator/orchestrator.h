@@ -60,6 +60,8 @@ struct RunSummary {
   nlohmann::json ledger;
   // What each worker served at the end (GET /weights): {"<worker>": {"version", "checksum"} or {"error"}}.
   nlohmann::json workers = nlohmann::json::object();
+  // The newest version the trainer announced: {"version", "checksum"} ("" when it reported none).
+  nlohmann::json trainer = nlohmann::json::object();
   std::string run_dir;
   nlohmann::json to_json() const;
 };

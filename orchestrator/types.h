@@ -121,6 +121,7 @@ struct TrainBatch {
 struct VersionNotice {
   Version version = 0;
   nlohmann::json metrics = nlohmann::json::object();
+  std::string checksum{};  // of the weights the trainer published as `version`; "" when it reported none
 };
 
 }  // namespace arlo::orch

@@ -18,11 +18,13 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "apps/arlo/commands.h"
 #include "apps/arlo/run_children.h"
 #include "apps/arlo/run_launch.h"
 #include "apps/arlo/run_parts.h"
+#include "apps/arlo/run_trainer_command.h"
 #include "common/config/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -104,6 +106,9 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   const auto& transport = cfg.string("weight_sync.transport");
   if (cfg.string("trainer.launch") == "embedded" && (transport == "tcp" || transport == "shm"))
     s.options.initial_version = orch::kNoVersion;
+  // Your own trainer (trainer.launch: command) publishes v0 from its own initialisation, which the
+  // workers do not hold: no rollout before v0 reached every worker.
+  if (cfg.string("trainer.launch") == "command") s.options.initial_version = orch::kNoVersion;
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
   if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.dir, overwrite, cfg));
@@ -264,6 +269,16 @@ class Run {
 
   void start_or_await_trainer(orch::Orchestrator& orchestrator, bridge::BridgeServer& server) {
     if (!error_.empty()) return;
+    if (s_.cfg.string("trainer.launch") == "command") {
+      const auto spec = command_trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync,
+                                             static_cast<int>(s_.plan.workers.size()), server.port());
+      ARLO_INFO("arlo run: starting the trainer command: {}", fmt::join(spec.argv, " "));
+      if (auto st = children_.spawn(spec); !st) {
+        error_ = st.error().what();
+        orchestrator.request_stop(error_);
+      }
+      return;
+    }
     if (!embedded_trainer()) {
       const auto& transport = s_.cfg.string("bridge.transport");
       ARLO_INFO("arlo run: waiting for a trainer on the bridge ({} transport, {})", transport,

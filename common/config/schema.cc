@@ -258,8 +258,13 @@ std::vector<Section> product_sections() {
        {
            string_key("launch", "embedded",
                       "embedded: arlo starts arlo-trainer; external: a trainer you start connects through the "
-                      "bridge.")
-               .one_of({"embedded", "external"}),
+                      "bridge; command: arlo starts trainer.command (your trainer) with the bridge address, run "
+                      "dir, weight-sync block and model shape in its environment (docs/bring-your-own-trainer.md).")
+               .one_of({"embedded", "external", "command"}),
+           strings_key("command", {},
+                       "command: the argv of your trainer, e.g. [/usr/bin/python3, examples/pytorch_trainer/train.py]; "
+                       "started in the directory arlo run is started in (relative paths are relative to it), "
+                       "stopped with SIGTERM when the run ends."),
            float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
            float_key("sft_lr", 0.0,
                      "Learning rate on the supervised warm-up batches (orchestrator.sft_warmup_steps); 0 uses lr. "
@@ -414,6 +419,14 @@ void is_bounds_ordered(const Config& c, std::vector<Violation>& out) {
   }
 }
 
+void command_trainer_needs_command(const Config& c, std::vector<Violation>& out) {
+  if (c.string("trainer.launch") == "command" && c.strings("trainer.command").empty()) {
+    out.push_back({c.where("trainer.launch"),
+                   "trainer.command must give the trainer's argv (e.g. [/usr/bin/python3, train.py]) when trainer.launch "
+                   "is command"});
+  }
+}
+
 void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
   const auto& modules = c.objects("reward.modules");
   for (std::size_t i = 0; i < modules.size(); ++i) {
@@ -452,6 +465,7 @@ std::vector<Rule> product_rules() {
        external_inference_needs_urls},
       {"model.heads divides model.hidden.", heads_divide_hidden},
       {"trainer.is_low < trainer.is_high.", is_bounds_ordered},
+      {"trainer.command is not empty when trainer.launch is command.", command_trainer_needs_command},
       {"reward modules of kind plugin have a path, http a url, regex_match a valid pattern.", reward_modules_complete},
   };
 }

@@ -10,6 +10,13 @@ ce_weights), and publishes every new version through weight_sync so inference wo
     python3 examples/pytorch_trainer/train.py --run-dir runs/x --transport dir \\
         --ws-transport filesystem --ws-dir runs/x/weights
 
+Started by `arlo run` (trainer.launch: command, e.g. configs/pytorch-trainer.yaml), it takes its
+defaults from the environment arlo gives it: the bridge (ARLO_BRIDGE_TRANSPORT, ARLO_BRIDGE_ADDRESS,
+ARLO_RUN_DIR), the weight-sync block to publish with (ARLO_WEIGHT_SYNC, handed to the bridge as is),
+the model shape and seed (ARLO_MODEL) and the threads (OMP_NUM_THREADS); its metrics go to
+<run dir>/trainer_metrics.jsonl. Flags given on the command line win. It stops, exit status 0, when
+arlo run ends (SIGTERM).
+
 Exactly-once across restarts: with --checkpoint-dir the trainer saves (model, optimizer, step)
 after every step *before* acknowledging it, and on start resumes from the checkpoint and tells the
 bridge start_after_step, so a crash at any point trains each step once.
@@ -20,8 +27,10 @@ import argparse
 import json
 import math
 import os
+import signal
 import struct
 import sys
+import threading
 import time
 
 import numpy as np
@@ -29,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "trainer_bridge", "python"))
-from arlo_bridge import Bridge  # noqa: E402
+from arlo_bridge import Bridge, BridgeError, TimeoutError_, CANCELLED  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,15 +179,59 @@ def policy_loss(model, t, loss_tokens, is_cap):
 
 
 # ----------------------------------------------------------------------------------------------
+# Started by arlo run (trainer.launch: command): defaults from the environment it gives.
+
+def arlo_defaults(env):
+    """argparse defaults from arlo run's environment ({} when not run by arlo), and the weight-sync
+    block it asks this trainer to publish with (None when not run by arlo)."""
+    if not env.get("ARLO_BRIDGE_TRANSPORT"):
+        return {}, None
+    d = {"transport": env["ARLO_BRIDGE_TRANSPORT"], "run_dir": env.get("ARLO_RUN_DIR")}
+    address = env.get("ARLO_BRIDGE_ADDRESS", "")
+    if address:
+        host, _, port = address.rpartition(":")
+        d["host"], d["port"] = host, int(port)
+    if env.get("ARLO_MODEL"):
+        model = json.loads(env["ARLO_MODEL"])
+        d.update({k: int(model[k]) for k in ("layers", "hidden", "heads", "seed") if k in model})
+    if env.get("OMP_NUM_THREADS", "").isdigit():
+        d["threads"] = int(env["OMP_NUM_THREADS"])
+    if d["run_dir"]:
+        d["metrics"] = os.path.join(d["run_dir"], "trainer_metrics.jsonl")
+    d["log_every"] = 50
+    weight_sync = json.loads(env["ARLO_WEIGHT_SYNC"]) if env.get("ARLO_WEIGHT_SYNC") else None
+    return d, weight_sync
+
+
+def next_batches(bridge, idle_timeout, stop):
+    """Batches as they come, until `stop` is set or idle_timeout seconds pass without one. Polls in
+    short waits so a stop is seen within half a second. An unacknowledged batch comes again."""
+    last = time.monotonic()
+    while not stop.is_set():
+        try:
+            batch = bridge.next_batch(timeout_s=0.5)
+        except TimeoutError_:
+            if idle_timeout is not None and time.monotonic() - last > idle_timeout:
+                return
+            continue
+        except BridgeError as e:
+            if e.status == CANCELLED:  # the bridge was closed
+                return
+            raise
+        last = time.monotonic()
+        yield batch
+
 
 def main(argv=None):
+    defaults, arlo_weight_sync = arlo_defaults(os.environ)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transport", default="dir", choices=["dir", "socket"])
     ap.add_argument("--run-dir", help="dir transport: the orchestrator's run directory")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="socket transport: the orchestrator's bridge port")
     ap.add_argument("--rank", type=int, default=0)
-    ap.add_argument("--ws-transport", default="filesystem", help="weight_sync transport: filesystem | tcp | shm")
+    ap.add_argument("--ws-transport", help="weight_sync transport: filesystem | tcp | shm (default filesystem, or "
+                    "run by arlo: ARLO_WEIGHT_SYNC; any --ws-* flag replaces that block)")
     ap.add_argument("--ws-dir", help="weight_sync filesystem: <dir>/v<version>/")
     ap.add_argument("--ws-address", help="weight_sync tcp: where this trainer listens (host:port)")
     ap.add_argument("--ws-receivers", type=int, default=1, help="weight_sync tcp: workers to wait for")
@@ -189,7 +242,10 @@ def main(argv=None):
     ap.add_argument("--init-weights", help="safetensors file to start from (else a seeded init)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--sft-lr", type=float, default=0.0, help="learning rate on batches with ce_weights (0: --lr)")
     ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
+    ap.add_argument("--beta2", type=float, default=0.999, help="AdamW beta2")
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--is-cap", type=float, default=2.0, help="truncated importance sampling cap")
     ap.add_argument("--steps", type=int, default=0, help="stop after this step (0: run until idle)")
@@ -197,12 +253,18 @@ def main(argv=None):
     ap.add_argument("--checkpoint-dir", help="save model+optimizer after every step; resume from it")
     ap.add_argument("--metrics", help="append one JSON line per step to this file")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--log-every", type=int, default=1, help="print every this many steps' record (0: none)")
+    ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
+
+    # arlo run ends its trainer with SIGTERM: finish the step in progress, close the bridge, exit 0.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = Policy(layers=args.layers, hidden=args.hidden, heads=args.heads, intermediate=args.intermediate)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), weight_decay=args.weight_decay)
     step = 0
     ckpt = os.path.join(args.checkpoint_dir, "checkpoint.pt") if args.checkpoint_dir else None
     if ckpt and os.path.exists(ckpt):
@@ -216,12 +278,15 @@ def main(argv=None):
     else:
         model.init_weights(args.seed)
 
-    ws = {"transport": args.ws_transport}
-    if args.ws_dir:
-        ws["dir"] = args.ws_dir
-    if args.ws_address:
-        ws["address"] = args.ws_address
-        ws["expected_receivers"] = args.ws_receivers
+    if arlo_weight_sync is not None and not (args.ws_transport or args.ws_dir or args.ws_address):
+        ws = arlo_weight_sync  # unchanged: arlo's block is the weight_sync library's own form
+    else:
+        ws = {"transport": args.ws_transport or "filesystem"}
+        if args.ws_dir:
+            ws["dir"] = args.ws_dir
+        if args.ws_address:
+            ws["address"] = args.ws_address
+            ws["expected_receivers"] = args.ws_receivers
     bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port, rank=args.rank,
                     start_after_step=step, weight_sync=ws)
     metrics_file = open(args.metrics, "a") if args.metrics else None
@@ -229,10 +294,12 @@ def main(argv=None):
         if step == 0:
             bridge.publish(0, model.hf_state_dict())
             print("published v0", flush=True)
-        for batch in bridge.batches(idle_timeout_s=args.idle_timeout):
+        for batch in next_batches(bridge, args.idle_timeout, stop):
             t0 = time.time()
             t = batch.tensors(torch=True)
             loss_tokens = batch.meta_int("step_loss_tokens") / batch.num_ranks
+            for group in opt.param_groups:
+                group["lr"] = args.sft_lr if "ce_weights" in t and args.sft_lr > 0 else args.lr
             model.train()
             opt.zero_grad(set_to_none=True)
             loss, extra = policy_loss(model, t, loss_tokens, args.is_cap)
@@ -251,7 +318,8 @@ def main(argv=None):
                       "samples": batch.meta_int("samples"), "loss_tokens": batch.meta_int("loss_tokens"),
                       "policy_version_mean": float(batch.metadata["policy_version_mean"]),
                       "time/step_seconds": time.time() - t0}
-            print(json.dumps(record), flush=True)
+            if args.log_every and step % args.log_every == 0:
+                print(json.dumps(record), flush=True)
             if metrics_file:
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
@@ -261,6 +329,11 @@ def main(argv=None):
         bridge.close()
         if metrics_file:
             metrics_file.close()
+    if stop.is_set():
+        why = "SIGTERM (arlo run ended)"
+    else:
+        why = "--steps reached" if args.steps and step >= args.steps else "no batch within --idle-timeout"
+    print(f"trainer: stopped after step {step}: {why}", flush=True)
     return 0
 
 

@@ -1,0 +1,41 @@
+#include "apps/arlo/run_trainer_command.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace arlo::cli {
+
+namespace {
+
+// Where a trainer on this machine reaches the socket bridge: its bind address, loopback for a
+// wildcard one.
+std::string bridge_address(const config::Config& cfg, std::uint16_t port) {
+  const auto& address = cfg.string("bridge.address");
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  return fmt::format("{}:{}", host, port);
+}
+
+}  // namespace
+
+orch::ChildSpec command_trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
+                                     int num_workers, std::uint16_t bridge_port) {
+  orch::ChildSpec spec;
+  spec.name = "trainer";
+  spec.argv = cfg.strings("trainer.command");
+  const auto& transport = cfg.string("bridge.transport");
+  const nlohmann::json model = {{"layers", cfg.integer("model.layers")}, {"hidden", cfg.integer("model.hidden")},
+                                {"heads", cfg.integer("model.heads")},   {"context", cfg.integer("model.context")},
+                                {"seed", cfg.integer("model.seed")}};
+  const auto threads = std::to_string(cfg.integer("trainer.threads"));
+  spec.env = {{"ARLO_RUN_DIR", run_dir},
+              {"ARLO_BRIDGE_TRANSPORT", transport},
+              {"ARLO_BRIDGE_ADDRESS", transport == "socket" ? bridge_address(cfg, bridge_port) : std::string()},
+              {"ARLO_WEIGHT_SYNC", ws.trainer_block(num_workers).dump()},
+              {"ARLO_MODEL", model.dump()},
+              {"OMP_NUM_THREADS", threads},
+              {"MKL_NUM_THREADS", threads}};
+  return spec;
+}
+
+}  // namespace arlo::cli
