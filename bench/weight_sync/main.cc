@@ -1,6 +1,7 @@
-// arlo-bench-weight-sync: moves a synthetic Qwen3-shaped model (bf16 by default) from one sender
-// process to N receiver processes through the chosen weight_sync transports, and measures, in the
-// same run, the baselines the numbers mean something against:
+// arlo-bench-weight-sync (`arlo bench weight-sync`): moves a synthetic Qwen3-shaped model (bf16 by
+// default) from one sender process to N receiver processes through every registered weight_sync
+// transport (weight_sync::transports(), or the ones --transport names), and measures, in the same
+// run, the baselines the numbers mean something against:
 //   memcpy        one thread copying the same bytes between two warm buffers
 //   socket blast  the same bytes over one loopback TCP connection, large writes, no protocol
 //   fs write+read writing the bytes to a file and reading them back (page cache)
@@ -10,8 +11,12 @@
 // the elements changed). Time = from the sender starting publish(2) to the last receiver holding it
 // (CLOCK_MONOTONIC is shared by the processes). Prints peak RSS per side and the receiver bound,
 // the data path the receivers took, and CPU seconds per version on each side (what a path costs,
-// whatever else the machine is doing).
+// whatever else the machine is doing). Star runs for every transport; chain (each receiver serves
+// the next) for every transport whose descriptor relays. Receivers learn where to connect the way
+// workers do: from the sender's endpoint object (or the upstream relay's), never from a name.
+// The output is described in bench/weight_sync/README.md.
 #include <fcntl.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
@@ -36,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weight_sync/qwen3.h"
+#include "weight_sync/transport.h"
 #include "weight_sync/weight_sync.h"
 
 namespace ws = arlo::weight_sync;
@@ -45,20 +51,22 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Args {
-  std::string model = "qwen3-1.7b";
-  double scale = 1.0;
+  std::string model = "qwen3-0.6b";
+  double scale = 0.1;  // ~130 MB: the default run takes a few minutes on a loaded 2-core machine
   std::string dtype = "bf16";
-  std::string transports = "tcp,shm,filesystem";
-  int receivers = 1;
+  std::string transports;  // empty: every registered transport
+  int receivers = 3;
   std::string payload = "full";
   bool zstd = false;
   std::uint64_t bucket_mb = 256;
   double delta_density = 0.01;
-  std::string topology = "star";
+  std::string topology = "both";
   std::string mode = "in_place";
   std::string shm_read = "default";  // shm: default | direct (process_vm_readv) | channel (ring or slots)
   bool gloo = true;
   bool baselines = true;
+  bool transfer = true;  // the Publisher table (star, chain)
+  bool stall = true;     // the StagingPublisher table
   int repeat = 3;  // timed repetitions; the best is reported (the machine is shared)
 };
 int g_repeat = 3;
@@ -357,39 +365,115 @@ nlohmann::json baseline_gloo(std::uint64_t bytes, int receivers, std::uint64_t b
 
 // ---- weight_sync runs -------------------------------------------------------------------------
 
-nlohmann::json run_transport(const std::string& transport, const Args& args, const std::vector<ws::TensorSpec>& specs,
-                             const std::filesystem::path& dir) {
+// One line of JSON on a pipe with a single reader (read byte by byte, so nothing past the line is
+// consumed). nullopt at end of file.
+void write_line(int fd, const nlohmann::json& j) {
+  const std::string line = j.dump() + "\n";
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::perror("write line");
+}
+std::optional<nlohmann::json> read_line(int fd) {
+  std::string line;
+  char c;
+  while (true) {
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    if (c == '\n') break;
+    line.push_back(c);
+  }
+  auto j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+struct Pipe {
+  int r = -1, w = -1;
+  bool open() {
+    int fds[2];
+    if (::pipe(fds) != 0) return false;
+    r = fds[0];
+    w = fds[1];
+    return true;
+  }
+  void close_both() {
+    if (r >= 0) ::close(r);
+    if (w >= 0) ::close(w);
+    r = w = -1;
+  }
+};
+
+// The bench's values for option keys a transport's descriptor may have (set only where the
+// descriptor has the key; endpoints are not set: senders listen where their defaults say and
+// receivers get the sender's endpoint object).
+struct BenchParams {
+  std::filesystem::path dir;    // "dir": a fresh directory per run
+  std::string shm_read;         // "direct_read": default | direct | channel
+  std::vector<std::pair<std::string, nlohmann::json>> extra;  // --param key=value
+};
+BenchParams g_params;
+int g_run = 0;  // numbers the runs, for unique segment and directory names
+
+nlohmann::json bench_params(const ws::TransportDescriptor& d, const std::string& run_tag) {
+  nlohmann::json p = nlohmann::json::object();
+  if (d.option("dir")) p["dir"] = (g_params.dir / ("ws-" + d.name + "-" + run_tag)).string();
+  if (d.option("shm_name")) p["shm_name"] = "bench-" + std::to_string(::getpid()) + "-" + run_tag;
+  if (d.option("poll_interval_ms")) p["poll_interval_ms"] = 2;
+  if (d.option("direct_read") && g_params.shm_read != "default") p["direct_read"] = g_params.shm_read == "direct";
+  for (const auto& [k, v] : g_params.extra)
+    if (d.option(k)) p[k] = v;
+  return p;
+}
+
+ws::Options base_options(const ws::TransportDescriptor& d, const Args& args, const std::string& run_tag) {
   ws::Options base;
-  base.transport = transport;
+  base.transport = d.name;
   auto kind = ws::parse_payload(args.payload);
   base.payload.kind = kind ? *kind : ws::PayloadKind::kFull;
   base.payload.zstd = args.zstd;
   base.bucket_bytes = args.bucket_mb << 20;
   base.apply_mode = args.mode == "staging" ? ws::ApplyMode::kStaging : ws::ApplyMode::kInPlace;
   base.bucket_timeout = 120s;
-  base.topology = args.topology == "chain" ? ws::Topology::kChain : ws::Topology::kStar;
-  base.shm_name = "bench-" + std::to_string(::getpid());
-  if (args.shm_read == "direct") base.shm_direct_read = true;
-  if (args.shm_read == "channel") base.shm_direct_read = false;
-  base.dir = dir / ("ws-" + transport);
-  base.poll_interval = 2ms;
-  const int port = free_port();
-  std::vector<int> relay_ports;
-  for (int k = 0; k < args.receivers; ++k) relay_ports.push_back(free_port());
+  base.timeout = 600s;
+  base.params = bench_params(d, run_tag);
+  return base;
+}
 
+// Receiver-side params: the bench's own, then where to connect (an endpoint object).
+nlohmann::json with_endpoint(nlohmann::json params, const nlohmann::json& endpoint) {
+  for (const auto& [k, v] : endpoint.items()) params[k] = v;
+  return params;
+}
+
+nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const Args& args,
+                             const std::vector<ws::TensorSpec>& specs) {
+  const std::string tag = std::to_string(++g_run);
+  const ws::Options base = base_options(d, args, tag);
+  // Star: the sender tells every receiver its endpoint. Chain: the sender tells receiver 0; each
+  // relaying receiver tells the next one its relay endpoint.
+  std::vector<Pipe> where(static_cast<std::size_t>(args.receivers));
   int fds[2], ready[2];
   if (::pipe(fds) != 0 || ::pipe(ready) != 0) return {};
+  for (auto& p : where)
+    if (!p.open()) return {};
   g_result_fd = fds[1];
   std::vector<pid_t> pids;
   for (int k = 0; k < args.receivers; ++k) {
     pids.push_back(spawn([&, k] {
       ws::Options o = base;
       o.peer_name = "receiver-" + std::to_string(k);
-      const bool chain = base.topology == ws::Topology::kChain;
-      o.address = "127.0.0.1:" + std::to_string(chain && k > 0 ? relay_ports[k - 1] : port);
-      if (chain && k + 1 < args.receivers) o.relay_listen = "127.0.0.1:" + std::to_string(relay_ports[k]);
+      auto endpoint = read_line(where[static_cast<std::size_t>(k)].r);
+      if (!endpoint) {
+        emit({{"role", "receiver"}, {"error", "no endpoint from upstream"}});
+        return 2;
+      }
+      o.params = with_endpoint(o.params, *endpoint);
+      o.relay = chain && k + 1 < args.receivers;
       auto sub = ws::Subscriber::create(o);
-      if (!sub) return 2;
+      if (!sub) {
+        emit({{"role", "receiver"}, {"error", sub.error().what()}});
+        return 2;
+      }
+      if (o.relay) write_line(where[static_cast<std::size_t>(k) + 1].w, (*sub)->relay_endpoint());
       ws::HostWeights sink(specs);
       for (std::size_t t = 0; t < specs.size(); ++t) std::memset(sink.bytes(t).data(), 0, sink.bytes(t).size());
       auto r1 = (*sub)->receive(sink, Clock::now() + 600s);
@@ -419,13 +503,13 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
   }
   pids.push_back(spawn([&] {
     ws::Options o = base;
-    o.address = "127.0.0.1:" + std::to_string(port);
-    o.expected_receivers = base.topology == ws::Topology::kChain ? 1 : static_cast<std::size_t>(args.receivers);
+    o.expected_receivers = chain ? 1 : static_cast<std::size_t>(args.receivers);
     auto pub = ws::Publisher::create(o);
     if (!pub) {
       emit({{"role", "sender"}, {"error", pub.error().what()}});
       return 2;
     }
+    for (int k = 0; k < (chain ? 1 : args.receivers); ++k) write_line(where[static_cast<std::size_t>(k)].w, (*pub)->endpoint());
     ws::HostWeights w(specs);
     fill_model(w, 42);
     auto r1 = (*pub)->publish(1, w, Clock::now() + 600s);
@@ -461,13 +545,14 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
   ::close(fds[1]);
   ::close(ready[0]);
   ::close(ready[1]);
+  for (auto& p : where) p.close_both();
   auto results = collect(fds[0]);
   ::close(fds[0]);
   wait_all(pids);
   std::error_code ec;
-  std::filesystem::remove_all(base.dir, ec);
+  if (base.params.contains("dir")) std::filesystem::remove_all(base.params["dir"].get<std::string>(), ec);
 
-  nlohmann::json out = {{"transport", transport}};
+  nlohmann::json out = {{"transport", d.name}};
   std::vector<double> t0;
   std::vector<double> t_end(static_cast<std::size_t>(g_repeat), 0.0);
   std::uint64_t recv_rss = 0, recv_wire = 0;
@@ -500,7 +585,7 @@ nlohmann::json run_transport(const std::string& transport, const Args& args, con
   }
   if (out.contains("error")) return out;
   for (auto s : recv_sums) checksums_ok &= sender_sum && s == *sender_sum;
-  if (static_cast<int>(recv_sums.size()) != args.receivers) return {{"transport", transport}, {"error", "missing results"}};
+  if (static_cast<int>(recv_sums.size()) != args.receivers) return {{"transport", d.name}, {"error", "missing results"}};
   double best = 1e30;
   for (std::size_t k = 0; k < t0.size() && k < t_end.size(); ++k) best = std::min(best, t_end[k] - t0[k]);
   out["seconds"] = best;
@@ -519,32 +604,75 @@ std::string mb(std::uint64_t b) {
   return s;
 }
 
+// The transports --transport names (comma list), or every registered one; nullopt after printing
+// what is wrong.
+std::optional<std::vector<const ws::TransportDescriptor*>> chosen_transports(const std::string& list) {
+  std::vector<const ws::TransportDescriptor*> out;
+  if (list.empty()) {
+    for (const auto& d : ws::transports()) out.push_back(&d);
+    return out;
+  }
+  std::stringstream ss(list);
+  std::string t;
+  while (std::getline(ss, t, ',')) {
+    if (t.empty()) continue;
+    auto d = ws::find_transport(t);
+    if (!d) {
+      std::fprintf(stderr, "--transport: %s\n", d.error().what().c_str());
+      return std::nullopt;
+    }
+    out.push_back(*d);
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Args args;
-  CLI::App app{"arlo weight_sync benchmark"};
+  CLI::App app{"arlo weight_sync benchmark (bench/weight_sync/README.md describes the output)"};
   app.add_option("--model", args.model, "qwen3-0.6b | qwen3-1.7b");
-  app.add_option("--scale", args.scale, "multiplies layers and vocabulary (model bytes)");
+  app.add_option("--scale", args.scale, "multiplies layers and vocabulary (model bytes; qwen3-0.6b x0.1 is ~130 MB, x1 1.2 GB)");
   app.add_option("--dtype", args.dtype, "bf16 | f32 | f16");
-  app.add_option("--transport", args.transports, "comma list of tcp, shm, filesystem; the first one gives ratio_vs_baseline");
+  app.add_option("--transport", args.transports,
+                 "comma list of registered transports (default: all, in registration order); the first gives ratio_vs_baseline");
   app.add_option("--receivers", args.receivers, "receiver processes")->check(CLI::Range(1, 8));
   app.add_option("--payload", args.payload, "full | bf16 | fp8 | delta");
   app.add_flag("--zstd", args.zstd, "zstd level 1 on top of the payload");
   app.add_option("--bucket-mb", args.bucket_mb, "bucket size in MiB");
   app.add_option("--delta-density", args.delta_density, "fraction of elements changed between versions (delta)");
-  app.add_option("--topology", args.topology, "tcp: star | chain");
-  app.add_option("--mode", args.mode, "in_place | staging");
+  app.add_option("--topology", args.topology,
+                 "star | chain | both (chain: only transports whose descriptor relays)")
+      ->check(CLI::IsMember({"star", "chain", "both"}));
+  app.add_option("--mode", args.mode, "in_place | staging")->check(CLI::IsMember({"in_place", "staging"}));
   app.add_option("--shm-read", args.shm_read,
-                 "shm: default | direct (receivers pull with process_vm_readv) | channel (through the shared ring/slots)");
+                 "transports with a direct_read option (shm): default | direct (process_vm_readv) | channel (ring/slots)")
+      ->check(CLI::IsMember({"default", "direct", "channel"}));
+  std::vector<std::string> params;
+  app.add_option("--param", params, "KEY=JSON for every transport whose descriptor has KEY (repeatable)");
   app.add_flag("!--no-gloo", args.gloo, "skip the torch.distributed gloo peer");
   app.add_flag("!--no-baselines", args.baselines, "skip memcpy / socket / filesystem baselines");
+  app.add_flag("!--no-transfer", args.transfer, "skip the transfer table (Publisher, star and chain)");
+  app.add_flag("!--no-stall", args.stall, "skip the staging stall table (StagingPublisher)");
   std::uint64_t blast_kb = 4096;
   app.add_option("--blast-chunk-kb", blast_kb, "raw socket baseline: bytes per send/recv call");
   app.add_option("--repeat", args.repeat, "timed repetitions per measurement; the best is reported")->check(CLI::Range(1, 20));
   CLI11_PARSE(app, argc, argv);
   g_repeat = args.repeat;
   kBlastChunk = blast_kb << 10;
+  for (const auto& p : params) {
+    const auto eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "--param %s: use KEY=JSON (e.g. reconnect_window_ms=1000)\n", p.c_str());
+      return 2;
+    }
+    auto v = nlohmann::json::parse(p.substr(eq + 1), nullptr, false);
+    if (v.is_discarded()) v = p.substr(eq + 1);  // a bare word is a string
+    g_params.extra.emplace_back(p.substr(0, eq), v);
+  }
+  g_params.shm_read = args.shm_read;
+  auto chosen = chosen_transports(args.transports);
+  if (!chosen) return 2;
 
   auto dtype = arlo::safetensors::parse_dtype(args.dtype == "bf16" ? "BF16" : args.dtype == "f16" ? "F16" : "F32");
   auto specs = ws::model_layout(args.model, *dtype, args.scale);
@@ -557,16 +685,19 @@ int main(int argc, char** argv) {
   const std::uint64_t bucket = args.bucket_mb << 20;
   const auto dir = std::filesystem::temp_directory_path() / ("arlo-bench-ws-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
+  g_params.dir = dir;
+  std::string names;
+  for (const auto* d : *chosen) names += (names.empty() ? "" : ",") + d->name;
 
-  std::printf("weight-sync bench: %s x%.3g %s, %zu tensors, %.3f GB; receivers %d; payload %s%s; bucket %llu MiB; "
-              "topology %s; mode %s; best of %d\n",
-              args.model.c_str(), args.scale, args.dtype.c_str(), specs->size(), bytes / 1e9, args.receivers,
-              args.payload.c_str(), args.zstd ? "+zstd" : "", static_cast<unsigned long long>(args.bucket_mb),
-              args.topology.c_str(), args.mode.c_str(), args.repeat);
+  std::printf("weight-sync bench: %s x%.3g %s, %zu tensors, %.3f GB; transports %s; receivers %d; payload %s%s; "
+              "bucket %llu MiB; topology %s; mode %s; best of %d\n",
+              args.model.c_str(), args.scale, args.dtype.c_str(), specs->size(), bytes / 1e9, names.c_str(),
+              args.receivers, args.payload.c_str(), args.zstd ? "+zstd" : "",
+              static_cast<unsigned long long>(args.bucket_mb), args.topology.c_str(), args.mode.c_str(), args.repeat);
   std::fflush(stdout);
 
   std::map<std::string, double> base_s;
-  if (args.baselines) {
+  if (args.baselines && args.transfer) {
     if (auto j = baseline_memcpy(bytes); j.contains("seconds")) base_s["memcpy"] = j["seconds"];
     if (auto j = baseline_socket(bytes); j.contains("seconds")) base_s["socket"] = j["seconds"];
     if (auto j = baseline_fs(bytes, dir); j.contains("seconds")) base_s["fs"] = j["seconds"];
@@ -577,74 +708,83 @@ int main(int argc, char** argv) {
     std::snprintf(s, sizeof s, "%.2fx", base_s[b] / seconds);
     return s;
   };
-  std::printf("\n%-26s %9s %8s %10s %12s %10s   %s\n", "run", "seconds", "GB/s", "send_rss_MB", "recv_rss_MB",
-              "wire_MB", "ratio vs memcpy | socket | fs+read");
-  for (const auto& [name, label] : std::vector<std::pair<std::string, std::string>>{
-           {"memcpy", "baseline memcpy"}, {"socket", "baseline socket blast"}, {"fs", "baseline fs write+read"}})
-    if (base_s.count(name))
-      std::printf("%-26s %9.3f %8.2f %10s %12s %10s\n", label.c_str(), base_s[name], bytes / 1e9 / base_s[name], "-",
-                  "-", mb(bytes).c_str());
-
-  std::vector<std::string> transports;
-  {
-    std::stringstream ss(args.transports);
-    std::string t;
-    while (std::getline(ss, t, ','))
-      if (!t.empty()) transports.push_back(t);
-  }
   std::optional<double> first_ratio;
   const std::uint64_t bound = bytes + 2 * bucket + (64ull << 20);
   bool rss_ok = true;
-  std::map<std::string, double> transport_s;
-  for (const auto& t : transports) {
-    auto r = run_transport(t, args, *specs, dir);
-    if (r.contains("error")) {
-      std::printf("%-26s FAILED: %s\n", ("weight_sync " + t).c_str(), r["error"].get<std::string>().c_str());
-      continue;
+  if (args.transfer) {
+    std::printf("\n== transfer: Publisher::publish, %d receiver(s), sender start to last receiver holding the version ==\n",
+                args.receivers);
+    std::printf("%-26s %9s %8s %10s %12s %10s   %s\n", "run", "seconds", "GB/s", "send_rss_MB", "recv_rss_MB",
+                "wire_MB", "ratio vs memcpy | socket | fs+read");
+    for (const auto& [name, label] : std::vector<std::pair<std::string, std::string>>{
+             {"memcpy", "baseline memcpy"}, {"socket", "baseline socket blast"}, {"fs", "baseline fs write+read"}})
+      if (base_s.count(name))
+        std::printf("%-26s %9.3f %8.2f %10s %12s %10s\n", label.c_str(), base_s[name], bytes / 1e9 / base_s[name], "-",
+                    "-", mb(bytes).c_str());
+    std::map<std::string, double> transport_s;
+    for (const auto* d : *chosen) {
+      std::vector<bool> topologies;  // false: star, true: chain
+      if (args.topology != "chain") topologies.push_back(false);
+      if (args.topology != "star") {
+        if (d->capabilities.relays) topologies.push_back(true);
+        else if (args.topology == "chain")
+          std::printf("%-26s skipped: its descriptor does not relay\n", ("weight_sync " + d->name + " chain").c_str());
+      }
+      for (const bool chain : topologies) {
+        const std::string label = "weight_sync " + d->name + (chain ? " chain" : args.receivers > 1 ? " star" : "");
+        auto r = run_transport(*d, chain, args, *specs);
+        if (r.contains("error") || !r.contains("seconds")) {
+          std::printf("%-26s FAILED: %s\n", label.c_str(), r.value("error", std::string("no result")).c_str());
+          continue;
+        }
+        const double s = r["seconds"];
+        transport_s[label] = s;
+        const std::uint64_t rrss = r["receiver_rss"];
+        std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s   payload %s, weights match: %s\n", label.c_str(), s,
+                    bytes / 1e9 / s, mb(r["sender_rss"]).c_str(), mb(rrss).c_str(), mb(r["wire"]).c_str(),
+                    ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str(),
+                    r["payload"].get<std::string>().c_str(), r["weights_match"].dump().c_str());
+        std::printf("%-26s path: %s; cpu seconds per version: sender %.3f, busiest receiver %.3f\n", "",
+                    r.value("path", std::string("?")).c_str(), r.value("sender_cpu", 0.0), r.value("receiver_cpu", 0.0));
+        if (rrss > bound) rss_ok = false;
+        if (!first_ratio) {
+          // Durable transports against writing and reading a file, streaming ones against the socket blast.
+          const std::string b = d->capabilities.durable ? "fs" : "socket";
+          if (base_s.count(b)) first_ratio = base_s[b] / s;
+        }
+        if (args.payload == "delta")
+          std::printf("%-26s delta moved %.2f%% of the full bytes (%.1f%% elements changed)\n", "",
+                      100.0 * r["wire"].get<double>() / static_cast<double>(bytes), 100 * args.delta_density);
+        std::fflush(stdout);
+      }
     }
-    const double s = r["seconds"];
-    transport_s[t] = s;
-    const std::uint64_t rrss = r["receiver_rss"];
-    std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s   payload %s, weights match: %s\n",
-                ("weight_sync " + t).c_str(), s, bytes / 1e9 / s, mb(r["sender_rss"]).c_str(), mb(rrss).c_str(),
-                mb(r["wire"]).c_str(), ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str(),
-                r["payload"].get<std::string>().c_str(), r["weights_match"].dump().c_str());
-    std::printf("%-26s path: %s; cpu seconds per version: sender %.3f, busiest receiver %.3f\n", "",
-                r.value("path", std::string("?")).c_str(), r.value("sender_cpu", 0.0), r.value("receiver_cpu", 0.0));
-    if (rrss > bound) rss_ok = false;
-    if (!first_ratio) {
-      const std::string b = t == "shm" ? "memcpy" : t == "filesystem" ? "fs" : "socket";
-      if (base_s.count(b)) first_ratio = base_s[b] / s;
+    if (args.gloo) {
+      auto g = baseline_gloo(bytes, args.receivers, bucket);
+      if (!g.contains("seconds")) {
+        std::printf("%-26s attempt failed (%s); retrying once\n", "peer torch gloo broadcast",
+                    g.is_object() ? g.value("error", "no result").c_str() : "no result");
+        std::fflush(stdout);
+        g = baseline_gloo(bytes, args.receivers, bucket);
+      }
+      if (g.contains("seconds")) {
+        const double s = g["seconds"];
+        std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s\n", "peer torch gloo broadcast", s, bytes / 1e9 / s,
+                    mb(g["sender_rss"]).c_str(), mb(g["receiver_rss"]).c_str(), mb(bytes).c_str(),
+                    ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str());
+        for (const auto& [t, ts] : transport_s) std::printf("%-26s %.2fx faster than gloo\n", t.c_str(), s / ts);
+      } else {
+        std::printf("%-26s unavailable: %s (needs /usr/bin/python3 with torch)\n", "peer torch gloo broadcast",
+                    g.is_object() ? g.value("error", "no result").c_str() : "no result");
+      }
     }
-    std::fflush(stdout);
-    if (args.payload == "delta")
-      std::printf("%-26s delta moved %.2f%% of the full bytes (%.1f%% elements changed)\n", "",
-                  100.0 * r["wire"].get<double>() / static_cast<double>(bytes), 100 * args.delta_density);
+    std::printf("receiver peak RSS bound (model + 2 buckets + 64 MiB) = %s MB: %s\n", mb(bound).c_str(),
+                rss_ok ? "within" : "EXCEEDED");
   }
-  if (args.gloo) {
-    auto g = baseline_gloo(bytes, args.receivers, bucket);
-    if (!g.contains("seconds")) {
-      std::printf("%-26s attempt failed (%s); retrying once\n", "peer torch gloo broadcast",
-                  g.is_object() ? g.value("error", "no result").c_str() : "no result");
-      std::fflush(stdout);
-      g = baseline_gloo(bytes, args.receivers, bucket);
-    }
-    if (g.contains("seconds")) {
-      const double s = g["seconds"];
-      std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s\n", "peer torch gloo broadcast", s, bytes / 1e9 / s,
-                  mb(g["sender_rss"]).c_str(), mb(g["receiver_rss"]).c_str(), mb(bytes).c_str(),
-                  ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str());
-      for (const auto& [t, ts] : transport_s) std::printf("%-26s %.2fx faster than gloo\n", ("weight_sync " + t).c_str(), s / ts);
-    } else {
-      std::printf("%-26s unavailable: %s (needs /usr/bin/python3 with torch)\n", "peer torch gloo broadcast",
-                  g.is_object() ? g.value("error", "no result").c_str() : "no result");
-    }
-  }
-  std::printf("receiver peak RSS bound (model + 2 buckets + 64 MiB) = %s MB: %s\n", mb(bound).c_str(),
-              rss_ok ? "within" : "EXCEEDED");
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  if (first_ratio) std::printf("ratio_vs_baseline=%.3f\n", *first_ratio);
-  else std::printf("ratio_vs_baseline=0\n");
+  if (args.transfer) {
+    if (first_ratio) std::printf("ratio_vs_baseline=%.3f\n", *first_ratio);
+    else std::printf("ratio_vs_baseline=0\n");
+  }
   return 0;
 }
