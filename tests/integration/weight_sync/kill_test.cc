@@ -1,6 +1,6 @@
 // Real processes: a receiver or the sender is killed mid-transfer (it stops itself with SIGSTOP at
-// a chosen bucket through Options::fault_stop_before_bucket, the test then SIGKILLs it), and every
-// survivor must end on a consistent version.
+// a chosen bucket through the test seam's Faults::stop_before_bucket, the test then SIGKILLs it), and
+// every survivor must end on a consistent version. Runs for every registered streaming transport.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "tests/unit/weight_sync/test_util.h"
+#include "weight_sync/testing.h"
+#include "weight_sync/transport.h"
 #include "weight_sync/weight_sync.h"
 
 namespace arlo::weight_sync {
@@ -19,14 +21,16 @@ using namespace std::chrono_literals;
 using testing::fill;
 using testing::odd_specs;
 using testing::same_bytes;
+using testing::ScopedFaults;
+using testing::Side;
 
 Options base_options(const std::string& transport, const std::string& shm) {
   Options o;
   o.transport = transport;
   o.bucket_bytes = testing::kTestBucket;
   o.bucket_timeout = 10s;
-  o.reconnect_window = 500ms;
-  o.shm_name = shm;
+  o.params = testing::isolated_params(transport, shm, std::filesystem::temp_directory_path() / ("arlo-ws-kill-" + shm));
+  if (find_transport(transport).value()->option("reconnect_window_ms")) o.params["reconnect_window_ms"] = 500;
   return o;
 }
 
@@ -44,7 +48,8 @@ std::thread kill_when_stopped(pid_t pid) {
 }
 
 // Child: receive one version and compare with the deterministic expectation. Never returns.
-[[noreturn]] void run_receiver(Options o, std::uint64_t seed) {
+[[noreturn]] void run_receiver(Options o, std::uint64_t seed, Faults faults = {}) {
+  ScopedFaults f(Side::kSubscriber, faults);
   auto sub = Subscriber::create(o);
   if (!sub) ::_exit(10);
   HostWeights sink(odd_specs());
@@ -65,16 +70,14 @@ TEST_P(WeightSyncKillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
   Options po = base_options(GetParam(), channel);
   po.expected_receivers = 2;
   auto pub = Publisher::create(po).value();
-  Options so = base_options(GetParam(), channel);
-  so.address = pub->endpoint();
+  Options so = testing::reaching(base_options(GetParam(), channel), pub->endpoint());
 
   so.peer_name = "survivor";
   const pid_t survivor = ::fork();
   if (survivor == 0) run_receiver(so, 5);
   so.peer_name = "victim";
-  so.fault_stop_before_bucket = 1;
   const pid_t victim = ::fork();
-  if (victim == 0) run_receiver(so, 5);
+  if (victim == 0) run_receiver(so, 5, testing::stop_before_bucket(1));
   auto killer = kill_when_stopped(victim);
 
   HostWeights w(odd_specs());
@@ -103,11 +106,10 @@ TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
     ASSERT_EQ(::pipe(fds), 0);
     const pid_t sender = ::fork();
     if (sender == 0) {
-      Options po = base_options(GetParam(), channel);
-      po.fault_stop_before_bucket = 1;
-      auto pub = Publisher::create(po);
+      ScopedFaults f(Side::kPublisher, testing::stop_before_bucket(1));
+      auto pub = Publisher::create(base_options(GetParam(), channel));
       if (!pub) ::_exit(20);
-      const std::string ep = (*pub)->endpoint() + "\n";
+      const std::string ep = (*pub)->endpoint().dump() + "\n";
       if (::write(fds[1], ep.data(), ep.size()) < 0) ::_exit(21);
       HostWeights w(odd_specs());
       fill(w, 99);
@@ -121,8 +123,7 @@ TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
     ::close(fds[0]);
     ::close(fds[1]);
 
-    Options so = base_options(GetParam(), channel);
-    so.address = ep;
+    Options so = testing::reaching(base_options(GetParam(), channel), nlohmann::json::parse(ep));
     so.apply_mode = mode;
     so.peer_name = "worker";
     auto sub = Subscriber::create(so).value();
@@ -144,13 +145,24 @@ TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
       EXPECT_FALSE(sub->version().has_value());
       EXPECT_FALSE(sink.committed().has_value());
     }
-    if (GetParam() == "shm") {
+    // A transport with a named segment leaves nothing behind once its sender is gone.
+    if (find_transport(GetParam()).value()->option("shm_name")) {
       EXPECT_FALSE(std::filesystem::exists("/dev/shm/arlo-ws-" + channel));
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, WeightSyncKillTest, ::testing::Values("tcp", "shm"));
+// Every registered streaming transport (a durable one has no transfer to cut: its receivers read
+// finished files).
+std::vector<std::string> streaming_transports() {
+  std::vector<std::string> out;
+  for (const auto& d : transports())
+    if (!d.capabilities.durable) out.push_back(d.name);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, WeightSyncKillTest, ::testing::ValuesIn(streaming_transports()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace arlo::weight_sync

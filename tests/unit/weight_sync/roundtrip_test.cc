@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/unit/weight_sync/test_util.h"
+#include "weight_sync/testing.h"
 #include "weight_sync/weight_sync.h"
 
 namespace arlo::weight_sync {
@@ -28,10 +29,9 @@ using testing::fill;
 using testing::odd_specs;
 using testing::same_bytes;
 
-std::string unique(const std::string& prefix) {
-  static std::atomic<int> n{0};
-  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
-}
+using testing::Side;
+using testing::ScopedFaults;
+using testing::unique_name;
 
 struct Case {
   std::string transport;
@@ -54,19 +54,18 @@ class Channel {
     base_.bucket_bytes = testing::kTestBucket;
     base_.apply_mode = mode;
     base_.bucket_timeout = 10s;
-    base_.reconnect_window = 20s;  // only waited for when a link fails; the receiver reconnects at once
-    base_.shm_name = unique("rt");
-    dir_ = std::filesystem::temp_directory_path() / unique("arlo-ws-rt");
-    base_.dir = dir_;
+    dir_ = std::filesystem::temp_directory_path() / unique_name("arlo-ws-rt");
+    base_.params = testing::isolated_params(transport, unique_name("rt"), dir_);
+    // Only waited for when a link fails; the receiver reconnects at once.
+    if (find_transport(transport).value()->option("reconnect_window_ms")) base_.params["reconnect_window_ms"] = 20000;
   }
   ~Channel() {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
   Options publisher_options() const { return base_; }
-  Options subscriber_options(const std::string& endpoint, const std::string& name) const {
-    Options o = base_;
-    o.address = endpoint;
+  Options subscriber_options(const nlohmann::json& endpoint, const std::string& name) const {
+    Options o = testing::reaching(base_, endpoint);
     o.peer_name = name;
     return o;
   }
@@ -126,20 +125,21 @@ std::vector<Case> all_cases() {
 INSTANTIATE_TEST_SUITE_P(AllTransportsAndPayloads, WeightSyncRoundTrip, ::testing::ValuesIn(all_cases()), case_name);
 
 TEST(WeightSyncTcpTopology, StarAndChainDeliverToEveryReceiver) {
-  for (auto topo : {Topology::kStar, Topology::kChain}) {
+  for (bool chain : {false, true}) {
     Channel ch("tcp", {}, ApplyMode::kInPlace);
     Options po = ch.publisher_options();
-    po.topology = topo;
-    po.expected_receivers = topo == Topology::kStar ? 3 : 1;
+    po.expected_receivers = chain ? 1 : 3;
     auto pub = Publisher::create(po).value();
     std::vector<std::unique_ptr<Subscriber>> subs;
-    std::string upstream = pub->endpoint();
+    nlohmann::json upstream = pub->endpoint();
     for (int k = 0; k < 3; ++k) {
       Options so = ch.subscriber_options(upstream, "worker-" + std::to_string(k));
-      so.topology = topo;
-      if (topo == Topology::kChain && k < 2) so.relay_listen = "127.0.0.1:0";
+      if (chain && k < 2) {
+        so.relay = true;
+        so.params["relay_listen"] = "127.0.0.1:0";
+      }
       subs.push_back(Subscriber::create(so).value());
-      if (topo == Topology::kChain) upstream = subs.back()->relay_endpoint();
+      if (chain) upstream = subs.back()->relay_endpoint();
     }
     HostWeights w(odd_specs());
     fill(w, 21);
@@ -163,9 +163,8 @@ TEST(WeightSyncTcpTopology, StarAndChainDeliverToEveryReceiver) {
 TEST(WeightSyncTcpFaults, FlippedByteIsRetransmittedNeverApplied) {
   for (auto mode : {ApplyMode::kInPlace, ApplyMode::kStaging}) {
     Channel ch("tcp", {}, mode);
-    Options po = ch.publisher_options();
-    po.fault_corrupt_bucket = 1;
-    auto pub = Publisher::create(po).value();
+    ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
+    auto pub = Publisher::create(ch.publisher_options()).value();
     auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
     HostWeights w(odd_specs());
     fill(w, 31);
@@ -184,17 +183,16 @@ TEST(WeightSyncTcpFaults, FlippedByteIsRetransmittedNeverApplied) {
 // on the first link reaches the second one too. Both must detect it and resume; both end intact.
 TEST(WeightSyncTcpFaults, FlippedByteInAChainIsCaughtAtEveryHop) {
   Channel ch("tcp", {}, ApplyMode::kInPlace);
-  Options po = ch.publisher_options();
-  po.topology = Topology::kChain;
-  po.fault_corrupt_bucket = 1;
-  auto pub = Publisher::create(po).value();
+  std::unique_ptr<Publisher> pub;
+  {
+    ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
+    pub = Publisher::create(ch.publisher_options()).value();
+  }
   Options relay_o = ch.subscriber_options(pub->endpoint(), "relay");
-  relay_o.topology = Topology::kChain;
-  relay_o.relay_listen = "127.0.0.1:0";
+  relay_o.relay = true;
+  relay_o.params["relay_listen"] = "127.0.0.1:0";
   auto relay = Subscriber::create(relay_o).value();
-  Options last_o = ch.subscriber_options(relay->relay_endpoint(), "last");
-  last_o.topology = Topology::kChain;
-  auto last = Subscriber::create(last_o).value();
+  auto last = Subscriber::create(ch.subscriber_options(relay->relay_endpoint(), "last")).value();
   HostWeights w(odd_specs());
   fill(w, 33);
   HostWeights sink_relay(odd_specs()), sink_last(odd_specs());
@@ -214,10 +212,9 @@ TEST(WeightSyncTcpFaults, FlippedByteInAChainIsCaughtAtEveryHop) {
 
 TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   Channel ch("shm", {}, ApplyMode::kStaging);
-  Options po = ch.publisher_options();
-  po.fault_corrupt_bucket = 1;
-  auto pub = Publisher::create(po).value();
-  auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+  ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
+  auto pub = Publisher::create(ch.publisher_options()).value();
+  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
   HostWeights v1(odd_specs());
   fill(v1, 41);
   HostWeights sink = copy_of(v1);
@@ -250,9 +247,9 @@ TEST(WeightSyncShmPaths, RingDirectReadAndSlotsEachDeliver) {
   for (const auto& pc : {PathCase{ApplyMode::kInPlace, false, "shm ring"}, PathCase{ApplyMode::kInPlace, true, "shm direct read"},
                          PathCase{ApplyMode::kStaging, false, "shm slots"}, PathCase{ApplyMode::kStaging, true, "shm slots"}}) {
     Channel ch("shm", {}, pc.mode);
-    ch.base_.shm_direct_read = pc.direct_read;
+    ch.base_.params["direct_read"] = pc.direct_read;
     auto pub = Publisher::create(ch.publisher_options()).value();
-    auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+    auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
     HostWeights w(odd_specs());
     fill(w, 91);
     HostWeights sink(odd_specs());
@@ -277,11 +274,10 @@ TEST(WeightSyncShmPaths, RingDirectReadAndSlotsEachDeliver) {
 TEST(WeightSyncShmFaults, FlippedByteInPlaceDiscardsNeverCommits) {
   for (bool direct_read : {false, true}) {
     Channel ch("shm", {}, ApplyMode::kInPlace);
-    ch.base_.shm_direct_read = direct_read;
-    Options po = ch.publisher_options();
-    po.fault_corrupt_bucket = 1;
-    auto pub = Publisher::create(po).value();
-    auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+    ch.base_.params["direct_read"] = direct_read;
+    ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
+    auto pub = Publisher::create(ch.publisher_options()).value();
+    auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
     HostWeights v1(odd_specs());
     fill(v1, 43);
     HostWeights sink = copy_of(v1);
@@ -312,7 +308,7 @@ TEST(WeightSyncShmPaths, RingServesSeveralReceivers) {
   std::vector<std::unique_ptr<Subscriber>> subs;
   std::vector<HostWeights> sinks;
   for (int k = 0; k < 3; ++k) {
-    subs.push_back(Subscriber::create(ch.subscriber_options("", "w" + std::to_string(k))).value());
+    subs.push_back(Subscriber::create(ch.subscriber_options(pub->endpoint(), "w" + std::to_string(k))).value());
     sinks.emplace_back(odd_specs());
   }
   HostWeights w(odd_specs());
@@ -334,7 +330,7 @@ TEST(WeightSyncShmPaths, RingServesSeveralReceivers) {
 TEST(WeightSyncFilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
-  auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
   HostWeights w(odd_specs());
   fill(w, 51);
   HostWeights sink(odd_specs());
@@ -385,7 +381,7 @@ TEST(WeightSyncFilesystemFaults, ManifestShardsOutsideTheVersionOrOutOfRangeAreR
     auto m = original;
     tamper(m);
     std::ofstream(manifest, std::ios::trunc) << m.dump();
-    auto sub = Subscriber::create(ch.subscriber_options("", "w")).value();
+    auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
     HostWeights sink(odd_specs());
     auto r = sub->receive(sink, deadline_in(5s));
     ASSERT_FALSE(r) << expected;

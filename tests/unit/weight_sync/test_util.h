@@ -1,11 +1,19 @@
 #pragma once
 // Helpers shared by the weight_sync tests: odd tensor layouts, seeded fills, expected decodes.
+#include <unistd.h>
+
+#include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "weight_sync/codec.h"
 #include "weight_sync/manifest.h"
+#include "weight_sync/transport.h"
 #include "weight_sync/types.h"
 #include "weight_sync/weight_sync.h"
 
@@ -95,6 +103,44 @@ inline HostWeights expected_after(const HostWeights& w, PayloadOptions payload, 
     if (!s) throw std::runtime_error(s.error().what());
   }
   return out;
+}
+
+// A name unique to this process and call ("<prefix>-<pid>-<n>").
+inline std::string unique_name(const std::string& prefix) {
+  static std::atomic<int> n{0};
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+// Options::params for `transport` that keep concurrent tests apart: its own shm segment name and
+// its own directory where the descriptor has such keys (a transport with another per-run resource
+// adds its key here); every other key keeps the descriptor's default (tcp: a free loopback port).
+inline nlohmann::json isolated_params(const std::string& transport, const std::string& shm_name,
+                                      const std::filesystem::path& dir) {
+  nlohmann::json p = nlohmann::json::object();
+  auto d = find_transport(transport);
+  if (!d) return p;
+  if ((*d)->option("shm_name")) p["shm_name"] = shm_name;
+  if ((*d)->option("dir")) p["dir"] = dir.string();
+  return p;
+}
+
+// Receiver options that reach `endpoint` (a Publisher::endpoint() or relay_endpoint() object):
+// its keys are the receiver's params of the same names, as an announcement hands them on.
+inline Options reaching(Options o, const nlohmann::json& endpoint) {
+  for (const auto& [k, v] : endpoint.items()) o.params[k] = v;
+  return o;
+}
+
+// Faults for testing::ScopedFaults (designated initializers trip -Wmissing-field-initializers).
+inline Faults corrupt_bucket(std::size_t i) {
+  Faults f;
+  f.corrupt_bucket = i;
+  return f;
+}
+inline Faults stop_before_bucket(std::size_t i) {
+  Faults f;
+  f.stop_before_bucket = i;
+  return f;
 }
 
 inline bool same_bytes(const HostWeights& a, const HostWeights& b) {
