@@ -10,7 +10,11 @@
 //
 // Session protocol per publish: phase kJoining (manifest written; receivers check it against their
 // sink and answer accepted / refused / need_full), the publisher admits the accepted receivers and
-// moves to kStreaming, then kDone once every admitted receiver applied or failed.
+// moves to kStreaming, then kDone once every admitted receiver applied or failed. publish(v,
+// deadline) waits until `deadline` for the first answer, then at most min(bucket_timeout, 1 s) for
+// the other expected receivers; one that does not come holds nobody (it joins a later session).
+// Once receivers came the session runs under Options::timeout even if `deadline` is nearer, so a
+// caller may poll for receivers with short deadlines. A receiver that holds v already sits out v.
 //
 // Three data paths, chosen per session (Header::mode) and logged by the publisher when it changes:
 //  - ring (default for in_place `full` when every admitted receiver applies in place): the publisher
@@ -343,7 +347,8 @@ Status ring_wait(Header* h, Deadline deadline, Done done, std::atomic<std::uint6
 class ShmSender final : public SenderTransport {
  public:
   explicit ShmSender(const SenderState& s)
-      : channel_(s.params.at("shm_name").get<std::string>()),
+      : channel_(s.params.at("shm_name").get<std::string>().empty() ? "arlo-weights-" + std::to_string(::getpid())
+                                                                     : s.params.at("shm_name").get<std::string>()),
         name_(segment_name(channel_)),
         expected_(s.options.expected_receivers),
         direct_read_(s.params.at("direct_read").get<bool>()),
@@ -370,6 +375,7 @@ class ShmSender final : public SenderTransport {
       if (!r) return r;
       if (need_full && payload.kind == PayloadKind::kDelta && attempt == 0) {
         payload.kind = PayloadKind::kFull;  // a receiver holds another base: resync everyone in full
+        deadline = std::max(deadline, Clock::now() + o.bucket_timeout);  // they are here: let them rejoin
         continue;
       }
       r->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -446,16 +452,22 @@ class ShmSender final : public SenderTransport {
     h->phase.store(kJoining, std::memory_order_release);
     futex_bump_and_wake(h->doorbell);
 
-    // Join: wait for expected_receivers answers (bounded by one bucket timeout).
+    // Join: wait until `deadline` for the first answer, then at most the gather window for the other
+    // expected receivers. One that does not come holds nobody: it joins a later session.
     auto answered = [&] {
       std::size_t n = 0;
       for (auto& r : h->readers)
         if (r.pid.load() != 0 && r.session.load() == session && r.state.load() != kIdle) ++n;
       return n;
     };
-    const Deadline join_deadline = std::min(deadline, Clock::now() + o.bucket_timeout);
-    (void)wait_for(h, join_deadline, [&] { return answered() >= expected_; }, [] { return ok(); },
-                   "receivers to join");
+    (void)wait_for(h, deadline, [&] { return answered() >= 1; }, [] { return ok(); }, "a receiver to join");
+    if (answered() >= 1) {
+      const auto window = std::min<std::chrono::milliseconds>(o.bucket_timeout, std::chrono::milliseconds(1000));
+      (void)wait_for(h, Clock::now() + window, [&] { return answered() >= expected_; }, [] { return ok(); },
+                     "receivers to join");
+      // Receivers came: the transfer has the whole version timeout, however briefly we waited for them.
+      deadline = std::max(deadline, Clock::now() + o.timeout);
+    }
 
     PublishReport report;
     report.version = m.version;
@@ -485,15 +497,10 @@ class ShmSender final : public SenderTransport {
       futex_bump_and_wake(h->doorbell);
       return report;  // caller restarts in full
     }
-    if (report.peers.size() < expected_)
-      report.peers.push_back({"(missing)", false,
-                              std::to_string(expected_ - report.peers.size()) +
-                                  " expected receiver(s) did not join within the bucket timeout",
-                              0});
     if (active.empty()) {
       h->phase.store(kDone);
       futex_bump_and_wake(h->doorbell);
-      if (report.peers.empty() || report.peers.back().peer == "(missing)")
+      if (report.peers.empty())
         return make_error(ErrorCode::kUnavailable, "shm " + name_ + ": no receiver joined version " +
                                                        std::to_string(m.version) + " before the deadline");
       return report;
@@ -817,6 +824,12 @@ class ShmReceiver final : public ReceiverTransport {
         answer(kRefused, m.error().what());
         return make_error(ErrorCode::kMismatch, "shm " + name_ + ": manifest refused: " + m.error().what());
       }
+      if (state.version && m->version <= *state.version) {
+        // It holds this version already (a publisher serving late joiners): wait for a newer one.
+        me.state.store(kIdle);
+        me.session.store(session, std::memory_order_release);
+        continue;
+      }
       auto bound = bind_sink(*m, sink);
       if (!bound) {
         answer(kRefused, bound.error().what());
@@ -1132,7 +1145,8 @@ TransportDescriptor shm_transport() {
   d.name = "shm";
   d.doc = "a POSIX shared-memory segment on one host (streamed)";
   d.options = {
-      string_option("shm_name", "arlo-weights", "segment name (/dev/shm/arlo-ws-<name>); arlo run picks one per run"),
+      string_option("shm_name", "",
+                    "segment name (/dev/shm/arlo-ws-<name>); publisher default: arlo-weights-<its pid>, announced"),
       bool_option("direct_read", false,
                   "in-place full payload: receivers copy straight from the publisher's memory (process_vm_readv) "
                   "instead of through the shared ring")
@@ -1142,6 +1156,8 @@ TransportDescriptor shm_transport() {
     return std::unique_ptr<SenderTransport>(new ShmSender(s));
   };
   d.receiver = [](const ReceiverState& s) -> Result<std::unique_ptr<ReceiverTransport>> {
+    if (s.params.at("shm_name").get<std::string>().empty())
+      return make_error(ErrorCode::kInvalidArgument, "weight_sync shm: a receiver needs 'shm_name' (the publisher announces it)");
     return std::unique_ptr<ReceiverTransport>(new ShmReceiver(s));
   };
   return d;

@@ -7,6 +7,12 @@
 // Relays check their own sink, then offer the manifest downstream before answering, so a refusal or
 // a need for a full resync anywhere is known before data moves.
 //
+// Who is served: publish(v, deadline) waits until `deadline` for the first receiver, then at most
+// min(bucket_timeout, 1 s) for the other expected ones, and streams to those that came; one that
+// never comes holds nobody (it is served by a later publish). Once receivers came the transfer runs
+// under Options::timeout even if `deadline` is nearer, so a caller may poll for receivers with short
+// deadlines (the StagingPublisher does). A receiver that already holds v is not sent v again.
+//
 // Every operation runs under a deadline (bucket_timeout per bucket, the call deadline overall). A
 // receiver that loses its link or sees a checksum mismatch reconnects and resumes from its first
 // unverified bucket; the sending side waits reconnect_window for it. Data moves in 4 MiB send and
@@ -17,8 +23,11 @@
 // buffers.
 #include <boost/asio/ip/tcp.hpp>
 
-#include <csignal>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -336,22 +345,40 @@ class Server {
     bool waiting = false;
   };
 
-  // Accepts links until `expected` peers said HELLO (or the deadline). Returns the count.
-  std::size_t gather(std::size_t expected, Deadline deadline, std::chrono::milliseconds hello_timeout) {
-    while (peers_.size() < expected && !pending_.empty()) {
-      peers_.push_back(std::move(pending_.front()));
-      pending_.erase(pending_.begin());
+  // Gathers the peers of one transfer: waits until `deadline` for the first one, then at most
+  // `window` for the others (until `expected` came). A receiver that does not come holds nobody: it
+  // connects later and is served by a later transfer. A peer that already holds `version` (or a newer
+  // one) is not served it; it waits for a later version. Returns the number gathered.
+  std::size_t gather(std::size_t expected, std::optional<Version> version, Deadline deadline,
+                     std::chrono::milliseconds hello_timeout, std::chrono::milliseconds window) {
+    auto wants = [&](const Peer& p) { return !version || !p.hello.version || *p.hello.version < *version; };
+    std::erase_if(pending_, [](const std::unique_ptr<Peer>& p) { return closed(*p->conn); });  // gave up waiting
+    for (auto it = pending_.begin(); it != pending_.end() && peers_.size() < expected;) {
+      if (wants(**it)) {
+        peers_.push_back(std::move(*it));
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
     }
-    while (peers_.size() < expected && Clock::now() < deadline) {
-      auto c = accept(deadline);
+    Deadline first = peers_.empty() ? Deadline{} : Clock::now();
+    while (peers_.size() < expected) {
+      const Deadline until = peers_.empty() ? deadline : first + window;
+      if (Clock::now() >= until) break;
+      auto c = accept(until);
       if (!c) continue;
       nlohmann::json body;
-      auto h = (*c)->recv_frame(&body, std::min(deadline, Clock::now() + hello_timeout));
+      auto h = (*c)->recv_frame(&body, Clock::now() + hello_timeout);
       if (!h || static_cast<Frame>(h->type) != Frame::kHello) continue;
       auto p = std::make_unique<Peer>();
       p->hello = parse_hello(body);
       (*c)->peer = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
       p->conn = std::move(*c);
+      if (!wants(*p)) {
+        keep_pending(std::move(p));
+        continue;
+      }
+      if (peers_.empty()) first = Clock::now();
       peers_.push_back(std::move(p));
     }
     return peers_.size();
@@ -501,7 +528,7 @@ class Server {
         auto p = std::make_unique<Peer>();
         p->hello = hello;
         p->conn = std::move(*c);
-        pending_.push_back(std::move(p));
+        keep_pending(std::move(p));
         continue;
       }
       const Deadline dl = Clock::now() + o.bucket_timeout;
@@ -514,6 +541,17 @@ class Server {
       target->replacement_start = a.value("start", std::size_t{0});
       target->cv.notify_all();
     }
+  }
+
+  // Whether the other end closed `c` (a waiting receiver that gave up); never blocks.
+  static bool closed(Conn& c) {
+    char b;
+    const ssize_t n = ::recv(c.sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+  void keep_pending(std::unique_ptr<Peer> p) {
+    std::erase_if(pending_, [](const std::unique_ptr<Peer>& q) { return closed(*q->conn); });
+    pending_.push_back(std::move(p));
   }
 
   asio::io_context acc_ctx_;
@@ -541,6 +579,11 @@ void collect_reports(Server& server, const Manifest& m, std::vector<PeerReport>&
   }
 }
 
+// How long a transfer waits for the other expected receivers once the first one came.
+std::chrono::milliseconds gather_window(const Options& o) {
+  return std::min<std::chrono::milliseconds>(o.bucket_timeout, std::chrono::milliseconds(1000));
+}
+
 class TcpSender final : public SenderTransport {
  public:
   TcpSender(std::unique_ptr<Server> s, std::size_t expected) : server_(std::move(s)), expected_(expected) {}
@@ -550,10 +593,12 @@ class TcpSender final : public SenderTransport {
                                 Deadline deadline) override {
     const auto t0 = Clock::now();
     const Options& o = state.options;
-    const std::size_t got = server_->gather(expected_, deadline, o.bucket_timeout);
+    const std::size_t got = server_->gather(expected_, version, deadline, o.bucket_timeout, gather_window(o));
     if (got == 0)
       return make_error(ErrorCode::kUnavailable, "tcp " + server_->endpoint() + ": no receiver connected for version " +
                                                      std::to_string(version) + " before the deadline");
+    // Receivers came: the transfer has the whole version timeout, however briefly we waited for them.
+    deadline = std::max(deadline, Clock::now() + o.timeout);
     PayloadOptions payload = o.payload;
     bool delta = payload.kind == PayloadKind::kDelta && state.base && state.last_version &&
                  state.base->specs() == source.specs();
@@ -675,7 +720,8 @@ class TcpReceiver final : public ReceiverTransport {
       }
       if (mine.state == "accepted" && relay_) {
         // Offer downstream before answering, so its refusal or need for a full resync is known now.
-        if (relay_->peers().empty()) relay_->gather(1, std::min(deadline, Clock::now() + o.bucket_timeout), o.bucket_timeout);
+        if (relay_->peers().empty())
+          relay_->gather(1, std::nullopt, std::min(deadline, Clock::now() + o.bucket_timeout), o.bucket_timeout, {});
         relay_->offer(m, deadline);
         for (auto& p : relay_->peers())
           if (p->error.empty() && p->answer.state == "need_full") mine = {"need_full", "", 0};
@@ -890,6 +936,10 @@ TransportDescriptor tcp_transport() {
                                                   s.faults));
     }
     return std::unique_ptr<ReceiverTransport>(new TcpReceiver(s, std::move(relay)));
+  };
+  d.relay_at = [](const std::string& host, std::uint16_t port) {
+    const std::string at = host + ":" + std::to_string(port);
+    return std::pair{nlohmann::json{{"relay_listen", at}}, nlohmann::json{{"address", at}}};
   };
   return d;
 }

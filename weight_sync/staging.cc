@@ -1,0 +1,355 @@
+// StagingPublisher (staging.h): stage() copies a version into a staging slot and returns; one
+// background thread announces and publishes the newest staged version through the library's
+// SenderTransport directly, so it can serve one version many times (late joiners) and keep the
+// delta base itself.
+//
+// Slots: HostWeights snapshots reused across versions (a slot's pages stay mapped, so the copy is a
+// plain memcpy). A slot is in use while stage() copies into it (`copying`) or while the publisher
+// thread announces, writes or serves it (`users`); the newest staged version is `newest_`. A free
+// slot that is not the newest is reused first; then a new one up to keep_last; then the newest one
+// if nobody took it yet (that version is superseded before anyone pulled it: dropped); otherwise a
+// temporary extra slot (freed again once the count is above keep_last), so stage() never waits for
+// the publisher thread.
+//
+// The publisher thread: takes the newest version when it is newer than the last one it took,
+// computes its checksum, and
+//  - durable transports: writes it (one publish call), then announces it;
+//  - streaming transports: announces it, then serves it: publish(version) with a short deadline, over
+//    and over; "no receiver" is the normal answer; each receiver that comes gets the version (full,
+//    or a delta when it holds the base kept here), and the thread moves to a newer staged version
+//    as soon as the current attempt returns.
+// A held version (stage_held) is announced first (its receivers hold it already) and becomes the
+// delta base; a durable transport still writes it, so a receiver that starts later finds it.
+#include "weight_sync/staging.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "weight_sync/testing.h"
+#include "weight_sync/transport.h"
+
+namespace arlo::weight_sync {
+namespace {
+
+using namespace std::chrono_literals;
+
+// How long one serve attempt waits for a receiver to come before the thread looks for a newer
+// version (and for stop). Bounds how stale the served version can be, and the destructor's wait
+// when no transfer runs.
+constexpr auto kServePoll = 250ms;
+
+struct Slot {
+  std::unique_ptr<HostWeights> weights;
+  Version version = 0;
+  bool held = false;   // stage_held: its receivers hold it already
+  bool copying = false;
+  int users = 0;       // the publisher thread works on it
+};
+
+// The checks Publisher::create makes (weight_sync.cc).
+Status check_options(const Options& o) {
+  if (o.bucket_bytes < (1ull << 20) || o.bucket_bytes >= (4ull << 30))
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync.bucket_bytes must be in [1 MiB, 4 GiB)");
+  if (o.payload.delta_dense_threshold < 0 || o.payload.delta_dense_threshold > 1)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync.delta_dense_threshold must be in [0, 1]");
+  if (o.keep_last < 2) return make_error(ErrorCode::kInvalidArgument, "weight_sync.keep_last must be >= 2");
+  if (o.expected_receivers < 1)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync expected_receivers must be >= 1");
+  if (o.bucket_timeout.count() <= 0 || o.timeout.count() <= 0)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync bucket_timeout and timeout must be > 0");
+  if (o.relay) return make_error(ErrorCode::kInvalidArgument, "weight_sync: relay is a receiver option, not a publisher's");
+  return ok();
+}
+
+class StagingPublisherImpl final : public StagingPublisher {
+ public:
+  StagingPublisherImpl(const TransportDescriptor& d, std::unique_ptr<SenderTransport> t, SenderState state,
+                       Announce announce)
+      : name_(d.name),
+        durable_(d.capabilities.durable),
+        transport_(std::move(t)),
+        endpoint_(transport_->endpoint()),
+        state_(std::move(state)),
+        announce_(std::move(announce)) {
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~StagingPublisherImpl() override {
+    {
+      std::lock_guard l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  Result<StageReport> stage(Version version, const WeightSource& source) override {
+    return stage_version(version, source, /*held=*/false);
+  }
+  Result<StageReport> stage_held(Version version, const WeightSource& source) override {
+    return stage_version(version, source, /*held=*/true);
+  }
+
+  Status flush(Deadline deadline) override {
+    std::unique_lock l(mu_);
+    if (!reserved_) return ok();
+    const Version want = *reserved_;
+    auto settled = [&] {
+      return (announced_ && *announced_ >= want) || (failed_ && failed_->first >= want);
+    };
+    cv_.wait_until(l, deadline, settled);
+    if (announced_ && *announced_ >= want) return ok();
+    if (failed_ && failed_->first >= want) return std::unexpected(failed_->second);
+    return make_error(ErrorCode::kTimeout,
+                      fmt::format("weight_sync {}: version {} was not published before the deadline (last announced: {})",
+                                  name_, want, announced_ ? std::to_string(*announced_) : "none"));
+  }
+
+  nlohmann::json endpoint() const override { return endpoint_; }
+
+  std::optional<PublishReport> last_report() const override {
+    std::lock_guard l(mu_);
+    return last_report_;
+  }
+
+ private:
+  Result<StageReport> stage_version(Version version, const WeightSource& source, bool held) {
+    const auto t0 = Clock::now();
+    // Every view first: a source that cannot be read changes nothing.
+    const auto& specs = source.specs();
+    std::vector<std::span<const std::byte>> views;
+    views.reserve(specs.size());
+    std::uint64_t bytes = 0;
+    for (std::size_t t = 0; t < specs.size(); ++t) {
+      ARLO_ASSIGN_OR_RETURN(auto v, source.view(t));
+      if (!v.device.is_cpu())
+        return make_error(ErrorCode::kInvalidArgument, fmt::format("stage({}): tensor '{}' is on {}; staging copies host memory",
+                                                                   version, specs[t].name, v.device.str()));
+      if (v.bytes.size() != specs[t].nbytes())
+        return make_error(ErrorCode::kInvalidArgument, fmt::format("stage({}): tensor '{}' has {} bytes, its spec says {}",
+                                                                   version, specs[t].name, v.bytes.size(), specs[t].nbytes()));
+      views.push_back(v.bytes);
+      bytes += v.bytes.size();
+    }
+    Slot* slot = nullptr;
+    {
+      std::lock_guard l(mu_);
+      if (reserved_ && version <= *reserved_)
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("stage({}): versions must increase; last staged was {}", version, *reserved_));
+      reserved_ = version;
+      slot = claim_slot();
+    }
+    if (!slot->weights || slot->weights->specs() != specs) slot->weights = std::make_unique<HostWeights>(specs);
+    for (std::size_t t = 0; t < views.size(); ++t)
+      if (!views[t].empty()) std::memcpy(slot->weights->bytes(t).data(), views[t].data(), views[t].size());
+    {
+      std::lock_guard l(mu_);
+      slot->copying = false;
+      slot->version = version;
+      slot->held = held;
+      if (!newest_ || newest_->version < version) newest_ = slot;  // a concurrent stage of a newer one may have won
+      trim();
+    }
+    cv_.notify_all();
+    return StageReport{version, bytes, std::chrono::duration<double>(Clock::now() - t0).count()};
+  }
+
+  static bool is_free(const Slot& s) { return !s.copying && s.users == 0; }
+
+  // Under mu_: a slot stage() may overwrite, marked copying.
+  Slot* claim_slot() {
+    Slot* pick = nullptr;
+    for (auto& s : slots_)
+      if (is_free(*s) && s.get() != newest_) {
+        pick = s.get();
+        break;
+      }
+    if (!pick && slots_.size() >= state_.options.keep_last && newest_ && is_free(*newest_)) {
+      pick = newest_;  // superseded before the publisher thread took it: dropped, never sent
+      ARLO_DEBUG("weight_sync {}: version {} superseded before it was published", name_, newest_->version);
+      newest_ = nullptr;
+    }
+    if (!pick) {
+      slots_.push_back(std::make_unique<Slot>());
+      pick = slots_.back().get();
+    }
+    pick->copying = true;
+    return pick;
+  }
+
+  // Under mu_: frees extra slots beyond keep_last.
+  void trim() {
+    for (auto it = slots_.begin(); it != slots_.end() && slots_.size() > state_.options.keep_last;) {
+      if (is_free(**it) && it->get() != newest_) it = slots_.erase(it);
+      else ++it;
+    }
+  }
+
+  // The publisher thread.
+  void run() {
+    Slot* cur = nullptr;  // the version taken last (streaming: kept while served)
+    std::optional<Version> taken;
+    std::unique_lock l(mu_);
+    while (!stop_) {
+      if (newest_ && (!taken || newest_->version > *taken)) {
+        if (cur) --cur->users;
+        cur = newest_;
+        ++cur->users;
+        taken = cur->version;
+        l.unlock();
+        publish_new(*cur);
+        l.lock();
+        if (durable_) {
+          --cur->users;  // on disk: receivers read the files
+          cur = nullptr;
+        }
+        continue;
+      }
+      auto woken = [&] { return stop_ || (newest_ && (!taken || newest_->version > *taken)); };
+      if (!cur) {
+        cv_.wait(l, woken);  // stage() and the destructor notify
+        continue;
+      }
+      if (serve_pause_) {
+        serve_pause_ = false;
+        cv_.wait_for(l, kServePoll, woken);
+        continue;
+      }
+      l.unlock();
+      serve(*cur);
+      l.lock();
+    }
+    if (cur) --cur->users;
+  }
+
+  Announcement announcement_of(const Slot& s, std::optional<std::uint64_t> checksum) const {
+    Announcement a;
+    a.version = s.version;
+    a.transport = name_;
+    a.endpoint = endpoint_;
+    a.payload = state_.options.payload.kind;
+    a.tensors = s.weights->specs().size();
+    a.bytes = s.weights->total_bytes();
+    a.checksum = checksum;
+    return a;
+  }
+
+  // A newly taken version: checksum, then (durable) written and announced, or (streaming, held)
+  // announced. Runs without mu_.
+  void publish_new(Slot& s) {
+    auto sum = weights_checksum(*s.weights);
+    if (!sum) return fail(s.version, sum.error());
+    const Announcement a = announcement_of(s, *sum);
+    if (s.held) {
+      keep_base(s);
+      announce(a);
+      if (!durable_) return;
+    } else if (!durable_) {
+      announce(a);
+      return;
+    }
+    auto r = transport_->publish(s.version, *s.weights, state_, Clock::now() + state_.options.timeout);
+    if (!r) {
+      ARLO_WARN("weight_sync {}: version {} not written: {}", name_, s.version, r.error().what());
+      return fail(s.version, r.error());
+    }
+    if (!s.held) keep_base(s);
+    {
+      std::lock_guard l(mu_);
+      last_report_ = *r;
+    }
+    if (!s.held) announce(a);
+  }
+
+  // One attempt to serve `s` to the receivers that come (streaming). Runs without mu_.
+  void serve(Slot& s) {
+    auto r = transport_->publish(s.version, *s.weights, state_, Clock::now() + kServePoll);
+    if (!r) {
+      if (r.error().code() != ErrorCode::kUnavailable) {
+        // Not the normal "nobody came": say so, and do not spin on it.
+        ARLO_WARN_EVERY(10.0, "weight_sync {}: serving version {}: {}", name_, s.version, r.error().what());
+        std::lock_guard l(mu_);
+        serve_pause_ = true;
+      }
+      return;
+    }
+    bool delivered = false;
+    for (const auto& p : r->peers) {
+      if (p.ok) delivered = true;
+      else ARLO_WARN("weight_sync {}: version {} not delivered to {}: {}", name_, s.version, p.peer, p.error);
+    }
+    if (delivered && state_.last_version != s.version) keep_base(s);
+    std::lock_guard l(mu_);
+    last_report_ = *r;
+  }
+
+  // What the receivers now hold: the base of the next delta.
+  void keep_base(const Slot& s) {
+    state_.last_version = s.version;
+    if (state_.options.payload.kind != PayloadKind::kDelta) return;
+    const auto& specs = s.weights->specs();
+    if (!state_.base || state_.base->specs() != specs) state_.base = std::make_unique<HostWeights>(specs);
+    for (std::size_t t = 0; t < specs.size(); ++t) {
+      const auto src = s.weights->bytes(t);
+      if (!src.empty()) std::memcpy(state_.base->bytes(t).data(), src.data(), src.size());
+    }
+  }
+
+  void announce(const Announcement& a) {
+    if (announce_) announce_(a);
+    {
+      std::lock_guard l(mu_);
+      announced_ = a.version;
+    }
+    cv_.notify_all();
+  }
+
+  void fail(Version v, const Error& e) {
+    {
+      std::lock_guard l(mu_);
+      failed_ = {v, e};
+    }
+    cv_.notify_all();
+  }
+
+  const std::string name_;
+  const bool durable_;
+  std::unique_ptr<SenderTransport> transport_;
+  const nlohmann::json endpoint_;
+  SenderState state_;  // the publisher thread's
+  Announce announce_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  Slot* newest_ = nullptr;            // the newest staged version (complete)
+  std::optional<Version> reserved_;   // the newest version stage() accepted (maybe still copying)
+  std::optional<Version> announced_;
+  std::optional<std::pair<Version, Error>> failed_;
+  std::optional<PublishReport> last_report_;
+  bool serve_pause_ = false;          // the last serve attempt failed oddly: wait a poll before the next
+  std::thread thread_;                // last: starts after everything above exists
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StagingPublisher>> StagingPublisher::create(const Options& options, Announce announce) {
+  ARLO_TRY(check_options(options));
+  ARLO_ASSIGN_OR_RETURN(const auto* d, find_transport(options.transport));
+  SenderState state;
+  state.options = options;
+  ARLO_ASSIGN_OR_RETURN(state.params, resolve_params(*d, options.params));
+  state.faults = testing::faults(testing::Side::kPublisher);
+  ARLO_ASSIGN_OR_RETURN(auto t, d->sender(state));
+  return std::unique_ptr<StagingPublisher>(new StagingPublisherImpl(*d, std::move(t), std::move(state), std::move(announce)));
+}
+
+}  // namespace arlo::weight_sync
