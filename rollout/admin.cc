@@ -105,7 +105,7 @@ class ArloAdmin final : public AdminBase {
   }
   asio::awaitable<Status> resume() override { co_return drop_value(co_await call(post("/resume", Json::object()))); }
   asio::awaitable<Status> prepare_weights(const WeightUpdate& u) override {
-    Json body = {{"version", u.version}, {"transport", u.transport}, {"manifest", u.manifest}};
+    Json body = {{"version", u.version}, {"weight_sync", u.weight_sync}, {"manifest", u.manifest}};
     for (const auto& [k, v] : u.extra.items()) body[k] = v;
     co_return drop_value(co_await call(post("/weights/prepare", std::move(body), true, true)));
   }
@@ -205,9 +205,9 @@ class SglangAdmin final : public AdminBase {
   }
   asio::awaitable<Status> prepare_weights(const WeightUpdate& u) override {
     const std::string version = std::to_string(u.version);
-    if (u.transport == "filesystem") {
-      if (!u.extra.contains("model_path") || !u.extra["model_path"].is_string())
-        co_return make_error(ErrorCode::kInvalidArgument, "sglang admin: filesystem updates need extra.model_path");
+    if (u.extra.contains("model_path")) {  // a version on disk (a durable transport)
+      if (!u.extra["model_path"].is_string())
+        co_return make_error(ErrorCode::kInvalidArgument, "sglang admin: extra.model_path must be a string");
       Json body = {{"model_path", u.extra["model_path"]},
                    {"load_format", u.extra.value("load_format", "auto")},
                    {"flush_cache", true},

@@ -6,10 +6,10 @@
 //   pause(mode)        POST /pause?mode=M        POST /pause?mode=M                     POST /pause_generation {"mode": keep->"in_place", abort->"abort"} (wait: unsupported)
 //   resume()           POST /resume              POST /resume                           POST /continue_generation {}
 //   prepare(update)    POST /weights/prepare     [first time: POST /init_weight_transfer_engine {"init_info"}]
-//                        {version, transport,      POST /start_weight_update {"is_checkpoint_format"}
+//                        {version, weight_sync,    POST /start_weight_update {"is_checkpoint_format"}
 //                         manifest}                POST /update_weights {"update_info"}  [first time, distributed: POST /init_weights_update_group {...}]
 //                                                                                         distributed: POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache, weight_version}
-//                                                                                         filesystem:  POST /update_weights_from_disk {model_path, load_format, flush_cache, weight_version}
+//                                                                                         from disk (extra.model_path): POST /update_weights_from_disk {model_path, load_format, flush_cache, weight_version}
 //   commit(version)    POST /weights/commit      POST /finish_weight_update {}          (applied by the update call; nothing to send)
 //   weights()          GET /weights              (version last committed through this adapter)  GET /get_weight_version
 //
@@ -39,7 +39,7 @@ std::string_view to_string(PauseMode mode);
 
 struct WeightUpdate {
   std::int64_t version = 0;
-  std::string transport;                  // nccl | cuda_ipc | shm | tcp | filesystem
+  Json weight_sync = Json::object();      // the receiver's weight-sync block (weight_sync/wire.h)
   Json manifest = Json::object();         // weight_sync manifest (tensor names, dtypes, shapes, ...)
   // Dialect-specific extras:
   //   vllm:   "init_info" (object, sent once to /init_weight_transfer_engine),

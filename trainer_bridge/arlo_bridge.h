@@ -32,9 +32,9 @@
  *   step in the trainer's checkpoint) in the config so steps already applied are never trained twice.
  *
  * Config JSON keys: transport ("dir" | "socket"), run_dir (dir), host, port (socket), rank,
- * start_after_step, heartbeat_interval_ms, heartbeat_timeout_ms, weight_sync (object: transport
- * "filesystem" | "tcp" | "shm", dir, address, expected_receivers, shm_name, payload "full" | "bf16" |
- * "fp8" | "delta", zstd, bucket_mb, topology "star" | "chain").
+ * start_after_step, heartbeat_interval_ms, heartbeat_timeout_ms, weight_sync (object: the
+ * weight-sync block of docs/weight-sync.md, e.g. {"transport": "tcp", "address": "0.0.0.0:0",
+ * "expected_receivers": 2}; a trainer that arlo run starts finds it in $ARLO_WEIGHT_SYNC).
  */
 #ifndef ARLO_TRAINER_BRIDGE_ARLO_BRIDGE_H_
 #define ARLO_TRAINER_BRIDGE_ARLO_BRIDGE_H_
@@ -112,9 +112,12 @@ arlo_status arlo_batch_release(arlo_batch* batch);
 /* Looks a tensor up by name; NULL when absent (ce_weights is optional). */
 const arlo_tensor* arlo_batch_tensor(const arlo_batch* batch, const char* name);
 arlo_status arlo_bridge_ack(arlo_bridge* bridge, int64_t step);
-/* Sends `version` of the given host tensors through weight_sync (as configured), then tells the
- * orchestrator the version exists. The tensors are read during the call only. The first publish
- * fixes the tensor names, dtypes and shapes for the session. */
+/* Stages `version` of the given host tensors in weight_sync's staging publisher (one copy: the
+ * tensors are read during the call only, and the call returns once they are copied); the version
+ * is then announced to the orchestrator and served to the workers in the background (filesystem:
+ * written, then announced). timeout_ms is unused (the weight_sync block's timeout_ms bounds each
+ * transfer). The first publish fixes the tensor names, dtypes and shapes for the session;
+ * arlo_bridge_close publishes the last staged version before it returns. */
 arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo_tensor* tensors, size_t num_tensors,
                                 int64_t timeout_ms);
 /* Only announces `version` (weights moved by other means); info_json may be NULL. */

@@ -1,4 +1,4 @@
-// The C ABI (arlo_bridge.h) over BridgeClient and weight_sync::Publisher. No exception crosses it:
+// The C ABI (arlo_bridge.h) over BridgeClient and weight_sync::StagingPublisher. No exception crosses it:
 // every entry point catches, converts to a status, and records the message for this thread.
 #include "trainer_bridge/arlo_bridge.h"
 
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,7 +17,8 @@
 #include "trainer_bridge/bridge.h"
 
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
-#include "weight_sync/weight_sync.h"
+#include "weight_sync/staging.h"
+#include "weight_sync/wire.h"
 #endif
 
 using arlo::Error;
@@ -94,26 +96,10 @@ class BorrowedSource final : public ws::WeightSource {
   std::vector<const void*> data_;
 };
 
-arlo::Result<ws::Options> weight_sync_options(const json& j) {
-  ws::Options o;
-  o.transport = j.value("transport", std::string("filesystem"));
-  if (j.contains("dir")) o.dir = j.at("dir").get<std::string>();
-  if (j.contains("address")) o.address = j.at("address").get<std::string>();
-  if (j.contains("shm_name")) o.shm_name = j.at("shm_name").get<std::string>();
-  o.expected_receivers = j.value("expected_receivers", std::size_t{1});
-  if (j.contains("bucket_mb")) o.bucket_bytes = j.at("bucket_mb").get<std::uint64_t>() << 20;
-  if (j.contains("keep_last")) o.keep_last = j.at("keep_last").get<std::size_t>();
-  if (j.contains("payload")) {
-    ARLO_ASSIGN_OR_RETURN(o.payload.kind, ws::parse_payload(j.at("payload").get<std::string>()));
-  }
-  o.payload.zstd = j.value("zstd", false);
-  const std::string topology = j.value("topology", std::string("star"));
-  if (topology != "star" && topology != "chain") {
-    return arlo::make_error(ErrorCode::kInvalidArgument, fmt::format("weight_sync.topology '{}': use star or chain", topology));
-  }
-  o.topology = topology == "chain" ? ws::Topology::kChain : ws::Topology::kStar;
-  o.peer_name = "trainer";
-  return o;
+arlo::Result<ws::Options> weight_sync_options(const json& block) {
+  ws::Options base;
+  base.peer_name = "trainer";
+  return ws::options_from_json(block, base);
 }
 #endif
 
@@ -126,9 +112,9 @@ struct arlo_bridge {
   std::condition_variable calls_cv;
   int calls = 0;
   json weight_sync_config;  // null when absent
-  std::mutex publish_mu;    // a Publisher is used from one thread at a time
+  std::mutex publish_mu;    // one publish at a time
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
-  std::unique_ptr<ws::Publisher> publisher;
+  std::unique_ptr<ws::StagingPublisher> publisher;  // announces through `client`; destroyed before it
 #endif
 };
 
@@ -299,32 +285,22 @@ arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo
       data.push_back(t.data);
     }
     if (!bridge->publisher) {
-      arlo::Result<ws::Options> opts = [&]() -> arlo::Result<ws::Options> {
-        try {
-          return weight_sync_options(bridge->weight_sync_config);
-        } catch (const json::exception& e) {
-          return arlo::make_error(ErrorCode::kInvalidArgument, fmt::format("weight_sync config: {}", e.what()));
-        }
-      }();
+      auto opts = weight_sync_options(bridge->weight_sync_config);
       if (!opts) return fail(opts.error());
-      auto pub = ws::Publisher::create(*opts);
+      auto* client = bridge->client.get();
+      auto pub = ws::StagingPublisher::create(*opts, [client](const ws::Announcement& a) {
+        if (auto s = client->published(static_cast<std::int64_t>(a.version), json{{"weight_sync", ws::to_json(a)}}); !s)
+          std::fprintf(stderr, "arlo_bridge: announcing v%llu: %s\n", static_cast<unsigned long long>(a.version),
+                       s.error().what().c_str());
+      });
       if (!pub) return fail(pub.error());
       bridge->publisher = std::move(*pub);
     }
     BorrowedSource source(std::move(specs), std::move(data));
-    auto report = bridge->publisher->publish(static_cast<ws::Version>(version), source,
-                                             ws::Clock::now() + ms_or_forever(timeout_ms));
-    if (!report) return fail(report.error());
-    json info{{"weight_sync", {{"transport", bridge->weight_sync_config.value("transport", std::string("filesystem"))},
-                               {"endpoint", bridge->publisher->endpoint()}}},
-              {"bytes", report->raw_bytes},
-              {"wire_bytes", report->wire_bytes},
-              {"seconds", report->seconds}};
-    json peers = json::array();
-    for (const auto& p : report->peers) peers.push_back({{"peer", p.peer}, {"ok", p.ok}, {"error", p.error}});
-    info["peers"] = std::move(peers);
-    auto s = bridge->client->published(version, info);
-    return s ? succeed() : fail(s.error());
+    auto staged = bridge->publisher->stage(static_cast<ws::Version>(version), source);
+    if (!staged) return fail(staged.error());
+    (void)timeout_ms;  // staging copies and returns; the transfer's deadline is the block's timeout_ms
+    return succeed();
 #else
     (void)num_tensors;
     (void)timeout_ms;
@@ -363,6 +339,13 @@ int64_t arlo_bridge_last_acked_step(const arlo_bridge* bridge) {
 arlo_status arlo_bridge_close(arlo_bridge* bridge) {
   return guarded("arlo_bridge_close", [&]() -> arlo_status {
     if (bridge == nullptr) return succeed();
+#ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
+    if (bridge->publisher) {  // the last version reaches the orchestrator before the bridge closes
+      if (auto s = bridge->publisher->flush(ws::Clock::now() + std::chrono::seconds(60)); !s)
+        std::fprintf(stderr, "arlo_bridge_close: the last version was not published: %s\n", s.error().what().c_str());
+      bridge->publisher.reset();
+    }
+#endif
     bridge->client->close();  // wakes a next_batch in progress (it returns ARLO_CANCELLED)
     {
       std::unique_lock lock(bridge->calls_mu);

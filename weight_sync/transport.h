@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -107,6 +108,11 @@ struct TransportDescriptor {
   std::vector<OptionSpec> options;
   SenderFactory sender;
   ReceiverFactory receiver;
+  // Durable transports: the directory of `version` under `endpoint` (what vLLM and SGLang load).
+  std::function<std::string(const nlohmann::json& endpoint, Version version)> version_path;
+  // Relaying transports: the params that make a receiver relay at host:port (first) and the
+  // endpoint the next receiver then pulls from (second).
+  std::function<std::pair<nlohmann::json, nlohmann::json>(const std::string& host, std::uint16_t port)> relay_at;
 
   const OptionSpec* option(std::string_view key) const;
 };

@@ -1,7 +1,7 @@
 // arlo-trainer: the built-in trainer (see trainer.h).
 //
-//   arlo-trainer --run-dir runs/x --ws-transport filesystem --max-steps 100 --checkpoint-every 10
-//   arlo-trainer --run-dir runs/x --ws-transport tcp --ws-address 127.0.0.1:29500 --ws-receivers 2
+//   arlo-trainer --run-dir runs/x --weight-sync '{"transport": "filesystem", "dir": "runs/x/weights"}' --max-steps 100
+//   arlo-trainer --run-dir runs/x --weight-sync '{"transport": "tcp", "address": "127.0.0.1:29500", "expected_receivers": 2}' 
 //
 // Logs loss, grad norm, mismatch KL, lr and step time per step (console and
 // <run_dir>/trainer_metrics.jsonl). SIGINT/SIGTERM stop it after the current step.
@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "apps/arlo-trainer/trainer.h"
+#include "weight_sync/wire.h"
 #include "common/log.h"
 
 namespace {
@@ -21,9 +22,8 @@ void on_signal(int) { g_stop.store(true); }
 int main(int argc, char** argv) {
   arlo::trainer::TrainerOptions o;
   CLI::App app{"arlo-trainer: the built-in policy-gradient trainer"};
-  std::string run_dir, ckpt_dir, ws_dir, payload = "full", log_level = "info";
-  int batch_timeout_ms = 1000, idle_exit_ms = 0, publish_timeout_ms = 120000;
-  std::size_t receivers = 1;
+  std::string run_dir, ckpt_dir, log_level = "info";
+  int batch_timeout_ms = 1000, idle_exit_ms = 0;
   app.add_option("--run-dir", run_dir, "run directory (batches arrive under rollouts/)")->required();
   app.add_option("--bridge", o.bridge_transport, "batch transport: dir | socket");
   app.add_option("--bridge-host", o.bridge_host);
@@ -54,20 +54,11 @@ int main(int argc, char** argv) {
   app.add_option("--idle-exit-ms", idle_exit_ms, "exit after this long without a batch (0 = never)");
   app.add_option("--checkpoint-every", o.checkpoint_every);
   app.add_option("--checkpoint-dir", ckpt_dir);
-  app.add_option("--ws-transport", o.weight_sync.transport, "tcp | shm | filesystem");
-  app.add_option("--ws-address", o.weight_sync.address, "tcp: where the publisher listens");
-  app.add_option("--ws-receivers", receivers, "tcp: workers to wait for");
-  app.add_option("--ws-shm-name", o.weight_sync.shm_name);
-  app.add_option("--ws-dir", ws_dir, "filesystem: default <run_dir>/weights");
-  app.add_option("--ws-payload", payload, "full | bf16 | fp8 | delta");
-  app.add_option("--ws-timeout-ms", publish_timeout_ms);
-  app.add_option("--ws-zstd", o.weight_sync.payload.zstd, "zstd level 1 on every bucket");
-  app.add_option("--ws-delta-threshold", o.weight_sync.payload.delta_dense_threshold,
-                 "delta: above this changed fraction a bucket is sent dense");
-  std::uint64_t bucket_mb = o.weight_sync.bucket_bytes >> 20;
-  app.add_option("--ws-bucket-mb", bucket_mb, "bucket size in MiB")->check(CLI::Range(1, 65536));
-  app.add_option("--ws-keep-last", o.weight_sync.keep_last, "filesystem: versions kept on disk (>= 2)")
-      ->check(CLI::Range(2, 1 << 20));
+  std::string weight_sync_block;
+  app.add_option("--weight-sync", weight_sync_block,
+                 "the weight-sync block, JSON (docs/weight-sync.md), e.g. "
+                 "'{\"transport\": \"filesystem\", \"dir\": \"runs/x/weights\"}'")
+      ->required();
   app.add_option("--log-level", log_level);
   CLI11_PARSE(app, argc, argv);
 
@@ -80,18 +71,17 @@ int main(int argc, char** argv) {
   }
   o.run_dir = run_dir;
   o.checkpoint_dir = ckpt_dir;
-  o.weight_sync.dir = ws_dir;
-  o.weight_sync.expected_receivers = receivers;
-  o.weight_sync.bucket_bytes = bucket_mb << 20;
-  auto kind = arlo::weight_sync::parse_payload(payload);
-  if (!kind) {
-    std::cerr << "arlo-trainer: " << kind.error().what() << "\n";
+  auto block = nlohmann::json::parse(weight_sync_block, nullptr, false);
+  auto ws = block.is_discarded() ? arlo::Result<arlo::weight_sync::Options>(arlo::make_error(
+                                       arlo::ErrorCode::kParse, "--weight-sync is not valid JSON: " + weight_sync_block))
+                                 : arlo::weight_sync::options_from_json(block);
+  if (!ws) {
+    std::cerr << "arlo-trainer: --weight-sync: " << ws.error().what() << "\n";
     return 2;
   }
-  o.weight_sync.payload.kind = *kind;
+  o.weight_sync = *ws;
   o.batch_timeout = std::chrono::milliseconds(batch_timeout_ms);
   o.idle_exit = std::chrono::milliseconds(idle_exit_ms);
-  o.publish_timeout = std::chrono::milliseconds(publish_timeout_ms);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   auto last = arlo::trainer::run_trainer(o, g_stop);

@@ -2,11 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <condition_variable>
-#include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
-#include <thread>
 
 #include "common/file.h"
 #include "common/log.h"
@@ -15,132 +13,13 @@
 #include "reference/model_impl.h"
 #include "reference/model_weights.h"
 #include "trainer_bridge/bridge.h"
+#include "weight_sync/staging.h"
 
 namespace arlo::trainer {
 namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-// Publishes versions in order on its own thread (see trainer.h for the announce order). When the
-// trainer outpaces publishing, a version superseded by a newer one before its turn is skipped:
-// the queue then holds at most one copy of the weights besides the one being published, and the
-// workers get the newest weights sooner. The seeded v0 and the last version are never skipped.
-class PublishQueue {
- public:
-  PublishQueue(std::unique_ptr<weight_sync::Publisher> publisher, bridge::BridgeClient& client,
-               const weight_sync::Options& options, std::chrono::milliseconds timeout)
-      : publisher_(std::move(publisher)), client_(client), options_(options), timeout_(timeout),
-        thread_([this] { run(); }) {}
-  ~PublishQueue() {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // Takes a copy of the weights now; publishes later. `workers_hold_it`: announce without moving
-  // the bytes (the seeded v0, which every worker builds from the same seed).
-  void push(std::int64_t version, const reference::Model& model, json info, bool workers_hold_it = false) {
-    auto copy = model.clone();
-    {
-      std::lock_guard lk(mu_);
-      queue_.push_back({version, std::move(copy), std::move(info), workers_hold_it});
-    }
-    cv_.notify_all();
-  }
-  // Waits until everything queued was published (or failed).
-  void drain() {
-    std::unique_lock lk(mu_);
-    idle_cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
-  }
-
- private:
-  struct Item {
-    std::int64_t version;
-    std::shared_ptr<reference::Model> model;
-    json info;
-    bool workers_hold_it = false;
-  };
-  void run() {
-    while (true) {
-      Item item;
-      {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        while (queue_.size() > 1 && !queue_.front().workers_hold_it) {
-          ARLO_DEBUG("v{} superseded by v{} before it was published: skipped", queue_.front().version,
-                     queue_.back().version);
-          queue_.pop_front();
-        }
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-      }
-      publish(item);
-      {
-        std::lock_guard lk(mu_);
-        busy_ = false;
-      }
-      idle_cv_.notify_all();
-    }
-  }
-  void publish(Item& item) {
-    reference::ModelWeights source(*item.model);
-    auto sum = weight_sync::weights_checksum(source);
-    json info = item.info;
-    info["version"] = item.version;
-    info["transport"] = options_.transport;
-    info["payload"] = std::string(weight_sync::to_string(options_.payload.kind));
-    if (sum) info["checksum"] = fmt::format("{:016x}", *sum);
-    if (options_.transport == "tcp") info["address"] = publisher_->endpoint();
-    if (options_.transport == "shm") info["shm_name"] = options_.shm_name;
-    if (options_.transport == "filesystem") info["dir"] = options_.dir.string();
-    const bool streaming = options_.transport != "filesystem";
-    if (streaming && item.workers_hold_it) {
-      // A streaming publisher waits for every worker, but a worker asked for the version it
-      // already serves does not connect: announce it only.
-      ARLO_INFO("v{} is the seeded initialisation the workers start from: announced, not sent", item.version);
-      announce(item.version, info);
-      return;
-    }
-    if (!streaming && std::filesystem::exists(options_.dir / fmt::format("v{}", item.version) / "STABLE")) {
-      ARLO_INFO("v{} is already on disk (resumed run): announcing it", item.version);
-      announce(item.version, info);
-      return;
-    }
-    if (streaming) announce(item.version, info);
-    auto report = publisher_->publish(static_cast<weight_sync::Version>(item.version), source,
-                                      weight_sync::deadline_in(timeout_));
-    if (!report) {
-      ARLO_WARN("publishing v{} failed: {}", item.version, report.error().what());
-    } else {
-      std::size_t ok_peers = 0;
-      for (const auto& p : report->peers) ok_peers += p.ok;
-      ARLO_INFO("published v{}: {} bytes on the wire, {:.3f}s, {}/{} receivers ok", item.version, report->wire_bytes,
-                report->seconds, ok_peers, report->peers.size());
-      for (const auto& p : report->peers)
-        if (!p.ok) ARLO_WARN("v{} to {}: {}", item.version, p.peer, p.error);
-    }
-    if (!streaming && report) announce(item.version, info);  // filesystem: once the version is on disk
-  }
-  void announce(std::int64_t version, const json& info) {
-    if (auto st = client_.published(version, info); !st) ARLO_WARN("announcing v{}: {}", version, st.error().what());
-  }
-
-  std::unique_ptr<weight_sync::Publisher> publisher_;
-  bridge::BridgeClient& client_;
-  weight_sync::Options options_;
-  std::chrono::milliseconds timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<Item> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 // [rows, seq_len] tensor (int64 or float) copied from a span.
 template <typename T>
@@ -227,12 +106,34 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   ARLO_ASSIGN_OR_RETURN(auto client, bridge::connect(co));
 
   weight_sync::Options wso = o.weight_sync;
-  if (wso.transport == "filesystem" && wso.dir.empty()) wso.dir = o.run_dir / "weights";
   wso.peer_name = "arlo-trainer";
-  ARLO_ASSIGN_OR_RETURN(auto publisher, weight_sync::Publisher::create(wso));
-  ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher->endpoint());
-  PublishQueue publish(std::move(publisher), *client, wso, o.publish_timeout);
-  publish.push(step, *model, json::object(), /*workers_hold_it=*/!ckpt);
+  // The trainer's figures of step s ride with the announcement of version s (the orchestrator's
+  // step records and the live page read them there).
+  std::mutex metrics_mu;
+  std::map<std::int64_t, json> step_metrics;
+  auto announce = [&](const weight_sync::Announcement& a) {
+    json info = {{"weight_sync", weight_sync::to_json(a)}};
+    {
+      std::lock_guard lk(metrics_mu);
+      auto it = step_metrics.find(static_cast<std::int64_t>(a.version));
+      if (it != step_metrics.end()) info["metrics"] = it->second;
+      step_metrics.erase(step_metrics.begin(), step_metrics.upper_bound(static_cast<std::int64_t>(a.version)));
+    }
+    if (auto st = client->published(static_cast<std::int64_t>(a.version), info); !st)
+      ARLO_WARN("announcing v{}: {}", a.version, st.error().what());
+  };
+  ARLO_ASSIGN_OR_RETURN(auto publisher, weight_sync::StagingPublisher::create(wso, announce));
+  ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher->endpoint().dump());
+  auto stage = [&](std::int64_t version, bool workers_hold_it) -> Status {
+    reference::ModelWeights source(*model);
+    auto staged = workers_hold_it ? publisher->stage_held(static_cast<weight_sync::Version>(version), source)
+                                  : publisher->stage(static_cast<weight_sync::Version>(version), source);
+    if (!staged) return std::unexpected(std::move(staged).error().with_context(fmt::format("staging v{}", version)));
+    ARLO_DEBUG("staged v{}: {} bytes copied in {:.3f}s", version, staged->bytes, staged->copy_seconds);
+    return ok();
+  };
+  // v0 is the seeded initialisation every worker builds from the same seed: announced, not sent.
+  ARLO_TRY(stage(step, /*workers_hold_it=*/!ckpt));
 
   std::ofstream metrics_log(o.run_dir / "trainer_metrics.jsonl", std::ios::app);
   reference::LossOptions lo;
@@ -304,7 +205,11 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
               {"step_seconds", seconds},
               {"loss_tokens", out.pg_tokens},
               {"ce_tokens", out.ce_tokens}};
-    publish.push(step, *model, json{{"metrics", m}});
+    {
+      std::lock_guard lk(metrics_mu);
+      step_metrics[step] = m;
+    }
+    ARLO_TRY(stage(step, false));
     metrics_log << m.dump() << "\n";
     metrics_log.flush();
     ARLO_INFO("step {} loss {:.4f} (pg {:.4f} ce {:.4f}) grad_norm {:.3f} mismatch_kl {:.2e} clipped {:.3f} "
@@ -315,7 +220,9 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   // A final checkpoint, so that a run extended with --resume continues from the last step trained.
   if (o.checkpoint_every > 0 && step > 0 && step % o.checkpoint_every != 0)
     ARLO_TRY(save_checkpoint(ckpt_root, step, *model, opt));
-  publish.drain();
+  if (auto st = publisher->flush(weight_sync::deadline_in(o.weight_sync.timeout)); !st)
+    ARLO_WARN("the last version was not published: {}", st.error().what());
+  publisher.reset();
   client->close();
   return step;
 }

@@ -5,11 +5,9 @@
 //
 // Versions (DESIGN.md section 2): v0 is published at start (or v<s> when resuming at step s);
 // after training on the batch of step s, version s is published.
-// Publishing runs on its own thread so the next step only waits for the copy of the weights (a
-// version superseded before its turn to publish is skipped, so copies do not pile up):
-// for streaming transports (tcp, shm) the version is announced first and then streamed (the
-// workers pull it when the orchestrator tells them to); for filesystem it is written first
-// (STABLE marker last) and then announced.
+// Versions go through weight_sync's StagingPublisher (weight_sync/staging.h): the next step only
+// waits for the staging copy of the weights; the publisher announces each version (with the
+// step's metrics) and serves it to the workers when the orchestrator tells them to pull it.
 //
 // Checkpoints: <checkpoint_dir>/step_<s>/{model.safetensors, optimizer.safetensors, state.json}
 // and <checkpoint_dir>/latest holding "<s>" (written last, atomically). On start the latest
@@ -50,8 +48,7 @@ struct TrainerOptions {
   int checkpoint_every = 0;                       // steps between checkpoints (0 = none)
   std::filesystem::path checkpoint_dir;           // default <run_dir>/checkpoints/trainer
 
-  weight_sync::Options weight_sync;               // transport, address, dir (default <run_dir>/weights)
-  std::chrono::milliseconds publish_timeout{120000};
+  weight_sync::Options weight_sync;               // the weight-sync block (--weight-sync)
 };
 
 // Runs until max_steps, idle_exit, or `stop` becomes true. Returns the last step trained.

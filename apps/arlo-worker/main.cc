@@ -23,6 +23,7 @@
 #include <optional>
 
 #include "apps/arlo-worker/worker_server.h"
+#include "weight_sync/wire.h"
 #include "common/log.h"
 #include "reference/model.h"
 
@@ -40,11 +41,7 @@ struct Flags {
   std::optional<std::uint64_t> init_seed;
   std::string weights;
   std::int64_t weights_version = 0;
-  std::string ws_transport = "tcp";
-  std::string ws_address = "127.0.0.1:29500";
-  std::string ws_shm_name = "arlo-weights";
-  std::string ws_dir;
-  int ws_timeout_ms = 120000;
+  std::string weight_sync = "{}";  // this worker's weight-sync block (JSON)
   std::string log_level = "info";
 };
 
@@ -72,13 +69,7 @@ arlo::Status apply_yaml(const std::string& path, Flags& f) {
       get(m, "intermediate", f.model.intermediate);
       get(m, "context", f.model.context);
     }
-    if (auto w = root["weight_sync"]) {
-      get(w, "transport", f.ws_transport);
-      get(w, "address", f.ws_address);
-      get(w, "shm_name", f.ws_shm_name);
-      get(w, "dir", f.ws_dir);
-      get(w, "timeout_ms", f.ws_timeout_ms);
-    }
+    get(root, "weight_sync", f.weight_sync);
   } catch (const std::exception& e) {
     return arlo::make_error(arlo::ErrorCode::kParse, "reading " + path + ": " + e.what());
   }
@@ -115,11 +106,9 @@ int main(int argc, char** argv) {
   app.add_option("--init-seed", init_seed_flag, "serve v0 from a seeded initialisation (same as arlo-trainer's)");
   app.add_option("--weights", f.weights, "serve weights from this safetensors file");
   app.add_option("--weights-version", f.weights_version, "version of --weights");
-  app.add_option("--ws-transport", f.ws_transport, "weight_sync transport default: tcp | shm | filesystem");
-  app.add_option("--ws-address", f.ws_address, "weight_sync tcp: the publisher's host:port");
-  app.add_option("--ws-shm-name", f.ws_shm_name, "weight_sync shm: segment name");
-  app.add_option("--ws-dir", f.ws_dir, "weight_sync filesystem: <dir>/v<version>/");
-  app.add_option("--ws-timeout-ms", f.ws_timeout_ms, "deadline of one weight transfer");
+  app.add_option("--weight-sync", f.weight_sync,
+                 "this worker's weight-sync block, JSON (docs/weight-sync.md): timeouts, and in a chain "
+                 "{\"transport\": \"tcp\", \"relay\": true, ...}; each /weights/prepare block goes over it");
   app.add_option("--log-level", f.log_level);
   CLI11_PARSE(app, argc, argv);
   if (init_seed_flag >= 0) f.init_seed = static_cast<std::uint64_t>(init_seed_flag);
@@ -144,11 +133,15 @@ int main(int argc, char** argv) {
   wo.engine.max_batch = f.max_batch;
   wo.engine.threads = f.threads;
   wo.engine.seed = f.seed;
-  wo.weight_sync.transport = f.ws_transport;
-  wo.weight_sync.address = f.ws_address;
-  wo.weight_sync.shm_name = f.ws_shm_name;
-  wo.weight_sync.dir = f.ws_dir;
-  wo.weights_timeout = std::chrono::milliseconds(f.ws_timeout_ms);
+  const auto block = nlohmann::json::parse(f.weight_sync, nullptr, false);
+  auto ws = block.is_discarded() ? arlo::Result<arlo::weight_sync::Options>(arlo::make_error(
+                                       arlo::ErrorCode::kParse, "not valid JSON: " + f.weight_sync))
+                                 : arlo::weight_sync::options_from_json(block);
+  if (!ws) {
+    std::cerr << "arlo-worker: --weight-sync: " << ws.error().what() << "\n";
+    return 2;
+  }
+  wo.weight_sync = *ws;
 
   boost::asio::io_context io;
   arlo::http::ServerOptions ho;

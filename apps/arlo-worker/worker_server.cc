@@ -13,6 +13,7 @@
 #include "apps/arlo-worker/openai_api.h"
 #include "common/log.h"
 #include "reference/model_weights.h"
+#include "weight_sync/wire.h"
 
 namespace arlo::worker {
 
@@ -219,37 +220,16 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
                                       {"paused", engine.paused()}});
   }
 
-  // Reads the weight_sync options of one update: the worker's defaults, overridden by the body.
-  static std::expected<weight_sync::Options, ApiError> transfer_options(const json& body, weight_sync::Options o,
-                                                                        std::chrono::milliseconds& timeout) {
-    auto str = [&](const char* key, std::string& out) -> std::optional<ApiError> {
-      if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-      if (!body[key].is_string()) return ApiError{400, fmt::format("'{}' must be a string", key), key};
-      out = body[key].get<std::string>();
-      return std::nullopt;
-    };
-    if (auto e = str("transport", o.transport)) return std::unexpected(*e);
-    if (auto e = str("address", o.address)) return std::unexpected(*e);
-    if (auto e = str("shm_name", o.shm_name)) return std::unexpected(*e);
-    std::string dir = o.dir.string();
-    if (auto e = str("dir", dir)) return std::unexpected(*e);
-    o.dir = dir;
-    std::string payload;
-    if (auto e = str("payload", payload)) return std::unexpected(*e);
-    if (!payload.empty()) {
-      auto kind = weight_sync::parse_payload(payload);
-      if (!kind) return std::unexpected(ApiError{400, kind.error().message(), "payload"});
-      o.payload.kind = *kind;
-    }
-    if (body.contains("zstd") && body["zstd"].is_boolean()) o.payload.zstd = body["zstd"].get<bool>();
-    if (body.contains("timeout_ms") && body["timeout_ms"].is_number_integer())
-      timeout = std::chrono::milliseconds(body["timeout_ms"].get<std::int64_t>());
-    if (o.transport != "tcp" && o.transport != "shm" && o.transport != "filesystem")
-      return std::unexpected(ApiError{400, fmt::format("transport '{}' is not available in arlo-worker: use tcp, shm or filesystem", o.transport), "transport"});
-    if (o.transport == "filesystem" && o.dir.empty())
-      return std::unexpected(ApiError{400, "the filesystem transport needs 'dir'", "dir"});
-    o.apply_mode = weight_sync::ApplyMode::kStaging;
-    return o;
+  // The weight_sync options of one update: the body's "weight_sync" block (wire.h: the trainer's
+  // announcement turned into a receiver block) over this worker's own block (--weight-sync).
+  static std::expected<weight_sync::Options, ApiError> transfer_options(const json& body, const weight_sync::Options& base) {
+    if (!body.contains("weight_sync") || !body["weight_sync"].is_object())
+      return std::unexpected(ApiError{400, "'weight_sync' (an object: the weight-sync block, docs/weight-sync.md) is required",
+                                      "weight_sync"});
+    auto o = weight_sync::options_from_json(body["weight_sync"], base);
+    if (!o) return std::unexpected(ApiError{400, o.error().message(), "weight_sync"});
+    o->apply_mode = weight_sync::ApplyMode::kStaging;
+    return *o;
   }
 
   asio::awaitable<http::Response> prepare(http::Request req) {
@@ -266,8 +246,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     }
     if (version && *version == requested && !transfer)
       co_return preparing_response(requested, true);
-    auto timeout = options.weights_timeout;
-    auto opts = transfer_options(*body, options.weight_sync, timeout);
+    auto opts = transfer_options(*body, options.weight_sync);
     if (!opts) co_return api_error(opts.error());
     opts->peer_name = opts->peer_name.empty() ? "arlo-worker" : opts->peer_name;
 
@@ -284,12 +263,13 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     auto t = std::make_shared<Transfer>();
     t->requested = requested;
     transfer = t;
-    const std::string key = fmt::format("{}|{}|{}|{}", opts->transport, opts->address, opts->shm_name, opts->dir.string());
+    const std::string key = weight_sync::to_json(*opts).dump();  // same block: the same subscriber
     const bool reuse = subscriber && key == subscriber_key;
     if (!reuse) subscriber_key = key;
     const std::optional<weight_sync::Version> held =
         version ? std::optional<weight_sync::Version>(static_cast<weight_sync::Version>(*version)) : std::nullopt;
     ARLO_INFO("receiving weights v{} over {}", requested, opts->transport);
+    const auto timeout = opts->timeout;
     transfer_thread = std::thread([self, t, staged, o = *opts, reuse, held, timeout] {
       Result<weight_sync::ReceiveReport> got = make_error(ErrorCode::kInternal, "not run");
       std::string sum;

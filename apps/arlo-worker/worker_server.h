@@ -4,9 +4,9 @@
 // Data plane: POST /v1/completions, POST /v1/chat/completions (openai_api.h), GET /v1/models,
 // GET /health (200 with the version held; 503 before the worker holds one), GET /metrics.
 // Admin plane: POST /pause?mode=keep|wait|abort (answers once paused), POST /resume,
-// POST /weights/prepare {version, transport?, address?, shm_name?, dir?, payload?, zstd?,
-// timeout_ms?, manifest?} (starts receiving that version through a weight_sync subscriber into a
-// staging copy of the model, answers at once), POST /weights/commit {version?} (waits for the
+// POST /weights/prepare {version, weight_sync: the receiver's weight-sync block (weight_sync/wire.h),
+// manifest?} (starts receiving that version through a weight_sync subscriber into a staging copy
+// of the model, answers at once), POST /weights/commit {version?} (waits for the
 // transfer, then installs it at the next token boundary; a failed transfer answers 500 and the
 // previous version keeps serving), GET /weights {version, checksum, preparing}.
 //
@@ -33,8 +33,7 @@ struct WorkerOptions {
   std::string model_name = "arlo-policy";
   reference::ModelConfig model;
   reference::EngineOptions engine;
-  weight_sync::Options weight_sync;  // defaults for /weights/prepare (transport, address, dir, ...)
-  std::chrono::milliseconds weights_timeout{120000};  // one transfer, start to finish
+  weight_sync::Options weight_sync;  // this worker's block (--weight-sync); each update's block goes over it
 };
 
 class WorkerServer {

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include <fmt/format.h>
@@ -36,6 +37,7 @@
 #include "orchestrator/config_options.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
+#include "weight_sync/transport.h"
 
 namespace arlo::cli {
 
@@ -100,18 +102,18 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
     return make_error(ErrorCode::kIo,
                       fmt::format("creating the run directory {}: {} ({})", s.run_dir, ec.message(), cfg.where("run.dir")));
   s.options.run_dir = s.run_dir;
-  // With tcp and shm a version reaches the workers only through an update the orchestrator asks
-  // for: start from no version, so v0 (announced by the trainer; seeded workers already hold it)
-  // is confirmed with every worker before the first rollout.
-  const auto& transport = cfg.string("weight_sync.transport");
-  if (cfg.string("trainer.launch") == "embedded" && (transport == "tcp" || transport == "shm"))
+  // With a streaming transport a version reaches the workers only through an update the
+  // orchestrator asks for: start from no version, so v0 (announced by the trainer; seeded workers
+  // already hold it) is confirmed with every worker before the first rollout.
+  ARLO_ASSIGN_OR_RETURN(const auto* transport, weight_sync::find_transport(cfg.string("weight_sync.transport")));
+  if (cfg.string("trainer.launch") == "embedded" && !transport->capabilities.durable)
     s.options.initial_version = orch::kNoVersion;
   // Your own trainer (trainer.launch: command) publishes v0 from its own initialisation, which the
   // workers do not hold: no rollout before v0 reached every worker.
   if (cfg.string("trainer.launch") == "command") s.options.initial_version = orch::kNoVersion;
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
-  if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.dir, overwrite, cfg));
+  if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.weights_dir, overwrite, cfg));
   return s;
 }
 
@@ -192,10 +194,16 @@ class Run {
     // directory) over what this run planned for an embedded one.
     const auto ws = s_.plan.weight_sync;
     const auto dial = *dialect;
+    std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
+    for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
     orch::adapters::RolloutInference inference(
         pool, std::move(admins),
-        [ws, dial, &trainer](orch::Version v) { return ws.describe(v, dial, trainer.latest_announcement()); }, "",
-        network.executor());
+        [ws, dial, worker_index, &trainer](const std::string& worker, orch::Version v) {
+          const auto it = worker_index.find(worker);
+          return ws.describe(it == worker_index.end() ? ws.upstream.size() : it->second, v, dial,
+                             trainer.latest_announcement());
+        },
+        "", network.executor());
 
     orch::SteadyClock clock(io_.get_executor());
     metrics::Registry registry;

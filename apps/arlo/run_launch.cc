@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 
 #include "apps/arlo/run_children.h"
+#include "common/log.h"
+#include "weight_sync/transport.h"
+#include "weight_sync/wire.h"
 
 namespace arlo::cli {
 
@@ -23,76 +26,91 @@ std::vector<std::string> model_flags(const config::Config& cfg) {
           "--heads", std::to_string(cfg.integer("model.heads")), "--context", std::to_string(cfg.integer("model.context"))};
 }
 
-std::vector<std::string> ws_flags(const WeightSyncPlan& ws) {
-  std::vector<std::string> f = {"--ws-transport", ws.transport, "--ws-timeout-ms", std::to_string(ws.timeout_ms)};
-  if (ws.transport == "tcp") f.insert(f.end(), {"--ws-address", ws.address});
-  if (ws.transport == "shm") f.insert(f.end(), {"--ws-shm-name", ws.shm_name});
-  if (ws.transport == "filesystem") f.insert(f.end(), {"--ws-dir", ws.dir});
-  return f;
-}
-
 void append(std::vector<std::string>& to, const std::vector<std::string>& more) { to.insert(to.end(), more.begin(), more.end()); }
 
 std::string num(double v) { return fmt::format("{}", v); }
 
 }  // namespace
 
-rollout::WeightUpdate WeightSyncPlan::describe(std::int64_t version, rollout::AdminDialect dialect,
+rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t version, rollout::AdminDialect dialect,
                                               const nlohmann::json& announced) const {
-  auto pick = [&](const char* key, const std::string& planned) {
-    auto it = announced.find(key);
-    return it != announced.end() && it->is_string() && !it->get<std::string>().empty() ? it->get<std::string>() : planned;
-  };
-  const std::string weights_dir = pick("dir", dir);
   rollout::WeightUpdate u;
   u.version = version;
-  u.transport = transport;
-  if (dialect == rollout::AdminDialect::kArlo) {
-    if (transport == "tcp") u.extra["address"] = pick("address", address);
-    if (transport == "shm") u.extra["shm_name"] = pick("shm_name", shm_name);
-    if (transport == "filesystem") u.extra["dir"] = weights_dir;
-    u.extra["payload"] = pick("payload", payload);
-    u.extra["timeout_ms"] = timeout_ms;
-  } else if (transport == "filesystem") {
-    // vLLM and SGLang load a version from its directory of Hugging Face-compatible shards.
-    u.extra["model_path"] = fmt::format("{}/v{}", weights_dir, version);
+  const std::string transport = block.value("transport", std::string());
+  nlohmann::json endpoint = block;  // no announcement: the planned block names the endpoint
+  if (announced.contains("weight_sync")) {
+    auto a = weight_sync::parse_announcement(announced["weight_sync"]);
+    if (a) endpoint = a->endpoint;
+    else ARLO_WARN("arlo run: the trainer's announcement of v{}: {}; using the planned endpoint", version, a.error().what());
   }
+  if (worker < upstream.size() && !upstream[worker].is_null()) endpoint = upstream[worker];  // chain
+  auto d = weight_sync::find_transport(transport);
+  nlohmann::json receiver = {{"transport", transport}, {"timeout_ms", block.value("timeout_ms", 120000)}};
+  for (const auto& [k, v] : endpoint.items())
+    if (d && (*d)->option(k)) receiver[k] = v;  // the endpoint's own keys only
+  u.weight_sync = receiver;
+  // vLLM and SGLang load a version from its directory of Hugging Face-compatible shards.
+  if (dialect != rollout::AdminDialect::kArlo && d && (*d)->version_path)
+    u.extra["model_path"] = (*d)->version_path(endpoint, static_cast<weight_sync::Version>(version));
   return u;
 }
 
 nlohmann::json WeightSyncPlan::trainer_block(int num_workers) const {
-  nlohmann::json b = {{"transport", transport}, {"payload", payload}, {"timeout_ms", timeout_ms}};
-  if (transport == "tcp") b["address"] = address;
-  if (transport == "shm") b["shm_name"] = shm_name;
-  if (transport == "filesystem") b["dir"] = dir;
-  if (transport == "tcp" || transport == "shm") b["expected_receivers"] = num_workers;
+  nlohmann::json b = block;
+  b["expected_receivers"] = chain ? 1 : num_workers;
   return b;
 }
+
+namespace {
+
+// weight_sync.* -> the block: the shared keys, then the chosen transport's config keys.
+Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight_sync::TransportDescriptor& d) {
+  nlohmann::json b = {{"transport", d.name},
+                      {"payload", payload_name(cfg)},
+                      {"zstd", cfg.boolean("weight_sync.zstd")},
+                      {"bucket_mb", cfg.integer("weight_sync.bucket_mb")},
+                      {"delta_dense_threshold", cfg.number("weight_sync.delta_density_threshold")},
+                      {"keep_last", cfg.integer("weight_sync.keep_last")},
+                      {"timeout_ms", static_cast<std::int64_t>(cfg.number("weight_sync.timeout_s") * 1000.0)}};
+  for (const auto& o : d.options) {
+    if (!o.config) continue;
+    const std::string key = "weight_sync." + o.key;
+    switch (o.type) {
+      case weight_sync::OptionSpec::Type::kBool: b[o.key] = cfg.boolean(key); break;
+      case weight_sync::OptionSpec::Type::kInt: b[o.key] = cfg.integer(key); break;
+      case weight_sync::OptionSpec::Type::kFloat: b[o.key] = cfg.number(key); break;
+      case weight_sync::OptionSpec::Type::kString: b[o.key] = cfg.string(key); break;
+    }
+  }
+  if (auto checked = weight_sync::options_from_json(b); !checked)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("weight_sync ({}): {}", cfg.where("weight_sync.transport"), checked.error().what()));
+  return b;
+}
+
+}  // namespace
 
 Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run_dir) {
   LaunchPlan plan;
   auto& ws = plan.weight_sync;
-  ws.transport = cfg.string("weight_sync.transport");
-  ws.payload = payload_name(cfg);
-  ws.timeout_ms = static_cast<std::int64_t>(cfg.number("weight_sync.timeout_s") * 1000.0);
-  std::string dir = cfg.string("weight_sync.dir");
-  ws.dir = std::filesystem::absolute(dir.empty() ? std::filesystem::path(run_dir) / "weights" : std::filesystem::path(dir)).string();
-  ws.shm_name = fmt::format("arlo-weights-{}", ::getpid());
+  ARLO_ASSIGN_OR_RETURN(const auto* d, weight_sync::find_transport(cfg.string("weight_sync.transport")));
+  const std::string dir = cfg.string("weight_sync.dir");
+  ws.weights_dir = std::filesystem::absolute(dir.empty() ? std::filesystem::path(run_dir) / "weights" : std::filesystem::path(dir)).string();
+  ARLO_ASSIGN_OR_RETURN(ws.block, block_from_config(cfg, *d));
+  if (ws.block.contains("dir")) ws.block["dir"] = ws.weights_dir;  // absolute, for every process
+  ws.chain = cfg.string("weight_sync.topology") == "chain";
+  if (ws.chain && !d->capabilities.relays)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("weight_sync.topology chain ({}): the {} transport does not relay; use star or a "
+                                  "transport that relays",
+                                  cfg.where("weight_sync.topology"), d->name));
   const bool embedded = cfg.string("inference.launch") == "embedded";
-  if (ws.transport == "tcp") {
-    ARLO_ASSIGN_OR_RETURN(auto port, orch::free_loopback_port());
-    ws.address = fmt::format("127.0.0.1:{}", port);
-  }
-  if (embedded && ws.transport == "tcp" && cfg.string("weight_sync.topology") == "chain")
+  const auto& devices = d->capabilities.devices;
+  if (embedded && std::find(devices.begin(), devices.end(), weight_sync::Device::Kind::kCpu) == devices.end())
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("weight_sync.topology chain ({}): embedded arlo-workers do not relay to each other "
-                                  "yet; use star (the trainer serves every worker)",
-                                  cfg.where("weight_sync.topology")));
-  if (embedded && ws.transport == "nccl")
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("weight_sync.transport nccl ({}): arlo-worker receives over tcp, shm or filesystem; "
-                                  "choose one of those for an embedded run",
-                                  cfg.where("weight_sync.transport")));
+                      fmt::format("weight_sync.transport {} ({}): arlo-worker holds its weights in host memory, which "
+                                  "this transport does not move; choose one that does for an embedded run",
+                                  d->name, cfg.where("weight_sync.transport")));
   if (!embedded) {
     const auto& urls = cfg.strings("inference.urls");
     for (std::size_t i = 0; i < urls.size(); ++i) {
@@ -103,6 +121,7 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
     return plan;
   }
   const auto n = cfg.integer("inference.num_workers");
+  std::vector<nlohmann::json> relay_endpoints;  // chain: where worker k relays
   const auto threads = std::to_string(cfg.integer("inference.threads"));
   for (std::int64_t i = 0; i < n; ++i) {
     ARLO_ASSIGN_OR_RETURN(auto port, orch::free_loopback_port());
@@ -114,7 +133,17 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
                  std::to_string(std::max<std::int64_t>(64, cfg.integer("orchestrator.max_inflight"))),
                  "--log-level", cfg.string("log.level")};
     append(spec.argv, model_flags(cfg));
-    append(spec.argv, ws_flags(ws));
+    nlohmann::json own = {{"transport", d->name}, {"peer_name", spec.name}, {"timeout_ms", ws.block["timeout_ms"]}};
+    if (ws.chain && i + 1 < n) {  // relays to the next worker
+      ARLO_ASSIGN_OR_RETURN(auto relay_port, orch::free_loopback_port());
+      auto [params, endpoint] = d->relay_at("127.0.0.1", relay_port);
+      own["relay"] = true;
+      for (const auto& [k, v] : params.items()) own[k] = v;
+      relay_endpoints.push_back(endpoint);
+    }
+    ws.upstream.push_back(ws.chain && i > 0 ? relay_endpoints[static_cast<std::size_t>(i - 1)] : nlohmann::json());
+    append(spec.argv, {"--weight-sync", own.dump()});
+    ws.worker_blocks.push_back(std::move(own));
     spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
     plan.workers.emplace_back(spec.name, fmt::format("http://127.0.0.1:{}", port));
     plan.worker_specs.push_back(std::move(spec));
@@ -143,18 +172,10 @@ orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_d
                "--mis-low", num(cfg.number("trainer.is_low")), "--mis-high", num(cfg.number("trainer.is_high")),
                "--temperature", num(cfg.number("sampling.temperature")),
                "--checkpoint-every", std::to_string(trainer_ckpt_interval(cfg)),
-               "--ws-payload", ws.payload, "--ws-zstd", cfg.boolean("weight_sync.zstd") ? "true" : "false",
-               "--ws-bucket-mb", std::to_string(cfg.integer("weight_sync.bucket_mb")),
-               "--ws-delta-threshold", num(cfg.number("weight_sync.delta_density_threshold")),
-               "--ws-keep-last", std::to_string(cfg.integer("weight_sync.keep_last")),
-               "--log-level", cfg.string("log.level")};
+               "--weight-sync", ws.trainer_block(num_workers).dump(), "--log-level", cfg.string("log.level")};
   if (cfg.string("bridge.transport") == "socket")
     append(spec.argv, {"--bridge-host", "127.0.0.1", "--bridge-port", std::to_string(bridge_port)});
   append(spec.argv, model_flags(cfg));
-  append(spec.argv, ws_flags(ws));
-  // tcp star and shm: every worker joins every version the orchestrator moves.
-  if (ws.transport == "tcp" || ws.transport == "shm")
-    append(spec.argv, {"--ws-receivers", std::to_string(num_workers)});
   spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
   return spec;
 }

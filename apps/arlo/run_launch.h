@@ -15,20 +15,25 @@
 
 namespace arlo::cli {
 
+// The run's weight-sync blocks (weight_sync/wire.h), derived from the weight_sync config section and
+// the transport's descriptor; nothing here knows a transport by name.
 struct WeightSyncPlan {
-  std::string transport;  // tcp | shm | filesystem | nccl
-  std::string address;    // tcp: the trainer's publisher (host:port)
-  std::string shm_name;   // shm
-  std::string dir;        // filesystem: <dir>/v<version>/
-  std::string payload;    // arlo-trainer/arlo-worker payload name: full | bf16 | fp8 | delta
-  std::int64_t timeout_ms = 0;
-  // The body extras of POST /weights/prepare (arlo dialect) or the dialect's extras (vllm, sglang).
-  // `announced` is what the trainer published with its newest version: its "address", "shm_name"
-  // or "dir", when present, win over the planned ones (an external trainer knows where it is).
-  rollout::WeightUpdate describe(std::int64_t version, rollout::AdminDialect dialect,
+  nlohmann::json block;      // shared keys and the transport's config keys
+  std::string weights_dir;   // weight_sync.dir, absolute (what a new run claims)
+  bool chain = false;        // weight_sync.topology chain: each worker relays to the next
+  // Per embedded worker: its own block (--weight-sync: a relay's listen params) and, in a chain, the
+  // endpoint it pulls from (the previous worker's relay; null: the trainer's announced endpoint).
+  std::vector<nlohmann::json> worker_blocks;
+  std::vector<nlohmann::json> upstream;
+
+  // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version`:
+  // arlo: {version, weight_sync: the receiver block}; vllm/sglang: extra.model_path for a durable
+  // transport. `announced` is the trainer's newest announcement info ({"weight_sync": ...}); without
+  // one, the planned block is used as is.
+  rollout::WeightUpdate describe(std::size_t worker, std::int64_t version, rollout::AdminDialect dialect,
                                  const nlohmann::json& announced = nlohmann::json::object()) const;
-  // The weight-sync block a trainer publishes with (weight_sync::options_from_json's form): what
-  // arlo-trainer gets with --weight-sync and a `trainer.launch: command` trainer in ARLO_WEIGHT_SYNC.
+  // The block a trainer publishes with: what arlo-trainer gets with --weight-sync and a
+  // `trainer.launch: command` trainer in ARLO_WEIGHT_SYNC.
   nlohmann::json trainer_block(int num_workers) const;
 };
 
@@ -38,8 +43,9 @@ struct LaunchPlan {
   WeightSyncPlan weight_sync;
 };
 
-// Picks free loopback ports for embedded workers (and the tcp publisher) and fills the plan.
-// `run_dir` is absolute. Fails for combinations arlo-worker cannot serve (e.g. nccl).
+// Picks free loopback ports for embedded workers (and their relays in a chain) and fills the plan.
+// `run_dir` is absolute. Fails for combinations the transport cannot serve (a chain over one that
+// does not relay, a device transport with arlo-worker).
 Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run_dir);
 
 // The arlo-trainer child; `bridge_port` is the socket transport's bound port (0 for dir).

@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "common/config/config.h"
+#include "weight_sync/transport.h"
 
 namespace arlo::config {
 
@@ -107,6 +108,59 @@ const Key* Schema::find_key(std::string_view dotted) const {
 namespace {
 
 const std::vector<std::string> kEnvKinds = {"arithmetic", "reverse_text", "jsonl"};
+
+// One config key from a transport's own option (weight_sync/transport.h).
+Key key_from_option(const weight_sync::TransportDescriptor& d, const weight_sync::OptionSpec& o) {
+  const nlohmann::json& def = o.config_default.is_null() ? o.default_value : o.config_default;
+  std::string doc = d.name + " transport: " + o.doc + ".";
+  Key k;
+  switch (o.type) {
+    case weight_sync::OptionSpec::Type::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
+    case weight_sync::OptionSpec::Type::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
+    case weight_sync::OptionSpec::Type::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
+    case weight_sync::OptionSpec::Type::kString: k = string_key(o.key, def.get<std::string>(), doc); break;
+  }
+  if (o.min) k.min = o.min;
+  if (o.max) k.max = o.max;
+  k.choices = o.choices;
+  return k;
+}
+
+// The shared keys, then every registered transport's own (transports/registry.inc).
+Section weight_sync_section() {
+  std::vector<std::string> names;
+  std::string kinds;
+  for (const auto& d : weight_sync::transports()) {
+    names.push_back(d.name);
+    kinds += (kinds.empty() ? "" : "; ") + d.name + ": " + d.doc;
+  }
+  Section s{"weight_sync", "How new weights move from the trainer to every worker (docs/weight-sync.md).",
+            {
+                string_key("transport", "filesystem", kinds + ".").one_of(names),
+                string_key("payload", "full", "full (as trained), cast (to cast_dtype), delta (changed elements only).")
+                    .one_of({"full", "cast", "delta"}),
+                string_key("cast_dtype", "bf16", "cast payload: bf16, or fp8_e4m3 with one fp32 scale per 128 elements.")
+                    .one_of({"bf16", "fp8_e4m3"}),
+                bool_key("zstd", false, "Compress each bucket with zstd (level 1)."),
+                int_key("bucket_mb", 256, "Bucket size in MiB; memory on each side stays within model + 2 buckets.")
+                    .range(1, 65536),
+                float_key("delta_density_threshold", 0.25,
+                          "delta payload: above this fraction of changed elements a bucket is sent dense.")
+                    .range(0.0, 1.0),
+                int_key("keep_last", 2,
+                        "Versions the trainer's publisher keeps staged (durable transports: on disk), at least 2.")
+                    .range(2, 1 << 20),
+                string_key("topology", "star",
+                           "star (the trainer serves every worker) or chain (each worker relays to the next, so every "
+                           "link carries the stream once; transports that relay).")
+                    .one_of({"chain", "star"}),
+                float_key("timeout_s", 120.0, "Deadline for moving one version to a worker.").range(0.001, 86400.0),
+            }};
+  for (const auto& d : weight_sync::transports())
+    for (const auto& o : d.options)
+      if (o.config) s.keys.push_back(key_from_option(d, o));
+  return s;
+}
 
 std::vector<Section> product_sections() {
   return {
@@ -305,30 +359,7 @@ std::vector<Section> product_sections() {
            int_key("max_pending_batches", 2, "Batches handed over but not yet acknowledged before the sink waits.")
                .range(1, 1024),
        }},
-      {"weight_sync", "How new weights move from the trainer to every worker (docs/weight-sync.md).",
-       {
-           string_key("transport", "filesystem",
-                      "filesystem (safetensors under weight_sync.dir), tcp (chain or star), shm (same host), nccl "
-                      "(GPU broadcast).")
-               .one_of({"filesystem", "tcp", "shm", "nccl"}),
-           string_key("dir", "{run.dir}/weights", "filesystem transport: where versions v<N>/ are written."),
-           string_key("payload", "full", "full (as trained), cast (to cast_dtype), delta (changed elements only).")
-               .one_of({"full", "cast", "delta"}),
-           string_key("cast_dtype", "bf16", "cast payload: bf16, or fp8_e4m3 with one fp32 scale per 128 elements.")
-               .one_of({"bf16", "fp8_e4m3"}),
-           bool_key("zstd", false, "Compress each bucket with zstd (level 1)."),
-           int_key("bucket_mb", 256, "Bucket size in MiB; memory on each side stays within model + 2 buckets.")
-               .range(1, 65536),
-           float_key("delta_density_threshold", 0.25,
-                     "delta payload: above this fraction of changed elements a bucket is sent dense.")
-               .range(0.0, 1.0),
-           int_key("keep_last", 2, "filesystem transport: versions kept on disk (at least 2).").range(2, 1 << 20),
-           string_key("topology", "star",
-                      "tcp transport: star (the trainer serves every worker) or chain (each receiver relays to "
-                      "the next; library and benchmark only: embedded arlo-workers do not relay yet).")
-               .one_of({"chain", "star"}),
-           float_key("timeout_s", 120.0, "Deadline for moving one version to all workers.").range(0.001, 86400.0),
-       }},
+      weight_sync_section(),
       {"log", "Console and file logging.",
        {
            string_key("level", "info", "Log level.").one_of({"trace", "debug", "info", "warn", "error", "off"}),

@@ -145,7 +145,7 @@ Awaitable<Status> prepare_then_commit(rollout::AdminClient& a, rollout::WeightUp
 }  // namespace
 
 Awaitable<Status> RolloutInference::update_weights(std::string worker, Version version, TimePoint) {
-  rollout::WeightUpdate update = describe_ ? describe_(version) : rollout::WeightUpdate{};
+  rollout::WeightUpdate update = describe_ ? describe_(worker, version) : rollout::WeightUpdate{};
   update.version = version;
   std::function<Awaitable<Status>(rollout::AdminClient&)> call = [update](rollout::AdminClient& a) {
     return prepare_then_commit(a, update);

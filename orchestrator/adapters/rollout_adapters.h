@@ -28,8 +28,8 @@ using Tokenize = std::function<std::vector<std::int32_t>(std::string_view)>;
 // Worker pool for generation; one admin client per worker for pause / weights / resume.
 class RolloutInference final : public InferencePort {
  public:
-  // What a worker needs to fetch version v (transport, manifest, dialect extras).
-  using DescribeUpdate = std::function<rollout::WeightUpdate(Version)>;
+  // What `worker` (its admin url) needs to fetch version v (weight-sync block, manifest, dialect extras).
+  using DescribeUpdate = std::function<rollout::WeightUpdate(const std::string& worker, Version)>;
   // `pool` and every admin client must outlive this adapter; workers are keyed by admin->url().
   // With `network`, the pool and the admin clients live on that executor's thread (another
   // io_context): every call hops there and its result comes back to the caller's loop, so request

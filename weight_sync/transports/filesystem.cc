@@ -199,9 +199,15 @@ class FsSender final : public SenderTransport {
     std::error_code ec;
     fs::create_directories(root_, ec);
     const fs::path vdir = version_dir(root_, version);
-    if (fs::exists(vdir / "STABLE"))
-      return make_error(ErrorCode::kInvalidArgument, "version " + std::to_string(version) + " already exists in " +
-                                                         root_.string());
+    if (fs::exists(vdir / "STABLE")) {
+      // A resumed trainer publishing the version it resumed from: the files are already there.
+      ARLO_INFO("weight_sync filesystem: v{} is already on disk in {}", version, root_.string());
+      PublishReport report;
+      report.version = version;
+      report.payload = m.payload.kind;
+      report.raw_bytes = m.total_bytes;
+      return report;
+    }
     fs::remove_all(vdir, ec);  // a partial write from a crashed publisher
     if (!fs::create_directories(vdir / ".leases", ec) && ec) return io_error("mkdir", vdir);
 
@@ -497,6 +503,9 @@ TransportDescriptor filesystem_transport() {
   d.receiver = [](const ReceiverState& s) -> Result<std::unique_ptr<ReceiverTransport>> {
     ARLO_TRY(need_dir(s.params));
     return std::unique_ptr<ReceiverTransport>(new FsReceiver(s));
+  };
+  d.version_path = [](const nlohmann::json& endpoint, Version v) {
+    return version_dir(endpoint.value("dir", std::string()), v).string();
   };
   return d;
 }

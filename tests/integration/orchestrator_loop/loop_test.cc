@@ -102,7 +102,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u0));
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u1));
-  adapters::RolloutInference inference(pool, std::move(admins), [](Version) {
+  adapters::RolloutInference inference(pool, std::move(admins), [](const std::string&, Version) {
     rollout::WeightUpdate u;
     u.transport = "filesystem";
     return u;

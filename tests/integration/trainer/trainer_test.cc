@@ -55,7 +55,8 @@ void write_step(const fs::path& run_dir, std::int64_t step) {
 }
 
 std::vector<std::string> trainer_args(const fs::path& run, std::int64_t max_steps) {
-  return {ARLO_TRAINER_BINARY, "--run-dir", run.string(), "--ws-transport", "filesystem", "--max-steps",
+  return {ARLO_TRAINER_BINARY, "--run-dir", run.string(), "--weight-sync",
+          nlohmann::json{{"transport", "filesystem"}, {"dir", (run / "weights").string()}}.dump(), "--max-steps",
           std::to_string(max_steps), "--checkpoint-every", "1", "--batch-timeout-ms", "200", "--seed", "3",
           "--log-level", "warn", "--threads", "1"};
 }

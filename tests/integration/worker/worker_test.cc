@@ -16,6 +16,7 @@
 #include "reference/model.h"
 #include "reference/model_weights.h"
 #include "tests/integration/worker/child_process.h"
+#include "weight_sync/transport.h"
 #include "weight_sync/weight_sync.h"
 
 namespace arlo {
@@ -243,20 +244,21 @@ struct Update {
 json update_worker(const Worker& w, const Update& u, reference::Model& model, std::int64_t version, int expect_status) {
   weight_sync::Options o;
   o.transport = u.transport;
-  o.dir = u.dir;
-  o.shm_name = u.shm_name;
-  o.address = "127.0.0.1:0";
+  const auto* d = *weight_sync::find_transport(u.transport);
+  if (d->option("dir")) o.params["dir"] = u.dir.string();
+  if (d->option("shm_name")) o.params["shm_name"] = u.shm_name;
   o.expected_receivers = 1;
   o.bucket_timeout = std::chrono::milliseconds(20000);
   auto pub = weight_sync::Publisher::create(o);
   EXPECT_TRUE(pub) << (pub ? "" : pub.error().what());
   if (!pub) return json();
   reference::ModelWeights source(model);
-  json prepare = {{"version", version}, {"transport", u.transport}};
-  if (u.transport == "tcp") prepare["address"] = (*pub)->endpoint();
-  if (u.transport == "shm") prepare["shm_name"] = u.shm_name;
-  if (u.transport == "filesystem") prepare["dir"] = u.dir.string(), prepare["timeout_ms"] = 60000;
-  if (u.transport == "filesystem") {
+  // The receiver block the orchestrator sends: the transport and the publisher's endpoint.
+  json block = (*pub)->endpoint();
+  block["transport"] = u.transport;
+  block["timeout_ms"] = 60000;
+  const json prepare = {{"version", version}, {"weight_sync", block}};
+  if (d->capabilities.durable) {
     auto rep = (*pub)->publish(static_cast<weight_sync::Version>(version), source, weight_sync::deadline_in(std::chrono::seconds(30)));
     EXPECT_TRUE(rep) << (rep ? "" : rep.error().what());
     w.post("/weights/prepare", prepare);

@@ -9,6 +9,7 @@
 #include "apps/arlo/run_launch.h"
 #include "apps/arlo/run_parts.h"
 #include "reference/tokenizer.h"
+#include "weight_sync/wire.h"
 
 namespace arlo::cli {
 namespace {
@@ -26,7 +27,9 @@ std::string flag(const std::vector<std::string>& argv, const std::string& name) 
   return it == argv.end() || it + 1 == argv.end() ? std::string("<missing>") : *(it + 1);
 }
 
-TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndEndpoint) {
+nlohmann::json block_flag(const std::vector<std::string>& argv) { return nlohmann::json::parse(flag(argv, "--weight-sync")); }
+
+TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndTheTrainerBlock) {
   const auto cfg = load({"inference.num_workers=3", "model.seed=5", "model.hidden=32", "weight_sync.transport=shm"});
   auto plan = plan_launch(cfg, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
@@ -40,74 +43,115 @@ TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndEndpoint) {
     ports.insert(flag(argv, "--port"));
     EXPECT_EQ(flag(argv, "--init-seed"), "5");
     EXPECT_EQ(flag(argv, "--hidden"), "32");
-    EXPECT_EQ(flag(argv, "--ws-transport"), "shm");
-    EXPECT_EQ(flag(argv, "--ws-shm-name"), plan->weight_sync.shm_name);
+    const auto own = block_flag(argv);
+    EXPECT_EQ(own.value("transport", ""), "shm");
+    EXPECT_EQ(own.value("peer_name", ""), plan->workers[i].first);
+    EXPECT_FALSE(own.contains("relay"));
   }
   EXPECT_EQ(ports.size(), 3u);
   const auto trainer = trainer_spec(cfg, "/tmp/run", plan->weight_sync, 3, 0);
   EXPECT_EQ(flag(trainer.argv, "--seed"), "5");
   EXPECT_EQ(flag(trainer.argv, "--hidden"), "32");
   EXPECT_EQ(flag(trainer.argv, "--run-dir"), "/tmp/run");
-  EXPECT_EQ(flag(trainer.argv, "--ws-shm-name"), plan->weight_sync.shm_name);
-  EXPECT_EQ(flag(trainer.argv, "--ws-receivers"), "3");
-  const auto u = plan->weight_sync.describe(7, rollout::AdminDialect::kArlo);
+  const auto block = block_flag(trainer.argv);
+  EXPECT_EQ(block.value("transport", ""), "shm");
+  EXPECT_EQ(block.value("expected_receivers", 0), 3);
+  EXPECT_TRUE(weight_sync::options_from_json(block)) << block.dump();
+  // The trainer announces where it is; every worker is sent there.
+  weight_sync::Announcement a;
+  a.version = 7;
+  a.transport = "shm";
+  a.endpoint = {{"shm_name", "arlo-weights-123"}};
+  const auto u = plan->weight_sync.describe(1, 7, rollout::AdminDialect::kArlo, {{"weight_sync", weight_sync::to_json(a)}});
   EXPECT_EQ(u.version, 7);
-  EXPECT_EQ(u.transport, "shm");
-  EXPECT_EQ(u.extra.value("shm_name", ""), plan->weight_sync.shm_name);
+  EXPECT_EQ(u.weight_sync.value("transport", ""), "shm");
+  EXPECT_EQ(u.weight_sync.value("shm_name", ""), "arlo-weights-123");
+  EXPECT_TRUE(weight_sync::options_from_json(u.weight_sync)) << u.weight_sync.dump();
 }
 
-TEST(ArloRunPlan, FilesystemUpdatesNameTheWeightsDirectory) {
+TEST(ArloRunPlan, DurableUpdatesNameTheWeightsDirectory) {
   const auto cfg = load({"weight_sync.transport=filesystem", "weight_sync.dir=/tmp/run/w", "weight_sync.payload=cast"});
   auto plan = plan_launch(cfg, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
-  EXPECT_EQ(flag(plan->worker_specs.at(0).argv, "--ws-dir"), "/tmp/run/w");
-  const auto arlo = plan->weight_sync.describe(3, rollout::AdminDialect::kArlo);
-  EXPECT_EQ(arlo.extra.value("dir", ""), "/tmp/run/w");
-  EXPECT_EQ(arlo.extra.value("payload", ""), "bf16");
-  const auto sglang = plan->weight_sync.describe(3, rollout::AdminDialect::kSglang);
+  EXPECT_EQ(plan->weight_sync.weights_dir, "/tmp/run/w");
+  const auto block = block_flag(trainer_spec(cfg, "/tmp/run", plan->weight_sync, 2, 0).argv);
+  EXPECT_EQ(block.value("dir", ""), "/tmp/run/w");
+  EXPECT_EQ(block.value("payload", ""), "bf16");
+  const auto arlo = plan->weight_sync.describe(0, 3, rollout::AdminDialect::kArlo);
+  EXPECT_EQ(arlo.weight_sync.value("dir", ""), "/tmp/run/w");
+  const auto sglang = plan->weight_sync.describe(0, 3, rollout::AdminDialect::kSglang);
   EXPECT_EQ(sglang.extra.value("model_path", ""), "/tmp/run/w/v3");
-}
-
-TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
-  const auto cfg = load({"weight_sync.transport=tcp"});
-  auto plan = plan_launch(cfg, "/tmp/run");
-  ASSERT_TRUE(plan) << plan.error().what();
-  EXPECT_EQ(plan->weight_sync.describe(2, rollout::AdminDialect::kArlo).extra.value("address", ""),
-            plan->weight_sync.address);
-  const nlohmann::json announced = {{"address", "10.1.2.3:29500"}, {"payload", "delta"}};
-  const auto u = plan->weight_sync.describe(2, rollout::AdminDialect::kArlo, announced);
-  EXPECT_EQ(u.extra.value("address", ""), "10.1.2.3:29500");
-  EXPECT_EQ(u.extra.value("payload", ""), "delta");
-
-  auto fs_plan = plan_launch(load({"weight_sync.transport=filesystem", "weight_sync.dir=/tmp/run/w"}), "/tmp/run");
-  ASSERT_TRUE(fs_plan);
-  const auto vllm = fs_plan->weight_sync.describe(4, rollout::AdminDialect::kVllm, {{"dir", "/shared/weights"}});
+  weight_sync::Announcement a;
+  a.version = 4;
+  a.transport = "filesystem";
+  a.endpoint = {{"dir", "/shared/weights"}};
+  const auto vllm = plan->weight_sync.describe(0, 4, rollout::AdminDialect::kVllm, {{"weight_sync", weight_sync::to_json(a)}});
   EXPECT_EQ(vllm.extra.value("model_path", ""), "/shared/weights/v4");
 }
 
-TEST(ArloRunPlan, WeightSyncKnobsReachTheTrainerAndChainNeedsRelays) {
+TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
+  auto plan = plan_launch(load({"weight_sync.transport=tcp"}), "/tmp/run");
+  ASSERT_TRUE(plan) << plan.error().what();
+  weight_sync::Announcement a;
+  a.version = 2;
+  a.transport = "tcp";
+  a.endpoint = {{"address", "10.1.2.3:29500"}};
+  const auto u = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, {{"weight_sync", weight_sync::to_json(a)}});
+  EXPECT_EQ(u.weight_sync.value("address", ""), "10.1.2.3:29500");
+  // A malformed announcement does not reach the workers: the planned block is used (for tcp it has
+  // no endpoint: the update then fails at the worker, naming the missing address).
+  const auto bad = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, {{"weight_sync", {{"version", 2}}}});
+  EXPECT_FALSE(bad.weight_sync.contains("address")) << bad.weight_sync.dump();
+}
+
+TEST(ArloRunPlan, WeightSyncKnobsReachTheTrainer) {
   const auto cfg = load({"weight_sync.zstd=true", "weight_sync.bucket_mb=64", "weight_sync.keep_last=3",
                          "weight_sync.delta_density_threshold=0.1"});
   auto plan = plan_launch(cfg, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
-  const auto trainer = trainer_spec(cfg, "/tmp/run", plan->weight_sync, 2, 0);
-  EXPECT_EQ(flag(trainer.argv, "--ws-zstd"), "true");
-  EXPECT_EQ(flag(trainer.argv, "--ws-bucket-mb"), "64");
-  EXPECT_EQ(flag(trainer.argv, "--ws-keep-last"), "3");
-  EXPECT_EQ(flag(trainer.argv, "--ws-delta-threshold"), "0.1");
-  auto chain = plan_launch(load({"weight_sync.transport=tcp", "weight_sync.topology=chain"}), "/tmp/run");
-  ASSERT_FALSE(chain);
-  EXPECT_NE(chain.error().what().find("weight_sync.topology"), std::string::npos) << chain.error().what();
+  const auto block = block_flag(trainer_spec(cfg, "/tmp/run", plan->weight_sync, 2, 0).argv);
+  EXPECT_EQ(block.value("zstd", false), true);
+  EXPECT_EQ(block.value("bucket_mb", 0), 64);
+  EXPECT_EQ(block.value("keep_last", 0), 3);
+  EXPECT_DOUBLE_EQ(block.value("delta_dense_threshold", 0.0), 0.1);
+  auto o = weight_sync::options_from_json(block);
+  ASSERT_TRUE(o) << o.error().what();
+  EXPECT_EQ(o->bucket_bytes, 64ull << 20);
 }
 
-TEST(ArloRunPlan, ExternalUsesGivenUrlsAndNcclNeedsExternal) {
+TEST(ArloRunPlan, ChainWorkersRelayEachToTheNext) {
+  const auto cfg = load({"inference.num_workers=3", "weight_sync.transport=tcp", "weight_sync.topology=chain"});
+  auto plan = plan_launch(cfg, "/tmp/run");
+  ASSERT_TRUE(plan) << plan.error().what();
+  EXPECT_EQ(block_flag(trainer_spec(cfg, "/tmp/run", plan->weight_sync, 3, 0).argv).value("expected_receivers", 0), 1);
+  const auto w0 = block_flag(plan->worker_specs[0].argv), w1 = block_flag(plan->worker_specs[1].argv),
+             w2 = block_flag(plan->worker_specs[2].argv);
+  EXPECT_TRUE(w0.value("relay", false));
+  EXPECT_TRUE(w1.value("relay", false));
+  EXPECT_FALSE(w2.value("relay", false));  // the end of the chain
+  weight_sync::Announcement a;
+  a.version = 1;
+  a.transport = "tcp";
+  a.endpoint = {{"address", "127.0.0.1:4000"}};
+  const nlohmann::json info = {{"weight_sync", weight_sync::to_json(a)}};
+  EXPECT_EQ(plan->weight_sync.describe(0, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
+            "127.0.0.1:4000");
+  EXPECT_EQ(plan->weight_sync.describe(1, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
+            w0.value("relay_listen", "?"));
+  EXPECT_EQ(plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
+            w1.value("relay_listen", "?"));
+  auto not_relaying = plan_launch(load({"weight_sync.transport=shm", "weight_sync.topology=chain"}), "/tmp/run");
+  ASSERT_FALSE(not_relaying);
+  EXPECT_NE(not_relaying.error().what().find("weight_sync.topology"), std::string::npos) << not_relaying.error().what();
+}
+
+TEST(ArloRunPlan, ExternalUsesGivenUrls) {
   const auto ext = load({"inference.launch=external", "inference.urls=[\"http://10.0.0.1:8000/\"]"});
   auto plan = plan_launch(ext, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
   EXPECT_TRUE(plan->worker_specs.empty());
   ASSERT_EQ(plan->workers.size(), 1u);
   EXPECT_EQ(plan->workers[0].second, "http://10.0.0.1:8000");
-  EXPECT_FALSE(plan_launch(load({"weight_sync.transport=nccl"}), "/tmp/run"));
 }
 
 TEST(ArloRunPlan, TasksAreTokenizedLikeTheWorkerWithEosAfterTheAnswer) {

@@ -57,7 +57,7 @@ class RecordingServer {
 WeightUpdate upd(std::int64_t version, std::string transport, Json manifest, Json extra) {
   WeightUpdate u;
   u.version = version;
-  u.transport = std::move(transport);
+  u.weight_sync = {{"transport", std::move(transport)}};
   u.manifest = std::move(manifest);
   u.extra = std::move(extra);
   return u;
@@ -100,7 +100,7 @@ TEST(AdminArlo, RoutesAndBodiesFollowDesignSection3) {
   EXPECT_EQ(srv.calls[1].target, "/pause?mode=keep");
   EXPECT_EQ(srv.calls[2].target, "/weights/prepare");
   EXPECT_EQ(srv.calls[2].body["version"], 5);
-  EXPECT_EQ(srv.calls[2].body["transport"], "tcp");
+  EXPECT_EQ(srv.calls[2].body["weight_sync"]["transport"], "tcp");
   EXPECT_EQ(srv.calls[2].body["manifest"], manifest());
   EXPECT_EQ(srv.calls[3].body, Json({{"version", 5}}));
   EXPECT_EQ(srv.calls[4].target, "/resume");
