@@ -236,7 +236,7 @@ class StagingPublisherImpl final : public StagingPublisher {
     a.endpoint = endpoint_;
     a.payload = state_.options.payload.kind;
     a.tensors = s.weights->specs().size();
-    a.bytes = s.weights->total_bytes();
+    for (const auto& spec : s.weights->specs()) a.bytes += spec.nbytes();
     a.checksum = checksum;
     return a;
   }
@@ -247,20 +247,20 @@ class StagingPublisherImpl final : public StagingPublisher {
     auto sum = weights_checksum(*s.weights);
     if (!sum) return fail(s.version, sum.error());
     const Announcement a = announcement_of(s, *sum);
-    if (s.held) {
-      keep_base(s);
-      announce(a);
-      if (!durable_) return;
-    } else if (!durable_) {
-      announce(a);
+    if (s.held) announce(a);  // its receivers hold it already
+    if (!durable_) {
+      if (s.held) keep_base(s);
+      else announce(a);
       return;
     }
+    // Written against the previous base (a held version too: then keep_base).
     auto r = transport_->publish(s.version, *s.weights, state_, Clock::now() + state_.options.timeout);
     if (!r) {
       ARLO_WARN("weight_sync {}: version {} not written: {}", name_, s.version, r.error().what());
+      if (s.held) keep_base(s);
       return fail(s.version, r.error());
     }
-    if (!s.held) keep_base(s);
+    keep_base(s);
     {
       std::lock_guard l(mu_);
       last_report_ = *r;
