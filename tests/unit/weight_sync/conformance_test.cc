@@ -1,0 +1,243 @@
+// Conformance: every registered transport (weight_sync::transports(), not a list kept here) meets
+// the same contract through Publisher / Subscriber / StagingPublisher, over real sockets, shared
+// memory and files. Expectations follow the descriptor's capabilities (durable or streamed), never
+// its name. A receiver killed mid-stream: tests/integration/weight_sync/kill_test.cc (every
+// streaming transport).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <future>
+
+#include "tests/unit/weight_sync/test_util.h"
+#include "weight_sync/staging.h"
+#include "weight_sync/testing.h"
+#include "weight_sync/transport.h"
+
+namespace arlo::weight_sync {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::copy_of;
+using testing::expected_after;
+using testing::fill;
+using testing::odd_specs;
+using testing::same_bytes;
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / testing::unique_name("arlo-ws-conf");
+    shm_ = testing::unique_name("conf");
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  const TransportDescriptor& descriptor() const { return *find_transport(GetParam()).value(); }
+  bool durable() const { return descriptor().capabilities.durable; }
+
+  Options publisher(PayloadKind kind = PayloadKind::kFull, std::size_t expected = 1) const {
+    Options o;
+    o.transport = GetParam();
+    o.bucket_bytes = testing::kTestBucket;
+    o.bucket_timeout = 10s;
+    o.timeout = 60s;
+    o.payload.kind = kind;
+    o.expected_receivers = expected;
+    o.params = testing::isolated_params(GetParam(), shm_, dir_);
+    return o;
+  }
+  Options receiver(const nlohmann::json& endpoint, const std::string& name, PayloadKind kind = PayloadKind::kFull) const {
+    Options o;
+    o.transport = GetParam();
+    o.bucket_bytes = testing::kTestBucket;
+    o.bucket_timeout = 10s;
+    o.payload.kind = kind;
+    o.peer_name = name;
+    return testing::reaching(o, endpoint);
+  }
+  static std::future<Result<ReceiveReport>> receive_async(Subscriber& sub, HostWeights& sink) {
+    return std::async(std::launch::async, [&] { return sub.receive(sink, deadline_in(30s)); });
+  }
+
+  std::filesystem::path dir_;
+  std::string shm_;
+};
+
+TEST_P(Conformance, RoundTripPerPayload) {
+  for (auto kind : {PayloadKind::kFull, PayloadKind::kCastBf16, PayloadKind::kCastFp8, PayloadKind::kDelta}) {
+    SCOPED_TRACE(std::string(to_string(kind)));
+    shm_ = testing::unique_name("conf");
+    dir_ = std::filesystem::temp_directory_path() / testing::unique_name("arlo-ws-conf");
+    auto pub = Publisher::create(publisher(kind)).value();
+    auto sub = Subscriber::create(receiver(pub->endpoint(), "w", kind)).value();
+    HostWeights w(odd_specs());
+    fill(w, 11);
+    HostWeights sink(odd_specs());
+    for (Version v : {1, 2}) {
+      if (v == 2) testing::perturb(w, 0.01, 12);
+      auto got = receive_async(*sub, sink);
+      auto report = pub->publish(v, w, deadline_in(30s));
+      auto r = got.get();
+      ASSERT_TRUE(report) << report.error().what();
+      ASSERT_TRUE(r) << r.error().what();
+      EXPECT_TRUE(report->all_ok());
+      EXPECT_EQ(r->version, v);
+      EXPECT_TRUE(same_bytes(sink, expected_after(w, {kind, false, 0.25})));
+      if (kind == PayloadKind::kDelta && v == 2 && !durable()) {
+        EXPECT_EQ(r->payload, PayloadKind::kDelta);
+      }
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+// Two receivers expected, one comes: it is served without waiting out the deadline, and the one
+// that never came is not a failure of the version.
+TEST_P(Conformance, ReceiverThatNeverConnectsHoldsNobody) {
+  auto pub = Publisher::create(publisher(PayloadKind::kFull, 2)).value();
+  auto sub = Subscriber::create(receiver(pub->endpoint(), "only")).value();
+  HostWeights w(odd_specs());
+  fill(w, 21);
+  HostWeights sink(odd_specs());
+  for (Version v : {1, 2}) {
+    testing::perturb(w, 0.1, 20 + v);
+    const auto t0 = Clock::now();
+    auto got = receive_async(*sub, sink);
+    auto report = pub->publish(v, w, deadline_in(60s));
+    auto r = got.get();
+    ASSERT_TRUE(report) << report.error().what();
+    ASSERT_TRUE(r) << r.error().what();
+    EXPECT_LT(Clock::now() - t0, 20s) << "waited for the receiver that never came";
+    EXPECT_TRUE(report->all_ok());
+    EXPECT_TRUE(same_bytes(sink, w));
+  }
+}
+
+// A receiver that starts after version 1 went out: a durable transport still has v1 for it; a
+// streamed one serves it the next version (while the first receiver gets it too).
+TEST_P(Conformance, LateJoiner) {
+  auto pub = Publisher::create(publisher(PayloadKind::kFull, 2)).value();
+  auto first = Subscriber::create(receiver(pub->endpoint(), "first")).value();
+  HostWeights w(odd_specs());
+  fill(w, 31);
+  HostWeights sink1(odd_specs());
+  {
+    auto got = receive_async(*first, sink1);
+    ASSERT_TRUE(pub->publish(1, w, deadline_in(30s)));
+    ASSERT_TRUE(got.get());
+  }
+  auto late = Subscriber::create(receiver(pub->endpoint(), "late")).value();
+  HostWeights sink2(odd_specs());
+  if (durable()) {
+    auto r = late->receive(sink2, deadline_in(30s));
+    ASSERT_TRUE(r) << r.error().what();
+    EXPECT_EQ(r->version, 1u);
+    EXPECT_TRUE(same_bytes(sink2, w));
+  }
+  testing::perturb(w, 0.2, 32);
+  auto got1 = receive_async(*first, sink1);
+  auto got2 = receive_async(*late, sink2);
+  auto report = pub->publish(2, w, deadline_in(30s));
+  ASSERT_TRUE(report) << report.error().what();
+  auto r1 = got1.get();
+  auto r2 = got2.get();
+  ASSERT_TRUE(r1) << r1.error().what();
+  ASSERT_TRUE(r2) << r2.error().what();
+  EXPECT_EQ(r1->version, 2u);
+  EXPECT_EQ(r2->version, 2u);
+  EXPECT_TRUE(same_bytes(sink1, w));
+  EXPECT_TRUE(same_bytes(sink2, w));
+}
+
+// Versions staged while nobody pulls: the receiver that comes gets the newest, never an older one.
+TEST_P(Conformance, SupersededVersionIsNotReceived) {
+  auto pub = StagingPublisher::create(publisher(), nullptr).value();
+  HostWeights w(odd_specs());
+  for (Version v = 1; v <= 3; ++v) {
+    fill(w, 40 + v);
+    ASSERT_TRUE(pub->stage(v, w));
+  }
+  ASSERT_TRUE(pub->flush(deadline_in(30s)));
+  auto sub = Subscriber::create(receiver(pub->endpoint(), "w")).value();
+  HostWeights sink(odd_specs());
+  auto r = sub->receive(sink, deadline_in(30s));
+  ASSERT_TRUE(r) << r.error().what();
+  EXPECT_EQ(r->version, 3u);
+  EXPECT_TRUE(same_bytes(sink, w));
+}
+
+// One byte flipped on the way (the sender's fault seam): the receiver ends with the right weights
+// (the bucket came again) or with a clear error and its previous version; never wrong weights.
+TEST_P(Conformance, FlippedByteNeverYieldsWrongWeights) {
+  std::unique_ptr<Publisher> pub;
+  {
+    testing::ScopedFaults faults(testing::Side::kPublisher, testing::corrupt_bucket(1));
+    pub = Publisher::create(publisher()).value();
+  }
+  auto sub = Subscriber::create(receiver(pub->endpoint(), "w")).value();
+  HostWeights v1(odd_specs());
+  fill(v1, 51);
+  HostWeights sink = copy_of(v1);
+  ASSERT_TRUE(sink.commit(1));
+  sub->assume_version(1);
+  HostWeights v2 = copy_of(v1);
+  testing::perturb(v2, 0.5, 52);
+  auto got = receive_async(*sub, sink);
+  auto report = pub->publish(2, v2, deadline_in(30s));
+  auto r = got.get();
+  if (r) {
+    EXPECT_EQ(r->version, 2u);
+    EXPECT_TRUE(same_bytes(sink, v2));
+    EXPECT_EQ(sub->version(), std::optional<Version>(2));
+  } else {
+    const std::string why = r.error().what();
+    EXPECT_TRUE(why.find("checksum") != std::string::npos && why.find("bucket") != std::string::npos) << why;
+    EXPECT_TRUE(same_bytes(sink, v1)) << why;
+    EXPECT_EQ(sub->version(), std::optional<Version>(1));
+  }
+  ASSERT_TRUE(report) << report.error().what();
+}
+
+// The publisher goes away and a new one takes its endpoint: the receiver it served before gets the
+// new one's version.
+TEST_P(Conformance, PublisherRestartedWithTheSameEndpoint) {
+  HostWeights w(odd_specs());
+  fill(w, 61);
+  HostWeights sink(odd_specs());
+  nlohmann::json endpoint;
+  std::unique_ptr<Subscriber> sub;
+  {
+    auto pub = Publisher::create(publisher()).value();
+    endpoint = pub->endpoint();
+    sub = Subscriber::create(receiver(endpoint, "w")).value();
+    auto got = receive_async(*sub, sink);
+    ASSERT_TRUE(pub->publish(1, w, deadline_in(30s)));
+    ASSERT_TRUE(got.get());
+  }
+  Options again = publisher();
+  for (const auto& [k, v] : endpoint.items()) again.params[k] = v;  // the same endpoint (tcp: the same port)
+  auto pub = Publisher::create(again).value();
+  EXPECT_EQ(pub->endpoint(), endpoint);
+  testing::perturb(w, 0.3, 62);
+  auto got = receive_async(*sub, sink);
+  auto report = pub->publish(2, w, deadline_in(30s));
+  ASSERT_TRUE(report) << report.error().what();
+  auto r = got.get();
+  ASSERT_TRUE(r) << r.error().what();
+  EXPECT_EQ(r->version, 2u);
+  EXPECT_TRUE(same_bytes(sink, w));
+}
+
+std::vector<std::string> registered() {
+  std::vector<std::string> out;
+  for (const auto& d : transports()) out.push_back(d.name);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registered, Conformance, ::testing::ValuesIn(registered()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace arlo::weight_sync
