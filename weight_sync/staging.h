@@ -17,8 +17,14 @@
 //   (Options::expected_receivers is how many it waits for at most, briefly); a receiver that comes
 //   late, or restarts, gets the newest staged version (full, or a delta from what it holds).
 //
+// - Announcements come in increasing version order; a version superseded before the publisher's
+//   thread took it is never announced. `checksum` is computed on that thread, not in stage().
+// - A held version (stage_held) is the base of the next delta, as is every version delivered.
+//
 // Thread-safety: stage(), flush() and the accessors may be called from any thread; the announce
-// callback runs on the publisher's own thread.
+// callback runs on the publisher's own thread (it may call last_report(), not the destructor).
+// The destructor stops that thread; it returns within one short poll (250 ms) when no transfer
+// runs, else once the transfer in progress ends (bounded by bucket_timeout per bucket).
 #include <chrono>
 #include <cstdint>
 #include <functional>
