@@ -19,6 +19,8 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -36,11 +38,13 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "weight_sync/qwen3.h"
+#include "weight_sync/staging.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/weight_sync.h"
 
@@ -67,6 +71,8 @@ struct Args {
   bool baselines = true;
   bool transfer = true;  // the Publisher table (star, chain)
   bool stall = true;     // the StagingPublisher table
+  int versions = 5;     // stall table: versions the trainer stages
+  int step_ms = 500;    // stall table: the trainer's step (one stage() per step)
   int repeat = 3;  // timed repetitions; the best is reported (the machine is shared)
 };
 int g_repeat = 3;
@@ -598,6 +604,247 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
   return out;
 }
 
+// ---- staging stall: StagingPublisher::stage against the staging copy ----------------------------
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The trainer (one process) stages versions 1..K through a StagingPublisher, one every --step-ms
+// (its "training step"), and changes the weights in between; N receiver processes learn of each
+// version from its announcement (as workers do from the orchestrator), pull it, and stop once they
+// hold K. Per version the trainer measures how long stage() held it (the stall), the staging copy
+// the publisher reports (StageReport::copy_seconds), and an independent memcpy of the same bytes
+// into a warm buffer right after, in the same process.
+nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, const std::vector<ws::TensorSpec>& specs,
+                           std::uint64_t bytes) {
+  const std::string tag = std::to_string(++g_run);
+  const ws::Options base = base_options(d, args, tag);
+  const int n = args.receivers;
+  const int versions = args.versions;
+  std::vector<Pipe> ann(static_cast<std::size_t>(n));
+  Pipe results, done;
+  if (!results.open() || !done.open()) return {{"error", "pipe"}};
+  for (auto& p : ann)
+    if (!p.open()) return {{"error", "pipe"}};
+  g_result_fd = results.w;
+  std::vector<pid_t> pids;
+  for (int k = 0; k < n; ++k) {
+    pids.push_back(spawn([&, k] {
+      for (int j = 0; j < n; ++j) {
+        ::close(ann[static_cast<std::size_t>(j)].w);
+        if (j != k) ::close(ann[static_cast<std::size_t>(j)].r);
+      }
+      ::close(done.r);
+      const int fd = ann[static_cast<std::size_t>(k)].r;
+      auto fail = [&](const std::string& why) {
+        emit({{"role", "receiver"}, {"error", "receiver-" + std::to_string(k) + ": " + why}});
+        return 2;
+      };
+      auto first = read_line(fd);
+      if (!first) return fail("no announcement");
+      auto a = ws::parse_announcement(*first);
+      if (!a) return fail(a.error().what());
+      ws::Options mine = base;
+      mine.peer_name = "receiver-" + std::to_string(k);
+      // How a worker pulls an announced version: the announcement's transport and endpoint over
+      // its own block.
+      auto o = ws::options_from_json(ws::receiver_block(*a, ws::to_json(mine)));
+      if (!o) return fail(o.error().what());
+      auto sub = ws::Subscriber::create(*o);
+      if (!sub) return fail(sub.error().what());
+      ws::HostWeights sink(specs);
+      for (std::size_t t = 0; t < specs.size(); ++t) std::memset(sink.bytes(t).data(), 0, sink.bytes(t).size());
+      ws::Version latest = a->version, held = 0;
+      nlohmann::json got = nlohmann::json::array();
+      std::string path;
+      auto take = [&](const nlohmann::json& line) {
+        if (auto b = ws::parse_announcement(line)) latest = std::max(latest, b->version);
+      };
+      while (held < static_cast<ws::Version>(versions)) {
+        pollfd pfd{fd, POLLIN, 0};
+        while (::poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN)) {
+          auto line = read_line(fd);
+          if (!line) break;
+          take(*line);
+        }
+        if (latest <= held) {
+          auto line = read_line(fd);  // blocks until the next announcement
+          if (!line) return fail("announcements ended at version " + std::to_string(latest));
+          take(*line);
+          continue;
+        }
+        auto r = (*sub)->receive(sink, Clock::now() + 600s);
+        if (!r) return fail(r.error().what());
+        got.push_back({{"version", r->version}, {"t_end", now_s()}, {"seconds", r->seconds}});
+        held = r->version;
+        path = r->path;
+      }
+      char c = 1;
+      if (::write(done.w, &c, 1) != 1) return fail("done pipe");
+      emit({{"role", "receiver"}, {"got", got}, {"path", path}, {"checksum", *(*sub)->checksum(sink)}});
+      return 0;
+    }));
+  }
+  pids.push_back(spawn([&] {
+    ::signal(SIGPIPE, SIG_IGN);  // a receiver that already stopped must not take the trainer with it
+    for (auto& p : ann) ::close(p.r);
+    ::close(done.w);
+    ws::Options o = base;
+    o.expected_receivers = static_cast<std::size_t>(n);
+    auto pub = ws::StagingPublisher::create(o, [&](const ws::Announcement& a) {
+      for (auto& p : ann) write_line(p.w, ws::to_json(a));  // what the orchestrator hands every worker
+    });
+    if (!pub) {
+      emit({{"role", "sender"}, {"error", pub.error().what()}});
+      return 2;
+    }
+    ws::HostWeights w(specs);
+    fill_model(w, 42);
+    std::vector<std::byte> copy(bytes, std::byte{1});  // touched: the memcpy baseline copies into warm memory
+    // Once: the same copy into memory never touched (page faults), what a new staging slot costs.
+    double fresh_s = 0;
+    {
+      ws::HostWeights fresh(specs);
+      const double f0 = now_s();
+      for (std::size_t t = 0; t < specs.size(); ++t) std::memcpy(fresh.bytes(t).data(), w.bytes(t).data(), w.bytes(t).size());
+      fresh_s = now_s() - f0;
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    for (int v = 1; v <= versions; ++v) {
+      if (v > 1) perturb(w, args.delta_density, 100 + static_cast<std::uint64_t>(v));  // the optimizer step
+      const auto step_start = Clock::now();
+      const double t0 = now_s();
+      auto r = (*pub)->stage(static_cast<ws::Version>(v), w);
+      const double stall = now_s() - t0;
+      if (!r) {
+        emit({{"role", "sender"}, {"error", "stage(" + std::to_string(v) + "): " + r.error().what()}});
+        return 2;
+      }
+      const double m0 = now_s();
+      std::uint64_t off = 0;
+      for (std::size_t t = 0; t < specs.size(); ++t) {
+        const auto b = w.bytes(t);
+        std::memcpy(copy.data() + off, b.data(), b.size());
+        off += b.size();
+      }
+      const double memcpy_s = now_s() - m0;
+      rows.push_back({{"version", v}, {"t0", t0}, {"stall", stall}, {"copy", r->copy_seconds},
+                      {"memcpy", memcpy_s}, {"bytes", r->bytes}});
+      std::this_thread::sleep_until(step_start + std::chrono::milliseconds(args.step_ms));  // the rest of the step
+    }
+    auto flushed = (*pub)->flush(Clock::now() + 600s);
+    // Keep serving until every receiver holds the last version (each writes one byte; EOF when
+    // all of them are gone).
+    char c;
+    for (int got = 0; got < n && ::read(done.r, &c, 1) == 1;) ++got;
+    nlohmann::json out = {{"role", "sender"}, {"rows", rows}, {"fresh_memcpy", fresh_s}, {"checksum", *ws::weights_checksum(w)}};
+    if (!flushed) out["flush_error"] = flushed.error().what();
+    emit(out);
+    return 0;
+  }));
+  ::close(results.w);
+  results.w = -1;
+  done.close_both();
+  for (auto& p : ann) p.close_both();
+  auto lines = collect(results.r);
+  results.close_both();
+  wait_all(pids);
+  std::error_code ec;
+  if (base.params.contains("dir")) std::filesystem::remove_all(base.params["dir"].get<std::string>(), ec);
+
+  nlohmann::json out = {{"transport", d.name}};
+  nlohmann::json sender;
+  std::vector<nlohmann::json> receivers;
+  for (auto& j : lines) {
+    if (j.is_discarded()) continue;
+    if (j.contains("error")) {
+      out["error"] = j.value("role", "?") + ": " + j["error"].get<std::string>();
+      return out;
+    }
+    if (j["role"] == "sender") sender = j;
+    else receivers.push_back(j);
+  }
+  if (sender.is_null() || static_cast<int>(receivers.size()) != n) {
+    out["error"] = "missing results (sender " + std::string(sender.is_null() ? "none" : "ok") + ", receivers " +
+                   std::to_string(receivers.size()) + "/" + std::to_string(n) + ")";
+    return out;
+  }
+  bool match = true;
+  for (auto& r : receivers) match &= r["checksum"] == sender["checksum"];
+  out["weights_match"] = match;
+  out["path"] = receivers.front().value("path", std::string());
+  out["fresh_memcpy"] = sender["fresh_memcpy"];
+  if (sender.contains("flush_error")) out["flush_error"] = sender["flush_error"];
+  // Per version: the end-to-end time from stage() starting to the last receiver holding it, when
+  // every receiver held it (a version superseded before a receiver pulled it is skipped by design).
+  nlohmann::json rows = nlohmann::json::array();
+  for (auto row : sender["rows"]) {
+    const auto v = row["version"].get<ws::Version>();
+    int held_by = 0;
+    double last = 0;
+    for (auto& r : receivers)
+      for (auto& g : r["got"])
+        if (g["version"].get<ws::Version>() == v) {
+          ++held_by;
+          last = std::max(last, g["t_end"].get<double>());
+        }
+    row["held_by"] = held_by;
+    if (held_by == n) row["e2e"] = last - row["t0"].get<double>();
+    rows.push_back(row);
+  }
+  out["rows"] = rows;
+  return out;
+}
+
+void print_staging(const nlohmann::json& r, int receivers) {
+  const std::string name = r["transport"];
+  if (r.contains("error")) {
+    std::printf("%-12s FAILED: %s\n", name.c_str(), r["error"].get<std::string>().c_str());
+    return;
+  }
+  std::vector<double> stall, copy, mcpy, ratio, vs_memcpy, e2e;
+  int complete = 0;
+  for (const auto& row : r["rows"]) {
+    stall.push_back(row["stall"]);
+    copy.push_back(row["copy"]);
+    mcpy.push_back(row["memcpy"]);
+    const double c = row["copy"];
+    ratio.push_back(c > 0 ? row["stall"].get<double>() / c : 1e9);
+    const double m = row["memcpy"];
+    vs_memcpy.push_back(m > 0 ? row["stall"].get<double>() / m : 1e9);
+    if (row.contains("e2e")) {
+      e2e.push_back(row["e2e"]);
+      ++complete;
+    }
+  }
+  auto max_of = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  char e2e_s[64] = "-";
+  if (!e2e.empty()) std::snprintf(e2e_s, sizeof e2e_s, "%.3f / %.3f", median(e2e), max_of(e2e));
+  std::printf("%-12s %7.4f / %7.4f %8.4f %8.4f %6.2fx / %5.2fx %6.2fx / %6.2fx   %-15s %d/%zu\n", name.c_str(), median(stall),
+              max_of(stall), median(copy), median(mcpy), median(ratio), max_of(ratio), median(vs_memcpy), max_of(vs_memcpy),
+              e2e_s, complete, stall.size());
+  std::printf("%-12s target stall <= 1.2x copy, every version: %s; stall <= 1.2x memcpy, every version: %s "
+              "(memcpy into untouched memory, once: %.4f s); %s\n",
+              "", max_of(ratio) <= 1.2 ? "PASS" : "MISS", max_of(vs_memcpy) <= 1.2 ? "PASS" : "MISS",
+              r.value("fresh_memcpy", 0.0), r["weights_match"].get<bool>() ? "weights match" : "WEIGHTS DIFFER");
+  std::string detail;
+  for (const auto& row : r["rows"]) {
+    char s[160];
+    std::snprintf(s, sizeof s, "%sv%d %.4f/%.4f/%.4f", detail.empty() ? "" : " | ", row["version"].get<int>(),
+                  row["stall"].get<double>(), row["copy"].get<double>(), row["memcpy"].get<double>());
+    detail += s;
+    if (row.contains("e2e")) std::snprintf(s, sizeof s, " e2e %.3f", row["e2e"].get<double>());
+    else std::snprintf(s, sizeof s, " held by %d/%d", row["held_by"].get<int>(), receivers);
+    detail += s;
+  }
+  std::printf("%-12s per version stall/copy/memcpy s: %s; path %s\n", "", detail.c_str(), r.value("path", std::string("?")).c_str());
+  if (r.contains("flush_error")) std::printf("%-12s flush: %s\n", "", r["flush_error"].get<std::string>().c_str());
+}
+
 std::string mb(std::uint64_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.0f", static_cast<double>(b) / (1 << 20));
@@ -654,6 +901,9 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-baselines", args.baselines, "skip memcpy / socket / filesystem baselines");
   app.add_flag("!--no-transfer", args.transfer, "skip the transfer table (Publisher, star and chain)");
   app.add_flag("!--no-stall", args.stall, "skip the staging stall table (StagingPublisher)");
+  app.add_option("--versions", args.versions, "stall table: versions the trainer stages")->check(CLI::Range(2, 100));
+  app.add_option("--step-ms", args.step_ms, "stall table: the trainer's step, one stage() at the start of each")
+      ->check(CLI::Range(0, 600000));
   std::uint64_t blast_kb = 4096;
   app.add_option("--blast-chunk-kb", blast_kb, "raw socket baseline: bytes per send/recv call");
   app.add_option("--repeat", args.repeat, "timed repetitions per measurement; the best is reported")->check(CLI::Range(1, 20));
@@ -779,6 +1029,16 @@ int main(int argc, char** argv) {
     }
     std::printf("receiver peak RSS bound (model + 2 buckets + 64 MiB) = %s MB: %s\n", mb(bound).c_str(),
                 rss_ok ? "within" : "EXCEEDED");
+  }
+  if (args.stall) {
+    std::printf("\n== stall: StagingPublisher::stage, %d versions, one per %d ms trainer step, %d receiver(s) pulling each "
+                "announced version ==\n", args.versions, args.step_ms, args.receivers);
+    std::printf("%-12s %17s %8s %8s %16s %17s   %-15s %s\n", "transport", "stall med / max", "copy", "memcpy",
+                "stall/copy m/max", "stall/mcpy m/max", "e2e med / max", "all");
+    for (const auto* d : *chosen) {
+      print_staging(run_staging(*d, args, *specs, bytes), args.receivers);
+      std::fflush(stdout);
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
