@@ -90,21 +90,14 @@ TEST_P(PytorchTrainerE2E, EveryWorkerServesTheTrainersLastVersion) {
   const auto& trainer = summary.at("trainer");
   ASSERT_EQ(trainer.at("version").get<std::int64_t>(), kSteps) << trainer.dump();
   const std::string trainer_checksum = trainer.at("checksum").get<std::string>();
+  EXPECT_FALSE(trainer_checksum.empty()) << "the trainer's announcement carries no checksum: " << trainer.dump();
   const auto& workers = summary.at("workers");
   ASSERT_EQ(workers.size(), 2u) << workers.dump(2);
-  std::string checksum;
   for (const auto& [name, w] : workers.items()) {
     ASSERT_FALSE(w.contains("error")) << name << ": " << w.dump();
     EXPECT_EQ(w.at("version").get<std::int64_t>(), kSteps) << name;
-    const auto sum = w.at("checksum").get<std::string>();
-    EXPECT_FALSE(sum.empty()) << name;
-    if (checksum.empty()) checksum = sum;
-    EXPECT_EQ(sum, checksum) << "the workers hold different weights: " << workers.dump(2);
-    // The C ABI does not report a checksum in its announcement yet (issue 13 puts it in the
-    // announcement's weight_sync block); once it does, this compares it on every run.
-    if (!trainer_checksum.empty()) {
-      EXPECT_EQ(sum, trainer_checksum) << name << " serves other weights than the trainer's";
-    }
+    EXPECT_EQ(w.at("checksum").get<std::string>(), trainer_checksum)
+        << name << " serves other weights than the trainer published: " << summary.dump(2);
   }
 
   // The trainer found the run dir in its environment and wrote one metrics record per step there.
@@ -121,8 +114,8 @@ TEST_P(PytorchTrainerE2E, EveryWorkerServesTheTrainersLastVersion) {
   fs::remove_all(run_dir);
 }
 
-// The lead's weight_sync rework (issue 13: a staging publisher behind the C ABI) adds tcp and shm.
-INSTANTIATE_TEST_SUITE_P(Transports, PytorchTrainerE2E, ::testing::Values(std::string("filesystem")),
+INSTANTIATE_TEST_SUITE_P(Transports, PytorchTrainerE2E,
+                         ::testing::Values(std::string("filesystem"), std::string("tcp"), std::string("shm")),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
