@@ -34,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -695,7 +696,13 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
     ::close(done.w);
     ws::Options o = base;
     o.expected_receivers = static_cast<std::size_t>(n);
+    std::mutex mu;
+    std::map<ws::Version, double> announced;  // when each announcement went out
     auto pub = ws::StagingPublisher::create(o, [&](const ws::Announcement& a) {
+      {
+        std::lock_guard lock(mu);
+        announced[a.version] = now_s();
+      }
       for (auto& p : ann) write_line(p.w, ws::to_json(a));  // what the orchestrator hands every worker
     });
     if (!pub) {
@@ -743,6 +750,12 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
     for (int got = 0; got < n && ::read(done.r, &c, 1) == 1;) ++got;
     nlohmann::json out = {{"role", "sender"}, {"rows", rows}, {"fresh_memcpy", fresh_s}, {"checksum", *ws::weights_checksum(w)}};
     if (!flushed) out["flush_error"] = flushed.error().what();
+    {
+      std::lock_guard lock(mu);
+      for (auto& row : out["rows"])
+        if (auto it = announced.find(row["version"].get<ws::Version>()); it != announced.end())
+          row["announce"] = it->second - row["t0"].get<double>();
+    }
     emit(out);
     return 0;
   }));
@@ -837,11 +850,15 @@ void print_staging(const nlohmann::json& r, int receivers) {
     std::snprintf(s, sizeof s, "%sv%d %.4f/%.4f/%.4f", detail.empty() ? "" : " | ", row["version"].get<int>(),
                   row["stall"].get<double>(), row["copy"].get<double>(), row["memcpy"].get<double>());
     detail += s;
+    if (row.contains("announce")) {
+      std::snprintf(s, sizeof s, " ann %.3f", row["announce"].get<double>());
+      detail += s;
+    }
     if (row.contains("e2e")) std::snprintf(s, sizeof s, " e2e %.3f", row["e2e"].get<double>());
     else std::snprintf(s, sizeof s, " held by %d/%d", row["held_by"].get<int>(), receivers);
     detail += s;
   }
-  std::printf("%-12s per version stall/copy/memcpy s: %s; path %s\n", "", detail.c_str(), r.value("path", std::string("?")).c_str());
+  std::printf("%-12s per version stall/copy/memcpy, announced, e2e s: %s; path %s\n", "", detail.c_str(), r.value("path", std::string("?")).c_str());
   if (r.contains("flush_error")) std::printf("%-12s flush: %s\n", "", r["flush_error"].get<std::string>().c_str());
 }
 
