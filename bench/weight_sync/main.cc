@@ -14,6 +14,9 @@
 // whatever else the machine is doing). Star runs for every transport; chain (each receiver serves
 // the next) for every transport whose descriptor relays. Receivers learn where to connect the way
 // workers do: from the sender's endpoint object (or the upstream relay's), never from a name.
+// Then the stall table: a trainer stages --versions versions through a StagingPublisher while the
+// receivers pull each announced one; per version, how long stage() held the trainer against the
+// staging copy it reports and an independent memcpy, and the time until every receiver held it.
 // The output is described in bench/weight_sync/README.md.
 #include <fcntl.h>
 #include <errno.h>
