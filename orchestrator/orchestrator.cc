@@ -133,7 +133,9 @@ Status Orchestrator::start() {
 
   ports_.trainer->on_version([this](VersionNotice n) {
     if (n.version >= summary_.trainer.value("version", Version{-1}))
-      summary_.trainer = {{"version", n.version}, {"checksum", n.checksum}};
+      summary_.trainer = {{"version", n.version},
+                          {"checksum", n.weight_sync.value("checksum", std::string())},
+                          {"weight_sync", n.weight_sync}};
     watcher_->notify(std::move(n));
   });
   spawn(io_.get_executor(), watcher_->run());

@@ -60,7 +60,8 @@ struct RunSummary {
   nlohmann::json ledger;
   // What each worker served at the end (GET /weights): {"<worker>": {"version", "checksum"} or {"error"}}.
   nlohmann::json workers = nlohmann::json::object();
-  // The newest version the trainer announced: {"version", "checksum"} ("" when it reported none).
+  // The newest version the trainer announced: {"version", "checksum" ("" when it reported none),
+  // "weight_sync": its announcement, endpoint included}.
   nlohmann::json trainer = nlohmann::json::object();
   std::string run_dir;
   nlohmann::json to_json() const;

@@ -121,7 +121,9 @@ struct TrainBatch {
 struct VersionNotice {
   Version version = 0;
   nlohmann::json metrics = nlohmann::json::object();
-  std::string checksum{};  // of the weights the trainer published as `version`; "" when it reported none
+  // Where `version` is staged and its checksum: the trainer's announcement (weight_sync/wire.h);
+  // empty when the trainer said nothing of it (arlo_bridge_announce without one).
+  nlohmann::json weight_sync = nlohmann::json::object();
 };
 
 }  // namespace arlo::orch

@@ -4,22 +4,27 @@
 // delta base itself.
 //
 // Slots: HostWeights snapshots reused across versions (a slot's pages stay mapped, so the copy is a
-// plain memcpy). A slot is in use while stage() copies into it (`copying`) or while the publisher
-// thread announces, writes or serves it (`users`); the newest staged version is `newest_`. A free
+// plain memcpy; the announcer touches a spare slot's pages ahead of time, so even the second
+// version's copy does not pay the first-touch page faults). A slot is in use while stage() copies
+// into it (`copying`) or while a thread announces, writes or serves it (`users`); the newest staged
+// version is `newest_`. A free
 // slot that is not the newest is reused first; then a new one up to keep_last; then the newest one
 // if nobody took it yet (that version is superseded before anyone pulled it: dropped); otherwise a
 // temporary extra slot (freed again once the count is above keep_last), so stage() never waits for
 // the publisher thread.
 //
-// The publisher thread: takes the newest version when it is newer than the last one it took,
-// computes its checksum, and
-//  - durable transports: writes it (one publish call), then announces it;
-//  - streaming transports: announces it, then serves it: publish(version) with a short deadline, over
-//    and over; "no receiver" is the normal answer; each receiver that comes gets the version (full,
-//    or a delta when it holds the base kept here), and the thread moves to a newer staged version
-//    as soon as the current attempt returns.
+// Two threads:
+//  - the announcer takes the newest version when it is newer than the last one it took, computes
+//    its checksum and, for a durable transport, writes it (one publish call) and announces it; for a
+//    streaming one it announces it at once and hands it to the server;
+//  - the server (streaming only) serves the newest announced version: publish(version) with a short
+//    deadline, over and over; "no receiver" is the normal answer; each receiver that comes gets the
+//    version (full, or a delta when it holds the base kept here); it moves to a newer version as
+//    soon as the current attempt returns. A new version is announced while an attempt still waits.
 // A held version (stage_held) is announced first (its receivers hold it already) and becomes the
-// delta base; a durable transport still writes it, so a receiver that starts later finds it.
+// delta base; a durable transport still writes it, so a receiver that starts later finds it. The
+// SenderState (delta base) belongs to the thread that calls the transport: the server for a
+// streaming transport, the announcer for a durable one.
 #include "weight_sync/staging.h"
 
 #include <condition_variable>
@@ -77,7 +82,8 @@ class StagingPublisherImpl final : public StagingPublisher {
         endpoint_(transport_->endpoint()),
         state_(std::move(state)),
         announce_(std::move(announce)) {
-    thread_ = std::thread([this] { run(); });
+    announcer_ = std::thread([this] { announce_loop(); });
+    if (!durable_) server_ = std::thread([this] { serve_loop(); });
   }
 
   ~StagingPublisherImpl() override {
@@ -86,7 +92,8 @@ class StagingPublisherImpl final : public StagingPublisher {
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    announcer_.join();
+    if (server_.joinable()) server_.join();
   }
 
   Result<StageReport> stage(Version version, const WeightSource& source) override {
@@ -192,41 +199,75 @@ class StagingPublisherImpl final : public StagingPublisher {
     }
   }
 
-  // The publisher thread.
-  void run() {
-    Slot* cur = nullptr;  // the version taken last (streaming: kept while served)
+  // The announcer thread.
+  void announce_loop() {
     std::optional<Version> taken;
     std::unique_lock l(mu_);
-    while (!stop_) {
-      if (newest_ && (!taken || newest_->version > *taken)) {
-        if (cur) --cur->users;
-        cur = newest_;
-        ++cur->users;
-        taken = cur->version;
-        l.unlock();
-        publish_new(*cur);
-        l.lock();
-        if (durable_) {
-          --cur->users;  // on disk: receivers read the files
-          cur = nullptr;
-        }
-        continue;
+    while (true) {
+      cv_.wait(l, [&] { return stop_ || (newest_ && (!taken || newest_->version > *taken)); });
+      if (stop_) break;
+      Slot* s = newest_;
+      ++s->users;
+      taken = s->version;
+      l.unlock();
+      const bool announced = publish_new(*s);
+      l.lock();
+      if (!durable_ && announced) {
+        if (serving_) --serving_->users;
+        serving_ = s;  // keeps the reference taken above
+        cv_.notify_all();
+      } else {
+        --s->users;
       }
-      auto woken = [&] { return stop_ || (newest_ && (!taken || newest_->version > *taken)); };
-      if (!cur) {
-        cv_.wait(l, woken);  // stage() and the destructor notify
-        continue;
+      prewarm(l);
+    }
+    if (serving_) --serving_->users;
+    serving_ = nullptr;
+  }
+
+  // Under mu_ (released while touching pages): a spare slot with its pages mapped, while fewer than
+  // keep_last exist, so the next stage() copies into warm memory.
+  void prewarm(std::unique_lock<std::mutex>& l) {
+    if (slots_.size() >= state_.options.keep_last || !newest_ || !newest_->weights || stop_) return;
+    const auto specs = newest_->weights->specs();
+    slots_.push_back(std::make_unique<Slot>());
+    Slot* spare = slots_.back().get();
+    spare->copying = true;  // not claimable until touched
+    l.unlock();
+    spare->weights = std::make_unique<HostWeights>(specs);
+    for (std::size_t t = 0; t < specs.size(); ++t) {
+      auto b = spare->weights->bytes(t);
+      if (!b.empty()) std::memset(b.data(), 0, b.size());
+    }
+    l.lock();
+    spare->copying = false;
+  }
+
+  // The server thread (streaming transports).
+  void serve_loop() {
+    Slot* based = nullptr;  // the held version last made the delta base
+    std::unique_lock l(mu_);
+    while (true) {
+      cv_.wait(l, [&] { return stop_ || serving_; });
+      if (stop_) break;
+      Slot* s = serving_;
+      ++s->users;
+      if (s->held && based != s) {
+        based = s;
+        l.unlock();
+        keep_base(*s);  // its receivers hold it already
+        l.lock();
       }
       if (serve_pause_) {
         serve_pause_ = false;
-        cv_.wait_for(l, kServePoll, woken);
-        continue;
+        cv_.wait_for(l, kServePoll, [&] { return stop_ || serving_ != s; });
+      } else {
+        l.unlock();
+        serve(*s);
+        l.lock();
       }
-      l.unlock();
-      serve(*cur);
-      l.lock();
+      --s->users;
     }
-    if (cur) --cur->users;
   }
 
   Announcement announcement_of(const Slot& s, std::optional<std::uint64_t> checksum) const {
@@ -241,31 +282,35 @@ class StagingPublisherImpl final : public StagingPublisher {
     return a;
   }
 
-  // A newly taken version: checksum, then (durable) written and announced, or (streaming, held)
-  // announced. Runs without mu_.
-  void publish_new(Slot& s) {
+  // A newly taken version: checksum, then (durable) written and announced, or (streaming)
+  // announced. Runs on the announcer without mu_. False when it was not announced.
+  bool publish_new(Slot& s) {
     auto sum = weights_checksum(*s.weights);
-    if (!sum) return fail(s.version, sum.error());
+    if (!sum) {
+      fail(s.version, sum.error());
+      return false;
+    }
     const Announcement a = announcement_of(s, *sum);
-    if (s.held) announce(a);  // its receivers hold it already
+    announce_if(s.held, a);  // its receivers hold it already
     if (!durable_) {
-      if (s.held) keep_base(s);
-      else announce(a);
-      return;
+      announce_if(!s.held, a);
+      return true;
     }
     // Written against the previous base (a held version too: then keep_base).
     auto r = transport_->publish(s.version, *s.weights, state_, Clock::now() + state_.options.timeout);
     if (!r) {
       ARLO_WARN("weight_sync {}: version {} not written: {}", name_, s.version, r.error().what());
       if (s.held) keep_base(s);
-      return fail(s.version, r.error());
+      fail(s.version, r.error());
+      return s.held;
     }
     keep_base(s);
     {
       std::lock_guard l(mu_);
       last_report_ = *r;
     }
-    if (!s.held) announce(a);
+    announce_if(!s.held, a);
+    return true;
   }
 
   // One attempt to serve `s` to the receivers that come (streaming). Runs without mu_.
@@ -302,7 +347,8 @@ class StagingPublisherImpl final : public StagingPublisher {
     }
   }
 
-  void announce(const Announcement& a) {
+  void announce_if(bool now, const Announcement& a) {
+    if (!now) return;
     if (announce_) announce_(a);
     {
       std::lock_guard l(mu_);
@@ -335,8 +381,9 @@ class StagingPublisherImpl final : public StagingPublisher {
   std::optional<Version> announced_;
   std::optional<std::pair<Version, Error>> failed_;
   std::optional<PublishReport> last_report_;
+  Slot* serving_ = nullptr;           // streaming: the newest announced version (holds a users ref)
   bool serve_pause_ = false;          // the last serve attempt failed oddly: wait a poll before the next
-  std::thread thread_;                // last: starts after everything above exists
+  std::thread announcer_, server_;    // last: start after everything above exists
 };
 
 }  // namespace

@@ -4,20 +4,6 @@
 
 namespace arlo::orch::adapters {
 
-namespace {
-// The checksum of the published weights in an announcement: in its weight-sync block, or at the top
-// (arlo-trainer until the announcement has one form); "" when it has none.
-std::string announced_checksum(const nlohmann::json& info) {
-  auto checksum_in = [](const nlohmann::json& j) {
-    auto it = j.find("checksum");
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  if (auto ws = info.find("weight_sync"); ws != info.end() && ws->is_object())
-    if (auto c = checksum_in(*ws); !c.empty()) return c;
-  return checksum_in(info);
-}
-}  // namespace
-
 BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& server, ThreadPool& pool,
                              bridge::PackOptions pack)
     : io_(io), server_(server), pool_(pool), pack_(pack) {}
@@ -25,11 +11,12 @@ BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& 
 void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
   server_.on_version([this, cb = std::move(callback)](bridge::VersionEvent e) {
     if (e.info.is_object()) latest_info_ = e.info;
-    // The announcement carries the step's trainer metrics under "metrics" (arlo-trainer:
-    // loss, grad_norm, mismatch_kl, ...), beside where the weights are.
+    // The announcement carries where the weights are under "weight_sync" (weight_sync/wire.h) and
+    // the step's trainer metrics under "metrics" (arlo-trainer: loss, grad_norm, mismatch_kl, ...).
     VersionNotice notice{e.version};
     if (e.info.is_object() && e.info.contains("metrics") && e.info["metrics"].is_object()) notice.metrics = e.info["metrics"];
-    if (e.info.is_object()) notice.checksum = announced_checksum(e.info);
+    if (e.info.is_object() && e.info.contains("weight_sync") && e.info["weight_sync"].is_object())
+      notice.weight_sync = e.info["weight_sync"];
     cb(std::move(notice));
   });
 }

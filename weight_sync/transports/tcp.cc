@@ -773,8 +773,7 @@ class TcpReceiver final : public ReceiverTransport {
       });
     }
     auto finish_relay = [&] {
-      if (!relay_) return;
-      relay_thread.join();
+      if (relay_thread.joinable()) relay_thread.join();
     };
 
     Status status = ok();
@@ -835,6 +834,8 @@ class TcpReceiver final : public ReceiverTransport {
       }
     }
     report.retried_buckets = retries;
+    // Staging: finish() decodes and frees the kept buckets the relay sends from; let it end first.
+    if (status && relay_ && !direct && o.apply_mode == ApplyMode::kStaging) finish_relay();
     if (status) status = applier.finish();
     if (status) status = sink.commit(m.version);
     if (!status) {

@@ -91,13 +91,15 @@ nlohmann::json run_quickstart(const fs::path& run_dir, const std::vector<std::st
   return summary.empty() ? nlohmann::json::object() : nlohmann::json::parse(summary);
 }
 
-// Both workers ended on `version` with the same, reported checksum (summary.json "workers", read
-// from each worker's GET /weights at the end of the run).
-void expect_workers_serve(const nlohmann::json& summary, std::int64_t version) {
+// Every worker ended on `version` with the checksum the trainer announced for it (summary.json
+// "workers", read from each worker's GET /weights at the end of the run, and "trainer").
+void expect_workers_serve(const nlohmann::json& summary, std::int64_t version, std::size_t num_workers = 2) {
   ASSERT_TRUE(summary.contains("workers")) << summary.dump(2);
   const auto& workers = summary.at("workers");
-  ASSERT_EQ(workers.size(), 2u) << workers.dump(2);
-  std::string checksum;
+  ASSERT_EQ(workers.size(), num_workers) << workers.dump(2);
+  ASSERT_EQ(summary.at("trainer").at("version").get<std::int64_t>(), version) << summary.dump(2);
+  std::string checksum = summary.at("trainer").at("checksum").get<std::string>();
+  EXPECT_FALSE(checksum.empty()) << "the trainer announced no checksum: " << summary.dump(2);
   for (const auto& [name, w] : workers.items()) {
     ASSERT_FALSE(w.contains("error")) << name << ": " << w.dump();
     EXPECT_EQ(w.at("version").get<std::int64_t>(), version) << name;
@@ -219,19 +221,34 @@ TEST(QuickstartE2E, WeightsMoveOverTcpAndSharedMemory) {
     SCOPED_TRACE(transport);
     const fs::path run_dir = scratch("ws_" + transport);
     fs::remove_all(run_dir);
-    pid_t arlo_pid = 0;
-    const auto summary = run_quickstart(run_dir,
-                                        {"run.max_steps=15", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
-                                         "weight_sync.transport=" + transport},
-                                        {}, &arlo_pid);
+    const auto summary = run_quickstart(run_dir, {"run.max_steps=15", "orchestrator.sft_warmup_steps=10",
+                                                  "eval.interval=0", "weight_sync.transport=" + transport});
     ASSERT_FALSE(HasFailure());
     EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
     expect_workers_serve(summary, 15);
-    // arlo names the run's segment after its own pid (apps/arlo/run_launch.cc): /arlo-ws-arlo-weights-<pid>.
-    const fs::path segment = fs::path("/dev/shm") / ("arlo-ws-arlo-weights-" + std::to_string(arlo_pid));
-    EXPECT_FALSE(fs::exists(segment)) << "left behind: " << segment;
+    // Where the trainer staged its versions, as it announced them; an shm segment is gone at the end.
+    const auto& endpoint = summary.at("trainer").at("weight_sync").at("endpoint");
+    EXPECT_FALSE(endpoint.empty()) << summary.dump(2);
+    if (endpoint.contains("shm_name")) {
+      const fs::path segment = fs::path("/dev/shm") / ("arlo-ws-" + endpoint.at("shm_name").get<std::string>());
+      EXPECT_FALSE(fs::exists(segment)) << "left behind: " << segment;
+    }
     fs::remove_all(run_dir);
   }
+}
+
+// topology chain: the trainer streams each version to worker-0 only; each worker relays it to the
+// next (arlo-worker relays), so every link carries it once and all three end on the last version.
+TEST(QuickstartE2E, WeightsMoveDownAChainOfThreeWorkers) {
+  const fs::path run_dir = scratch("ws_chain");
+  fs::remove_all(run_dir);
+  const auto summary = run_quickstart(run_dir, {"run.max_steps=15", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
+                                                "weight_sync.transport=tcp", "weight_sync.topology=chain",
+                                                "inference.num_workers=3"});
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
+  expect_workers_serve(summary, 15, 3);
+  fs::remove_all(run_dir);
 }
 
 // The greedy eval pass@1 records of metrics.jsonl, in file order: (version, pass@1).

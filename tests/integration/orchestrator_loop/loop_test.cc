@@ -104,7 +104,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u1));
   adapters::RolloutInference inference(pool, std::move(admins), [](const std::string&, Version) {
     rollout::WeightUpdate u;
-    u.transport = "filesystem";
+    u.weight_sync = {{"transport", "filesystem"}};
     return u;
   });
 

@@ -28,9 +28,9 @@ def fail(msg):
     sys.exit(1)
 
 
-def start_worker(ws_dir):
-    proc = subprocess.Popen([WORKER, "--port", "0", "--threads", "1", "--ws-transport", "filesystem",
-                             "--ws-dir", ws_dir, "--log-level", "warn"], stdout=subprocess.PIPE, text=True)
+def start_worker():
+    proc = subprocess.Popen([WORKER, "--port", "0", "--threads", "1", "--log-level", "warn"], stdout=subprocess.PIPE,
+                            text=True)
     for line in proc.stdout:
         if line.startswith("listening on "):
             return proc, "http://" + line.split()[-1].strip()
@@ -48,7 +48,7 @@ def wait_file(path, proc, timeout=120):
 
 
 def update_worker(client, url, version, ws_dir):
-    r = client.post(url + "/weights/prepare", json={"version": version, "transport": "filesystem", "dir": ws_dir})
+    r = client.post(url + "/weights/prepare", json={"version": version, "weight_sync": {"transport": "filesystem", "dir": ws_dir}})
     if r.status_code >= 300:
         fail(f"prepare v{version}: {r.status_code} {r.text}")
     r = client.post(url + "/weights/commit", json={"version": version})
@@ -118,7 +118,7 @@ def main():
         run_dir = os.path.join(tmp, "dir_run")
         ws_dir = os.path.join(run_dir, "weights")
         os.makedirs(ws_dir)
-        worker, url = start_worker(ws_dir)
+        worker, url = start_worker()
         # The trainer publishes v0 first; the worker serves it; rollouts come from it.
         samples_path = os.path.join(tmp, "samples.jsonl")
         open(samples_path, "w").close()

@@ -18,6 +18,7 @@
 #include "trainer_bridge/arlo_bridge.h"
 #include "trainer_bridge/bridge.h"
 #include "weight_sync/weight_sync.h"
+#include "weight_sync/wire.h"
 
 namespace {
 
@@ -69,6 +70,33 @@ class CApiDir : public ::testing::Test {
     const std::string cfg = R"({"transport":"dir","run_dir":")" + run_dir_.string() + "\"" + extra + "}";
     EXPECT_EQ(arlo_bridge_connect(cfg.c_str(), &b), ARLO_OK) << arlo_bridge_last_error();
     return b;
+  }
+  // The announcement of `version` (or newer) the orchestrator side received, parsed.
+  arlo::weight_sync::Announcement announced(std::int64_t version) {
+    std::unique_lock lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, 20s, [&] { return !versions_.empty() && versions_.back().version >= version; }));
+    if (versions_.empty()) return {};
+    auto a = arlo::weight_sync::parse_announcement(versions_.back().info.value("weight_sync", nlohmann::json()));
+    EXPECT_TRUE(a) << versions_.back().info.dump();
+    return a ? *a : arlo::weight_sync::Announcement{};
+  }
+  // A worker-side subscriber pulls `a` from where it was announced and holds exactly these bytes,
+  // with the announced checksum.
+  void expect_receiver_gets(const arlo::weight_sync::Announcement& a, const std::vector<float>& w,
+                            const std::vector<std::int64_t>& bias) {
+    auto o = arlo::weight_sync::options_from_json(arlo::weight_sync::receiver_block(a));
+    ASSERT_TRUE(o) << o.error().what();
+    auto sub = arlo::weight_sync::Subscriber::create(*o);
+    ASSERT_TRUE(sub) << sub.error().what();
+    arlo::weight_sync::HostWeights sink({{"model.w.weight", arlo::safetensors::DType::F32, {2, 3}},
+                                         {"model.b.bias", arlo::safetensors::DType::I64, {2}}});
+    auto got = (*sub)->receive(sink, arlo::weight_sync::deadline_in(20000ms));
+    ASSERT_TRUE(got) << got.error().what();
+    EXPECT_EQ(got->version, a.version);
+    EXPECT_EQ(std::memcmp(sink.bytes(0).data(), w.data(), 24), 0);
+    EXPECT_EQ(std::memcmp(sink.bytes(1).data(), bias.data(), 16), 0);
+    ASSERT_TRUE(a.checksum);
+    EXPECT_EQ(*(*sub)->checksum(sink), *a.checksum);
   }
 
   fs::path run_dir_;
@@ -138,26 +166,33 @@ TEST_F(CApiDir, PublishGoesThroughWeightSyncAndAnnounces) {
   arlo_tensor bad = tensors[0];
   bad.nbytes = 5;
   EXPECT_EQ(arlo_bridge_publish(b, 2, &bad, 1, 30000), ARLO_INVALID_ARGUMENT);
-  {
-    std::unique_lock lock(mu_);
-    ASSERT_TRUE(cv_.wait_for(lock, 20s, [&] { return !versions_.empty(); }));
-    EXPECT_EQ(versions_.back().version, 1);
-    EXPECT_TRUE(versions_.back().info.contains("weight_sync"));
-  }
+  const auto a = announced(1);
+  EXPECT_EQ(a.version, 1u);
+  EXPECT_EQ(a.transport, "filesystem");
+  EXPECT_EQ(a.endpoint.value("dir", ""), weights.string());
   EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
-  // A worker-side subscriber receives exactly those bytes as version 1.
-  arlo::weight_sync::Options o;
-  o.transport = "filesystem";
-  o.dir = weights;
-  auto sub = arlo::weight_sync::Subscriber::create(o);
-  ASSERT_TRUE(sub) << sub.error().what();
-  arlo::weight_sync::HostWeights sink({{"model.w.weight", arlo::safetensors::DType::F32, {2, 3}},
-                                       {"model.b.bias", arlo::safetensors::DType::I64, {2}}});
-  auto got = (*sub)->receive(sink, arlo::weight_sync::deadline_in(20000ms));
-  ASSERT_TRUE(got) << got.error().what();
-  EXPECT_EQ(got->version, 1u);
-  EXPECT_EQ(std::memcmp(sink.bytes(0).data(), w1.data(), 24), 0);
-  EXPECT_EQ(std::memcmp(sink.bytes(1).data(), bias.data(), 16), 0);
+  expect_receiver_gets(a, w1, bias);
+}
+
+// Streaming: publish returns once the tensors are staged, with nobody connected (it used to stream
+// first and announce after, so it waited out its deadline for workers that connect only once
+// announced); the announcement names the bound port, and a receiver pulls the version from there.
+TEST_F(CApiDir, StreamingPublishReturnsBeforeAnyReceiverAndAnnouncesWhereItIs) {
+  arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"tcp","address":"127.0.0.1:0","expected_receivers":1})");
+  std::vector<float> w1{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  std::vector<std::int64_t> bias{7, 8};
+  const std::int64_t s1[] = {2, 3}, s2[] = {2};
+  arlo_tensor tensors[] = {{"model.w.weight", ARLO_F32, 2, s1, w1.data(), w1.size() * 4},
+                           {"model.b.bias", ARLO_I64, 1, s2, bias.data(), bias.size() * 8}};
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(arlo_bridge_publish(b, 1, tensors, 2, 600000), ARLO_OK) << arlo_bridge_last_error();
+  // Far below the 600 s it was given (it would have waited all of it for a receiver).
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
+  const auto a = announced(1);
+  EXPECT_NE(a.endpoint.value("address", ""), "127.0.0.1:0") << "the bound port is announced";
+  w1[0] = 99.0f;  // the caller's buffers may change once publish returned
+  expect_receiver_gets(a, {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f}, bias);
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
 }
 
 }  // namespace
