@@ -45,9 +45,9 @@ namespace {
 using namespace std::chrono_literals;
 
 // How long one serve attempt waits for a receiver to come before the thread looks for a newer
-// version (and for stop). Bounds how stale the served version can be, and the destructor's wait
-// when no transfer runs.
-constexpr auto kServePoll = 250ms;
+// version (and for stop). Bounds how long a new version waits for the server (and so for its
+// announcement) and the destructor's wait when no transfer runs.
+constexpr auto kServePoll = 50ms;
 
 struct Slot {
   std::unique_ptr<HostWeights> weights;
@@ -212,13 +212,7 @@ class StagingPublisherImpl final : public StagingPublisher {
       l.unlock();
       const bool announced = publish_new(*s);
       l.lock();
-      if (!durable_ && announced) {
-        if (serving_) --serving_->users;
-        serving_ = s;  // keeps the reference taken above
-        cv_.notify_all();
-      } else {
-        --s->users;
-      }
+      if (durable_ || !announced) --s->users;  // streaming: serving_ keeps the reference taken above
       prewarm(l);
     }
     if (serving_) --serving_->users;
@@ -243,6 +237,16 @@ class StagingPublisherImpl final : public StagingPublisher {
     spare->copying = false;
   }
 
+  // Makes `s` the version the server serves (passing on the announcer's reference) and waits until
+  // its attempts with older versions are over (or stop).
+  void hand_to_server(Slot& s) {
+    std::unique_lock l(mu_);
+    if (serving_) --serving_->users;
+    serving_ = &s;
+    cv_.notify_all();
+    cv_.wait(l, [&] { return stop_ || serving_ != &s || server_on_ == &s; });
+  }
+
   // The server thread (streaming transports).
   void serve_loop() {
     Slot* based = nullptr;  // the held version last made the delta base
@@ -252,6 +256,8 @@ class StagingPublisherImpl final : public StagingPublisher {
       if (stop_) break;
       Slot* s = serving_;
       ++s->users;
+      server_on_ = s;
+      cv_.notify_all();
       if (s->held && based != s) {
         based = s;
         l.unlock();
@@ -293,6 +299,8 @@ class StagingPublisherImpl final : public StagingPublisher {
     const Announcement a = announcement_of(s, *sum);
     announce_if(s.held, a);  // its receivers hold it already
     if (!durable_) {
+      // Announced once the server serves it, so a receiver told of it never meets an older one.
+      hand_to_server(s);
       announce_if(!s.held, a);
       return true;
     }
@@ -381,7 +389,8 @@ class StagingPublisherImpl final : public StagingPublisher {
   std::optional<Version> announced_;
   std::optional<std::pair<Version, Error>> failed_;
   std::optional<PublishReport> last_report_;
-  Slot* serving_ = nullptr;           // streaming: the newest announced version (holds a users ref)
+  Slot* serving_ = nullptr;           // streaming: the newest version handed to the server (holds a users ref)
+  const Slot* server_on_ = nullptr;   // the version of the server's current attempt
   bool serve_pause_ = false;          // the last serve attempt failed oddly: wait a poll before the next
   std::thread announcer_, server_;    // last: start after everything above exists
 };
