@@ -219,6 +219,10 @@ Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
 
 Awaitable<void> Orchestrator::read_worker_weights() {
   for (const auto& worker : ports_.inference->workers()) {
+    if (watcher_->left_out().count(worker)) {  // it answers no probe: do not wait for it again
+      summary_.workers[worker] = {{"error", "left out of weight updates: it stopped answering"}};
+      continue;
+    }
     const auto deadline = ports_.clock->now() + opt_.admin_timeout;
     auto query = ports_.inference->weights(worker, deadline);
     auto w = co_await with_deadline<WorkerWeights>(io_.get_executor(), *ports_.clock, deadline, std::move(query),

@@ -6,6 +6,12 @@
 
 namespace arlo::orch {
 
+namespace {
+// How often a worker left out of updates is probed (and the deadline of one probe): its GET of the
+// weights it holds is cheap, so a worker that comes back rejoins within seconds.
+Duration probe_interval(const Options& o) { return std::min<Duration>(o.admin_timeout, std::chrono::seconds(5)); }
+}  // namespace
+
 WeightWatcher::WeightWatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference,
                              RolloutDispatcher& dispatcher, const Options& options,
                              std::function<void(const SyncReport&)> on_synced)
@@ -31,12 +37,31 @@ void WeightWatcher::stop() {
 
 Awaitable<void> WeightWatcher::run() {
   while (!stopped_) {
-    if (!latest_ || latest_->version <= synced_) {
+    const bool newer = latest_ && latest_->version > synced_;
+    const bool rejoined = resync_ && latest_ && synced_ != kNoVersion;
+    if (!newer && !rejoined) {
       co_await changed_.wait();
       continue;
     }
+    resync_ = false;
     auto notice = *latest_;
     co_await sync(std::move(notice));
+  }
+}
+
+Awaitable<void> WeightWatcher::probe(std::string worker) {
+  while (!stopped_) {
+    co_await sleep_until(ex_, clock_, clock_.now() + probe_interval(opt_));
+    if (stopped_) break;
+    const auto deadline = clock_.now() + probe_interval(opt_);
+    auto query = inference_.weights(worker, deadline);
+    auto answered = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "probing a worker");
+    if (!answered) continue;
+    ARLO_INFO("weight sync: worker {} answers again (it holds v{}); it rejoins the updates", worker, answered->version);
+    left_out_.erase(worker);
+    resync_ = true;
+    changed_.notify();
+    co_return;
   }
 }
 
@@ -90,9 +115,13 @@ Awaitable<void> WeightWatcher::sync_worker(Version v, WorkerSync& out) {
     out.update_s = phase(t);
   }
   // Resume even when the update failed: the worker then serves its previous version, which its
-  // tokens report, rather than nothing.
-  auto resumed = co_await admin(AdminOp::kResume, out.worker, v);
-  out.resume_s = phase(t);
+  // tokens report, rather than nothing. A worker that did not answer the pause is not asked (it is
+  // left out and probed; its rejoin update resumes it).
+  Status resumed = ok();
+  if (paused) {
+    resumed = co_await admin(AdminOp::kResume, out.worker, v);
+    out.resume_s = phase(t);
+  }
   if (!updated) {
     out.error = updated.error().what();
   } else if (!resumed) {
@@ -122,9 +151,18 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   report.version = v;
   report.start = t0;
   report.trainer_metrics = notice.metrics;
-  for (const auto& w : inference_.workers()) {
+  const auto all = inference_.workers();
+  for (const auto& w : all) {
+    if (left_out_.count(w)) continue;
     report.workers.emplace_back();
     report.workers.back().worker = w;
+  }
+  if (report.workers.empty() && !all.empty()) {
+    if (hold) dispatcher_.hold(false);
+    syncing_ = false;
+    ARLO_ERROR("weight sync: v{} waits: every worker is left out after failed updates; probing them", v);
+    co_await changed_.wait();  // a probe that succeeds, a newer version or stop
+    co_return;
   }
   // All workers in parallel; the update is as slow as the slowest worker, not their sum.
   Promise<bool> all_done(ex_);
@@ -140,7 +178,15 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
 
   if (hold) dispatcher_.hold(false);
   syncing_ = false;
-  for (const auto& w : report.workers) report.workers_failed += w.ok() ? 0 : 1;
+  for (const auto& w : report.workers) {
+    if (w.ok()) continue;
+    ++report.workers_failed;
+    if (left_out_.insert(w.worker).second) {
+      ARLO_WARN("weight sync: worker {} is left out of updates until it answers (probed every {} ms)", w.worker,
+                std::chrono::duration_cast<std::chrono::milliseconds>(probe_interval(opt_)).count());
+      spawn(ex_, probe(w.worker));
+    }
+  }
   failures_ += static_cast<std::uint64_t>(report.workers_failed);
   report.seconds = std::chrono::duration<double>(clock_.now() - t0).count();
   report.applied = report.workers.empty() || report.workers_failed < static_cast<int>(report.workers.size());

@@ -13,12 +13,16 @@
 // Every admin call has a deadline (admin_timeout) and up to admin_attempts tries with doubling
 // backoff; none can hang. A worker that cannot be updated keeps serving its previous version (its
 // tokens say so) and is counted in failures(); if no worker took the version, the update is retried.
+// A worker that failed an update is left out of the next ones (a version never waits on a dead or
+// stopped worker past that one update) and probed (GET its weights) every few seconds; once it
+// answers it rejoins, and the current version is synced again so it catches up.
 //
 // Threading: the io_context thread only.
 #include <boost/asio/any_io_executor.hpp>
 
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,6 +68,8 @@ class WeightWatcher {
   Version synced() const { return synced_; }
   Version announced() const { return latest_ ? latest_->version : kNoVersion; }
   bool syncing() const { return syncing_; }
+  // Workers left out of updates until they answer a probe.
+  const std::set<std::string>& left_out() const { return left_out_; }
   std::uint64_t failures() const { return failures_; }
   double last_sync_seconds() const { return last_seconds_; }
   // Completes once `v` (or newer) is synced, or at `deadline` (returns false then), or on stop().
@@ -75,6 +81,7 @@ class WeightWatcher {
   Awaitable<void> sync_worker(Version v, WorkerSync& out);
   enum class AdminOp { kPause, kUpdate, kResume };
   Awaitable<Status> admin(AdminOp op, std::string worker, Version v);
+  Awaitable<void> probe(std::string worker);
 
   asio::any_io_executor ex_;
   ClockPort& clock_;
@@ -88,6 +95,8 @@ class WeightWatcher {
   Version synced_;
   bool syncing_ = false;
   bool stopped_ = false;
+  std::set<std::string> left_out_;
+  bool resync_ = false;  // a worker rejoined: sync the current version again
   std::uint64_t failures_ = 0;
   double last_seconds_ = 0.0;
 };

@@ -90,6 +90,9 @@ struct Options {
   std::chrono::milliseconds timeout{120000};        // deadline for moving one version
   std::size_t keep_last = 2;             // versions a publisher keeps (staged, or on disk); >= 2
   std::size_t expected_receivers = 1;    // publisher: direct downstream links (star: the workers; chain: 1)
+  // Publisher: once the first receiver of a transfer came, how long it waits for the other expected
+  // ones before it streams to those present (a late one gets the next transfer).
+  std::chrono::milliseconds gather_window{50};
   bool relay = false;                    // receiver in a chain: serve the next one (transports that relay)
   std::string peer_name;                 // how this side is named in reports ("worker-0")
   nlohmann::json params = nlohmann::json::object();  // the transport's own options

@@ -42,7 +42,7 @@ Status read_ms(const json& block, std::string_view key, std::chrono::millisecond
 
 constexpr std::string_view kShared[] = {"transport", "payload", "zstd", "delta_dense_threshold", "bucket_mb",
                                         "bucket_timeout_ms", "timeout_ms", "keep_last", "expected_receivers",
-                                        "relay", "apply_mode", "peer_name"};
+                                        "gather_window_ms", "relay", "apply_mode", "peer_name"};
 
 bool is_shared(std::string_view key) {
   for (auto k : kShared)
@@ -62,6 +62,7 @@ json to_json(const Options& o) {
             {"timeout_ms", o.timeout.count()},
             {"keep_last", o.keep_last},
             {"expected_receivers", o.expected_receivers},
+            {"gather_window_ms", o.gather_window.count()},
             {"relay", o.relay},
             {"apply_mode", o.apply_mode == ApplyMode::kInPlace ? "in_place" : "staging"}};
   if (!o.peer_name.empty()) j["peer_name"] = o.peer_name;
@@ -88,6 +89,7 @@ Result<Options> options_from_json(const json& block, const Options& base) {
   ARLO_TRY(read_ms(block, "timeout_ms", o.timeout));
   ARLO_TRY(read(block, "keep_last", o.keep_last));
   ARLO_TRY(read(block, "expected_receivers", o.expected_receivers));
+  ARLO_TRY(read_ms(block, "gather_window_ms", o.gather_window));
   ARLO_TRY(read(block, "relay", o.relay));
   std::string apply = o.apply_mode == ApplyMode::kInPlace ? "in_place" : "staging";
   ARLO_TRY(read(block, "apply_mode", apply));

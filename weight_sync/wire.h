@@ -4,7 +4,8 @@
 //
 // - The weight-sync block: Options as one flat JSON object. Shared keys
 //     transport, payload (full | bf16 | fp8 | delta), zstd, delta_dense_threshold, bucket_mb,
-//     bucket_timeout_ms, timeout_ms, keep_last, apply_mode (staging | in_place), peer_name
+//     bucket_timeout_ms, timeout_ms, keep_last, expected_receivers, gather_window_ms, relay,
+//     apply_mode (staging | in_place), peer_name
 //   plus the keys of the transport's descriptor (transport.h), e.g.
 //     {"transport": "tcp", "payload": "full", "address": "127.0.0.1:0", "expected_receivers": 2}
 //   arlo-trainer takes it as --weight-sync, a `trainer.launch: command` trainer as ARLO_WEIGHT_SYNC,

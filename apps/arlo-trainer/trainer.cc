@@ -124,13 +124,14 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   };
   ARLO_ASSIGN_OR_RETURN(auto publisher, weight_sync::StagingPublisher::create(wso, announce));
   ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher->endpoint().dump());
-  auto stage = [&](std::int64_t version, bool workers_hold_it) -> Status {
+  // Returns how long staging held this thread.
+  auto stage = [&](std::int64_t version, bool workers_hold_it) -> Result<double> {
     reference::ModelWeights source(*model);
     auto staged = workers_hold_it ? publisher->stage_held(static_cast<weight_sync::Version>(version), source)
                                   : publisher->stage(static_cast<weight_sync::Version>(version), source);
     if (!staged) return std::unexpected(std::move(staged).error().with_context(fmt::format("staging v{}", version)));
     ARLO_DEBUG("staged v{}: {} bytes copied in {:.3f}s", version, staged->bytes, staged->copy_seconds);
-    return ok();
+    return staged->copy_seconds;
   };
   // v0 is the seeded initialisation every worker builds from the same seed: announced, not sent.
   ARLO_TRY(stage(step, /*workers_hold_it=*/!ckpt));
@@ -209,7 +210,7 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
       std::lock_guard lk(metrics_mu);
       step_metrics[step] = m;
     }
-    ARLO_TRY(stage(step, false));
+    ARLO_ASSIGN_OR_RETURN(m["stage_seconds"], stage(step, false));  // in trainer_metrics.jsonl
     metrics_log << m.dump() << "\n";
     metrics_log.flush();
     ARLO_INFO("step {} loss {:.4f} (pg {:.4f} ce {:.4f}) grad_norm {:.3f} mismatch_kl {:.2e} clipped {:.3f} "

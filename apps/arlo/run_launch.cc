@@ -71,7 +71,8 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
                       {"bucket_mb", cfg.integer("weight_sync.bucket_mb")},
                       {"delta_dense_threshold", cfg.number("weight_sync.delta_density_threshold")},
                       {"keep_last", cfg.integer("weight_sync.keep_last")},
-                      {"timeout_ms", static_cast<std::int64_t>(cfg.number("weight_sync.timeout_s") * 1000.0)}};
+                      {"timeout_ms", static_cast<std::int64_t>(cfg.number("weight_sync.timeout_s") * 1000.0)},
+                      {"gather_window_ms", cfg.integer("weight_sync.gather_window_ms")}};
   for (const auto& o : d.options) {
     if (!o.config) continue;
     const std::string key = "weight_sync." + o.key;

@@ -155,6 +155,11 @@ Section weight_sync_section() {
                            "link carries the stream once; transports that relay).")
                     .one_of({"chain", "star"}),
                 float_key("timeout_s", 120.0, "Deadline for moving one version to a worker.").range(0.001, 86400.0),
+                int_key("gather_window_ms", 50,
+                        "Streaming transports: once the first worker came for a version, how long the trainer's "
+                        "publisher waits for the others before it streams to those present (a late or stopped "
+                        "worker gets a later transfer and holds nobody).")
+                    .range(0, 600000),
             }};
   for (const auto& d : weight_sync::transports())
     for (const auto& o : d.options)

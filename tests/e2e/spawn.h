@@ -1,14 +1,24 @@
 #pragma once
-// For the e2e tests: starts argv[0] (a path) as a child whose stdout and stderr go to `log`, and
-// which dies with the test (PR_SET_PDEATHSIG). Returns its pid (-1 if fork failed); the caller
-// waits for it. Exit status 126: the log could not be opened; 127: the program could not start.
+// For the e2e tests and benchmarks that drive real processes:
+// - spawn_logged starts argv[0] (a path) as a child whose stdout and stderr go to `log`, and which
+//   dies with the test (PR_SET_PDEATHSIG). Returns its pid (-1 if fork failed); the caller waits for
+//   it. Exit status 126: the log could not be opened; 127: the program could not start.
+// - wait_for_text polls a log file until it holds a text (or the deadline, or the process exited).
+// - child_with_arg finds the child of a process whose command line holds a text.
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace arlo::e2e {
@@ -26,6 +36,40 @@ inline pid_t spawn_logged(const std::vector<std::string>& args, const std::files
   argv.push_back(nullptr);
   ::execv(argv[0], argv.data());
   ::_exit(127);
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// True once `log` contains `text`; false at `timeout` or when `pid` exited (it is not reaped).
+inline bool wait_for_text(const std::filesystem::path& log, const std::string& text, pid_t pid,
+                          std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (read_text(log).find(text) != std::string::npos) return true;
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// The child of `parent` whose command line contains `needle` (its arguments joined by spaces);
+// -1 when there is none.
+inline pid_t child_with_arg(pid_t parent, const std::string& needle) {
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::stringstream children(read_text(task.path() / "children"));
+    for (pid_t child; children >> child;) {
+      std::string cmdline = read_text("/proc/" + std::to_string(child) + "/cmdline");
+      for (auto& c : cmdline)
+        if (c == '\0') c = ' ';
+      if (cmdline.find(needle) != std::string::npos) return child;
+    }
+  }
+  return -1;
 }
 
 }  // namespace arlo::e2e

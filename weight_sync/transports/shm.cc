@@ -462,7 +462,7 @@ class ShmSender final : public SenderTransport {
     };
     (void)wait_for(h, deadline, [&] { return answered() >= 1; }, [] { return ok(); }, "a receiver to join");
     if (answered() >= 1) {
-      const auto window = std::min<std::chrono::milliseconds>(o.bucket_timeout, std::chrono::milliseconds(1000));
+      const auto window = std::min(o.bucket_timeout, o.gather_window);
       (void)wait_for(h, Clock::now() + window, [&] { return answered() >= expected_; }, [] { return ok(); },
                      "receivers to join");
       // Receivers came: the transfer has the whole version timeout, however briefly we waited for them.

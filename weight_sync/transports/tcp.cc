@@ -580,9 +580,7 @@ void collect_reports(Server& server, const Manifest& m, std::vector<PeerReport>&
 }
 
 // How long a transfer waits for the other expected receivers once the first one came.
-std::chrono::milliseconds gather_window(const Options& o) {
-  return std::min<std::chrono::milliseconds>(o.bucket_timeout, std::chrono::milliseconds(1000));
-}
+std::chrono::milliseconds gather_window(const Options& o) { return std::min(o.bucket_timeout, o.gather_window); }
 
 class TcpSender final : public SenderTransport {
  public:

@@ -112,7 +112,13 @@ class FakeInference final : public InferencePort {
     log.push_back(fmt::format("resume {}", worker));
     co_return ok();
   }
-  Awaitable<Result<WorkerWeights>> weights(std::string, TimePoint) override {
+  Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint) override {
+    log.push_back(fmt::format("weights {}", worker));
+    if (hang_pause.count(worker)) {  // a stopped worker answers nothing
+      Promise<Result<WorkerWeights>> never(ex_);
+      hung_weights_.push_back(never);
+      co_return co_await never.get();
+    }
     co_return WorkerWeights{version_, fmt::format("fake-{}", version_)};
   }
 
@@ -190,6 +196,7 @@ class FakeInference final : public InferencePort {
   std::vector<Pending> pending_;
   std::vector<GenerateRequest> requests_;
   std::vector<Promise<Status>> hung_;
+  std::vector<Promise<Result<WorkerWeights>>> hung_weights_;
   Version version_ = 0;
 };
 

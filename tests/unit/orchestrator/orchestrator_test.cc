@@ -354,9 +354,33 @@ TEST(WeightUpdate, HangingAdminCallIsCutOffAndRetried) {
   ASSERT_TRUE(h.run_until([&] { return !h.orch->weight_watcher().syncing(); }, 1000));
   EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "pause(keep) w1"), 2);  // admin_attempts
   EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "update(v1) w1"), 0);
-  EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "resume w1"), 1);
+  EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "resume w1"), 0);  // it did not answer the pause
   EXPECT_EQ(h.orch->weight_watcher().failures(), 1u);
   EXPECT_EQ(h.orch->dispatcher().version(), 1);  // w0 took it
+}
+
+// A stopped worker costs one update: it is then left out (v2 does not wait on it), probed, and once
+// it answers it rejoins and the current version is synced again so it catches up.
+TEST(WeightUpdate, AFailedWorkerIsLeftOutProbedAndRejoins) {
+  Harness h;
+  h.inf.hang_pause = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 1; }, 1000));
+  EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+  const auto pauses_of_w1 = std::count(h.inf.log.begin(), h.inf.log.end(), "pause(keep) w1");
+  h.trainer.publish(2);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 2; }, 1000));
+  EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "pause(keep) w1"), pauses_of_w1);  // not asked again
+  EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "update(v2) w0"), 1);
+  // It comes back: a probe (GET its weights) succeeds and v2 is synced to it.
+  h.inf.hang_pause.clear();
+  ASSERT_TRUE(h.run_until([&] {
+    return std::count(h.inf.log.begin(), h.inf.log.end(), "update(v2) w1") == 1 && !h.orch->weight_watcher().syncing();
+  }, 1000));
+  EXPECT_TRUE(h.orch->weight_watcher().left_out().empty());
+  EXPECT_GE(std::count(h.inf.log.begin(), h.inf.log.end(), "weights w1"), 1);  // the probe
+  EXPECT_EQ(h.orch->weight_watcher().synced(), 2);
 }
 
 TEST(Drain, StopsAtMaxStepsWithFinalEval) {
