@@ -31,6 +31,11 @@ OptionSpec OptionSpec::one_of(std::vector<std::string> allowed) && {
   return std::move(*this);
 }
 
+OptionSpec OptionSpec::is_path() && {
+  path = true;
+  return std::move(*this);
+}
+
 OptionSpec string_option(std::string key, std::string def, std::string doc) {
   OptionSpec o;
   o.key = std::move(key);

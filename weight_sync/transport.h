@@ -38,10 +38,12 @@ struct OptionSpec {
   std::optional<double> min, max;    // kInt / kFloat: inclusive bounds
   bool config = false;               // a user config key (false: set by arlo, e.g. endpoints)
   nlohmann::json config_default;     // null: default_value; strings may use "{section.key}" templates
+  bool path = false;                 // kString: a filesystem path (callers make it absolute)
 
   // Builders: string_option("dir", "", "where versions live").user_key("{run.dir}/weights").
   OptionSpec user_key(nlohmann::json config_default = nullptr) &&;
   OptionSpec one_of(std::vector<std::string> allowed) &&;
+  OptionSpec is_path() &&;
 };
 OptionSpec string_option(std::string key, std::string def, std::string doc);
 OptionSpec bool_option(std::string key, bool def, std::string doc);

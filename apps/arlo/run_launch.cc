@@ -80,7 +80,11 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
       case weight_sync::OptionSpec::Type::kBool: b[o.key] = cfg.boolean(key); break;
       case weight_sync::OptionSpec::Type::kInt: b[o.key] = cfg.integer(key); break;
       case weight_sync::OptionSpec::Type::kFloat: b[o.key] = cfg.number(key); break;
-      case weight_sync::OptionSpec::Type::kString: b[o.key] = cfg.string(key); break;
+      case weight_sync::OptionSpec::Type::kString: {
+        const auto& v = cfg.string(key);
+        b[o.key] = o.path && !v.empty() ? std::filesystem::absolute(v).string() : v;  // the same for every process
+        break;
+      }
     }
   }
   if (auto checked = weight_sync::options_from_json(b); !checked)
@@ -98,7 +102,6 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
   const std::string dir = cfg.string("weight_sync.dir");
   ws.weights_dir = std::filesystem::absolute(dir.empty() ? std::filesystem::path(run_dir) / "weights" : std::filesystem::path(dir)).string();
   ARLO_ASSIGN_OR_RETURN(ws.block, block_from_config(cfg, *d));
-  if (ws.block.contains("dir")) ws.block["dir"] = ws.weights_dir;  // absolute, for every process
   ws.chain = cfg.string("weight_sync.topology") == "chain";
   if (ws.chain && !d->capabilities.relays)
     return make_error(ErrorCode::kInvalidArgument,

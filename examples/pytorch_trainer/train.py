@@ -8,7 +8,7 @@ truncated importance sampling against the inference logprobs (plus cross-entropy
 ce_weights), and publishes every new version through weight_sync so inference workers pick it up.
 
     python3 examples/pytorch_trainer/train.py --run-dir runs/x --transport dir \\
-        --ws-transport filesystem --ws-dir runs/x/weights
+        --weight-sync '{"transport": "filesystem", "dir": "runs/x/weights"}'
 
 Started by `arlo run` (trainer.launch: command, e.g. configs/pytorch-trainer.yaml), it takes its
 defaults from the environment arlo gives it: the bridge (ARLO_BRIDGE_TRANSPORT, ARLO_BRIDGE_ADDRESS,
@@ -182,10 +182,10 @@ def policy_loss(model, t, loss_tokens, is_cap):
 # Started by arlo run (trainer.launch: command): defaults from the environment it gives.
 
 def arlo_defaults(env):
-    """argparse defaults from arlo run's environment ({} when not run by arlo), and the weight-sync
-    block it asks this trainer to publish with (None when not run by arlo)."""
+    """argparse defaults from arlo run's environment ({} when not run by arlo), the weight-sync block
+    it asks this trainer to publish with included."""
     if not env.get("ARLO_BRIDGE_TRANSPORT"):
-        return {}, None
+        return {}
     d = {"transport": env["ARLO_BRIDGE_TRANSPORT"], "run_dir": env.get("ARLO_RUN_DIR")}
     address = env.get("ARLO_BRIDGE_ADDRESS", "")
     if address:
@@ -199,8 +199,9 @@ def arlo_defaults(env):
     if d["run_dir"]:
         d["metrics"] = os.path.join(d["run_dir"], "trainer_metrics.jsonl")
     d["log_every"] = 50
-    weight_sync = json.loads(env["ARLO_WEIGHT_SYNC"]) if env.get("ARLO_WEIGHT_SYNC") else None
-    return d, weight_sync
+    if env.get("ARLO_WEIGHT_SYNC"):
+        d["weight_sync"] = json.loads(env["ARLO_WEIGHT_SYNC"])
+    return d
 
 
 def next_batches(bridge, idle_timeout, stop):
@@ -223,18 +224,17 @@ def next_batches(bridge, idle_timeout, stop):
 
 
 def main(argv=None):
-    defaults, arlo_weight_sync = arlo_defaults(os.environ)
+    defaults = arlo_defaults(os.environ)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transport", default="dir", choices=["dir", "socket"])
     ap.add_argument("--run-dir", help="dir transport: the orchestrator's run directory")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="socket transport: the orchestrator's bridge port")
     ap.add_argument("--rank", type=int, default=0)
-    ap.add_argument("--ws-transport", help="weight_sync transport: filesystem | tcp | shm (default filesystem, or "
-                    "run by arlo: ARLO_WEIGHT_SYNC; any --ws-* flag replaces that block)")
-    ap.add_argument("--ws-dir", help="weight_sync filesystem: <dir>/v<version>/")
-    ap.add_argument("--ws-address", help="weight_sync tcp: where this trainer listens (host:port)")
-    ap.add_argument("--ws-receivers", type=int, default=1, help="weight_sync tcp: workers to wait for")
+    ap.add_argument("--weight-sync", type=json.loads,
+                    help="the weight-sync block as JSON (docs/weight-sync.md), e.g. '{\"transport\": \"tcp\", "
+                    "\"address\": \"0.0.0.0:0\", \"expected_receivers\": 2}'; run by arlo: $ARLO_WEIGHT_SYNC; "
+                    "else filesystem under <run-dir>/weights")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
@@ -278,15 +278,12 @@ def main(argv=None):
     else:
         model.init_weights(args.seed)
 
-    if arlo_weight_sync is not None and not (args.ws_transport or args.ws_dir or args.ws_address):
-        ws = arlo_weight_sync  # unchanged: arlo's block is the weight_sync library's own form
-    else:
-        ws = {"transport": args.ws_transport or "filesystem"}
-        if args.ws_dir:
-            ws["dir"] = args.ws_dir
-        if args.ws_address:
-            ws["address"] = args.ws_address
-            ws["expected_receivers"] = args.ws_receivers
+    # The block goes to the bridge unchanged: it is the weight_sync library's own form.
+    ws = args.weight_sync
+    if ws is None:
+        if not args.run_dir:
+            ap.error("--weight-sync is required without --run-dir (or ARLO_WEIGHT_SYNC)")
+        ws = {"transport": "filesystem", "dir": os.path.join(args.run_dir, "weights")}
     bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port, rank=args.rank,
                     start_after_step=step, weight_sync=ws)
     metrics_file = open(args.metrics, "a") if args.metrics else None

@@ -493,7 +493,7 @@ TransportDescriptor filesystem_transport() {
   d.doc = "safetensors shards under dir/v<N>/ (durable; also what vLLM and SGLang load from disk)";
   d.capabilities.durable = true;
   d.options = {
-      string_option("dir", "", "where versions v<N>/ are written").user_key("{run.dir}/weights"),
+      string_option("dir", "", "where versions v<N>/ are written").user_key("{run.dir}/weights").is_path(),
       int_option("poll_interval_ms", 50, "how often a receiver looks for a new STABLE version", 1, 60000),
   };
   d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {

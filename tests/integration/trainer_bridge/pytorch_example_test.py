@@ -87,7 +87,7 @@ def run_trainer_and_feeder(transport, run_dir, ws_dir, samples_path, log):
         if port is None:
             fail(f"feeder ({transport}) exited without a port")
         args = [sys.executable, EXAMPLE, "--transport", transport, "--run-dir", run_dir, "--port", str(port),
-                "--ws-transport", "filesystem", "--ws-dir", ws_dir, "--steps", str(STEPS), "--metrics", log,
+                "--weight-sync", json.dumps({"transport": "filesystem", "dir": ws_dir}), "--steps", str(STEPS), "--metrics", log,
                 "--lr", "1e-3"]
         trainer = subprocess.run(args, capture_output=True, text=True, timeout=240)
         if trainer.returncode != 0:
@@ -124,7 +124,7 @@ def main():
         open(samples_path, "w").close()
         log = os.path.join(tmp, "dir_metrics.jsonl")
         trainer = subprocess.Popen([sys.executable, EXAMPLE, "--transport", "dir", "--run-dir", run_dir,
-                                    "--ws-transport", "filesystem", "--ws-dir", ws_dir, "--steps", str(STEPS),
+                                    "--weight-sync", json.dumps({"transport": "filesystem", "dir": ws_dir}), "--steps", str(STEPS),
                                     "--metrics", log, "--lr", "1e-3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
         wait_file(os.path.join(ws_dir, "v0", "STABLE"), trainer)
