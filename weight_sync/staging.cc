@@ -36,7 +36,6 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
-#include "weight_sync/testing.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::weight_sync {
@@ -56,21 +55,6 @@ struct Slot {
   bool copying = false;
   int users = 0;       // the publisher thread works on it
 };
-
-// The checks Publisher::create makes (weight_sync.cc).
-Status check_options(const Options& o) {
-  if (o.bucket_bytes < (1ull << 20) || o.bucket_bytes >= (4ull << 30))
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync.bucket_bytes must be in [1 MiB, 4 GiB)");
-  if (o.payload.delta_dense_threshold < 0 || o.payload.delta_dense_threshold > 1)
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync.delta_dense_threshold must be in [0, 1]");
-  if (o.keep_last < 2) return make_error(ErrorCode::kInvalidArgument, "weight_sync.keep_last must be >= 2");
-  if (o.expected_receivers < 1)
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync expected_receivers must be >= 1");
-  if (o.bucket_timeout.count() <= 0 || o.timeout.count() <= 0)
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync bucket_timeout and timeout must be > 0");
-  if (o.relay) return make_error(ErrorCode::kInvalidArgument, "weight_sync: relay is a receiver option, not a publisher's");
-  return ok();
-}
 
 class StagingPublisherImpl final : public StagingPublisher {
  public:
@@ -398,14 +382,9 @@ class StagingPublisherImpl final : public StagingPublisher {
 }  // namespace
 
 Result<std::unique_ptr<StagingPublisher>> StagingPublisher::create(const Options& options, Announce announce) {
-  ARLO_TRY(check_options(options));
-  ARLO_ASSIGN_OR_RETURN(const auto* d, find_transport(options.transport));
-  SenderState state;
-  state.options = options;
-  ARLO_ASSIGN_OR_RETURN(state.params, resolve_params(*d, options.params));
-  state.faults = testing::faults(testing::Side::kPublisher);
-  ARLO_ASSIGN_OR_RETURN(auto t, d->sender(state));
-  return std::unique_ptr<StagingPublisher>(new StagingPublisherImpl(*d, std::move(t), std::move(state), std::move(announce)));
+  ARLO_ASSIGN_OR_RETURN(auto side, make_sender(options));
+  return std::unique_ptr<StagingPublisher>(new StagingPublisherImpl(*side.descriptor, std::move(side.transport),
+                                                                    std::move(side.state), std::move(announce)));
 }
 
 }  // namespace arlo::weight_sync

@@ -127,4 +127,19 @@ Result<const TransportDescriptor*> find_transport(std::string_view name);
 // descriptor's defaults filled in for absent keys.
 Result<nlohmann::json> resolve_params(const TransportDescriptor& d, const nlohmann::json& params);
 
+// A side of a transfer made from `options` (checked; params resolved; the test seam's faults of
+// that side taken): what Publisher, Subscriber and StagingPublisher are built on.
+struct SenderSide {
+  const TransportDescriptor* descriptor = nullptr;
+  SenderState state;
+  std::unique_ptr<SenderTransport> transport;
+};
+struct ReceiverSide {
+  const TransportDescriptor* descriptor = nullptr;
+  ReceiverState state;
+  std::unique_ptr<ReceiverTransport> transport;
+};
+Result<SenderSide> make_sender(const Options& options);
+Result<ReceiverSide> make_receiver(const Options& options);
+
 }  // namespace arlo::weight_sync

@@ -102,24 +102,36 @@ class SubscriberImpl final : public Subscriber {
 
 }  // namespace
 
+Result<SenderSide> make_sender(const Options& options) {
+  if (options.relay)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync: relay is a receiver option, not a publisher's");
+  SenderSide side;
+  ARLO_ASSIGN_OR_RETURN(side.descriptor, descriptor_for(options));
+  side.state.options = options;
+  ARLO_ASSIGN_OR_RETURN(side.state.params, resolve_params(*side.descriptor, options.params));
+  side.state.faults = testing::faults(testing::Side::kPublisher);
+  ARLO_ASSIGN_OR_RETURN(side.transport, side.descriptor->sender(side.state));
+  return side;
+}
+
+Result<ReceiverSide> make_receiver(const Options& options) {
+  ReceiverSide side;
+  ARLO_ASSIGN_OR_RETURN(side.descriptor, descriptor_for(options));
+  side.state.options = options;
+  ARLO_ASSIGN_OR_RETURN(side.state.params, resolve_params(*side.descriptor, options.params));
+  side.state.faults = testing::faults(testing::Side::kSubscriber);
+  ARLO_ASSIGN_OR_RETURN(side.transport, side.descriptor->receiver(side.state));
+  return side;
+}
+
 Result<std::unique_ptr<Publisher>> Publisher::create(const Options& options) {
-  ARLO_ASSIGN_OR_RETURN(const auto* d, descriptor_for(options));
-  SenderState state;
-  state.options = options;
-  ARLO_ASSIGN_OR_RETURN(state.params, resolve_params(*d, options.params));
-  state.faults = testing::faults(testing::Side::kPublisher);
-  ARLO_ASSIGN_OR_RETURN(auto t, d->sender(state));
-  return std::unique_ptr<Publisher>(new PublisherImpl(std::move(t), std::move(state)));
+  ARLO_ASSIGN_OR_RETURN(auto side, make_sender(options));
+  return std::unique_ptr<Publisher>(new PublisherImpl(std::move(side.transport), std::move(side.state)));
 }
 
 Result<std::unique_ptr<Subscriber>> Subscriber::create(const Options& options) {
-  ARLO_ASSIGN_OR_RETURN(const auto* d, descriptor_for(options));
-  ReceiverState state;
-  state.options = options;
-  ARLO_ASSIGN_OR_RETURN(state.params, resolve_params(*d, options.params));
-  state.faults = testing::faults(testing::Side::kSubscriber);
-  ARLO_ASSIGN_OR_RETURN(auto t, d->receiver(state));
-  return std::unique_ptr<Subscriber>(new SubscriberImpl(std::move(t), std::move(state)));
+  ARLO_ASSIGN_OR_RETURN(auto side, make_receiver(options));
+  return std::unique_ptr<Subscriber>(new SubscriberImpl(std::move(side.transport), std::move(side.state)));
 }
 
 Result<std::uint64_t> Subscriber::checksum(WeightSink& sink) const {
