@@ -40,6 +40,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -47,6 +48,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/e2e/spawn.h"
 #include "weight_sync/qwen3.h"
 #include "weight_sync/staging.h"
 #include "weight_sync/transport.h"
@@ -75,6 +77,7 @@ struct Args {
   bool baselines = true;
   bool transfer = true;  // the Publisher table (star, chain)
   bool stall = true;     // the StagingPublisher table
+  bool arlo_run = true;  // star vs chain in `arlo run` with 3 embedded arlo-workers
   int versions = 5;     // stall table: versions the trainer stages
   int step_ms = 500;    // stall table: the trainer's step (one stage() per step)
   int repeat = 3;  // timed repetitions; the best is reported (the machine is shared)
@@ -617,6 +620,8 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+
 // The trainer (one process) stages versions 1..K through a StagingPublisher, one every --step-ms
 // (its "training step"), and changes the weights in between; N receiver processes learn of each
 // version from its announcement (as workers do from the orchestrator), pull it, and stop once they
@@ -837,7 +842,6 @@ void print_staging(const nlohmann::json& r, int receivers) {
       ++complete;
     }
   }
-  auto max_of = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
   char e2e_s[64] = "-";
   if (!e2e.empty()) std::snprintf(e2e_s, sizeof e2e_s, "%.3f / %.3f", median(e2e), max_of(e2e));
   std::printf("%-12s %7.4f / %7.4f %8.4f %8.4f %6.2fx / %5.2fx %6.2fx / %6.2fx   %-15s %d/%zu\n", name.c_str(), median(stall),
@@ -895,6 +899,87 @@ std::optional<std::vector<const ws::TransportDescriptor*>> chosen_transports(con
 
 }  // namespace
 
+#ifdef ARLO_BINARY
+// `arlo run configs/quickstart.yaml` with 3 embedded arlo-workers and `topology`: the weight_sync
+// records of its metrics.jsonl (one per version the orchestrator moved).
+struct ArloRunSyncs {
+  std::string error;
+  std::vector<double> seconds;  // per version: the whole update, all workers
+  std::vector<double> update;   // per version: the slowest worker's transfer (update_s)
+  int workers_ok = 0, workers = 0;
+  std::string checksums;        // "all equal" or what differed
+};
+
+ArloRunSyncs arlo_run_syncs(const std::string& transport, const std::string& topology, int steps) {
+  ArloRunSyncs r;
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("arlo-bench-ws-run-" + topology + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir.parent_path());
+  const auto log = dir.string() + ".log";
+  std::vector<std::string> argv = {ARLO_BINARY, "run", std::string(ARLO_SOURCE_DIR) + "/configs/quickstart.yaml"};
+  for (const std::string& set : std::vector<std::string>{
+           "run.dir=" + dir.string(), "log.progress=false", "status.port=0", "run.max_steps=" + std::to_string(steps),
+           "orchestrator.sft_warmup_steps=" + std::to_string(steps - 2), "eval.interval=0", "inference.num_workers=3",
+           "weight_sync.transport=" + transport, "weight_sync.topology=" + topology})
+    argv.insert(argv.end(), {"--set", set});
+  const pid_t pid = arlo::e2e::spawn_logged(argv, log);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    r.error = "arlo run failed; see " + log;
+    return r;
+  }
+  std::stringstream in(arlo::e2e::read_text(dir / "metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const auto rec = nlohmann::json::parse(line, nullptr, false);
+    if (!rec.is_object() || rec.value("kind", "") != "weight_sync" || !rec.value("applied", false)) continue;
+    r.seconds.push_back(rec.value("weight_sync/seconds", 0.0));
+    double slowest = 0;
+    for (const auto& w : rec.value("workers", nlohmann::json::array())) {
+      slowest = std::max(slowest, w.value("update_s", 0.0));
+      ++r.workers;
+      r.workers_ok += w.value("ok", false);
+    }
+    r.update.push_back(slowest);
+  }
+  const auto summary = nlohmann::json::parse(arlo::e2e::read_text(dir / "summary.json"), nullptr, false);
+  std::set<std::string> sums;
+  const auto workers = summary.is_object() ? summary.value("workers", nlohmann::json::object()) : nlohmann::json::object();
+  for (const auto& [name, w] : workers.items())
+      sums.insert(w.is_object() ? w.value("checksum", std::string("?")) : std::string("?"));
+  const auto trainer_it = summary.is_object() ? summary.find("trainer") : summary.end();
+  const std::string trainer =
+      trainer_it != summary.end() && trainer_it->is_object() ? trainer_it->value("checksum", std::string()) : "";
+  r.checksums = sums.size() == 1 && *sums.begin() == trainer ? "every worker = trainer" : "DIFFER";
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(log);
+  return r;
+}
+
+void print_arlo_run(const std::vector<const ws::TransportDescriptor*>& chosen, int steps) {
+  std::printf("\n== arlo run: configs/quickstart.yaml, 3 embedded arlo-workers, %d steps, each version the orchestrator "
+              "moves ==\n", steps);
+  std::printf("%-26s %9s %18s %18s %12s   %s\n", "run", "versions", "update med / max s", "transfer med / max",
+              "workers ok", "checksums");
+  for (const auto* d : chosen) {
+    for (const std::string topology : {"star", "chain"}) {
+      if (topology == "chain" && !d->capabilities.relays) continue;
+      const std::string label = d->name + " " + topology;
+      const auto r = arlo_run_syncs(d->name, topology, steps);
+      if (!r.error.empty()) {
+        std::printf("%-26s FAILED: %s\n", label.c_str(), r.error.c_str());
+        continue;
+      }
+      std::printf("%-26s %9zu %8.3f / %7.3f %8.3f / %7.3f %5d / %-5d   %s\n", label.c_str(), r.seconds.size(),
+                  median(r.seconds), max_of(r.seconds), median(r.update), max_of(r.update),
+                  r.workers_ok, r.workers, r.checksums.c_str());
+      std::fflush(stdout);
+    }
+  }
+}
+#endif
+
 int main(int argc, char** argv) {
   Args args;
   CLI::App app{"arlo weight_sync benchmark (bench/weight_sync/README.md describes the output)"};
@@ -921,6 +1006,9 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-baselines", args.baselines, "skip memcpy / socket / filesystem baselines");
   app.add_flag("!--no-transfer", args.transfer, "skip the transfer table (Publisher, star and chain)");
   app.add_flag("!--no-stall", args.stall, "skip the staging stall table (StagingPublisher)");
+  app.add_flag("!--no-arlo-run", args.arlo_run, "skip star vs chain in `arlo run` with 3 embedded arlo-workers");
+  int run_steps = 30;
+  app.add_option("--run-steps", run_steps, "arlo run table: steps per run")->check(CLI::Range(4, 100000));
   app.add_option("--versions", args.versions, "stall table: versions the trainer stages")->check(CLI::Range(2, 100));
   app.add_option("--step-ms", args.step_ms, "stall table: the trainer's step, one stage() at the start of each")
       ->check(CLI::Range(0, 600000));
@@ -1060,6 +1148,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+#ifdef ARLO_BINARY
+  if (args.arlo_run) print_arlo_run(*chosen, run_steps);
+#else
+  (void)run_steps;
+#endif
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (args.transfer) {
