@@ -99,8 +99,7 @@ Result<Options> options_from_json(const json& block, const Options& base) {
   json params = o.params.is_object() ? o.params : json::object();
   for (const auto& [k, v] : block.items())
     if (!is_shared(k)) params[k] = v;
-  ARLO_ASSIGN_OR_RETURN(auto checked, resolve_params(*d, params));
-  (void)checked;  // unknown keys and bad values surface here, naming the key
+  ARLO_TRY(resolve_params(*d, params));  // unknown keys and bad values surface here, naming the key
   o.params = std::move(params);
   return o;
 }

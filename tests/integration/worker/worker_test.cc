@@ -207,6 +207,19 @@ TEST(WorkerOpenAi, HealthModelsMetrics) {
 
 // ------------------------------------------------------------------ admin plane
 
+// A malformed update is refused with a message naming what is wrong, and nothing starts.
+TEST(WorkerAdmin, BadWeightSyncBlocksAreRefused) {
+  Worker w;
+  ASSERT_TRUE(w.ok());
+  auto missing = w.post("/weights/prepare", {{"version", 1}}, 400);
+  EXPECT_EQ(missing["error"]["param"], "weight_sync") << missing.dump();
+  auto unknown = w.post("/weights/prepare", {{"version", 1}, {"weight_sync", {{"transport", "carrier-pigeon"}}}}, 400);
+  EXPECT_NE(unknown["error"]["message"].get<std::string>().find("carrier-pigeon"), std::string::npos) << unknown.dump();
+  auto bad_key = w.post("/weights/prepare", {{"version", 1}, {"weight_sync", {{"transport", "tcp"}, {"dir", "/tmp"}}}}, 400);
+  EXPECT_NE(bad_key["error"]["message"].get<std::string>().find("'dir'"), std::string::npos) << bad_key.dump();
+  EXPECT_TRUE(w.get("/weights")["preparing"].is_null());
+}
+
 TEST(WorkerAdmin, PauseQueuesRequestsUntilResume) {
   Worker w;
   ASSERT_TRUE(w.ok());
