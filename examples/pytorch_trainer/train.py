@@ -288,9 +288,10 @@ def main(argv=None):
                     start_after_step=step, weight_sync=ws)
     metrics_file = open(args.metrics, "a") if args.metrics else None
     try:
-        if step == 0:
-            bridge.publish(0, model.hf_state_dict())
-            print("published v0", flush=True)
+        # v0 at start; after a restart, the version of the checkpoint (the workers may not hold it,
+        # and a resumed orchestrator waits for it before the first rollout).
+        bridge.publish(step, model.hf_state_dict())
+        print(f"published v{step}", flush=True)
         for batch in next_batches(bridge, args.idle_timeout, stop):
             t0 = time.time()
             t = batch.tensors(torch=True)
