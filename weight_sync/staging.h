@@ -10,11 +10,13 @@
 // - stage(version, source) copies `source` into staging memory and returns; the trainer's step is
 //   never held longer than that copy. At most `keep_last` versions are staged (the newest; older
 //   ones are dropped once no transfer uses them).
-// - Streaming transports announce a version as soon as it is staged; receivers pull it when the
-//   orchestrator tells them to. Durable transports (filesystem) announce it once it is on disk.
+// - Streaming transports announce a version as soon as the publisher serves it (right after it is
+//   staged, within one 50 ms serve attempt), so a receiver told of it never meets an older one;
+//   receivers pull it when the orchestrator tells them to. Durable transports (filesystem) announce
+//   it once it is on disk.
 // - A version superseded before anyone pulled it is dropped (durable: never written).
 // - Receivers that never come hold nobody: a transfer starts with the receivers that came
-//   (Options::expected_receivers is how many it waits for at most, briefly); a receiver that comes
+//   (Options::expected_receivers is how many it waits for, at most gather_window); a receiver that comes
 //   late, or restarts, gets the newest staged version (full, or a delta from what it holds).
 //
 // - Announcements come in increasing version order; a version superseded before the publisher's
@@ -22,9 +24,10 @@
 // - A held version (stage_held) is the base of the next delta, as is every version delivered.
 //
 // Thread-safety: stage(), flush() and the accessors may be called from any thread; the announce
-// callback runs on the publisher's own thread (it may call last_report(), not the destructor).
-// The destructor stops that thread; it returns within one short poll (250 ms) when no transfer
-// runs, else once the transfer in progress ends (bounded by bucket_timeout per bucket).
+// callback runs on the publisher's announcer thread (it may call last_report(), not the
+// destructor). The destructor stops the publisher's threads; it returns within one serve attempt
+// (50 ms) when no transfer runs, else once the transfer in progress ends (bounded by bucket_timeout
+// per bucket).
 #include <chrono>
 #include <cstdint>
 #include <functional>

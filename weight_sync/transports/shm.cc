@@ -11,8 +11,8 @@
 // Session protocol per publish: phase kJoining (manifest written; receivers check it against their
 // sink and answer accepted / refused / need_full), the publisher admits the accepted receivers and
 // moves to kStreaming, then kDone once every admitted receiver applied or failed. publish(v,
-// deadline) waits until `deadline` for the first answer, then at most min(bucket_timeout, 1 s) for
-// the other expected receivers; one that does not come holds nobody (it joins a later session).
+// deadline) waits until `deadline` for the first answer, then at most min(bucket_timeout,
+// Options::gather_window) for the other expected receivers; one that does not come holds nobody (it joins a later session).
 // Once receivers came the session runs under Options::timeout even if `deadline` is nearer, so a
 // caller may poll for receivers with short deadlines. A receiver that holds v already sits out v.
 //

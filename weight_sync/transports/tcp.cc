@@ -8,7 +8,7 @@
 // a need for a full resync anywhere is known before data moves.
 //
 // Who is served: publish(v, deadline) waits until `deadline` for the first receiver, then at most
-// min(bucket_timeout, 1 s) for the other expected ones, and streams to those that came; one that
+// min(bucket_timeout, Options::gather_window) for the other expected ones, and streams to those that came; one that
 // never comes holds nobody (it is served by a later publish). Once receivers came the transfer runs
 // under Options::timeout even if `deadline` is nearer, so a caller may poll for receivers with short
 // deadlines (the StagingPublisher does). A receiver that already holds v is not sent v again.
