@@ -1,6 +1,8 @@
 #include "rollout/inference_pool.h"
 
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -16,6 +18,7 @@
 namespace arlo::rollout {
 
 namespace asio = boost::asio;
+using namespace boost::asio::experimental::awaitable_operators;
 
 namespace {
 
@@ -66,6 +69,7 @@ void HttpInferencePool::add_server(const std::string& base_url) {
     servers_.push_back(std::make_unique<Server>());
     s = servers_.back().get();
     s->url = url;
+    s->lost = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::time_point::max());
   }
   s->healthy = false;
   s->circuit_open = false;
@@ -163,6 +167,8 @@ void HttpInferencePool::open_circuit(Server& s) {
   s.circuit_open = true;
   s.healthy = false;
   s.backoff = options_.open_backoff_initial;
+  s.lost->cancel();  // wakes the requests waiting on it; later ones wait on a fresh timer
+  s.lost = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::time_point::max());
   ARLO_WARN("inference pool: circuit open for {} after {} consecutive failures", s.url, s.consecutive_failures);
   if (!s.recovering && running_) {
     s.recovering = true;
@@ -263,9 +269,18 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
     hr.idempotent = false;
     hr.retry = http::RetryPolicy{1, {}, {}};  // the pool retries, on another server
     ++s->outstanding;
-    auto resp = co_await client_->request(std::move(hr));
+    auto lost = s->lost;  // this attempt gives up when the server's circuit opens meanwhile
+    auto raced = co_await (client_->request(std::move(hr)) ||
+                           lost->async_wait(asio::as_tuple(asio::use_awaitable)));
     if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
     --s->outstanding;
+    if (raced.index() == 1) {  // no on_failure: the circuit is open already
+      last_error = Error(ErrorCode::kUnavailable,
+                         fmt::format("{}{}: the server stopped answering (its circuit opened) while the request ran",
+                                     s->url, path));
+      continue;
+    }
+    auto resp = std::move(std::get<0>(raced));
     if (!resp) {
       if (!retryable(resp.error().code())) co_return std::unexpected(std::move(resp).error().with_context(s->url + path));
       on_failure(*s, resp.error());

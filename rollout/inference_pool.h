@@ -10,7 +10,9 @@
 //     submit() completes exactly once, with the first successful answer or the last error;
 //   - a circuit breaker per server: `failure_threshold` consecutive failures open it; while open the
 //     server gets no requests and is probed with GET /health after an exponential backoff; a
-//     successful probe closes it;
+//     successful probe closes it. Requests still waiting on a server when its circuit opens (a
+//     stopped or hung worker answers nothing) are cut off and retried on another one, within their
+//     deadline;
 //   - servers join (add_server: usable after its first successful health check) and leave
 //     (remove_server: no new requests, in-flight ones finish) at runtime.
 // Threading: everything runs on the io_context's single thread; no locks.
@@ -102,6 +104,8 @@ class HttpInferencePool final : public InferencePool {
     std::uint64_t completed = 0;
     std::uint64_t failed = 0;
     std::optional<std::int64_t> version;
+    // Fires (is cancelled) when the circuit opens: requests waiting on this server give up on it.
+    std::shared_ptr<boost::asio::steady_timer> lost;
   };
 
   Server* find(const std::string& url);

@@ -253,7 +253,8 @@ TEST(QuickstartE2E, WeightsMoveDownAChainOfThreeWorkers) {
 
 // One of two workers stopped (SIGSTOP) right after it became healthy, for the whole run: the run
 // still finishes over tcp, the other worker took every version the orchestrator moved, and the
-// stopped one holds nobody (it failed one update, was left out of the next ones and of dispatch).
+// stopped one holds nobody (it failed one update, was left out of the next ones and of dispatch;
+// the requests it held moved to the other worker once its circuit opened).
 // The trainer-side cost of the stopped worker is measured by `arlo bench stopped-worker`.
 TEST(QuickstartE2E, AStoppedWorkerHoldsNobody) {
   const char* src = std::getenv("ARLO_SOURCE_DIR");
@@ -264,9 +265,7 @@ TEST(QuickstartE2E, AStoppedWorkerHoldsNobody) {
   std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml"};
   const std::vector<std::string> sets = {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0",
                                          "run.max_steps=20", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
-                                         "weight_sync.transport=tcp", "inference.admin_timeout_s=2",
-                                         // requests already on the stopped worker fail over after 5 s
-                                         "inference.request_timeout_s=5"};
+                                         "weight_sync.transport=tcp", "inference.admin_timeout_s=2"};
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   const pid_t arlo = arlo::e2e::spawn_logged(args, log);
   ASSERT_GT(arlo, 0);

@@ -145,6 +145,42 @@ TEST(InferencePool, RetriesOn5xxOnAnotherServerAndOpensTheCircuit) {
   // No drain: closed servers may still have queued handlers; the io_context destroys them.
 }
 
+// A server that stops answering (here: it parks the request and its health checks fail, as a
+// SIGSTOPped worker would look): once its circuit opens, the request waiting on it is cut off and
+// answered by the other server, long before its deadline; the parked one never answers.
+TEST(InferencePool, ARequestOnAServerThatStopsAnsweringMovesToAnother) {
+  asio::io_context io;
+  FakeOpenAIServer stuck(io), good(io);
+  HttpInferencePool pool(io, fast_options());
+  pool.add_server(stuck.url());
+  pool.add_server(good.url());
+  pool.start();
+  run(io, [&]() -> asio::awaitable<void> {
+    co_await pool.check_all();
+    stuck.hold = true;
+    stuck.on_held = [&] { stuck.health_status = 503; };  // from now on it answers nothing useful
+    // Requests alternate between the two (round robin among the least loaded): submit until one is
+    // parked on the stuck server.
+    std::optional<Result<Completion>> r;
+    auto parked = [&]() -> asio::awaitable<void> { r = co_await pool.submit(request("q"), std::chrono::seconds(300)); };
+    for (int i = 0; i < 20 && stuck.held == 0; ++i) {
+      r.reset();
+      co_await parked();
+    }
+    EXPECT_EQ(stuck.held, 1);
+    EXPECT_EQ(stuck.answered, 0);
+    EXPECT_TRUE(r.has_value() && *r) << (r && !*r ? r->error().what() : "no result");
+    if (r && *r) {
+      EXPECT_EQ((*r)->server, good.url());
+      EXPECT_EQ((*r)->attempts, 2);
+    }
+    EXPECT_TRUE(status_of(pool.status(), stuck.url()).circuit_open);
+  }());
+  pool.stop();
+  stuck.close();
+  good.close();
+}
+
 TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
   asio::io_context io;
   FakeOpenAIServer a(io);

@@ -111,6 +111,7 @@ class FakeOpenAIServer {
     server_ = std::make_unique<http::Server>(io_, o);
     server_->route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
       ++health_calls;
+      if (health_status != 200) co_return http::Response::error(health_status, "injected health failure", "server_error");
       co_return http::Response::json(200, {{"status", "ok"}, {"version", version}});
     });
     auto completions = [this](http::Request req) -> asio::awaitable<http::Response> {
@@ -176,6 +177,7 @@ class FakeOpenAIServer {
   int health_calls = 0;
   bool hold = false;
   int fail_with_status = 0;
+  int health_status = 200;  // what GET /health answers
   std::int64_t version = 0;
   std::function<void()> on_held;
 
