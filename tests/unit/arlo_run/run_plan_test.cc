@@ -29,6 +29,15 @@ std::string flag(const std::vector<std::string>& argv, const std::string& name) 
 
 nlohmann::json block_flag(const std::vector<std::string>& argv) { return nlohmann::json::parse(flag(argv, "--weight-sync")); }
 
+// What the bridge hands the orchestrator with a version: the trainer's announcement of it.
+nlohmann::json announced(weight_sync::Version version, const std::string& transport, nlohmann::json endpoint) {
+  weight_sync::Announcement a;
+  a.version = version;
+  a.transport = transport;
+  a.endpoint = std::move(endpoint);
+  return {{"weight_sync", weight_sync::to_json(a)}};
+}
+
 TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndTheTrainerBlock) {
   const auto cfg = load({"inference.num_workers=3", "model.seed=5", "model.hidden=32", "weight_sync.transport=shm"});
   auto plan = plan_launch(cfg, "/tmp/run");
@@ -58,11 +67,7 @@ TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndTheTrainerBlock) {
   EXPECT_EQ(block.value("expected_receivers", 0), 3);
   EXPECT_TRUE(weight_sync::options_from_json(block)) << block.dump();
   // The trainer announces where it is; every worker is sent there.
-  weight_sync::Announcement a;
-  a.version = 7;
-  a.transport = "shm";
-  a.endpoint = {{"shm_name", "arlo-weights-123"}};
-  const auto u = plan->weight_sync.describe(1, 7, rollout::AdminDialect::kArlo, {{"weight_sync", weight_sync::to_json(a)}});
+  const auto u = plan->weight_sync.describe(1, 7, rollout::AdminDialect::kArlo, announced(7, "shm", {{"shm_name", "arlo-weights-123"}}));
   EXPECT_EQ(u.version, 7);
   EXPECT_EQ(u.weight_sync.value("transport", ""), "shm");
   EXPECT_EQ(u.weight_sync.value("shm_name", ""), "arlo-weights-123");
@@ -81,22 +86,15 @@ TEST(ArloRunPlan, DurableUpdatesNameTheWeightsDirectory) {
   EXPECT_EQ(arlo.weight_sync.value("dir", ""), "/tmp/run/w");
   const auto sglang = plan->weight_sync.describe(0, 3, rollout::AdminDialect::kSglang);
   EXPECT_EQ(sglang.extra.value("model_path", ""), "/tmp/run/w/v3");
-  weight_sync::Announcement a;
-  a.version = 4;
-  a.transport = "filesystem";
-  a.endpoint = {{"dir", "/shared/weights"}};
-  const auto vllm = plan->weight_sync.describe(0, 4, rollout::AdminDialect::kVllm, {{"weight_sync", weight_sync::to_json(a)}});
+  const auto vllm =
+      plan->weight_sync.describe(0, 4, rollout::AdminDialect::kVllm, announced(4, "filesystem", {{"dir", "/shared/weights"}}));
   EXPECT_EQ(vllm.extra.value("model_path", ""), "/shared/weights/v4");
 }
 
 TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
   auto plan = plan_launch(load({"weight_sync.transport=tcp"}), "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
-  weight_sync::Announcement a;
-  a.version = 2;
-  a.transport = "tcp";
-  a.endpoint = {{"address", "10.1.2.3:29500"}};
-  const auto u = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, {{"weight_sync", weight_sync::to_json(a)}});
+  const auto u = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, announced(2, "tcp", {{"address", "10.1.2.3:29500"}}));
   EXPECT_EQ(u.weight_sync.value("address", ""), "10.1.2.3:29500");
   // A malformed announcement does not reach the workers: the planned block is used (for tcp it has
   // no endpoint: the update then fails at the worker, naming the missing address).
@@ -129,11 +127,7 @@ TEST(ArloRunPlan, ChainWorkersRelayEachToTheNext) {
   EXPECT_TRUE(w0.value("relay", false));
   EXPECT_TRUE(w1.value("relay", false));
   EXPECT_FALSE(w2.value("relay", false));  // the end of the chain
-  weight_sync::Announcement a;
-  a.version = 1;
-  a.transport = "tcp";
-  a.endpoint = {{"address", "127.0.0.1:4000"}};
-  const nlohmann::json info = {{"weight_sync", weight_sync::to_json(a)}};
+  const auto info = announced(1, "tcp", {{"address", "127.0.0.1:4000"}});
   EXPECT_EQ(plan->weight_sync.describe(0, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
             "127.0.0.1:4000");
   EXPECT_EQ(plan->weight_sync.describe(1, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
