@@ -281,11 +281,11 @@ class StagingPublisherImpl final : public StagingPublisher {
       return false;
     }
     const Announcement a = announcement_of(s, *sum);
-    announce_if(s.held, a);  // its receivers hold it already
+    if (s.held) announce(a);  // its receivers hold it already
     if (!durable_) {
       // Announced once the server serves it, so a receiver told of it never meets an older one.
       hand_to_server(s);
-      announce_if(!s.held, a);
+      if (!s.held) announce(a);
       return true;
     }
     // Written against the previous base (a held version too: then keep_base).
@@ -301,7 +301,7 @@ class StagingPublisherImpl final : public StagingPublisher {
       std::lock_guard l(mu_);
       last_report_ = *r;
     }
-    announce_if(!s.held, a);
+    if (!s.held) announce(a);
     return true;
   }
 
@@ -339,8 +339,7 @@ class StagingPublisherImpl final : public StagingPublisher {
     }
   }
 
-  void announce_if(bool now, const Announcement& a) {
-    if (!now) return;
+  void announce(const Announcement& a) {
     if (announce_) announce_(a);
     {
       std::lock_guard l(mu_);

@@ -26,11 +26,6 @@ OptionSpec OptionSpec::user_key(nlohmann::json def) && {
   return std::move(*this);
 }
 
-OptionSpec OptionSpec::one_of(std::vector<std::string> allowed) && {
-  choices = std::move(allowed);
-  return std::move(*this);
-}
-
 OptionSpec OptionSpec::is_path() && {
   path = true;
   return std::move(*this);

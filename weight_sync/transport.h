@@ -42,7 +42,6 @@ struct OptionSpec {
 
   // Builders: string_option("dir", "", "where versions live").user_key("{run.dir}/weights").
   OptionSpec user_key(nlohmann::json config_default = nullptr) &&;
-  OptionSpec one_of(std::vector<std::string> allowed) &&;
   OptionSpec is_path() &&;
 };
 OptionSpec string_option(std::string key, std::string def, std::string doc);

@@ -147,7 +147,6 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
     }
     ws.upstream.push_back(ws.chain && i > 0 ? relay_endpoints[static_cast<std::size_t>(i - 1)] : nlohmann::json());
     append(spec.argv, {"--weight-sync", own.dump()});
-    ws.worker_blocks.push_back(std::move(own));
     spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
     plan.workers.emplace_back(spec.name, fmt::format("http://127.0.0.1:{}", port));
     plan.worker_specs.push_back(std::move(spec));

@@ -21,9 +21,9 @@ struct WeightSyncPlan {
   nlohmann::json block;      // shared keys and the transport's config keys
   std::string weights_dir;   // weight_sync.dir, absolute (what a new run claims)
   bool chain = false;        // weight_sync.topology chain: each worker relays to the next
-  // Per embedded worker: its own block (--weight-sync: a relay's listen params) and, in a chain, the
-  // endpoint it pulls from (the previous worker's relay; null: the trainer's announced endpoint).
-  std::vector<nlohmann::json> worker_blocks;
+  // Per embedded worker, in a chain: the endpoint it pulls from (the previous worker's relay; null:
+  // the trainer's announced endpoint). Each worker's own block (a relay's listen params) is in its
+  // argv (--weight-sync).
   std::vector<nlohmann::json> upstream;
 
   // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version`:

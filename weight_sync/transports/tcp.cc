@@ -579,6 +579,10 @@ void collect_reports(Server& server, const Manifest& m, std::vector<PeerReport>&
   }
 }
 
+std::chrono::milliseconds reconnect_window(const nlohmann::json& params) {
+  return std::chrono::milliseconds(params.at("reconnect_window_ms").get<std::int64_t>());
+}
+
 // How long a transfer waits for the other expected receivers once the first one came.
 std::chrono::milliseconds gather_window(const Options& o) { return std::min(o.bucket_timeout, o.gather_window); }
 
@@ -680,7 +684,7 @@ class TcpReceiver final : public ReceiverTransport {
       : relay_(std::move(relay)),
         name_(s.options.peer_name),
         address_(s.params.at("address").get<std::string>()),
-        reconnect_window_(s.params.at("reconnect_window_ms").get<std::int64_t>()),
+        reconnect_window_(reconnect_window(s.params)),
         faults_(s.faults) {
     if (name_.empty()) name_ = "receiver-" + std::to_string(::getpid());
   }
@@ -921,9 +925,8 @@ TransportDescriptor tcp_transport() {
           .user_key(),
   };
   d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
-    ARLO_ASSIGN_OR_RETURN(auto server, Server::listen(s.params.at("address").get<std::string>(),
-                                                      std::chrono::milliseconds(s.params.at("reconnect_window_ms").get<std::int64_t>()),
-                                                      s.faults));
+    ARLO_ASSIGN_OR_RETURN(auto server,
+                          Server::listen(s.params.at("address").get<std::string>(), reconnect_window(s.params), s.faults));
     return std::unique_ptr<SenderTransport>(
         new TcpSender(std::move(server), s.options.expected_receivers));
   };
@@ -931,8 +934,7 @@ TransportDescriptor tcp_transport() {
     std::unique_ptr<Server> relay;
     const auto& relay_listen = s.params.at("relay_listen").get_ref<const std::string&>();
     if (s.options.relay) {
-      ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, std::chrono::milliseconds(s.params.at("reconnect_window_ms").get<std::int64_t>()),
-                                                  s.faults));
+      ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, reconnect_window(s.params), s.faults));
     }
     return std::unique_ptr<ReceiverTransport>(new TcpReceiver(s, std::move(relay)));
   };
