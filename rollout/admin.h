@@ -37,8 +37,41 @@ std::string_view to_string(AdminDialect dialect);
 enum class PauseMode { kKeep, kWait, kAbort };
 std::string_view to_string(PauseMode mode);
 
+// A weight update in which the server and the trainer's publisher enter one collective (NCCL).
+// One session serves every worker of a run (arlo run: weight_sync's CollectiveControl over the
+// trainer's rendezvous store); unit tests pass a fake. Adapters use it as:
+//
+//   once per generation: info = group(worker, world_size); POST the server's group init with it
+//   per version:         POST the metadata request (tensors()) and, while it is in flight,
+//                        receiving(worker, v); the publisher broadcasts once every member receives
+//   on a failed call:    failed(worker, why): the publisher stops broadcasting (the group is
+//                        aborted; the next group() is a new generation on a new port)
+//
+// Threading: awaitables complete on the caller's executor; calls for different workers run
+// concurrently (a group forms only once every member asked, or its gather window passed).
+class CollectiveSession {
+ public:
+  virtual ~CollectiveSession() = default;
+  // Where `worker`, a server of `world_size` GPUs, joins: {"generation", "master_address",
+  // "master_port", "rank_offset", "world_size" (the group's), "group_name", "packed",
+  // "packed_buffer_size_bytes", "packed_num_buffers"}. The same generation until a transfer fails.
+  virtual boost::asio::awaitable<Result<Json>> group(std::string worker, int world_size) = 0;
+  // The tensors of every version, in broadcast order: [{"name", "dtype" (torch name: "bfloat16"),
+  // "shape"}]. Fixed for the run.
+  virtual boost::asio::awaitable<Result<Json>> tensors() = 0;
+  // `worker` is receiving `version` in `generation`. Completes once the publisher's broadcast ended,
+  // with the version it sent (`version`, or a newer one when `version` was no longer staged).
+  virtual boost::asio::awaitable<Result<std::int64_t>> receiving(std::string worker, std::int64_t generation,
+                                                                 std::int64_t version) = 0;
+  // `worker`'s side failed (its update call was refused or failed): abort the transfer.
+  virtual void failed(std::string worker, std::int64_t generation, std::string why) = 0;
+};
+
 struct WeightUpdate {
   std::int64_t version = 0;
+  // Set when the transport is collective (the weight_sync descriptor says so); then weight_sync
+  // and extra carry no endpoint.
+  std::shared_ptr<CollectiveSession> collective;
   Json weight_sync = Json::object();      // the receiver's weight-sync block (weight_sync/wire.h)
   Json manifest = Json::object();         // weight_sync manifest (tensor names, dtypes, shapes, ...)
   // Dialect-specific extras:
