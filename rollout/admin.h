@@ -1,21 +1,38 @@
 #pragma once
 // The admin plane of an inference server (DESIGN.md section 3) behind one interface, with one
-// adapter per dialect:
+// adapter per dialect. What each call sends (W = the adapter's url, the worker's name in the
+// CollectiveSession; C = update.collective; v = update.version; v' = the version C sent):
 //
-//   operation          arlo                      vllm                                   sglang
-//   pause(mode)        POST /pause?mode=M        POST /pause?mode=M                     POST /pause_generation {"mode": keep->"in_place", abort->"abort"} (wait: unsupported)
-//   resume()           POST /resume              POST /resume                           POST /continue_generation {}
-//   prepare(update)    POST /weights/prepare     [first time: POST /init_weight_transfer_engine {"init_info"}]
-//                        {version, weight_sync,    POST /start_weight_update {"is_checkpoint_format"}
-//                         manifest}                POST /update_weights {"update_info"}  [first time, distributed: POST /init_weights_update_group {...}]
-//                                                                                         distributed: POST /update_weights_from_distributed {names, dtypes, shapes, group_name, flush_cache, weight_version}
-//                                                                                         from disk (extra.model_path): POST /update_weights_from_disk {model_path, load_format, flush_cache, weight_version}
-//   commit(version)    POST /weights/commit      POST /finish_weight_update {}          (applied by the update call; nothing to send)
-//   weights()          GET /weights              (version last committed through this adapter)  GET /get_weight_version
+//   operation        arlo                     vllm (native weight-transfer API, >= 0.22)         sglang
+//   pause(keep)      POST /pause?mode=keep    POST /pause?mode=keep                              POST /pause_generation {"mode":"in_place"}   (requests stay: flush_cache false)
+//   pause(abort)     POST /pause?mode=abort   POST /pause?mode=abort                             POST /pause_generation {"mode":"abort"}      (nothing runs: flush_cache true)
+//   pause(wait)      POST /pause?mode=wait    POST /pause?mode=wait                              POST /pause_generation {"mode":"in_place"}   (arlo drained its dispatcher first,
+//                                                                                                                                              so nothing runs: flush_cache true)
+//   resume()         POST /resume             POST /resume; verify_weights: then                 POST /continue_generation {}
+//                                               POST /weight_checker {"action":"checksum"|"compare"}
+//   prepare(update)  POST /weights/prepare    once: GET /version, GET /get_world_size            once: GET /get_server_info (tp_size; /server_info where that is gone)
+//                      {version, weight_sync, per generation of C: POST /init_weight_transfer_engine  per generation of C: POST /init_weights_update_group
+//                       manifest}                {"init_info"} from C->group(W, world_size)          {master_address, master_port, rank_offset, world_size, group_name, backend:"nccl"}
+//                                              POST /start_weight_update ({"is_checkpoint_format":  POST /update_weights_from_distributed {names, dtypes, shapes, group_name,
+//                                                true} up to 0.27; no body from 0.28)                 flush_cache, weight_version:"v"} in flight while C->receiving(W, gen, v);
+//                                              POST /update_weights {"update_info"} in flight         v' != v: POST /update_weight_version {"new_version":"v'"}
+//                                                while C->receiving(W, gen, v)                      without C: POST /update_weights_from_disk {model_path, load_format,
+//                                              without C: refused (no released vLLM loads a           flush_cache, weight_version}  (extra.model_path)
+//                                                directory over HTTP; use transport nccl)
+//   commit(v)        POST /weights/commit     POST /finish_weight_update {"weight_version":"v'"}  (applied by the update call; nothing to send)
+//   weights()        GET /weights             GET /weight_info, else the version committed here  GET /get_weight_version
 //
-// Every call runs under `call_timeout` with `retry` on connection errors and 5xx. Calls that are
-// safe to repeat (pause, resume, weights, and arlo's prepare/commit which are keyed by version)
-// are retried; vllm/sglang weight-transfer calls are not (a repeated NCCL receive would hang).
+// vLLM body shapes by the version GET /version reports (AdminOptions::server_version overrides;
+// a dev build counts as its x.y.z): before 0.22 refused (no /start_weight_update); 0.22-0.27 init_info
+// {master_address, master_port, rank_offset, world_size}, update_info adds packed,
+// packed_buffer_size_bytes, packed_num_buffers; 0.28 moves those three into init_info; from 0.29,
+// when C->group() carries nccl_unique_id_b64, init_info carries it instead of master_address/port.
+//
+// A failed init or metadata call calls C->failed(W, gen, why); the next prepare joins a new
+// generation. Every call runs under `call_timeout` (transfer calls: `transfer_timeout`) with `retry`
+// on connection errors and 5xx. Calls that are safe to repeat (pause, resume, weights, probes, and
+// arlo's prepare/commit which are keyed by version) are retried; vllm/sglang weight-transfer calls
+// are not (a repeated NCCL receive would hang): the orchestrator caps those retries.
 // Threading: use on the io_context thread that owns the http::Client.
 #include <boost/asio/awaitable.hpp>
 
@@ -54,7 +71,9 @@ class CollectiveSession {
   virtual ~CollectiveSession() = default;
   // Where `worker`, a server of `world_size` GPUs, joins: {"generation", "master_address",
   // "master_port", "rank_offset", "world_size" (the group's), "group_name", "packed",
-  // "packed_buffer_size_bytes", "packed_num_buffers"}. The same generation until a transfer fails.
+  // "packed_buffer_size_bytes", "packed_num_buffers"}, and optionally "nccl_unique_id_b64" (standard
+  // base64 of the 128-byte id, for servers that take the id in the init request instead of reading
+  // it from the store). The same generation until a transfer fails.
   virtual boost::asio::awaitable<Result<Json>> group(std::string worker, int world_size) = 0;
   // The tensors of every version, in broadcast order: [{"name", "dtype" (torch name: "bfloat16"),
   // "shape"}]. Fixed for the run.
@@ -74,12 +93,8 @@ struct WeightUpdate {
   std::shared_ptr<CollectiveSession> collective;
   Json weight_sync = Json::object();      // the receiver's weight-sync block (weight_sync/wire.h)
   Json manifest = Json::object();         // weight_sync manifest (tensor names, dtypes, shapes, ...)
-  // Dialect-specific extras:
-  //   vllm:   "init_info" (object, sent once to /init_weight_transfer_engine),
-  //           "update_info" (object; default built from the manifest: names, dtype_names, shapes),
-  //           "is_checkpoint_format" (bool, default true)
-  //   sglang: "group" ({master_address, master_port, rank_offset, world_size, group_name, backend},
-  //           sent once to /init_weights_update_group), "model_path" and "load_format" (filesystem)
+  // Dialect-specific extras: sglang: "model_path" and "load_format" (a version on disk, without
+  // `collective`).
   Json extra = Json::object();
 };
 
@@ -92,6 +107,12 @@ struct AdminOptions {
   Duration call_timeout = std::chrono::seconds(30);
   Duration transfer_timeout = std::chrono::minutes(10);  // update_weights-style calls
   http::RetryPolicy retry{3, std::chrono::milliseconds(100), std::chrono::seconds(2)};
+  // vllm: the server's version as GET /version would report it ("0.28.0"); "" probes it.
+  std::string server_version;
+  // vllm: after each committed update, checksum every parameter (/weight_checker) on resume and fail
+  // unless the server reports some; with a baseline ({name: sha256 hex}), fail unless it matches.
+  bool verify_weights = false;
+  Json verify_baseline = Json::object();
 };
 
 class AdminClient {
