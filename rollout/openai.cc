@@ -68,7 +68,87 @@ Result<std::vector<VersionSpan>> parse_spans(const Json& j, const std::string& w
   return out;
 }
 
+// SGLang's per-choice meta_info (return_meta_info): output_token_logprobs = [[logprob, token_id,
+// text], ...] carries the generated ids where an older chat server has no "token_ids".
+Status parse_meta_info(const Json& ch, const std::string& where, std::vector<std::int32_t>& ids,
+                       std::vector<float>& logprobs) {
+  if (!ch.contains("meta_info") || !ch["meta_info"].is_object()) return ok();
+  const Json& meta = ch["meta_info"];
+  if (!meta.contains("output_token_logprobs") || !meta["output_token_logprobs"].is_array()) return ok();
+  for (const auto& e : meta["output_token_logprobs"]) {
+    if (!e.is_array() || e.size() < 2 || !e[0].is_number() || !e[1].is_number_integer())
+      return make_error(ErrorCode::kParse,
+                        where + ".meta_info.output_token_logprobs: each entry must be [logprob, token_id, ...]");
+    logprobs.push_back(e[0].get<float>());
+    ids.push_back(e[1].get<std::int32_t>());
+  }
+  return ok();
+}
+
+// What turns on the token data check_token_data() found missing, per server.
+std::string enable_hint(AdminDialect server, bool chat, bool logprobs_missing) {
+  switch (server) {
+    case AdminDialect::kVllm:
+      if (logprobs_missing)
+        return fmt::format("arlo asks with \"logprobs\": {}; vLLM returns them unless something between drops them "
+                           "(start vLLM with --logprobs-mode processed_logprobs so they are the sampler's: after "
+                           "temperature and top-p)",
+                           chat ? "true" : "0");
+      return "arlo asks with \"return_token_ids\": true, which vLLM answers from version 0.10.2 on: upgrade the server";
+    case AdminDialect::kSglang:
+      if (logprobs_missing)
+        return fmt::format("arlo asks with \"logprobs\": {}; SGLang returns them unless something between drops them "
+                           "(leave SGLANG_RETURN_ORIGINAL_LOGPROB unset so they are the sampler's: after temperature)",
+                           chat ? "true" : "0");
+      return chat ? "arlo asks with \"return_token_ids\", \"return_prompt_token_ids\" and \"return_meta_info\": "
+                    "true; an SGLang that answers none of them is too old: upgrade the server"
+                  : "arlo asks with \"return_token_ids\": true; an SGLang whose /v1/completions ignores it is too "
+                    "old: upgrade the server";
+    case AdminDialect::kArlo: break;
+  }
+  return "arlo-worker always returns it: is this server an arlo-worker (inference.kind arlo)? Otherwise set "
+         "inference.kind to vllm or sglang";
+}
+
 }  // namespace
+
+Json token_data_request(AdminDialect server, bool chat) {
+  // SGLang's chat: return_token_ids on recent versions; before that the prompt ids came with
+  // return_prompt_token_ids and the generated ids inside return_meta_info.
+  if (server == AdminDialect::kSglang && chat) return {{"return_prompt_token_ids", true}, {"return_meta_info", true}};
+  return Json::object();
+}
+
+Status check_token_data(const Completion& c, bool chat, bool logprobs, AdminDialect server) {
+  const std::string who = fmt::format("{}{} (inference.kind {})", c.server, chat ? "/v1/chat/completions" : "/v1/completions",
+                                      to_string(server));
+  for (std::size_t i = 0; i < c.choices.size(); ++i) {
+    const auto& ch = c.choices[i];
+    if (ch.token_ids.empty() && ch.finish_reason != FinishReason::kAbort)
+      return make_error(ErrorCode::kMismatch,
+                        fmt::format("{}: the response carries no generated token ids (choices[{}].token_ids{}): the "
+                                    "trainer needs the server's own ids; {}",
+                                    who, i, server == AdminDialect::kSglang && chat ? " or choices[].meta_info" : "",
+                                    enable_hint(server, chat, false)));
+    if (logprobs && ch.logprobs.size() != ch.token_ids.size())
+      return make_error(ErrorCode::kMismatch,
+                        fmt::format("{}: the response carries {} logprobs for {} tokens (choices[{}].{}): the trainer "
+                                    "needs the sampler's logprob of every token; {}",
+                                    who, ch.logprobs.size(), ch.token_ids.size(), i,
+                                    chat ? "logprobs.content[].logprob" : "logprobs.token_logprobs",
+                                    enable_hint(server, chat, true)));
+  }
+  if (c.prompt_token_ids.empty()) {
+    const char* field = server == AdminDialect::kVllm && chat ? "prompt_token_ids"
+                        : server == AdminDialect::kArlo      ? "prompt_token_ids"
+                                                             : "choices[].prompt_token_ids";
+    return make_error(ErrorCode::kMismatch,
+                      fmt::format("{}: the response carries no prompt token ids ({}): the trainer needs the prompt "
+                                  "as the server tokenized it{}; {}",
+                                  who, field, chat ? " (with its chat template)" : "", enable_hint(server, chat, false)));
+  }
+  return ok();
+}
 
 Result<Completion> parse_openai_response(const Json& body, bool chat) {
   if (!body.is_object()) return make_error(ErrorCode::kParse, "completion response: expected a JSON object");
@@ -106,6 +186,10 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
     if (ch.contains("token_ids") && !ch["token_ids"].is_null()) {
       ARLO_ASSIGN_OR_RETURN(out.token_ids, parse_ids(ch["token_ids"], where + ".token_ids"));
     }
+    std::vector<float> meta_logprobs;  // SGLang's meta_info, when the choice has no token_ids
+    if (!ch.contains("token_ids") || ch["token_ids"].is_null()) {
+      ARLO_TRY(parse_meta_info(ch, where, out.token_ids, meta_logprobs));
+    }
     if (c.prompt_token_ids.empty() && ch.contains("prompt_token_ids") && !ch["prompt_token_ids"].is_null()) {
       ARLO_ASSIGN_OR_RETURN(c.prompt_token_ids, parse_ids(ch["prompt_token_ids"], where + ".prompt_token_ids"));
     }
@@ -125,6 +209,7 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
         }
       }
     }
+    if (out.logprobs.empty()) out.logprobs = std::move(meta_logprobs);
     if (ch.contains("finish_reason") && ch["finish_reason"].is_string())
       out.finish_reason = parse_finish_reason(ch["finish_reason"].get<std::string>());
     if (ch.contains("version_spans") && !ch["version_spans"].is_null()) {

@@ -106,5 +106,113 @@ TEST(OpenAI, MalformedResponsesNameTheField) {
   EXPECT_FALSE(parse_openai_response(Json::array(), false));
 }
 
+// vLLM's non-streaming shapes with return_token_ids (its OpenAI server's CompletionResponse and
+// ChatCompletionResponse): completions put the prompt ids on each choice, chat on the response.
+TEST(OpenAI, ParsesVllmShapes) {
+  const Json completions = Json::parse(R"({
+    "id": "cmpl-7", "object": "text_completion", "created": 1, "model": "Qwen/Qwen3-1.7B",
+    "choices": [{"index": 0, "text": " 5", "finish_reason": "stop", "stop_reason": null,
+                 "logprobs": {"text_offset": [0, 1], "token_logprobs": [-0.25, -0.5], "tokens": [" ", "5"],
+                              "top_logprobs": null},
+                 "prompt_logprobs": null, "prompt_token_ids": [151644, 17, 10, 18, 28], "token_ids": [220, 20]}],
+    "usage": {"prompt_tokens": 5, "total_tokens": 7, "completion_tokens": 2}})");
+  auto c = parse_openai_response(completions, false);
+  ASSERT_TRUE(c) << c.error().what();
+  EXPECT_EQ(c->prompt_token_ids, (std::vector<std::int32_t>{151644, 17, 10, 18, 28}));
+  EXPECT_EQ(c->choices[0].token_ids, (std::vector<std::int32_t>{220, 20}));
+  EXPECT_EQ(c->choices[0].logprobs, (std::vector<float>{-0.25f, -0.5f}));
+  c->server = "http://127.0.0.1:8000";
+  EXPECT_TRUE(check_token_data(*c, false, true, AdminDialect::kVllm));
+
+  const Json chat = Json::parse(R"({
+    "id": "chatcmpl-7", "object": "chat.completion", "created": 1, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "5", "tool_calls": []},
+                 "logprobs": {"content": [{"token": "5", "logprob": -0.125, "bytes": [53], "top_logprobs": []},
+                                          {"token": "<|im_end|>", "logprob": -0.0625, "bytes": [], "top_logprobs": []}]},
+                 "finish_reason": "stop", "stop_reason": null, "token_ids": [20, 151645]}],
+    "usage": {"prompt_tokens": 9, "total_tokens": 11, "completion_tokens": 2},
+    "prompt_logprobs": null, "prompt_token_ids": [151644, 872, 198, 17, 10, 18, 151645, 198, 151644]})");
+  c = parse_openai_response(chat, true);
+  ASSERT_TRUE(c) << c.error().what();
+  EXPECT_EQ(c->prompt_token_ids.size(), 9u);
+  EXPECT_EQ(c->choices[0].token_ids, (std::vector<std::int32_t>{20, 151645}));
+  EXPECT_EQ(c->choices[0].logprobs, (std::vector<float>{-0.125f, -0.0625f}));
+  EXPECT_TRUE(check_token_data(*c, true, true, AdminDialect::kVllm));
+}
+
+// SGLang's chat before return_token_ids: prompt ids on the choice (return_prompt_token_ids), the
+// generated ids only inside meta_info (return_meta_info) as [logprob, token_id, text] triples.
+TEST(OpenAI, ParsesSglangChatMetaInfo) {
+  const Json chat = Json::parse(R"({
+    "id": "x", "object": "chat.completion", "created": 1, "model": "default",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "5", "reasoning_content": null,
+                                         "tool_calls": null},
+                 "logprobs": null, "finish_reason": "stop", "matched_stop": 151645,
+                 "prompt_token_ids": [151644, 872, 198],
+                 "meta_info": {"id": "x", "finish_reason": {"type": "stop", "matched": 151645},
+                               "prompt_tokens": 3, "completion_tokens": 2,
+                               "output_token_logprobs": [[-0.5, 20, "5"], [-0.75, 151645, "<|im_end|>"]]}}],
+    "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
+    "metadata": {"weight_version": "default"}})");
+  auto c = parse_openai_response(chat, true);
+  ASSERT_TRUE(c) << c.error().what();
+  EXPECT_EQ(c->prompt_token_ids, (std::vector<std::int32_t>{151644, 872, 198}));
+  EXPECT_EQ(c->choices[0].token_ids, (std::vector<std::int32_t>{20, 151645}));
+  EXPECT_EQ(c->choices[0].logprobs, (std::vector<float>{-0.5f, -0.75f}));
+  EXPECT_TRUE(check_token_data(*c, true, true, AdminDialect::kSglang));
+
+  auto bad = chat;
+  bad["choices"][0]["meta_info"]["output_token_logprobs"][1] = Json::array({-0.75});
+  auto r = parse_openai_response(bad, true);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().what().find("meta_info.output_token_logprobs"), std::string::npos);
+}
+
+TEST(OpenAI, SglangChatAsksForPromptIdsAndMetaInfo) {
+  EXPECT_EQ(token_data_request(AdminDialect::kSglang, true),
+            (Json{{"return_prompt_token_ids", true}, {"return_meta_info", true}}));
+  EXPECT_TRUE(token_data_request(AdminDialect::kSglang, false).empty());
+  EXPECT_TRUE(token_data_request(AdminDialect::kVllm, true).empty());
+  EXPECT_TRUE(token_data_request(AdminDialect::kArlo, true).empty());
+}
+
+// A response without token data names the server, the field and what turns it on.
+TEST(OpenAI, MissingTokenDataNamesServerFieldAndFlag) {
+  Completion c;
+  c.server = "http://127.0.0.1:8000";
+  c.prompt_token_ids = {1, 2};
+  CompletionChoice ch;
+  ch.text = "5";
+  ch.finish_reason = FinishReason::kStop;
+  c.choices = {ch};
+  auto st = check_token_data(c, false, true, AdminDialect::kVllm);
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code(), ErrorCode::kMismatch);
+  for (const char* part : {"http://127.0.0.1:8000/v1/completions", "inference.kind vllm", "choices[0].token_ids",
+                           "return_token_ids", "0.10.2"})
+    EXPECT_NE(st.error().what().find(part), std::string::npos) << part << " in " << st.error().what();
+
+  c.choices[0].token_ids = {20};
+  st = check_token_data(c, true, true, AdminDialect::kVllm);
+  ASSERT_FALSE(st);
+  for (const char* part : {"/v1/chat/completions", "logprobs.content[].logprob", "--logprobs-mode processed_logprobs"})
+    EXPECT_NE(st.error().what().find(part), std::string::npos) << part << " in " << st.error().what();
+  EXPECT_TRUE(check_token_data(c, true, false, AdminDialect::kVllm));  // logprobs not asked for
+
+  c.choices[0].logprobs = {-0.5f};
+  c.prompt_token_ids.clear();
+  st = check_token_data(c, true, true, AdminDialect::kSglang);
+  ASSERT_FALSE(st);
+  for (const char* part : {"inference.kind sglang", "choices[].prompt_token_ids", "return_prompt_token_ids"})
+    EXPECT_NE(st.error().what().find(part), std::string::npos) << part << " in " << st.error().what();
+
+  // An aborted choice may have generated nothing yet.
+  c.prompt_token_ids = {1};
+  c.choices[0].token_ids.clear();
+  c.choices[0].logprobs.clear();
+  c.choices[0].finish_reason = FinishReason::kAbort;
+  EXPECT_TRUE(check_token_data(c, false, true, AdminDialect::kSglang));
+}
+
 }  // namespace
 }  // namespace arlo::rollout
