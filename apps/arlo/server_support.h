@@ -1,0 +1,24 @@
+#pragma once
+// Which inference servers a configuration can drive with its weight_sync transport: the
+// combinations that cannot run are refused before anything starts (`arlo check-config` and
+// `plan_launch`), each with the reason and what to use instead. Nothing here knows a transport by
+// name: the descriptor's capabilities (weight_sync/transport.h) decide. docs/vllm.md and
+// docs/sglang.md describe the combinations that do run.
+#include "common/config/config.h"
+#include "common/result.h"
+
+namespace arlo::cli {
+
+// What this build of arlo can do that a configuration may ask for.
+struct BuildSupport {
+  bool nccl = false;  // built with NCCL: collective transports can join a GPU group
+};
+// The running binary's build.
+BuildSupport this_build();
+
+// ok() when the inference servers (inference.kind), the weight_sync transport, its topology and
+// orchestrator.weight_update_mode can run together in `build`; otherwise kInvalidArgument with one
+// line per problem: the keys involved (where each was set), why it cannot run, and the alternative.
+Status check_inference_support(const config::Config& cfg, const BuildSupport& build = this_build());
+
+}  // namespace arlo::cli
