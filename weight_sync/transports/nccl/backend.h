@@ -69,6 +69,9 @@ class Backend {
 // (testing.h), else the real one, else (a build without NCCL) an error "built without NCCL".
 Result<std::shared_ptr<Backend>> open_backend(const std::string& library_path);
 
+// The real backend (backend_nccl.cc), in builds with ARLO_NCCL_BACKEND only; callers use open_backend.
+Result<std::shared_ptr<Backend>> open_nccl_backend(const std::string& library_path);
+
 // testing.h installs a factory here; nullptr restores the real backend. Process-wide.
 using BackendFactory = std::function<Result<std::shared_ptr<Backend>>(const std::string& library_path)>;
 // Returns the factory it replaces.

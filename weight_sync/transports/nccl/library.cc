@@ -1,0 +1,136 @@
+#include "weight_sync/transports/nccl/library.h"
+
+#ifdef ARLO_NCCL_BACKEND
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "weight_sync/transports/nccl/group.h"
+
+namespace arlo::weight_sync::nccl {
+namespace {
+
+std::string last_dlerror() {
+  const char* text = dlerror();
+  return text ? text : "unknown dlopen error";
+}
+
+// Resolves `name` into `slot`; records the first missing symbol.
+template <typename Fn>
+void resolve(void* handle, const char* name, Fn& slot, std::string& missing) {
+  slot = reinterpret_cast<Fn>(dlsym(handle, name));
+  if (!slot && missing.empty()) missing = name;
+}
+
+Result<std::unique_ptr<NcclLibrary>> open_nccl(const std::string& path) {
+  dlerror();
+  // RTLD_LOCAL: another libnccl in the process (torch's) keeps its own symbols.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    return make_error(ErrorCode::kNotFound, "nccl: cannot load libnccl from " + path + ": " + last_dlerror() +
+                                                " (set the transport's nccl library path to the libnccl.so.2 "
+                                                "the inference servers use)");
+  }
+  auto lib = std::make_unique<NcclLibrary>();
+  lib->path = path;
+  std::string missing;
+  resolve(handle, "ncclGetVersion", lib->GetVersion, missing);
+  resolve(handle, "ncclGetUniqueId", lib->GetUniqueId, missing);
+  resolve(handle, "ncclCommInitRankConfig", lib->CommInitRankConfig, missing);
+  resolve(handle, "ncclCommGetAsyncError", lib->CommGetAsyncError, missing);
+  resolve(handle, "ncclCommFinalize", lib->CommFinalize, missing);
+  resolve(handle, "ncclCommDestroy", lib->CommDestroy, missing);
+  resolve(handle, "ncclCommAbort", lib->CommAbort, missing);
+  resolve(handle, "ncclBroadcast", lib->Broadcast, missing);
+  resolve(handle, "ncclAllReduce", lib->AllReduce, missing);
+  resolve(handle, "ncclGetErrorString", lib->GetErrorString, missing);
+  resolve(handle, "ncclGetLastError", lib->GetLastError, missing);
+  if (!missing.empty()) {
+    dlclose(handle);
+    return make_error(ErrorCode::kMismatch, "nccl: " + path + " has no symbol " + missing +
+                                                " (arlo needs NCCL >= 2.14 with non-blocking communicators)");
+  }
+  int code = 0;
+  if (ncclResult_t r = lib->GetVersion(&code); r != ncclSuccess) {
+    return make_error(ErrorCode::kInternal, "nccl: ncclGetVersion failed in " + path + ": " + lib->GetErrorString(r));
+  }
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9.
+  lib->version = std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." + std::to_string(code % 100);
+  return lib;  // the handle stays open for the life of the process
+}
+
+Result<std::unique_ptr<CudaRuntime>> open_cudart(const std::string& nccl_path) {
+  const std::string soname = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+  std::vector<std::string> candidates = {soname};
+  std::filesystem::path dir = std::filesystem::path(nccl_path).parent_path();
+  if (!dir.empty()) {
+    candidates.push_back((dir / soname).string());
+    candidates.push_back((dir.parent_path().parent_path() / "cuda_runtime" / "lib" / soname).string());
+  }
+  candidates.push_back((std::filesystem::path("/usr/local/cuda/lib64") / soname).string());
+  std::string tried;
+  for (const std::string& candidate : candidates) {
+    dlerror();
+    void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      tried += "\n  " + candidate + ": " + last_dlerror();
+      continue;
+    }
+    auto rt = std::make_unique<CudaRuntime>();
+    rt->path = candidate;
+    std::string missing;
+    resolve(handle, "cudaGetDeviceCount", rt->GetDeviceCount, missing);
+    resolve(handle, "cudaSetDevice", rt->SetDevice, missing);
+    resolve(handle, "cudaGetErrorString", rt->GetErrorString, missing);
+    resolve(handle, "cudaStreamCreateWithFlags", rt->StreamCreateWithFlags, missing);
+    resolve(handle, "cudaStreamDestroy", rt->StreamDestroy, missing);
+    resolve(handle, "cudaEventCreateWithFlags", rt->EventCreateWithFlags, missing);
+    resolve(handle, "cudaEventDestroy", rt->EventDestroy, missing);
+    resolve(handle, "cudaEventRecord", rt->EventRecord, missing);
+    resolve(handle, "cudaEventQuery", rt->EventQuery, missing);
+    resolve(handle, "cudaMalloc", rt->Malloc, missing);
+    resolve(handle, "cudaFree", rt->Free, missing);
+    resolve(handle, "cudaHostAlloc", rt->HostAlloc, missing);
+    resolve(handle, "cudaFreeHost", rt->FreeHost, missing);
+    resolve(handle, "cudaMemcpyAsync", rt->MemcpyAsync, missing);
+    if (!missing.empty()) {
+      dlclose(handle);
+      tried += "\n  " + candidate + ": no symbol " + missing;
+      continue;
+    }
+    return rt;
+  }
+  return make_error(ErrorCode::kNotFound, "nccl: cannot load the CUDA runtime " + soname + "; tried:" + tried +
+                                              "\n(install the CUDA runtime or put its lib directory on LD_LIBRARY_PATH)");
+}
+
+std::mutex& load_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+Result<const NcclLibrary*> load_nccl(const std::string& path_in) {
+  const std::string path = path_in.empty() ? kDefaultLibraryPath : path_in;
+  static std::map<std::string, std::unique_ptr<NcclLibrary>> loaded;  // never unloaded
+  std::lock_guard lock(load_mutex());
+  if (auto it = loaded.find(path); it != loaded.end()) return it->second.get();
+  ARLO_ASSIGN_OR_RETURN(auto lib, open_nccl(path));
+  return loaded.emplace(path, std::move(lib)).first->second.get();
+}
+
+Result<const CudaRuntime*> load_cudart(const std::string& nccl_path) {
+  static std::unique_ptr<CudaRuntime> loaded;  // one runtime per process
+  std::lock_guard lock(load_mutex());
+  if (loaded) return loaded.get();
+  ARLO_ASSIGN_OR_RETURN(loaded, open_cudart(nccl_path.empty() ? kDefaultLibraryPath : nccl_path));
+  return loaded.get();
+}
+
+}  // namespace arlo::weight_sync::nccl
+#endif  // ARLO_NCCL_BACKEND
