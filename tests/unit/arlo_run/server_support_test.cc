@@ -81,6 +81,10 @@ std::string source_dir() {
   return s ? s : ".";
 }
 
+// this_build() says what CMake configured (ARLO_EXPECT_NCCL: ARLO_WITH_NCCL_ENABLED, set by the
+// test's CMake line), so check-config refuses nccl exactly where the backend is missing.
+TEST(ServerSupport, ThisBuildKnowsWhetherItHasNccl) { EXPECT_EQ(this_build().nccl, ARLO_EXPECT_NCCL != 0); }
+
 TEST(ServerSupport, ArloWorkerTakesEveryHostTransport) {
   EXPECT_TRUE(check_inference_support(load({}), kWithNccl));
   for (const auto& d : ws::transports()) {
@@ -98,8 +102,9 @@ TEST(ServerSupport, VllmAndSglangRefuseArloStreams) {
       contains(why, "weight_sync.transport " + t + " (--set weight_sync.transport=" + t + ")");
       contains(why, "inference.kind " + kind);
       contains(why, "cannot receive arlo's own weight stream");
-      contains(why, "use weight_sync.transport ");
-      if (!collective().empty()) contains(why, collective());  // the alternative names the collective one
+      if (!collective().empty()) contains(why, "use weight_sync.transport " + collective());  // the collective one
+      if (kind == "sglang") contains(why, durable());                                        // or from disk
+      if (kind == "vllm" && collective().empty()) contains(why, "no registered transport serves vLLM");
     }
   }
 }
