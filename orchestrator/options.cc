@@ -38,6 +38,7 @@ Status Options::validate() const {
     if (k < 1 || k > eval_samples)
       return bad(fmt::format("eval.pass_k: each k must be in [1, eval.k={}], got {}", eval_samples, k));
   if (admin_attempts < 1) return bad("orchestrator Options::admin_attempts (no config key): must be >= 1");
+  if (version_attempts < 1) return bad("orchestrator Options::version_attempts (no config key): must be >= 1");
   if (log_interval_s <= 0) return bad("log.interval_s: must be > 0");
   if (ckpt_interval < 0) return bad("ckpt.interval: must be >= 0");
   if (sampling.max_tokens < 1) return bad("sampling.max_tokens: must be >= 1");

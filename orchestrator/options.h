@@ -36,6 +36,7 @@ struct Options {
   PauseMode update_mode = PauseMode::kKeep;
   Duration admin_timeout = std::chrono::seconds(60);  // per admin call attempt
   int admin_attempts = 3;
+  int version_attempts = 3;  // updates of one version a worker may fail before it is out of date for it
   Duration admin_backoff = std::chrono::milliseconds(500);  // doubled per attempt
   Duration drain_timeout = std::chrono::minutes(5);          // wait mode: in-flight drain bound
   Duration final_sync_timeout = std::chrono::minutes(5);     // at the end: wait for v max_steps

@@ -327,6 +327,10 @@ void Orchestrator::print_step_line(const StepReport& r, double step_s, double to
 }
 
 void Orchestrator::on_synced(const SyncReport& r) {
+  if (!r.gave_up.empty()) {
+    on_fatal(Error(ErrorCode::kUnavailable, "weight sync: " + r.gave_up));
+    return;
+  }
   const auto now = ports_.clock->now();
   auto workers = nlohmann::json::array();
   for (const auto& w : r.workers) {

@@ -151,16 +151,27 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   report.version = v;
   report.start = t0;
   report.trainer_metrics = notice.metrics;
+  if (v != attempted_) {  // a new version: every worker may try it
+    attempted_ = v;
+    attempts_.clear();
+    out_of_date_.clear();
+  }
   const auto all = inference_.workers();
   for (const auto& w : all) {
-    if (left_out_.count(w)) continue;
+    if (left_out_.count(w) || out_of_date_.count(w)) continue;
     report.workers.emplace_back();
     report.workers.back().worker = w;
   }
   if (report.workers.empty() && !all.empty()) {
     if (hold) dispatcher_.hold(false);
     syncing_ = false;
-    ARLO_ERROR("weight sync: v{} waits: every worker is left out after failed updates; probing them", v);
+    if (out_of_date_.size() == all.size() && synced_ < v) {
+      report.gave_up = fmt::format("no worker took v{} in {} attempts each (see the errors above)", v, opt_.version_attempts);
+      ARLO_ERROR("weight sync: {}; stopping", report.gave_up);
+      if (on_synced_) on_synced_(report);
+    } else {
+      ARLO_ERROR("weight sync: v{} waits: every worker is left out after failed updates; probing them", v);
+    }
     co_await changed_.wait();  // a probe that succeeds, a newer version or stop
     co_return;
   }
@@ -181,6 +192,13 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   for (const auto& w : report.workers) {
     if (w.ok()) continue;
     ++report.workers_failed;
+    if (++attempts_[w.worker] >= opt_.version_attempts) {
+      out_of_date_.insert(w.worker);
+      ARLO_ERROR("weight sync: worker {} failed v{} {} times; it is out of date (serves what it holds) until a newer "
+                 "version comes",
+                 w.worker, v, attempts_[w.worker]);
+      continue;  // not probed for this version: a newer one tries it again
+    }
     if (left_out_.insert(w.worker).second) {
       ARLO_WARN("weight sync: worker {} is left out of updates until it answers (probed every {} ms)", w.worker,
                 std::chrono::duration_cast<std::chrono::milliseconds>(probe_interval(opt_)).count());
@@ -192,6 +210,9 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   report.applied = report.workers.empty() || report.workers_failed < static_cast<int>(report.workers.size());
   if (!report.applied) {
     if (on_synced_) on_synced_(report);
+    if (out_of_date_.size() == all.size()) {
+      co_return;  // the next round gives up (above), unless a newer version came
+    }
     ARLO_ERROR("weight sync: no worker took v{}; retrying after backoff", v);
     co_await sleep_until(ex_, clock_, clock_.now() + opt_.admin_backoff);
     co_return;

@@ -16,12 +16,17 @@
 // A worker that failed an update is left out of the next ones (a version never waits on a dead or
 // stopped worker past that one update) and probed (GET its weights) every few seconds; once it
 // answers it rejoins, and the current version is synced again so it catches up.
+// Retries are capped: a worker that failed one version `version_attempts` times is out of date
+// (it serves what it holds) until a newer version comes, and is not tried again for that one; when
+// every worker is out of date for a version none of them took, the run stops with the reason
+// (SyncReport::gave_up).
 //
 // Threading: the io_context thread only.
 #include <boost/asio/any_io_executor.hpp>
 
 #include <functional>
 #include <optional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -53,6 +58,7 @@ struct SyncReport {
   int workers_failed = 0;
   std::vector<WorkerSync> workers;
   nlohmann::json trainer_metrics;  // from the notice (loss, grad_norm, ...)
+  std::string gave_up;             // set when no worker will take this version: why the run stops
 };
 
 class WeightWatcher {
@@ -70,6 +76,8 @@ class WeightWatcher {
   bool syncing() const { return syncing_; }
   // Workers left out of updates until they answer a probe.
   const std::set<std::string>& left_out() const { return left_out_; }
+  // Workers that failed the newest version version_attempts times (not tried again for it).
+  const std::set<std::string>& out_of_date() const { return out_of_date_; }
   std::uint64_t failures() const { return failures_; }
   double last_sync_seconds() const { return last_seconds_; }
   // Completes once `v` (or newer) is synced, or at `deadline` (returns false then), or on stop().
@@ -96,6 +104,9 @@ class WeightWatcher {
   bool syncing_ = false;
   bool stopped_ = false;
   std::set<std::string> left_out_;
+  Version attempted_ = kNoVersion;           // the version attempts_ counts for
+  std::map<std::string, int> attempts_;      // failed attempts of attempted_, per worker
+  std::set<std::string> out_of_date_;
   bool resync_ = false;  // a worker rejoined: sync the current version again
   std::uint64_t failures_ = 0;
   double last_seconds_ = 0.0;

@@ -383,6 +383,39 @@ TEST(WeightUpdate, AFailedWorkerIsLeftOutProbedAndRejoins) {
   EXPECT_EQ(h.orch->weight_watcher().synced(), 2);
 }
 
+// A worker that refuses a version is tried version_attempts times (each try: admin_attempts calls),
+// then it is out of date for that version (not probed, not retried), and tried again on a newer one.
+TEST(WeightUpdate, RetriesOfARefusedVersionAreCapped) {
+  Harness h;
+  h.inf.refuse_update = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().out_of_date().count("w1") == 1; }, 5000));
+  EXPECT_EQ(h.orch->weight_watcher().synced(), 1);  // w0 took it
+  const auto tries = std::count(h.inf.log.begin(), h.inf.log.end(), "update(v1) w1");
+  EXPECT_EQ(tries, h.opt.version_attempts * h.opt.admin_attempts);
+  h.run_until([] { return false; }, 200);  // probes would come every admin_timeout
+  EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "update(v1) w1"), tries);
+  h.inf.refuse_update.clear();
+  h.trainer.publish(2);
+  ASSERT_TRUE(h.run_until([&] { return std::count(h.inf.log.begin(), h.inf.log.end(), "update(v2) w1") == 1; }, 5000));
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 2; }, 5000));
+  EXPECT_TRUE(h.orch->weight_watcher().out_of_date().empty());
+}
+
+// When every worker refuses a version, the run stops with the reason instead of retrying forever.
+TEST(WeightUpdate, AVersionNoWorkerTakesStopsTheRun) {
+  Harness h;
+  h.inf.refuse_update = {"w0", "w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().out_of_date().size() == 2; }, 5000));
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }, 5000));
+  const auto& s = h.orch->summary();
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.error.find("no worker took v1"), std::string::npos) << s.error;
+}
+
 TEST(Drain, StopsAtMaxStepsWithFinalEval) {
   Harness h;
   h.opt.max_steps = 3;
