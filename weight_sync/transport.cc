@@ -1,5 +1,7 @@
 #include "weight_sync/transport.h"
 
+#include "weight_sync/collective.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -137,6 +139,13 @@ Result<nlohmann::json> resolve_params(const TransportDescriptor& d, const nlohma
   for (const auto& o : d.options)
     if (!out.contains(o.key)) out[o.key] = o.default_value;
   return out;
+}
+
+Result<std::unique_ptr<CollectiveControl>> CollectiveControl::connect(const Announcement& a, Deadline deadline) {
+  ARLO_ASSIGN_OR_RETURN(const auto* d, find_transport(a.transport));
+  if (!d->capabilities.collective || !d->control)
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("weight_sync: transport {} is not collective", a.transport));
+  return d->control(a.endpoint, deadline);
 }
 
 }  // namespace arlo::weight_sync

@@ -25,6 +25,8 @@
 namespace arlo::weight_sync {
 
 class HostWeights;
+class CollectiveControl;
+struct Announcement;
 
 // One option of a transport: a key of Options::params (and, when `config`, of the weight_sync
 // config section, documented in docs/configuration.md).
@@ -51,6 +53,9 @@ OptionSpec int_option(std::string key, std::int64_t def, std::string doc, double
 struct Capabilities {
   bool durable = false;  // a staged version outlives its publisher (files); false: streamed
   bool relays = false;   // a receiver can serve the next one (chain topology)
+  // Publisher and receivers enter one collective per version (collective.h): the orchestrator
+  // forms the group and each receiver says when it receives; nobody pulls on its own.
+  bool collective = false;
   std::vector<Device::Kind> devices{Device::Kind::kCpu};  // where source and sink memory may live
 };
 
@@ -114,6 +119,8 @@ struct TransportDescriptor {
   // Relaying transports: the params that make a receiver relay at host:port (first) and the
   // endpoint the next receiver then pulls from (second).
   std::function<std::pair<nlohmann::json, nlohmann::json>(const std::string& host, std::uint16_t port)> relay_at;
+  // Collective transports: the orchestrator's control of the publisher at `endpoint`.
+  std::function<Result<std::unique_ptr<CollectiveControl>>(const nlohmann::json& endpoint, Deadline deadline)> control;
 
   const OptionSpec* option(std::string_view key) const;
 };
