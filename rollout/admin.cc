@@ -150,9 +150,12 @@ class AdminBase : public AdminClient {
       boost::system::error_code ec;
       co_await flight->done.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
+    if (!sent) {  // the session's failure is the cause; the server's answer follows from it
+      std::string why = fmt::format("{} admin {}: receiving v{}: {}", to_string(dialect()), url_, version, sent.error().what());
+      if (!*flight->result) why += fmt::format(" (the server's metadata call then failed: {})", flight->result->error().what());
+      co_return std::unexpected(Error(sent.error().code(), std::move(why)));
+    }
     if (!*flight->result) co_return std::unexpected(flight->result->error());
-    if (!sent)
-      co_return std::unexpected(std::move(sent).error().with_context(fmt::format("{} admin {}: receiving v{}", to_string(dialect()), url_, version)));
     co_return *sent;
   }
 

@@ -107,112 +107,45 @@ TEST(AdminArlo, RoutesAndBodiesFollowDesignSection3) {
   EXPECT_EQ(srv.calls[5].method, "GET");
 }
 
-TEST(AdminVllm, NativeWeightTransferSequence) {
+// The collective sequences are in admin_collective_test.cc; here the plain routes and the retry rule.
+TEST(AdminVllm, PauseResumeRoutesAndProbesRetried) {
   asio::io_context io;
-  RecordingServer srv(io, {"/pause", "/resume", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
-                           "/finish_weight_update"},
-                      {});
+  RecordingServer srv(io, {"/pause", "/resume"}, {"/weight_info"});
+  srv.answers["/weight_info"] = http::Response::json(200, {{"weight_version", "12"}});
   http::Client client(io);
   auto admin = make_admin_client(AdminDialect::kVllm, client, srv.url(), fast());
-  const Json init_info = {{"master_address", "127.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1}, {"world_size", 2}};
-  const Json init_extra = {{"init_info", init_info}};
   run(io, [&]() -> asio::awaitable<void> {
     EXPECT_TRUE(co_await admin->pause(PauseMode::kWait));
-    // The first update without init_info is refused before anything is sent.
-    auto missing = co_await admin->prepare_weights(upd(1, "nccl", manifest(), Json::object()));
-    EXPECT_FALSE(missing);
-    EXPECT_TRUE(co_await admin->prepare_weights(
-        upd(1, "nccl", manifest(), init_extra)));
-    auto wrong = co_await admin->commit_weights(2);
-    EXPECT_FALSE(wrong);
-    if (!wrong) {
-      EXPECT_EQ(wrong.error().code(), ErrorCode::kMismatch);
-    }
-    EXPECT_TRUE(co_await admin->commit_weights(1));
-    // The engine is initialised once.
-    EXPECT_TRUE(co_await admin->prepare_weights(upd(2, "nccl", manifest(), Json::object())));
-    EXPECT_TRUE(co_await admin->commit_weights(2));
     EXPECT_TRUE(co_await admin->resume());
+    srv.fail_next = 1;  // a transient 503 on a probe is retried
     auto w = co_await admin->weights();
-    EXPECT_TRUE(w && w->version == 2);
+    EXPECT_TRUE(w && w->version == 12);
   }());
   std::vector<std::string> targets;
   for (const auto& c : srv.calls) targets.push_back(c.target);
-  EXPECT_EQ(targets, (std::vector<std::string>{"/pause?mode=wait", "/init_weight_transfer_engine", "/start_weight_update",
-                                               "/update_weights", "/finish_weight_update", "/start_weight_update",
-                                               "/update_weights", "/finish_weight_update", "/resume"}));
-  EXPECT_EQ(srv.calls[1].body, Json({{"init_info", init_info}}));
-  EXPECT_EQ(srv.calls[2].body, Json({{"is_checkpoint_format", true}}));
-  const Json& info = srv.calls[3].body["update_info"];
-  EXPECT_EQ(info["names"], Json::array({"model.embed_tokens.weight", "lm_head.weight"}));
-  EXPECT_EQ(info["dtype_names"], Json::array({"bfloat16", "bfloat16"}));
-  EXPECT_EQ(info["shapes"][1], Json::array({32, 8}));
+  EXPECT_EQ(targets, (std::vector<std::string>{"/pause?mode=wait", "/resume", "/weight_info", "/weight_info"}));
 }
 
-TEST(AdminVllm, TransferCallsAreNotRetried) {
+TEST(AdminSglang, TransferCallsAreNotRetriedButPausesAre) {
   asio::io_context io;
-  RecordingServer srv(io, {"/init_weight_transfer_engine", "/start_weight_update", "/update_weights"}, {});
-  http::Client client(io);
-  auto admin = make_admin_client(AdminDialect::kVllm, client, srv.url(), fast());
-  const Json empty_init = {{"init_info", Json::object()}};
-  run(io, [&]() -> asio::awaitable<void> {
-    srv.fail_next = 1;
-    auto r = co_await admin->prepare_weights(
-        upd(1, "nccl", manifest(), empty_init));
-    EXPECT_FALSE(r);
-    if (!r) {
-      EXPECT_NE(r.error().what().find("HTTP 503"), std::string::npos) << r.error().what();
-    }
-  }());
-  EXPECT_EQ(srv.calls.size(), 1u);
-}
-
-TEST(AdminSglang, PauseContinueAndDistributedUpdate) {
-  asio::io_context io;
-  RecordingServer srv(io, {"/pause_generation", "/continue_generation", "/init_weights_update_group",
-                           "/update_weights_from_distributed", "/update_weights_from_disk"},
-                      {"/get_weight_version"});
-  srv.answers["/init_weights_update_group"] = http::Response::json(200, {{"success", true}, {"message", "ok"}});
-  srv.answers["/update_weights_from_distributed"] = http::Response::json(200, {{"success", true}, {"message", "ok"}});
-  srv.answers["/update_weights_from_disk"] =
-      http::Response::json(200, {{"success", false}, {"message", "model_path does not exist"}});
-  srv.answers["/get_weight_version"] = http::Response::json(200, {{"weight_version", "7"}});
+  RecordingServer srv(io, {"/pause_generation", "/update_weights_from_disk"}, {});
   http::Client client(io);
   auto admin = make_admin_client(AdminDialect::kSglang, client, srv.url(), fast());
-  const Json group = {{"master_address", "127.0.0.1"}, {"master_port", 29600}, {"rank_offset", 1},
-                      {"world_size", 2},                {"group_name", "arlo"},  {"backend", "nccl"}};
-  const Json group_extra = {{"group", group}};
   const Json disk_extra = {{"model_path", "/runs/x/weights/v8"}};
+  const WeightUpdate disk = upd(8, "filesystem", manifest(), disk_extra);
   run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_TRUE(co_await admin->pause(PauseMode::kKeep));
-    EXPECT_FALSE(co_await admin->pause(PauseMode::kWait));  // no such mode in SGLang
-    EXPECT_TRUE(co_await admin->prepare_weights(
-        upd(7, "nccl", manifest(), group_extra)));
-    EXPECT_TRUE(co_await admin->commit_weights(7));
-    auto disk = co_await admin->prepare_weights(
-        upd(8, "filesystem", manifest(), disk_extra));
-    EXPECT_FALSE(disk);  // {"success": false} with HTTP 200 is a failure
-    if (!disk) {
-      EXPECT_NE(disk.error().what().find("model_path does not exist"), std::string::npos);
+    srv.fail_next = 1;
+    EXPECT_TRUE(co_await admin->pause(PauseMode::kAbort));
+    srv.fail_next = 1;
+    auto r = co_await admin->prepare_weights(disk);
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_NE(r.error().what().find("/update_weights_from_disk: HTTP 503"), std::string::npos) << r.error().what();
     }
-    EXPECT_TRUE(co_await admin->resume());
-    auto w = co_await admin->weights();
-    EXPECT_TRUE(w && w->version == 7);
   }());
-  ASSERT_EQ(srv.calls.size(), 6u);
-  EXPECT_EQ(srv.calls[0].target, "/pause_generation");
-  EXPECT_EQ(srv.calls[0].body, Json({{"mode", "in_place"}}));
-  EXPECT_EQ(srv.calls[1].body, group);
-  const Json& upd = srv.calls[2].body;
-  EXPECT_EQ(upd["names"], Json::array({"model.embed_tokens.weight", "lm_head.weight"}));
-  EXPECT_EQ(upd["dtypes"], Json::array({"bfloat16", "bfloat16"}));
-  EXPECT_EQ(upd["shapes"][0], Json::array({32, 8}));
-  EXPECT_EQ(upd["group_name"], "arlo");
-  EXPECT_EQ(upd["weight_version"], "7");
-  EXPECT_EQ(srv.calls[3].target, "/update_weights_from_disk");
-  EXPECT_EQ(srv.calls[3].body["model_path"], "/runs/x/weights/v8");
-  EXPECT_EQ(srv.calls[4].target, "/continue_generation");
-  EXPECT_EQ(srv.calls[5].target, "/get_weight_version");
+  ASSERT_EQ(srv.calls.size(), 3u);
+  EXPECT_EQ(srv.calls[1].body, Json({{"mode", "abort"}}));
+  EXPECT_EQ(srv.calls[2].body["flush_cache"], true);  // after abort nothing runs
 }
 
 TEST(Admin, UnreachableServerFailsWithinTheDeadline) {
