@@ -77,7 +77,7 @@ std::string refusal(const Server& server, const ws::Capabilities& c, const Build
 
 BuildSupport this_build() {
   BuildSupport b;
-#ifdef ARLO_NCCL_BACKEND  // weight_sync's NCCL backend is compiled in (CMake found CUDA and NCCL)
+#ifdef ARLO_WEIGHT_SYNC_NCCL  // weight_sync's NCCL backend is compiled in (CMake found CUDA and NCCL)
   b.nccl = true;
 #endif
   return b;
