@@ -107,6 +107,7 @@ class FakeBackend final : public Backend {
   struct CommState;
   void progress_locked();  // runs every op that may run
   void note_misuse_locked(std::string what);
+  void record_locked(Call::Kind kind);
   bool owns_locked(const void* ptr, std::size_t bytes) const;
   CommState* comm_locked(CommHandle comm, const char* call);
 
@@ -115,6 +116,7 @@ class FakeBackend final : public Backend {
   std::vector<Call> calls_;
   std::vector<std::string> misuse_;
   std::map<const std::byte*, std::size_t> allocations_;  // start -> size (device and pinned)
+  std::set<const std::byte*> pinned_;
   std::set<Stream*> streams_;
   std::map<EventHandle, std::pair<Stream*, std::uint64_t>> events_;  // event -> (stream, ops before it)
   std::set<CommState*> comms_;
