@@ -16,9 +16,11 @@ struct BuildSupport {
 // The running binary's build.
 BuildSupport this_build();
 
-// ok() when the inference servers (inference.kind), the weight_sync transport, its topology and
-// orchestrator.weight_update_mode can run together in `build`; otherwise kInvalidArgument with one
-// line per problem: the keys involved (where each was set), why it cannot run, and the alternative.
+// ok() when the inference servers (inference.kind), the weight_sync transport and its topology can
+// run together in `build`; otherwise kInvalidArgument with one line per problem: the keys involved
+// (where each was set), why it cannot run, and the alternative. Every
+// orchestrator.weight_update_mode runs on every server kind (SGLang has no wait mode: arlo drains
+// first, rollout/admin.h), so none is refused here.
 Status check_inference_support(const config::Config& cfg, const BuildSupport& build = this_build());
 
 }  // namespace arlo::cli
