@@ -180,7 +180,7 @@ class Run {
       admins.push_back(rollout::make_admin_client(*dialect, pool.client(), url, ao));
     }
 
-    TokenizedTasks tasks(s_.parts.stream);
+    RunTasks tasks(s_.parts.stream, s_.parts.tokenize);
     rollout::RewardScorer reward(io_, s_.parts.reward, scorer_options(s_.cfg));
     orch::adapters::RolloutScorer scorer(reward, advantage_options(s_.cfg));
     const auto bo = bridge_options(s_.cfg, s_.run_dir);
@@ -203,7 +203,7 @@ class Run {
           return ws.describe(it == worker_index.end() ? ws.upstream.size() : it->second, v, dial,
                              trainer.latest_announcement());
         },
-        "", network.executor());
+        "", network.executor(), dial);
 
     orch::SteadyClock clock(io_.get_executor());
     metrics::Registry registry;
@@ -211,6 +211,10 @@ class Run {
                                     s_.options, &registry);
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);
+    inference.on_unusable_server([this, &orchestrator](const Error& e) {
+      if (error_.empty()) error_ = e.what();
+      orchestrator.request_stop(e.what());
+    });
     orch::spawn(io_.get_executor(), drive(orchestrator, pool, network, **server, signals));
     io_.run();
     network.stop();  // the network thread's work ends before anything it uses is destroyed

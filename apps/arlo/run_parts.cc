@@ -65,17 +65,20 @@ void tokenize_task(orch::Task& task) {
   }
 }
 
-TokenizedTasks::TokenizedTasks(std::shared_ptr<rollout::TaskStream> stream) : inner_(std::move(stream), {}) {}
+bool uses_builtin_tokenizer(const config::Config& cfg) { return cfg.string("inference.kind") == "arlo"; }
 
-Result<orch::Task> TokenizedTasks::next() {
+RunTasks::RunTasks(std::shared_ptr<rollout::TaskStream> stream, bool tokenize)
+    : inner_(std::move(stream), {}), tokenize_(tokenize) {}
+
+Result<orch::Task> RunTasks::next() {
   ARLO_ASSIGN_OR_RETURN(auto task, inner_.next());
-  tokenize_task(task);
+  if (tokenize_) tokenize_task(task);
   return task;
 }
 
-orch::Task TokenizedTasks::convert(const rollout::Task& t, std::uint64_t id) const {
+orch::Task RunTasks::convert(const rollout::Task& t, std::uint64_t id) const {
   auto task = inner_.convert(t, id);
-  tokenize_task(task);
+  if (tokenize_) tokenize_task(task);
   return task;
 }
 
@@ -89,6 +92,7 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
   so.seed = static_cast<std::uint64_t>(cfg.integer("env.seed"));
   so.shuffle = cfg.boolean("env.shuffle");
   parts.stream = std::make_shared<rollout::TaskStream>(*source, so);
+  parts.tokenize = uses_builtin_tokenizer(cfg);
 
   if (cfg.integer("eval.interval") > 0) {
     const auto eval_kind = cfg.string("eval.env_kind") == "same" ? env_kind : cfg.string("eval.env_kind");
@@ -97,7 +101,7 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
     auto eval_source = make_source(cfg, eval_kind, static_cast<std::uint64_t>(cfg.integer("eval.seed")), size, eval_path);
     if (!eval_source)
       return std::unexpected(Error(eval_source.error()).with_context(fmt::format("eval ({})", cfg.where("eval.env_kind"))));
-    const TokenizedTasks converter(parts.stream);
+    const RunTasks converter(parts.stream, parts.tokenize);
     const auto n = std::min(size, (*eval_source)->size());
     for (std::size_t i = 0; i < n; ++i) parts.eval_tasks.push_back(converter.convert((*eval_source)->at(i), kEvalIdBase + i));
   }

@@ -1,7 +1,7 @@
 #pragma once
-// The rollout-side parts of `arlo run`, built from the configuration: the training task stream
-// (tokenized with the built-in character tokenizer), the held-out eval set, and the weighted reward
-// module. Only this file knows the `env`, `eval` and `reward` key names for the run command.
+// The rollout-side parts of `arlo run`, built from the configuration: the training task stream,
+// the held-out eval set, and the weighted reward module. Only this file knows the `env`, `eval`
+// and `reward` key names for the run command, and which inference servers get token ids from arlo.
 #include <memory>
 #include <vector>
 
@@ -13,13 +13,20 @@
 
 namespace arlo::cli {
 
-// Task source for the orchestrator: the environment's stream, with prompts tokenized as arlo-worker
-// tokenizes a text prompt (<bos> + characters) and reference answers as the completion the policy
-// should produce (characters + <eos>), so the supervised warm-up teaches the policy to stop.
-// Single-threaded: used on the orchestrator's event loop.
-class TokenizedTasks final : public orch::TaskSource {
+// Whether arlo tokenizes prompts itself, with the built-in character tokenizer: only for
+// arlo-worker (inference.kind arlo), whose policy that tokenizer belongs to. Every other server
+// (vllm, sglang) gets text prompts and chat messages as they are, and its response reports the
+// ids its own tokenizer and chat template produced (rollout/openai.h).
+bool uses_builtin_tokenizer(const config::Config& cfg);
+
+// Task source for the orchestrator: the environment's stream. With `tokenize`, prompts are
+// tokenized as arlo-worker tokenizes a text prompt (<bos> + characters) and reference answers as
+// the completion the policy should produce (characters + <eos>), so the supervised warm-up teaches
+// the policy to stop; without, tasks carry text only. Single-threaded: used on the orchestrator's
+// event loop.
+class RunTasks final : public orch::TaskSource {
  public:
-  explicit TokenizedTasks(std::shared_ptr<rollout::TaskStream> stream);
+  RunTasks(std::shared_ptr<rollout::TaskStream> stream, bool tokenize);
   Result<orch::Task> next() override;
   nlohmann::json cursor() const override { return inner_.cursor(); }
   Status restore(const nlohmann::json& cursor) override { return inner_.restore(cursor); }
@@ -28,13 +35,15 @@ class TokenizedTasks final : public orch::TaskSource {
 
  private:
   orch::adapters::RolloutTasks inner_;
+  bool tokenize_;
 };
 
-// Adds token ids to a converted task (no-op for chat tasks, which go to the server as messages).
+// Adds built-in token ids to a converted task (no-op for chat tasks, which go to the server as messages).
 void tokenize_task(orch::Task& task);
 
 struct RolloutParts {
   std::shared_ptr<rollout::TaskStream> stream;
+  bool tokenize = true;  // uses_builtin_tokenizer(): how RunTasks converts the stream's tasks
   std::vector<orch::Task> eval_tasks;  // empty when eval.interval is 0
   std::shared_ptr<rollout::RewardModule> reward;
 };

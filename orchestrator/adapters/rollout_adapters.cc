@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "rollout/openai.h"
+
 namespace arlo::orch::adapters {
 
 namespace {
@@ -35,8 +37,12 @@ rollout::Task to_rollout_task(const Task& t) {
 
 RolloutInference::RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
                                    DescribeUpdate describe, std::string model,
-                                   std::optional<asio::any_io_executor> network)
-    : pool_(pool), describe_(std::move(describe)), model_(std::move(model)), network_(std::move(network)) {
+                                   std::optional<asio::any_io_executor> network, rollout::AdminDialect server)
+    : pool_(pool),
+      describe_(std::move(describe)),
+      model_(std::move(model)),
+      network_(std::move(network)),
+      server_(server) {
   for (auto& a : admins) {
     const auto url = a->url();
     admins_.emplace(url, std::move(a));
@@ -69,7 +75,13 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest req
   auto op = on_pool_thread<Result<GenerateResult>>([this, request = std::move(request)]() mutable {
     return generate_here(std::move(request));
   });
-  co_return co_await std::move(op);
+  auto result = co_await std::move(op);
+  // kMismatch from generate_here: the server's responses lack token data (check_token_data).
+  if (!result && result.error().code() == ErrorCode::kMismatch && on_unusable_ && !unusable_reported_) {
+    unusable_reported_ = true;
+    on_unusable_(result.error());
+  }
+  co_return result;
 }
 
 Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateRequest req) {
@@ -92,9 +104,13 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
   cr.sampling.stop = req.sampling.stop;
   cr.sampling.logprobs = true;
   cr.affinity_key = std::to_string(req.group_id);
+  const bool chat = cr.is_chat();
+  const bool logprobs = cr.sampling.logprobs;
+  cr.extra = rollout::token_data_request(server_, chat);
   const auto budget = std::max<Duration>(Duration::zero(), req.deadline - Clock_::now());
   auto completion = co_await pool_.submit(std::move(cr), budget);
   if (!completion) co_return std::unexpected(std::move(completion).error());
+  if (auto st = rollout::check_token_data(*completion, chat, logprobs, server_); !st) co_return std::unexpected(st.error());
   GenerateResult out;
   out.prompt_tokens = std::move(completion->prompt_token_ids);
   out.worker = completion->server;

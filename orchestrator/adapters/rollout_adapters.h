@@ -35,9 +35,16 @@ class RolloutInference final : public InferencePort {
   // io_context): every call hops there and its result comes back to the caller's loop, so request
   // and response handling (sockets, JSON) never delays the orchestrator's loop. `describe` is
   // always called on the caller's thread.
+  // `server` is what the pool's servers are (inference.kind): it chooses the request fields that
+  // ask for token ids and logprobs, and the advice when a response lacks them.
   RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
                    DescribeUpdate describe, std::string model = "",
-                   std::optional<asio::any_io_executor> network = std::nullopt);
+                   std::optional<asio::any_io_executor> network = std::nullopt,
+                   rollout::AdminDialect server = rollout::AdminDialect::kArlo);
+  // Called once, on the caller's thread, with the first response that can never be trained on (a
+  // server that returns no token ids, prompt ids or logprobs: rollout::check_token_data): every
+  // other request would fail alike, so the run should stop with this error.
+  void on_unusable_server(std::function<void(const Error&)> callback) { on_unusable_ = std::move(callback); }
 
   Awaitable<Result<GenerateResult>> generate(GenerateRequest request) override;
   std::vector<std::string> workers() const override;
@@ -61,13 +68,18 @@ class RolloutInference final : public InferencePort {
   DescribeUpdate describe_;
   std::string model_;
   std::optional<asio::any_io_executor> network_;
+  rollout::AdminDialect server_;
+  std::function<void(const Error&)> on_unusable_;
+  bool unusable_reported_ = false;
 };
 
 // An endless (or epoch-bounded) task stream. Ids are a running sequence number (the environment's
 // own id rides in info["task_id"]); the cursor holds the stream's cursor and that sequence.
 class RolloutTasks final : public TaskSource {
  public:
-  // `tokenize` may be empty: then prompts go to the server as text and the SFT warm-up is unavailable.
+  // `tokenize` may be empty: then prompts go to the server as text (chat tasks always go as
+  // messages), the server's response supplies the prompt's token ids, and the SFT warm-up is
+  // unavailable.
   RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize);
   Result<Task> next() override;
   nlohmann::json cursor() const override;
