@@ -25,6 +25,7 @@
 
 #include "apps/arlo/run_parts.h"
 #include "common/http.h"
+#include "common/io_thread.h"
 #include "orchestrator/adapters/bridge_trainer.h"
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
@@ -298,9 +299,15 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   auto dialect = rollout::parse_admin_dialect(kind);
   EXPECT_TRUE(dialect);
 
-  rollout::HttpInferencePool pool(io);
+  // As in `arlo run`: the pool and its HTTP work on a network thread of their own.
+  IoThread network;
+  rollout::HttpInferencePool pool(network.context());
+  struct StopNetworkFirst {  // before the pool is destroyed, on every path
+    IoThread& network;
+    ~StopNetworkFirst() { network.stop(); }
+  } stop_network_first{network};
   pool.add_server(url);
-  pool.start();
+  asio::post(network.context(), [&pool] { pool.start(); });
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url));
   orch::adapters::RolloutInference inference(
@@ -310,7 +317,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
         u.weight_sync = {{"transport", "filesystem"}};
         return u;
       },
-      "", std::nullopt, *dialect);
+      "", network.executor(), *dialect);
   RunTasks tasks(parts->stream, parts->tokenize);
   auto dataset = rollout::load_jsonl((dir / "tasks.jsonl").string(), "jsonl");
   EXPECT_TRUE(dataset) << dataset.error().what();
@@ -402,12 +409,13 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   orch::spawn(io.get_executor(), [&]() -> orch::Awaitable<void> {
     co_await orchestrator.wait();
     guard.cancel();
-    pool.stop();
+    asio::post(network.context(), [&pool] { pool.stop(); });
     (*bridge_server)->stop();
     server.close();
     io.stop();
   });
   io.run();
+  network.stop();
   stop_trainer = true;
   trainer_thread.join();
   EXPECT_FALSE(timed_out);

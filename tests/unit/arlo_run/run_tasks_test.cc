@@ -1,0 +1,58 @@
+// Which tasks `arlo run` tokenizes itself: only those for arlo-worker (inference.kind arlo), whose
+// policy the built-in tokenizer belongs to. For vLLM and SGLang the training stream and the eval
+// set carry text (or messages) only; the server's response supplies the ids.
+#include <gtest/gtest.h>
+
+#include "apps/arlo/run_parts.h"
+#include "reference/tokenizer.h"
+
+namespace arlo::cli {
+namespace {
+
+config::Config load(std::vector<std::string> overrides) {
+  config::LoadOptions o;
+  o.overrides = std::move(overrides);
+  auto c = config::load_string("run:\n  name: t\n", "<test>", o);
+  EXPECT_TRUE(c) << c.error().what();
+  return *c;
+}
+
+TEST(ArloRunTasks, ArloWorkerGetsBuiltinIds) {
+  const auto cfg = load({"eval.size=4", "eval.interval=5"});
+  EXPECT_TRUE(uses_builtin_tokenizer(cfg));
+  auto parts = build_rollout_parts(cfg);
+  ASSERT_TRUE(parts) << parts.error().what();
+  EXPECT_TRUE(parts->tokenize);
+  RunTasks tasks(parts->stream, parts->tokenize);
+  auto t = tasks.next();
+  ASSERT_TRUE(t) << t.error().what();
+  const reference::Tokenizer tok;
+  EXPECT_EQ(t->prompt_tokens, tok.encode_prompt(t->prompt));
+  EXPECT_FALSE(t->answer_tokens.empty());
+  ASSERT_EQ(parts->eval_tasks.size(), 4u);
+  for (const auto& e : parts->eval_tasks) EXPECT_EQ(e.prompt_tokens, tok.encode_prompt(e.prompt));
+}
+
+TEST(ArloRunTasks, VllmAndSglangGetTextOnly) {
+  for (const char* kind : {"vllm", "sglang"}) {
+    const auto cfg = load({"inference.launch=external", std::string("inference.kind=") + kind,
+                           "inference.urls=[\"http://127.0.0.1:8000\"]", "eval.size=4", "eval.interval=5"});
+    EXPECT_FALSE(uses_builtin_tokenizer(cfg)) << kind;
+    auto parts = build_rollout_parts(cfg);
+    ASSERT_TRUE(parts) << parts.error().what();
+    EXPECT_FALSE(parts->tokenize);
+    RunTasks tasks(parts->stream, parts->tokenize);
+    for (int i = 0; i < 3; ++i) {
+      auto t = tasks.next();
+      ASSERT_TRUE(t) << t.error().what();
+      EXPECT_FALSE(t->prompt.empty());
+      EXPECT_TRUE(t->prompt_tokens.empty()) << kind;
+      EXPECT_TRUE(t->answer_tokens.empty()) << kind;
+    }
+    ASSERT_EQ(parts->eval_tasks.size(), 4u);
+    for (const auto& e : parts->eval_tasks) EXPECT_TRUE(e.prompt_tokens.empty()) << kind;
+  }
+}
+
+}  // namespace
+}  // namespace arlo::cli
