@@ -273,6 +273,7 @@ struct StoreServer::Impl {
   std::unordered_map<std::string, std::string> data;
   std::vector<std::string> pending_changes;  // from in-process calls, for the server thread
   bool stopping = false;
+  std::size_t in_process_waits = 0;  // wait() calls inside; the destructor lets them leave first
   std::shared_ptr<std::function<void(const std::string&)>> callback;
   std::atomic<std::size_t> open{0};
 
@@ -354,6 +355,8 @@ StoreServer::~StoreServer() {
   impl_->cv.notify_all();
   impl_->wake();
   if (impl_->thread.joinable()) impl_->thread.join();
+  std::unique_lock lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->in_process_waits == 0; });
 }
 
 std::uint16_t StoreServer::port() const { return impl_->port; }
@@ -400,8 +403,18 @@ bool StoreServer::wait(const std::vector<std::string>& keys, std::chrono::steady
   auto all = [&] {
     return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return impl_->data.contains(k); });
   };
+  ++impl_->in_process_waits;
+  impl_->cv.notify_all();
   impl_->cv.wait_until(lock, deadline, [&] { return impl_->stopping || all(); });
-  return all();
+  const bool done = all();
+  --impl_->in_process_waits;
+  impl_->cv.notify_all();
+  return done;
+}
+
+std::size_t StoreServer::waiting() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->in_process_waits;
 }
 
 void StoreServer::on_change(std::function<void(const std::string& key)> callback) {

@@ -60,8 +60,10 @@ class StoreServer {
   // Adds to the decimal ASCII integer under `key` (missing: 0) and stores the sum the same way, as
   // torch does. A value that is not an integer is treated as 0 and replaced (logged).
   std::int64_t add(const std::string& key, std::int64_t delta);
-  // Blocks until every key exists (true), `deadline` passes or the server stops (false).
+  // Blocks until every key exists (true), `deadline` passes or the server stops (false). The
+  // destructor returns only after every wait() in progress has returned.
   bool wait(const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline) const;
+  std::size_t waiting() const;  // wait() calls blocked now (diagnostics, tests)
 
   // Called on the server thread after every SET/ADD/APPEND/MULTI_SET/COMPARE_SET from any source
   // (wire or in-process) with the key changed; lets the owner react to a peer's request without
