@@ -166,7 +166,7 @@ class Group::Impl {
       }
       backend->pause(std::min<std::chrono::microseconds>(
           pause, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) + std::chrono::microseconds(1)));
-      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::microseconds(1000));
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::microseconds(200));
     }
   }
 
