@@ -93,6 +93,16 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
   so.shuffle = cfg.boolean("env.shuffle");
   parts.stream = std::make_shared<rollout::TaskStream>(*source, so);
   parts.tokenize = uses_builtin_tokenizer(cfg);
+  // The warm-up trains on reference answers as token ids: arlo has them only in the built-in
+  // tokenizer's vocabulary, which is not a vLLM or SGLang model's.
+  if (!parts.tokenize && cfg.integer("orchestrator.sft_warmup_steps") > 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("orchestrator.sft_warmup_steps is {} ({}), but the supervised warm-up needs the "
+                                  "reference answers as token ids, which arlo has only for arlo-worker; with "
+                                  "inference.kind {} set orchestrator.sft_warmup_steps: 0 (warm the model up before "
+                                  "serving it)",
+                                  cfg.integer("orchestrator.sft_warmup_steps"), cfg.where("orchestrator.sft_warmup_steps"),
+                                  cfg.string("inference.kind")));
 
   if (cfg.integer("eval.interval") > 0) {
     const auto eval_kind = cfg.string("eval.env_kind") == "same" ? env_kind : cfg.string("eval.env_kind");
