@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 
 #include "apps/arlo/run_children.h"
+#include "apps/arlo/server_support.h"
 #include "common/log.h"
+#include "orchestrator/adapters/collective_session.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/wire.h"
 
@@ -36,6 +38,11 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t 
                                               const nlohmann::json& announced) const {
   rollout::WeightUpdate u;
   u.version = version;
+  if (collective) {
+    if (announced.contains("weight_sync")) collective->announce(announced);
+    u.collective = collective;
+    return u;
+  }
   const std::string transport = block.value("transport", std::string());
   nlohmann::json endpoint = block;  // no announcement: the planned block names the endpoint
   if (announced.contains("weight_sync")) {
@@ -96,6 +103,7 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
 }  // namespace
 
 Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run_dir) {
+  ARLO_TRY(check_inference_support(cfg));
   LaunchPlan plan;
   auto& ws = plan.weight_sync;
   ARLO_ASSIGN_OR_RETURN(const auto* d, weight_sync::find_transport(cfg.string("weight_sync.transport")));
@@ -109,12 +117,13 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
                                   "transport that relays",
                                   cfg.where("weight_sync.topology"), d->name));
   const bool embedded = cfg.string("inference.launch") == "embedded";
-  const auto& devices = d->capabilities.devices;
-  if (embedded && std::find(devices.begin(), devices.end(), weight_sync::Device::Kind::kCpu) == devices.end())
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("weight_sync.transport {} ({}): arlo-worker holds its weights in host memory, which "
-                                  "this transport does not move; choose one that does for an embedded run",
-                                  d->name, cfg.where("weight_sync.transport")));
+  if (d->capabilities.collective) {
+    orch::adapters::CollectiveSessionOptions o;
+    o.expected = embedded ? static_cast<std::size_t>(cfg.integer("inference.num_workers")) : cfg.strings("inference.urls").size();
+    o.flavor = cfg.string("inference.kind");
+    o.timeout = std::chrono::milliseconds(ws.block["timeout_ms"].get<std::int64_t>());
+    ws.collective = orch::adapters::TrainerCollective::create(o);
+  }
   if (!embedded) {
     const auto& urls = cfg.strings("inference.urls");
     for (std::size_t i = 0; i < urls.size(); ++i) {

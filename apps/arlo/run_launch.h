@@ -4,6 +4,7 @@
 // the worker URLs, and the per-version weight update the WeightWatcher sends to every worker.
 // Only this file knows the flags of arlo-worker and arlo-trainer (docs/reference-policy.md).
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,10 @@
 #include "common/result.h"
 #include "orchestrator/launcher.h"
 #include "rollout/admin.h"
+
+namespace arlo::orch::adapters {
+class TrainerCollective;
+}
 
 namespace arlo::cli {
 
@@ -25,10 +30,13 @@ struct WeightSyncPlan {
   // the trainer's announced endpoint). Each worker's own block (a relay's listen params) is in its
   // argv (--weight-sync).
   std::vector<nlohmann::json> upstream;
+  // A collective transport (nccl): every update joins the workers and the trainer's publisher in
+  // one group through this session (describe() hands it the newest announcement).
+  std::shared_ptr<orch::adapters::TrainerCollective> collective;
 
   // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version`:
   // arlo: {version, weight_sync: the receiver block}; vllm/sglang: extra.model_path for a durable
-  // transport. `announced` is the trainer's newest announcement info ({"weight_sync": ...}); without
+  // transport; a collective transport: the session. `announced` is the trainer's newest announcement info ({"weight_sync": ...}); without
   // one, the planned block is used as is.
   rollout::WeightUpdate describe(std::size_t worker, std::int64_t version, rollout::AdminDialect dialect,
                                  const nlohmann::json& announced = nlohmann::json::object()) const;
