@@ -124,6 +124,11 @@ TEST(NcclTransport, GroupPublishesTheIdInEveryFormAndRank0Inits) {
   ASSERT_EQ(inits.size(), 1u);
   EXPECT_EQ(inits[0].rank, 0);
   EXPECT_EQ(inits[0].world_size, 4);
+  // vLLM's workers all-reduce inside their init route, before any update: rank 0 joins that at once.
+  EXPECT_TRUE(fake->wait_for([](const auto& calls) {
+    return std::any_of(calls.begin(), calls.end(), [](const Call& c) { return c.kind == Call::Kind::kAllReduce && c.ran; });
+  }, 5s));
+  EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
 }
 
 TEST(NcclTransport, VllmGroupWarmsUpThenBroadcastsPackedBucketsOfTheStagedBytes) {

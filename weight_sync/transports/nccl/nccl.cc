@@ -173,6 +173,7 @@ struct Generation {
   std::unique_ptr<StoreServer> rendezvous; // alive as long as the group (SGLang's heartbeat polls it)
   std::unique_ptr<Group> group;
   bool ready = false;                      // init finished (and warmed up)
+  bool warming = false;                    // vLLM: the control thread runs init and the warm-up
   std::string dead;                        // why the group is gone ("" while usable)
 };
 
@@ -248,8 +249,7 @@ class NcclSender final : public SenderTransport {
     for (auto v : wanted) control_->set(sent_key(g.id, v), sent.dump());
     if (!report) {
       std::lock_guard ll(mu_);
-      if (g.dead.empty()) g.dead = report.error().what();
-      ARLO_WARN("weight_sync nccl: group {} gone after a failed transfer of v{}: {}", g.id, version, g.dead);
+      kill(g, fmt::format("the transfer of v{} failed: {}", version, report.error().what()));
     }
     return report;
   }
@@ -274,7 +274,7 @@ class NcclSender final : public SenderTransport {
   // Under mu_: versions <= `version` of the current group every member wants and nobody served.
   std::vector<Version> due_wants(Version version) const {
     std::vector<Version> out;
-    if (!gen_ || !gen_->dead.empty()) return out;
+    if (!gen_ || !gen_->dead.empty() || gen_->warming) return out;
     const auto members = static_cast<std::int64_t>(gen_->members.size());
     for (const auto& [key, count] : wants_) {
       if (key.first == gen_->id && key.second <= version && count >= members && !served_.count(key)) out.push_back(key.second);
@@ -305,10 +305,7 @@ class NcclSender final : public SenderTransport {
         answers_.push_back({sent_key(g, *v), json{{"error", why}}.dump()});
       }
     } else if (what == "abort") {
-      if (gen_ && gen_->id == g && gen_->group) {
-        if (gen_->dead.empty()) gen_->dead = "aborted by a member: " + *value;
-        gen_->group->abort(gen_->dead);
-      }
+      if (gen_ && gen_->id == g) kill(*gen_, "aborted by a member: " + *value);
     } else {
       return;
     }
@@ -329,6 +326,7 @@ class NcclSender final : public SenderTransport {
       for (auto& [g, request] : requests) {
         auto ready = open(g, request);
         control_->set(group_key(g, "ready"), ready.dump());
+        if (!ready.contains("error")) warm_up(g);
       }
       l.lock();
     }
@@ -346,8 +344,7 @@ class NcclSender final : public SenderTransport {
       std::lock_guard l(mu_);
       if (gen_) {
         if (gen_->id >= g) return {{"error", fmt::format("group {} is older than the current group {}", g, gen_->id)}};
-        if (gen_->dead.empty()) gen_->dead = fmt::format("replaced by group {}", g);
-        if (gen_->group) gen_->group->abort(gen_->dead);
+        kill(*gen_, fmt::format("replaced by group {}", g));
       }
     }
     auto opened = start_group(*gen);
@@ -364,10 +361,45 @@ class NcclSender final : public SenderTransport {
     ARLO_INFO("weight_sync nccl: group {} of {} ranks ({} members), rendezvous at {}:{}", g, gen->world_size,
               gen->members.size(), master_, gen->rendezvous->port());
     std::lock_guard l(mu_);
+    gen->warming = gen->warmup;
     old_.push_back(std::move(gen_));  // destroyed with the sender: a wedged peer may still hold its store
     gen_ = std::move(gen);
     cv_.notify_all();
     return {{"members", std::move(joins)}};
+  }
+
+  // vLLM's workers init and then all-reduce inside their init route, before any update: rank 0 does
+  // the same right after the group opened (on this thread; transfers wait for it).
+  void warm_up(std::int64_t g) {
+    Generation* gen = nullptr;
+    {
+      std::lock_guard l(mu_);
+      if (!gen_ || gen_->id != g || !gen_->warming) return;
+      gen = gen_.get();
+    }
+    const Deadline deadline = Clock::now() + options_.timeout;
+    auto st = with_context(gen->group->wait_ready(deadline),
+                           fmt::format("nccl group {}: waiting for {} ranks to join", g, gen->world_size));
+    if (st) st = gen->group->warmup(deadline);
+    std::lock_guard l(mu_);
+    gen->warming = false;
+    gen->ready = bool(st);
+    if (!st) kill(*gen, st.error().what());
+    cv_.notify_all();
+  }
+
+  // Under mu_: `gen` is gone (aborted, failed or replaced); members still waiting are answered.
+  void kill(Generation& gen, const std::string& why) {
+    if (gen.dead.empty()) gen.dead = why;
+    if (gen.group) gen.group->abort(gen.dead);
+    for (const auto& [key, count] : wants_) {
+      if (key.first != gen.id || served_.count(key)) continue;
+      served_.insert(key);
+      answers_.push_back({sent_key(key.first, key.second),
+                          json{{"error", fmt::format("group {} is gone: {}", gen.id, gen.dead)}}.dump()});
+    }
+    ARLO_WARN("weight_sync nccl: group {} gone: {}", gen.id, gen.dead);
+    cv_.notify_all();
   }
 
   Status parse_members(const json& request, Generation& gen) {
@@ -443,10 +475,9 @@ class NcclSender final : public SenderTransport {
       std::lock_guard l(mu_);
       return stop_ || !g.dead.empty();
     };
-    if (!g.ready) {
+    if (!g.ready) {  // SGLang's ranks init lazily, in their first broadcast
       ARLO_TRY(with_context(g.group->wait_ready(deadline),
                             fmt::format("nccl group {}: waiting for {} ranks to join", g.id, g.world_size)));
-      if (g.warmup) ARLO_TRY(g.group->warmup(deadline));
       g.ready = true;
     }
     ARLO_ASSIGN_OR_RETURN(auto sent, g.group->send(source, g.layout, deadline, cancelled));
