@@ -41,7 +41,9 @@ class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
   }
 
  protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override { lines_.emplace_back(msg.payload.data(), msg.payload.size()); }
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
   void flush_() override {}
 
  private:
@@ -249,14 +251,12 @@ TEST_F(NcclStore, WaitCompletesLaterFromAnotherClient) {
   EXPECT_EQ(waiter->recv(1), std::string(1, '\0'));  // STOP_WAITING
 
   // The StoreClient form: get() waits, another client sets.
-  std::atomic<bool> done{false};
   std::string value;
   std::thread t([&] {
     auto c = client();
     auto v = c->get("/from-thread", soon());
     EXPECT_TRUE(v) << v.error().what();
     if (v) value = *v;
-    done = true;
   });
   ASSERT_TRUE(other->set("/from-thread", "hello", soon()));
   t.join();

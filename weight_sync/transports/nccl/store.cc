@@ -866,6 +866,10 @@ struct StoreClient::Impl {
                                    what, detail));
   }
 
+  Error not_connected(const char* cmd, std::string_view what) const {
+    return error(ErrorCode::kUnavailable, cmd, what, "not connected (an earlier call failed)");
+  }
+
   // Waits for `events` on the socket until the deadline: true when ready.
   bool ready(short events, Deadline deadline) const {
     for (;;) {
@@ -879,7 +883,7 @@ struct StoreClient::Impl {
   }
 
   Status write(std::string_view bytes, Deadline deadline, const char* cmd, std::string_view what) {
-    if (fd < 0) return std::unexpected(error(ErrorCode::kUnavailable, cmd, what, "not connected (an earlier call failed)"));
+    if (fd < 0) return std::unexpected(not_connected(cmd, what));
     std::size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
@@ -905,7 +909,7 @@ struct StoreClient::Impl {
   // Reads exactly n bytes. On a deadline the connection stays open when `keep_on_timeout` (WAIT).
   Result<std::string> read(std::size_t n, Deadline deadline, const char* cmd, std::string_view what,
                            bool keep_on_timeout = false) {
-    if (fd < 0) return std::unexpected(error(ErrorCode::kUnavailable, cmd, what, "not connected (an earlier call failed)"));
+    if (fd < 0) return std::unexpected(not_connected(cmd, what));
     std::string out(n, '\0');
     std::size_t done = 0;
     while (done < n) {
@@ -996,7 +1000,8 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& hos
   for (std::size_t attempt = 0;; ++attempt) {
     const auto& a = addrs[attempt % addrs.size()];
     const int fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return make_error(ErrorCode::kIo, "rendezvous store " + impl->server + ": socket: " + errno_text(errno));
+    if (fd < 0)
+      return make_error(ErrorCode::kIo, "rendezvous store " + impl->server + ": socket: " + errno_text(errno));
     impl->fd = fd;
     int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), addr_len(a));
     int err = rc == 0 ? 0 : errno;
