@@ -40,7 +40,9 @@ inline constexpr std::size_t kStoreMaxKeysPerRequest = std::size_t{1} << 16;
 inline constexpr std::uint32_t kStoreValidateMagic = 0x3C85F7CE;
 
 // Serves the store on its own thread (one thread, poll() over every socket). GET or MULTI_GET of a
-// missing key closes that connection, as torch's server does (its clients always WAIT first).
+// missing key, and ADD onto a value that is not an integer, close that connection, as torch's
+// server does (its clients always WAIT before GET). Torch's client ADDs 1 to "init/" at connect when
+// given a world size; that counter is an ordinary key here (watch it with on_change).
 // Queue commands (libuv server only) and the legacy WATCH_KEY are refused: the connection is closed
 // with a log line naming the command. Thread-safety: every public member may be called from any
 // thread.
