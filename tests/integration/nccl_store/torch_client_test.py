@@ -229,7 +229,7 @@ def sglang_unique_id(driver):
     store, rank, world = next(dist.rendezvous(f"tcp://{HOST}:{driver.port}", rank=1, world_size=2,
                                               timeout=seconds(20)))
     check((rank, world) == (1, 2), "SGLang: rendezvous rank/world")
-    store.set_timeout(seconds(20))
+    store.set_timeout(seconds(10))  # the key is there from the start; a wrong key fails in 10 s
     group = dist.PrefixStore(GROUP, store)
     pg_store = dist.PrefixStore("cuda/", dist.PrefixStore(GROUP + "/", group))
     check(pg_store.get("0") == ID, "SGLang: the raw id under the ProcessGroupNCCL key")
@@ -265,4 +265,7 @@ if __name__ == "__main__":
         main()
     except AssertionError as e:
         print(f"FAIL: {e}")
+        sys.exit(1)
+    except Exception as e:  # a torch error (a timeout where a key should have been) is a failure too
+        print(f"FAIL: {type(e).__name__}: {e}")
         sys.exit(1)
