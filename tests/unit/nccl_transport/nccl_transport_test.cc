@@ -116,6 +116,8 @@ TEST(NcclTransport, GroupPublishesTheIdInEveryFormAndRank0Inits) {
   EXPECT_EQ(store->get(std::string(nccl::kVllmUniqueIdKey), deadline_in(5s)).value(), nccl::vllm_unique_id_pickle(id));
   const std::string raw(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
   EXPECT_EQ(store->get(nccl::sglang_unique_id_key("weight_update_group"), deadline_in(5s)).value(), raw);
+  EXPECT_EQ(store->get(fmt::format("/tcp://127.0.0.1:{}/weight_update_group//cuda//0", port), deadline_in(5s)).value(),
+            raw);  // older SGLang's PrefixStore(init_method) form
   // Rank 0 of 4 started its (non-blocking) init.
   ASSERT_TRUE(fake->wait_for([](const auto& calls) {
     return std::any_of(calls.begin(), calls.end(), [](const Call& c) { return c.kind == Call::Kind::kInit; });

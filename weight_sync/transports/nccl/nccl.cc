@@ -446,6 +446,8 @@ class NcclSender final : public SenderTransport {
     const std::string raw(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
     gen.rendezvous->set(std::string(kVllmUniqueIdKey), vllm_unique_id_pickle(id));
     gen.rendezvous->set(sglang_unique_id_key(group_name), raw);
+    // Older SGLang builds its group on PrefixStore(init_method): "/tcp://host:port/<group>//cuda//0".
+    gen.rendezvous->set(fmt::format("/tcp://{}:{}/{}//cuda//0", master_, gen.rendezvous->port(), group_name), raw);
     gen.rendezvous->set(std::string(kArloUniqueIdKey), raw);
     GroupConfig config;
     config.library_path = library_;
