@@ -20,6 +20,7 @@
 //   arlo/group/<g>/abort             a member or the orchestrator: the reason; the transfer aborts
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -160,6 +161,20 @@ class SinkView final : public WeightSource {
   const std::vector<TensorSpec>& specs_;
 };
 
+// What vLLM's and SGLang's processes set for their weight-update groups (research note: both sides
+// must agree, or NCCL can hang): set before this process's first NCCL call, unless the user set them.
+void default_nccl_environment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const char* name : {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"}) {
+      if (std::getenv(name) == nullptr) {
+        ::setenv(name, "0", 0);
+        ARLO_INFO("weight_sync nccl: {}=0 (as vLLM and SGLang set it; export it to choose otherwise)", name);
+      }
+    }
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Publisher (rank 0).
 
@@ -183,6 +198,7 @@ class NcclSender final : public SenderTransport {
     if (s.options.payload.kind != PayloadKind::kFull || s.options.payload.zstd)
       return make_error(ErrorCode::kInvalidArgument,
                         "nccl: the weights travel as trained (weight_sync.payload full, no zstd): peers allocate from dtypes and shapes");
+    default_nccl_environment();
     const auto& p = s.params;
     ARLO_ASSIGN_OR_RETURN(auto at, split_host_port(p.at("address").get<std::string>(), "address"));
     const std::string library = p.at("nccl_library").get<std::string>();
@@ -582,6 +598,7 @@ class Control final : public CollectiveControl {
 class NcclReceiver final : public ReceiverTransport {
  public:
   static Result<std::unique_ptr<ReceiverTransport>> create(const ReceiverState& s) {
+    default_nccl_environment();
     const auto& p = s.params;
     ARLO_ASSIGN_OR_RETURN(auto at, split_host_port(p.at("address").get<std::string>(), "address"));
     if (at.port == 0) return make_error(ErrorCode::kInvalidArgument, "nccl receiver: address needs the publisher's port");
