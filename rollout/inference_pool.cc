@@ -9,6 +9,8 @@
 
 #include <algorithm>
 
+#include <variant>
+
 #include <fmt/format.h>
 
 #include "common/log.h"
@@ -270,8 +272,13 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
     hr.retry = http::RetryPolicy{1, {}, {}};  // the pool retries, on another server
     ++s->outstanding;
     auto lost = s->lost;  // this attempt gives up when the server's circuit opens meanwhile
-    auto raced = co_await (client_->request(std::move(hr)) ||
-                           lost->async_wait(asio::as_tuple(asio::use_awaitable)));
+    std::variant<Result<http::Response>, std::tuple<boost::system::error_code>> raced;
+    try {
+      raced = co_await (client_->request(std::move(hr)) || lost->async_wait(asio::as_tuple(asio::use_awaitable)));
+    } catch (const boost::system::system_error& e) {  // the caller cancelled both (operator|| rethrows it)
+      if (*alive) --s->outstanding;
+      co_return make_error(ErrorCode::kCancelled, fmt::format("{}{}: cancelled: {}", s->url, path, e.what()));
+    }
     if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
     --s->outstanding;
     if (raced.index() == 1) {  // no on_failure: the circuit is open already

@@ -2,7 +2,10 @@
 // servers leaving and joining, and a server killed mid-run.
 #include <gtest/gtest.h>
 
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <map>
 #include <set>
@@ -179,6 +182,31 @@ TEST(InferencePool, ARequestOnAServerThatStopsAnsweringMovesToAnother) {
   pool.stop();
   stuck.close();
   good.close();
+}
+
+// A caller that gives up on a request (its deadline raced the submit, as the orchestrator does)
+// cancels it cleanly, also when the pool runs on the caller's own io_context: no exception escapes
+// the loop, and the server's slot is given back.
+TEST(InferencePool, ACancelledRequestEndsWithoutThrowing) {
+  asio::io_context io;
+  FakeOpenAIServer stuck(io);
+  HttpInferencePool pool(io, fast_options());
+  pool.add_server(stuck.url());
+  pool.start();
+  run(io, [&]() -> asio::awaitable<void> {
+    co_await pool.check_all();
+    stuck.hold = true;
+    using namespace boost::asio::experimental::awaitable_operators;
+    asio::steady_timer give_up(io);
+    give_up.expires_after(std::chrono::milliseconds(200));
+    auto raced = co_await (pool.submit(request("q"), std::chrono::seconds(300)) ||
+                           give_up.async_wait(asio::as_tuple(asio::use_awaitable)));
+    EXPECT_EQ(raced.index(), 1u);  // the timer won; the submit was cancelled inside
+    EXPECT_EQ(stuck.held, 1);
+    EXPECT_EQ(status_of(pool.status(), stuck.url()).outstanding, 0u);
+  }());
+  pool.stop();
+  stuck.close();
 }
 
 TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
