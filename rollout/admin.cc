@@ -335,18 +335,20 @@ class VllmAdmin final : public AdminBase {
     auto version = co_await server_version();
     if (!version) co_return std::unexpected(std::move(version).error());
     auto& session = u.collective;
-    if (!generation_) {
-      if (!world_size_) {
-        auto w = co_await call(get("/get_world_size"));
-        if (!w) co_return std::unexpected(std::move(w).error());
-        if (!w->is_object() || !w->contains("world_size") || !(*w)["world_size"].is_number_integer() || (*w)["world_size"].get<int>() < 1)
-          co_return here(ErrorCode::kParse, fmt::format("GET /get_world_size answered {} (want {{\"world_size\": n >= 1}})", w->dump().substr(0, 200)));
-        world_size_ = (*w)["world_size"].get<int>();
-      }
-      auto g = co_await session->group(url_, *world_size_);
-      if (!g) co_return std::unexpected(std::move(g).error().with_context(fmt::format("vllm admin {}: joining the weight-transfer group", url_)));
-      auto gen = group_generation(*g);
-      if (!gen) co_return std::unexpected(std::move(gen).error());
+    if (!world_size_) {
+      auto w = co_await call(get("/get_world_size"));
+      if (!w) co_return std::unexpected(std::move(w).error());
+      if (!w->is_object() || !w->contains("world_size") || !(*w)["world_size"].is_number_integer() || (*w)["world_size"].get<int>() < 1)
+        co_return here(ErrorCode::kParse, fmt::format("GET /get_world_size answered {} (want {{\"world_size\": n >= 1}})", w->dump().substr(0, 200)));
+      world_size_ = (*w)["world_size"].get<int>();
+    }
+    // Every update asks: the session may have formed a new group (another worker rejoined).
+    auto g = co_await session->group(url_, *world_size_);
+    if (!g) co_return std::unexpected(std::move(g).error().with_context(fmt::format("vllm admin {}: joining the weight-transfer group", url_)));
+    auto joined = group_generation(*g);
+    if (!joined) co_return std::unexpected(std::move(joined).error());
+    if (generation_ != *joined) {
+      const auto gen = joined;
       Status built;
       Json body = vllm_init_info(*g, *version, built);
       if (!built) co_return std::unexpected(std::move(built).error());
@@ -491,6 +493,9 @@ Json sglang_pause_body(PauseMode mode) {
   return Json{{"mode", mode == PauseMode::kAbort ? "abort" : "in_place"}};
 }
 
+// /destroy_weights_update_group's body (not built inside a coroutine: GCC 12 and string literals).
+Json sglang_destroy_body(const std::string& group_name) { return Json{{"group_name", group_name}}; }
+
 class SglangAdmin final : public AdminBase {
  public:
   using AdminBase::AdminBase;
@@ -514,22 +519,32 @@ class SglangAdmin final : public AdminBase {
       co_return co_await call_status(transfer("/update_weights_from_disk", sglang_disk_body(u.extra, idle_, u.version)));
     }
     auto& session = u.collective;
-    if (!generation_) {
+    if (!tp_) {
       auto world = co_await tp_size();
       if (!world) co_return std::unexpected(std::move(world).error());
-      auto g = co_await session->group(url_, *world);
-      if (!g) co_return std::unexpected(std::move(g).error().with_context(fmt::format("sglang admin {}: joining the weight-update group", url_)));
-      auto gen = group_generation(*g);
-      if (!gen) co_return std::unexpected(std::move(gen).error());
+      tp_ = *world;
+    }
+    // Every update asks: the session may have formed a new group (another worker rejoined).
+    auto g = co_await session->group(url_, *tp_);
+    if (!g) co_return std::unexpected(std::move(g).error().with_context(fmt::format("sglang admin {}: joining the weight-update group", url_)));
+    auto joined = group_generation(*g);
+    if (!joined) co_return std::unexpected(std::move(joined).error());
+    if (generation_ != *joined) {
+      const auto gen = joined;
       Status built;
       Json body = sglang_group_body(*g, built);
       if (!built) co_return std::unexpected(std::move(built).error());
+      if (joined_once_) {  // the previous group's communicator holds GPU memory on the server: free it
+        auto gone = co_await call(post("/destroy_weights_update_group", sglang_destroy_body(group_name_), false));
+        if (!gone) ARLO_WARN("sglang admin {}: destroying group {}: {}", url_, group_name_, gone.error().what());
+      }
       auto init = co_await call(transfer("/init_weights_update_group", body));
       if (!init) {
         session->failed(url_, *gen, init.error().what());
         co_return std::unexpected(std::move(init).error());
       }
       group_name_ = body["group_name"].is_string() ? body["group_name"].get<std::string>() : "weight_update_group";
+      joined_once_ = true;
       generation_ = *gen;
     }
     const std::int64_t gen = *generation_;
@@ -582,9 +597,11 @@ class SglangAdmin final : public AdminBase {
     co_return tp;
   }
 
+  std::optional<int> tp_;  // the server's tensor-parallel size (its ranks), asked once
   bool idle_ = false;  // nothing runs: the last pause aborted or followed a drain
   std::optional<std::int64_t> generation_;
   std::string group_name_ = "weight_update_group";
+  bool joined_once_ = false;  // a group was initialised on the server (destroyed before the next)
 };
 
 }  // namespace

@@ -28,9 +28,11 @@
 // packed_buffer_size_bytes, packed_num_buffers; 0.28 moves those three into init_info; from 0.29,
 // when C->group() carries nccl_unique_id_b64, init_info carries it instead of master_address/port.
 //
+// Every prepare asks C->group(W, ...) and joins when the generation is new (the first update, after a
+// failure, or when another worker's rejoin formed a new group); SGLang first destroys its previous
+// group (POST /destroy_weights_update_group), which holds a communicator on the server's GPUs.
 // A failed init, start or metadata call calls C->failed(W, gen, why) (a failed receiving() needs no
-// call); either way the next prepare asks C->group() again and joins the new
-// generation. Every call runs under `call_timeout` (transfer calls: `transfer_timeout`) with `retry`
+// call). Every call runs under `call_timeout` (transfer calls: `transfer_timeout`) with `retry`
 // on connection errors and 5xx. Calls that are safe to repeat (pause, resume, weights, probes, and
 // arlo's prepare/commit which are keyed by version) are retried; vllm/sglang weight-transfer calls
 // are not (a repeated NCCL receive would hang): the orchestrator caps those retries.

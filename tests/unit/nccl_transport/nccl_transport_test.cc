@@ -115,8 +115,10 @@ TEST(NcclTransport, GroupPublishesTheIdInEveryFormAndRank0Inits) {
   auto id = nccl::unique_id_from_base64(j0.at("nccl_unique_id_b64").get<std::string>()).value();
   EXPECT_EQ(store->get(std::string(nccl::kVllmUniqueIdKey), deadline_in(5s)).value(), nccl::vllm_unique_id_pickle(id));
   const std::string raw(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
-  EXPECT_EQ(store->get(nccl::sglang_unique_id_key("weight_update_group"), deadline_in(5s)).value(), raw);
-  EXPECT_EQ(store->get(fmt::format("/tcp://127.0.0.1:{}/weight_update_group//cuda//0", port), deadline_in(5s)).value(),
+  const auto name = j0.at("group_name").get<std::string>();
+  EXPECT_EQ(name, fmt::format("weight_update_group-g{}", group->generation));  // torch refuses a name twice
+  EXPECT_EQ(store->get(nccl::sglang_unique_id_key(name), deadline_in(5s)).value(), raw);
+  EXPECT_EQ(store->get(fmt::format("/tcp://127.0.0.1:{}/{}//cuda//0", port, name), deadline_in(5s)).value(),
             raw);  // older SGLang's PrefixStore(init_method) form
   // Rank 0 of 4 started its (non-blocking) init.
   ASSERT_TRUE(fake->wait_for([](const auto& calls) {

@@ -353,6 +353,10 @@ class FakeSglang final : public TestServer {
       paused = false;
       co_return http::Response::json(200, Json{{"message", "continued"}});
     });
+    on(http::Verb::post, "/destroy_weights_update_group", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+      if (!groups_.erase(b.value("group_name", ""))) co_return violation("destroy of an unknown group " + b.dump());
+      co_return http::Response::json(200, Json{{"success", true}, {"message", "destroyed"}});
+    });
     on(http::Verb::post, "/init_weights_update_group", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
       const std::set<std::string> want = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"};
       if (keys(b) != want || b.value("backend", "") != "nccl") co_return violation("init_weights_update_group body " + b.dump());
@@ -448,8 +452,9 @@ void vllm_two_updates(Rig& rig, FakeVllm& srv, int world_size) {
   EXPECT_EQ(srv.count("POST /update_weights"), 2);
   EXPECT_EQ(srv.body_of("POST /finish_weight_update", 0), Json({{"weight_version", "1"}}));
   EXPECT_EQ(srv.body_of("POST /finish_weight_update", 1), Json({{"weight_version", "2"}}));
+  // The group is asked for every update (it may be a new one) and joined once.
   EXPECT_EQ(rig.session->log, (std::vector<std::string>{fmt::format("group W {}", world_size), "receiving v1 g0", "broadcast v1",
-                                                         "receiving v2 g0", "broadcast v2"}));
+                                                         fmt::format("group W {}", world_size), "receiving v2 g0", "broadcast v2"}));
 }
 
 TEST(AdminVllmCollective, Version026SendsPackedFieldsWithTheUpdateAndACheckpointStart) {
@@ -489,7 +494,7 @@ TEST(AdminVllmCollective, MainBuildTakesTheUniqueIdInsteadOfTheStore) {
   EXPECT_EQ(init["nccl_unique_id_b64"], std::string(172, 'A'));
   EXPECT_FALSE(init.contains("master_address"));
   EXPECT_EQ(init["world_size"], 2);
-  EXPECT_EQ(rig.session->world_sizes, std::vector<int>{1});
+  EXPECT_EQ(rig.session->world_sizes, (std::vector<int>{1, 1}));  // one group() per update
 }
 
 TEST(AdminVllmCollective, MainBuildWithoutAUniqueIdUsesTheStore) {
@@ -658,7 +663,7 @@ TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
   EXPECT_EQ(upd["group_name"], "arlo-g0");
   EXPECT_EQ(upd["weight_version"], "1");
   EXPECT_EQ(upd["shapes"][1], Json::array({32, 8}));
-  EXPECT_EQ(rig.session->world_sizes, std::vector<int>{2});
+  EXPECT_EQ(rig.session->world_sizes, (std::vector<int>{2, 2, 2, 2}));  // asked every update, init once
 }
 
 TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoinsANewOne) {
@@ -678,6 +683,8 @@ TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoin
   EXPECT_TRUE(srv.violations.empty());
   EXPECT_EQ(srv.count("POST /update_weights_from_distributed"), 2);
   EXPECT_EQ(srv.body_of("POST /init_weights_update_group", 1)["group_name"], "arlo-g1");
+  // The aborted group's communicator is freed on the server before the new one is made.
+  EXPECT_EQ(srv.body_of("POST /destroy_weights_update_group"), Json({{"group_name", "arlo-g0"}}));
   EXPECT_EQ(rig.session->log, (std::vector<std::string>{"group W 1", "receiving v1 g0", "failed W g0", "receiving aborted", "group W 1",
                                                          "receiving v2 g1", "broadcast v2"}));
 }

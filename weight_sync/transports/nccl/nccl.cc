@@ -458,7 +458,8 @@ class NcclSender final : public SenderTransport {
   Result<json> start_group(Generation& gen) {
     ARLO_ASSIGN_OR_RETURN(gen.rendezvous, StoreServer::start(host_, 0));
     ARLO_ASSIGN_OR_RETURN(auto id, new_unique_id(library_));
-    const std::string group_name = params_.at("group_name").get<std::string>();
+    // One name per generation: torch refuses to create a process group under a name it has seen.
+    const std::string group_name = fmt::format("{}-g{}", params_.at("group_name").get<std::string>(), gen.id);
     const std::string raw(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
     gen.rendezvous->set(std::string(kVllmUniqueIdKey), vllm_unique_id_pickle(id));
     gen.rendezvous->set(sglang_unique_id_key(group_name), raw);
@@ -736,7 +737,8 @@ TransportDescriptor nccl_transport() {
                  1, 1ll << 40)
           .user_key(),
       int_option("packed_num_buffers", 2, "packed layout: device buffers (and streams) that overlap", 1, 8).user_key(),
-      string_option("group_name", "weight_update_group", "SGLang: the process group name (its id key derives from it)")
+      string_option("group_name", "weight_update_group",
+                    "SGLang: the process group's name, suffixed -g<generation> per group (its id key derives from it)")
           .user_key(),
       string_option("member", "", "receiver: its member name in the group (empty: peer_name)"),
       string_option("nccl_version", "", "announced: the publisher's NCCL version (receivers load the same one)"),
