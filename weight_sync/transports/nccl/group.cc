@@ -244,6 +244,25 @@ class Group::Impl {
     return ok();
   }
 
+  // The bucket on slot `s` is issued: its completion is the event recorded after it.
+  Status issued(SlotState& s, std::size_t b, std::uint64_t bytes, TransferReport& report) {
+    auto st = backend->event_record(s.event, s.stream);
+    if (!st) return fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
+    s.pending = true;
+    ++report.collectives;
+    report.bytes += bytes;
+    return ok();
+  }
+
+  // Waits for the buckets still in flight, in issue order.
+  Result<TransferReport> drain(std::size_t buckets, std::size_t nslots, const std::function<bool()>& cancelled,
+                               Clock::time_point first, Clock::time_point& last_done, TransferReport report) {
+    for (std::size_t b = buckets < nslots ? 0 : buckets - nslots; b < buckets; ++b)
+      ARLO_TRY(reap(slots[b % nslots], cancelled, last_done));
+    report.seconds = std::chrono::duration<double>(last_done - first).count();
+    return report;
+  }
+
   // Marks a call in flight on the owning thread; an abort() that arrived meanwhile (and found the
   // group busy) is carried out when the call ends.
   class Busy {
@@ -462,18 +481,9 @@ Result<TransferReport> Group::send(const WeightSource& source, const Layout& lay
     st = g.backend->broadcast(g.comm, send_ptr, const_cast<void*>(send_ptr), count, dtype, 0, s.stream);
     if (!st) return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
     ARLO_TRY(g.settle("broadcast of bucket " + std::to_string(b), s.deadline, cancelled));
-    st = g.backend->event_record(s.event, s.stream);
-    if (!st) return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
-    s.pending = true;
-    ++report.collectives;
-    report.bytes += bucket.bytes;
+    ARLO_TRY(g.issued(s, b, bucket.bytes, report));
   }
-  // Drain in issue order.
-  for (std::size_t b = buckets.size() < nslots ? 0 : buckets.size() - nslots; b < buckets.size(); ++b) {
-    ARLO_TRY(g.reap(g.slots[b % nslots], cancelled, last_done));
-  }
-  report.seconds = std::chrono::duration<double>(last_done - first).count();
-  return report;
+  return g.drain(buckets.size(), nslots, cancelled, first, last_done, report);
 }
 
 Result<TransferReport> Group::receive(WeightSink& sink, const std::vector<TensorSpec>& specs, const Layout& layout,
@@ -574,17 +584,9 @@ Result<TransferReport> Group::receive(WeightSink& sink, const std::vector<Tensor
       }
       if (!st) return g.fail(ErrorCode::kUnavailable, "copying bucket " + std::to_string(b) + " out: " + st.error().what());
     }
-    st = g.backend->event_record(s.event, s.stream);
-    if (!st) return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
-    s.pending = true;
-    ++report.collectives;
-    report.bytes += bucket.bytes;
+    ARLO_TRY(g.issued(s, b, bucket.bytes, report));
   }
-  for (std::size_t b = buckets.size() < nslots ? 0 : buckets.size() - nslots; b < buckets.size(); ++b) {
-    ARLO_TRY(g.reap(g.slots[b % nslots], cancelled, last_done));
-  }
-  report.seconds = std::chrono::duration<double>(last_done - first).count();
-  return report;
+  return g.drain(buckets.size(), nslots, cancelled, first, last_done, report);
 }
 
 void Group::abort(std::string why) {
