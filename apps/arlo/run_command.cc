@@ -108,9 +108,11 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   ARLO_ASSIGN_OR_RETURN(const auto* transport, weight_sync::find_transport(cfg.string("weight_sync.transport")));
   if (cfg.string("trainer.launch") == "embedded" && !transport->capabilities.durable)
     s.options.initial_version = orch::kNoVersion;
-  // Your own trainer (trainer.launch: command) publishes v0 from its own initialisation, which the
-  // workers do not hold: no rollout before v0 reached every worker.
-  if (cfg.string("trainer.launch") == "command") s.options.initial_version = orch::kNoVersion;
+  // Your own trainer (trainer.launch: command or external) publishes v0 from its own
+  // initialisation, and external servers hold whatever they loaded: no rollout before the trainer's
+  // v0 reached every worker.
+  if (cfg.string("trainer.launch") != "embedded" || cfg.string("inference.launch") != "embedded")
+    s.options.initial_version = orch::kNoVersion;
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
   if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.weights_dir, overwrite, cfg));
