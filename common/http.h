@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.h"
 
@@ -91,6 +92,11 @@ struct ServerOptions {
   Duration idle_timeout = std::chrono::seconds(60);    // keep-alive connection with no request
   Duration stop_grace = std::chrono::seconds(5);
   std::string server_name = "arlo";
+  // Bearer token (common/auth.h). When set, a request to any path but `open_paths` without
+  // "Authorization: Bearer <token>" gets 401 with a JSON error. start() refuses a bind address that
+  // is not loopback while no token is set.
+  std::string token;
+  std::vector<std::string> open_paths = {"/health"};
 };
 
 class Server {
@@ -129,6 +135,7 @@ struct ClientOptions {
   RetryPolicy retry;
   std::size_t max_response_bytes = 64u << 20;
   std::string user_agent = "arlo";
+  std::string token;  // sent as "Authorization: Bearer <token>" unless a request sets Authorization
 };
 
 struct ClientRequest {

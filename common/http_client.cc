@@ -365,7 +365,7 @@ asio::awaitable<Result<Response>> Client::request(ClientRequest request) {
   head.reserve(128 + url->target.size() + url->host_header.size() + 64 * request.headers.size());
   fmt::format_to(std::back_inserter(head), "{} {} HTTP/1.1\r\n", method_name, url->target);
   detail::append_header(head, "Host", url->host_header);
-  bool user_agent_set = false, content_type_set = false;
+  bool user_agent_set = false, content_type_set = false, authorization_set = false;
   for (const auto& [name, value] : request.headers) {
     if (!detail::valid_header_name(name) || !detail::valid_header_value(value)) {
       co_return fail(ErrorCode::kInvalidArgument, fmt::format("invalid header '{}'", name));
@@ -377,9 +377,14 @@ asio::awaitable<Result<Response>> Client::request(ClientRequest request) {
     }
     user_agent_set = user_agent_set || beast::iequals(name, "user-agent");
     content_type_set = content_type_set || beast::iequals(name, "content-type");
+    authorization_set = authorization_set || beast::iequals(name, "authorization");
     detail::append_header(head, name, value);
   }
   if (!user_agent_set && !c.options.user_agent.empty()) detail::append_header(head, "User-Agent", c.options.user_agent);
+  if (!authorization_set && !c.options.token.empty()) {
+    if (!detail::valid_header_value(c.options.token)) co_return fail(ErrorCode::kInvalidArgument, "invalid token");
+    detail::append_header(head, "Authorization", "Bearer " + c.options.token);
+  }
   if (has_body) {
     if (!content_type_set && !request.content_type.empty()) {
       if (!detail::valid_header_value(request.content_type)) {

@@ -35,6 +35,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/http.h"
 #include "common/http_util.h"
 #include "common/log.h"
@@ -271,6 +272,19 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Impl> self, std::sha
 }
 
 asio::awaitable<Response> Server::Impl::dispatch(Request request) {
+  if (!options.token.empty() &&
+      std::find(options.open_paths.begin(), options.open_paths.end(), request.path) == options.open_paths.end()) {
+    const auto given = request.headers.find("authorization");
+    if (given == request.headers.end() || !auth::bearer_matches(given->second, options.token)) {
+      Response r = Response::error(401,
+                                   given == request.headers.end()
+                                       ? fmt::format("{} needs a token: send 'Authorization: Bearer <token>'", request.path)
+                                       : fmt::format("{}: the bearer token is wrong", request.path),
+                                   "authentication_error");
+      r.headers.emplace("WWW-Authenticate", "Bearer");
+      co_return r;
+    }
+  }
   const auto route = routes.find(request.path);
   if (route == routes.end()) {
     co_return Response::error(404, fmt::format("no route for {}", request.path), "not_found_error");
@@ -389,6 +403,8 @@ void Server::route(Verb method, std::string path, Handler handler) {
 Result<std::uint16_t> Server::start() {
   Impl& s = *impl_;
   if (s.acceptor) return make_error(ErrorCode::kInternal, "http server: start() called twice");
+  ARLO_TRY(auth::require_token_off_loopback(fmt::format("http server {}", s.options.server_name), s.options.bind,
+                                            s.options.token));
   beast::error_code ec;
   const auto address = asio::ip::make_address(s.options.bind, ec);
   if (ec) {
