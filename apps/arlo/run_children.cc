@@ -49,17 +49,39 @@ std::string RunChildren::tail(const std::string& name) const {
 }
 
 Status RunChildren::spawn(const orch::ChildSpec& spec) {
+  if (stopped_) return make_error(ErrorCode::kCancelled, fmt::format("not starting {}: the run is stopping", spec.name));
   auto pid = launcher_.spawn(spec);
   if (!pid) return std::unexpected(Error(pid.error()).with_context(fmt::format("starting {} ({})", spec.name, spec.argv.at(0))));
+  specs_.insert_or_assign(spec.name, spec);
   return {};
 }
 
-std::optional<std::string> RunChildren::exited() {
+Status RunChildren::restart(const std::string& name) {
+  auto it = specs_.find(name);
+  if (it == specs_.end()) return make_error(ErrorCode::kNotFound, fmt::format("no child named {} to restart", name));
+  orch::ChildSpec spec = it->second;
+  if (!spec.restart_argv.empty()) spec.argv = spec.restart_argv;
+  if (stopped_) return make_error(ErrorCode::kCancelled, fmt::format("not restarting {}: the run is stopping", name));
+  auto pid = launcher_.spawn(spec);
+  if (!pid) return std::unexpected(Error(pid.error()).with_context(fmt::format("restarting {} ({})", name, spec.argv.at(0))));
+  return {};
+}
+
+std::optional<orch::ChildExit> RunChildren::next_exit() {
   auto e = launcher_.exited();
+  // Give the reader thread a moment to forward the child's last lines before they are quoted.
+  if (e) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return e;
+}
+
+std::string RunChildren::describe(const orch::ChildExit& e) const {
+  return fmt::format("{}; its last lines:\n{}", e.describe(), tail(e.name));
+}
+
+std::optional<std::string> RunChildren::exited() {
+  auto e = next_exit();
   if (!e) return std::nullopt;
-  // Give the reader thread a moment to forward the child's last lines before quoting them.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  return fmt::format("{}; its last lines:\n{}", e->describe(), tail(e->name));
+  return describe(*e);
 }
 
 orch::Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
@@ -84,14 +106,18 @@ orch::Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
       for (std::size_t i = 0; i < workers.size(); ++i)
         if (!ready[i])
           co_return make_error(ErrorCode::kTimeout,
-                               fmt::format("{} at {} did not become healthy in time; its last lines:\n{}", workers[i].first,
-                                           workers[i].second, tail(workers[i].first)));
+                               fmt::format("{} at {} did not answer /health in time{}", workers[i].first, workers[i].second,
+                                           tail(workers[i].first).empty() ? std::string(" (is it started?)")
+                                                                          : "; its last lines:\n" + tail(workers[i].first)));
     }
     timer.expires_after(std::chrono::milliseconds(100));
     co_await timer.async_wait(boost::asio::use_awaitable);
   }
 }
 
-void RunChildren::stop() { launcher_.stop(); }
+void RunChildren::stop() {
+  stopped_ = true;
+  launcher_.stop();
+}
 
 }  // namespace arlo::cli

@@ -7,6 +7,8 @@
 // started after the bridge so a socket bridge has a port to give it.
 #include "apps/arlo/run_command.h"
 
+#include <sys/wait.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -158,6 +160,7 @@ class Run {
   int execute() {
     for (const auto& spec : s_.plan.worker_specs)
       if (auto st = children_.spawn(spec); !st) return fail(st.error().what());
+    for (const auto& spec : s_.plan.worker_specs) restart_policies_.emplace(spec.name, orch::RestartPolicy{});
     if (!embedded_inference()) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
 
     auto dialect = rollout::parse_admin_dialect(s_.cfg.string("inference.kind"));
@@ -250,7 +253,8 @@ class Run {
   // of this file); then waits for the end and stops everything.
   orch::Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::HttpInferencePool& pool, IoThread& network,
                               bridge::BridgeServer& server, asio::signal_set& signals) {
-    if (embedded_inference()) {
+    {  // embedded or external: every worker answers /health before anything is sent to it
+      if (!embedded_inference()) ARLO_INFO("arlo run: waiting for {} server(s) to answer /health", s_.plan.workers.size());
       auto st = co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
       if (!st) {
         finish_early(st.error().what());
@@ -305,6 +309,7 @@ class Run {
       error_ = st.error().what();
       orchestrator.request_stop(error_);
     }
+    restart_policies_.emplace(spec.name, orch::RestartPolicy{});
   }
 
   int exit_status(const orch::RunSummary& summary) {
@@ -319,23 +324,92 @@ class Run {
     return kExitOk;
   }
 
-  // Watches the children while the run goes on: an exit before the end stops the run with an error
-  // naming the child and its last lines.
+  // Watches the children while the run goes on (supervision). An embedded worker or the embedded
+  // trainer that dies is started again after a backoff (orch::RestartPolicy: at most 5 restarts
+  // within 10 minutes, waiting 0.5 s, doubling to 10 s); the next death within that window, a
+  // usage error (exit code 2: a restart would fail the same way) or the exit of any other child
+  // stops the run with an error naming the child and its last lines.
   void spawn_child_watch(orch::Orchestrator& orchestrator) {
     orch::spawn(io_.get_executor(), [this, &orchestrator]() -> orch::Awaitable<void> {
       asio::steady_timer timer(io_);
       while (!done_) {
-        if (auto e = children_.exited()) {
+        if (auto e = children_.next_exit()) {
           if (done_) co_return;
-          if (error_.empty()) error_ = *e;
-          ARLO_ERROR("arlo run: {}", *e);
-          orchestrator.request_stop(*e);
-          co_return;
+          if (!supervise(*e, orchestrator)) co_return;
+          continue;
         }
         timer.expires_after(kChildPoll);
         co_await timer.async_wait(asio::use_awaitable);
       }
     });
+  }
+
+  // Restarts the child after its backoff, or stops the run (returns false).
+  bool supervise(const orch::ChildExit& e, orch::Orchestrator& orchestrator) {
+    ++lives_[e.name];
+    std::string why;
+    auto policy = restart_policies_.find(e.name);
+    if (policy == restart_policies_.end()) {
+      why = children_.describe(e);
+    } else if (WIFEXITED(e.status) && WEXITSTATUS(e.status) == kExitBadConfig) {
+      why = fmt::format("{} (a usage error: not restarted); its last lines:\n{}", e.describe(), children_.tail(e.name));
+    } else if (auto delay = policy->second.on_exit(std::chrono::steady_clock::now())) {
+      const auto& limits = policy->second.limits();
+      ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (restart {} of {} within {} s); its last lines:\n{}", e.describe(),
+                std::chrono::duration<double>(*delay).count(), policy->second.recent(std::chrono::steady_clock::now()),
+                limits.max_restarts, std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(),
+                children_.tail(e.name));
+      orch::spawn(io_.get_executor(), restart(e.name, *delay, orchestrator));
+      return true;
+    } else {
+      const auto& limits = policy->second.limits();
+      why = fmt::format("{}, after {} restarts within {} s (the bound): not restarted again; its last lines:\n{}",
+                        e.describe(), limits.max_restarts,
+                        std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(), children_.tail(e.name));
+    }
+    if (error_.empty()) error_ = why;
+    ARLO_ERROR("arlo run: {}", why);
+    orchestrator.request_stop(why);
+    return false;
+  }
+
+  // Starts `name` again after `delay`, with the argv it was started with (a worker's restart_argv:
+  // no weights, so it answers /health 503 and serves nothing until updated). A worker comes back
+  // on its URL; once it answers, the WeightWatcher syncs the current version to it. The trainer
+  // resumes from its own checkpoint and the bridge delivers again every step it did not ack.
+  orch::Awaitable<void> restart(std::string name, orch::Duration delay, orch::Orchestrator& orchestrator) {
+    asio::steady_timer timer(io_);
+    timer.expires_after(delay);
+    co_await timer.async_wait(asio::use_awaitable);
+    if (done_) co_return;
+    const auto life = lives_[name];
+    const auto t0 = std::chrono::steady_clock::now();
+    if (auto st = children_.restart(name); !st) {
+      if (done_) co_return;
+      if (error_.empty()) error_ = st.error().what();
+      orchestrator.request_stop(error_);
+      co_return;
+    }
+    std::string url;
+    for (const auto& [n, u] : s_.plan.workers)
+      if (n == name) url = u;
+    if (url.empty()) {
+      ARLO_INFO("arlo run: {} restarted", name);
+      co_return;
+    }
+    http::ClientOptions co;
+    co.retry.max_attempts = 1;
+    http::Client client(io_, co);
+    const auto deadline = t0 + kStartupDeadline;
+    while (!done_ && lives_[name] == life && std::chrono::steady_clock::now() < deadline) {
+      if (auto r = co_await client.get(url + "/health", std::chrono::seconds(1)); r) break;  // any answer: it listens
+      timer.expires_after(std::chrono::milliseconds(100));
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    if (done_ || lives_[name] != life) co_return;  // the run ended, or it died again (supervised above)
+    ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", name, url,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    orchestrator.weight_watcher().restarted(url);
   }
 
   void finish_early(const std::string& why) {
@@ -358,6 +432,8 @@ class Run {
   bool done_ = false;
   std::string error_;
   std::string stop_reason_;
+  std::map<std::string, orch::RestartPolicy> restart_policies_;  // the supervised children, by name
+  std::map<std::string, int> lives_;                              // deaths so far, by name
 };
 
 }  // namespace
