@@ -1,6 +1,7 @@
 #include "weight_sync/manifest.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 #include "weight_sync/xxh.h"
@@ -153,10 +154,20 @@ Result<Manifest> Manifest::from_json(const nlohmann::json& j) {
       s.name = t.at("name").get<std::string>();
       ARLO_ASSIGN_OR_RETURN(s.dtype, safetensors::parse_dtype(t.at("dtype").get<std::string>()));
       s.shape = t.at("shape").get<std::vector<std::int64_t>>();
+      // A receiver sizes buffers from these: a negative dimension or a size past 64 bits is refused.
+      unsigned __int128 bytes = safetensors::dtype_size(s.dtype);
+      for (auto d : s.shape) {
+        bytes *= static_cast<unsigned __int128>(d < 0 ? 0 : d);
+        if (d < 0 || bytes > std::numeric_limits<std::uint64_t>::max())
+          return make_error(ErrorCode::kParse, "manifest: tensor '" + s.name + "' has a negative or oversized shape");
+      }
       m.tensors.push_back(std::move(s));
     }
     std::uint64_t total = 0;
-    for (const auto& t : m.tensors) total += t.nbytes();
+    for (const auto& t : m.tensors) {
+      if (total + t.nbytes() < total) return make_error(ErrorCode::kParse, "manifest: tensor sizes overflow 64 bits");
+      total += t.nbytes();
+    }
     if (total != m.total_bytes) return make_error(ErrorCode::kParse, "manifest: total_bytes disagrees with tensors");
     for (const auto& b : j.at("buckets")) {
       Bucket bucket;

@@ -57,7 +57,7 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const json& body
   CompletionJob job;
   job.chat = chat;
   const int vocab = tok.vocab_size();
-  if (body.value("stream", false) == true) return bad("streaming is not supported by arlo-worker", "stream");
+  if (body.contains("stream") && body["stream"] == true) return bad("streaming is not supported by arlo-worker", "stream");
   if (chat) {
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty()) return bad("'messages' must be a non-empty array", "messages");
@@ -71,7 +71,7 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const json& body
         msg.content = content.get<std::string>();
       } else if (content.is_array()) {
         for (const auto& part : content) {
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") || !part["text"].is_string())
             return bad("message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
           msg.content += part["text"].get<std::string>();
         }
@@ -108,7 +108,7 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const json& body
     } else {
       return bad("'prompt' must be a string, a list of token ids, or a list of those", "prompt");
     }
-    if (body.value("echo", false) == true) return bad("'echo' is not supported by arlo-worker", "echo");
+    if (body.contains("echo") && body["echo"] == true) return bad("'echo' is not supported by arlo-worker", "echo");
     if (body.contains("suffix") && !body["suffix"].is_null()) return bad("'suffix' is not supported by arlo-worker", "suffix");
   }
   std::size_t longest = 0;
