@@ -46,7 +46,11 @@
 // its rank and last acknowledged step, and the orchestrator (re)sends every unacknowledged step
 // from there. Frames are [u8 type][u64 little-endian length][payload]; batches carry the encoded
 // safetensors image; heartbeats flow both ways and a silent peer is dropped after
-// heartbeat_timeout, after which the trainer side reconnects with backoff.
+// heartbeat_timeout, after which the trainer side reconnects with backoff. The orchestrator opens
+// every connection with CHALLENGE {nonce}; the trainer's HELLO carries proof = HMAC-SHA256 of the
+// nonce keyed with the token (common/auth.h). With a token set, a missing or wrong proof gets ERROR
+// and the connection closes; frames before a valid HELLO are limited to 64 KiB. A server bound to a
+// non-loopback address refuses to start without a token.
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
@@ -77,6 +81,7 @@ struct ClientOptions {
   Duration heartbeat_timeout = std::chrono::seconds(10);   // socket: silent server is dropped
   Duration reconnect_backoff_max = std::chrono::seconds(1);
   std::size_t max_frame_bytes = 1ull << 30;                // socket: larger frames are refused
+  std::string token;                      // socket: the run's token (empty: $ARLO_TOKEN / $ARLO_TOKEN_FILE)
 };
 
 // Blocking client for trainers. Thread-safe: any method may be called from any thread.
@@ -112,6 +117,7 @@ struct ServerOptions {
   Duration heartbeat_interval = std::chrono::seconds(1);
   Duration heartbeat_timeout = std::chrono::seconds(10);
   std::size_t max_frame_bytes = 64ull << 20;  // socket: frames from trainers are small
+  std::string token;                      // socket: trainers must prove they hold it (empty: anyone)
   bool fsync = false;                     // dir: sync batch files (durable against power loss)
 };
 

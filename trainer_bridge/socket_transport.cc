@@ -2,8 +2,10 @@
 //
 //   trainer -> orchestrator: HELLO {rank, last_acked_step, version?, info?}, ACK {step},
 //                            VERSION {version, info}, HEARTBEAT {time_ms, last_acked_step}
-//   orchestrator -> trainer: WELCOME {num_ranks}, BATCH <safetensors image>, HEARTBEAT {time_ms},
+//   orchestrator -> trainer: CHALLENGE {nonce, token_required} (first, on every connection),
+//                            WELCOME {num_ranks}, BATCH <safetensors image>, HEARTBEAT {time_ms},
 //                            ERROR {message} (then closes)
+//   HELLO carries proof = auth::proof(token, kAuthContext, nonce) when the trainer has a token.
 //
 // No batch is lost or duplicated across restarts because the orchestrator keeps every
 // unacknowledged step in memory (at most max_pending_batches) and resends, on each HELLO, what
@@ -31,6 +33,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/auth.h"
 #include "common/log.h"
 #include "trainer_bridge/internal.h"
 #include "trainer_bridge/transports.h"
@@ -51,7 +54,12 @@ enum FrameType : std::uint8_t {
   kVersion = 5,
   kHeartbeat = 6,
   kError = 7,
+  kChallenge = 8,
 };
+
+constexpr std::string_view kAuthContext = "arlo-bridge/1";
+// Frames before the HELLO is verified: CHALLENGE and HELLO are small JSON objects.
+constexpr std::size_t kMaxHandshakeBytes = 64u << 10;
 
 struct Frame {
   std::array<char, 9> head{};
@@ -217,14 +225,35 @@ struct SocketServerState {
 
   static asio::awaitable<void> serve(std::shared_ptr<SocketServerState> st, std::shared_ptr<Session> s) {
     asio::co_spawn(st->io, watchdog(st, s), asio::detached);
-    auto hello = co_await read_frame(*s->sock, st->opt.max_frame_bytes);
+    auto challenge = auth::nonce();
+    if (!challenge) {
+      ARLO_WARN("bridge socket: {}; closing a new connection", challenge.error().what());
+      s->close();
+      co_return;
+    }
+    s->send(make_frame(kChallenge, json{{"nonce", *challenge}, {"token_required", !st->opt.token.empty()}}));
+    auto hello = co_await read_frame(*s->sock, std::min(st->opt.max_frame_bytes, kMaxHandshakeBytes));
     if (!hello || hello->first != kHello) {
       if (hello) ARLO_WARN("bridge socket: first frame was type {}, expected HELLO; closing", hello->first);
+      else if (hello.error().code() == ErrorCode::kResourceExhausted)
+        ARLO_WARN("bridge socket: refusing a connection: its first frame: {}", hello.error().message());
       s->close();
       co_return;
     }
     s->last_rx = Clock::now();
     const json h = parse_body(hello->second);
+    if (!st->opt.token.empty()) {
+      const auto it = h.is_object() ? h.find("proof") : h.end();
+      if (it == h.end() || !it->is_string() || !auth::verify_proof(st->opt.token, kAuthContext, *challenge, it->get<std::string>())) {
+        const std::string why = it == h.end() || !it->is_string()
+                                    ? "authentication failed: this orchestrator requires a token and the trainer sent none "
+                                      "(set $ARLO_TOKEN or $ARLO_TOKEN_FILE, or the bridge client's token)"
+                                    : "authentication failed: the trainer's token is not this run's";
+        ARLO_WARN("bridge socket: refusing a trainer: {}", why);
+        s->send(make_frame(kError, json{{"message", why}}));
+        co_return;  // the watchdog closes it after the error went out or the timeout passed
+      }
+    }
     const std::int64_t rank = h.is_object() ? get_int(h, "rank", -1) : -1;
     if (rank < 0 || rank >= st->opt.num_ranks) {
       const std::string why = fmt::format("rank {} is outside [0, {}) (num_ranks of the orchestrator)", rank, st->opt.num_ranks);
@@ -307,6 +336,7 @@ class SocketServer final : public BridgeServer {
     boost::system::error_code ec;
     const auto address = asio::ip::make_address(st.opt.bind, ec);
     if (ec) return make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket: bad bind address '{}'", st.opt.bind));
+    ARLO_TRY(auth::require_token_off_loopback("the trainer bridge (socket)", st.opt.bind, st.opt.token));
     const tcp::endpoint endpoint(address, st.opt.port);
     st.acceptor.open(endpoint.protocol(), ec);
     if (!ec) set_cloexec(st.acceptor);
@@ -393,7 +423,8 @@ class SocketClient final : public BridgeClient {
   }
   ~SocketClient() override { close(); }
 
-  void start() {
+  void start(std::string token) {
+    token_ = std::move(token);
     asio::co_spawn(io_, run(), asio::detached);
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -477,7 +508,9 @@ class SocketClient final : public BridgeClient {
   void send_now(Frame f) {
     if (sock_ && sock_->is_open()) enqueue(sock_, box_, std::move(f));
   }
-  void send_heartbeat() { send_now(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}, {"last_acked_step", last_acked_step()}})); }
+  void send_heartbeat() {
+    if (hello_sent_) send_now(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}, {"last_acked_step", last_acked_step()}}));
+  }
 
   asio::awaitable<void> flush_and_shutdown() {
     boost::system::error_code ec;
@@ -540,7 +573,32 @@ class SocketClient final : public BridgeClient {
       sock_ = sock;
       box_ = std::make_shared<Outbox>();
       last_rx_ = Clock::now();
+      hello_sent_ = false;
+      // The orchestrator speaks first: CHALLENGE (or ERROR). The heartbeat watchdog bounds the wait.
+      asio::co_spawn(io_, heartbeats(sock), asio::detached);
+      auto challenge = co_await read_frame(*sock, std::min(opt_.max_frame_bytes, kMaxHandshakeBytes));
+      if (!challenge || challenge->first != kChallenge) {
+        if (challenge && challenge->first == kError) {
+          const json body = parse_body(challenge->second);
+          set_fatal(Error(ErrorCode::kInvalidArgument,
+                          fmt::format("bridge socket client: orchestrator refused rank {}: {}", opt_.rank,
+                                      body.is_object() ? body.value("message", std::string("?")) : std::string("?"))));
+          sock->close(ec);
+          co_return;
+        }
+        if (!is_closed())
+          ARLO_WARN("bridge socket client: no challenge from {}:{} ({}); reconnecting", opt_.host, opt_.port,
+                    challenge ? fmt::format("frame type {}", challenge->first) : challenge.error().what());
+        sock->close(ec);
+        backoff_timer_.expires_after(backoff);
+        co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      last_rx_ = Clock::now();
+      const json c = parse_body(challenge->second);
       json hello{{"rank", opt_.rank}, {"protocol", 1}};
+      if (!token_.empty() && c.is_object() && c.contains("nonce") && c["nonce"].is_string())
+        hello["proof"] = auth::proof(token_, kAuthContext, c["nonce"].get<std::string>());
       {
         std::lock_guard lock(mu_);
         hello["last_acked_step"] = last_acked_;
@@ -554,7 +612,7 @@ class SocketClient final : public BridgeClient {
         connected_ = true;
       }
       send_now(make_frame(kHello, hello));
-      asio::co_spawn(io_, heartbeats(sock), asio::detached);
+      hello_sent_ = true;
       for (;;) {
         auto frame = co_await read_frame(*sock, opt_.max_frame_bytes);
         if (!frame) {
@@ -626,6 +684,8 @@ class SocketClient final : public BridgeClient {
   std::shared_ptr<tcp::socket> sock_;
   std::shared_ptr<Outbox> box_;
   Clock::time_point last_rx_ = Clock::now();
+  bool hello_sent_ = false;  // on this connection: heartbeats only after HELLO
+  std::string token_;        // set before start()
 
   // shared, under mu_
   mutable std::mutex mu_;
@@ -651,8 +711,10 @@ Result<std::unique_ptr<BridgeServer>> make_socket_server(asio::io_context& io, S
 Result<std::unique_ptr<BridgeClient>> make_socket_client(const ClientOptions& options) {
   if (options.port == 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: port is 0 (give the orchestrator's port)");
   if (options.rank < 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: rank must be >= 0");
+  auto token = auth::resolve_token(options.token, "");
+  if (!token) return std::unexpected(Error(token.error()).with_context("bridge socket client: its token"));
   auto client = std::make_unique<SocketClient>(options);
-  client->start();
+  client->start(std::move(*token));
   return std::unique_ptr<BridgeClient>(std::move(client));
 }
 

@@ -13,6 +13,12 @@
 //   model: {layers: 2, hidden: 64, heads: 4, intermediate: 256, context: 64}
 //   threads: 1
 //   weight_sync: {transport: tcp, address: "127.0.0.1:29500", shm_name: arlo-weights, dir: run/weights}
+//   allow_weights_from: [/shared/weights, trainer-host]   # where /weights/prepare may point
+//   token_file: /etc/arlo/token
+//
+// Token (common/auth.h): $ARLO_TOKEN, else the file of --token-file (or $ARLO_TOKEN_FILE). With one,
+// every route but /health wants "Authorization: Bearer <token>"; binding a non-loopback address
+// without one is refused.
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -23,6 +29,7 @@
 #include <optional>
 
 #include "apps/arlo-worker/worker_server.h"
+#include "common/auth.h"
 #include "weight_sync/wire.h"
 #include "common/log.h"
 #include "reference/model.h"
@@ -43,6 +50,8 @@ struct Flags {
   std::int64_t weights_version = 0;
   std::string weight_sync = "{}";  // this worker's weight-sync block (JSON)
   std::string log_level = "info";
+  std::vector<std::string> allow_weights_from;
+  std::string token_file;
 };
 
 // Applies a YAML file to the flags (before the command line, which wins).
@@ -70,6 +79,8 @@ arlo::Status apply_yaml(const std::string& path, Flags& f) {
       get(m, "context", f.model.context);
     }
     get(root, "weight_sync", f.weight_sync);
+    get(root, "allow_weights_from", f.allow_weights_from);
+    get(root, "token_file", f.token_file);
   } catch (const std::exception& e) {
     return arlo::make_error(arlo::ErrorCode::kParse, "reading " + path + ": " + e.what());
   }
@@ -109,6 +120,10 @@ int main(int argc, char** argv) {
   app.add_option("--weight-sync", f.weight_sync,
                  "this worker's weight-sync block, JSON (docs/weight-sync.md): timeouts, and in a chain "
                  "{\"transport\": \"tcp\", \"relay\": true, ...}; each /weights/prepare block goes over it");
+  app.add_option("--allow-weights-from", f.allow_weights_from,
+                 "a directory (absolute) or host[:port] that /weights/prepare may load from (repeatable; "
+                 "without hosts: loopback only; without directories: only the dir of --weight-sync)");
+  app.add_option("--token-file", f.token_file, "file holding the token (else $ARLO_TOKEN, $ARLO_TOKEN_FILE)");
   app.add_option("--log-level", f.log_level);
   CLI11_PARSE(app, argc, argv);
   if (init_seed_flag >= 0) f.init_seed = static_cast<std::uint64_t>(init_seed_flag);
@@ -142,12 +157,26 @@ int main(int argc, char** argv) {
     return 2;
   }
   wo.weight_sync = *ws;
+  wo.own_block = block.is_object() ? block : nlohmann::json::object();
+  wo.allow_weights_from = f.allow_weights_from;
+  for (const auto& entry : wo.allow_weights_from) {
+    if (entry.empty() || (entry.front() != '/' && entry.find('/') != std::string::npos)) {
+      std::cerr << "arlo-worker: --allow-weights-from '" << entry << "': give an absolute directory or host[:port]\n";
+      return 2;
+    }
+  }
+  auto token = arlo::auth::resolve_token("", f.token_file);
+  if (!token) {
+    std::cerr << "arlo-worker: " << token.error().what() << "\n";
+    return 2;
+  }
 
   boost::asio::io_context io;
   arlo::http::ServerOptions ho;
   ho.bind = f.bind;
   ho.port = static_cast<std::uint16_t>(f.port);
   ho.server_name = "arlo-worker";
+  ho.token = *token;
   arlo::worker::WorkerServer server(io, ho, wo);
 
   std::shared_ptr<arlo::reference::Model> initial;

@@ -8,7 +8,9 @@
 // manifest?} (starts receiving that version through a weight_sync subscriber into a staging copy
 // of the model, answers at once), POST /weights/commit {version?} (waits for the
 // transfer, then installs it at the next token boundary; a failed transfer answers 500 and the
-// previous version keeps serving), GET /weights {version, checksum, preparing}.
+// previous version keeps serving), GET /weights {version, checksum, preparing}. With
+// http::ServerOptions::token set, every route but /health wants "Authorization: Bearer <token>"
+// (401 otherwise); /weights/prepare loads only from the sources WorkerOptions allows (403 otherwise).
 //
 // Threads: handlers run on the io_context thread and never block: generation runs on the engine
 // thread, weight transfers on a dedicated thread; both hand results back by posting to the
@@ -34,6 +36,16 @@ struct WorkerOptions {
   reference::ModelConfig model;
   reference::EngineOptions engine;
   weight_sync::Options weight_sync;  // this worker's block (--weight-sync); each update's block goes over it
+  // The sources a /weights/prepare block may name (never just what a request says):
+  // - the keys this worker's own block sets (`own_block`, as given) are pinned: a block naming
+  //   another transport or another value for one of them is refused;
+  // - a path option (filesystem's dir; any value holding a '/') must lie inside one of the directories of
+  //   `allow_weights_from` (absolute paths) or be the one the own block names;
+  // - an address option ("address", "*_address") must name a host of `allow_weights_from`
+  //   ("host" or "host:port" entries) or of the own block; with no host listed, loopback only.
+  // Refused blocks get 403 with the reason.
+  nlohmann::json own_block = nlohmann::json::object();
+  std::vector<std::string> allow_weights_from;
 };
 
 class WorkerServer {

@@ -1,7 +1,13 @@
 // tcp transport (Boost.Asio). Star: the publisher serves every receiver directly. Chain: each
 // relaying receiver (Options::relay, at `relay_listen`) serves the next one, so each link carries the stream once.
 //
-// Per version, on each link: receiver -> HELLO {peer, version, resume}; sender -> MANIFEST;
+// Every link opens with sender -> CHALLENGE {nonce}; the receiver's HELLO carries proof =
+// auth::proof(token, "arlo-weights/1", nonce) when it has a token (common/auth.h: $ARLO_TOKEN or
+// $ARLO_TOKEN_FILE). A serving side with a token answers a missing or wrong proof with REFUSED
+// {error} and closes, so weights go only to receivers that hold the run's token; one bound to a
+// non-loopback address refuses to listen without a token. Handshake frames are at most 64 KiB.
+//
+// Per version, on each link: receiver -> HELLO {peer, version, resume, proof?}; sender -> MANIFEST;
 // receiver -> ANSWER {accepted | refused | need_full, start}; sender -> BUCKET frames (header, data,
 // trailer xxh3) from `start`; receiver -> DONE {peers: reports of itself and everything downstream}.
 // Relays check their own sink, then offer the manifest downstream before answering, so a refusal or
@@ -36,6 +42,7 @@
 
 #include "weight_sync/xxh.h"
 
+#include "common/auth.h"
 #include "common/log.h"
 #include "weight_sync/codec.h"
 #include "weight_sync/transport.h"
@@ -44,9 +51,11 @@
 namespace arlo::weight_sync {
 namespace {
 
+using detail::Answer;
 using detail::Conn;
 using detail::Frame;
 using detail::FrameHeader;
+using detail::Hello;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
@@ -54,6 +63,8 @@ constexpr std::size_t kChunk = 4u << 20;       // per send() call
 constexpr std::size_t kRecvChunk = 4u << 20;  // per recv() call (hashed from L3 right after);
                                               // 1 MiB and 256 KiB calls cost the receiver more CPU
 using Parts = std::vector<std::span<const std::byte>>;
+
+constexpr std::string_view kAuthContext = "arlo-weights/1";
 
 std::string vb(Version v, std::size_t i) { return "version " + std::to_string(v) + ", bucket " + std::to_string(i); }
 
@@ -283,30 +294,6 @@ Result<Received> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span
   return Received{h.b, sum};
 }
 
-struct Hello {
-  std::string peer;
-  std::optional<Version> version;
-  std::optional<Version> resume_version;
-  std::size_t resume_bucket = 0;
-};
-
-Hello parse_hello(const nlohmann::json& j) {
-  Hello h;
-  h.peer = j.value("peer", "");
-  if (j.contains("version") && !j["version"].is_null()) h.version = j["version"].get<Version>();
-  if (j.contains("resume") && !j["resume"].is_null()) {
-    h.resume_version = j["resume"].at("version").get<Version>();
-    h.resume_bucket = j["resume"].at("bucket").get<std::size_t>();
-  }
-  return h;
-}
-
-struct Answer {
-  std::string state;  // accepted | refused | need_full
-  std::string error;
-  std::size_t start = 0;
-};
-
 // The serving side of links: the publisher, or a relay's downstream. Keeps its listening socket
 // across versions; connections that arrive between versions wait (kernel backlog, or `pending_`).
 class Server {
@@ -316,6 +303,8 @@ class Server {
     auto s = std::unique_ptr<Server>(new Server());
     s->reconnect_window_ = reconnect_window;
     s->faults_ = faults;
+    ARLO_ASSIGN_OR_RETURN(s->token_, auth::process_token());
+    ARLO_TRY(auth::require_token_off_loopback("the tcp weight publisher", auth::host_of(address), s->token_));
     ARLO_ASSIGN_OR_RETURN(auto ep, detail::resolve(address));
     boost::system::error_code ec;
     s->acc_.open(ep.protocol(), ec);
@@ -367,11 +356,13 @@ class Server {
       if (Clock::now() >= until) break;
       auto c = accept(until);
       if (!c) continue;
-      nlohmann::json body;
-      auto h = (*c)->recv_frame(&body, Clock::now() + hello_timeout);
-      if (!h || static_cast<Frame>(h->type) != Frame::kHello) continue;
+      auto hello = handshake(**c, Clock::now() + hello_timeout);
+      if (!hello) {
+        ARLO_WARN("tcp publisher {}: refusing a receiver: {}", endpoint_, hello.error().what());
+        continue;
+      }
       auto p = std::make_unique<Peer>();
-      p->hello = parse_hello(body);
+      p->hello = std::move(*hello);
       (*c)->peer = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
       p->conn = std::move(*c);
       if (!wants(*p)) {
@@ -394,14 +385,14 @@ class Server {
       auto s = p->conn->send_json(Frame::kManifest, body, deadline);
       nlohmann::json a;
       Result<FrameHeader> h = s ? p->conn->recv_frame(&a, deadline) : Result<FrameHeader>(std::unexpected(s.error()));
-      if (!h || static_cast<Frame>(h->type) != Frame::kAnswer) {
+      auto answer = h && static_cast<Frame>(h->type) == Frame::kAnswer ? detail::parse_answer(a, m.buckets.size())
+                                                                       : Result<Answer>(make_error(ErrorCode::kParse, "unexpected frame"));
+      if (!answer) {
         p->error = "handshake for version " + std::to_string(m.version) + " failed: " +
-                   (h ? std::string("unexpected frame") : h.error().what());
+                   (h ? answer.error().what() : h.error().what());
         continue;
       }
-      p->answer.state = a.value("state", "refused");
-      p->answer.error = a.value("error", "");
-      p->answer.start = a.value("start", std::size_t{0});
+      p->answer = std::move(*answer);
     }
   }
 
@@ -432,6 +423,36 @@ class Server {
 
  private:
   Server() : acc_(acc_ctx_) {}
+
+  // CHALLENGE, then the receiver's HELLO, checked against the token; a refused receiver is told
+  // why (REFUSED) and closed.
+  Result<Hello> handshake(Conn& c, Deadline deadline) {
+    ARLO_ASSIGN_OR_RETURN(auto challenge, auth::nonce());
+    ARLO_TRY(c.send_json(Frame::kChallenge, {{"nonce", challenge}, {"token_required", !token_.empty()}}, deadline));
+    nlohmann::json body;
+    ARLO_ASSIGN_OR_RETURN(auto h, c.recv_frame(&body, deadline, detail::kMaxHandshakeBytes));
+    if (static_cast<Frame>(h.type) != Frame::kHello || !body.is_object()) {
+      c.close();
+      return make_error(ErrorCode::kParse, "tcp " + endpoint_ + ": a connection did not start with HELLO");
+    }
+    auto parsed = detail::parse_hello(body);
+    if (!parsed) {
+      c.close();
+      return std::unexpected(parsed.error());
+    }
+    Hello hello = std::move(*parsed);
+    if (!token_.empty() && !auth::verify_proof(token_, kAuthContext, challenge, hello.proof)) {
+      const std::string why = hello.proof.empty()
+                                  ? "authentication failed: this publisher requires the run's token and the receiver "
+                                    "sent none (set $ARLO_TOKEN or $ARLO_TOKEN_FILE)"
+                                  : "authentication failed: the receiver's token is not this run's";
+      ARLO_WARN_EVERY(5.0, "tcp {}: refusing receiver '{}': {}", endpoint_, hello.peer, why);
+      (void)c.send_json(Frame::kRefused, {{"error", why}}, deadline);
+      c.close();
+      return make_error(ErrorCode::kInvalidArgument, why);
+    }
+    return hello;
+  }
 
   Result<std::unique_ptr<Conn>> accept(Deadline deadline) {
     auto c = std::make_unique<Conn>();
@@ -514,10 +535,9 @@ class Server {
     while (!stop) {
       auto c = accept(Clock::now() + std::chrono::milliseconds(50));
       if (!c) continue;
-      nlohmann::json body;
-      auto h = (*c)->recv_frame(&body, Clock::now() + o.bucket_timeout);
-      if (!h || static_cast<Frame>(h->type) != Frame::kHello) continue;
-      Hello hello = parse_hello(body);
+      auto parsed = handshake(**c, Clock::now() + o.bucket_timeout);
+      if (!parsed) continue;
+      const Hello hello = std::move(*parsed);
       (*c)->peer = hello.peer;
       Peer* target = nullptr;
       if (hello.resume_version && *hello.resume_version == m.version)
@@ -535,10 +555,11 @@ class Server {
       nlohmann::json a;
       auto s = (*c)->send_json(Frame::kManifest, m.to_json(), dl);
       auto ah = s ? (*c)->recv_frame(&a, dl) : Result<FrameHeader>(std::unexpected(s.error()));
-      if (!ah || a.value("state", "") != "accepted") continue;
+      auto answer = ah ? detail::parse_answer(a, m.buckets.size()) : Result<Answer>(std::unexpected(ah.error()));
+      if (!answer || answer->state != "accepted") continue;
       std::lock_guard l(target->mu);
       target->replacement = std::move(*c);
-      target->replacement_start = a.value("start", std::size_t{0});
+      target->replacement_start = answer->start;
       target->cv.notify_all();
     }
   }
@@ -557,6 +578,7 @@ class Server {
   asio::io_context acc_ctx_;
   tcp::acceptor acc_;
   std::string endpoint_;
+  std::string token_;  // receivers must prove they hold it (empty: anyone)
   std::chrono::milliseconds reconnect_window_{5000};
   Faults faults_;
   std::vector<std::unique_ptr<Peer>> peers_;
@@ -680,9 +702,10 @@ class TcpSender final : public SenderTransport {
 
 class TcpReceiver final : public ReceiverTransport {
  public:
-  TcpReceiver(const ReceiverState& s, std::unique_ptr<Server> relay)
+  TcpReceiver(const ReceiverState& s, std::unique_ptr<Server> relay, std::string token)
       : relay_(std::move(relay)),
         name_(s.options.peer_name),
+        token_(std::move(token)),
         address_(s.params.at("address").get<std::string>()),
         reconnect_window_(reconnect_window(s.params)),
         faults_(s.faults) {
@@ -706,6 +729,7 @@ class TcpReceiver final : public ReceiverTransport {
     while (true) {
       nlohmann::json body;
       ARLO_ASSIGN_OR_RETURN(auto h, with_context(conn->recv_frame(&body, deadline), "tcp " + address_ + ": waiting for a manifest"));
+      if (static_cast<Frame>(h.type) == Frame::kRefused) return std::unexpected(refused(body));
       if (static_cast<Frame>(h.type) != Frame::kManifest) return make_error(ErrorCode::kParse, "tcp: expected a manifest");
       auto parsed = Manifest::from_json(body);
       Answer mine{"accepted", "", 0};
@@ -878,7 +902,19 @@ class TcpReceiver final : public ReceiverTransport {
       last = conn->connect(upstream_ep_, deadline);
       if (last) {
         conn->tune();
+        // The sender speaks first (CHALLENGE); it accepts links only while it serves a version.
+        nlohmann::json challenge;
+        auto ch = conn->recv_frame(&challenge, deadline, detail::kMaxHandshakeBytes);
+        if (ch && (static_cast<Frame>(ch->type) != Frame::kChallenge || !challenge.is_object()))
+          return make_error(ErrorCode::kParse, "tcp " + address_ + ": the upstream did not open with a challenge");
+        if (!ch) {
+          last = std::unexpected(ch.error());
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          continue;
+        }
         nlohmann::json hello = {{"peer", name_}, {"version", held ? nlohmann::json(*held) : nlohmann::json(nullptr)}};
+        if (!token_.empty() && challenge.contains("nonce") && challenge["nonce"].is_string())
+          hello["proof"] = auth::proof(token_, kAuthContext, challenge["nonce"].get<std::string>());
         hello["resume"] = resume_version ? nlohmann::json{{"version", *resume_version}, {"bucket", resume_bucket}}
                                          : nlohmann::json(nullptr);
         last = conn->send_json(Frame::kHello, hello, deadline);
@@ -893,6 +929,7 @@ class TcpReceiver final : public ReceiverTransport {
   Status resume_handshake(Conn& conn, const Manifest& m, std::size_t start, Deadline deadline) {
     nlohmann::json body;
     ARLO_ASSIGN_OR_RETURN(auto h, conn.recv_frame(&body, deadline));
+    if (static_cast<Frame>(h.type) == Frame::kRefused) return std::unexpected(refused(body));
     if (static_cast<Frame>(h.type) != Frame::kManifest) return make_error(ErrorCode::kParse, "expected a manifest");
     ARLO_ASSIGN_OR_RETURN(auto again, Manifest::from_json(body));
     if (again.version != m.version || again.fingerprint() != m.fingerprint())
@@ -900,8 +937,15 @@ class TcpReceiver final : public ReceiverTransport {
     return conn.send_json(Frame::kAnswer, {{"state", "accepted"}, {"error", ""}, {"start", start}}, deadline);
   }
 
+  Error refused(const nlohmann::json& body) const {
+    return Error(ErrorCode::kInvalidArgument,
+                 "tcp " + address_ + ": the publisher refused this receiver: " +
+                     (body.is_object() ? body.value("error", std::string("no reason given")) : std::string("no reason given")));
+  }
+
   std::unique_ptr<Server> relay_;
   std::string name_;
+  std::string token_;    // proves this receiver to the upstream
   std::string address_;  // upstream host:port
   std::chrono::milliseconds reconnect_window_;
   Faults faults_;
@@ -936,7 +980,8 @@ TransportDescriptor tcp_transport() {
     if (s.options.relay) {
       ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, reconnect_window(s.params), s.faults));
     }
-    return std::unique_ptr<ReceiverTransport>(new TcpReceiver(s, std::move(relay)));
+    ARLO_ASSIGN_OR_RETURN(auto token, auth::process_token());
+    return std::unique_ptr<ReceiverTransport>(new TcpReceiver(s, std::move(relay), std::move(token)));
   };
   d.relay_at = [](const std::string& host, std::uint16_t port) {
     const std::string at = host + ":" + std::to_string(port);

@@ -137,12 +137,14 @@ Status Conn::send_json(Frame type, const nlohmann::json& body, Deadline deadline
   return write({asio::buffer(&h, sizeof h), asio::buffer(text)}, deadline);
 }
 
-Result<FrameHeader> Conn::recv_frame(nlohmann::json* body, Deadline deadline) {
+Result<FrameHeader> Conn::recv_frame(nlohmann::json* body, Deadline deadline, std::uint64_t max_json) {
   FrameHeader h;
   ARLO_TRY(read(asio::buffer(&h, sizeof h), deadline));
   if (h.magic != FrameHeader{}.magic) return make_error(ErrorCode::kParse, "bad frame magic from " + peer);
   if (static_cast<Frame>(h.type) != Frame::kBucket) {
-    if (h.a > (64ull << 20)) return make_error(ErrorCode::kParse, "oversized control frame from " + peer);
+    if (h.a > max_json)
+      return make_error(ErrorCode::kResourceExhausted, "control frame of " + std::to_string(h.a) + " bytes from " + peer +
+                                                           " exceeds the limit of " + std::to_string(max_json));
     std::string text(h.a, '\0');
     ARLO_TRY(read(asio::buffer(text), deadline));
     auto j = nlohmann::json::parse(text, nullptr, false);
@@ -163,6 +165,59 @@ void Conn::tune() {
   // Buffer sizes are left to the kernel's autotuning: fixing SO_SNDBUF/SO_RCVBUF disables it and
   // measured slower on loopback.
   sock.set_option(tcp::no_delay(true), ignored);
+}
+
+namespace {
+// The field `key` of `j` as a T when present (nullopt when absent or null), kParse when it holds
+// another type.
+template <typename T>
+Result<std::optional<T>> field(const nlohmann::json& j, const char* key, const char* frame) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::optional<T>();
+  const bool fits = std::is_same_v<T, std::string> ? it->is_string() : it->is_number_unsigned();
+  if (!fits) {
+    return make_error(ErrorCode::kParse, std::string(frame) + " field '" + key + "' must be " +
+                                             (std::is_same_v<T, std::string> ? "a string" : "a non-negative integer"));
+  }
+  return std::optional<T>(it->get<T>());
+}
+}  // namespace
+
+Result<Hello> parse_hello(const nlohmann::json& j) {
+  if (!j.is_object()) return make_error(ErrorCode::kParse, "HELLO must be a JSON object");
+  Hello h;
+  ARLO_ASSIGN_OR_RETURN(auto peer, field<std::string>(j, "peer", "HELLO"));
+  h.peer = peer.value_or("");
+  ARLO_ASSIGN_OR_RETURN(auto proof, field<std::string>(j, "proof", "HELLO"));
+  h.proof = proof.value_or("");
+  ARLO_ASSIGN_OR_RETURN(h.version, field<Version>(j, "version", "HELLO"));
+  if (j.contains("resume") && !j["resume"].is_null()) {
+    const auto& r = j["resume"];
+    if (!r.is_object()) return make_error(ErrorCode::kParse, "HELLO field 'resume' must be an object");
+    ARLO_ASSIGN_OR_RETURN(h.resume_version, field<Version>(r, "version", "HELLO resume"));
+    ARLO_ASSIGN_OR_RETURN(auto bucket, field<std::uint64_t>(r, "bucket", "HELLO resume"));
+    if (!h.resume_version || !bucket || *bucket >= (std::uint64_t{1} << 32))
+      return make_error(ErrorCode::kParse, "HELLO field 'resume' needs a version and a bucket below 2^32");
+    h.resume_bucket = static_cast<std::size_t>(*bucket);
+  }
+  return h;
+}
+
+Result<Answer> parse_answer(const nlohmann::json& j, std::size_t buckets) {
+  if (!j.is_object()) return make_error(ErrorCode::kParse, "ANSWER must be a JSON object");
+  Answer a;
+  ARLO_ASSIGN_OR_RETURN(auto state, field<std::string>(j, "state", "ANSWER"));
+  ARLO_ASSIGN_OR_RETURN(auto error, field<std::string>(j, "error", "ANSWER"));
+  ARLO_ASSIGN_OR_RETURN(auto start, field<std::uint64_t>(j, "start", "ANSWER"));
+  a.state = state.value_or("refused");
+  if (a.state != "accepted" && a.state != "refused" && a.state != "need_full")
+    return make_error(ErrorCode::kParse, "ANSWER state '" + a.state + "': expected accepted, refused or need_full");
+  a.error = error.value_or("");
+  if (start.value_or(0) > buckets)
+    return make_error(ErrorCode::kParse, "ANSWER start " + std::to_string(*start) + " is past the manifest's " +
+                                             std::to_string(buckets) + " buckets");
+  a.start = static_cast<std::size_t>(start.value_or(0));
+  return a;
 }
 
 Result<tcp::endpoint> resolve(const std::string& address) {

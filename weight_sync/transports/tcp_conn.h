@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,7 +23,13 @@ namespace arlo::weight_sync::detail {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
-enum class Frame : std::uint32_t { kHello = 1, kManifest, kAnswer, kBucket, kDone };
+// kChallenge {nonce}: the serving side's first frame on every link; kRefused {error}: it refuses
+// the receiver (authentication failed) and closes.
+enum class Frame : std::uint32_t { kHello = 1, kManifest, kAnswer, kBucket, kDone, kChallenge, kRefused };
+
+// Control (JSON) frames are at most this long; before a link is authenticated, kMaxHandshakeBytes.
+inline constexpr std::uint64_t kMaxControlBytes = 64ull << 20;
+inline constexpr std::uint64_t kMaxHandshakeBytes = 64ull << 10;
 
 struct FrameHeader {
   std::uint32_t magic = 0x57534c41;  // "ALSW"
@@ -41,7 +48,8 @@ class Conn {
   Status read(asio::mutable_buffer buffer, Deadline deadline);
   Status send_json(Frame type, const nlohmann::json& body, Deadline deadline);
   // Reads the next frame header; for json frames also the body (into `body`).
-  Result<FrameHeader> recv_frame(nlohmann::json* body, Deadline deadline);
+  // A json frame longer than `max_json` is refused (kResourceExhausted) before it is read.
+  Result<FrameHeader> recv_frame(nlohmann::json* body, Deadline deadline, std::uint64_t max_json = kMaxControlBytes);
   void close();
   void tune();  // TCP_NODELAY
 
@@ -61,6 +69,26 @@ class Conn {
   };
   Armed snd_armed_, rcv_armed_;
 };
+
+// What a receiver tells its sender: HELLO {peer, version, resume: {version, bucket}} and, to a
+// MANIFEST, ANSWER {state: accepted | refused | need_full, error, start}. The peer is not trusted:
+// a field of the wrong type or out of range (an answer's start past the manifest's `buckets`) is a
+// kParse error naming it, never an exception.
+struct Hello {
+  std::string peer;
+  std::optional<Version> version;
+  std::optional<Version> resume_version;
+  std::size_t resume_bucket = 0;
+  std::string proof;  // auth::proof of the sender's CHALLENGE nonce (empty: the receiver has no token)
+};
+Result<Hello> parse_hello(const nlohmann::json& j);
+
+struct Answer {
+  std::string state;  // accepted | refused | need_full
+  std::string error;
+  std::size_t start = 0;
+};
+Result<Answer> parse_answer(const nlohmann::json& j, std::size_t buckets);
 
 // "host:port" -> endpoint (numeric host or a name resolved once).
 Result<tcp::endpoint> resolve(const std::string& address);

@@ -59,7 +59,9 @@ std::filesystem::path temp_dir(const std::string& name) {
 
 class Worker {
  public:
-  explicit Worker(std::vector<std::string> extra = {"--init-seed", "1"}) {
+  // The filesystem transport's versions live under the temp directory (temp_dir()): allowed.
+  explicit Worker(std::vector<std::string> extra = {"--init-seed", "1", "--allow-weights-from",
+                                                    std::filesystem::temp_directory_path().string()}) {
     std::vector<std::string> argv{ARLO_WORKER_BINARY, "--port", "0", "--threads", "1", "--log-level", "warn"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     proc_ = std::make_unique<testing::ChildProcess>(argv);
