@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -153,6 +154,21 @@ void Launcher::stop(std::chrono::milliseconds grace) {
     }
     if (c->reader.joinable()) c->reader.join();
   }
+}
+
+int RestartPolicy::recent(TimePoint now) {
+  std::erase_if(restarts_, [&](TimePoint t) { return now - t >= limits_.window; });
+  return static_cast<int>(restarts_.size());
+}
+
+std::optional<Duration> RestartPolicy::on_exit(TimePoint now) {
+  const int n = recent(now);
+  if (n >= limits_.max_restarts) return std::nullopt;
+  Duration backoff = limits_.initial_backoff;
+  for (int i = 0; i < n && backoff < limits_.max_backoff; ++i) backoff *= 2;
+  restarts_.push_back(now);
+  ++total_;
+  return std::min(backoff, limits_.max_backoff);
 }
 
 Result<std::uint16_t> free_loopback_port() {

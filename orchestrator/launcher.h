@@ -9,6 +9,9 @@
 //   - stop() sends SIGTERM, waits up to a grace period, then SIGKILLs and reaps.
 // The destructor stops everything still running.
 //
+// RestartPolicy is the supervision rule a caller applies when a child dies during a run: restart
+// it after a backoff, within a bound (below).
+//
 // Thread-safety: spawn/stop/exited from one thread; output forwarding runs on one reader thread per
 // child and calls the line sink from there (the default sink writes to stdout under a mutex).
 #include <sys/types.h>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "orchestrator/types.h"
 
 namespace arlo::orch {
 
@@ -33,6 +37,7 @@ struct ChildSpec {
   std::string name;                         // log prefix: "worker-0"
   std::vector<std::string> argv;            // argv[0] is looked up in PATH unless it has a '/'
   std::map<std::string, std::string> env;   // added to the inherited environment
+  std::vector<std::string> restart_argv;    // the argv of a restart; empty: argv again
 };
 
 struct ChildExit {
@@ -68,6 +73,35 @@ class Launcher {
   LineSink sink_;
   pid_t pgid_ = 0;
   std::vector<std::unique_ptr<Child>> children_;
+};
+
+// When a supervised child dies: restart it after a backoff that doubles with each restart within
+// `window` (initial_backoff, 2x, 4x, ... capped at max_backoff), at most `max_restarts` times within
+// `window`; the next death within it is past the bound (the run stops). A child that stays up
+// longer than `window` starts again from the initial backoff. Pure bookkeeping: the caller passes
+// the time of each death and does the waiting and the restart.
+struct RestartLimits {
+  int max_restarts = 5;
+  Duration window = std::chrono::minutes(10);
+  Duration initial_backoff = std::chrono::milliseconds(500);
+  Duration max_backoff = std::chrono::seconds(10);
+};
+
+class RestartPolicy {
+ public:
+  explicit RestartPolicy(RestartLimits limits = {}) : limits_(limits) {}
+  // The child died at `now`: how long to wait before starting it again, or nullopt when it was
+  // already restarted max_restarts times within the window (past the bound; nothing is counted).
+  std::optional<Duration> on_exit(TimePoint now);
+  // Restarts counted within the window ending at `now`.
+  int recent(TimePoint now);
+  int total() const { return total_; }
+  const RestartLimits& limits() const { return limits_; }
+
+ private:
+  RestartLimits limits_;
+  std::vector<TimePoint> restarts_;  // within the window, oldest first
+  int total_ = 0;
 };
 
 // A free TCP port on 127.0.0.1 (bound and released; the caller's child binds it next).

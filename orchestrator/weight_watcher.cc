@@ -30,6 +30,15 @@ void WeightWatcher::notify(VersionNotice notice) {
   changed_.notify();
 }
 
+void WeightWatcher::restarted(const std::string& worker) {
+  ARLO_INFO("weight sync: worker {} was restarted; syncing the current version to it", worker);
+  left_out_.erase(worker);
+  out_of_date_.erase(worker);
+  attempts_.erase(worker);
+  resync_ = true;
+  changed_.notify();
+}
+
 void WeightWatcher::stop() {
   stopped_ = true;
   changed_.notify();
@@ -52,7 +61,7 @@ Awaitable<void> WeightWatcher::run() {
 Awaitable<void> WeightWatcher::probe(std::string worker) {
   while (!stopped_) {
     co_await sleep_until(ex_, clock_, clock_.now() + probe_interval(opt_));
-    if (stopped_) break;
+    if (stopped_ || !left_out_.count(worker)) break;  // stopped, or rejoined on a restart
     const auto deadline = clock_.now() + probe_interval(opt_);
     auto query = inference_.weights(worker, deadline);
     auto answered = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "probing a worker");

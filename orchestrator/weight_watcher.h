@@ -68,6 +68,9 @@ class WeightWatcher {
 
   // The TrainerPort's callback.
   void notify(VersionNotice notice);
+  // `worker` was restarted (it holds no weights until updated): it rejoins the updates at once, even
+  // if it was not left out yet, and the current version is synced again.
+  void restarted(const std::string& worker);
   Awaitable<void> run();
   void stop();
 

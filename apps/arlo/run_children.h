@@ -4,6 +4,8 @@
 // "[name] " prefix while keeping the last lines of each for error messages, waits until the
 // workers answer /health, and turns an unexpected exit into an error that names the child and
 // shows its last lines. The Launcher (and so this class's destructor) stops every child: no orphans.
+// restart() starts a child again from the spec it was spawned with (its restart_argv when set);
+// nothing starts once stop() was called.
 //
 // Thread-safety: spawn/exited/stop from the event loop's thread; the line sink runs on the
 // launcher's reader threads and only touches the mutex-protected tails.
@@ -37,7 +39,13 @@ class RunChildren {
   RunChildren& operator=(const RunChildren&) = delete;
 
   Status spawn(const orch::ChildSpec& spec);
-  // An exit since the last call, described with the child's last lines; nullopt when none.
+  // Starts `name` again (same name, so its lines and tail continue); fails after stop().
+  Status restart(const std::string& name);
+  // An exit since the last call (reaped); nullopt when none.
+  std::optional<orch::ChildExit> next_exit();
+  // The exit described with the child's last lines.
+  std::string describe(const orch::ChildExit& e) const;
+  // next_exit(), described; nullopt when none.
   std::optional<std::string> exited();
   // Polls GET <url>/health of every worker until each answers 200; fails when a child exits or at
   // `deadline` (naming the worker that is not ready and its last lines).
@@ -51,6 +59,8 @@ class RunChildren {
   void on_line(const std::string& name, const std::string& line);
   mutable std::mutex mu_;
   std::map<std::string, std::deque<std::string>> tails_;
+  std::map<std::string, orch::ChildSpec> specs_;  // as spawned, by name
+  bool stopped_ = false;
   orch::Launcher launcher_;
 };
 

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -161,6 +164,11 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
     plan.worker_specs.push_back(std::move(spec));
   }
   return plan;
+    // A restarted worker starts with no weights (the seeded v0 is stale by then): it serves nothing
+    // until the WeightWatcher syncs the current version to it.
+    spec.restart_argv = spec.argv;
+    const auto seed_flag = std::find(spec.restart_argv.begin(), spec.restart_argv.end(), "--init-seed");
+    spec.restart_argv.erase(seed_flag, seed_flag + 2);
 }
 
 // The trainer checkpoints with the orchestrator unless told otherwise: a resume needs both.

@@ -1,0 +1,303 @@
+// Supervision through real processes: `arlo run configs/quickstart.yaml`, shortened with --set,
+// with one of its children killed by kill -9 while the run goes on, at a moment chosen by what
+// the run wrote (a step record in metrics.jsonl), never by sleeping. Checked from the outside:
+// - a killed worker is restarted on its URL, gets the current version before it serves, and the
+//   run finishes every step with exit 0, the ledger adding up and both workers on the final
+//   version with the trainer's checksum (once and twice);
+// - a killed trainer is restarted, resumes from its checkpoint, and every step 1..N is trained
+//   exactly once (the orchestrator's step records, the trainer's own metrics and checkpoints);
+// - a worker killed again every time it comes back stops the run after the bound, with the reason.
+// What each fault cost is printed (seconds lost, rollouts failed) for docs/reliability.md.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/e2e/spawn.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using arlo::e2e::read_text;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWarmup = 5;
+constexpr int kSteps = 30;
+constexpr auto kWait = std::chrono::seconds(150);  // generous: a loaded 2-core machine
+
+fs::path scratch(const std::string& name) {
+  return fs::temp_directory_path() / ("arlo_supervision_e2e_" + name + "_" + std::to_string(::getpid()));
+}
+
+std::string tail(const std::string& s) { return s.size() > 8000 ? s.substr(s.size() - 8000) : s; }
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(std::move(j));  // a line being written is skipped
+  }
+  return out;
+}
+
+std::uint64_t sum(const nlohmann::json& counts) {
+  std::uint64_t s = 0;
+  for (const auto& [k, v] : counts.items()) s += v.get<std::uint64_t>();
+  return s;
+}
+
+std::size_t count(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+bool exited(pid_t pid) {
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+}
+
+// `arlo run` of the shortened quickstart in the background, its output in <run_dir>.log.
+struct Run {
+  fs::path run_dir;
+  fs::path log;
+  pid_t pid = -1;
+
+  Run(const std::string& name, std::vector<std::string> sets) : run_dir(scratch(name)), log(run_dir.string() + ".log") {
+    fs::remove_all(run_dir);
+    const char* src = std::getenv("ARLO_SOURCE_DIR");
+    std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src ? src : ".") + "/configs/quickstart.yaml"};
+    std::vector<std::string> all = {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0",
+                                    "run.max_steps=" + std::to_string(kSteps),
+                                    "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup), "eval.interval=0",
+                                    "log.step_interval_s=0"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    for (const auto& s : all) args.insert(args.end(), {"--set", s});
+    pid = arlo::e2e::spawn_logged(args, log);
+  }
+  ~Run() {
+    if (pid > 0 && !exited(pid)) ::kill(pid, SIGKILL);
+    if (pid > 0) ::waitpid(pid, nullptr, 0);
+    if (!::testing::Test::HasFailure()) {
+      fs::remove_all(run_dir);
+      fs::remove(log);
+    }
+  }
+  std::string output() const { return read_text(log); }
+
+  // The newest step record of metrics.jsonl, once it is for `step` or later; fails at the deadline
+  // or when arlo exited.
+  bool wait_for_step(int step) const {
+    const auto end = Clock::now() + kWait;
+    while (Clock::now() < end && !exited(pid)) {
+      for (const auto& j : read_jsonl(run_dir / "metrics.jsonl"))
+        if (j.value("kind", "") == "step" && j.value("step", 0) >= step) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  // Until the output holds `needle` at least `n` times.
+  bool wait_for_text(const std::string& needle, std::size_t n) const {
+    const auto end = Clock::now() + kWait;
+    while (Clock::now() < end && !exited(pid)) {
+      if (count(output(), needle) >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  // arlo's child whose command line holds `needle`, other than `not_this` (one that was killed and
+  // not yet reaped); waits for it.
+  pid_t child(const std::string& needle, pid_t not_this = -1) const {
+    const auto end = Clock::now() + kWait;
+    while (Clock::now() < end && !exited(pid)) {
+      const pid_t c = arlo::e2e::child_with_arg(pid, needle);
+      if (c > 0 && c != not_this) return c;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  int wait() {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+};
+
+const std::string kWorker1 = "\"peer_name\":\"worker-1\"";
+
+// exit 0, every step, the ledger adding up, both workers on the final version with the trainer's
+// checksum. Returns summary.json.
+nlohmann::json expect_finished(Run& run) {
+  const int status = run.wait();
+  const std::string out = run.output();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ":\n" << tail(out);
+  const std::string text = read_text(run.run_dir / "summary.json");
+  EXPECT_FALSE(text.empty()) << tail(out);
+  if (text.empty()) return nlohmann::json::object();
+  const auto summary = nlohmann::json::parse(text);
+  EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
+  EXPECT_EQ(summary.at("steps").get<int>(), kSteps);
+  const auto& ledger = summary.at("ledger");
+  const auto completed = ledger.at("completed").get<std::uint64_t>();
+  EXPECT_EQ(ledger.at("in_flight").get<std::uint64_t>(), 0u) << ledger.dump(2);
+  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(),
+            completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
+      << ledger.dump(2);
+  EXPECT_EQ(sum(ledger.at("dispositions")), completed) << ledger.dump(2);
+  const auto& trainer = summary.at("trainer");
+  EXPECT_EQ(trainer.at("version").get<std::int64_t>(), kSteps) << summary.dump(2);
+  EXPECT_EQ(summary.at("workers").size(), 2u) << summary.dump(2);
+  for (const auto& [name, w] : summary.at("workers").items()) {
+    EXPECT_FALSE(w.contains("error")) << name << ": " << w.dump();
+    EXPECT_EQ(w.value("version", -1), kSteps) << name << ": " << w.dump();
+    EXPECT_EQ(w.value("checksum", std::string()), trainer.at("checksum").get<std::string>()) << name;
+  }
+  // One step record per step, in order.
+  std::vector<int> steps;
+  for (const auto& j : read_jsonl(run.run_dir / "metrics.jsonl"))
+    if (j.value("kind", "") == "step") steps.push_back(j.at("step").get<int>());
+  std::vector<int> expected(kSteps);
+  for (int i = 0; i < kSteps; ++i) expected[static_cast<std::size_t>(i)] = i + 1;
+  EXPECT_EQ(steps, expected);
+  return summary;
+}
+
+// What the fault cost: the longest step against the median step, and the ledger's failures.
+void report_cost(const char* fault, const Run& run, const nlohmann::json& summary) {
+  std::vector<double> seconds;
+  for (const auto& j : read_jsonl(run.run_dir / "metrics.jsonl"))
+    if (j.value("kind", "") == "step" && !j.value("train/supervised", false))
+      seconds.push_back(j.value("time/step_seconds", 0.0));
+  if (seconds.empty() || !summary.contains("ledger")) return;
+  auto sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2], longest = sorted.back();
+  const auto& ledger = summary.at("ledger");
+  std::printf("cost of %s: longest RL step %.2f s vs median %.2f s (about %.2f s lost); rollouts dispatched %llu, "
+              "failed %s, cancelled %s; run %.1f s\n",
+              fault, longest, median, longest - median,
+              static_cast<unsigned long long>(ledger.at("dispatched").get<std::uint64_t>()), ledger.at("failed").dump().c_str(),
+              ledger.at("cancelled").dump().c_str(), summary.value("seconds", 0.0));
+}
+
+// Each restart of worker-1 came back on its URL and was handed to the WeightWatcher. (It restarts
+// with no weights, so the final version in summary.json is one the WeightWatcher gave it.)
+void expect_resynced(const Run& run, std::size_t restarts) {
+  const std::string out = run.output();
+  EXPECT_EQ(count(out, "worker-1 restarted, answering at"), restarts) << tail(out);
+  EXPECT_EQ(count(out, "was restarted; syncing the current version to it"), restarts) << tail(out);
+  EXPECT_EQ(count(out, "no weights yet: serving after the first /weights/prepare"), restarts)
+      << "each restarted worker-1 starts without weights:\n" << tail(out);
+}
+
+TEST(Supervision, AWorkerKilledMidRunIsRestartedAndServesTheFinalVersion) {
+  Run run("worker_once", {});
+  ASSERT_GT(run.pid, 0);
+  ASSERT_TRUE(run.wait_for_step(kWarmup + 5)) << tail(run.output());
+  const pid_t victim = run.child(kWorker1);
+  ASSERT_GT(victim, 0) << "no worker-1 among arlo's children";
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto summary = expect_finished(run);
+  expect_resynced(run, 1);
+  EXPECT_NE(run.output().find("worker-1 (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
+            std::string::npos)
+      << tail(run.output());
+  report_cost("kill -9 of one worker", run, summary);
+}
+
+TEST(Supervision, AWorkerKilledTwiceIsRestartedTwice) {
+  Run run("worker_twice", {});
+  ASSERT_GT(run.pid, 0);
+  ASSERT_TRUE(run.wait_for_step(kWarmup + 3)) << tail(run.output());
+  const pid_t first = run.child(kWorker1);
+  ASSERT_GT(first, 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  // The second kill once the restarted worker took the current version and the run went on.
+  ASSERT_TRUE(run.wait_for_text("was restarted; syncing the current version to it", 1)) << tail(run.output());
+  const std::string out = run.output();
+  int step_now = 0;
+  for (const auto& j : read_jsonl(run.run_dir / "metrics.jsonl"))
+    if (j.value("kind", "") == "step") step_now = std::max(step_now, j.at("step").get<int>());
+  ASSERT_TRUE(run.wait_for_step(std::min(step_now + 3, kSteps - 5))) << tail(run.output());
+  const pid_t second = run.child(kWorker1, first);
+  ASSERT_GT(second, 0);
+  ASSERT_EQ(::kill(second, SIGKILL), 0);
+  const auto summary = expect_finished(run);
+  expect_resynced(run, 2);
+  EXPECT_NE(run.output().find("killed by signal 9; restarting it in 1.0 s (restart 2 of 5"), std::string::npos)
+      << "the second restart waits twice as long:\n"
+      << tail(run.output());
+  report_cost("kill -9 of one worker, twice", run, summary);
+}
+
+TEST(Supervision, ATrainerKilledMidRunResumesFromItsCheckpointAndTrainsEveryStepOnce) {
+  // A trainer checkpoint every step: the restarted trainer resumes at the step it last acknowledged.
+  Run run("trainer", {"trainer.ckpt_interval=1"});
+  ASSERT_GT(run.pid, 0);
+  ASSERT_TRUE(run.wait_for_step(kWarmup + 5)) << tail(run.output());
+  const pid_t victim = run.child("arlo-trainer");
+  ASSERT_GT(victim, 0) << "no arlo-trainer among arlo's children";
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto summary = expect_finished(run);
+  const std::string out = run.output();
+  EXPECT_NE(out.find("trainer (pid " + std::to_string(victim) + ") killed by signal 9; restarting it"), std::string::npos)
+      << tail(out);
+  EXPECT_NE(out.find("[trainer] "), std::string::npos);
+  EXPECT_EQ(count(out, "resumed from "), 1u) << "the restarted trainer loads its checkpoint:\n" << tail(out);
+  // No step trained twice: the trainer's own record of each step it trained appears once.
+  std::map<int, int> trained;
+  for (const auto& j : read_jsonl(run.run_dir / "trainer_metrics.jsonl"))
+    if (j.contains("step")) ++trained[j.at("step").get<int>()];
+  for (const auto& [step, n] : trained) EXPECT_EQ(n, 1) << "step " << step << " trained " << n << " times";
+  // No step skipped: each step's checkpoint or record exists, and the trainer ended at the last step.
+  for (int s = 1; s <= kSteps; ++s)
+    EXPECT_TRUE(trained.count(s) || fs::exists(run.run_dir / "checkpoints" / ("step_" + std::to_string(s))))
+        << "step " << s << " has no record of being trained";
+  EXPECT_TRUE(trained.count(kSteps));
+  report_cost("kill -9 of the trainer", run, summary);
+}
+
+TEST(Supervision, AWorkerThatKeepsDyingStopsTheRunAfterTheBound) {
+  Run run("worker_dies", {"run.max_steps=100000"});
+  ASSERT_GT(run.pid, 0);
+  ASSERT_TRUE(run.wait_for_step(kWarmup + 2)) << tail(run.output());
+  const auto t0 = Clock::now();
+  pid_t previous = -1;
+  int kills = 0;
+  // Every life of worker-1 is killed as soon as it is seen, until arlo gives up on it.
+  while (!exited(run.pid) && Clock::now() - t0 < kWait) {
+    const pid_t victim = run.child(kWorker1, previous);
+    if (victim <= 0) break;
+    if (::kill(victim, SIGKILL) == 0) ++kills;
+    previous = victim;
+  }
+  const int status = run.wait();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string out = run.output();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ":\n" << tail(out);
+  EXPECT_EQ(kills, 6) << "the first life and five restarts:\n" << tail(out);
+  EXPECT_NE(out.find("killed by signal 9, after 5 restarts within 600 s (the bound): not restarted again"),
+            std::string::npos)
+      << tail(out);
+  EXPECT_NE(out.find("arlo run: worker-1 (pid " + std::to_string(previous) + ") killed by signal 9"), std::string::npos)
+      << "the reason names the last life:\n" << tail(out);
+  std::printf("a worker killed at every start: the run stopped %.1f s after the first kill (%d kills)\n", seconds, kills);
+}
+
+}  // namespace
