@@ -2,18 +2,54 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "common/crash_point.h"
 #include "common/file.h"
+#include "common/log.h"
 
 namespace arlo::orch {
 
-std::filesystem::path checkpoint_path(const std::filesystem::path& run_dir) {
-  return run_dir / "orchestrator" / "checkpoint.json";
+namespace fs = std::filesystem;
+
+namespace {
+
+Result<std::string> read_whole(const fs::path& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kIo, fmt::format("opening {} {}", what, path.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return make_error(ErrorCode::kIo, fmt::format("reading {} {}", what, path.string()));
+  return ss.str();
 }
 
-Status write_checkpoint(const std::filesystem::path& path, const CheckpointState& s) {
+// step_<s>.json -> s; nullopt for any other name (temporary files included).
+std::optional<std::int64_t> journal_step(const fs::path& p) {
+  const auto name = p.filename().string();
+  if (!name.starts_with("step_") || !name.ends_with(".json")) return std::nullopt;
+  const auto digits = name.substr(5, name.size() - 10);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+std::vector<std::pair<std::int64_t, fs::path>> journal_files(const fs::path& dir) {
+  std::vector<std::pair<std::int64_t, fs::path>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (auto s = journal_step(it->path())) out.emplace_back(*s, it->path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+fs::path checkpoint_path(const fs::path& run_dir) { return run_dir / "orchestrator" / "checkpoint.json"; }
+fs::path journal_dir(const fs::path& run_dir) { return run_dir / "orchestrator" / "batches"; }
+
+Status write_checkpoint(const fs::path& path, const CheckpointState& s) {
   nlohmann::json j;
   j["format"] = kCheckpointFormat;
   j["step"] = s.step;
@@ -26,15 +62,12 @@ Status write_checkpoint(const std::filesystem::path& path, const CheckpointState
   return write_file_atomically(path, j.dump(1) + "\n");
 }
 
-Result<std::optional<CheckpointState>> read_checkpoint(const std::filesystem::path& path) {
+Result<std::optional<CheckpointState>> read_checkpoint(const fs::path& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::optional<CheckpointState>{};
-  std::ifstream in(path);
-  if (!in) return make_error(ErrorCode::kIo, fmt::format("opening checkpoint {}", path.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  if (!fs::exists(path, ec)) return std::optional<CheckpointState>{};
+  ARLO_ASSIGN_OR_RETURN(auto text, read_whole(path, "checkpoint"));
   try {
-    const auto j = nlohmann::json::parse(ss.str());
+    const auto j = nlohmann::json::parse(text);
     if (j.at("format").get<int>() != kCheckpointFormat)
       return make_error(ErrorCode::kMismatch, fmt::format("checkpoint {}: format {} but this build reads {}",
                                                           path.string(), j.at("format").get<int>(), kCheckpointFormat));
@@ -49,6 +82,91 @@ Result<std::optional<CheckpointState>> read_checkpoint(const std::filesystem::pa
   } catch (const nlohmann::json::exception& e) {
     return make_error(ErrorCode::kParse, fmt::format("checkpoint {}: {} (delete it to start over)", path.string(), e.what()));
   }
+}
+
+nlohmann::json to_json(const TrainBatch& b) {
+  auto samples = nlohmann::json::array();
+  for (const auto& s : b.samples)
+    samples.push_back({{"prompt_tokens", s.prompt_tokens},
+                       {"completion_tokens", s.completion_tokens},
+                       {"logprobs", s.logprobs},
+                       {"token_versions", s.token_versions},
+                       {"advantage", s.advantage},
+                       {"reward", s.reward},
+                       {"supervised", s.supervised}});
+  return {{"step", b.step}, {"samples", std::move(samples)}, {"metadata", b.metadata}};
+}
+
+Result<TrainBatch> train_batch_from_json(const nlohmann::json& j) {
+  try {
+    TrainBatch b;
+    b.step = j.at("step").get<std::int64_t>();
+    b.metadata = j.value("metadata", nlohmann::json::object());
+    for (const auto& s : j.at("samples")) {
+      TrainSample t;
+      t.prompt_tokens = s.at("prompt_tokens").get<std::vector<std::int32_t>>();
+      t.completion_tokens = s.at("completion_tokens").get<std::vector<std::int32_t>>();
+      t.logprobs = s.at("logprobs").get<std::vector<float>>();
+      t.token_versions = s.at("token_versions").get<std::vector<std::int32_t>>();
+      t.advantage = s.at("advantage").get<double>();
+      t.reward = s.at("reward").get<double>();
+      t.supervised = s.at("supervised").get<bool>();
+      b.samples.push_back(std::move(t));
+    }
+    return b;
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(ErrorCode::kParse, e.what());
+  }
+}
+
+Status write_journal_batch(const fs::path& dir, const TrainBatch& batch) {
+  return write_file_atomically(dir / fmt::format("step_{}.json", batch.step), to_json(batch).dump() + "\n");
+}
+
+Result<std::vector<TrainBatch>> read_journal(const fs::path& dir, std::int64_t up_to) {
+  std::vector<TrainBatch> out;
+  for (const auto& [step, path] : journal_files(dir)) {
+    if (step > up_to) {  // cut after the checkpoint was written: it never left, it is cut again
+      std::error_code ec;
+      fs::remove(path, ec);
+      continue;
+    }
+    ARLO_ASSIGN_OR_RETURN(auto text, read_whole(path, "journaled batch"));
+    const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded())
+      return make_error(ErrorCode::kParse, fmt::format("journaled batch {}: not valid JSON", path.string()));
+    auto b = train_batch_from_json(j);
+    if (!b) return std::unexpected(Error(b.error()).with_context(fmt::format("journaled batch {}", path.string())));
+    if (b->step != step)
+      return make_error(ErrorCode::kMismatch, fmt::format("journaled batch {} holds step {}", path.string(), b->step));
+    out.push_back(std::move(*b));
+  }
+  return out;
+}
+
+void prune_journal(const fs::path& dir, std::int64_t step) {
+  for (const auto& [s, path] : journal_files(dir)) {
+    if (s > step) break;
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+}
+
+Awaitable<Status> JournalingTrainer::send(TrainBatch batch) {
+  const auto step = batch.step;
+  crash_point("orchestrator.before_checkpoint", step);
+  if (auto st = write_journal_batch(journal_dir(run_dir_), batch); !st)
+    co_return std::unexpected(Error(st.error()).with_context(fmt::format(
+        "checkpoint: journaling the batch of step {} (the run stops here; `arlo run --resume` continues from "
+        "the last good checkpoint once the disk has room)",
+        step)));
+  if (auto st = write_checkpoint(checkpoint_path(run_dir_), state_(step)); !st)
+    co_return std::unexpected(Error(st.error()).with_context(fmt::format(
+        "checkpoint: writing the checkpoint of step {} (the run stops here; `arlo run --resume` continues from "
+        "the last good checkpoint once the disk has room)",
+        step)));
+  crash_point("orchestrator.after_checkpoint", step);
+  co_return co_await inner_.send(std::move(batch));
 }
 
 }  // namespace arlo::orch
