@@ -70,6 +70,11 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
   if (!r) {
     ARLO_WARN_EVERY(5.0, "train sink: dropping group {}: {}", g->id, r.error().what());
     ledger_.dispose("score_failed", n);
+    // A scorer that cannot go on (kResourceExhausted: a reward plugin's host past its restart bound) stops the run.
+    if (r.error().code() == ErrorCode::kResourceExhausted && hooks_.on_fatal) {
+      hooks_.on_fatal(r.error());
+      co_return;
+    }
     if (hooks_.backlog_changed) hooks_.backlog_changed();
     co_return;
   }

@@ -12,7 +12,8 @@
 //   {"type": "lcs_ratio"}                                   2*LCS/(|completion|+|answer|)
 //   {"type": "regex_match", "pattern": "...", "compare_answer": false}
 //   {"type": "length_penalty", "max_tokens": 256, "free_tokens": 0, "coef": 1.0}
-//   {"type": "plugin", "path": "libmy_reward.so", "config": "<string or JSON>"}
+//   {"type": "plugin", "path": "libmy_reward.so", "config": "<string or JSON>", "isolate": "none",
+//    "timeout_s": 30}                                        isolate: none | process (rollout/reward_process.h)
 //   {"type": "http", "url": "http://127.0.0.1:9000/score", "timeout_s": 10}
 //   {"type": "weighted", "modules": [{"type": ..., "weight": 0.8, "name": "acc"}, ...]}
 // A list of specs is shorthand for "weighted". Every spec accepts "name" (default: its type),
@@ -45,6 +46,9 @@ class RewardModule {
   virtual bool scores_groups() const { return false; }
   // Default: score() per sample, failing on the first error.
   virtual Result<std::vector<Score>> score_group(const Task& task, std::span<const Rollout> group);
+  // Ok while the module can go on scoring; an error once it cannot (a process-isolated plugin whose
+  // host died more often in a row than its restart bound). RewardScorer then stops the run with it.
+  virtual Status usable() const { return ok(); }
 };
 
 Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& spec);

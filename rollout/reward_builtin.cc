@@ -153,6 +153,10 @@ class Weighted : public NamedModule {
     for (const auto& p : parts_) groups_ = groups_ || p.module->scores_groups();
   }
   bool scores_groups() const override { return groups_; }
+  Status usable() const override {
+    for (const auto& p : parts_) ARLO_TRY(p.module->usable());
+    return ok();
+  }
   Result<Score> score(const Task& task, const Rollout& r) override {
     Score out;
     for (const auto& p : parts_) {
@@ -296,12 +300,17 @@ Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& raw) {
     return std::unique_ptr<RewardModule>(std::make_unique<LengthPenalty>(name, max_tokens, free_tokens, coef));
   }
   if (type == "plugin") {
-    ARLO_TRY(check_keys(spec, {"path", "config"}));
+    ARLO_TRY(check_keys(spec, {"path", "config", "isolate", "timeout_s"}));
     ARLO_ASSIGN_OR_RETURN(std::string path, get_opt<std::string>(spec, "path", ""));
     if (path.empty()) return make_error(ErrorCode::kInvalidArgument, "reward 'plugin': needs 'path' to a shared library");
     std::string config;
     if (spec.contains("config")) config = spec["config"].is_string() ? spec["config"].get<std::string>() : spec["config"].dump();
-    return load_reward_plugin(path, config, spec.contains("name") ? std::optional<std::string>(name) : std::nullopt);
+    PluginOptions po;
+    ARLO_ASSIGN_OR_RETURN(std::string isolate, get_opt<std::string>(spec, "isolate", "none"));
+    ARLO_ASSIGN_OR_RETURN(po.isolate, parse_plugin_isolation(isolate));
+    ARLO_ASSIGN_OR_RETURN(double t, get_opt<double>(spec, "timeout_s", 30.0));
+    po.host.call_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(t));
+    return load_reward_plugin(path, config, spec.contains("name") ? std::optional<std::string>(name) : std::nullopt, po);
   }
   if (type == "http") {
     ARLO_TRY(check_keys(spec, {"url", "timeout_s", "group"}));

@@ -83,8 +83,16 @@ class PluginModule : public RewardModule {
 
 }  // namespace
 
+Result<PluginIsolation> parse_plugin_isolation(std::string_view name) {
+  if (name == "none") return PluginIsolation::kNone;
+  if (name == "process") return PluginIsolation::kProcess;
+  return make_error(ErrorCode::kInvalidArgument, fmt::format("reward plugin isolate '{}': use none or process", name));
+}
+
 Result<std::unique_ptr<RewardModule>> load_reward_plugin(const std::string& path, const std::string& config,
-                                                         std::optional<std::string> name) {
+                                                         std::optional<std::string> name, PluginOptions options) {
+  if (options.isolate == PluginIsolation::kProcess)
+    return load_isolated_reward_plugin(path, config, std::move(name), std::move(options.host));
   auto lib = std::make_shared<Library>();
   lib->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib->handle) {

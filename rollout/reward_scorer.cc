@@ -79,6 +79,21 @@ Status RewardScorer::handle_failure(Rollout& r, const Error& e) {
 // Plain functions, not coroutine code: GCC 12 mishandles temporaries in conditional expressions
 // inside coroutines, so results are applied here.
 Status RewardScorer::apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results, double scoring_s) {
+  // A call that ended without a verdict on its sample (kCancelled: a process-isolated plugin's host
+  // died under it, or shutdown) fails the whole group whatever the policy: no made-up reward.
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    if (results[i] || results[i].error().code() != ErrorCode::kCancelled) continue;
+    ++stats_.groups_lost;
+    for (auto& r : group) {
+      r.reward.reset();
+      r.timings.scoring_s = scoring_s;
+    }
+    Error lost = results[i].error();
+    lost.with_context(fmt::format("scoring task {} sample {} (the group is dropped)", group[i].task_id, group[i].sample_index));
+    return std::unexpected(std::move(lost));
+  }
+  // A module that cannot go on (kResourceExhausted: a plugin host past its restart bound) stops the run.
+  if (auto usable = module_->usable(); !usable) return usable;
   Status first_failure = ok();
   const std::string& name = module_->name();
   for (std::size_t i = 0; i < group.size(); ++i) {

@@ -4,6 +4,9 @@
 //   assign: the sample gets `assign_value` and metric "reward/failed" = 1
 //   drop:   the sample's reward stays unset (callers treat it as dropped, not trained on)
 //   fail:   score_group returns the error; the orchestrator stops the run with it
+// Whatever the policy, score_group returns an error when a call ended with kCancelled (no verdict:
+// a process-isolated plugin's host died under it; the caller drops the group) or when the module is
+// no longer usable() (kResourceExhausted; the caller stops the run).
 // Thread-safety: construct and call on the loop's thread. The module runs on worker threads.
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
@@ -37,6 +40,7 @@ struct ScorerStats {
   std::uint64_t non_finite = 0;
   std::uint64_t assigned = 0;    // failed samples given assign_value
   std::uint64_t dropped = 0;     // failed samples left unscored
+  std::uint64_t groups_lost = 0; // groups failed whole: a call ended without a verdict (kCancelled)
 };
 
 class RewardScorer {

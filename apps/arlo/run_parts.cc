@@ -43,6 +43,10 @@ Result<std::shared_ptr<rollout::RewardModule>> make_reward(const config::Config&
                            {"url", m.string("url")},
                            {"pattern", m.string("pattern")}};
     if (!m.map("config").empty()) spec["config"] = m.map("config");
+    if (m.string("kind") == "plugin") {  // where it runs; a call past reward.timeout_s kills its host
+      spec["isolate"] = m.string("isolate");
+      spec["timeout_s"] = cfg.number("reward.timeout_s");
+    }
     auto module = rollout::make_reward_module(spec);
     if (!module)
       return std::unexpected(Error(module.error()).with_context(fmt::format("reward.modules[{}] ({})", i, m.where("kind"))));

@@ -277,6 +277,11 @@ std::vector<Section> product_sections() {
                                .must_be_given(),
                            float_key("weight", 1.0, "Weight of this module in the sum.").range(-1e6, 1e6),
                            string_key("path", "", "plugin: path of the shared library."),
+                           string_key("isolate", "process",
+                                      "plugin: process (loaded in its own arlo-reward-host process: a crash or hang "
+                                      "costs the groups in flight, the host is restarted) or none (loaded into arlo: "
+                                      "a crash ends the run).")
+                               .one_of({"none", "process"}),
                            string_key("url", "", "http: URL the rollouts are posted to."),
                            string_key("pattern", "", "regex_match: ECMAScript regular expression to search for."),
                            map_key("config", "{}", "Free-form settings handed to the module (plugins get it as JSON)."),
@@ -390,6 +395,14 @@ std::vector<Section> product_sections() {
                      "Seconds the status server stays up after the run ends, so the live page and scrapers see the "
                      "end (the final records and finished).")
                .range(0.0, 3600.0),
+       }},
+      {"security", "The run's token (docs/reliability.md, Security model). Without one `arlo run` makes one per run "
+                   "(written to <run.dir>/token, mode 0600) and gives it to the workers and the trainer it starts.",
+       {
+           string_key("token", "",
+                      "The token every plane of the run wants (bearer on HTTP, challenge-response on the bridge and "
+                      "the tcp weight publisher). Prefer token_file: a config file is easily shared."),
+           string_key("token_file", "", "File holding the token (surrounding whitespace ignored)."),
        }},
   };
 }

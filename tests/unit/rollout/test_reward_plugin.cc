@@ -5,6 +5,12 @@
 //   "nan"    returns NaN
 //   "hang"   blocks until arlo_test_plugin_release() is called (simulates a stuck plugin)
 //   "reject" create() refuses the config
+// and, for the process-isolated host (rollout/reward_process.h), as "ok" except on some inputs:
+//   "segv_on_crash", "abort_on_crash", "exit_on_crash", "hang_on_crash"   a completion "crash"
+//       segfaults, aborts, exits with status 3 or blocks forever
+//   "segv_in_create"   create() segfaults; "segv_always": every score() segfaults
+//   {"mode": "segv_on_task", "task_suffix": "7"} (JSON, as a run config's mapping arrives): sample 0
+//       of every task whose id ends with the suffix segfaults; "hang_on_task" blocks forever there
 // Built twice: once normally and once claiming ABI version 99 (ARLO_TEST_PLUGIN_ABI) to test the
 // version check.
 #include <arlo/reward_plugin.h>
@@ -13,11 +19,16 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+
+#include <unistd.h>
 
 #ifndef ARLO_TEST_PLUGIN_ABI
 #define ARLO_TEST_PLUGIN_ABI ARLO_REWARD_PLUGIN_ABI_VERSION
@@ -34,7 +45,31 @@ std::atomic<int> g_destroyed{0};
 
 struct Instance {
   std::string mode;
+  std::string task_suffix;
 };
+
+// The string value of "key" in a flat JSON object (no escapes), or "".
+std::string json_value(const std::string& json, const std::string& key) {
+  const auto k = json.find("\"" + key + "\"");
+  if (k == std::string::npos) return "";
+  const auto open = json.find('"', json.find(':', k) + 1);
+  const auto close = json.find('"', open + 1);
+  return open == std::string::npos || close == std::string::npos ? "" : json.substr(open + 1, close - open - 1);
+}
+
+[[noreturn]] void segfault() {
+  std::signal(SIGSEGV, SIG_DFL);
+  std::raise(SIGSEGV);
+  std::abort();
+}
+
+[[noreturn]] void block_forever() {
+  while (true) ::pause();
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return !suffix.empty() && s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 void* create(const char* config, char* error, size_t error_size) {
   std::string mode = config ? config : "";
@@ -42,7 +77,9 @@ void* create(const char* config, char* error, size_t error_size) {
     std::snprintf(error, error_size, "mode 'reject' refuses to start");
     return nullptr;
   }
-  return new Instance{mode};
+  if (mode == "segv_in_create") segfault();
+  if (!mode.empty() && mode[0] == '{') return new Instance{json_value(mode, "mode"), json_value(mode, "task_suffix")};
+  return new Instance{mode, ""};
 }
 
 void destroy(void* p) {
@@ -61,6 +98,15 @@ int score(void* p, const arlo_reward_input* in, arlo_reward_output* out) {
     out->reward = std::nan("");
     return 0;
   }
+  const bool crash_input = std::strcmp(in->completion, "crash") == 0;
+  if (crash_input && inst->mode == "segv_on_crash") segfault();
+  if (crash_input && inst->mode == "abort_on_crash") std::abort();
+  if (crash_input && inst->mode == "exit_on_crash") std::_Exit(3);
+  if (crash_input && inst->mode == "hang_on_crash") block_forever();
+  const bool crash_task = in->sample_index == 0 && ends_with(in->task_id, inst->task_suffix);
+  if (crash_task && inst->mode == "segv_on_task") segfault();
+  if (crash_task && inst->mode == "hang_on_task") block_forever();
+  if (inst->mode == "segv_always") segfault();
   if (inst->mode == "hang") {
     ++g_hung;
     std::unique_lock lk(g_mu);
