@@ -67,13 +67,18 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
   dh.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
   dispatcher_ = std::make_unique<RolloutDispatcher>(ex, clock, *ports_.inference, *ports_.tasks, ledger_, opt_, std::move(dh));
 
+  // Checkpointing on: every batch is journaled, with the checkpoint of its cut, before it leaves
+  // (orchestrator/checkpoint.h, docs/checkpoints.md).
+  if (!opt_.run_dir.empty() && opt_.ckpt_interval > 0)
+    journal_ = std::make_unique<JournalingTrainer>(*ports_.trainer, opt_.run_dir,
+                                                   [this](std::int64_t step) { return checkpoint_state(step); });
   TrainSinkHooks th;
   th.on_cut = [this](std::int64_t s) { dispatcher_->on_step_cut(s); };
   th.on_step = [this](const StepReport& r) { on_step(r); };
   th.backlog_changed = [this] { dispatcher_->pump(); };
   th.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
-  train_sink_ = std::make_unique<TrainSink>(ex, clock, *ports_.scorer, *ports_.trainer, *ports_.tasks, ledger_, opt_,
-                                            std::move(th));
+  train_sink_ = std::make_unique<TrainSink>(ex, clock, *ports_.scorer, journal_ ? *journal_ : *ports_.trainer,
+                                            *ports_.tasks, ledger_, opt_, std::move(th));
   eval_sink_ = std::make_unique<EvalSink>(
       ex, clock, *ports_.scorer, ledger_, opt_, std::move(ports_.eval_tasks),
       [this](std::uint64_t id, const std::vector<std::shared_ptr<const Task>>& tasks, int n) {
@@ -121,6 +126,7 @@ Status Orchestrator::start() {
     http::ServerOptions so;
     so.bind = opt_.status_bind;
     so.port = static_cast<std::uint16_t>(opt_.status_port);
+    so.token = opt_.status_token;
     status_ = std::make_unique<http::Server>(io_, so);
     add_status_routes();
     auto port = status_->start();
@@ -136,6 +142,9 @@ Status Orchestrator::start() {
       summary_.trainer = {{"version", n.version},
                           {"checksum", n.weight_sync.value("checksum", std::string())},
                           {"weight_sync", n.weight_sync}};
+    // Version v is published after the trainer acknowledged step v, which it does only once it
+    // no longer needs that batch: the journal lets go of steps <= v.
+    if (journal_) prune_journal(journal_dir(opt_.run_dir), n.version);
     watcher_->notify(std::move(n));
   });
   spawn(io_.get_executor(), watcher_->run());
@@ -202,7 +211,8 @@ nlohmann::json Orchestrator::status_json() const {
 }
 
 Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
-  co_await train_sink_->run(start_step);
+  if (auto st = co_await resend_journal(); !st) on_fatal(std::move(st).error());
+  if (!fatal_) co_await train_sink_->run(start_step);
   dispatcher_->start_draining();
   dispatcher_->cancel_train("drain");
   const bool reached_end = train_sink_->steps_cut() >= opt_.max_steps && !fatal_ && !stop_requested_;
@@ -300,9 +310,6 @@ void Orchestrator::on_step(const StepReport& r) {
   wait_at_last_step_ = wait_s;
   emit("step", std::move(rec));
   if (opt_.console) print_step_line(r, step_s, tok_s);
-  if (opt_.ckpt_interval > 0 && r.step % opt_.ckpt_interval == 0) {
-    if (auto st = save_checkpoint(r.step); !st) ARLO_ERROR("checkpoint at step {}: {}", r.step, st.error().what());
-  }
 }
 
 // Errors and cancellations count since the previous printed line, so a paced console hides none.
@@ -444,8 +451,9 @@ void Orchestrator::emit(const char* kind, nlohmann::json rec) {
   records_.append(std::move(line));
 }
 
-Status Orchestrator::save_checkpoint(std::int64_t step) {
-  if (opt_.run_dir.empty()) return ok();
+// The data position after the cut of `step`: the tasks of batches <= step are out of it, every
+// other task dispatched is pending (re-dispatched first on resume).
+CheckpointState Orchestrator::checkpoint_state(std::int64_t step) const {
   CheckpointState s;
   s.step = step;
   s.version = dispatcher_->version();
@@ -454,6 +462,12 @@ Status Orchestrator::save_checkpoint(std::int64_t step) {
   for (auto& t : dispatcher_->unfinished_train_tasks()) s.pending_tasks.push_back(std::move(t));
   s.rng = dispatcher_->rng_state();
   s.ledger = ledger_.to_json();
+  return s;
+}
+
+Status Orchestrator::save_checkpoint(std::int64_t step) {
+  if (opt_.run_dir.empty()) return ok();
+  const auto s = checkpoint_state(step);
   ARLO_TRY(write_checkpoint(checkpoint_path(opt_.run_dir), s));
   ARLO_DEBUG("checkpoint: step {} ({} pending tasks)", step, s.pending_tasks.size());
   return ok();
@@ -472,8 +486,34 @@ Status Orchestrator::restore(std::int64_t& start_step) {
   dispatcher_->requeue(std::move(state->pending_tasks));
   dispatcher_->on_step_cut(state->step);
   start_step = state->step;
+  // The journaled steps (cut and checkpointed; the trainer may not have them for good): sent again
+  // first, unchanged. The bridge and the trainer drop those the trainer has.
+  ARLO_ASSIGN_OR_RETURN(resend_, read_journal(journal_dir(opt_.run_dir), state->step));
+  if (!resend_.empty())
+    ARLO_INFO("resume: sending the journaled steps {}..{} again before step {}", resend_.front().step,
+              resend_.back().step, state->step + 1);
   ARLO_INFO("resume: continuing after step {} from {}", state->step, checkpoint_path(opt_.run_dir).string());
   return ok();
+}
+
+Awaitable<Status> Orchestrator::resend_journal() {
+  auto batches = std::move(resend_);
+  resend_.clear();
+  for (auto& b : batches) {
+    if (stop_requested_ || fatal_) break;
+    const auto step = b.step;
+    auto op = journal_ ? journal_->resend(std::move(b)) : ports_.trainer->send(std::move(b));
+    Status sent = ok();
+    if (opt_.trainer_timeout > Duration::zero()) {
+      const auto deadline = ports_.clock->now() + opt_.trainer_timeout;
+      sent = co_await with_deadline<void>(io_.get_executor(), *ports_.clock, deadline, std::move(op),
+                                          "the trainer accepting a journaled batch (trainer.accept_timeout_s)");
+    } else {
+      sent = co_await std::move(op);
+    }
+    if (!sent) co_return std::unexpected(Error(sent.error()).with_context(fmt::format("resume: sending the journaled step {}", step)));
+  }
+  co_return ok();
 }
 
 void Orchestrator::finish() {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/metrics.h"
+#include "orchestrator/checkpoint.h"
 #include "orchestrator/dispatcher.h"
 #include "orchestrator/eval_sink.h"
 #include "orchestrator/ledger.h"
@@ -106,8 +107,10 @@ class Orchestrator {
   void emit(const char* kind, nlohmann::json record);
   void print_step_line(const StepReport& r, double step_s, double tok_s);
   void add_status_routes();
+  CheckpointState checkpoint_state(std::int64_t step) const;
   Status save_checkpoint(std::int64_t step);
   Status restore(std::int64_t& start_step);
+  Awaitable<Status> resend_journal();
   void finish();
   void close();  // the status port, then wait() completes
 
@@ -117,6 +120,8 @@ class Orchestrator {
   metrics::Registry* registry_;
   Ledger ledger_;
   std::unique_ptr<RolloutDispatcher> dispatcher_;
+  std::unique_ptr<JournalingTrainer> journal_;  // checkpointing on: every batch is journaled first
+  std::vector<TrainBatch> resend_;             // resume: journaled batches to send again first
   std::unique_ptr<TrainSink> train_sink_;
   std::unique_ptr<EvalSink> eval_sink_;
   std::unique_ptr<WeightWatcher> watcher_;
