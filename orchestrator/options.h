@@ -61,6 +61,7 @@ struct Options {
   bool resume = false;
   int status_port = -1;            // Prometheus /metrics; -1 = off, 0 = any free port
   std::string status_bind = "127.0.0.1";
+  std::string status_token;         // bearer token of the status server except /health (empty: open)
   Duration status_linger{};        // the status port stays open this long after the end
 
   int groups_per_step() const { return batch_size / group_size; }

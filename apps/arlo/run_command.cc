@@ -33,6 +33,7 @@
 #include "common/metrics.h"
 #include "common/io_thread.h"
 #include "common/thread_pool.h"
+#include "common/auth.h"
 #include "orchestrator/adapters/bridge_trainer.h"
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/async.h"
@@ -118,6 +119,9 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
   if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.weights_dir, overwrite, cfg));
+  ARLO_ASSIGN_OR_RETURN(s.plan.token, run_token(cfg, s.run_dir));  // the children inherit it ($ARLO_TOKEN)
+  // The status page stays open on loopback (a local browser sends no token); elsewhere it is locked.
+  if (!auth::is_loopback(s.options.status_bind)) s.options.status_token = s.plan.token;
   return s;
 }
 
@@ -169,6 +173,7 @@ class Run {
     // Keep-alive connections for every request in flight, so none is re-opened per request.
     po.client.max_idle_per_host =
         std::max<std::size_t>(po.client.max_idle_per_host, static_cast<std::size_t>(s_.options.max_inflight));
+    po.client.token = s_.plan.token;  // workers (and vLLM's --api-key) want the run's token
     // Requests to the workers live on their own thread (see IoThread); the loop only orchestrates.
     IoThread network(kNetworkThreadNice);
     rollout::HttpInferencePool pool(network.context(), po);
@@ -188,7 +193,8 @@ class Run {
     RunTasks tasks(s_.parts.stream, s_.parts.tokenize);
     rollout::RewardScorer reward(io_, s_.parts.reward, scorer_options(s_.cfg));
     orch::adapters::RolloutScorer scorer(reward, advantage_options(s_.cfg));
-    const auto bo = bridge_options(s_.cfg, s_.run_dir);
+    auto bo = bridge_options(s_.cfg, s_.run_dir);
+    bo.token = s_.plan.token;
     auto server = bridge::BridgeServer::create(io_, bo);
     if (!server) return fail(server.error().what());
     ThreadPool pack_threads(1);

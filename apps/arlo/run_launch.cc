@@ -1,16 +1,18 @@
 #include "apps/arlo/run_launch.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "apps/arlo/run_children.h"
 #include "apps/arlo/server_support.h"
+#include "common/auth.h"
 #include "common/log.h"
 #include "orchestrator/adapters/collective_session.h"
 #include "weight_sync/transport.h"
@@ -158,17 +160,19 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
       relay_endpoints.push_back(endpoint);
     }
     ws.upstream.push_back(ws.chain && i > 0 ? relay_endpoints[static_cast<std::size_t>(i - 1)] : nlohmann::json());
+    for (const auto& o : d->options)  // a durable transport's directory: the one this worker may load from
+      if (o.path && ws.block.contains(o.key) && ws.block[o.key] != "") own[o.key] = ws.block[o.key];
     append(spec.argv, {"--weight-sync", own.dump()});
     spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
-    plan.workers.emplace_back(spec.name, fmt::format("http://127.0.0.1:{}", port));
-    plan.worker_specs.push_back(std::move(spec));
-  }
-  return plan;
     // A restarted worker starts with no weights (the seeded v0 is stale by then): it serves nothing
     // until the WeightWatcher syncs the current version to it.
     spec.restart_argv = spec.argv;
     const auto seed_flag = std::find(spec.restart_argv.begin(), spec.restart_argv.end(), "--init-seed");
     spec.restart_argv.erase(seed_flag, seed_flag + 2);
+    plan.workers.emplace_back(spec.name, fmt::format("http://127.0.0.1:{}", port));
+    plan.worker_specs.push_back(std::move(spec));
+  }
+  return plan;
 }
 
 // The trainer checkpoints with the orchestrator unless told otherwise: a resume needs both.
@@ -198,6 +202,32 @@ orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_d
   append(spec.argv, model_flags(cfg));
   spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
   return spec;
+}
+
+Result<std::string> run_token(const config::Config& cfg, const std::string& run_dir) {
+  auto token = auth::resolve_token(cfg.string("security.token"), cfg.string("security.token_file"));
+  if (!token) return std::unexpected(Error(token.error()).with_context(cfg.where("security.token_file")));
+  // A generated token reaches only the parts this run starts: with external workers or an external
+  // trainer there is none unless one is configured (they are then reachable on loopback only).
+  const bool all_started_here =
+      cfg.string("inference.launch") == "embedded" && cfg.string("trainer.launch") != "external";
+  if (token->empty() && !all_started_here) return token;
+  if (token->empty()) {
+    ARLO_ASSIGN_OR_RETURN(*token, auth::generate_token());
+    // For whoever reaches a plane by hand (curl on the status server): <run_dir>/token, owner-only.
+    const auto path = std::filesystem::path(run_dir) / "token";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const std::string line = *token + "\n";
+    if (fd < 0 || ::fchmod(fd, 0600) != 0 || ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      if (fd >= 0) ::close(fd);
+      return make_error(ErrorCode::kIo, fmt::format("writing the run's token to {}: {}", path.string(), std::strerror(errno)));
+    }
+    ::close(fd);
+  }
+  // Every child inherits it (never in argv, where ps shows it).
+  if (::setenv(std::string(auth::kTokenEnv).c_str(), token->c_str(), 1) != 0)
+    return make_error(ErrorCode::kInternal, fmt::format("setenv {}: {}", auth::kTokenEnv, std::strerror(errno)));
+  return token;
 }
 
 }  // namespace arlo::cli

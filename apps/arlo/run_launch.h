@@ -49,12 +49,19 @@ struct LaunchPlan {
   std::vector<std::pair<std::string, std::string>> workers;  // (name, base url) in order
   std::vector<orch::ChildSpec> worker_specs;                 // embedded inference only
   WeightSyncPlan weight_sync;
+  std::string token;  // the run's token (run_token())
 };
 
 // Picks free loopback ports for embedded workers (and their relays in a chain) and fills the plan.
 // `run_dir` is absolute. Fails for combinations the transport cannot serve (a chain over one that
 // does not relay, a device transport with arlo-worker).
 Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run_dir);
+
+// The run's token (common/auth.h): security.token, else security.token_file, else $ARLO_TOKEN /
+// $ARLO_TOKEN_FILE, else, when this run starts every part (embedded workers, a trainer it launches),
+// a fresh one written to <run_dir>/token (mode 0600); else "" (no token). Sets $ARLO_TOKEN in
+// this process so every child inherits it (never argv). Call after the run directory is claimed.
+Result<std::string> run_token(const config::Config& cfg, const std::string& run_dir);
 
 // The arlo-trainer child; `bridge_port` is the socket transport's bound port (0 for dir).
 orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
