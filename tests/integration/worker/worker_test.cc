@@ -369,7 +369,7 @@ TEST(WorkerAdmin, FailedUpdateKeepsTheOldVersionServing) {
 }
 
 TEST(WorkerAdmin, ServesNothingBeforeItHoldsAVersion) {
-  Worker w(std::vector<std::string>{});
+  Worker w(std::vector<std::string>{"--allow-weights-from", std::filesystem::temp_directory_path().string()});
   ASSERT_TRUE(w.ok());
   EXPECT_EQ(w.get("/health", 503)["status"], "no_weights");
   EXPECT_EQ(w.post("/v1/completions", {{"prompt", "x"}}, 503)["error"]["type"], "server_error");
