@@ -13,6 +13,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -544,6 +545,43 @@ Result<std::unique_ptr<RewardModule>> load_isolated_reward_plugin(const std::str
 
 // ---- the host side -------------------------------------------------------------------------------
 
+namespace {
+
+// One score request through the plugin, as its reply frame.
+Json answer(RewardModule& plugin, const Json& request) {
+  Json reply;
+  try {
+    Task task;
+    const Json& t = request.at("task");
+    task.id = t.value("id", std::string());
+    task.prompt = t.value("prompt", std::string());
+    task.answer = t.value("answer", std::string());
+    task.info = t.contains("info") ? t["info"] : Json::object();
+    Rollout r;
+    const Json& ro = request.at("rollout");
+    r.task_id = task.id;
+    r.completion_text = ro.value("completion", std::string());
+    r.completion_tokens = ro.value("tokens", std::vector<std::int32_t>{});
+    r.finish_reason = parse_finish_reason(ro.value("finish_reason", std::string("unknown")));
+    r.sample_index = ro.value("sample_index", 0);
+    auto s = plugin.score(task, r);
+    if (s) {
+      Json metrics = Json::object();
+      for (const auto& [k, v] : s->metrics) metrics[k] = number_to_json(v);
+      reply = {{"op", "scored"}, {"reward", number_to_json(s->reward)}, {"metrics", std::move(metrics)}};
+    } else {
+      reply = error_to_json(s.error());
+      reply["op"] = "failed";
+    }
+  } catch (const std::exception& e) {
+    reply = {{"op", "failed"}, {"code", "parse"}, {"message", std::string("reward host: bad request: ") + e.what()}};
+  }
+  reply["id"] = request.value("id", std::uint64_t{0});
+  return reply;
+}
+
+}  // namespace
+
 int serve_reward_host(int fd) {
   auto load = read_frame(fd);
   if (!load || (*load)["op"] != "load") return 2;
@@ -556,56 +594,63 @@ int serve_reward_host(int fd) {
   }
   std::shared_ptr<RewardModule> plugin = std::move(*module);
   if (!write_frame(fd, {{"op", "loaded"}, {"name", plugin->name()}})) return 1;
-  // Shared with the request threads, which are detached: a hung one may outlive this function.
+  // A pool of request threads that grows while every thread is busy (a hung call keeps its thread),
+  // so concurrent requests run concurrently, as plugins expect. The threads are detached: a hung one
+  // may outlive this function, so what they share lives on the heap.
   struct Shared {
-    std::mutex write_mu;
+    std::mutex mu;  // guards queue, idle, threads, stop
+    std::condition_variable cv;
+    std::deque<Json> queue;
+    int idle = 0;
+    int threads = 0;
+    bool stop = false;
     std::atomic<int> in_flight{0};
+    std::mutex write_mu;
   };
   auto shared = std::make_shared<Shared>();
+  auto worker = [fd, shared](std::shared_ptr<RewardModule> module) {
+    std::unique_lock lock(shared->mu);
+    while (true) {
+      ++shared->idle;
+      shared->cv.wait(lock, [&] { return shared->stop || !shared->queue.empty(); });
+      --shared->idle;
+      if (shared->queue.empty()) break;  // stop
+      Json request = std::move(shared->queue.front());
+      shared->queue.pop_front();
+      lock.unlock();
+      Json reply = answer(*module, request);
+      {
+        std::lock_guard write_lock(shared->write_mu);
+        (void)write_frame(fd, reply);
+      }
+      --shared->in_flight;
+      lock.lock();
+    }
+    --shared->threads;
+    module.reset();
+    shared->cv.notify_all();
+  };
   while (true) {
     auto request = read_frame(fd);
     if (!request) break;  // arlo closed the connection (or is gone): stop
     if ((*request)["op"] != "score") continue;
     ++shared->in_flight;
-    std::thread([fd, plugin, shared, request = std::move(*request)]() mutable {
-      Json reply;
-      try {
-        Task task;
-        const Json& t = request.at("task");
-        task.id = t.value("id", std::string());
-        task.prompt = t.value("prompt", std::string());
-        task.answer = t.value("answer", std::string());
-        task.info = t.contains("info") ? t["info"] : Json::object();
-        Rollout r;
-        const Json& ro = request.at("rollout");
-        r.task_id = task.id;
-        r.completion_text = ro.value("completion", std::string());
-        r.completion_tokens = ro.value("tokens", std::vector<std::int32_t>{});
-        r.finish_reason = parse_finish_reason(ro.value("finish_reason", std::string("unknown")));
-        r.sample_index = ro.value("sample_index", 0);
-        auto s = plugin->score(task, r);
-        if (s) {
-          Json metrics = Json::object();
-          for (const auto& [k, v] : s->metrics) metrics[k] = number_to_json(v);
-          reply = {{"op", "scored"}, {"reward", number_to_json(s->reward)}, {"metrics", std::move(metrics)}};
-        } else {
-          reply = error_to_json(s.error());
-          reply["op"] = "failed";
-        }
-      } catch (const std::exception& e) {
-        reply = {{"op", "failed"}, {"code", "parse"}, {"message", std::string("reward host: bad request: ") + e.what()}};
-      }
-      plugin.reset();
-      reply["id"] = request.value("id", std::uint64_t{0});
-      {
-        std::lock_guard lock(shared->write_mu);
-        (void)write_frame(fd, reply);
-      }
-      --shared->in_flight;
-    }).detach();
+    std::lock_guard lock(shared->mu);
+    shared->queue.push_back(std::move(*request));
+    if (shared->idle == 0) {
+      ++shared->threads;
+      std::thread(worker, plugin).detach();
+    }
+    shared->cv.notify_one();
   }
   // Calls still running may hang forever: leave without waiting for them or destroying the plugin.
   if (shared->in_flight.load() != 0) ::_exit(0);
+  {
+    std::unique_lock lock(shared->mu);
+    shared->stop = true;
+    shared->cv.notify_all();
+    if (!shared->cv.wait_for(lock, std::chrono::seconds(2), [&] { return shared->threads == 0; })) ::_exit(0);
+  }
   plugin.reset();  // destroy() runs here: every call has returned
   return 0;
 }

@@ -109,6 +109,15 @@ TEST(RewardHost, ScoresAndReportsErrorsLikeInProcess) {
     EXPECT_EQ(s->reward, 1.0);
     EXPECT_EQ(s->metrics.at("len"), 2.0);
     EXPECT_EQ(m->score(task(), group({"67"})[0])->reward, 0.0);
+    // What the process boundary costs per call (printed, not asserted: the machine is shared).
+    auto in_process = load("ok", PluginOptions{});
+    const auto sample = group({"68"})[0];
+    for (auto* module : {in_process.get(), m.get()}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 1000; ++i) ASSERT_TRUE(module->score(task(), sample));
+      std::printf("%s: %.1f us per call\n", module == m.get() ? "isolate: process" : "isolate: none",
+                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 1000);
+    }
 
     // A plugin's own error comes back with its message; a thrown exception too.
     auto e = load("error")->score(task(), group({"68"})[0]);
