@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -206,14 +207,18 @@ int expect_same_as_reference(const fs::path& run_dir, const Reference& ref, cons
           << "step " << s << " was once trained on another batch: " << l.dump();
     }
   }
-  EXPECT_GE(lines, kSteps);
+  // A trainer killed after its checkpoint of a step but before logging it leaves that one step
+  // without a line (the log is not part of the checkpoint); every other step has one.
+  EXPECT_GE(lines, kSteps - 1);
   // Nothing is left waiting: the journal and the trainer's kept batches are empty at the end.
   for (const auto& dir : {run_dir / "orchestrator" / "batches", run_dir / "checkpoints" / "trainer" / "batches"}) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (!e.path().filename().string().starts_with(".")) ADD_FAILURE() << "left behind: " << e.path();
   }
-  return lines - kSteps;
+  std::set<std::int64_t> steps;
+  for (const auto& l : trained_lines(run_dir)) steps.insert(l.at("step").get<std::int64_t>());
+  return lines - static_cast<int>(steps.size());
 }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
