@@ -37,7 +37,7 @@ struct ChildSpec {
   std::string name;                         // log prefix: "worker-0"
   std::vector<std::string> argv;            // argv[0] is looked up in PATH unless it has a '/'
   std::map<std::string, std::string> env;   // added to the inherited environment
-  std::vector<std::string> restart_argv;    // the argv of a restart; empty: argv again
+  std::vector<std::string> restart_argv{};  // the argv of a restart; empty: argv again
 };
 
 struct ChildExit {
