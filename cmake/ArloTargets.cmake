@@ -38,7 +38,17 @@ function(arlo_test name)
   # gtest_discover_tests' re-quoting, and the launcher also runs test discovery with the same variables.
   set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR
     "/usr/bin/env;ARLO_SOURCE_DIR=${PROJECT_SOURCE_DIR};ARLO_BUILD_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
+  # gtest_discover_tests flattens a list-valued property ("e2e;fault" would become LABELS e2e and a
+  # property named fault), so it gets the first label and a script run after discovery sets them all.
+  list(GET ARG_LABELS 0 first_label)
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+    PROPERTIES LABELS ${first_label} TIMEOUT ${ARG_TIMEOUT})
+  list(LENGTH ARG_LABELS label_count)
+  if(label_count GREATER 1)
+    set(script "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
+    file(WRITE "${script}"
+         "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\")\nendif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${script}")
+  endif()
 endfunction()
