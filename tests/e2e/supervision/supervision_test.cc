@@ -215,8 +215,9 @@ void expect_resynced(const ArloRun& run, std::size_t restarts) {
       << "each restarted worker-1 starts without weights:\n" << tail(out);
 }
 
-TEST(Supervision, AWorkerKilledMidRunIsRestartedAndServesTheFinalVersion) {
-  ArloRun run("worker_once", {});
+// worker-1 killed once, after step 10.
+void kill_a_worker_once(const std::string& name, const std::vector<std::string>& sets, const char* fault) {
+  ArloRun run(name, sets);
   ASSERT_GT(run.pid, 0);
   ASSERT_TRUE(run.wait_for_step(kWarmup + 5)) << tail(run.output());
   const pid_t victim = run.child(kWorker1);
@@ -227,7 +228,19 @@ TEST(Supervision, AWorkerKilledMidRunIsRestartedAndServesTheFinalVersion) {
   EXPECT_NE(run.output().find("worker-1 (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
             std::string::npos)
       << tail(run.output());
-  report_cost("kill -9 of one worker", run, summary);
+  report_cost(fault, run, summary);
+}
+
+// The quickstart's filesystem transport: the restarted worker loads the current version's directory.
+TEST(Supervision, AWorkerKilledMidRunIsRestartedAndServesTheFinalVersion) {
+  kill_a_worker_once("worker_once", {}, "kill -9 of one worker");
+}
+
+// A streaming transport: the restarted worker, holding nothing, gets the whole current version from
+// the trainer's staging publisher (and the trainer talks over the socket bridge).
+TEST(Supervision, AWorkerKilledMidRunOverTcpIsRestartedAndServesTheFinalVersion) {
+  kill_a_worker_once("worker_tcp", {"weight_sync.transport=tcp", "bridge.transport=socket"},
+                     "kill -9 of one worker (tcp weights)");
 }
 
 TEST(Supervision, AWorkerKilledTwiceIsRestartedTwice) {
