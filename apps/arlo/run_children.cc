@@ -56,11 +56,11 @@ Status RunChildren::spawn(const orch::ChildSpec& spec) {
   return {};
 }
 
-Status RunChildren::restart(const std::string& name) {
+Status RunChildren::restart(const std::string& name, bool as_first_started) {
   auto it = specs_.find(name);
   if (it == specs_.end()) return make_error(ErrorCode::kNotFound, fmt::format("no child named {} to restart", name));
   orch::ChildSpec spec = it->second;
-  if (!spec.restart_argv.empty()) spec.argv = spec.restart_argv;
+  if (!as_first_started && !spec.restart_argv.empty()) spec.argv = spec.restart_argv;
   if (stopped_) return make_error(ErrorCode::kCancelled, fmt::format("not restarting {}: the run is stopping", name));
   auto pid = launcher_.spawn(spec);
   if (!pid) return std::unexpected(Error(pid.error()).with_context(fmt::format("restarting {} ({})", name, spec.argv.at(0))));
@@ -78,12 +78,6 @@ std::string RunChildren::describe(const orch::ChildExit& e) const {
   return fmt::format("{}; its last lines:\n{}", e.describe(), tail(e.name));
 }
 
-std::optional<std::string> RunChildren::exited() {
-  auto e = next_exit();
-  if (!e) return std::nullopt;
-  return describe(*e);
-}
-
 orch::Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
                                                   const std::vector<std::pair<std::string, std::string>>& workers,
                                                   std::chrono::steady_clock::time_point deadline) {
@@ -93,7 +87,6 @@ orch::Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
   std::vector<bool> ready(workers.size(), false);
   boost::asio::steady_timer timer(io);
   for (;;) {
-    if (auto e = exited()) co_return make_error(ErrorCode::kUnavailable, fmt::format("a child stopped during start-up: {}", *e));
     bool all = true;
     for (std::size_t i = 0; i < workers.size(); ++i) {
       if (ready[i]) continue;

@@ -2,12 +2,11 @@
 // The child processes of an embedded `arlo run` (arlo-worker x N, arlo-trainer) on top of
 // orchestrator::Launcher: finds the binaries, forwards each child's lines to stdout with a
 // "[name] " prefix while keeping the last lines of each for error messages, waits until the
-// workers answer /health, and turns an unexpected exit into an error that names the child and
-// shows its last lines. The Launcher (and so this class's destructor) stops every child: no orphans.
-// restart() starts a child again from the spec it was spawned with (its restart_argv when set);
-// nothing starts once stop() was called.
+// workers answer /health, reports exits (described with the child's last lines) and restarts a
+// child from the spec it was spawned with; nothing starts once stop() was called. The Launcher
+// (and so this class's destructor) stops every child: no orphans.
 //
-// Thread-safety: spawn/exited/stop from the event loop's thread; the line sink runs on the
+// Thread-safety: spawn/restart/next_exit/stop from the event loop's thread; the line sink runs on the
 // launcher's reader threads and only touches the mutex-protected tails.
 #include <boost/asio/io_context.hpp>
 
@@ -39,16 +38,15 @@ class RunChildren {
   RunChildren& operator=(const RunChildren&) = delete;
 
   Status spawn(const orch::ChildSpec& spec);
-  // Starts `name` again (same name, so its lines and tail continue); fails after stop().
-  Status restart(const std::string& name);
+  // Starts `name` again (same name, so its lines and tail continue) with its spec's restart_argv,
+  // or the argv it was first started with when `as_first_started` or it has none; fails after stop().
+  Status restart(const std::string& name, bool as_first_started = false);
   // An exit since the last call (reaped); nullopt when none.
   std::optional<orch::ChildExit> next_exit();
   // The exit described with the child's last lines.
   std::string describe(const orch::ChildExit& e) const;
-  // next_exit(), described; nullopt when none.
-  std::optional<std::string> exited();
-  // Polls GET <url>/health of every worker until each answers 200; fails when a child exits or at
-  // `deadline` (naming the worker that is not ready and its last lines).
+  // Polls GET <url>/health of every worker until each answers 200; fails at `deadline` (naming the
+  // worker that is not ready and its last lines). Exits are the caller's to watch (next_exit()).
   orch::Awaitable<Status> wait_healthy(boost::asio::io_context& io, const std::vector<std::pair<std::string, std::string>>& workers,
                                        std::chrono::steady_clock::time_point deadline);
   // SIGTERM, grace, SIGKILL; idempotent.

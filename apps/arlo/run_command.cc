@@ -259,6 +259,7 @@ class Run {
   // of this file); then waits for the end and stops everything.
   orch::Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::HttpInferencePool& pool, IoThread& network,
                               bridge::BridgeServer& server, asio::signal_set& signals) {
+    spawn_child_watch(orchestrator);  // from the start: a worker that dies while starting is restarted too
     {  // embedded or external: every worker answers /health before anything is sent to it
       if (!embedded_inference()) ARLO_INFO("arlo run: waiting for {} server(s) to answer /health", s_.plan.workers.size());
       auto st = co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
@@ -280,7 +281,6 @@ class Run {
       orchestrator.request_stop(error_);
     }
     start_or_await_trainer(orchestrator, server);
-    spawn_child_watch(orchestrator);
     auto summary = co_await orchestrator.wait();
     done_ = true;
     if (!summary.ok && error_.empty()) error_ = summary.error;
@@ -373,16 +373,22 @@ class Run {
                         e.describe(), limits.max_restarts,
                         std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(), children_.tail(e.name));
     }
-    if (error_.empty()) error_ = why;
     ARLO_ERROR("arlo run: {}", why);
-    orchestrator.request_stop(why);
+    if (!started_) {
+      finish_early(why);
+    } else {
+      if (error_.empty()) error_ = why;
+      orchestrator.request_stop(why);
+    }
     return false;
   }
 
-  // Starts `name` again after `delay`, with the argv it was started with (a worker's restart_argv:
-  // no weights, so it answers /health 503 and serves nothing until updated). A worker comes back
-  // on its URL; once it answers, the WeightWatcher syncs the current version to it. The trainer
-  // resumes from its own checkpoint and the bridge delivers again every step it did not ack.
+  // Starts `name` again after `delay`. Once the orchestrator started, a worker restarts with its
+  // restart_argv (no weights: it answers /health 503 and serves nothing until updated); before,
+  // as it first started (the seeded v0 every worker holds then, which the start-up waits for).
+  // A worker comes back on its URL; once it answers, the WeightWatcher syncs the current version to
+  // it. The trainer resumes from its own checkpoint and the bridge delivers again every step it did
+  // not ack.
   orch::Awaitable<void> restart(std::string name, orch::Duration delay, orch::Orchestrator& orchestrator) {
     asio::steady_timer timer(io_);
     timer.expires_after(delay);
@@ -390,10 +396,15 @@ class Run {
     if (done_) co_return;
     const auto life = lives_[name];
     const auto t0 = std::chrono::steady_clock::now();
-    if (auto st = children_.restart(name); !st) {
+    if (auto st = children_.restart(name, /*as_first_started=*/!started_); !st) {
       if (done_) co_return;
-      if (error_.empty()) error_ = st.error().what();
-      orchestrator.request_stop(error_);
+      ARLO_ERROR("arlo run: {}", st.error().what());
+      if (!started_) {
+        finish_early(st.error().what());
+      } else {
+        if (error_.empty()) error_ = st.error().what();
+        orchestrator.request_stop(error_);
+      }
       co_return;
     }
     std::string url;
@@ -413,8 +424,12 @@ class Run {
       co_await timer.async_wait(asio::use_awaitable);
     }
     if (done_ || lives_[name] != life) co_return;  // the run ended, or it died again (supervised above)
-    ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", name, url,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!started_) {
+      ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s (before the run started)", name, url, took);
+      co_return;
+    }
+    ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", name, url, took);
     orchestrator.weight_watcher().restarted(url);
   }
 

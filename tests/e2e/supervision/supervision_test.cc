@@ -3,7 +3,7 @@
 // the run wrote (a step record in metrics.jsonl), never by sleeping. Checked from the outside:
 // - a killed worker is restarted on its URL, gets the current version before it serves, and the
 //   run finishes every step with exit 0, the ledger adding up and both workers on the final
-//   version with the trainer's checksum (once and twice);
+//   version with the trainer's checksum (once, over tcp, twice, and during start-up);
 // - a killed trainer is restarted, resumes from its checkpoint, and every step 1..N is trained
 //   exactly once (the orchestrator's step records, the trainer's own metrics and checkpoints);
 // - a worker killed again every time it comes back stops the run after the bound, with the reason.
@@ -241,6 +241,24 @@ TEST(Supervision, AWorkerKilledMidRunIsRestartedAndServesTheFinalVersion) {
 TEST(Supervision, AWorkerKilledMidRunOverTcpIsRestartedAndServesTheFinalVersion) {
   kill_a_worker_once("worker_tcp", {"weight_sync.transport=tcp", "bridge.transport=socket"},
                      "kill -9 of one worker (tcp weights)");
+}
+
+// Killed while the run starts (its first line is out, the workers are not all healthy yet): it is
+// restarted as it first started (the seeded v0 every worker holds then) and the run goes on.
+TEST(Supervision, AWorkerKilledDuringStartUpIsRestarted) {
+  ArloRun run("worker_startup", {});
+  ASSERT_GT(run.pid, 0);
+  ASSERT_TRUE(run.wait_for_text("[worker-1] ", 1)) << tail(run.output());
+  const pid_t victim = run.child(kWorker1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto summary = expect_finished(run);
+  const std::string out = run.output();
+  EXPECT_NE(out.find("worker-1 (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
+            std::string::npos)
+      << tail(out);
+  EXPECT_EQ(count(out, "worker-1 restarted, answering at"), 1u) << tail(out);
+  report_cost("kill -9 of one worker during start-up", run, summary);
 }
 
 TEST(Supervision, AWorkerKilledTwiceIsRestartedTwice) {
