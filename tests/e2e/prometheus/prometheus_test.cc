@@ -143,7 +143,9 @@ class Process {
 // One GET through arlo's HTTP client, no retries (the callers poll).
 arlo::Result<arlo::http::Response> http_get(const std::string& url, std::chrono::seconds timeout = 10s) {
   boost::asio::io_context io;
-  arlo::http::Client client(io, {.retry = {.max_attempts = 1}});
+  arlo::http::ClientOptions options;
+  options.retry.max_attempts = 1;
+  arlo::http::Client client(io, options);
   auto done = boost::asio::co_spawn(io, client.get(url, timeout), boost::asio::use_future);
   io.run();
   return done.get();

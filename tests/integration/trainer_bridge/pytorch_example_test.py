@@ -28,9 +28,10 @@ def fail(msg):
     sys.exit(1)
 
 
-def start_worker():
-    proc = subprocess.Popen([WORKER, "--port", "0", "--threads", "1", "--log-level", "warn"], stdout=subprocess.PIPE,
-                            text=True)
+def start_worker(weights_from):
+    # A worker loads weights only from where it is told it may (--allow-weights-from).
+    proc = subprocess.Popen([WORKER, "--port", "0", "--threads", "1", "--log-level", "warn",
+                             "--allow-weights-from", weights_from], stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("listening on "):
             return proc, "http://" + line.split()[-1].strip()
@@ -123,7 +124,7 @@ def main():
         run_dir = os.path.join(tmp, "dir_run")
         ws_dir = os.path.join(run_dir, "weights")
         os.makedirs(ws_dir)
-        worker, url = start_worker()
+        worker, url = start_worker(tmp)
         # The trainer publishes v0 first; the worker serves it; rollouts come from it.
         samples_path = os.path.join(tmp, "samples.jsonl")
         open(samples_path, "w").close()
