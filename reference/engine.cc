@@ -10,14 +10,6 @@
 
 namespace arlo::reference {
 
-std::string_view to_string(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-  }
-  return "unknown";
-}
 
 std::optional<PauseMode> parse_pause_mode(std::string_view s) {
   if (s == "keep") return PauseMode::kKeep;
