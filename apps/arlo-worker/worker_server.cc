@@ -316,8 +316,10 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
       if (transfer->requested == requested) co_return preparing_response(requested, false);
       co_return api_error(409, fmt::format("a transfer of version {} is in progress", transfer->requested), "conflict_error");
     }
-    if (version && *version == requested && !transfer)
-      co_return preparing_response(requested, true);
+    // Already there, or past it (a durable transport hands out the newest version, so an update
+    // asked for v may have brought v+1): nothing to move; the commit reports what is held.
+    if (version && *version >= requested && !transfer)
+      co_return preparing_response(*version, true);
     auto opts = transfer_options(*body, options.weight_sync);
     if (!opts) co_return api_error(opts.error());
     if (auto why = refused_source((*body)["weight_sync"], *opts, options)) {

@@ -339,6 +339,18 @@ TEST_P(WorkerWeights, UpdateChangesVersionChecksumAndCompletions) {
   auto expect = local_generation(*next, p, "1+2=");
   EXPECT_EQ(fresh["choices"][0]["token_ids"].get<std::vector<int>>(), std::vector<int>(expect.tokens.begin(), expect.tokens.end()));
   EXPECT_NE(fresh["choices"][0]["token_ids"], old_completion["choices"][0]["token_ids"]);
+  // Asked for an older version than it holds (a durable transport handed it the newest one): it
+  // answers at once that it holds v1, and the commit reports v1; nothing waits for a transfer.
+  const auto t0 = std::chrono::steady_clock::now();
+  json block = {{"transport", transport}, {"timeout_ms", 60000}};
+  if (transport == "filesystem") block["dir"] = u.dir.string();
+  if (transport == "shm") block["shm_name"] = u.shm_name;
+  if (transport == "tcp") block["address"] = "127.0.0.1:1";
+  json held = w.post("/weights/prepare", {{"version", 0}, {"weight_sync", block}});
+  EXPECT_EQ(held["preparing"], 1) << held.dump();
+  EXPECT_EQ(held.value("held", false), true) << held.dump();
+  EXPECT_EQ(w.post("/weights/commit", {{"version", 0}})["version"], 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   std::filesystem::remove_all(u.dir);
 }
 
