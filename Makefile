@@ -42,7 +42,7 @@ fuzz:
 	cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-16 -DCMAKE_C_COMPILER=clang-16 \
 	  -DARLO_FUZZ=ON -DARLO_WITH_TORCH=OFF -DARLO_BUILD_BENCH=OFF -DARLO_BUILD_TESTS=ON
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_targets
-	scripts/fuzz build-fuzz $(FUZZ_SECONDS)
+	FUZZ_JOBS=$(JOBS) scripts/fuzz build-fuzz $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD_DIR) build-fuzz
