@@ -94,13 +94,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   for (const auto bytes : arlo::fuzz::connections(input, 3)) {
     const std::string answer = arlo::fuzz::exchange("bridge_frame_fuzz", server.port(), bytes, pump, refused);
-    // Whatever came back is whole frames of the server's: WELCOME, BATCH, HEARTBEAT or ERROR.
+    // Whatever came back is whole frames of the server's: CHALLENGE, WELCOME, BATCH, HEARTBEAT or ERROR.
     std::string_view rest = answer;
     while (rest.size() >= 9) {
       const auto type = static_cast<std::uint8_t>(rest[0]);
       std::uint64_t n = 0;
       for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(rest[1 + i])) << (8 * i);
-      check(type == 2 || type == 3 || type == 6 || type == 7, "the server sends its own frame types");
+      check(type == 2 || type == 3 || type == 6 || type == 7 || type == 8, "the server sends its own frame types");
       if (rest.size() - 9 < n) break;  // cut by the close
       if (type == 3) check(BatchView::from_bytes(std::string(rest.substr(9, n))).has_value(), "a resent batch reads");
       rest.remove_prefix(9 + n);
