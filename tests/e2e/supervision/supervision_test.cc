@@ -353,4 +353,58 @@ TEST(Supervision, AWorkerThatKeepsDyingStopsTheRunAfterTheBound) {
   std::printf("a worker killed at every start: the run stopped %.1f s after the first kill (%d kills)\n", seconds, kills);
 }
 
+// One of two workers stopped (SIGSTOP) right after it became healthy, for the whole run: the run
+// still finishes over tcp, the other worker took every version the orchestrator moved, and the
+// stopped one holds nobody (it failed one update, was left out of the next ones and of dispatch;
+// the requests it held moved to the other worker once its circuit opened).
+// The trainer-side cost of the stopped worker is measured by `arlo bench stopped-worker`.
+TEST(Supervision, AStoppedWorkerHoldsNobody) {
+  const char* src = std::getenv("ARLO_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  const fs::path run_dir = scratch("stopped");
+  fs::remove_all(run_dir);
+  const fs::path log = run_dir.string() + ".log";
+  std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml"};
+  const std::vector<std::string> sets = {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0",
+                                         "run.max_steps=20", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
+                                         "weight_sync.transport=tcp", "inference.admin_timeout_s=2"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  const pid_t arlo = arlo::e2e::spawn_logged(args, log);
+  ASSERT_GT(arlo, 0);
+  ASSERT_TRUE(arlo::e2e::wait_for_text(log, "worker(s) healthy", arlo, std::chrono::seconds(120))) << read_text(log);
+  const pid_t stopped = arlo::e2e::child_with_arg(arlo, "\"peer_name\":\"worker-1\"");
+  ASSERT_GT(stopped, 0) << "no worker-1 among arlo's children";
+  ASSERT_EQ(::kill(stopped, SIGSTOP), 0);
+  int status = 0;
+  ::waitpid(arlo, &status, 0);
+  ::kill(stopped, SIGCONT);  // arlo stopped it with SIGTERM; let it see that
+  const std::string output = read_text(log);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output.substr(output.size() > 6000 ? output.size() - 6000 : 0);
+  const auto summary = nlohmann::json::parse(read_text(run_dir / "summary.json"));
+  EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
+  // The live worker ends on the last version with the trainer's checksum; the stopped one answers nothing.
+  const auto& trainer = summary.at("trainer");
+  EXPECT_EQ(trainer.at("version").get<std::int64_t>(), 20);
+  int live = 0;
+  for (const auto& [name, w] : summary.at("workers").items()) {
+    if (w.contains("error")) continue;
+    ++live;
+    EXPECT_EQ(w.at("version").get<std::int64_t>(), 20) << name;
+    EXPECT_EQ(w.at("checksum"), trainer.at("checksum")) << name;
+  }
+  EXPECT_EQ(live, 1) << summary.at("workers").dump(2);
+  // Every version the orchestrator moved reached the live worker.
+  int syncs = 0;
+  for (const auto& r : read_jsonl(run_dir / "metrics.jsonl")) {
+    if (r.value("kind", "") != "weight_sync" || !r.value("applied", false)) continue;
+    ++syncs;
+    int ok_workers = 0;
+    for (const auto& w : r.at("workers")) ok_workers += w.value("ok", false);
+    EXPECT_EQ(ok_workers, 1) << r.dump();
+  }
+  EXPECT_GE(syncs, 2);
+  if (!HasFailure()) fs::remove(log);
+  fs::remove_all(run_dir);
+}
+
 }  // namespace
