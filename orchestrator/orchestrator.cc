@@ -228,17 +228,26 @@ Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
 }
 
 Awaitable<void> Orchestrator::read_worker_weights() {
+  // A worker that does not hold the synced version yet may be between a restart (its supervisor
+  // brought it back just now) and the resync the WeightWatcher gives it: it is read again, for a
+  // bounded while, until it holds what was synced.
+  const auto until = ports_.clock->now() + std::min<Duration>(opt_.final_sync_timeout, std::chrono::seconds(20));
   for (const auto& worker : ports_.inference->workers()) {
-    if (watcher_->left_out().count(worker)) {  // it answers no probe: do not wait for it again
-      summary_.workers[worker] = {{"error", "left out of weight updates: it stopped answering"}};
-      continue;
+    nlohmann::json read;
+    for (;;) {
+      if (watcher_->left_out().count(worker)) {  // it answers no probe: do not wait for it again
+        read = {{"error", "left out of weight updates: it stopped answering"}};
+        break;
+      }
+      const auto deadline = ports_.clock->now() + opt_.admin_timeout;
+      auto query = ports_.inference->weights(worker, deadline);
+      auto w = co_await with_deadline<WorkerWeights>(io_.get_executor(), *ports_.clock, deadline, std::move(query),
+                                                     "reading a worker's weights");
+      read = w ? nlohmann::json{{"version", w->version}, {"checksum", w->checksum}} : nlohmann::json{{"error", w.error().what()}};
+      if ((w && w->version >= watcher_->synced()) || ports_.clock->now() >= until) break;
+      co_await sleep_until(io_.get_executor(), *ports_.clock, ports_.clock->now() + std::chrono::milliseconds(200));
     }
-    const auto deadline = ports_.clock->now() + opt_.admin_timeout;
-    auto query = ports_.inference->weights(worker, deadline);
-    auto w = co_await with_deadline<WorkerWeights>(io_.get_executor(), *ports_.clock, deadline, std::move(query),
-                                                   "reading a worker's weights");
-    summary_.workers[worker] = w ? nlohmann::json{{"version", w->version}, {"checksum", w->checksum}}
-                                 : nlohmann::json{{"error", w.error().what()}};
+    summary_.workers[worker] = std::move(read);
   }
 }
 

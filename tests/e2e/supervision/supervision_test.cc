@@ -231,6 +231,19 @@ void kill_a_worker_once(const std::string& name, const std::vector<std::string>&
   report_cost(fault, run, summary);
 }
 
+// "At any moment" includes the end: worker-1 killed once the last step was trained, while the
+// orchestrator syncs the final version and reads what every worker serves. The restarted worker is
+// resynced and read again, so the summary shows it on the final version too.
+TEST(Supervision, AWorkerKilledAtTheEndStillEndsOnTheFinalVersion) {
+  ArloRun run("worker_end", {});
+  ASSERT_GT(run.pid, 0);
+  ASSERT_TRUE(run.wait_for_step(kSteps)) << tail(run.output());
+  const pid_t victim = run.child(kWorker1);
+  ASSERT_GT(victim, 0) << "no worker-1 among arlo's children";
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  expect_finished(run);
+}
+
 // The quickstart's filesystem transport: the restarted worker loads the current version's directory.
 TEST(Supervision, AWorkerKilledMidRunIsRestartedAndServesTheFinalVersion) {
   kill_a_worker_once("worker_once", {}, "kill -9 of one worker");
