@@ -338,7 +338,10 @@ class RewardHost {
     std::string fd_arg = "3";
     std::vector<char*> argv = {program_.data(), const_cast<char*>("--fd"), fd_arg.data(), nullptr};
     pid_t pid = -1;
-    const int rc = ::posix_spawn(&pid, program_.c_str(), &actions, &attr, argv.data(), environ);
+    // posix_spawn reports a missing program through its result only where exec runs in the spawning
+    // call (not under every runtime, e.g. valgrind): check first, so the error is always this one.
+    const int rc = ::access(program_.c_str(), X_OK) != 0 ? errno
+                                                         : ::posix_spawn(&pid, program_.c_str(), &actions, &attr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
     ::close(sv[1]);
