@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 #include "weight_sync/xxh.h"
@@ -137,23 +138,40 @@ nlohmann::json Manifest::to_json() const {
   return j;
 }
 
+namespace {
+
+// nlohmann converts a floating-point number to an integer with a plain cast, undefined when it is
+// out of range (a manifest may say 1e300): integer fields accept integers only.
+std::uint64_t unsigned_of(const nlohmann::json& v, const char* what) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<std::int64_t>() < 0))
+    throw std::invalid_argument(std::string(what) + " must be a non-negative integer, not " + v.dump().substr(0, 40));
+  return v.get<std::uint64_t>();
+}
+std::int64_t signed_of(const nlohmann::json& v, const char* what) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > std::numeric_limits<std::int64_t>::max()))
+    throw std::invalid_argument(std::string(what) + " must be an integer, not " + v.dump().substr(0, 40));
+  return v.get<std::int64_t>();
+}
+
+}  // namespace
+
 Result<Manifest> Manifest::from_json(const nlohmann::json& j) {
   try {
     if (j.value("format", "") != "arlo-weight-sync/1")
       return make_error(ErrorCode::kMismatch, "manifest: unknown format '" + j.value("format", "") + "'");
     Manifest m;
-    m.version = j.at("version").get<Version>();
-    if (j.contains("base_version")) m.base_version = j.at("base_version").get<Version>();
+    m.version = unsigned_of(j.at("version"), "version");
+    if (j.contains("base_version")) m.base_version = unsigned_of(j.at("base_version"), "base_version");
     ARLO_ASSIGN_OR_RETURN(m.payload.kind, parse_payload(j.at("payload").get<std::string>()));
     m.payload.zstd = j.at("zstd").get<bool>();
     m.payload.delta_dense_threshold = j.value("delta_dense_threshold", 0.25);
-    m.bucket_bytes = j.at("bucket_bytes").get<std::uint64_t>();
-    m.total_bytes = j.at("total_bytes").get<std::uint64_t>();
+    m.bucket_bytes = unsigned_of(j.at("bucket_bytes"), "bucket_bytes");
+    m.total_bytes = unsigned_of(j.at("total_bytes"), "total_bytes");
     for (const auto& t : j.at("tensors")) {
       TensorSpec s;
       s.name = t.at("name").get<std::string>();
       ARLO_ASSIGN_OR_RETURN(s.dtype, safetensors::parse_dtype(t.at("dtype").get<std::string>()));
-      s.shape = t.at("shape").get<std::vector<std::int64_t>>();
+      for (const auto& d : t.at("shape")) s.shape.push_back(signed_of(d, "a shape dimension"));
       // A receiver sizes buffers from these: a negative dimension or a size past 64 bits is refused.
       unsigned __int128 bytes = safetensors::dtype_size(s.dtype);
       for (auto d : s.shape) {
@@ -172,7 +190,10 @@ Result<Manifest> Manifest::from_json(const nlohmann::json& j) {
     for (const auto& b : j.at("buckets")) {
       Bucket bucket;
       for (const auto& it : b) {
-        BucketItem item{it.at(0).get<std::uint32_t>(), it.at(1).get<std::uint64_t>(), it.at(2).get<std::uint64_t>()};
+        const auto tensor = unsigned_of(it.at(0), "a bucket item's tensor");
+        if (tensor > std::numeric_limits<std::uint32_t>::max()) return make_error(ErrorCode::kParse, "manifest: bucket item out of range");
+        BucketItem item{static_cast<std::uint32_t>(tensor), unsigned_of(it.at(1), "a bucket item's offset"),
+                        unsigned_of(it.at(2), "a bucket item's count")};
         if (item.tensor >= m.tensors.size() || item.elem_offset + item.elem_count > m.tensors[item.tensor].numel() ||
             item.elem_offset + item.elem_count < item.elem_offset)
           return make_error(ErrorCode::kParse, "manifest: bucket item out of range");
@@ -182,10 +203,11 @@ Result<Manifest> Manifest::from_json(const nlohmann::json& j) {
       if (bucket.raw_bytes > m.bucket_bytes) return make_error(ErrorCode::kParse, "manifest: bucket over bucket_bytes");
       m.buckets.push_back(std::move(bucket));
     }
-    m.checksums = j.value("checksums", std::vector<std::uint64_t>{});
+    if (j.contains("checksums"))
+      for (const auto& c : j.at("checksums")) m.checksums.push_back(unsigned_of(c, "a checksum"));
     if (!m.checksums.empty() && m.checksums.size() != m.buckets.size())
       return make_error(ErrorCode::kParse, "manifest: checksum count differs from bucket count");
-    if (j.contains("fingerprint") && j.at("fingerprint").get<std::uint64_t>() != m.fingerprint())
+    if (j.contains("fingerprint") && unsigned_of(j.at("fingerprint"), "fingerprint") != m.fingerprint())
       return make_error(ErrorCode::kMismatch, "manifest: fingerprint does not match its contents");
     return m;
   } catch (const std::exception& e) {

@@ -37,6 +37,25 @@ TEST(WeightSyncFuzzRegression, ManifestOversizedShapeIsRefused) {
   EXPECT_NE(m.error().what().find("oversized"), std::string::npos) << m.error().what();
 }
 
+// Regression (manifest_fuzz, make fuzz): an integer field written as a huge floating-point number
+// (bucket_bytes 1.05e106) was cast to an integer, which is undefined behaviour; every integer field
+// must now be an integer.
+TEST(WeightSyncFuzzRegression, ManifestIntegerFieldsRefuseFloatingPointNumbers) {
+  for (const char* key : {"version", "bucket_bytes", "total_bytes"}) {
+    auto j = manifest_with_shape({2, 4}, 32);
+    j[key] = 1.0485779e106;
+    auto m = Manifest::from_json(j);
+    ASSERT_FALSE(m.has_value()) << key;
+    EXPECT_NE(m.error().what().find(key), std::string::npos) << m.error().what();
+    EXPECT_NE(m.error().what().find("non-negative integer"), std::string::npos) << m.error().what();
+  }
+  auto shape = manifest_with_shape(json::array({2.5e300, 4}), 32);
+  EXPECT_FALSE(Manifest::from_json(shape).has_value());
+  auto checksums = manifest_with_shape({2, 4}, 32);
+  checksums["checksums"] = json::array({-1});
+  EXPECT_FALSE(Manifest::from_json(checksums).has_value());
+}
+
 // Regression (tcp_frame_fuzz): HELLO fields of the wrong type threw json::type_error out of the
 // publisher's gather and resume threads (a resume thread that throws ends the process).
 TEST(WeightSyncFuzzRegression, TcpHelloWithWrongTypesIsRefused) {
