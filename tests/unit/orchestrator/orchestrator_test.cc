@@ -87,6 +87,7 @@ struct Harness {
     return pred();
   }
   std::size_t open() const { return inf.open().size(); }
+  long count(const std::string& logged) const { return std::count(inf.log.begin(), inf.log.end(), logged); }
   void expect_ledger_adds_up() {
     const auto& l = orch->ledger();
     auto st = l.check();
@@ -414,6 +415,45 @@ TEST(WeightUpdate, AVersionNoWorkerTakesStopsTheRun) {
   const auto& s = h.orch->summary();
   EXPECT_FALSE(s.ok);
   EXPECT_NE(s.error.find("no worker took v1"), std::string::npos) << s.error;
+}
+
+// arlo run restarted a worker (its supervisor): it is synced the current version at once, whether
+// or not it was left out, and a left-out one's probe ends.
+TEST(WeightWatcherRestart, AWorkerThatWasNotLeftOutIsSyncedTheCurrentVersionAgain) {
+  Harness r;
+  r.start();
+  r.trainer.publish(1);
+  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  ASSERT_EQ(r.count("update(v1) w1"), 1);
+  ASSERT_TRUE(r.orch->weight_watcher().left_out().empty());
+  r.orch->weight_watcher().restarted("w1");
+  r.settle();  // no time passes: the resync starts at once
+  EXPECT_EQ(r.count("update(v1) w1"), 2);
+  EXPECT_EQ(r.count("pause(keep) w1"), 2);
+  EXPECT_EQ(r.count("resume w1"), 2);
+  EXPECT_EQ(r.orch->weight_watcher().synced(), 1);
+  EXPECT_FALSE(r.orch->weight_watcher().syncing());
+}
+
+TEST(WeightWatcherRestart, ALeftOutWorkerRejoinsAtOnceAndItsProbeEnds) {
+  Harness r;
+  r.start();
+  r.inf.hang_pause = {"w1"};  // dead: it answers nothing
+  r.trainer.publish(1);
+  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  ASSERT_EQ(r.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+  // Restarted: it answers again and arlo run says so before any probe came.
+  r.inf.hang_pause.clear();
+  const auto probes = r.count("weights w1");
+  r.orch->weight_watcher().restarted("w1");
+  r.settle();
+  EXPECT_TRUE(r.orch->weight_watcher().left_out().empty());
+  EXPECT_EQ(r.count("update(v1) w1"), 1) << "synced without waiting for a probe";
+  EXPECT_EQ(r.count("weights w1"), probes);
+  // Its probe ends instead of probing a worker that is back.
+  r.run_until([] { return false; }, 50);
+  EXPECT_EQ(r.count("weights w1"), probes);
+  EXPECT_EQ(r.count("update(v1) w1"), 1);
 }
 
 TEST(Drain, StopsAtMaxStepsWithFinalEval) {

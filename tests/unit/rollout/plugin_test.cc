@@ -30,26 +30,8 @@ Fn hook(const char* name) {
   return fn;
 }
 
-Task task() {
-  Task t;
-  t.id = "t-7";
-  t.prompt = "23+45=";
-  t.answer = "68";
-  return t;
-}
-
-std::vector<Rollout> group(std::initializer_list<const char*> texts) {
-  std::vector<Rollout> out;
-  int i = 0;
-  for (const char* t : texts) {
-    Rollout r;
-    r.task_id = "t-7";
-    r.sample_index = i++;
-    r.completion_text = t;
-    out.push_back(r);
-  }
-  return out;
-}
+using test::group;
+using test::task;
 
 std::shared_ptr<RewardModule> load(const std::string& mode) {
   auto m = make_reward_module({{"type", "plugin"}, {"path", ARLO_TEST_PLUGIN_PATH}, {"config", mode}});

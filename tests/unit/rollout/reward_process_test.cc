@@ -21,26 +21,8 @@ namespace {
 using test::run;
 using namespace std::chrono_literals;
 
-Task task() {
-  Task t;
-  t.id = "t-7";
-  t.prompt = "23+45=";
-  t.answer = "68";
-  return t;
-}
-
-std::vector<Rollout> group(std::initializer_list<const char*> texts) {
-  std::vector<Rollout> out;
-  int i = 0;
-  for (const char* t : texts) {
-    Rollout r;
-    r.task_id = "t-7";
-    r.sample_index = i++;
-    r.completion_text = t;
-    out.push_back(r);
-  }
-  return out;
-}
+using test::group;
+using test::task;
 
 PluginOptions isolated(Duration timeout = 20s, int max_restarts = 5) {
   PluginOptions o;

@@ -52,6 +52,29 @@ inline void run(asio::io_context& io, asio::awaitable<void> body, std::chrono::s
 }
 
 // Drains remaining handlers (server shutdowns, abandoned timers) without blocking forever.
+// The arithmetic task the reward-plugin tests score ("23+45=", answer "68") and a group of
+// completions of it, one per text.
+inline Task task() {
+  Task t;
+  t.id = "t-7";
+  t.prompt = "23+45=";
+  t.answer = "68";
+  return t;
+}
+
+inline std::vector<Rollout> group(std::initializer_list<const char*> texts) {
+  std::vector<Rollout> out;
+  int i = 0;
+  for (const char* t : texts) {
+    Rollout r;
+    r.task_id = "t-7";
+    r.sample_index = i++;
+    r.completion_text = t;
+    out.push_back(r);
+  }
+  return out;
+}
+
 inline void drain(asio::io_context& io) {
   io.restart();
   for (int i = 0; i < 200 && io.poll() > 0; ++i) {
