@@ -152,6 +152,55 @@ TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
   }
 }
 
+// A sender process that flips one byte of bucket 1 on the wire (the test seam corrupts it after the
+// checksum): the receiver detects it and never applies wrong weights. A transport that resends
+// (tcp) ends with the exact version; one that does not (shm) fails the receive naming the bucket's
+// checksum and applies nothing.
+TEST_P(WeightSyncKillTest, ACorruptedByteNeverYieldsWrongWeights) {
+  const std::string channel = shm_channel("kc");
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t sender = ::fork();
+  if (sender == 0) {
+    Faults corrupt;
+    corrupt.corrupt_bucket = 1;
+    ScopedFaults f(Side::kPublisher, corrupt);
+    auto pub = Publisher::create(base_options(GetParam(), channel));
+    if (!pub) ::_exit(20);
+    const std::string ep = (*pub)->endpoint().dump() + "\n";
+    if (::write(fds[1], ep.data(), ep.size()) < 0) ::_exit(21);
+    HostWeights w(odd_specs());
+    fill(w, 77);
+    auto r = (*pub)->publish(3, w, deadline_in(30s));
+    ::_exit(r && r->all_ok() ? 0 : 22);
+  }
+  std::string ep;
+  char c;
+  while (::read(fds[0], &c, 1) == 1 && c != '\n') ep += c;
+  ::close(fds[0]);
+  ::close(fds[1]);
+  Options so = testing::reaching(base_options(GetParam(), channel), nlohmann::json::parse(ep));
+  so.peer_name = "worker";
+  auto sub = Subscriber::create(so).value();
+  HostWeights sink(odd_specs());
+  auto r = sub->receive(sink, deadline_in(30s));
+  int status = 0;
+  ::waitpid(sender, &status, 0);
+  if (r) {
+    EXPECT_EQ(r->version, 3u);
+    EXPECT_GE(r->retried_buckets, 1u);
+    HostWeights expect(odd_specs());
+    fill(expect, 77);
+    EXPECT_TRUE(same_bytes(sink, expect));
+  } else {
+    const std::string why = r.error().what();
+    EXPECT_TRUE(why.find("checksum") != std::string::npos && why.find("bucket") != std::string::npos) << why;
+    EXPECT_FALSE(sink.committed().has_value()) << why;
+    EXPECT_FALSE(sub->version().has_value()) << why;
+  }
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+}
+
 // Every registered streaming transport (a durable one has no transfer to cut: its receivers read
 // finished files; a collective one is tested in tests/unit/nccl_transport).
 std::vector<std::string> streaming_transports() {
