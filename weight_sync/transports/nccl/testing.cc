@@ -260,55 +260,37 @@ Result<bool> FakeBackend::comm_poll(CommHandle comm) {
 Status FakeBackend::broadcast(CommHandle comm, const void* send, void* recv, std::size_t count, int dtype, int root,
                               StreamHandle stream) {
   std::lock_guard lock(mutex_);
-  CommState* c = comm_locked(comm, "ncclBroadcast");
-  auto* s = static_cast<Stream*>(stream);
-  if (!c) return make_error(ErrorCode::kInternal, "fake nccl: broadcast on a dead communicator");
-  if (!streams_.contains(s)) {
-    note_misuse_locked("ncclBroadcast on an unknown stream");
-    return make_error(ErrorCode::kInternal, "fake nccl: unknown stream");
-  }
-  if (c->init_pending) note_misuse_locked("ncclBroadcast before init finished");
-  if (dtype_bytes(dtype) == 0) note_misuse_locked("ncclBroadcast with datatype " + std::to_string(dtype));
   Call call;
   call.kind = Call::Kind::kBroadcast;
-  call.count = count;
-  call.dtype = dtype;
   call.root = root;
-  call.in_place = send == recv;
-  Op op;
-  op.collective = true;
-  op.broadcast = true;
-  op.index = collectives_issued_++;
-  op.call = calls_.size();
-  op.comm = c;
-  op.send = static_cast<const std::byte*>(send);
-  op.recv = static_cast<std::byte*>(recv);
-  op.bytes = count * dtype_bytes(dtype);
-  calls_.push_back(std::move(call));
-  s->queue.push_back(std::move(op));
-  ++s->enqueued;
-  progress_locked();
-  return ok();
+  return enqueue_collective_locked("ncclBroadcast", std::move(call), comm, send, recv, count, dtype, stream);
 }
 
 Status FakeBackend::all_reduce_sum(CommHandle comm, const void* send, void* recv, std::size_t count, int dtype,
                                    StreamHandle stream) {
   std::lock_guard lock(mutex_);
-  CommState* c = comm_locked(comm, "ncclAllReduce");
-  auto* s = static_cast<Stream*>(stream);
-  if (!c) return make_error(ErrorCode::kInternal, "fake nccl: all-reduce on a dead communicator");
-  if (!streams_.contains(s)) {
-    note_misuse_locked("ncclAllReduce on an unknown stream");
-    return make_error(ErrorCode::kInternal, "fake nccl: unknown stream");
-  }
-  if (c->init_pending) note_misuse_locked("ncclAllReduce before init finished");
   Call call;
   call.kind = Call::Kind::kAllReduce;
+  return enqueue_collective_locked("ncclAllReduce", std::move(call), comm, send, recv, count, dtype, stream);
+}
+
+Status FakeBackend::enqueue_collective_locked(const char* name, Call call, CommHandle comm, const void* send, void* recv,
+                                              std::size_t count, int dtype, StreamHandle stream) {
+  CommState* c = comm_locked(comm, name);
+  auto* s = static_cast<Stream*>(stream);
+  if (!c) return make_error(ErrorCode::kInternal, std::string("fake nccl: ") + name + " on a dead communicator");
+  if (!streams_.contains(s)) {
+    note_misuse_locked(std::string(name) + " on an unknown stream");
+    return make_error(ErrorCode::kInternal, "fake nccl: unknown stream");
+  }
+  if (c->init_pending) note_misuse_locked(std::string(name) + " before init finished");
+  if (dtype_bytes(dtype) == 0) note_misuse_locked(std::string(name) + " with datatype " + std::to_string(dtype));
   call.count = count;
   call.dtype = dtype;
   call.in_place = send == recv;
   Op op;
   op.collective = true;
+  op.broadcast = call.kind == Call::Kind::kBroadcast;
   op.index = collectives_issued_++;
   op.call = calls_.size();
   op.comm = c;

@@ -106,6 +106,8 @@ class FakeBackend final : public Backend {
   struct Stream;
   struct CommState;
   void progress_locked();  // runs every op that may run
+  Status enqueue_collective_locked(const char* name, Call call, CommHandle comm, const void* send, void* recv,
+                                   std::size_t count, int dtype, StreamHandle stream);
   void note_misuse_locked(std::string what);
   void record_locked(Call::Kind kind);
   bool owns_locked(const void* ptr, std::size_t bytes) const;
