@@ -23,9 +23,9 @@ configure: bootstrap $(BUILD_DIR)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-# Unit, integration and end-to-end tests (GPU tests carry the label gpu and are run separately).
+# Unit, integration, end-to-end and simulated-cluster tests (GPU tests carry the label gpu and are run separately).
 test: build
-	ctest --test-dir $(BUILD_DIR) -L 'unit|integration|e2e' --output-on-failure -j$(JOBS) --timeout 600
+	ctest --test-dir $(BUILD_DIR) -L 'unit|integration|e2e|cluster' --output-on-failure -j$(JOBS) --timeout 600
 
 # The main job on the built-in default: two workers, the built-in trainer, the arithmetic task.
 # Each `make run` starts over in the config's run.dir (runs/quickstart).
