@@ -234,9 +234,13 @@ class Checker:
             self.error(doc, "metadata.name", f"a {doc.kind} name is a DNS label (no '.', at most 63): '{name}'")
         self.check_labels(doc, "metadata.labels", meta.get("labels"))
         for tpath, tmpl in pod_templates(doc):
-            self.check_labels(doc, f"{tpath}.metadata.labels", (tmpl.get("metadata") or {}).get("labels"))
+            if tpath:  # a Pod's own labels are its metadata's, checked above
+                self.check_labels(doc, f"{tpath}.metadata.labels", (tmpl.get("metadata") or {}).get("labels"))
             spec = tmpl.get("spec") or {}
-            for cpath, c in containers(spec, f"{tpath}.spec"):
+            if doc.kind == "Job" and spec.get("restartPolicy") not in ("OnFailure", "Never"):
+                self.error(doc, f"{tpath}.spec.restartPolicy",
+                           f"a Job's pods need restartPolicy OnFailure or Never (found {spec.get('restartPolicy', 'none: Always')})")
+            for cpath, c in containers(spec, join(tpath, "spec")):
                 cname = c.get("name")
                 if isinstance(cname, str) and not DNS1123_LABEL.match(cname):
                     self.error(doc, f"{cpath}.name", f"'{cname}' is not a DNS label")
@@ -260,6 +264,10 @@ class Checker:
                 self.error(doc, f"{path}.{k}", f"'{k}' is not a valid label key")
             if isinstance(v, str) and (len(v) > 63 or not LABEL_NAME.match(v)):
                 self.error(doc, f"{path}.{k}", f"'{v}' is not a valid label value (at most 63 of A-Z, a-z, 0-9, '-', '_', '.')")
+
+
+def join(path, field):
+    return f"{path}.{field}" if path else field
 
 
 def type_name(v):
@@ -331,7 +339,7 @@ def cross_check(chk, docs, objects):
             if labels.get(k) != v:
                 chk.error(d, f"spec.selector.matchLabels.{k}",
                           f"{k}={v} does not match the pod template's labels ({fmt_labels(labels)})")
-        check_pod_refs(chk, d, spec, f"{tpath}.spec" if tpath else "spec", objects)
+        check_pod_refs(chk, d, spec, join(tpath, "spec"), objects)
 
     for d in docs:
         if d.kind != "Service":
