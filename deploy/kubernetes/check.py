@@ -15,7 +15,7 @@ Python client (Debian: python3-kubernetes; the models of its API version, 1.22 f
 - $(NAME) in command, args and env values names an env variable of the container (Kubernetes
   expands those and leaves the rest as written; a shell's $( ... ) is written $$( ... ));
 - names are DNS-1123 where the API wants them, label keys and values are valid, container port
-  names are at most 15 characters.
+  names are at most 15 characters, a Job's pods restart OnFailure or Never.
 
 Then across the documents (one namespace; a kustomization.yaml's generators count as objects):
 
@@ -31,8 +31,8 @@ Then across the documents (one namespace; a kustomization.yaml's generators coun
   exist (a secretGenerator's files are made by whoever applies, so they are not in the repository).
 
 Every error names the file, the document (1-based, with kind/name) and the field path. Exit status:
-0 when everything checks, 1 when something does not (each problem on its own line), 2 when the
-input cannot be read at all.
+0 when everything checks, 1 when something does not (each problem on its own line, a file that is
+not YAML included), 2 when a path does not exist or holds no YAML file.
 """
 import os
 import re
