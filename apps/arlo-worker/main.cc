@@ -25,6 +25,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 
@@ -168,6 +169,12 @@ int main(int argc, char** argv) {
   auto token = arlo::auth::resolve_token("", f.token_file);
   if (!token) {
     std::cerr << "arlo-worker: " << token.error().what() << "\n";
+    return 2;
+  }
+  // The weight receiver and a chain relay take the token from the environment (auth::process_token):
+  // one read from --token-file goes there too, or a tcp publisher would refuse this worker.
+  if (!token->empty() && ::setenv(std::string(arlo::auth::kTokenEnv).c_str(), token->c_str(), 1) != 0) {
+    std::cerr << "arlo-worker: setenv " << arlo::auth::kTokenEnv << " failed\n";
     return 2;
   }
 
