@@ -104,7 +104,7 @@ def main(argv):
     if len(argv) != 5:
         print(__doc__)
         return 2
-    source, bin_dirs = argv[1], argv[2:5]
+    source, bin_dirs = argv[1], [os.path.abspath(d) for d in argv[2:5]]
     if os.geteuid() != 0:
         skip("needs root (network namespaces, mounts)")
     for tool in ("ip", "unshare", "mount"):
