@@ -42,6 +42,7 @@ Result<Options> options_from_config(const config::Config& cfg) {
   // A whole version move must fit in weight_sync.timeout_s; an update call carries it.
   o.admin_timeout = std::max(o.admin_timeout, seconds(cfg.number("weight_sync.timeout_s")));
   o.final_sync_timeout = seconds(cfg.number("weight_sync.timeout_s")) * 2;
+  o.pause_all_first = cfg.string("weight_sync.topology") == "chain";  // who relays is known before any pulls
 
   const auto interval = cfg.integer("eval.interval");
   o.eval_interval = static_cast<int>(interval);

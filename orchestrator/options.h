@@ -38,6 +38,10 @@ struct Options {
   int admin_attempts = 3;
   int version_attempts = 3;  // updates of one version a worker may fail before it is out of date for it
   Duration admin_backoff = std::chrono::milliseconds(500);  // doubled per attempt
+  // Every worker pauses before any update of a round starts (weight_sync.topology chain: a relay
+  // that does not answer is out of the round before anyone pulls from it); else each worker pauses,
+  // updates and resumes on its own.
+  bool pause_all_first = false;
   Duration drain_timeout = std::chrono::minutes(5);          // wait mode: in-flight drain bound
   Duration final_sync_timeout = std::chrono::minutes(5);     // at the end: wait for v max_steps
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "common/log.h"
 
 namespace arlo::orch {
@@ -35,6 +37,7 @@ void WeightWatcher::restarted(const std::string& worker) {
   left_out_.erase(worker);
   out_of_date_.erase(worker);
   attempts_.erase(worker);
+  held_.erase(worker);  // it holds nothing now
   resync_ = true;
   changed_.notify();
 }
@@ -98,6 +101,7 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
                                          : inference_.resume(worker, deadline);
     last = co_await with_deadline<void>(ex_, clock_, deadline, std::move(call), what.c_str());
     if (last) co_return last;
+    if (op == AdminOp::kUpdate) round_retried_.insert(worker);  // its next attempt avoids a relay that failed it
     ARLO_WARN("weight sync: {} failed (attempt {}/{}): {}", what, attempt, opt_.admin_attempts, last.error().what());
     if (attempt < opt_.admin_attempts) {
       const auto wake = clock_.now() + backoff;
@@ -108,20 +112,49 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
   co_return last;
 }
 
-Awaitable<void> WeightWatcher::sync_worker(Version v, WorkerSync& out) {
-  auto phase = [this](TimePoint& t) {
-    const auto now = clock_.now();
-    const double s = std::chrono::duration<double>(now - t).count();
-    t = now;
-    return s;
-  };
+namespace {
+double lap(ClockPort& clock, TimePoint& t) {
+  const auto now = clock.now();
+  const double s = std::chrono::duration<double>(now - t).count();
+  t = now;
+  return s;
+}
+}  // namespace
+
+Awaitable<void> WeightWatcher::pause_worker(Version v, WorkerSync& out, char& paused) {
   auto t = out.start = clock_.now();
-  auto paused = co_await admin(AdminOp::kPause, out.worker, v);
-  out.pause_s = phase(t);
-  Status updated = paused;
+  auto st = co_await admin(AdminOp::kPause, out.worker, v);
+  out.pause_s = lap(clock_, t);
+  paused = st ? 1 : 0;
+  if (!st) {
+    out.error = st.error().what();
+    round_receivers_.erase(out.worker);  // nobody pulls from it in this round
+  }
+}
+
+Awaitable<void> WeightWatcher::pause_and_update(Version v, WorkerSync& out, char& paused) {
+  co_await pause_worker(v, out, paused);
+  co_await update_worker(v, out, paused != 0);
+}
+
+Awaitable<void> WeightWatcher::each_worker(std::size_t n, std::function<Awaitable<void>(std::size_t)> body) {
+  if (n == 0) co_return;
+  Promise<bool> done(ex_);
+  auto remaining = std::make_shared<std::size_t>(n);
+  for (std::size_t i = 0; i < n; ++i)
+    spawn(ex_, [&body, i, remaining, done]() mutable -> Awaitable<void> {
+      co_await body(i);
+      if (--*remaining == 0) done.set(true);
+    });
+  co_await done.get();
+}
+
+Awaitable<void> WeightWatcher::update_worker(Version v, WorkerSync& out, bool paused) {
+  auto t = clock_.now();
+  Status updated = ok();
   if (paused) {
     updated = co_await admin(AdminOp::kUpdate, out.worker, v);
-    out.update_s = phase(t);
+    out.update_s = lap(clock_, t);
   }
   // Resume even when the update failed: the worker then serves its previous version, which its
   // tokens report, rather than nothing. A worker that did not answer the pause is not asked (it is
@@ -129,8 +162,9 @@ Awaitable<void> WeightWatcher::sync_worker(Version v, WorkerSync& out) {
   Status resumed = ok();
   if (paused) {
     resumed = co_await admin(AdminOp::kResume, out.worker, v);
-    out.resume_s = phase(t);
+    out.resume_s = lap(clock_, t);
   }
+  if (!paused) co_return;  // its pause error is the report's
   if (!updated) {
     out.error = updated.error().what();
   } else if (!resumed) {
@@ -185,16 +219,31 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
     co_return;
   }
   // All workers in parallel; the update is as slow as the slowest worker, not their sum.
-  Promise<bool> all_done(ex_);
-  auto remaining = std::make_shared<std::size_t>(report.workers.size());
-  for (auto& w : report.workers) {
-    spawn(ex_, [this, &w, v, remaining, all_done]() mutable -> Awaitable<void> {
-      co_await sync_worker(v, w);
-      if (!w.ok()) ARLO_ERROR("weight sync: worker {} did not take v{}: {}", w.worker, v, w.error);
-      if (--*remaining == 0) all_done.set(true);
+  round_receivers_.clear();
+  round_retried_.clear();
+  for (const auto& w : report.workers) {
+    const auto held = held_.find(w.worker);
+    if (held == held_.end() || held->second < v) round_receivers_.insert(w.worker);
+  }
+  std::vector<char> paused(report.workers.size(), 0);
+  if (opt_.pause_all_first) {  // every worker pauses before any update starts
+    co_await each_worker(report.workers.size(), [this, &report, &paused, v](std::size_t i) {
+      return pause_worker(v, report.workers[i], paused[i]);
+    });
+    co_await each_worker(report.workers.size(), [this, &report, &paused, v](std::size_t i) {
+      return update_worker(v, report.workers[i], paused[i] != 0);
+    });
+  } else {
+    co_await each_worker(report.workers.size(), [this, &report, &paused, v](std::size_t i) {
+      return pause_and_update(v, report.workers[i], paused[i]);
     });
   }
-  if (!report.workers.empty()) co_await all_done.get();
+  for (const auto& w : report.workers)
+    if (!w.ok()) ARLO_ERROR("weight sync: worker {} did not take v{}: {}", w.worker, v, w.error);
+  round_receivers_.clear();
+  round_retried_.clear();
+  for (const auto& w : report.workers)
+    if (w.ok()) held_[w.worker] = std::max(held_[w.worker], v);
 
   if (hold) dispatcher_.hold(false);
   syncing_ = false;

@@ -20,6 +20,11 @@
 // (it serves what it holds) until a newer version comes, and is not tried again for that one; when
 // every worker is out of date for a version none of them took, the run stops with the reason
 // (SyncReport::gave_up).
+// Who receives a round's version (receives(): not left out, paused, not holding it) and whose
+// update already failed once in it (retrying()) is known to the update calls: a chain
+// (weight_sync.topology chain) routes each worker around relays that are dead, left out or already
+// hold the version. With Options::pause_all_first (chains) every worker pauses before any update
+// starts, so a relay that does not answer its pause is out of the round before anyone pulls from it.
 //
 // Threading: the io_context thread only.
 #include <boost/asio/any_io_executor.hpp>
@@ -81,6 +86,11 @@ class WeightWatcher {
   const std::set<std::string>& left_out() const { return left_out_; }
   // Workers that failed the newest version version_attempts times (not tried again for it).
   const std::set<std::string>& out_of_date() const { return out_of_date_; }
+  // The round in progress (false between rounds): whether `worker` receives the round's version in
+  // it (it paused, was not left out, and did not take that version before), and whether an update
+  // attempt of it already failed in it.
+  bool receives(const std::string& worker) const { return round_receivers_.count(worker) > 0; }
+  bool retrying(const std::string& worker) const { return round_retried_.count(worker) > 0; }
   std::uint64_t failures() const { return failures_; }
   double last_sync_seconds() const { return last_seconds_; }
   // Completes once `v` (or newer) is synced, or at `deadline` (returns false then), or on stop().
@@ -89,7 +99,12 @@ class WeightWatcher {
  private:
   Awaitable<void> sync(VersionNotice notice);
   Awaitable<Status> drain_dispatcher();
-  Awaitable<void> sync_worker(Version v, WorkerSync& out);
+  // One worker's phases of a round; `paused` says whether its pause succeeded.
+  Awaitable<void> pause_worker(Version v, WorkerSync& out, char& paused);
+  Awaitable<void> update_worker(Version v, WorkerSync& out, bool paused);
+  Awaitable<void> pause_and_update(Version v, WorkerSync& out, char& paused);
+  // Runs body(i) for i in [0, n) at once; returns when every one ended.
+  Awaitable<void> each_worker(std::size_t n, std::function<Awaitable<void>(std::size_t)> body);
   enum class AdminOp { kPause, kUpdate, kResume };
   Awaitable<Status> admin(AdminOp op, std::string worker, Version v);
   Awaitable<void> probe(std::string worker);
@@ -111,6 +126,9 @@ class WeightWatcher {
   std::map<std::string, int> attempts_;      // failed attempts of attempted_, per worker
   std::set<std::string> out_of_date_;
   bool resync_ = false;  // a worker rejoined: sync the current version again
+  std::map<std::string, Version> held_;        // the newest version each worker took
+  std::set<std::string> round_receivers_;      // see receives()
+  std::set<std::string> round_retried_;        // see retrying()
   std::uint64_t failures_ = 0;
   double last_seconds_ = 0.0;
 };

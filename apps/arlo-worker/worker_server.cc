@@ -82,6 +82,16 @@ http::Response version_response(std::int64_t version, const std::string& checksu
 
 bool is_address_key(std::string_view key) { return key == "address" || key.ends_with("_address"); }
 
+// The network addresses an endpoint object names ("10.0.0.2:29500"), comma-separated; "" when none.
+std::string addresses_of(const json& endpoint) {
+  std::string out;
+  if (!endpoint.is_object()) return out;
+  for (const auto& [key, value] : endpoint.items())
+    if (is_address_key(key) && value.is_string() && !value.get_ref<const std::string&>().empty())
+      out += (out.empty() ? "" : ", ") + value.get<std::string>();
+  return out;
+}
+
 // `path` made absolute, with symlinks of its existing part resolved, so ".." and links cannot
 // leave an allowed directory.
 std::filesystem::path resolved(const std::filesystem::path& path) {
@@ -347,9 +357,9 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     if (!reuse) subscriber_key = key;
     const std::optional<weight_sync::Version> held =
         version ? std::optional<weight_sync::Version>(static_cast<weight_sync::Version>(*version)) : std::nullopt;
-    ARLO_INFO("receiving weights v{} over {}", requested, opts->transport);
+    const std::string from = addresses_of(opts->params);
     const auto timeout = opts->timeout;
-    transfer_thread = std::thread([self, t, staged, o = *opts, reuse, held, timeout] {
+    transfer_thread = std::thread([self, t, staged, o = *opts, reuse, held, timeout, requested, from] {
       Result<weight_sync::ReceiveReport> got = make_error(ErrorCode::kInternal, "not run");
       std::string sum;
       {
@@ -364,6 +374,10 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
           }
         }
         if (self->subscriber) {
+          // Where it comes from and, in a chain, where this worker serves the next one.
+          const std::string relay = o.relay ? addresses_of(self->subscriber->relay_endpoint()) : std::string();
+          ARLO_INFO("receiving weights v{} over {}{}{}", requested, o.transport, from.empty() ? "" : " from " + from,
+                    relay.empty() ? "" : ", relaying at " + relay);
           reference::ModelWeights sink(*staged);
           got = self->subscriber->receive(sink, weight_sync::deadline_in(timeout));
           if (got) {

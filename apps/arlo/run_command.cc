@@ -207,12 +207,22 @@ class Run {
     const auto dial = *dialect;
     std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
     for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
+    // A chain is routed per round: around relays that are dead, left out or already hold the version
+    // (the WeightWatcher knows the round's receivers; it exists once the orchestrator does).
+    const orch::WeightWatcher* watcher = nullptr;
+    const auto workers = s_.plan.workers;
     orch::adapters::RolloutInference inference(
         pool, std::move(admins),
-        [ws, dial, worker_index, &trainer](const std::string& worker, orch::Version v) {
+        [ws, dial, worker_index, workers, &watcher, &trainer](const std::string& worker, orch::Version v) {
           const auto it = worker_index.find(worker);
-          return ws.describe(it == worker_index.end() ? ws.upstream.size() : it->second, v, dial,
-                             trainer.latest_announcement());
+          const std::size_t k = it == worker_index.end() ? workers.size() : it->second;
+          std::optional<ChainRole> role;
+          if (ws.chain && watcher && k < workers.size()) {
+            std::vector<bool> receiving;
+            for (const auto& [name, url] : workers) receiving.push_back(watcher->receives(url));
+            role = chain_role(k, receiving, watcher->retrying(worker));
+          }
+          return ws.describe(k, v, dial, trainer.latest_announcement(), role);
         },
         "", network.executor(), dial);
 
@@ -220,6 +230,7 @@ class Run {
     metrics::Registry registry;
     orch::Orchestrator orchestrator(io_, orch::Ports{&inference, &tasks, &scorer, &trainer, &clock, s_.parts.eval_tasks},
                                     s_.options, &registry);
+    watcher = &orchestrator.weight_watcher();
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);
     inference.on_unusable_server([this, &orchestrator](const Error& e) {

@@ -37,10 +37,35 @@ void append(std::vector<std::string>& to, const std::vector<std::string>& more) 
 
 std::string num(double v) { return fmt::format("{}", v); }
 
+// The host of a base URL ("http://10.0.0.5:8000" -> "10.0.0.5", "http://[::1]:80" -> "::1").
+std::string url_host(std::string url) {
+  if (const auto scheme = url.find("://"); scheme != std::string::npos) url.erase(0, scheme + 3);
+  if (const auto path = url.find('/'); path != std::string::npos) url.erase(path);
+  if (const auto at = url.rfind('@'); at != std::string::npos) url.erase(0, at + 1);
+  return auth::host_of(url);
+}
+
 }  // namespace
 
+ChainRole chain_role(std::size_t worker, const std::vector<bool>& receiving, bool retry) {
+  ChainRole role;
+  const bool receives = worker < receiving.size() && receiving[worker];
+  for (std::size_t j = worker + 1; receives && j < receiving.size(); ++j)
+    if (receiving[j]) {
+      role.relays = true;
+      break;
+    }
+  if (!receives || retry) return role;
+  for (std::size_t j = worker; j-- > 0;)
+    if (receiving[j]) {
+      role.upstream = j;
+      break;
+    }
+  return role;
+}
+
 rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t version, rollout::AdminDialect dialect,
-                                              const nlohmann::json& announced) const {
+                                              const nlohmann::json& announced, std::optional<ChainRole> role) const {
   rollout::WeightUpdate u;
   u.version = version;
   if (collective) {
@@ -55,11 +80,20 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t 
     if (a) endpoint = a->endpoint;
     else ARLO_WARN("arlo run: the trainer's announcement of v{}: {}; using the planned endpoint", version, a.error().what());
   }
-  if (worker < upstream.size() && !upstream[worker].is_null()) endpoint = upstream[worker];  // chain
+  ChainRole part;
+  if (chain && worker < relays.size()) {
+    part = role ? *role : chain_role(worker, std::vector<bool>(relays.size(), true), false);
+    if (part.upstream && *part.upstream < relays.size()) endpoint = relays[*part.upstream].second;
+  }
   auto d = weight_sync::find_transport(transport);
   nlohmann::json receiver = {{"transport", transport}, {"timeout_ms", block.value("timeout_ms", 120000)}};
   for (const auto& [k, v] : endpoint.items())
     if (d && (*d)->option(k)) receiver[k] = v;  // the endpoint's own keys only
+  if (chain && worker < relays.size()) {
+    receiver["relay"] = part.relays;
+    if (part.relays)
+      for (const auto& [k, v] : relays[worker].first.items()) receiver[k] = v;
+  }
   u.weight_sync = receiver;
   // vLLM and SGLang load a version from its directory of Hugging Face-compatible shards.
   if (dialect != rollout::AdminDialect::kArlo && d && (*d)->version_path)
@@ -131,15 +165,28 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
   }
   if (!embedded) {
     const auto& urls = cfg.strings("inference.urls");
+    const auto relay_port = cfg.integer("weight_sync.relay_port");
+    if (ws.chain && relay_port == 0)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("weight_sync.topology chain ({}) with external workers needs weight_sync.relay_port: "
+                                    "worker k of inference.urls relays to the next on port relay_port + k of its URL's "
+                                    "host (e.g. --set weight_sync.relay_port=29600)",
+                                    cfg.where("weight_sync.topology")));
     for (std::size_t i = 0; i < urls.size(); ++i) {
       std::string url = urls[i];
       while (!url.empty() && url.back() == '/') url.pop_back();
       plan.workers.emplace_back(fmt::format("worker-{}", i), url);
+      if (!ws.chain) continue;
+      const auto port = relay_port + static_cast<std::int64_t>(i);
+      if (port > 65535)
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("weight_sync.relay_port {} ({}): worker {} would relay on port {}, past 65535",
+                                      relay_port, cfg.where("weight_sync.relay_port"), i, port));
+      ws.relays.push_back(d->relay_at(url_host(url), static_cast<std::uint16_t>(port)));
     }
     return plan;
   }
   const auto n = cfg.integer("inference.num_workers");
-  std::vector<nlohmann::json> relay_endpoints;  // chain: where worker k relays
   const auto threads = std::to_string(cfg.integer("inference.threads"));
   for (std::int64_t i = 0; i < n; ++i) {
     ARLO_ASSIGN_OR_RETURN(auto port, orch::free_loopback_port());
@@ -154,12 +201,13 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
     nlohmann::json own = {{"transport", d->name}, {"peer_name", spec.name}, {"timeout_ms", ws.block["timeout_ms"]}};
     if (ws.chain && i + 1 < n) {  // relays to the next worker
       ARLO_ASSIGN_OR_RETURN(auto relay_port, orch::free_loopback_port());
-      auto [params, endpoint] = d->relay_at("127.0.0.1", relay_port);
+      auto relay = d->relay_at("127.0.0.1", relay_port);
       own["relay"] = true;
-      for (const auto& [k, v] : params.items()) own[k] = v;
-      relay_endpoints.push_back(endpoint);
+      for (const auto& [k, v] : relay.first.items()) own[k] = v;
+      ws.relays.push_back(std::move(relay));
+    } else if (ws.chain) {
+      ws.relays.emplace_back(nlohmann::json::object(), nlohmann::json::object());  // the end: relays to nobody
     }
-    ws.upstream.push_back(ws.chain && i > 0 ? relay_endpoints[static_cast<std::size_t>(i - 1)] : nlohmann::json());
     for (const auto& o : d->options)  // a durable transport's directory: the one this worker may load from
       if (o.path && ws.block.contains(o.key) && ws.block[o.key] != "") own[o.key] = ws.block[o.key];
     append(spec.argv, {"--weight-sync", own.dump()});

@@ -5,6 +5,7 @@
 // Only this file knows the flags of arlo-worker and arlo-trainer (docs/reference-policy.md).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,16 +21,31 @@ class TrainerCollective;
 
 namespace arlo::cli {
 
+// A worker's part in one update round of a chain (weight_sync.topology chain).
+struct ChainRole {
+  std::optional<std::size_t> upstream;  // the worker whose relay it pulls from; none: the trainer's publisher
+  bool relays = false;                  // it serves the next worker that receives in this round
+};
+
+// Worker `worker`'s role in a chain round where receiving[j] says whether worker j (plan order)
+// receives the version in it: it pulls from the nearest receiving worker before it (a relay that
+// died, is left out or already holds the version is skipped) and relays when a receiving worker
+// comes after it. A worker that does not receive in the round, or whose update already failed once
+// in it (`retry`: its upstream may have died mid-transfer), pulls from the trainer, whose publisher
+// serves a late receiver at any time.
+ChainRole chain_role(std::size_t worker, const std::vector<bool>& receiving, bool retry);
+
 // The run's weight-sync blocks (weight_sync/wire.h), derived from the weight_sync config section and
 // the transport's descriptor; nothing here knows a transport by name.
 struct WeightSyncPlan {
   nlohmann::json block;      // shared keys and the transport's config keys
   std::string weights_dir;   // weight_sync.dir, absolute (what a new run claims)
   bool chain = false;        // weight_sync.topology chain: each worker relays to the next
-  // Per embedded worker, in a chain: the endpoint it pulls from (the previous worker's relay; null:
-  // the trainer's announced endpoint). Each worker's own block (a relay's listen params) is in its
-  // argv (--weight-sync).
-  std::vector<nlohmann::json> upstream;
+  // In a chain, per worker (plan order): the params that make it relay (the transport's relay_at:
+  // embedded workers on a free loopback port, external ones on weight_sync.relay_port + k of their
+  // URL's host) and the endpoint the next worker then pulls from. Whether a worker relays and whom
+  // it pulls from is decided per round (ChainRole) and sent with each update.
+  std::vector<std::pair<nlohmann::json, nlohmann::json>> relays;
   // A collective transport (nccl): every update joins the workers and the trainer's publisher in
   // one group through this session (describe() hands it the newest announcement).
   std::shared_ptr<orch::adapters::TrainerCollective> collective;
@@ -37,9 +53,11 @@ struct WeightSyncPlan {
   // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version`:
   // arlo: {version, weight_sync: the receiver block}; vllm/sglang: extra.model_path for a durable
   // transport; a collective transport: the session. `announced` is the trainer's newest announcement info ({"weight_sync": ...}); without
-  // one, the planned block is used as is.
+  // one, the planned block is used as is. In a chain, `role` is the worker's part in this round
+  // (none: the whole chain receives; worker k pulls from worker k-1 and relays unless it is last).
   rollout::WeightUpdate describe(std::size_t worker, std::int64_t version, rollout::AdminDialect dialect,
-                                 const nlohmann::json& announced = nlohmann::json::object()) const;
+                                 const nlohmann::json& announced = nlohmann::json::object(),
+                                 std::optional<ChainRole> role = std::nullopt) const;
   // The block a trainer publishes with: what arlo-trainer gets with --weight-sync and a
   // `trainer.launch: command` trainer in ARLO_WEIGHT_SYNC.
   nlohmann::json trainer_block(int num_workers) const;

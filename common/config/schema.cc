@@ -5,6 +5,7 @@
 // a 2-core machine).
 #include "common/config/schema.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <regex>
 
@@ -154,6 +155,10 @@ Section weight_sync_section() {
                            "star (the trainer serves every worker) or chain (each worker relays to the next, so every "
                            "link carries the stream once; transports that relay).")
                     .one_of({"chain", "star"}),
+                int_key("relay_port", 0,
+                        "chain with external workers (inference.launch external): worker k of inference.urls relays on "
+                        "port relay_port + k of its URL's host (0: external workers do not relay; a chain needs it).")
+                    .range(0, 65535),
                 float_key("timeout_s", 120.0, "Deadline for moving one version to a worker.").range(0.001, 86400.0),
                 int_key("gather_window_ms", 50,
                         "Streaming transports: once the first worker came for a version, how long the trainer's "
@@ -162,8 +167,14 @@ Section weight_sync_section() {
                     .range(0, 600000),
             }};
   for (const auto& d : weight_sync::transports())
-    for (const auto& o : d.options)
-      if (o.config) s.keys.push_back(key_from_option(d, o));
+    for (const auto& o : d.options) {
+      if (!o.config) continue;
+      Key k = key_from_option(d, o);
+      // A key two transports share (tcp's and nccl's `address`) is one config key, documented for both.
+      auto same = std::find_if(s.keys.begin(), s.keys.end(), [&](const Key& e) { return e.name == k.name; });
+      if (same == s.keys.end()) s.keys.push_back(std::move(k));
+      else same->doc += " " + k.doc;
+    }
   return s;
 }
 

@@ -298,8 +298,11 @@ Result<Received> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span
 // across versions; connections that arrive between versions wait (kernel backlog, or `pending_`).
 class Server {
  public:
-  static Result<std::unique_ptr<Server>> listen(const std::string& address, std::chrono::milliseconds reconnect_window,
-                                                Faults faults) {
+  // Listens on `address`; the endpoint it names is `advertise_host` with the bound port when that is
+  // set (a publisher bound to every interface announces where receivers reach it), else the bound
+  // address.
+  static Result<std::unique_ptr<Server>> listen(const std::string& address, const std::string& advertise_host,
+                                                std::chrono::milliseconds reconnect_window, Faults faults) {
     auto s = std::unique_ptr<Server>(new Server());
     s->reconnect_window_ = reconnect_window;
     s->faults_ = faults;
@@ -313,7 +316,9 @@ class Server {
     if (!ec) s->acc_.listen(64, ec);
     if (ec) return make_error(ErrorCode::kIo, "listen on " + address + ": " + ec.message());
     const auto local = s->acc_.local_endpoint(ec);
-    s->endpoint_ = local.address().to_string() + ":" + std::to_string(local.port());
+    const std::string host = advertise_host.empty() ? local.address().to_string() : advertise_host;
+    s->endpoint_ = (host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host) + ":" +
+                   std::to_string(local.port());
     return s;
   }
   const std::string& endpoint() const { return endpoint_; }
@@ -961,7 +966,12 @@ TransportDescriptor tcp_transport() {
   d.capabilities.relays = true;
   d.options = {
       string_option("address", "127.0.0.1:0",
-                    "publisher: where it listens (port 0: any free port, announced); receiver: the upstream host:port"),
+                    "publisher: where it listens (port 0: any free port, announced); receiver: the upstream host:port")
+          .user_key(),
+      string_option("advertise_host", "",
+                    "publisher: the host it announces to receivers (empty: the host of address); needed when address "
+                    "listens on every interface (0.0.0.0)")
+          .user_key(),
       string_option("relay_listen", "127.0.0.1:0",
                     "relaying receiver (chain): where the next node connects (port 0: any free port)"),
       int_option("reconnect_window_ms", 5000, "how long either side waits for a dropped link to come back and resume",
@@ -969,8 +979,15 @@ TransportDescriptor tcp_transport() {
           .user_key(),
   };
   d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
-    ARLO_ASSIGN_OR_RETURN(auto server,
-                          Server::listen(s.params.at("address").get<std::string>(), reconnect_window(s.params), s.faults));
+    const auto& address = s.params.at("address").get_ref<const std::string&>();
+    const auto& advertise = s.params.at("advertise_host").get_ref<const std::string&>();
+    ARLO_ASSIGN_OR_RETURN(auto server, Server::listen(address, advertise, reconnect_window(s.params), s.faults));
+    const auto bound = auth::host_of(server->endpoint());
+    if (advertise.empty() && (bound == "0.0.0.0" || bound == "::"))
+      return make_error(ErrorCode::kInvalidArgument,
+                        "tcp: the publisher's address " + address + " listens on every interface, so it cannot announce "
+                        "where receivers reach it; set weight_sync.advertise_host to the address the workers reach "
+                        "this host on");
     return std::unique_ptr<SenderTransport>(
         new TcpSender(std::move(server), s.options.expected_receivers));
   };
@@ -978,13 +995,14 @@ TransportDescriptor tcp_transport() {
     std::unique_ptr<Server> relay;
     const auto& relay_listen = s.params.at("relay_listen").get_ref<const std::string&>();
     if (s.options.relay) {
-      ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, reconnect_window(s.params), s.faults));
+      ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, "", reconnect_window(s.params), s.faults));
     }
     ARLO_ASSIGN_OR_RETURN(auto token, auth::process_token());
     return std::unique_ptr<ReceiverTransport>(new TcpReceiver(s, std::move(relay), std::move(token)));
   };
   d.relay_at = [](const std::string& host, std::uint16_t port) {
-    const std::string at = host + ":" + std::to_string(port);
+    const std::string at =
+        (host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host) + ":" + std::to_string(port);
     return std::pair{nlohmann::json{{"relay_listen", at}}, nlohmann::json{{"address", at}}};
   };
   return d;

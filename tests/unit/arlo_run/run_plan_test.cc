@@ -96,10 +96,86 @@ TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
   ASSERT_TRUE(plan) << plan.error().what();
   const auto u = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, announced(2, "tcp", {{"address", "10.1.2.3:29500"}}));
   EXPECT_EQ(u.weight_sync.value("address", ""), "10.1.2.3:29500");
-  // A malformed announcement does not reach the workers: the planned block is used (for tcp it has
-  // no endpoint: the update then fails at the worker, naming the missing address).
+  // A malformed announcement does not reach the workers: the planned block is used (for tcp the
+  // publisher's configured listen address; port 0 there reaches nobody: the update fails at the
+  // worker, naming the address).
   const auto bad = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, {{"weight_sync", {{"version", 2}}}});
-  EXPECT_FALSE(bad.weight_sync.contains("address")) << bad.weight_sync.dump();
+  EXPECT_EQ(bad.weight_sync.value("address", ""), "127.0.0.1:0") << bad.weight_sync.dump();
+}
+
+TEST(ArloRunPlan, TheTrainersPublisherListensWhereTheConfigSays) {
+  const auto cfg = load({"weight_sync.transport=tcp", "weight_sync.address=0.0.0.0:29500",
+                         "weight_sync.advertise_host=10.1.2.3"});
+  auto plan = plan_launch(cfg, "/tmp/run");
+  ASSERT_TRUE(plan) << plan.error().what();
+  const auto block = block_flag(trainer_spec(cfg, "/tmp/run", plan->weight_sync, 2, 0).argv);
+  EXPECT_EQ(block.value("address", ""), "0.0.0.0:29500");
+  EXPECT_EQ(block.value("advertise_host", ""), "10.1.2.3");
+}
+
+TEST(ArloRunPlan, ChainRoleSkipsWhatDoesNotReceive) {
+  // Everyone receives: each pulls from the one before and relays unless last.
+  EXPECT_FALSE(chain_role(0, {true, true, true}, false).upstream);
+  EXPECT_TRUE(chain_role(0, {true, true, true}, false).relays);
+  EXPECT_EQ(chain_role(2, {true, true, true}, false).upstream, 1u);
+  EXPECT_FALSE(chain_role(2, {true, true, true}, false).relays);
+  // The middle relay is out (dead, left out): worker 2 pulls from worker 0, which relays to it.
+  EXPECT_EQ(chain_role(2, {true, false, true}, false).upstream, 0u);
+  EXPECT_TRUE(chain_role(0, {true, false, true}, false).relays);
+  EXPECT_FALSE(chain_role(1, {true, false, true}, false).relays);
+  // The first is out: worker 1 pulls from the trainer; a worker that holds the version already
+  // (a resync for a restarted one) neither serves nor pulls.
+  EXPECT_FALSE(chain_role(1, {false, true, true}, false).upstream);
+  EXPECT_FALSE(chain_role(2, {false, false, true}, false).upstream);
+  EXPECT_FALSE(chain_role(0, {false, false, true}, false).relays);
+  // Only the last is out: the one before it ends the chain.
+  EXPECT_FALSE(chain_role(1, {true, true, false}, false).relays);
+  // A retry (its relay died mid-transfer) pulls from the trainer and still serves the next.
+  EXPECT_FALSE(chain_role(1, {true, true, true}, true).upstream);
+  EXPECT_TRUE(chain_role(1, {true, true, true}, true).relays);
+}
+
+TEST(ArloRunPlan, ChainUpdatesFollowTheRound) {
+  const auto cfg = load({"inference.num_workers=3", "weight_sync.transport=tcp", "weight_sync.topology=chain"});
+  auto plan = plan_launch(cfg, "/tmp/run");
+  ASSERT_TRUE(plan) << plan.error().what();
+  const auto w0 = block_flag(plan->worker_specs[0].argv);
+  const auto info = announced(1, "tcp", {{"address", "127.0.0.1:4000"}});
+  const std::vector<bool> middle_out = {true, false, true};
+  const auto u0 = plan->weight_sync.describe(0, 1, rollout::AdminDialect::kArlo, info, chain_role(0, middle_out, false));
+  EXPECT_TRUE(u0.weight_sync.value("relay", false));
+  EXPECT_EQ(u0.weight_sync.value("relay_listen", ""), w0.value("relay_listen", "?"));
+  const auto u2 = plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info, chain_role(2, middle_out, false));
+  EXPECT_EQ(u2.weight_sync.value("address", ""), w0.value("relay_listen", "?"));
+  EXPECT_FALSE(u2.weight_sync.value("relay", true));
+  const auto retry = plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info, chain_role(2, middle_out, true));
+  EXPECT_EQ(retry.weight_sync.value("address", ""), "127.0.0.1:4000");
+}
+
+TEST(ArloRunPlan, ExternalWorkersRelayOnTheirOwnHosts) {
+  const auto cfg = load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
+                         "weight_sync.relay_port=29600",
+                         "inference.urls=[\"http://10.0.0.2:8000/\", \"http://10.0.0.3:8000\", \"http://10.0.0.4:8000\"]"});
+  auto plan = plan_launch(cfg, "/tmp/run");
+  ASSERT_TRUE(plan) << plan.error().what();
+  const auto info = announced(1, "tcp", {{"address", "10.0.0.1:5000"}});
+  const auto u0 = plan->weight_sync.describe(0, 1, rollout::AdminDialect::kArlo, info);
+  EXPECT_EQ(u0.weight_sync.value("address", ""), "10.0.0.1:5000");
+  EXPECT_TRUE(u0.weight_sync.value("relay", false));
+  EXPECT_EQ(u0.weight_sync.value("relay_listen", ""), "10.0.0.2:29600");
+  const auto u1 = plan->weight_sync.describe(1, 1, rollout::AdminDialect::kArlo, info);
+  EXPECT_EQ(u1.weight_sync.value("address", ""), "10.0.0.2:29600");
+  EXPECT_EQ(u1.weight_sync.value("relay_listen", ""), "10.0.0.3:29601");
+  const auto u2 = plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info);
+  EXPECT_EQ(u2.weight_sync.value("address", ""), "10.0.0.3:29601");
+  EXPECT_FALSE(u2.weight_sync.value("relay", true));
+  EXPECT_FALSE(u2.weight_sync.contains("relay_listen"));
+  // Without a relay port the chain cannot be planned; the error says what to set.
+  auto no_port = plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
+                                   "inference.urls=[\"http://10.0.0.2:8000\"]"}),
+                             "/tmp/run");
+  ASSERT_FALSE(no_port);
+  EXPECT_NE(no_port.error().what().find("weight_sync.relay_port"), std::string::npos) << no_port.error().what();
 }
 
 TEST(ArloRunPlan, WeightSyncKnobsReachTheTrainer) {

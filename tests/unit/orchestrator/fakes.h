@@ -105,6 +105,7 @@ class FakeInference final : public InferencePort {
   }
   Awaitable<Status> update_weights(std::string worker, Version v, TimePoint) override {
     log.push_back(fmt::format("update(v{}) {}", v, worker));
+    if (on_update) on_update(worker, v);
     if (refuse_update.count(worker))
       co_return make_error(ErrorCode::kInvalidArgument, fmt::format("{} refuses v{} (test)", worker, v));
     version_ = v;
@@ -191,6 +192,7 @@ class FakeInference final : public InferencePort {
   bool auto_complete = false;
   std::set<std::string> hang_pause;
   std::set<std::string> refuse_update;  // these workers answer every update with an error
+  std::function<void(const std::string& worker, Version v)> on_update;  // called as each update call starts
   std::vector<std::string> log;
 
  private:

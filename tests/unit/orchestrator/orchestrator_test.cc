@@ -456,6 +456,39 @@ TEST(WeightWatcherRestart, ALeftOutWorkerRejoinsAtOnceAndItsProbeEnds) {
   EXPECT_EQ(r.count("update(v1) w1"), 1);
 }
 
+// A chain's rounds (Options::pause_all_first): every worker pauses before any update, so a worker
+// that does not answer its pause (a dead relay) is out of the round the updates see; a worker that
+// already holds the version does not receive it; a failed update attempt marks its retry.
+TEST(WeightWatcherRound, UpdatesKnowWhoReceivesAndWhoRetries) {
+  Harness r;
+  r.opt.pause_all_first = true;
+  r.start();
+  std::vector<std::string> seen;  // "<worker> v<v>: receives w0 w1, retrying <worker>"
+  r.inf.on_update = [&](const std::string& worker, Version v) {
+    const auto& w = r.orch->weight_watcher();
+    seen.push_back(fmt::format("{} v{}: {}{}{}", worker, v, w.receives("w0") ? "w0 " : "", w.receives("w1") ? "w1 " : "",
+                               w.retrying(worker) ? "retrying" : "first"));
+  };
+  r.inf.hang_pause = {"w1"};  // dead: it answers nothing
+  r.trainer.publish(1);
+  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  // w0's update came only after w1's pause had failed: w1 is not in the round.
+  EXPECT_EQ(seen, (std::vector<std::string>{"w0 v1: w0 first"}));
+  EXPECT_FALSE(r.orch->weight_watcher().receives("w0")) << "between rounds nobody receives";
+  // w1 comes back: the resync of v1 goes to it alone (w0 holds v1).
+  r.inf.hang_pause.clear();
+  seen.clear();
+  r.orch->weight_watcher().restarted("w1");
+  ASSERT_TRUE(r.run_until([&] { return r.count("update(v1) w1") == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  EXPECT_EQ(seen, (std::vector<std::string>{"w0 v1: w1 first", "w1 v1: w1 first"}));
+  // An update attempt that fails is retried as such.
+  seen.clear();
+  r.inf.refuse_update = {"w1"};
+  r.trainer.publish(2);
+  ASSERT_TRUE(r.run_until([&] { return r.count("update(v2) w1") == 2; }, 1000));
+  EXPECT_EQ(seen, (std::vector<std::string>{"w0 v2: w0 w1 first", "w1 v2: w0 w1 first", "w1 v2: w0 w1 retrying"}));
+}
+
 TEST(Drain, StopsAtMaxStepsWithFinalEval) {
   Harness h;
   h.opt.max_steps = 3;

@@ -210,6 +210,35 @@ TEST(WeightSyncTcpFaults, FlippedByteInAChainIsCaughtAtEveryHop) {
   EXPECT_TRUE(same_bytes(sink_last, w));
 }
 
+// A publisher on every interface cannot announce 0.0.0.0: it announces advertise_host (where the
+// workers reach its host) with the port it bound, and a receiver told that endpoint gets the version.
+TEST(WeightSyncTcp, PublisherOnEveryInterfaceAnnouncesTheAdvertisedHost) {
+  ::setenv("ARLO_TOKEN", "advertise-test-token", 1);  // off loopback a publisher needs the run's token
+  Channel ch("tcp", {}, ApplyMode::kStaging);
+  Options o = ch.publisher_options();
+  o.params["address"] = "0.0.0.0:0";
+  auto unannounceable = Publisher::create(o);
+  ASSERT_FALSE(unannounceable);
+  EXPECT_NE(unannounceable.error().what().find("weight_sync.advertise_host"), std::string::npos)
+      << unannounceable.error().what();
+  o.params["advertise_host"] = "127.0.0.1";
+  auto pub = Publisher::create(o);
+  ASSERT_TRUE(pub) << pub.error().what();
+  const auto address = (*pub)->endpoint().value("address", "");
+  EXPECT_TRUE(address.starts_with("127.0.0.1:")) << address;
+  EXPECT_NE(address, "127.0.0.1:0");
+  auto sub = Subscriber::create(ch.subscriber_options((*pub)->endpoint(), "w")).value();
+  HostWeights w(odd_specs()), sink(odd_specs());
+  fill(w, 5);
+  auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
+  auto report = (*pub)->publish(1, w, deadline_in(20s));
+  auto r = got.get();
+  ::unsetenv("ARLO_TOKEN");
+  ASSERT_TRUE(report) << report.error().what();
+  ASSERT_TRUE(r) << r.error().what();
+  EXPECT_TRUE(same_bytes(sink, w));
+}
+
 TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   Channel ch("shm", {}, ApplyMode::kStaging);
   ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
