@@ -18,7 +18,10 @@ instead of uid 1000. Kubernetes' part is done here:
 Then the orchestrator's Job must end with exit status 0, every step trained, the trainer's Job too,
 and every worker must hold the trainer's final weights (summary.json's checksums).
 
-    pods_test.py <source dir> <dir of arlo> <dir of arlo-worker> <dir of arlo-trainer>
+    pods_test.py <source dir> <dir of arlo> <dir of arlo-worker> <dir of arlo-trainer> [star|chain]
+
+`chain` applies the edits deploy/kubernetes/README.md gives for weight_sync.topology chain (each
+worker relays to the next on relay_port + k of its DNS name) and checks the same outcome.
 
 Exit status 77 (ctest: skipped) with the reason when network namespaces cannot be made here (not
 root, no `ip`/`unshare`).
@@ -101,10 +104,11 @@ def pods_of(docs):
 
 
 def main(argv):
-    if len(argv) != 5:
+    if len(argv) not in (5, 6) or (len(argv) == 6 and argv[5] not in ("star", "chain")):
         print(__doc__)
         return 2
     source, bin_dirs = argv[1], [os.path.abspath(d) for d in argv[2:5]]
+    topology = argv[5] if len(argv) == 6 else "star"
     if os.geteuid() != 0:
         skip("needs root (network namespaces, mounts)")
     for tool in ("ip", "unshare", "mount"):
@@ -185,6 +189,17 @@ def main(argv):
         arlo_yaml = replace_once(arlo_yaml, "sft_warmup_steps: 285", "sft_warmup_steps: 4", "config/arlo.yaml")
         arlo_yaml = replace_once(arlo_yaml, "interval: 50\n  k: 1", "interval: 0\n  k: 1", "config/arlo.yaml")
         generated[("configMap", "arlo-config")]["arlo.yaml"] = arlo_yaml
+        if topology == "chain":  # the edits deploy/kubernetes/README.md gives for a chain
+            workers = [p.name for p in pods if p.workload["kind"] == "StatefulSet"]
+            arlo_yaml = replace_once(arlo_yaml, "weight_sync:\n  transport: tcp\n",
+                                     "weight_sync:\n  transport: tcp\n  topology: chain\n  relay_port: 29600\n",
+                                     "config/arlo.yaml")
+            generated[("configMap", "arlo-config")]["arlo.yaml"] = arlo_yaml
+            worker_yaml = generated[("configMap", "arlo-config")]["worker.yaml"]
+            allowed = ", ".join(["arlo-trainer"] + [f"{w}.arlo-worker" for w in workers])
+            worker_yaml = replace_once(worker_yaml, "allow_weights_from: [arlo-trainer]", f"allow_weights_from: [{allowed}]",
+                                       "config/worker.yaml")
+            generated[("configMap", "arlo-config")]["worker.yaml"] = worker_yaml
 
         mounts_of = {}
         for p in pods:
@@ -232,6 +247,9 @@ def main(argv):
             if p.name == "arlo-trainer":
                 argv_ = [replace_once(a, "--max-steps 1285", f"--max-steps {STEPS}", "trainer.yaml") if "--max-steps" in a else a
                          for a in argv_]
+                if topology == "chain":  # the trainer serves the first worker only
+                    argv_ = [replace_once(a, '"expected_receivers": 2', '"expected_receivers": 1', "trainer.yaml")
+                             if "expected_receivers" in a else a for a in argv_]
             env = {"PATH": path_env, "HOSTNAME": p.name, "HOME": work, "LANG": "C.UTF-8"}
             for e in c.get("env") or []:
                 if "value" not in e:
@@ -276,7 +294,12 @@ def main(argv):
             orch_text = fh.read()
         if f"{len(workers)} worker(s) healthy" not in orch_text:
             fail(f"the orchestrator did not wait for the workers:\n{tail(orch.log)}")
-        print(f"pods_test: {len(pods)} pods on simulated hosts: {STEPS} steps, every worker holds the trainer's "
+        if topology == "chain":
+            with open(by_name["arlo-worker-1"].log) as fh:
+                relayed = re.search(r"receiving weights v\d+ over tcp from arlo-worker-0\.arlo-worker:29600", fh.read())
+            if not relayed:
+                fail(f"arlo-worker-1 never pulled from arlo-worker-0's relay:\n{tail(by_name['arlo-worker-1'].log)}")
+        print(f"pods_test: {len(pods)} pods on simulated hosts ({topology}): {STEPS} steps, every worker holds the trainer's "
               f"v{STEPS} ({checksum})", flush=True)
         return 0
     finally:
