@@ -38,6 +38,7 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.request_timeout = seconds(cfg.number("inference.request_timeout_s"));
   o.trainer_timeout = seconds(cfg.number("trainer.accept_timeout_s"));
   o.trainer_alarm = seconds(cfg.number("trainer.alarm_s"));
+  o.trainer_silence_timeout = seconds(cfg.number("trainer.silence_timeout_s"));
   o.admin_timeout = seconds(cfg.number("inference.admin_timeout_s"));
   // A whole version move must fit in weight_sync.timeout_s; an update call carries it.
   o.admin_timeout = std::max(o.admin_timeout, seconds(cfg.number("weight_sync.timeout_s")));

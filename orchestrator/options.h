@@ -29,7 +29,8 @@ struct Options {
   Duration request_timeout = std::chrono::minutes(10);
   Duration score_timeout = std::chrono::seconds(60);
   Duration trainer_timeout{};      // a batch not accepted by the trainer within this is fatal; 0 = no bound
-  Duration trainer_alarm{};        // a warning every this while the trainer has not accepted; 0 = none
+  Duration trainer_alarm{};        // a warning every this while the trainer has not accepted (or is silent); 0 = none
+  Duration trainer_silence_timeout{};  // a trainer not heard from (TrainerPort::on_alive) this long is fatal; 0 = wait
   Version initial_version = 0;     // the version workers hold at start; kNoVersion = wait for v0
 
   // --- weight updates ---

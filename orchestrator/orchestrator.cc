@@ -147,6 +147,13 @@ Status Orchestrator::start() {
     if (journal_) prune_journal(journal_dir(opt_.run_dir), n.version);
     watcher_->notify(std::move(n));
   });
+  ports_.trainer->on_alive([this] {
+    trainer_heard_at_ = ports_.clock->now();
+    if (trainer_heard_) return;
+    trainer_heard_ = true;  // from its first sign of life on, its silence is timed
+    if (opt_.trainer_silence_timeout > Duration::zero() || opt_.trainer_alarm > Duration::zero())
+      spawn(io_.get_executor(), watch_trainer());
+  });
   spawn(io_.get_executor(), watcher_->run());
   spawn(io_.get_executor(), logger_->run());
   lag_->start();
@@ -251,6 +258,48 @@ Awaitable<void> Orchestrator::read_worker_weights() {
   }
 }
 
+// A trainer that is no longer heard from (its host unreachable, its process stopped or gone) is
+// waited for trainer_silence_timeout, with a warning every trainer_alarm; then the run stops with
+// the reason. With no timeout it is waited for as long as it takes: it reconnects and the bridge
+// sends it again what it had not acknowledged. Wakes once per deadline, not per heartbeat.
+Awaitable<void> Orchestrator::watch_trainer() {
+  const auto timeout = opt_.trainer_silence_timeout, alarm = opt_.trainer_alarm;
+  TimePoint silence_since = trainer_heard_at_;  // the silence the warnings count in
+  std::int64_t warnings = 0;
+  while (!finished_ && !fatal_ && !stop_requested_) {
+    const auto now = ports_.clock->now();
+    if (trainer_heard_at_ != silence_since) {  // heard from since: a new silence starts
+      silence_since = trainer_heard_at_;
+      warnings = 0;
+    }
+    const auto silent = now - trainer_heard_at_;
+    if (timeout > Duration::zero() && silent >= timeout) {
+      on_fatal(Error(ErrorCode::kUnavailable,
+                     fmt::format("the trainer has not been heard from for {:.1f} s (no heartbeat or version over the "
+                                 "bridge: its host is unreachable, or it is stopped or gone): past "
+                                 "trainer.silence_timeout_s ({:g} s) the run stops; trainer.silence_timeout_s: 0 "
+                                 "waits for it instead",
+                                 seconds(silent), seconds(timeout))));
+      co_return;
+    }
+    TimePoint wake = timeout > Duration::zero() ? trainer_heard_at_ + timeout : TimePoint::max();
+    if (alarm > Duration::zero()) {
+      if (silent >= alarm * (warnings + 1)) {
+        ++warnings;
+        ++trainer_silence_alarms_;
+        ARLO_WARN("orchestrator: the trainer has not been heard from for {:.0f} s (its host unreachable, or it is "
+                  "stopped); {}",
+                  seconds(silent),
+                  timeout > Duration::zero()
+                      ? fmt::format("the run stops after trainer.silence_timeout_s ({:g} s)", seconds(timeout))
+                      : std::string("waiting for it (trainer.silence_timeout_s: 0)"));
+      }
+      wake = std::min(wake, trainer_heard_at_ + alarm * (warnings + 1));
+    }
+    co_await sleep_until(io_.get_executor(), *ports_.clock, wake);
+  }
+}
+
 void Orchestrator::request_stop(const std::string& reason) {
   if (stop_requested_ || finished_) return;
   ARLO_WARN("orchestrator: stopping: {}", reason);
@@ -267,7 +316,7 @@ void Orchestrator::on_fatal(Error e) {
   if (fatal_) return;
   ARLO_ERROR("orchestrator: fatal: {}", e.what());
   fatal_ = std::move(e);
-  train_sink_->stop();
+  train_sink_->abandon(*fatal_);
   eval_sink_->stop();
 }
 

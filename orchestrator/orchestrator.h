@@ -95,10 +95,13 @@ class Orchestrator {
   // GET /api/status: the run's position, the ledger and each worker's state.
   nlohmann::json status_json() const;
   const std::vector<StepReport>& step_reports() const { return steps_; }
+  // Warnings so far that the trainer was not heard from (Options::trainer_alarm while it is silent).
+  std::uint64_t trainer_silence_alarms() const { return trainer_silence_alarms_; }
 
  private:
   Awaitable<void> main_loop(std::int64_t start_step);
   Awaitable<void> read_worker_weights();
+  Awaitable<void> watch_trainer();
   void on_step(const StepReport& r);
   void on_synced(const SyncReport& r);
   void on_eval(const EvalReport& r);
@@ -148,6 +151,9 @@ class Orchestrator {
   std::uint64_t failed_at_last_line_ = 0;  // console: counts at the previous printed step line
   std::uint64_t cancelled_at_last_line_ = 0;
   double last_sync_seconds_ = 0.0;
+  TimePoint trainer_heard_at_{};  // the trainer's last sign of life (TrainerPort::on_alive)
+  bool trainer_heard_ = false;
+  std::uint64_t trainer_silence_alarms_ = 0;
   double wait_at_last_step_ = 0.0;  // dispatcher's cumulative gate wait at the previous step
   nlohmann::json last_trainer_metrics_ = nlohmann::json::object();
   RecordLog records_;

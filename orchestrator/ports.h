@@ -68,6 +68,10 @@ class TrainerPort {
   virtual ~TrainerPort() = default;
   virtual Awaitable<Status> send(TrainBatch batch) = 0;
   virtual void on_version(std::function<void(VersionNotice)> callback) = 0;
+  // Calls `callback` on the loop each time the trainer is heard from (a heartbeat, a version). A
+  // port without a liveness signal never calls it; the silence deadline (Options::
+  // trainer_silence_timeout) starts at the first call.
+  virtual void on_alive(std::function<void()> callback) { (void)callback; }
 };
 
 // Time. The real clock uses steady timers on the io_context; the fake one in tests is advanced by

@@ -234,14 +234,21 @@ Awaitable<void> TrainSink::run(std::int64_t start_step) {
     const auto t0 = clock_.now();
     auto waiting = std::make_shared<bool>(true);
     if (opt_.trainer_alarm > Duration::zero()) spawn(ex_, alarm_while_waiting(step, t0, waiting));
-    Status sent = ok();
-    if (opt_.trainer_timeout > Duration::zero()) {
-      auto op = trainer_.send(std::move(*batch));
-      sent = co_await with_deadline<void>(ex_, clock_, t0 + opt_.trainer_timeout, std::move(op),
-                                          "the trainer accepting the batch (trainer.accept_timeout_s)");
-    } else {
-      sent = co_await trainer_.send(std::move(*batch));
-    }
+    // Accepted, past the deadline, or abandoned (abandon()): whichever comes first.
+    Promise<Status> done(ex_);
+    sending_ = done;
+    std::unique_ptr<Timer> deadline;
+    if (opt_.trainer_timeout > Duration::zero())
+      deadline = clock_.schedule(t0 + opt_.trainer_timeout, [done]() mutable {
+        done.set(make_error(ErrorCode::kTimeout, "the trainer accepting the batch (trainer.accept_timeout_s): deadline expired"));
+      });
+    spawn(ex_, [done, op = trainer_.send(std::move(*batch))]() mutable -> Awaitable<void> {
+      auto r = co_await std::move(op);
+      done.set(std::move(r));
+    });
+    Status sent = co_await done.get();
+    sending_.reset();
+    if (deadline) deadline->cancel();
     *waiting = false;
     report.send_seconds = seconds(clock_.now() - t0);
     if (!sent) {
@@ -263,6 +270,11 @@ Awaitable<void> TrainSink::alarm_while_waiting(std::int64_t step, TimePoint sinc
               "the run stops after trainer.accept_timeout_s)",
               step, seconds(clock_.now() - since));
   }
+}
+
+void TrainSink::abandon(const Error& why) {
+  stop();
+  if (sending_) sending_->set(std::unexpected(why));
 }
 
 void TrainSink::stop() {

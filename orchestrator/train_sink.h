@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,9 @@ class TrainSink {
   // Stops run() and disposes of everything queued (unused_at_drain); groups still being scored
   // are disposed of when their scores arrive.
   void stop();
+  // stop(), and a batch the trainer has not accepted yet is given up with `why` (the run ends on a
+  // fatal error: a trainer that went silent would never take it; the journal keeps it for a resume).
+  void abandon(const Error& why);
   // Tasks of queued and scoring groups (checkpoint: re-dispatched on resume).
   std::vector<Task> unbatched_tasks() const;
 
@@ -102,6 +106,7 @@ class TrainSink {
   int filtered_since_cut_ = 0;          // samples, for the step report
   int filtered_groups_since_cut_ = 0;   // against Options::filter_budget_groups()
   bool stopped_ = false;
+  std::optional<Promise<Status>> sending_;  // the send in flight (abandon() completes it)
   std::uint64_t trainer_alarms_ = 0;
 };
 

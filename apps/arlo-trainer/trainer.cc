@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -161,7 +162,15 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   }
   std::int64_t saved_step = ckpt ? ckpt->step : 0;  // the newest checkpoint on disk
 
-  std::ofstream metrics_log(o.run_dir / "trainer_metrics.jsonl", std::ios::app);
+  // The run directory may not exist yet (a trainer on its own host, given a fresh directory): made
+  // here, so the metrics log is never silently lost.
+  std::error_code dir_ec;
+  std::filesystem::create_directories(o.run_dir, dir_ec);
+  const auto metrics_path = o.run_dir / "trainer_metrics.jsonl";
+  std::ofstream metrics_log(metrics_path, std::ios::app);
+  if (!metrics_log)
+    return make_error(ErrorCode::kIo, fmt::format("trainer: cannot open {} for appending: {} (--run-dir)", metrics_path.string(),
+                                                  dir_ec ? dir_ec.message() : std::strerror(errno)));
   reference::LossOptions lo;
   lo.correction = *correction;
   lo.tis_high = o.tis_high;

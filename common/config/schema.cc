@@ -361,7 +361,15 @@ std::vector<Section> product_sections() {
                      "with an error naming the step. 0: no deadline.")
                .range(0.0, 1e7),
            float_key("alarm_s", 60.0,
-                     "While the trainer has not accepted a batch, a warning every this many seconds. 0: none.")
+                     "While the trainer has not accepted a batch, or has not been heard from (silence_timeout_s), "
+                     "a warning every this many seconds. 0: none.")
+               .range(0.0, 1e7),
+           float_key("silence_timeout_s", 600.0,
+                     "How long the run waits for a trainer it has not heard from (it heartbeats every second over "
+                     "the socket bridge; silence: its host is unreachable, or it is stopped or gone), once it was "
+                     "heard from; past it the run stops with an error naming the trainer and this key. 0: wait for "
+                     "it as long as it takes (a warning every alarm_s). A dir bridge trainer that writes no "
+                     "heartbeats is never timed.")
                .range(0.0, 1e7),
            int_key("ckpt_interval", 0,
                    "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "

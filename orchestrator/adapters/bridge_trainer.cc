@@ -10,6 +10,7 @@ BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& 
 
 void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
   server_.on_version([this, cb = std::move(callback)](bridge::VersionEvent e) {
+    if (alive_) alive_();
     if (e.info.is_object()) latest_info_ = e.info;
     // The announcement carries where the weights are under "weight_sync" (weight_sync/wire.h) and
     // the step's trainer metrics under "metrics" (arlo-trainer: loss, grad_norm, mismatch_kl, ...).
@@ -18,6 +19,13 @@ void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
     if (e.info.is_object() && e.info.contains("weight_sync") && e.info["weight_sync"].is_object())
       notice.weight_sync = e.info["weight_sync"];
     cb(std::move(notice));
+  });
+}
+
+void BridgeTrainer::on_alive(std::function<void()> callback) {
+  alive_ = std::move(callback);
+  server_.on_heartbeat([this](bridge::HeartbeatEvent) {
+    if (alive_) alive_();
   });
 }
 

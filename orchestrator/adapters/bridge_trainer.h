@@ -18,6 +18,9 @@ class BridgeTrainer final : public TrainerPort {
   BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& server, ThreadPool& pool, bridge::PackOptions pack);
   Awaitable<Status> send(TrainBatch batch) override;
   void on_version(std::function<void(VersionNotice)> callback) override;
+  // Each heartbeat and each version from the trainer (socket bridge: every second; dir bridge: the
+  // heartbeat files a trainer writes, if it writes them).
+  void on_alive(std::function<void()> callback) override;
   const bridge::PackReport& last_report() const { return last_; }
   // What the trainer announced with the newest version it published (where the weights are: tcp
   // address, shm name, filesystem dir), or an empty object before the first announcement.
@@ -30,6 +33,7 @@ class BridgeTrainer final : public TrainerPort {
   bridge::PackOptions pack_;
   bridge::PackReport last_;
   nlohmann::json latest_info_ = nlohmann::json::object();
+  std::function<void()> alive_;
 };
 
 }  // namespace arlo::orch::adapters

@@ -122,5 +122,21 @@ TEST(Trainer, TrainsPublishesCheckpointsAndResumes) {
   fs::remove_all(run);
 }
 
+// A --run-dir that does not exist yet (a trainer on a host of its own, given a fresh directory) is
+// made at start: the metrics log is there from the first step, not silently missing.
+TEST(Trainer, MakesARunDirectoryThatDoesNotExistYet) {
+  const auto base = temp_dir("fresh");
+  const auto run = base / "not" / "yet";
+  auto args = trainer_args(run, 1);
+  args.insert(args.end(), {"--idle-exit-ms", "300"});
+  testing::ChildProcess trainer(args);
+  ASSERT_TRUE(trainer.started());
+  auto status = trainer.wait(std::chrono::seconds(120));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  EXPECT_TRUE(fs::exists(run / "trainer_metrics.jsonl"));
+  fs::remove_all(base);
+}
+
 }  // namespace
 }  // namespace arlo

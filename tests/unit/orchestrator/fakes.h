@@ -272,6 +272,10 @@ class FakeTrainer final : public TrainerPort {
     co_return ok();
   }
   void on_version(std::function<void(VersionNotice)> cb) override { cb_ = std::move(cb); }
+  void on_alive(std::function<void()> cb) override { alive_ = std::move(cb); }
+  void heartbeat() {
+    if (alive_) alive_();
+  }
   void publish(Version v) {
     if (cb_) cb_({v, {{"loss", 0.5}, {"lr", 1e-3}, {"step", v}, {"note", "not a number"}}});
   }
@@ -289,6 +293,7 @@ class FakeTrainer final : public TrainerPort {
   Signal space_;
   int acked_ = 0;
   std::function<void(VersionNotice)> cb_;
+  std::function<void()> alive_;
 };
 
 }  // namespace arlo::orch::testing

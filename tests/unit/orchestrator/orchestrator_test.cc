@@ -47,6 +47,7 @@ struct Harness {
   FakeTrainer trainer{io.get_executor()};
   Options opt;
   std::unique_ptr<Orchestrator> orch;
+  std::vector<std::unique_ptr<Timer>> keep;  // timers a test schedules on the fake clock
 
   Harness() {
     opt.batch_size = 4;
@@ -865,6 +866,78 @@ TEST(Trainer, ABusyTrainerRaisesAnAlarmAndTheRunGoesOn) {
   EXPECT_TRUE(h.orch->summary().ok) << h.orch->summary().error;
   EXPECT_EQ(h.orch->summary().steps, 3);
   EXPECT_EQ(h.orch->train_sink().trainer_alarms(), 1u);
+}
+
+// The trainer's host becomes unreachable: it neither acknowledges nor heartbeats. The run waits
+// for the batch without an accept deadline, so only the silence deadline can end it: warnings every
+// trainer_alarm, then the run stops naming the trainer and the key.
+TEST(Trainer, ASilentTrainerStopsTheRunPastTheSilenceTimeoutNamingTheKey) {
+  Harness h;
+  h.opt.trainer_alarm = std::chrono::seconds(10);
+  h.opt.trainer_silence_timeout = std::chrono::seconds(35);
+  h.trainer.max_pending = 1;  // accepts step 1, then never acknowledges
+  h.inf.auto_complete = true;
+  h.start();
+  h.trainer.heartbeat();  // heard from once, then silent
+  const auto heard = h.clock.now();
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  const auto& s = h.orch->summary();
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.error.find("the trainer has not been heard from for 35.0 s"), std::string::npos) << s.error;
+  EXPECT_NE(s.error.find("trainer.silence_timeout_s (35 s)"), std::string::npos) << s.error;
+  EXPECT_EQ(h.orch->trainer_silence_alarms(), 3u);  // at 10, 20 and 30 s
+  EXPECT_GE(h.clock.now() - heard, std::chrono::seconds(35));
+  EXPECT_LT(h.clock.now() - heard, std::chrono::seconds(40));
+  h.expect_ledger_adds_up();
+}
+
+// A trainer that keeps heartbeating while it holds a batch for long is busy, not gone: no silence
+// warning, no stop; a trainer never heard from (a bridge without heartbeats) is not timed either.
+TEST(Trainer, ABusyTrainerThatHeartbeatsIsNotSilent) {
+  Harness h;
+  h.opt.max_steps = 3;
+  h.opt.trainer_alarm = std::chrono::seconds(10);
+  h.opt.trainer_silence_timeout = std::chrono::seconds(5);
+  h.trainer.max_pending = 1;
+  h.inf.auto_complete = true;
+  h.start();
+  const auto until = h.clock.now() + std::chrono::seconds(100);
+  std::function<void()> beat = [&] {  // every second, for 100 s
+    h.trainer.heartbeat();
+    if (h.clock.now() < until) h.keep.push_back(h.clock.schedule(h.clock.now() + std::chrono::seconds(1), beat));
+  };
+  beat();
+  ASSERT_TRUE(h.run_until([&] { return h.clock.now() >= until; }));
+  EXPECT_FALSE(h.orch->finished()) << h.orch->summary().error;
+  EXPECT_EQ(h.orch->trainer_silence_alarms(), 0u);
+  h.trainer.auto_publish = true;
+  h.trainer.ack(1);
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  EXPECT_TRUE(h.orch->summary().ok) << h.orch->summary().error;
+  EXPECT_EQ(h.orch->summary().steps, 3);
+}
+
+// trainer.silence_timeout_s 0: the run waits for a silent trainer as long as it takes (warning
+// every trainer_alarm); when it comes back the run finishes.
+TEST(Trainer, WithoutASilenceTimeoutTheRunWaitsForTheTrainer) {
+  Harness h;
+  h.opt.max_steps = 3;
+  h.opt.trainer_alarm = std::chrono::seconds(60);
+  h.trainer.max_pending = 1;
+  h.inf.auto_complete = true;
+  h.start();
+  h.trainer.heartbeat();
+  ASSERT_TRUE(h.run_until([&] { return h.orch->trainer_silence_alarms() >= 10; }));  // 10 minutes of silence
+  EXPECT_FALSE(h.orch->finished()) << h.orch->summary().error;
+  h.trainer.heartbeat();  // back
+  h.trainer.auto_publish = true;
+  h.trainer.ack(1);
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  EXPECT_TRUE(h.orch->summary().ok) << h.orch->summary().error;
+  EXPECT_EQ(h.orch->summary().steps, 3);
+  EXPECT_EQ(h.orch->trainer_silence_alarms(), 10u);
 }
 
 TEST(Options, EvalPassKAndCorrectThresholdComeFromTheConfig) {
