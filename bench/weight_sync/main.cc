@@ -17,12 +17,17 @@
 // Then the stall table: a trainer stages --versions versions through a StagingPublisher while the
 // receivers pull each announced one; per version, how long stage() held the trainer against the
 // staging copy it reports and an independent memcpy, and the time until every receiver held it.
+// With --cluster it prints only the shaped-link table instead: the sender in simulated host 0 and
+// each receiver in a host of its own (network namespaces, tests/cluster/netns.h), every link shaped
+// to --link-mbit; star, chain and the gloo peer at 1, 2 and 4 receivers against the link limit.
 // The output is described in bench/weight_sync/README.md.
 #include <fcntl.h>
 #include <errno.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -31,6 +36,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -48,7 +54,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/auth.h"
 #include "tests/e2e/spawn.h"
+#ifdef ARLO_BENCH_CLUSTER
+#include "tests/cluster/netns.h"
+#endif
 #include "weight_sync/qwen3.h"
 #include "weight_sync/staging.h"
 #include "weight_sync/transport.h"
@@ -81,8 +91,51 @@ struct Args {
   int versions = 5;     // stall table: versions the trainer stages
   int step_ms = 500;    // stall table: the trainer's step (one stage() per step)
   int repeat = 3;  // timed repetitions; the best is reported (the machine is shared)
+  bool cluster = false;                    // the shaped-link table between simulated hosts
+  double link_mbit = 2000;                 // --cluster: every host's link, each direction
+  double link_delay_ms = 0.5;              // --cluster: one way (needs the kernel's sch_netem)
+  std::string cluster_receivers = "1,2,4";  // --cluster: receiver counts
 };
 int g_repeat = 3;
+
+// --cluster: the simulated hosts (host 0 holds the sender, host k + 1 receiver k or gloo rank
+// k + 1). Empty otherwise: every process stays on this host's loopback.
+struct SimHost {
+  std::string netns_path;  // the network namespace, as `ip netns` keeps it
+  std::string address;     // the host's address on its shaped link
+};
+std::vector<SimHost> g_hosts;
+volatile std::sig_atomic_t g_interrupted = 0;  // --cluster: SIGINT/SIGTERM, so the hosts are removed
+
+// Moves the calling process (a forked child, one thread) into simulated host `h`'s network
+// namespace: sockets it makes from now on live there. "" when done or when there are no simulated
+// hosts, else what failed.
+std::string enter_host(std::size_t h) {
+  if (g_hosts.empty()) return "";
+  if (h >= g_hosts.size()) return "no simulated host " + std::to_string(h);
+  const std::string& path = g_hosts[h].netns_path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "open " + path + ": " + std::strerror(errno);
+  const int rc = ::setns(fd, CLONE_NEWNET);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return "setns " + path + ": " + std::strerror(err);
+  return "";
+}
+
+// The network interface of this process's host other than loopback ("" when there is none).
+std::string link_interface() {
+  std::string name;
+  if (struct if_nameindex* ifs = ::if_nameindex()) {
+    for (const struct if_nameindex* i = ifs; i->if_index != 0; ++i)
+      if (std::string_view(i->if_name) != "lo") {
+        name = i->if_name;
+        break;
+      }
+    ::if_freenameindex(ifs);
+  }
+  return name;
+}
 
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
@@ -141,16 +194,34 @@ void emit(const nlohmann::json& j) {
   if (::write(g_result_fd, line.data(), line.size()) < 0) std::perror("write result");
 }
 
-std::vector<nlohmann::json> collect(int fd) {
+// Every result line until all writers closed `fd`. When one reports an error, the `stop` processes
+// are killed: the others would wait out their deadlines (minutes) for a peer that is gone.
+std::vector<nlohmann::json> collect(int fd, const std::vector<pid_t>& stop = {}) {
   std::vector<nlohmann::json> out;
   std::string buf;
   char tmp[4096];
   ssize_t n;
-  while ((n = ::read(fd, tmp, sizeof tmp)) > 0) buf.append(tmp, static_cast<std::size_t>(n));
-  std::istringstream in(buf);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line, nullptr, false));
+  bool stopped = false;
+  while ((n = ::read(fd, tmp, sizeof tmp)) != 0) {
+    if (n < 0) {
+      if (errno != EINTR) break;
+      if (g_interrupted && !stopped) {  // --cluster interrupted: end the run now
+        for (pid_t p : stop) ::kill(p, SIGKILL);
+        stopped = true;
+      }
+      continue;
+    }
+    buf.append(tmp, static_cast<std::size_t>(n));
+    for (std::size_t eol; (eol = buf.find('\n')) != std::string::npos; buf.erase(0, eol + 1)) {
+      if (eol == 0) continue;
+      out.push_back(nlohmann::json::parse(buf.substr(0, eol), nullptr, false));
+      if (!stopped && out.back().is_object() && out.back().contains("error")) {
+        for (pid_t p : stop) ::kill(p, SIGKILL);
+        stopped = true;
+      }
+    }
+  }
+  if (!buf.empty()) out.push_back(nlohmann::json::parse(buf, nullptr, false));
   return out;
 }
 
@@ -171,6 +242,8 @@ pid_t spawn(F f) {
   std::fflush(stdout);  // or the child's first log line repeats what the parent had buffered
   const pid_t pid = ::fork();
   if (pid == 0) {
+    ::signal(SIGINT, SIG_DFL);  // --cluster's parent catches them; its children stop as usual
+    ::signal(SIGTERM, SIG_DFL);
     int code = 0;
     try {
       code = f();
@@ -187,7 +260,8 @@ int wait_all(const std::vector<pid_t>& pids) {
   int worst = 0;
   for (pid_t p : pids) {
     int st = 0;
-    ::waitpid(p, &st, 0);
+    while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
+    }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) worst = 1;
   }
   return worst;
@@ -342,18 +416,25 @@ nlohmann::json baseline_gloo(std::uint64_t bytes, int receivers, std::uint64_t b
     if (pid == 0) {
       ::dup2(fds[1], 1);
       ::close(fds[0]);
+      // --cluster: rank r in simulated host r, gloo's sockets on that host's link.
+      if (const auto why = enter_host(static_cast<std::size_t>(rank)); !why.empty()) {
+        std::fprintf(stderr, "gloo rank %d: %s\n", rank, why.c_str());
+        ::_exit(126);
+      }
+      if (!g_hosts.empty()) ::setenv("GLOO_SOCKET_IFNAME", link_interface().c_str(), 1);
       const std::string a_rank = std::to_string(rank), a_world = std::to_string(receivers + 1),
                         a_bytes = std::to_string(bytes), a_bucket = std::to_string(bucket), a_port = std::to_string(port);
       ::setenv("OMP_NUM_THREADS", "1", 1);
+      const std::string master = g_hosts.empty() ? "127.0.0.1" : g_hosts[0].address;
       ::execl("/usr/bin/python3", "python3", script.c_str(), "--rank", a_rank.c_str(), "--world", a_world.c_str(),
-              "--bytes", a_bytes.c_str(), "--bucket", a_bucket.c_str(), "--port", a_port.c_str(), "--repeat",
-              std::to_string(g_repeat).c_str(), nullptr);
+              "--bytes", a_bytes.c_str(), "--bucket", a_bucket.c_str(), "--port", a_port.c_str(), "--master",
+              master.c_str(), "--repeat", std::to_string(g_repeat).c_str(), nullptr);
       ::_exit(127);
     }
     pids.push_back(pid);
   }
   ::close(fds[1]);
-  auto r = collect(fds[0]);
+  auto r = collect(fds[0], pids);
   ::close(fds[0]);
   std::string statuses;
   for (pid_t p : pids) {
@@ -431,6 +512,8 @@ nlohmann::json bench_params(const ws::TransportDescriptor& d, const std::string&
   if (d.option("dir")) p["dir"] = (g_params.dir / ("ws-" + d.name + "-" + run_tag)).string();
   if (d.option("shm_name")) p["shm_name"] = "bench-" + std::to_string(::getpid()) + "-" + run_tag;
   if (d.option("poll_interval_ms")) p["poll_interval_ms"] = 2;
+  // --cluster: the publisher listens on host 0's link (receivers get its endpoint object).
+  if (d.option("address") && !g_hosts.empty()) p["address"] = g_hosts[0].address + ":0";
   if (d.option("direct_read") && g_params.shm_read != "default") p["direct_read"] = g_params.shm_read == "direct";
   for (const auto& [k, v] : g_params.extra)
     if (d.option(k)) p[k] = v;
@@ -448,6 +531,9 @@ ws::Options base_options(const ws::TransportDescriptor& d, const Args& args, con
   base.bucket_timeout = 120s;
   base.timeout = 600s;
   base.params = bench_params(d, run_tag);
+  // --cluster: every expected receiver is coming; one that a loaded machine starts late must still
+  // be in the timed version rather than left for the next.
+  if (!g_hosts.empty()) base.gather_window = 60s;
   return base;
 }
 
@@ -472,6 +558,10 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
   std::vector<pid_t> pids;
   for (int k = 0; k < args.receivers; ++k) {
     pids.push_back(spawn([&, k] {
+      if (const auto why = enter_host(static_cast<std::size_t>(k) + 1); !why.empty()) {
+        emit({{"role", "receiver"}, {"error", why}});
+        return 2;
+      }
       ws::Options o = base;
       o.peer_name = "receiver-" + std::to_string(k);
       auto endpoint = read_line(where[static_cast<std::size_t>(k)].r);
@@ -481,6 +571,11 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
       }
       o.params = with_endpoint(o.params, *endpoint);
       o.relay = chain && k + 1 < args.receivers;
+      // --cluster: a relay serves the next host on its own host's link.
+      if (o.relay && !g_hosts.empty() && d.relay_at) {
+        const auto relay = d.relay_at(g_hosts[static_cast<std::size_t>(k) + 1].address, 0);  // {params, endpoint}
+        for (const auto& [key, v] : relay.first.items()) o.params[key] = v;
+      }
       auto sub = ws::Subscriber::create(o);
       if (!sub) {
         emit({{"role", "receiver"}, {"error", sub.error().what()}});
@@ -515,6 +610,10 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
     }));
   }
   pids.push_back(spawn([&] {
+    if (const auto why = enter_host(0); !why.empty()) {
+      emit({{"role", "sender"}, {"error", why}});
+      return 2;
+    }
     ws::Options o = base;
     o.expected_receivers = chain ? 1 : static_cast<std::size_t>(args.receivers);
     auto pub = ws::Publisher::create(o);
@@ -559,7 +658,7 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
   ::close(ready[0]);
   ::close(ready[1]);
   for (auto& p : where) p.close_both();
-  auto results = collect(fds[0]);
+  auto results = collect(fds[0], pids);
   ::close(fds[0]);
   wait_all(pids);
   std::error_code ec;
@@ -897,6 +996,204 @@ std::optional<std::vector<const ws::TransportDescriptor*>> chosen_transports(con
   return out;
 }
 
+#ifdef ARLO_BENCH_CLUSTER
+// "1.20 0.85 0.60": the load averages, printed with every figure (the machine may be shared).
+std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+extern "C" void on_interrupt(int) { g_interrupted = 1; }
+
+// --cluster: the shaped-link table. One simulated host per process (host 0 the sender or gloo rank
+// 0, host k + 1 receiver k), every host's link shaped to the same rate in each direction, so the
+// link and not this machine's loopback is the limit. For each receiver count: the gloo peer, then
+// star and chain of every chosen transport whose descriptor relays (the ones that move bytes host to
+// host); each time against the link limit (model bytes / link rate) and against gloo; then the
+// targets of issue 16 for every such transport.
+int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& chosen,
+                const std::vector<ws::TensorSpec>& specs, std::uint64_t bytes) {
+  namespace cl = arlo::cluster;
+  std::vector<int> counts;
+  {
+    std::stringstream ss(args.cluster_receivers);
+    for (std::string t; std::getline(ss, t, ',');) {
+      int n = 0;
+      const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+      if (ec != std::errc() || end != t.data() + t.size() || n < 1 || n > 8) {
+        std::fprintf(stderr, "--cluster-receivers %s: '%s' is not a receiver count 1-8 (e.g. 1,2,4)\n",
+                     args.cluster_receivers.c_str(), t.c_str());
+        return 2;
+      }
+      counts.push_back(n);
+    }
+    std::sort(counts.begin(), counts.end());
+    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    if (counts.empty()) {
+      std::fprintf(stderr, "--cluster-receivers: give at least one receiver count (e.g. 1,2,4)\n");
+      return 2;
+    }
+  }
+  if (args.link_mbit <= 0) {
+    std::fprintf(stderr, "--link-mbit %g: the shaped-link table needs a link rate above 0\n", args.link_mbit);
+    return 2;
+  }
+  if (const auto why = cl::Cluster::unavailable(); !why.empty()) {
+    std::fprintf(stderr, "--cluster: %s\n", why.c_str());
+    return 2;
+  }
+  std::vector<const ws::TransportDescriptor*> relaying;
+  for (const auto* d : chosen) {
+    if (d->capabilities.relays) relaying.push_back(d);
+    else if (!args.transports.empty())
+      std::printf("weight_sync %s: skipped, its descriptor does not relay (the shaped-link table runs the transports "
+                  "that move bytes host to host)\n", d->name.c_str());
+  }
+  // A publisher listening off loopback wants the run's token; the bench makes one for its
+  // processes, as `arlo run` does, unless one is set.
+  if (!std::getenv(std::string(arlo::auth::kTokenEnv).c_str()) && !std::getenv(std::string(arlo::auth::kTokenFileEnv).c_str())) {
+    auto token = arlo::auth::generate_token();
+    if (!token) {
+      std::fprintf(stderr, "--cluster: %s\n", token.error().what().c_str());
+      return 2;
+    }
+    ::setenv(std::string(arlo::auth::kTokenEnv).c_str(), token->c_str(), 1);
+  }
+
+  const int hosts = counts.back() + 1;
+  cl::LinkShape shape{args.link_mbit, args.link_delay_ms, 0};
+  std::string latency = args.link_delay_ms > 0 ? "" : "none asked";
+  auto cluster = cl::Cluster::create(hosts, shape);
+  if (!cluster && shape.delay_ms > 0) {
+    // No sch_netem here: the rate alone is simulated, and the table says so.
+    std::string why = cluster.error().what();
+    if (const auto cut = why.find(" (`"); cut != std::string::npos) why.resize(cut);
+    latency = "NOT simulated (" + why + ")";
+    shape.delay_ms = 0;
+    cluster = cl::Cluster::create(hosts, shape);
+  }
+  if (!cluster) {
+    std::fprintf(stderr, "--cluster: simulated hosts: %s\n", cluster.error().what().c_str());
+    return 2;
+  }
+  if (latency.empty()) latency = std::to_string(args.link_delay_ms) + " ms one way (netem)";
+  for (int i = 0; i < hosts; ++i) g_hosts.push_back({"/var/run/netns/" + (*cluster)->netns(i), (*cluster)->address(i)});
+  struct sigaction sa{};
+  sa.sa_handler = on_interrupt;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  const double link_bytes_per_s = args.link_mbit * 1e6 / 8;
+  const double limit = static_cast<double>(bytes) / link_bytes_per_s;
+  const std::uint64_t bucket = args.bucket_mb << 20;
+  std::printf("weight-sync bench --cluster: %s x%.3g %s, %zu tensors, %.3f GB; payload %s%s; bucket %llu MiB; mode %s; "
+              "best of %d\n",
+              args.model.c_str(), args.scale, args.dtype.c_str(), specs.size(), bytes / 1e9, args.payload.c_str(),
+              args.zstd ? "+zstd" : "", static_cast<unsigned long long>(args.bucket_mb), args.mode.c_str(), args.repeat);
+  std::printf("hosts: %d network namespaces on one bridge, every host's link %g Mbit/s each way (tbf); latency: %s\n",
+              hosts, args.link_mbit, latency.c_str());
+  std::printf("link limit = model bytes / link rate = %.3f s; load average %s\n", limit, loadavg().c_str());
+  std::printf("\n%-28s %4s %9s %13s %14s %9s %18s  %s\n", "run", "recv", "seconds", "link limit s", "vs link limit",
+              "vs gloo", "cpu s send / recv", "weights");
+  std::fflush(stdout);
+
+  auto fmt_ratio = [](std::optional<double> r) -> std::string {
+    if (!r) return "-";
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2fx", *r);
+    return b;
+  };
+  std::map<std::pair<std::string, int>, double> seconds;  // (run label, receivers) -> best seconds
+  std::map<int, double> gloo;
+  std::string gloo_error;
+  bool all_match = true;
+  for (const int n : counts) {
+    if (g_interrupted) break;
+    Args a = args;
+    a.receivers = n;
+    if (args.gloo) {
+      auto g = baseline_gloo(bytes, n, bucket);
+      if (!g.contains("seconds") && !g_interrupted) g = baseline_gloo(bytes, n, bucket);  // once more, as the main table does
+      if (g.contains("seconds")) {
+        gloo[n] = g["seconds"];
+        std::printf("%-28s %4d %9.3f %13.3f %14s %9s %18s  %s\n", "peer torch gloo broadcast", n, gloo[n], limit,
+                    fmt_ratio(limit / gloo[n]).c_str(), "1.00x", "-", "-");
+      } else {
+        gloo_error = g.is_object() ? g.value("error", std::string("no result")) : std::string("no result");
+        std::printf("%-28s %4d unavailable: %s (needs /usr/bin/python3 with torch)\n", "peer torch gloo broadcast", n,
+                    gloo_error.c_str());
+      }
+      std::fflush(stdout);
+    }
+    for (const auto* d : relaying) {
+      for (const bool chain : {false, true}) {
+        if (g_interrupted) break;
+        const std::string label = "weight_sync " + d->name + (chain ? " chain" : " star");
+        auto r = run_transport(*d, chain, a, specs);
+        if (r.contains("error") || !r.contains("seconds")) {
+          std::printf("%-28s %4d FAILED: %s\n", label.c_str(), n, r.value("error", std::string("no result")).c_str());
+          std::fflush(stdout);
+          continue;
+        }
+        const double s = r["seconds"];
+        seconds[{label, n}] = s;
+        const bool match = r["weights_match"] == true || r["weights_match"] == "lossy payload";
+        all_match &= match;
+        char cpu[48];
+        std::snprintf(cpu, sizeof cpu, "%.3f / %.3f", r.value("sender_cpu", 0.0), r.value("receiver_cpu", 0.0));
+        std::printf("%-28s %4d %9.3f %13.3f %14s %9s %18s  %s\n", label.c_str(), n, s, limit, fmt_ratio(limit / s).c_str(),
+                    fmt_ratio(gloo.count(n) ? std::optional<double>(gloo[n] / s) : std::nullopt).c_str(), cpu,
+                    match ? "match" : "DIFFER");
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (g_interrupted) {
+    std::printf("interrupted; the simulated hosts are removed\n");
+    g_hosts.clear();
+    return 130;
+  }
+
+  // The targets of issue 16, for every relaying transport's chain at the largest and smallest count.
+  const int lo = counts.front(), hi = counts.back();
+  std::printf("\n");
+  for (const auto* d : relaying) {
+    const std::string label = "weight_sync " + d->name + " chain";
+    const auto at = [&](int n) -> std::optional<double> {
+      auto it = seconds.find({label, n});
+      return it == seconds.end() ? std::nullopt : std::optional<double>(it->second);
+    };
+    const auto hi_s = at(hi), lo_s = at(lo);
+    if (!hi_s) {
+      std::printf("target: %s at %d receivers: no result (failed above)\n", label.c_str(), hi);
+      continue;
+    }
+    const double vs_limit = limit / *hi_s;
+    std::printf("target: %s at %d receivers >= 0.80x the link limit: %.2fx (%.3f s against %.3f s)  %s\n", label.c_str(),
+                hi, vs_limit, *hi_s, limit, vs_limit >= 0.8 ? "PASS" : "MISS");
+    if (gloo.count(hi)) {
+      const double vs_gloo = gloo[hi] / *hi_s;
+      std::printf("target: %s at %d receivers >= 3x faster than gloo: %.2fx (gloo %.3f s)  %s\n", label.c_str(), hi,
+                  vs_gloo, gloo[hi], vs_gloo >= 3 ? "PASS" : "MISS");
+    } else {
+      std::printf("target: %s at %d receivers >= 3x faster than gloo: no gloo figure (%s)\n", label.c_str(), hi,
+                  args.gloo ? gloo_error.c_str() : "--no-gloo");
+    }
+    if (lo_s && lo < hi) {
+      const double growth = *hi_s / *lo_s - 1;
+      std::printf("target: %s time grows <= 10%% from %d to %d receivers: %+.1f%% (%.3f -> %.3f s)  %s\n", label.c_str(),
+                  lo, hi, 100 * growth, *lo_s, *hi_s, growth <= 0.10 ? "PASS" : "MISS");
+    }
+  }
+  std::printf("weights: %s; load average after: %s\n", all_match ? "every receiver holds the sender's checksum" : "SOME DIFFER",
+              loadavg().c_str());
+  g_hosts.clear();
+  return all_match ? 0 : 1;
+}
+#endif
+
 }  // namespace
 
 #ifdef ARLO_BINARY
@@ -1015,6 +1312,15 @@ int main(int argc, char** argv) {
   std::uint64_t blast_kb = 4096;
   app.add_option("--blast-chunk-kb", blast_kb, "raw socket baseline: bytes per send/recv call");
   app.add_option("--repeat", args.repeat, "timed repetitions per measurement; the best is reported")->check(CLI::Range(1, 20));
+  app.add_flag("--cluster", args.cluster,
+               "only the shaped-link table: sender and receivers in simulated hosts (network namespaces; needs root), "
+               "star, chain and gloo at --cluster-receivers against the link limit");
+  app.add_option("--link-mbit", args.link_mbit, "--cluster: every host's link rate, Mbit/s each way");
+  app.add_option("--link-delay-ms", args.link_delay_ms,
+                 "--cluster: one-way latency per link (needs the kernel's sch_netem; without it the rate alone is "
+                 "simulated and the header says so)")
+      ->check(CLI::Range(0.0, 10000.0));
+  app.add_option("--cluster-receivers", args.cluster_receivers, "--cluster: receiver counts, comma list");
   CLI11_PARSE(app, argc, argv);
   g_repeat = args.repeat;
   kBlastChunk = blast_kb << 10;
@@ -1046,6 +1352,18 @@ int main(int argc, char** argv) {
   g_params.dir = dir;
   std::string names;
   for (const auto* d : *chosen) names += (names.empty() ? "" : ",") + d->name;
+  if (args.cluster) {
+#ifdef ARLO_BENCH_CLUSTER
+    const int rc = run_cluster(args, *chosen, *specs, bytes);
+    std::error_code cluster_ec;
+    std::filesystem::remove_all(dir, cluster_ec);
+    return rc;
+#else
+    std::fprintf(stderr, "--cluster: this build has no simulated hosts (configure with -DARLO_BUILD_TESTS=ON; they come "
+                         "from tests/cluster)\n");
+    return 2;
+#endif
+  }
 
   std::printf("weight-sync bench: %s x%.3g %s, %zu tensors, %.3f GB; transports %s; receivers %d; payload %s%s; "
               "bucket %llu MiB; topology %s; mode %s; best of %d\n",
