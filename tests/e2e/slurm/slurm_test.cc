@@ -346,7 +346,7 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
     std::string out;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(run_dir / "logs", ec))
-      out += "--- " + e.path().filename().string() + "\n" + tail_of(arlo::e2e::read_text(e.path()), 2500) + "\n";
+      if (e.path().extension() == ".log") out += "--- " + e.path().filename().string() + "\n" + tail_of(arlo::e2e::read_text(e.path()), 2500) + "\n";
     return out;
   };
   ASSERT_EQ(state, "COMPLETED") << "job output:\n" << tail_of(output) << "\n" << logs_of_run() << cluster.logs();
