@@ -3,7 +3,7 @@
 // of three machines), submits the script with the built-in policy on the arithmetic task
 // (configs/quickstart.yaml, shortened), waits for the job, and checks the run: every step done, the
 // trainer's last version on every server (its checksum), the orchestrator, servers and trainer
-// each a step on its own node, addressed through what Slurm set. Skipped with the reason where the
+// each a job step, addressed through what Slurm set. Skipped with the reason where the
 // daemons cannot run (not root, slurm-wlm or munge not installed: scripts/bootstrap installs them).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
