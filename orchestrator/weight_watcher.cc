@@ -129,7 +129,16 @@ Awaitable<void> WeightWatcher::pause_worker(Version v, WorkerSync& out, char& pa
   if (!st) {
     out.error = st.error().what();
     round_receivers_.erase(out.worker);  // nobody pulls from it in this round
+    co_return;
   }
+  if (!opt_.pause_all_first) co_return;
+  // A chain asks what it holds: a worker that already has v (a retry brought it a newer one, or it
+  // was resynced) does not receive it, so no relay waits for it. Unanswered: it is assumed to receive.
+  const auto deadline = clock_.now() + probe_interval(opt_);
+  auto query = inference_.weights(out.worker, deadline);
+  auto held = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "reading a worker's weights");
+  if (held && held->version >= v) round_receivers_.erase(out.worker);
+  else if (held) round_receivers_.insert(out.worker);
 }
 
 Awaitable<void> WeightWatcher::pause_and_update(Version v, WorkerSync& out, char& paused) {

@@ -122,7 +122,9 @@ class FakeInference final : public InferencePort {
       hung_weights_.push_back(never);
       co_return co_await never.get();
     }
-    co_return WorkerWeights{version_, fmt::format("fake-{}", version_)};
+    const auto it = holds.find(worker);
+    const Version held = it == holds.end() ? version_ : it->second;
+    co_return WorkerWeights{held, fmt::format("fake-{}", held)};
   }
 
   std::function<Completion(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
@@ -193,6 +195,7 @@ class FakeInference final : public InferencePort {
   std::set<std::string> hang_pause;
   std::set<std::string> refuse_update;  // these workers answer every update with an error
   std::function<void(const std::string& worker, Version v)> on_update;  // called as each update call starts
+  std::map<std::string, Version> holds;  // what weights() reports for these workers (others: the last update's)
   std::vector<std::string> log;
 
  private:

@@ -476,8 +476,9 @@ TEST(WeightWatcherRound, UpdatesKnowWhoReceivesAndWhoRetries) {
   // w0's update came only after w1's pause had failed: w1 is not in the round.
   EXPECT_EQ(seen, (std::vector<std::string>{"w0 v1: w0 first"}));
   EXPECT_FALSE(r.orch->weight_watcher().receives("w0")) << "between rounds nobody receives";
-  // w1 comes back: the resync of v1 goes to it alone (w0 holds v1).
+  // w1 comes back holding nothing: the resync of v1 goes to it alone (w0 holds v1; each says so).
   r.inf.hang_pause.clear();
+  r.inf.holds["w1"] = kNoVersion;
   seen.clear();
   r.orch->weight_watcher().restarted("w1");
   ASSERT_TRUE(r.run_until([&] { return r.count("update(v1) w1") == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
