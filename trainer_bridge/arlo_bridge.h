@@ -31,7 +31,8 @@
  *   that crashes mid-step sees the same batch after it restarts; pass "start_after_step" (the last
  *   step in the trainer's checkpoint) in the config so steps already applied are never trained twice.
  *
- * Config JSON keys: transport ("dir" | "socket"), run_dir (dir), host, port (socket), rank,
+ * Config JSON keys: transport ("dir" | "socket"), run_dir (dir), host (socket: the orchestrator's
+ * IP address or host name, resolved on every connection attempt), port (socket), rank,
  * start_after_step, heartbeat_interval_ms, heartbeat_timeout_ms, weight_sync (object: the
  * weight-sync block of docs/weight-sync.md, e.g. {"transport": "tcp", "address": "0.0.0.0:0",
  * "expected_receivers": 2}; a trainer that arlo run starts finds it in $ARLO_WEIGHT_SYNC).

@@ -51,6 +51,11 @@
 // nonce keyed with the token (common/auth.h). With a token set, a missing or wrong proof gets ERROR
 // and the connection closes; frames before a valid HELLO are limited to 64 KiB. A server bound to a
 // non-loopback address refuses to start without a token.
+// Host names: the trainer resolves the orchestrator's host on every connection attempt and tries
+// each address it resolves to in turn; a name that does not resolve (yet: cluster DNS entries
+// appear late) is retried like a refused connection, and next_batch's timeout names it and where
+// it came from (ClientOptions::host_source). The server resolves a bind name once, at start(),
+// and listens on its first address; a bind name that does not resolve fails start().
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
@@ -73,8 +78,10 @@ using Duration = std::chrono::steady_clock::duration;
 struct ClientOptions {
   std::string transport = "dir";          // dir | socket
   std::filesystem::path run_dir;          // dir: the run directory (rollouts/ lives under it)
-  std::string host = "127.0.0.1";         // socket
+  std::string host = "127.0.0.1";         // socket: the orchestrator's IP address or host name
   std::uint16_t port = 0;                 // socket
+  // socket: where `host` came from, named in errors ("--bridge-host", a config key, ...).
+  std::string host_source = "the bridge client's host";
   int rank = 0;
   std::int64_t start_after_step = 0;      // steps <= this are acked unseen (trainer's checkpoint)
   Duration heartbeat_interval = std::chrono::seconds(1);   // socket: automatic heartbeats
@@ -110,7 +117,7 @@ Result<std::unique_ptr<BridgeClient>> connect(const ClientOptions& options);
 struct ServerOptions {
   std::string transport = "dir";          // dir | socket
   std::filesystem::path run_dir;          // dir
-  std::string bind = "127.0.0.1";         // socket
+  std::string bind = "127.0.0.1";         // socket: an IP address or a host name (resolved at start())
   std::uint16_t port = 0;                 // socket; 0 picks a free port (see port())
   int num_ranks = 1;
   std::size_t max_pending_batches = 2;    // steps sent and not yet acked by every rank

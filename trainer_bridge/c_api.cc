@@ -174,6 +174,7 @@ arlo_status arlo_bridge_connect(const char* config_json, arlo_bridge** out) {
       o.transport = cfg.value("transport", std::string("dir"));
       o.run_dir = cfg.value("run_dir", std::string());
       o.host = cfg.value("host", std::string("127.0.0.1"));
+      o.host_source = "the \"host\" of the arlo_bridge_connect config";
       o.port = cfg.value("port", std::uint16_t{0});
       o.rank = cfg.value("rank", 0);
       o.start_after_step = cfg.value("start_after_step", int64_t{0});

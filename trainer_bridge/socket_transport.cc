@@ -32,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "common/auth.h"
 #include "common/log.h"
@@ -334,9 +335,22 @@ class SocketServer final : public BridgeServer {
     auto& st = *state_;
     if (st.started) return make_error(ErrorCode::kInvalidArgument, "bridge socket: start() called twice");
     boost::system::error_code ec;
-    const auto address = asio::ip::make_address(st.opt.bind, ec);
-    if (ec) return make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket: bad bind address '{}'", st.opt.bind));
-    ARLO_TRY(auth::require_token_off_loopback("the trainer bridge (socket)", st.opt.bind, st.opt.token));
+    auto address = asio::ip::make_address(st.opt.bind, ec);
+    if (ec) {
+      // A host name (this host's own, "localhost"): listen on the first address it resolves to.
+      // Resolved once, here: the address a server listens on does not move under it.
+      tcp::resolver resolver(st.io);
+      tcp::resolver::results_type results;
+      if (!st.opt.bind.empty()) results = resolver.resolve(st.opt.bind, "0", ec);
+      if (ec || results.empty())
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("bridge socket: the bind host '{}' is neither an IP address nor a name that resolves "
+                                      "({}): give an address of this host (0.0.0.0 for all)",
+                                      st.opt.bind, ec ? ec.message() : std::string("no addresses")));
+      address = results.begin()->endpoint().address();
+      ARLO_INFO("bridge socket: bind host '{}' resolves to {}", st.opt.bind, address.to_string());
+    }
+    ARLO_TRY(auth::require_token_off_loopback("the trainer bridge (socket)", address.to_string(), st.opt.token));
     const tcp::endpoint endpoint(address, st.opt.port);
     st.acceptor.open(endpoint.protocol(), ec);
     if (!ec) set_cloexec(st.acceptor);
@@ -441,8 +455,12 @@ class SocketClient final : public BridgeClient {
       return std::unexpected(std::move(e));
     }
     if (ready_.empty()) {
-      return make_error(ErrorCode::kTimeout, fmt::format("bridge socket client: no batch for rank {} after step {} within the "
-                                                         "timeout ({})", opt_.rank, last_acked_, connected_ ? "connected" : "not connected"));
+      return make_error(ErrorCode::kTimeout,
+                        fmt::format("bridge socket client: no batch for rank {} after step {} within the timeout ({})", opt_.rank,
+                                    last_acked_,
+                                    connected_ ? std::string("connected")
+                                    : last_failure_.empty() ? std::string("not connected")
+                                                            : "not connected: " + last_failure_));
     }
     return ready_.begin()->second;
   }
@@ -543,31 +561,65 @@ class SocketClient final : public BridgeClient {
     }
   }
 
+  // One connection attempt: resolves opt_.host (an IP address resolves to itself) and tries every
+  // address it resolves to, in order. Null with `why` set when none connected.
+  asio::awaitable<std::shared_ptr<tcp::socket>> connect_once(std::string& why) {
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    const auto results = co_await resolver.async_resolve(opt_.host, std::to_string(opt_.port),
+                                                         asio::redirect_error(asio::use_awaitable, ec));
+    if (ec || results.empty()) {
+      why = fmt::format("the orchestrator's host '{}' (from {}) does not resolve ({}); retrying until it does", opt_.host,
+                        opt_.host_source, ec ? ec.message() : std::string("no addresses"));
+      co_return nullptr;
+    }
+    std::vector<std::string> tried;
+    for (const auto& entry : results) {
+      const tcp::endpoint endpoint = entry.endpoint();
+      auto sock = std::make_shared<tcp::socket>(io_);
+      sock->open(endpoint.protocol(), ec);
+      if (!ec) {
+        set_cloexec(*sock);
+        co_await sock->async_connect(endpoint, asio::redirect_error(asio::use_awaitable, ec));
+      }
+      if (!ec) co_return sock;
+      tried.push_back(fmt::format("{} ({})", endpoint.address().to_string(), ec.message()));
+      if (is_closed()) break;
+    }
+    std::string list;
+    for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
+    why = fmt::format("cannot reach the orchestrator at {}:{} (from {}){}; retrying", opt_.host, opt_.port,
+                      opt_.host_source, list.empty() ? std::string() : ": " + list);
+    co_return nullptr;
+  }
+
   asio::awaitable<void> run() {
     auto backoff = std::chrono::milliseconds(20);
     const auto max_backoff = std::chrono::duration_cast<std::chrono::milliseconds>(opt_.reconnect_backoff_max);
-    bool warned = false;
+    std::string warned;  // the last reason logged: each new reason is logged once
     for (;;) {
       if (is_closed()) co_return;
-      auto sock = std::make_shared<tcp::socket>(io_);
       boost::system::error_code ec;
-      const auto address = asio::ip::make_address(opt_.host, ec);
-      if (ec) {
-        set_fatal(make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket client: bad host '{}' (an IP address)", opt_.host)).error());
-        co_return;
-      }
-      sock->open(tcp::endpoint(address, opt_.port).protocol(), ec);
-      if (!ec) set_cloexec(*sock);
-      co_await sock->async_connect(tcp::endpoint(address, opt_.port), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) {
-        if (!warned) ARLO_INFO("bridge socket client: cannot reach {}:{} yet ({}); retrying", opt_.host, opt_.port, ec.message());
-        warned = true;
+      std::string why;
+      auto sock = co_await connect_once(why);
+      if (!sock) {
+        if (is_closed()) co_return;
+        if (why != warned) ARLO_INFO("bridge socket client: {}", why);
+        warned = why;
+        {
+          std::lock_guard lock(mu_);
+          last_failure_ = why;
+        }
         backoff_timer_.expires_after(backoff);
         co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         backoff = std::min(backoff * 2, max_backoff);
         continue;
       }
-      warned = false;
+      {
+        std::lock_guard lock(mu_);
+        last_failure_.clear();
+      }
+      warned.clear();
       backoff = std::chrono::milliseconds(20);
       sock->set_option(tcp::no_delay(true), ec);
       sock_ = sock;
@@ -698,6 +750,7 @@ class SocketClient final : public BridgeClient {
   std::optional<Error> fatal_;
   bool closed_ = false;
   bool connected_ = false;
+  std::string last_failure_;  // why the last connection attempt failed; empty once one connects
 };
 
 }  // namespace
@@ -711,6 +764,10 @@ Result<std::unique_ptr<BridgeServer>> make_socket_server(asio::io_context& io, S
 Result<std::unique_ptr<BridgeClient>> make_socket_client(const ClientOptions& options) {
   if (options.port == 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: port is 0 (give the orchestrator's port)");
   if (options.rank < 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: rank must be >= 0");
+  if (options.host.empty())
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("bridge socket client: the orchestrator's host (from {}) is empty: give its IP address or host name",
+                                  options.host_source));
   auto token = auth::resolve_token(options.token, "");
   if (!token) return std::unexpected(Error(token.error()).with_context("bridge socket client: its token"));
   auto client = std::make_unique<SocketClient>(options);

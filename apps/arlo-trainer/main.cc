@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   int batch_timeout_ms = 1000, idle_exit_ms = 0;
   app.add_option("--run-dir", run_dir, "run directory (batches arrive under rollouts/)")->required();
   app.add_option("--bridge", o.bridge_transport, "batch transport: dir | socket");
-  app.add_option("--bridge-host", o.bridge_host);
+  app.add_option("--bridge-host", o.bridge_host, "socket bridge: the orchestrator's IP address or host name (resolved on every connection attempt)");
   app.add_option("--bridge-port", o.bridge_port);
   app.add_option("--rank", o.rank);
   app.add_option("--layers", o.model.layers);

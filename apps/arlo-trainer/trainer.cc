@@ -250,6 +250,7 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   co.transport = o.bridge_transport;
   co.run_dir = o.run_dir;
   co.host = o.bridge_host;
+  co.host_source = "--bridge-host";
   co.port = o.bridge_port;
   co.rank = o.rank;
   co.start_after_step = step;

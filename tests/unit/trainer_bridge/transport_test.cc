@@ -86,6 +86,7 @@ class Transport : public ::testing::TestWithParam<std::string> {
     ServerOptions o;
     o.transport = GetParam();
     o.run_dir = run_dir_;
+    o.bind = bind_;
     o.port = port;
     o.num_ranks = ranks;
     o.max_pending_batches = max_pending;
@@ -133,6 +134,8 @@ class Transport : public ::testing::TestWithParam<std::string> {
     ClientOptions o;
     o.transport = GetParam();
     o.run_dir = run_dir_;
+    o.host = host_;
+    o.host_source = "the test's host";
     o.port = port_;
     o.rank = rank;
     o.start_after_step = start_after;
@@ -150,6 +153,7 @@ class Transport : public ::testing::TestWithParam<std::string> {
   std::thread thread_;
   std::unique_ptr<BridgeServer> server_;
   std::uint16_t port_ = 0;
+  std::string bind_ = "127.0.0.1", host_ = "127.0.0.1";  // socket: where the server listens, the client connects
   Events events_;
 };
 
@@ -314,6 +318,73 @@ TEST_P(Transport, CloseWakesAWaitingTrainer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, Transport, ::testing::Values("dir", "socket"));
+
+// Host names on the socket transport: "localhost" resolves through /etc/hosts on every machine the
+// tests run on; ".invalid" never resolves (RFC 2606).
+class SocketHostNames : public Transport {};
+
+TEST_P(SocketHostNames, BothSidesTakeAHostName) {
+  bind_ = "localhost";
+  start_server(1, 2);
+  host_ = "localhost";
+  auto c = client(0);
+  ASSERT_TRUE(send(1, 1));
+  auto b = c->next_batch(20s);
+  ASSERT_TRUE(b) << b.error().what();
+  EXPECT_EQ(b->step(), 1);
+  ASSERT_TRUE(c->ack(1));
+  ASSERT_TRUE(events_.wait([&] { return !events_.acks.empty() && events_.acks.back() == 1; }));
+}
+
+TEST_P(SocketHostNames, AnUnresolvableNameIsNamedAndRetriedNotFatal) {
+  start_server(1, 2);
+  host_ = "no-such-host.invalid";
+  auto c = client(0);
+  // The first attempt may still be under way at the first timeout: wait (bounded) for its reason.
+  Result<BatchView> r = make_error(ErrorCode::kInternal, "not asked");
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  do {
+    r = c->next_batch(200ms);
+    ASSERT_FALSE(r);
+    ASSERT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();  // never fatal: it keeps retrying
+  } while (r.error().message().find("does not resolve") == std::string::npos && std::chrono::steady_clock::now() < deadline);
+  EXPECT_NE(r.error().message().find("'no-such-host.invalid' (from the test's host) does not resolve"), std::string::npos)
+      << r.error().message();
+  // Still retrying, still saying why; a batch sent meanwhile waits for it.
+  ASSERT_TRUE(send(1, 1));
+  r = c->next_batch(300ms);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kTimeout);
+  EXPECT_NE(r.error().message().find("no-such-host.invalid"), std::string::npos) << r.error().message();
+  c->close();
+}
+
+TEST_P(SocketHostNames, AnUnresolvableBindNameFailsStartNamingIt) {
+  ServerOptions o;
+  o.transport = "socket";
+  o.bind = "no-such-host.invalid";
+  on_loop([&] {
+    auto s = BridgeServer::create(io_, o);
+    ASSERT_TRUE(s) << s.error().what();
+    auto started = (*s)->start();
+    ASSERT_FALSE(started);
+    EXPECT_EQ(started.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(started.error().message().find("'no-such-host.invalid'"), std::string::npos) << started.error().message();
+  });
+}
+
+TEST_P(SocketHostNames, AnEmptyHostIsRefusedAtConnect) {
+  ClientOptions o;
+  o.transport = "socket";
+  o.host = "";
+  o.host_source = "--bridge-host";
+  o.port = 9;
+  auto c = connect(o);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message().find("(from --bridge-host) is empty"), std::string::npos) << c.error().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Socket, SocketHostNames, ::testing::Values("socket"));
 
 TEST(DirTransport, HostileBatchFileIsRefusedNotTrained) {
   const fs::path run_dir = fs::temp_directory_path() / ("arlo_bridge_hostile_" + std::to_string(::getpid()));
