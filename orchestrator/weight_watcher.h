@@ -87,7 +87,8 @@ class WeightWatcher {
   // Workers that failed the newest version version_attempts times (not tried again for it).
   const std::set<std::string>& out_of_date() const { return out_of_date_; }
   // The round in progress (false between rounds): whether `worker` receives the round's version in
-  // it (it paused, was not left out, and did not take that version before), and whether an update
+  // it (it paused, was not left out, and does not hold that version: with pause_all_first as it
+  // says when asked after its pause, else as far as this watcher knows), and whether an update
   // attempt of it already failed in it.
   bool receives(const std::string& worker) const { return round_receivers_.count(worker) > 0; }
   bool retrying(const std::string& worker) const { return round_retried_.count(worker) > 0; }
