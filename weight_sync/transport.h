@@ -119,6 +119,10 @@ struct TransportDescriptor {
   // Relaying transports: the params that make a receiver relay at host:port (first) and the
   // endpoint the next receiver then pulls from (second).
   std::function<std::pair<nlohmann::json, nlohmann::json>(const std::string& host, std::uint16_t port)> relay_at;
+  // Publishers that listen on an address: why one made from `params` (the trainer's block) is
+  // reachable from its own host only, naming the keys to set; empty when others can reach it.
+  // `arlo run` refuses a trainer it starts with such a block when the workers are on other hosts.
+  std::function<std::string(const nlohmann::json& params)> local_only;
   // Collective transports: the orchestrator's control of the publisher at `endpoint`.
   std::function<Result<std::unique_ptr<CollectiveControl>>(const nlohmann::json& endpoint, Deadline deadline)> control;
 

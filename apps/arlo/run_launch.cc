@@ -165,6 +165,19 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
   }
   if (!embedded) {
     const auto& urls = cfg.strings("inference.urls");
+    // A trainer this run starts publishes with the block: workers elsewhere must reach it.
+    if (cfg.string("trainer.launch") != "external" && d->local_only) {
+      for (const auto& u : urls) {
+        const std::string host = url_host(u);
+        if (auth::is_loopback(host)) continue;
+        if (const std::string why = d->local_only(ws.block); !why.empty())
+          return make_error(ErrorCode::kInvalidArgument,
+                            fmt::format("weight_sync ({}): the trainer's publisher would be reachable from this host "
+                                        "only, but inference.urls names a worker on {}: {}",
+                                        cfg.where("weight_sync.transport"), host, why));
+        break;
+      }
+    }
     const auto relay_port = cfg.integer("weight_sync.relay_port");
     if (ws.chain && relay_port == 0)
       return make_error(ErrorCode::kInvalidArgument,

@@ -1000,6 +1000,12 @@ TransportDescriptor tcp_transport() {
     ARLO_ASSIGN_OR_RETURN(auto token, auth::process_token());
     return std::unique_ptr<ReceiverTransport>(new TcpReceiver(s, std::move(relay), std::move(token)));
   };
+  d.local_only = [](const nlohmann::json& params) -> std::string {
+    const std::string address = params.value("address", std::string("127.0.0.1:0"));
+    if (!params.value("advertise_host", std::string()).empty() || !auth::is_loopback(auth::host_of(address))) return "";
+    return "weight_sync.address " + address + " is a loopback address; set it to this host's address, or to "
+           "0.0.0.0:<port> with weight_sync.advertise_host naming the address the workers reach this host on";
+  };
   d.relay_at = [](const std::string& host, std::uint16_t port) {
     const std::string at =
         (host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host) + ":" + std::to_string(port);

@@ -113,6 +113,24 @@ TEST(ArloRunPlan, TheTrainersPublisherListensWhereTheConfigSays) {
   EXPECT_EQ(block.value("advertise_host", ""), "10.1.2.3");
 }
 
+// Workers on other hosts cannot reach a publisher on loopback: a trainer this run starts is not
+// started with one (an external trainer brings its own block).
+TEST(ArloRunPlan, ATrainerItStartsMustBeReachableFromWorkersElsewhere) {
+  const std::string elsewhere = "inference.urls=[\"http://127.0.0.1:8000\", \"http://10.0.0.2:8000\"]";
+  auto refused = plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", elsewhere}), "/tmp/run");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().what().find("10.0.0.2"), std::string::npos) << refused.error().what();
+  EXPECT_NE(refused.error().what().find("weight_sync.advertise_host"), std::string::npos) << refused.error().what();
+  EXPECT_TRUE(plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", elsewhere,
+                                "weight_sync.address=0.0.0.0:29500", "weight_sync.advertise_host=10.0.0.1"}),
+                          "/tmp/run"));
+  EXPECT_TRUE(plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", elsewhere, "trainer.launch=external"}),
+                          "/tmp/run"));
+  EXPECT_TRUE(plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp",
+                                "inference.urls=[\"http://127.0.0.1:8000\"]"}),
+                          "/tmp/run"));
+}
+
 TEST(ArloRunPlan, ChainRoleSkipsWhatDoesNotReceive) {
   // Everyone receives: each pulls from the one before and relays unless last.
   EXPECT_FALSE(chain_role(0, {true, true, true}, false).upstream);
@@ -154,7 +172,7 @@ TEST(ArloRunPlan, ChainUpdatesFollowTheRound) {
 
 TEST(ArloRunPlan, ExternalWorkersRelayOnTheirOwnHosts) {
   const auto cfg = load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
-                         "weight_sync.relay_port=29600",
+                         "weight_sync.relay_port=29600", "weight_sync.address=10.0.0.1:0",
                          "inference.urls=[\"http://10.0.0.2:8000/\", \"http://10.0.0.3:8000\", \"http://10.0.0.4:8000\"]"});
   auto plan = plan_launch(cfg, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
@@ -172,7 +190,7 @@ TEST(ArloRunPlan, ExternalWorkersRelayOnTheirOwnHosts) {
   EXPECT_FALSE(u2.weight_sync.contains("relay_listen"));
   // Without a relay port the chain cannot be planned; the error says what to set.
   auto no_port = plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
-                                   "inference.urls=[\"http://10.0.0.2:8000\"]"}),
+                                   "weight_sync.address=10.0.0.1:0", "inference.urls=[\"http://10.0.0.2:8000\"]"}),
                              "/tmp/run");
   ASSERT_FALSE(no_port);
   EXPECT_NE(no_port.error().what().find("weight_sync.relay_port"), std::string::npos) << no_port.error().what();
