@@ -178,6 +178,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
   // One weight transfer at a time (io thread), run on `transfer_thread`.
   struct Transfer {
     std::int64_t requested = 0;
+    std::string source;  // "tcp from 10.0.0.2:29500": named with a failure
     bool done = false;
     std::optional<Error> error;
     std::shared_ptr<reference::Model> staged;
@@ -186,6 +187,9 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     std::vector<std::function<void()>> waiters;
   };
   std::shared_ptr<Transfer> transfer;
+  // The last transfer that failed, until the next prepare: a retried commit (the admin client
+  // retries a 5xx) gets the same answer, with the pull's reason, not "nothing was prepared".
+  std::shared_ptr<Transfer> failed;
   std::thread transfer_thread;
   std::unique_ptr<weight_sync::Subscriber> subscriber;  // used on transfer_thread only, one transfer at a time
   std::string subscriber_key;
@@ -349,6 +353,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
       staged = *fresh;
     }
     if (transfer_thread.joinable()) transfer_thread.join();  // the previous transfer finished
+    failed.reset();
     auto t = std::make_shared<Transfer>();
     t->requested = requested;
     transfer = t;
@@ -358,6 +363,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     const std::optional<weight_sync::Version> held =
         version ? std::optional<weight_sync::Version>(static_cast<weight_sync::Version>(*version)) : std::nullopt;
     const std::string from = addresses_of(opts->params);
+    t->source = opts->transport + (from.empty() ? "" : " from " + from);
     const auto timeout = opts->timeout;
     transfer_thread = std::thread([self, t, staged, o = *opts, reuse, held, timeout, requested, from] {
       Result<weight_sync::ReceiveReport> got = make_error(ErrorCode::kInternal, "not run");
@@ -396,13 +402,23 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
                     got->wire_bytes, got->seconds);
         } else {
           t->error = got.error();
-          ARLO_WARN("weight transfer of v{} failed: {}", t->requested, got.error().what());
+          ARLO_WARN("weight transfer of v{} over {} failed: {}", t->requested, t->source, got.error().what());
         }
         for (auto& w : t->waiters) w();
         t->waiters.clear();
       });
     });
     co_return preparing_response(requested, false);
+  }
+
+  // The answer to a commit of a transfer that failed: the pull's own reason (what the orchestrator
+  // logs and records for this worker).
+  http::Response transfer_failed(const Transfer& t) const {
+    return api_error(500,
+                     fmt::format("weight update to v{} failed: receiving over {}: {}; still serving {}", t.requested, t.source,
+                                 t.error->what(),
+                                 version ? fmt::format("v{}", *version) : std::string("nothing")),
+                     "server_error");
   }
 
   asio::awaitable<http::Response> commit(http::Request req) {
@@ -417,6 +433,8 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     if (!transfer) {
       if (version && (!requested || *requested <= *version))  // a retried commit that already applied
         co_return version_response(*version, checksum);
+      if (failed && (!requested || *requested == failed->requested))  // a retried commit of a failed transfer
+        co_return transfer_failed(*failed);
       co_return api_error(409, "no weight transfer was prepared: POST /weights/prepare first", "conflict_error");
     }
     auto t = transfer;
@@ -428,11 +446,9 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     }
     if (transfer == t) transfer.reset();
     if (t->error) {
-      registry.counter("worker/weights/failed").inc();
-      co_return api_error(500,
-                          fmt::format("weight update to v{} failed: {}; still serving {}", t->requested, t->error->what(),
-                                      version ? fmt::format("v{}", *version) : std::string("nothing")),
-                          "server_error");
+      if (failed != t) registry.counter("worker/weights/failed").inc();
+      failed = t;
+      co_return transfer_failed(*t);
     }
     if (t->received < t->requested)
       co_return api_error(500, fmt::format("received v{} but v{} was prepared", t->received, t->requested), "server_error");

@@ -7,8 +7,9 @@
 // POST /weights/prepare {version, weight_sync: the receiver's weight-sync block (weight_sync/wire.h),
 // manifest?} (starts receiving that version through a weight_sync subscriber into a staging copy
 // of the model, answers at once), POST /weights/commit {version?} (waits for the
-// transfer, then installs it at the next token boundary; a failed transfer answers 500 and the
-// previous version keeps serving), GET /weights {version, checksum, preparing}. With
+// transfer, then installs it at the next token boundary; a failed transfer answers 500 naming the
+// pull's reason, again to a retried commit, and the previous version keeps serving),
+// GET /weights {version, checksum, preparing}. With
 // http::ServerOptions::token set, every route but /health wants "Authorization: Bearer <token>"
 // (401 otherwise); /weights/prepare loads only from the sources WorkerOptions allows (403 otherwise).
 //

@@ -15,6 +15,7 @@
 #include "reference/engine.h"
 #include "reference/model.h"
 #include "reference/model_weights.h"
+#include "rollout/admin.h"
 #include "tests/integration/worker/child_process.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/weight_sync.h"
@@ -378,6 +379,43 @@ TEST(WorkerAdmin, FailedUpdateKeepsTheOldVersionServing) {
   // Commit without a prepare is a conflict.
   EXPECT_EQ(w.post("/weights/commit", {{"version", 7}}, 409)["error"]["type"], "conflict_error");
   std::filesystem::remove_all(u.dir);
+}
+
+// What the orchestrator sees of a failed pull: prepare then commit through the arlo admin client
+// (its default retry policy, which repeats a commit answered 5xx), as the orchestrator drives a
+// worker. The error carries the pull's reason and source, on the first answer and on the retries,
+// never "no weight transfer was prepared".
+TEST(WorkerAdmin, AFailedPullsReasonReachesTheAdminClient) {
+  Worker w;
+  ASSERT_TRUE(w.ok());
+  asio::io_context io;
+  http::Client client(io);
+  auto admin = rollout::make_admin_client(rollout::AdminDialect::kArlo, client, w.url(""));
+  rollout::WeightUpdate u;
+  u.version = 1;
+  // Nothing listens on port 1 (loopback: allowed by default): the pull fails once timeout_ms passed.
+  u.weight_sync = {{"transport", "tcp"}, {"address", "127.0.0.1:1"}, {"timeout_ms", 2000}};
+  std::optional<Status> prepared, committed;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        prepared = co_await admin->prepare_weights(u);
+        if (*prepared) committed = co_await admin->commit_weights(1);
+      },
+      asio::detached);
+  io.run();
+  ASSERT_TRUE(prepared && *prepared) << (prepared ? prepared->error().what() : "no answer");
+  ASSERT_TRUE(committed);
+  ASSERT_FALSE(*committed);
+  const std::string what = committed->error().what();
+  EXPECT_NE(what.find("weight update to v1 failed: receiving over tcp from 127.0.0.1:1: cannot reach upstream"), std::string::npos)
+      << what;
+  EXPECT_EQ(what.find("no weight transfer was prepared"), std::string::npos) << what;
+  // A commit asked again (as a retry would) still names the reason; another version is a conflict.
+  json again = w.post("/weights/commit", {{"version", 1}}, 500);
+  EXPECT_NE(again["error"]["message"].get<std::string>().find("cannot reach upstream"), std::string::npos) << again.dump();
+  EXPECT_EQ(w.post("/weights/commit", {{"version", 2}}, 409)["error"]["type"], "conflict_error");
+  EXPECT_EQ(w.get("/weights")["version"], 0);
 }
 
 TEST(WorkerAdmin, ServesNothingBeforeItHoldsAVersion) {
