@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -187,6 +188,7 @@ Result<pid_t> Cluster::spawn(int host, const std::vector<std::string>& argv, con
   envp.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that dies takes its hosts' processes with it
     if (::setns(ns_fd, CLONE_NEWNET) != 0) ::_exit(126);
     ::dup2(log_fd, 1);
     ::dup2(log_fd, 2);

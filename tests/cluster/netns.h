@@ -48,7 +48,8 @@ class Cluster {
   // argv prefix that runs a program inside the host: {"ip", "netns", "exec", name}.
   std::vector<std::string> exec_prefix(int host) const;
   // `argv` inside the host, stdout and stderr appended to `log`; the child's pid (ip netns exec
-  // execs the program, so the pid is the program's).
+  // execs the program, so the pid is the program's). The child gets SIGKILL when the thread that
+  // spawned it exits (PR_SET_PDEATHSIG): a test that dies leaves no process behind.
   Result<pid_t> spawn(int host, const std::vector<std::string>& argv, const std::string& log,
                       const std::vector<std::pair<std::string, std::string>>& env = {}) const;
 
