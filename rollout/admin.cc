@@ -101,7 +101,13 @@ class AdminBase : public AdminClient {
       const auto code = resp->status == 404  ? ErrorCode::kNotFound
                         : resp->status >= 500 ? ErrorCode::kUnavailable
                                               : ErrorCode::kInvalidArgument;
-      co_return make_error(code, fmt::format("{}: HTTP {}: {}", what, resp->status, resp->body.substr(0, 500)));
+      // An OpenAI-style error body ({"error": {"message"}}, arlo-worker's): its message, whole
+      // enough to carry a failed weight pull's reason.
+      std::string said = resp->body.substr(0, 500);
+      if (j && j->is_object() && j->contains("error") && (*j)["error"].is_object() && (*j)["error"].contains("message") &&
+          (*j)["error"]["message"].is_string())
+        said = (*j)["error"]["message"].get<std::string>().substr(0, 2000);
+      co_return make_error(code, fmt::format("{}: HTTP {}: {}", what, resp->status, said));
     }
     if (!j) co_return Json(resp->body);  // some servers answer plain text ("OK")
     co_return std::move(*j);

@@ -408,7 +408,8 @@ TEST(WorkerAdmin, AFailedPullsReasonReachesTheAdminClient) {
   ASSERT_TRUE(committed);
   ASSERT_FALSE(*committed);
   const std::string what = committed->error().what();
-  EXPECT_NE(what.find("weight update to v1 failed: receiving over tcp from 127.0.0.1:1: cannot reach upstream"), std::string::npos)
+  EXPECT_NE(what.find("/weights/commit: HTTP 500: weight update to v1 failed: receiving over tcp from 127.0.0.1:1: cannot reach upstream"),
+            std::string::npos)
       << what;
   EXPECT_EQ(what.find("no weight transfer was prepared"), std::string::npos) << what;
   // A commit asked again (as a retry would) still names the reason; another version is a conflict.
