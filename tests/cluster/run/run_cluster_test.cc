@@ -352,11 +352,14 @@ TEST_F(ClusterRun, ARelayKilledMidTransferIsSkippedAndTheNextWorkerKeepsUp) {
   };
   ASSERT_TRUE(wait_until(synced_to_all, arlo, 180s)) << tail(read_text(arlo_log()));
   ASSERT_TRUE(cluster_->shape(2, {.rate_mbit = 1}).has_value());
-  const std::size_t middle_at = worker_log(1).size();
-  ASSERT_TRUE(wait_until([&] { return worker_log(1).find("receiving weights v", middle_at) != std::string::npos; }, arlo, 120s))
+  const std::size_t middle_at = worker_log(1).size(), last_at = worker_log(2).size();
+  // Both started the next version (the last one is connected to the middle one's relay, which
+  // listens across versions).
+  ASSERT_TRUE(wait_until([&] { return worker_log(1).find("receiving weights v", middle_at) != std::string::npos &&
+                                      worker_log(2).find("receiving weights v", last_at) != std::string::npos; },
+                         arlo, 120s))
       << tail(read_text(arlo_log()));
   ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
-  const std::size_t last_at = worker_log(2).size();
 
   const auto summary = finish(arlo);
   ASSERT_FALSE(HasFailure());
