@@ -40,6 +40,65 @@ TEST(CApi, BadConfigIsAnErrorWithAMessage) {
   EXPECT_EQ(arlo_bridge_abi_version(), ARLO_BRIDGE_ABI_VERSION);
 }
 
+// The socket config's "host" may be a name: resolved on every connection attempt; one that does
+// not resolve is retried, and the wait for a batch names it and the config key it came from.
+TEST(CApi, SocketHostNameThatDoesNotResolveIsNamedAndRetried) {
+  arlo_bridge* b = nullptr;
+  ASSERT_EQ(arlo_bridge_connect(R"({"transport":"socket","host":"no-such-host.invalid","port":9})", &b), ARLO_OK)
+      << arlo_bridge_last_error();
+  std::string error;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  do {
+    arlo_batch* batch = nullptr;
+    ASSERT_EQ(arlo_bridge_next_batch(b, 200, &batch), ARLO_TIMEOUT) << arlo_bridge_last_error();  // not fatal: retried
+    error = arlo_bridge_last_error();
+  } while (error.find("does not resolve") == std::string::npos && std::chrono::steady_clock::now() < deadline);
+  EXPECT_NE(error.find("'no-such-host.invalid' (from the \"host\" of the arlo_bridge_connect config) does not resolve"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
+}
+
+TEST(CApi, SocketHostLocalhostReachesTheOrchestrator) {
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread loop([&] { io.run(); });
+  std::unique_ptr<BridgeServer> server;
+  ServerOptions o;
+  o.transport = "socket";
+  std::uint16_t port = 0;
+  asio::post(io, asio::use_future([&] {
+    server = std::move(*BridgeServer::create(io, o));
+    ASSERT_TRUE(server->start());
+    port = server->port();
+  })).get();
+  ASSERT_NE(port, 0);
+  arlo_bridge* b = nullptr;
+  const std::string config = nlohmann::json{{"transport", "socket"}, {"host", "localhost"}, {"port", port}}.dump();
+  ASSERT_EQ(arlo_bridge_connect(config.c_str(), &b), ARLO_OK) << arlo_bridge_last_error();
+  std::vector<Sample> samples(1);
+  samples[0].prompt_tokens = {1, 2, 3};
+  samples[0].completion_tokens = {4, 5};
+  samples[0].completion_logprobs = {-0.5f, -0.25f};
+  samples[0].token_versions = {0, 0};
+  auto packed = pack(1, samples, {.seq_len = 8});
+  ASSERT_TRUE(packed) << packed.error().what();
+  auto sent = asio::co_spawn(io, server->send(std::move(*packed)), asio::use_future);
+  arlo_batch* batch = nullptr;
+  ASSERT_EQ(arlo_bridge_next_batch(b, 20000, &batch), ARLO_OK) << arlo_bridge_last_error();
+  EXPECT_EQ(batch->step, 1);
+  EXPECT_EQ(arlo_bridge_ack(b, 1), ARLO_OK);
+  arlo_batch_release(batch);
+  EXPECT_TRUE(sent.get());
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
+  asio::post(io, asio::use_future([&] {
+    server->stop();
+    server.reset();
+  })).get();
+  work.reset();
+  loop.join();
+}
+
 class CApiDir : public ::testing::Test {
  protected:
   void SetUp() override {
