@@ -699,8 +699,13 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
   for (auto s : recv_sums) checksums_ok &= sender_sum && s == *sender_sum;
   if (static_cast<int>(recv_sums.size()) != args.receivers) return {{"transport", d.name}, {"error", "missing results"}};
   double best = 1e30;
-  for (std::size_t k = 0; k < t0.size() && k < t_end.size(); ++k) best = std::min(best, t_end[k] - t0[k]);
+  std::vector<double> each;
+  for (std::size_t k = 0; k < t0.size() && k < t_end.size(); ++k) {
+    each.push_back(t_end[k] - t0[k]);
+    best = std::min(best, each.back());
+  }
   out["seconds"] = best;
+  out["each"] = each;
   out["receiver_rss"] = recv_rss;
   out["receiver_cpu"] = recv_cpu;
   out["receiver_wire"] = recv_wire;
@@ -1095,8 +1100,8 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
   std::printf("hosts: %d network namespaces on one bridge, every host's link %g Mbit/s each way (tbf); latency: %s\n",
               hosts, args.link_mbit, latency.c_str());
   std::printf("link limit = model bytes / link rate = %.3f s; load average %s\n", limit, loadavg().c_str());
-  std::printf("\n%-28s %4s %9s %13s %14s %9s %18s  %s\n", "run", "recv", "seconds", "link limit s", "vs link limit",
-              "vs gloo", "cpu s send / recv", "weights");
+  std::printf("\n%-28s %4s %9s %9s %13s %14s %9s %18s  %s\n", "run", "recv", "seconds", "median s", "link limit s",
+              "vs link limit", "vs gloo", "cpu s send / recv", "weights");
   std::fflush(stdout);
 
   auto fmt_ratio = [](std::optional<double> r) -> std::string {
@@ -1118,7 +1123,7 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
       if (!g.contains("seconds") && !g_interrupted) g = baseline_gloo(bytes, n, bucket);  // once more, as the main table does
       if (g.contains("seconds")) {
         gloo[n] = g["seconds"];
-        std::printf("%-28s %4d %9.3f %13.3f %14s %9s %18s  %s\n", "peer torch gloo broadcast", n, gloo[n], limit,
+        std::printf("%-28s %4d %9.3f %9s %13.3f %14s %9s %18s  %s\n", "peer torch gloo broadcast", n, gloo[n], "-", limit,
                     fmt_ratio(limit / gloo[n]).c_str(), "1.00x", "-", "-");
       } else {
         gloo_error = g.is_object() ? g.value("error", std::string("no result")) : std::string("no result");
@@ -1130,6 +1135,7 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
     for (const auto* d : relaying) {
       for (const bool chain : {false, true}) {
         if (g_interrupted) break;
+        if (args.topology != "both" && chain != (args.topology == "chain")) continue;
         const std::string label = "weight_sync " + d->name + (chain ? " chain" : " star");
         auto r = run_transport(*d, chain, a, specs);
         if (r.contains("error") || !r.contains("seconds")) {
@@ -1143,7 +1149,8 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
         all_match &= match;
         char cpu[48];
         std::snprintf(cpu, sizeof cpu, "%.3f / %.3f", r.value("sender_cpu", 0.0), r.value("receiver_cpu", 0.0));
-        std::printf("%-28s %4d %9.3f %13.3f %14s %9s %18s  %s\n", label.c_str(), n, s, limit, fmt_ratio(limit / s).c_str(),
+        std::printf("%-28s %4d %9.3f %9.3f %13.3f %14s %9s %18s  %s\n", label.c_str(), n, s,
+                    median(r.value("each", std::vector<double>{})), limit, fmt_ratio(limit / s).c_str(),
                     fmt_ratio(gloo.count(n) ? std::optional<double>(gloo[n] / s) : std::nullopt).c_str(), cpu,
                     match ? "match" : "DIFFER");
         std::fflush(stdout);
@@ -1167,7 +1174,7 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
     };
     const auto hi_s = at(hi), lo_s = at(lo);
     if (!hi_s) {
-      std::printf("target: %s at %d receivers: no result (failed above)\n", label.c_str(), hi);
+      std::printf("target: %s at %d receivers: no result (not run, or failed above)\n", label.c_str(), hi);
       continue;
     }
     const double vs_limit = limit / *hi_s;
