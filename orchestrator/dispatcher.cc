@@ -31,7 +31,7 @@ void merge(Completion& into, Completion&& add, Version launch_version) {
   into.tokens.insert(into.tokens.end(), add.tokens.begin(), add.tokens.end());
   into.logprobs.insert(into.logprobs.end(), add.logprobs.begin(), add.logprobs.end());
   into.text += add.text;
-  into.finish_reason = std::move(add.finish_reason);
+  into.finish_reason = add.finish_reason;
 }
 }  // namespace
 
@@ -231,7 +231,7 @@ void RolloutDispatcher::on_result(std::uint64_t group_id, std::uint64_t request_
         auto& c = result->completions[j];
         completion_tokens_ += c.tokens.size();
         merge(g.completions[s], std::move(c), launch_version);
-        if (g.completions[s].finish_reason == "abort") {
+        if (g.completions[s].finish_reason == FinishReason::kAbort) {
           if (g.prompt_tokens.empty()) {
             // Without the prompt's token ids we cannot continue the sample exactly.
             end_sample(rec, s, SampleState::kFailed, "abort_without_prompt_tokens");
@@ -261,7 +261,7 @@ void RolloutDispatcher::launch_continuation(const Continuation& c) {
   const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
   const auto left = sampling.max_tokens - static_cast<std::int64_t>(done.tokens.size());
   if (left <= 0) {
-    done.finish_reason = "length";
+    done.finish_reason = FinishReason::kLength;
     end_sample(rec, c.sample, SampleState::kCompleted);
     maybe_finish(c.group_id);
     return;

@@ -104,7 +104,7 @@ std::vector<ServerStatus> HttpInferencePool::status() const {
   std::vector<ServerStatus> out;
   for (const auto& s : servers_)
     out.push_back({s->url, s->healthy && !s->circuit_open, s->circuit_open, s->removed, s->outstanding, s->completed,
-                   s->failed, s->version});
+                   s->failed, s->version, s->silent});
   return out;
 }
 
@@ -162,16 +162,18 @@ void HttpInferencePool::on_failure(Server& s, const Error& why) {
   ++s.failed;
   ++s.consecutive_failures;
   ARLO_WARN_EVERY(5.0, "inference server {} failed ({} in a row): {}", s.url, s.consecutive_failures, why.what());
-  if (s.consecutive_failures >= options_.failure_threshold && !s.circuit_open) open_circuit(s);
+  if (s.consecutive_failures >= options_.failure_threshold && !s.circuit_open)
+    open_circuit(s, fmt::format("after {} consecutive failures", s.consecutive_failures));
 }
 
-void HttpInferencePool::open_circuit(Server& s) {
+void HttpInferencePool::open_circuit(Server& s, const std::string& why) {
   s.circuit_open = true;
   s.healthy = false;
   s.backoff = options_.open_backoff_initial;
   s.lost->cancel();  // wakes the requests waiting on it; later ones wait on a fresh timer
   s.lost = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::time_point::max());
-  ARLO_WARN("inference pool: circuit open for {} after {} consecutive failures", s.url, s.consecutive_failures);
+  ARLO_WARN("inference pool: circuit open for {} {}; its {} request(s) in flight move to other servers", s.url, why,
+            s.outstanding);
   if (!s.recovering && running_) {
     s.recovering = true;
     asio::co_spawn(io_, recover(s, alive_), asio::detached);
@@ -182,10 +184,25 @@ asio::awaitable<bool> HttpInferencePool::probe(Server& s) {
   if (s.probing) co_return s.healthy;
   s.probing = true;
   auto alive = alive_;
+  const auto started = Clock::now();
   auto r = co_await client_->get(s.url + "/health", options_.health_timeout);
   if (!*alive) co_return false;
   s.probing = false;
+  // Silent: nothing answered, not even a refusal (that is a live host whose port is closed).
+  s.silent = !r && r.error().code() == ErrorCode::kTimeout;
+  if (r) s.last_answer = Clock::now();
   const bool ok = r && r->status >= 200 && r->status < 300;
+  if (!ok && s.silent && options_.open_on_silence && !s.circuit_open && s.outstanding > 0 && s.last_answer < started) {
+    // Its requests are as unanswered as the probe: a dark link or a hung host, not a slow server
+    // (that one answers some of its requests meanwhile). They move now rather than after
+    // failure_threshold more probe timeouts.
+    ++s.failed;
+    ++s.consecutive_failures;
+    open_circuit(s, fmt::format("at once: its health check got no answer in {} ms, nor did any of its requests "
+                                "meanwhile (inference.failover_on_silence)",
+                                std::chrono::duration_cast<std::chrono::milliseconds>(options_.health_timeout).count()));
+    co_return false;
+  }
   if (ok) {
     if (auto j = r->parse_json(); j && j->is_object() && j->contains("version") && (*j)["version"].is_number_integer())
       s.version = (*j)["version"].get<std::int64_t>();
@@ -281,6 +298,7 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
     }
     if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
     --s->outstanding;
+    if (raced.index() == 0 && std::get<0>(raced)) s->last_answer = Clock::now();
     if (raced.index() == 1) {  // no on_failure: the circuit is open already
       last_error = Error(ErrorCode::kUnavailable,
                          fmt::format("{}{}: the server stopped answering (its circuit opened) while the request ran",

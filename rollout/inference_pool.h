@@ -13,6 +13,12 @@
 //     successful probe closes it. Requests still waiting on a server when its circuit opens (a
 //     stopped or hung worker answers nothing) are cut off and retried on another one, within their
 //     deadline;
+//   - a silent server fails over at once: a health probe that times out (no answer at all, not a
+//     refusal or an error status) while the server holds requests and none of them got an answer
+//     since the probe started opens its circuit without waiting for `failure_threshold` probes
+//     (each waits out health_timeout: a link that is down would hold its requests ~3 timeouts).
+//     A server that is slow but answers its requests, or an idle one, only counts a failure;
+//     `open_on_silence = false` restores the plain count;
 //   - servers join (add_server: usable after its first successful health check) and leave
 //     (remove_server: no new requests, in-flight ones finish) at runtime.
 // Threading: everything runs on the io_context's single thread; no locks.
@@ -42,6 +48,10 @@ struct ServerStatus {
   std::uint64_t completed = 0;  // successful requests
   std::uint64_t failed = 0;     // failed attempts (connection errors, 5xx, timeouts)
   std::optional<std::int64_t> version;  // policy version reported by /health, when present
+  // Its last health probe got no answer within health_timeout (a dead link or a hung host, not a
+  // refusal or an error status). With circuit_open: admin calls to it would only wait out their
+  // deadlines, so a weight update leaves it out until it answers again.
+  bool silent = false;
 };
 
 class InferencePool {
@@ -60,6 +70,9 @@ struct PoolOptions {
   int failure_threshold = 3;                       // consecutive failures that open the circuit
   Duration open_backoff_initial = std::chrono::milliseconds(200);
   Duration open_backoff_max = std::chrono::seconds(30);
+  // A probe that times out while the server holds requests, none of which got an answer since the
+  // probe started, opens the circuit at once (see above). Config: inference.failover_on_silence.
+  bool open_on_silence = true;
   int max_attempts = 3;                            // servers tried per request
   std::optional<Duration> attempt_timeout{};       // per attempt; default: the remaining deadline
   std::size_t affinity_capacity = 8192;            // affinity keys remembered (oldest forgotten)
@@ -104,6 +117,8 @@ class HttpInferencePool final : public InferencePool {
     std::uint64_t completed = 0;
     std::uint64_t failed = 0;
     std::optional<std::int64_t> version;
+    bool silent = false;                // see ServerStatus::silent
+    Clock::time_point last_answer{};    // the last HTTP response (any status) to a request or probe
     // Fires (is cancelled) when the circuit opens: requests waiting on this server give up on it.
     std::shared_ptr<boost::asio::steady_timer> lost;
   };
@@ -113,7 +128,7 @@ class HttpInferencePool final : public InferencePool {
   void remember_affinity(const std::string& key, const std::string& url);
   void on_success(Server& s);
   void on_failure(Server& s, const Error& why);
-  void open_circuit(Server& s);
+  void open_circuit(Server& s, const std::string& why);
   boost::asio::awaitable<bool> probe(Server& s);
   boost::asio::awaitable<void> recover(Server& s, std::shared_ptr<bool> alive);
   boost::asio::awaitable<void> health_loop(std::shared_ptr<bool> alive);

@@ -131,7 +131,7 @@ class FakeInference final : public InferencePort {
     Completion c;
     c.tokens = {j % 2, 10 + j, 20 + j};
     c.logprobs = {-0.5f, -0.5f, -0.5f};
-    c.finish_reason = "stop";
+    c.finish_reason = FinishReason::kStop;
     return c;
   };
 
@@ -174,7 +174,7 @@ class FakeInference final : public InferencePort {
         c.tokens = {j % 2};
         c.logprobs = {-0.1f};
         c.spans = {{p.version_at_submit, 0}};
-        c.finish_reason = "abort";
+        c.finish_reason = FinishReason::kAbort;
         r.completions.push_back(std::move(c));
       }
       p.promise.set(std::move(r));

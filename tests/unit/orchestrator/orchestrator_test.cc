@@ -161,7 +161,7 @@ TEST(Filter, EqualRewardGroupsAreReplacedOnlyUpToTheBudget) {
     Completion c;
     c.tokens = {1, 7};
     c.logprobs = {-0.1f, -0.1f};
-    c.finish_reason = "stop";
+    c.finish_reason = FinishReason::kStop;
     return c;
   };
   h.start();

@@ -184,6 +184,140 @@ TEST(InferencePool, ARequestOnAServerThatStopsAnsweringMovesToAnother) {
   good.close();
 }
 
+// A server whose link goes dark (its requests and its health checks get no answer at all, as when
+// a host's link is down): the first probe that times out while it holds requests opens its circuit
+// (failure_threshold is out of reach here), the requests it held are answered by the other server,
+// each exactly once, and the answers the dark server produces once it wakes up are dropped.
+// Until every server passed a health check (the loop's first probe of each is in flight at start).
+asio::awaitable<bool> all_healthy(const HttpInferencePool& pool) {
+  co_return co_await test::eventually([&] {
+    for (const auto& s : pool.status())
+      if (!s.healthy) return false;
+    return true;
+  });
+}
+
+PoolOptions silence_options() {
+  PoolOptions o = fast_options();
+  o.health_timeout = std::chrono::milliseconds(700);
+  o.failure_threshold = 1000;  // only the silence rule can open a circuit
+  return o;
+}
+
+TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMove) {
+  asio::io_context io;
+  FakeOpenAIServer dark(io), good(io);
+  HttpInferencePool pool(io, silence_options());
+  pool.add_server(dark.url());
+  pool.add_server(good.url());
+  pool.start();
+  constexpr int kRequests = 6;
+  std::map<int, int> completions_per_request;
+  std::map<std::string, int> served_by;
+  int finished = 0, attempts = 0;
+  run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await all_healthy(pool));  // the health loop's first probes answered
+    dark.hold = true;                                 // its requests get no answer
+    dark.health_delay = std::chrono::seconds(60);     // nor its health checks
+    for (int i = 0; i < kRequests; ++i)
+      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
+        auto r = co_await pool.submit(request("q-" + std::to_string(i)), std::chrono::seconds(60));
+        EXPECT_TRUE(r) << (r ? "" : r.error().what());
+        if (r) {
+          ++completions_per_request[i];
+          ++served_by[r->server];
+          attempts += r->attempts;
+        }
+        ++finished;
+      }, asio::detached);
+    EXPECT_TRUE(co_await test::eventually([&] { return finished == kRequests; }, std::chrono::seconds(30)));
+    EXPECT_GE(dark.held, 1);  // some went to it first
+    const auto st = pool.status();
+    EXPECT_TRUE(status_of(st, dark.url()).circuit_open);
+    EXPECT_TRUE(status_of(st, dark.url()).silent);
+    EXPECT_EQ(status_of(st, dark.url()).outstanding, 0u);
+    EXPECT_EQ(served_by[good.url()], kRequests);
+    EXPECT_EQ(attempts, kRequests + dark.held);  // each held one took a second attempt
+    // The dark server wakes up and answers what it held: too late, nobody counts it.
+    dark.release_all();
+    EXPECT_TRUE(co_await test::eventually([&] { return dark.answered == dark.held; }));
+    co_await test::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(completions_per_request.size(), static_cast<std::size_t>(kRequests));
+    for (const auto& [i, n] : completions_per_request) EXPECT_EQ(n, 1) << "request " << i;
+    const auto after = pool.status();
+    EXPECT_EQ(status_of(after, dark.url()).completed, 0u);
+    EXPECT_EQ(status_of(after, good.url()).completed, static_cast<std::uint64_t>(kRequests));
+  }());
+  pool.stop();
+  dark.close();
+  good.close();
+}
+
+// A server that is slow (its health checks time out) but answers its requests keeps its circuit
+// closed: a probe timeout counts as one failure only, since requests were answered meanwhile.
+TEST(InferencePool, ASlowServerThatAnswersItsRequestsDoesNotFlap) {
+  asio::io_context io;
+  FakeOpenAIServer slow(io);
+  HttpInferencePool pool(io, silence_options());
+  pool.add_server(slow.url());
+  pool.start();
+  int done = 0, moved = 0;
+  run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await all_healthy(pool));  // the health loop's first probes answered
+    slow.health_delay = std::chrono::milliseconds(2000);  // every probe times out (700 ms)
+    slow.answer_delay = std::chrono::milliseconds(100);   // while its requests take 100 ms each
+    bool stop = false;
+    for (int k = 0; k < 4; ++k)
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+        while (!stop) {
+          auto r = co_await pool.submit(request("slow"), std::chrono::seconds(30));
+          EXPECT_TRUE(r) << (r ? "" : r.error().what());
+          if (r && r->attempts > 1) ++moved;
+          ++done;
+        }
+      }, asio::detached);
+    // Until two probes timed out with requests in flight.
+    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), slow.url()).failed >= 2; }));
+    stop = true;
+    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), slow.url()).outstanding == 0; }));
+    const auto st = status_of(pool.status(), slow.url());
+    EXPECT_FALSE(st.circuit_open);
+    EXPECT_GT(st.completed, 0u);
+    EXPECT_EQ(moved, 0);
+  }());
+  pool.stop();
+  slow.close();
+}
+
+// open_on_silence = false: a silent server with requests waiting is only counted, as before.
+TEST(InferencePool, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
+  asio::io_context io;
+  FakeOpenAIServer dark(io), good(io);
+  auto o = silence_options();
+  o.open_on_silence = false;
+  HttpInferencePool pool(io, o);
+  pool.add_server(dark.url());
+  pool.add_server(good.url());
+  pool.start();
+  run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await all_healthy(pool));  // the health loop's first probes answered
+    dark.hold = true;
+    dark.health_delay = std::chrono::seconds(60);
+    for (int i = 0; i < 4; ++i)
+      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
+        (void)co_await pool.submit(request("w-" + std::to_string(i)), std::chrono::seconds(60));
+      }, asio::detached);
+    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), dark.url()).failed >= 2; }));
+    const auto st = status_of(pool.status(), dark.url());
+    EXPECT_FALSE(st.circuit_open);
+    EXPECT_TRUE(st.silent);
+    EXPECT_GE(st.outstanding, 1u);
+  }());
+  pool.stop();
+  dark.close();
+  good.close();
+}
+
 // A caller that gives up on a request (its deadline raced the submit, as the orchestrator does)
 // cancels it cleanly, also when the pool runs on the caller's own io_context: no exception escapes
 // the loop, and the server's slot is given back.

@@ -134,6 +134,11 @@ class FakeOpenAIServer {
     server_ = std::make_unique<http::Server>(io_, o);
     server_->route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
       ++health_calls;
+      if (health_delay.count() > 0) {  // a slow (or, past the client's timeout, silent) health check
+        asio::steady_timer t(io_, health_delay);
+        boost::system::error_code ec;
+        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      }
       if (health_status != 200) co_return http::Response::error(health_status, "injected health failure", "server_error");
       co_return http::Response::json(200, {{"status", "ok"}, {"version", version}});
     });
@@ -142,6 +147,11 @@ class FakeOpenAIServer {
       auto body = req.json();
       if (!body) co_return http::Response::error(400, body.error().what());
       if (fail_with_status) co_return http::Response::error(fail_with_status, "injected failure", "server_error");
+      if (answer_delay.count() > 0) {  // a slow server: every completion takes this long
+        asio::steady_timer t(io_, answer_delay);
+        boost::system::error_code ec;
+        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      }
       if (hold) {
         ++held;
         if (on_held) on_held();
@@ -201,6 +211,8 @@ class FakeOpenAIServer {
   bool hold = false;
   int fail_with_status = 0;
   int health_status = 200;  // what GET /health answers
+  std::chrono::milliseconds health_delay{0};  // GET /health answers after this long
+  std::chrono::milliseconds answer_delay{0};  // completions answer after this long
   std::int64_t version = 0;
   std::function<void()> on_held;
 
