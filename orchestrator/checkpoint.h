@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/result.h"
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/ports.h"
 #include "orchestrator/types.h"
 

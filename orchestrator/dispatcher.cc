@@ -35,7 +35,7 @@ void merge(Completion& into, Completion&& add, Version launch_version) {
 }
 }  // namespace
 
-RolloutDispatcher::RolloutDispatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference,
+RolloutDispatcher::RolloutDispatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference,
                                      TaskSource& tasks, Ledger& ledger, const Options& options,
                                      DispatcherHooks hooks)
     : ex_(ex),

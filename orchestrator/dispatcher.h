@@ -24,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/group.h"
 #include "orchestrator/ledger.h"
 #include "orchestrator/options.h"
@@ -42,7 +42,7 @@ struct DispatcherHooks {
 
 class RolloutDispatcher {
  public:
-  RolloutDispatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference, TaskSource& tasks,
+  RolloutDispatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference, TaskSource& tasks,
                     Ledger& ledger, const Options& options, DispatcherHooks hooks);
 
   // Dispatches everything allowed now: continuations, then eval groups, then train groups.
@@ -117,7 +117,7 @@ class RolloutDispatcher {
   void update_wait_for_policy();
 
   asio::any_io_executor ex_;
-  ClockPort& clock_;
+  Clock& clock_;
   InferencePort& inference_;
   TaskSource& tasks_;
   Ledger& ledger_;

@@ -15,7 +15,7 @@ double pass_at_k(int n, int c, int k) {
   return 1.0 - ratio;
 }
 
-EvalSink::EvalSink(asio::any_io_executor ex, ClockPort& clock, ScorerPort& scorer, Ledger& ledger,
+EvalSink::EvalSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, Ledger& ledger,
                    const Options& options, std::vector<Task> eval_tasks, Enqueue enqueue,
                    std::function<void(const EvalReport&)> on_report)
     : ex_(ex),

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/group.h"
 #include "orchestrator/ledger.h"
 #include "orchestrator/options.h"
@@ -45,7 +45,7 @@ double pass_at_k(int n, int c, int k);
 class EvalSink {
  public:
   using Enqueue = std::function<void(std::uint64_t eval_id, const std::vector<std::shared_ptr<const Task>>&, int)>;
-  EvalSink(asio::any_io_executor ex, ClockPort& clock, ScorerPort& scorer, Ledger& ledger, const Options& options,
+  EvalSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, Ledger& ledger, const Options& options,
            std::vector<Task> eval_tasks, Enqueue enqueue, std::function<void(const EvalReport&)> on_report);
 
   // Evaluates the policy of version `step` (the caller starts it once workers serve that version).
@@ -72,7 +72,7 @@ class EvalSink {
   void finish();
 
   asio::any_io_executor ex_;
-  ClockPort& clock_;
+  Clock& clock_;
   ScorerPort& scorer_;
   Ledger& ledger_;
   const Options& opt_;

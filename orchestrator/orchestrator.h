@@ -45,7 +45,7 @@ struct Ports {
   TaskSource* tasks = nullptr;
   ScorerPort* scorer = nullptr;
   TrainerPort* trainer = nullptr;
-  ClockPort* clock = nullptr;
+  Clock* clock = nullptr;
   std::vector<Task> eval_tasks;  // the eval set (may be empty: no eval)
 };
 

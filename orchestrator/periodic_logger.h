@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/ports.h"
 
 namespace arlo::orch {
 
 class LagProbe {
  public:
-  LagProbe(ClockPort& clock, Duration period) : clock_(clock), period_(period) {}
+  LagProbe(Clock& clock, Duration period) : clock_(clock), period_(period) {}
   void start();
   void stop();
   // p50 / p99 in seconds over the samples since the last take(), then starts a new window.
@@ -35,7 +35,7 @@ class LagProbe {
 
  private:
   void arm();
-  ClockPort& clock_;
+  Clock& clock_;
   Duration period_;
   std::unique_ptr<Timer> timer_;
   TimePoint due_{};
@@ -59,7 +59,7 @@ std::string format_pipeline_view(const PipelineView& v);
 
 class PeriodicLogger {
  public:
-  PeriodicLogger(asio::any_io_executor ex, ClockPort& clock, double interval_s, std::function<void()> tick)
+  PeriodicLogger(asio::any_io_executor ex, Clock& clock, double interval_s, std::function<void()> tick)
       : ex_(ex), clock_(clock), interval_(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(interval_s))),
         tick_(std::move(tick)), wake_(ex) {}
   Awaitable<void> run();
@@ -67,7 +67,7 @@ class PeriodicLogger {
 
  private:
   asio::any_io_executor ex_;
-  ClockPort& clock_;
+  Clock& clock_;
   Duration interval_;
   std::function<void()> tick_;
   Signal wake_;

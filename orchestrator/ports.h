@@ -14,13 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "common/async/clock.h"
+#include "common/async/coro.h"
 #include "common/result.h"
 #include "orchestrator/types.h"
 
 namespace arlo::orch {
 
-template <typename T>
-using Awaitable = boost::asio::awaitable<T>;
+namespace asio = boost::asio;
 
 // Inference workers: data plane (generate) and admin plane (pause / update / resume), per worker.
 // Every call honours its deadline; the orchestrator also enforces it from outside, so a port that
@@ -74,20 +75,6 @@ class TrainerPort {
   virtual void on_alive(std::function<void()> callback) { (void)callback; }
 };
 
-// Time. The real clock uses steady timers on the io_context; the fake one in tests is advanced by
-// hand, so timeouts, intervals and deadlines are tested without sleeping.
-class Timer {
- public:
-  virtual ~Timer() = default;  // destroying a timer cancels it
-  virtual void cancel() = 0;
-};
-
-class ClockPort {
- public:
-  virtual ~ClockPort() = default;
-  virtual TimePoint now() const = 0;
-  // Runs `fn` on the loop at or after `at`, unless the returned timer is cancelled or destroyed first.
-  virtual std::unique_ptr<Timer> schedule(TimePoint at, std::function<void()> fn) = 0;
-};
+// Time: arlo::Clock (common/async/clock.h); RealClock in production, FakeClock in unit tests.
 
 }  // namespace arlo::orch

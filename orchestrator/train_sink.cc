@@ -30,7 +30,7 @@ std::vector<std::int32_t> per_token_versions(const Completion& c, Version fallba
 }
 }  // namespace
 
-TrainSink::TrainSink(asio::any_io_executor ex, ClockPort& clock, ScorerPort& scorer, TrainerPort& trainer,
+TrainSink::TrainSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, TrainerPort& trainer,
                      TaskSource& tasks, Ledger& ledger, const Options& options, TrainSinkHooks hooks)
     : ex_(ex),
       clock_(clock),

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/group.h"
 #include "orchestrator/ledger.h"
 #include "orchestrator/options.h"
@@ -56,7 +56,7 @@ struct TrainSinkHooks {
 
 class TrainSink {
  public:
-  TrainSink(asio::any_io_executor ex, ClockPort& clock, ScorerPort& scorer, TrainerPort& trainer,
+  TrainSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, TrainerPort& trainer,
             TaskSource& tasks, Ledger& ledger, const Options& options, TrainSinkHooks hooks);
 
   // A complete train group (all samples completed). Scoring starts at once, off the loop.
@@ -90,7 +90,7 @@ class TrainSink {
   Awaitable<void> alarm_while_waiting(std::int64_t step, TimePoint since, std::shared_ptr<bool> waiting);
 
   asio::any_io_executor ex_;
-  ClockPort& clock_;
+  Clock& clock_;
   ScorerPort& scorer_;
   TrainerPort& trainer_;
   TaskSource& tasks_;

@@ -14,7 +14,7 @@ namespace {
 Duration probe_interval(const Options& o) { return std::min<Duration>(o.admin_timeout, std::chrono::seconds(5)); }
 }  // namespace
 
-WeightWatcher::WeightWatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference,
+WeightWatcher::WeightWatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference,
                              RolloutDispatcher& dispatcher, const Options& options,
                              std::function<void(const SyncReport&)> on_synced)
     : ex_(ex),
@@ -113,7 +113,7 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
 }
 
 namespace {
-double lap(ClockPort& clock, TimePoint& t) {
+double lap(Clock& clock, TimePoint& t) {
   const auto now = clock.now();
   const double s = std::chrono::duration<double>(now - t).count();
   t = now;

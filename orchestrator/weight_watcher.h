@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/dispatcher.h"
 #include "orchestrator/options.h"
 #include "orchestrator/ports.h"
@@ -68,7 +68,7 @@ struct SyncReport {
 
 class WeightWatcher {
  public:
-  WeightWatcher(asio::any_io_executor ex, ClockPort& clock, InferencePort& inference, RolloutDispatcher& dispatcher,
+  WeightWatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference, RolloutDispatcher& dispatcher,
                 const Options& options, std::function<void(const SyncReport&)> on_synced);
 
   // The TrainerPort's callback.
@@ -111,7 +111,7 @@ class WeightWatcher {
   Awaitable<void> probe(std::string worker);
 
   asio::any_io_executor ex_;
-  ClockPort& clock_;
+  Clock& clock_;
   InferencePort& inference_;
   RolloutDispatcher& dispatcher_;
   const Options& opt_;

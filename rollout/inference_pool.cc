@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
-#include "rollout/async_util.h"
+#include "common/async/coro.h"
 #include "rollout/openai.h"
 
 namespace arlo::rollout {

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
-#include "rollout/async_util.h"
+#include "common/async/coro.h"
 
 namespace arlo::rollout {
 
@@ -49,7 +49,7 @@ RewardScorer::RewardScorer(asio::io_context& loop, std::shared_ptr<RewardModule>
     : loop_(loop),
       module_(std::move(module)),
       options_(options),
-      executor_(AbandonableExecutor::Options{options.threads, options.max_abandoned}) {}
+      executor_(AbandonableExecutor::Options{options.threads, options.max_abandoned, options.clock}) {}
 
 Status RewardScorer::handle_failure(Rollout& r, const Error& e) {
   ++stats_.failed;

@@ -15,8 +15,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/async/abandonable_executor.h"
+#include "common/async/clock.h"
 #include "common/result.h"
-#include "rollout/abandonable_executor.h"
 #include "rollout/reward.h"
 
 namespace arlo::rollout {
@@ -30,6 +31,7 @@ struct ScorerOptions {
   double assign_value = 0.0;
   std::size_t threads = 2;
   std::size_t max_abandoned = 16;  // stuck calls tolerated before new calls fail fast
+  arlo::Clock* clock = nullptr;    // the clock `timeout` runs on (the loop's); null: real time
 };
 
 struct ScorerStats {

@@ -78,7 +78,7 @@ std::string RunChildren::describe(const orch::ChildExit& e) const {
   return fmt::format("{}; its last lines:\n{}", e.describe(), tail(e.name));
 }
 
-orch::Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
+Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
                                                   const std::vector<std::pair<std::string, std::string>>& workers,
                                                   std::chrono::steady_clock::time_point deadline) {
   http::ClientOptions co;

@@ -31,12 +31,12 @@
 #include "common/config/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "common/io_thread.h"
-#include "common/thread_pool.h"
+#include "common/async/io_thread.h"
+#include "common/async/thread_pool.h"
 #include "common/auth.h"
 #include "orchestrator/adapters/bridge_trainer.h"
 #include "orchestrator/adapters/rollout_adapters.h"
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/config_options.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
@@ -226,7 +226,7 @@ class Run {
         },
         "", network.executor(), dial);
 
-    orch::SteadyClock clock(io_.get_executor());
+    RealClock clock(io_.get_executor());
     metrics::Registry registry;
     orch::Orchestrator orchestrator(io_, orch::Ports{&inference, &tasks, &scorer, &trainer, &clock, s_.parts.eval_tasks},
                                     s_.options, &registry);
@@ -237,7 +237,7 @@ class Run {
       if (error_.empty()) error_ = e.what();
       orchestrator.request_stop(e.what());
     });
-    orch::spawn(io_.get_executor(), drive(orchestrator, pool, network, **server, signals));
+    arlo::spawn(io_.get_executor(), drive(orchestrator, pool, network, **server, signals));
     io_.run();
     network.stop();  // the network thread's work ends before anything it uses is destroyed
     children_.stop();
@@ -268,7 +268,7 @@ class Run {
 
   // Workers healthy, then the orchestrator, the bridge and the trainer, in that order (see the top
   // of this file); then waits for the end and stops everything.
-  orch::Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::HttpInferencePool& pool, IoThread& network,
+  Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::HttpInferencePool& pool, IoThread& network,
                               bridge::BridgeServer& server, asio::signal_set& signals) {
     spawn_child_watch(orchestrator);  // from the start: a worker that dies while starting is restarted too
     {  // embedded or external: every worker answers /health before anything is sent to it
@@ -347,7 +347,7 @@ class Run {
   // usage error (exit code 2: a restart would fail the same way) or the exit of any other child
   // stops the run with an error naming the child and its last lines.
   void spawn_child_watch(orch::Orchestrator& orchestrator) {
-    orch::spawn(io_.get_executor(), [this, &orchestrator]() -> orch::Awaitable<void> {
+    arlo::spawn(io_.get_executor(), [this, &orchestrator]() -> Awaitable<void> {
       asio::steady_timer timer(io_);
       while (!done_) {
         if (auto e = children_.next_exit()) {
@@ -376,7 +376,7 @@ class Run {
                 std::chrono::duration<double>(*delay).count(), policy->second.recent(std::chrono::steady_clock::now()),
                 limits.max_restarts, std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(),
                 children_.tail(e.name));
-      orch::spawn(io_.get_executor(), restart(e.name, *delay, orchestrator));
+      arlo::spawn(io_.get_executor(), restart(e.name, *delay, orchestrator));
       return true;
     } else {
       const auto& limits = policy->second.limits();
@@ -400,7 +400,7 @@ class Run {
   // A worker comes back on its URL; once it answers, the WeightWatcher syncs the current version to
   // it. The trainer resumes from its own checkpoint and the bridge delivers again every step it did
   // not ack.
-  orch::Awaitable<void> restart(std::string name, orch::Duration delay, orch::Orchestrator& orchestrator) {
+  Awaitable<void> restart(std::string name, orch::Duration delay, orch::Orchestrator& orchestrator) {
     asio::steady_timer timer(io_);
     timer.expires_after(delay);
     co_await timer.async_wait(asio::use_awaitable);

@@ -37,9 +37,9 @@
 #include <vector>
 
 #include "common/http.h"
-#include "common/io_thread.h"
+#include "common/async/io_thread.h"
 #include "common/log.h"
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/advantages.h"
@@ -136,7 +136,7 @@ struct Figures {
 
 Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int max_tokens) {
   asio::io_context io;
-  SteadyClock clock(io.get_executor());
+  RealClock clock(io.get_executor());
   IoThread network(kNetworkThreadNice);
   rollout::PoolOptions po;
   po.client.max_idle_per_host = static_cast<std::size_t>(inflight);

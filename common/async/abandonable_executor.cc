@@ -1,12 +1,13 @@
-#include "rollout/abandonable_executor.h"
+#include "common/async/abandonable_executor.h"
 
 #include <thread>
 
 #include "common/log.h"
 
-namespace arlo::rollout {
+namespace arlo {
 
-AbandonableExecutor::AbandonableExecutor(Options options) : shared_(std::make_shared<Shared>()) {
+AbandonableExecutor::AbandonableExecutor(Options options)
+    : shared_(std::make_shared<Shared>()), clock_(options.clock) {
   shared_->max_abandoned = options.max_abandoned;
   const std::size_t n = options.threads == 0 ? 1 : options.threads;
   for (std::size_t i = 0; i < n; ++i) start_worker(shared_);
@@ -106,4 +107,4 @@ std::size_t AbandonableExecutor::timeouts() const {
   return shared_->timeouts;
 }
 
-}  // namespace arlo::rollout
+}  // namespace arlo

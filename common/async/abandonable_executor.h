@@ -8,14 +8,16 @@
 // discarded. Threads are detached: the destructor never joins, so shutdown cannot hang on a plugin.
 // After `max_abandoned` threads are stuck at once, new calls fail fast with kResourceExhausted.
 //
-// Contract: the io_context passed to run() must outlive this executor. Whatever the work closure
+// Timeouts run on Options::clock when one is given (a FakeClock in tests: a call is abandoned when the
+// test advances time past its timeout), else on real time (steady timers on run()'s io_context).
+//
+// Contract: the io_context passed to run() (and the clock, if any) must outlive this executor. Whatever the work closure
 // captures (e.g. a shared_ptr to a plugin) stays alive until the call really returns.
 // Thread-safety: run() is called from the loop's thread; everything else is internal.
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <atomic>
@@ -29,15 +31,18 @@
 
 #include <fmt/format.h>
 
+#include "common/async/clock.h"
 #include "common/result.h"
 
-namespace arlo::rollout {
+namespace arlo {
 
 class AbandonableExecutor {
  public:
   struct Options {
     std::size_t threads = 2;
     std::size_t max_abandoned = 16;
+    // The clock the timeouts run on; null: real time. Must be the clock of run()'s io_context.
+    Clock* clock = nullptr;
   };
   explicit AbandonableExecutor(Options options);
   ~AbandonableExecutor();
@@ -45,8 +50,8 @@ class AbandonableExecutor {
   AbandonableExecutor& operator=(const AbandonableExecutor&) = delete;
 
   // Runs `fn` (returning Result<R>) on a worker thread; resumes on `loop` with its result, or with
-  // kTimeout after `timeout`, or kCancelled if the executor is destroyed first.
-  // Await it through co_spawn (e.g. rollout/async_util.h when_all), not with a bare co_await in a
+  // kTimeout after `timeout` (on Options::clock), or kCancelled if the executor is destroyed first.
+  // Await it through co_spawn (e.g. common/async/coro.h when_all), not with a bare co_await in a
   // coroutine body: GCC 12 mis-destroys the frame of a coroutine that directly co_awaits this
   // async_initiate-based operation with a non-trivial result (seen as a double free).
   template <typename R, typename F>
@@ -84,6 +89,7 @@ class AbandonableExecutor {
   Status enqueue(std::shared_ptr<Job> job);
 
   std::shared_ptr<Shared> shared_;
+  Clock* clock_ = nullptr;
 };
 
 template <typename R, typename F>
@@ -95,19 +101,19 @@ boost::asio::awaitable<Result<R>> AbandonableExecutor::run(boost::asio::io_conte
     // Loop-thread only: whichever of result / timeout / shutdown arrives first completes the wait.
     struct Waiter {
       H handler;
-      asio::steady_timer timer;
+      std::unique_ptr<Timer> timer;
       bool finished = false;
-      Waiter(H h, asio::io_context& l) : handler(std::move(h)), timer(l) {}
+      explicit Waiter(H h) : handler(std::move(h)) {}
       void finish(Result<R> r) {
         if (finished) return;
         finished = true;
-        timer.cancel();
+        if (timer) timer->cancel();
         std::move(handler)(std::move(r));
       }
     };
-    // The waiter is owned by the loop side only (its pending timer handler keeps it alive until it
+    // The waiter is owned by the loop side only (its pending timer callback keeps it alive until it
     // finishes), so a worker thread never destroys loop objects; workers hold weak references.
-    auto waiter = std::make_shared<Waiter>(std::move(handler), loop);
+    auto waiter = std::make_shared<Waiter>(std::move(handler));
     std::weak_ptr<Waiter> weak = waiter;
     auto job = std::make_shared<Job>();
     auto ex = loop.get_executor();
@@ -128,9 +134,10 @@ boost::asio::awaitable<Result<R>> AbandonableExecutor::run(boost::asio::io_conte
       asio::post(ex, [waiter, e = std::move(st).error()]() mutable { waiter->finish(std::unexpected(std::move(e))); });
       return;
     }
-    waiter->timer.expires_after(timeout);
-    waiter->timer.async_wait([waiter, job, shared = shared_, timeout](const boost::system::error_code& ec) {
-      if (ec || waiter->finished) return;
+    RealClock real(ex);
+    Clock& clock = clock_ != nullptr ? *clock_ : real;
+    waiter->timer = clock.schedule(clock.now() + timeout, [waiter, job, shared = shared_, timeout] {
+      if (waiter->finished) return;
       on_timeout(shared, job);
       waiter->finish(make_error(
           ErrorCode::kTimeout,
@@ -142,4 +149,4 @@ boost::asio::awaitable<Result<R>> AbandonableExecutor::run(boost::asio::io_conte
                                                                              std::move(fn));
 }
 
-}  // namespace arlo::rollout
+}  // namespace arlo

@@ -1,21 +1,22 @@
-#include "orchestrator/async.h"
+#include "common/async/clock.h"
 
 #include <boost/asio/steady_timer.hpp>
 
-namespace arlo::orch {
+namespace arlo {
 
 namespace {
 // Owns the timer through a shared_ptr so a handler already queued when the handle is destroyed
 // still finds a live object; `cancelled` stops `fn` from running after cancel().
 class SteadyTimerHandle final : public Timer {
  public:
-  explicit SteadyTimerHandle(asio::any_io_executor ex) : timer_(std::make_shared<asio::steady_timer>(ex)) {}
+  explicit SteadyTimerHandle(boost::asio::any_io_executor ex)
+      : timer_(std::make_shared<boost::asio::steady_timer>(ex)) {}
   ~SteadyTimerHandle() override { cancel(); }
   void cancel() override {
     *cancelled_ = true;
     timer_->cancel();
   }
-  void arm(TimePoint at, std::function<void()> fn) {
+  void arm(Clock::time_point at, std::function<void()> fn) {
     timer_->expires_at(at);
     timer_->async_wait([timer = timer_, cancelled = cancelled_, fn = std::move(fn)](const boost::system::error_code& ec) {
       if (!ec && !*cancelled) fn();
@@ -23,15 +24,15 @@ class SteadyTimerHandle final : public Timer {
   }
 
  private:
-  std::shared_ptr<asio::steady_timer> timer_;
+  std::shared_ptr<boost::asio::steady_timer> timer_;
   std::shared_ptr<bool> cancelled_ = std::make_shared<bool>(false);
 };
 }  // namespace
 
-std::unique_ptr<Timer> SteadyClock::schedule(TimePoint at, std::function<void()> fn) {
+std::unique_ptr<Timer> RealClock::schedule(time_point at, std::function<void()> fn) {
   auto t = std::make_unique<SteadyTimerHandle>(ex_);
   t->arm(at, std::move(fn));
   return t;
 }
 
-}  // namespace arlo::orch
+}  // namespace arlo

@@ -1,9 +1,11 @@
 #pragma once
-// Small coroutine primitives for code that lives on one io_context thread: a one-shot Promise, a
-// broadcast Signal, deadline enforcement that needs no cooperation from the awaited operation,
-// and spawn() that lets exceptions escape io_context::run() instead of vanishing.
+// Coroutine primitives for code that lives on one io_context thread: a one-shot Promise, a broadcast
+// Signal, sleep_until and deadline enforcement on a Clock (common/async/clock.h; a FakeClock in
+// tests), run_on another thread's context, when_all, and spawn() that lets exceptions escape
+// io_context::run() instead of vanishing.
 //
-// Thread-safety: none of these are thread-safe; use them only on their io_context's thread.
+// Thread-safety: none of these are thread-safe; use them only on their io_context's thread (run_on
+// is the one crossing, and says how).
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -11,6 +13,8 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -21,18 +25,19 @@
 #include <utility>
 #include <vector>
 
+#include "common/async/clock.h"
 #include "common/result.h"
-#include "orchestrator/ports.h"
 
-namespace arlo::orch {
+namespace arlo {
 
-namespace asio = boost::asio;
+template <typename T>
+using Awaitable = boost::asio::awaitable<T>;
 
 // Runs `coro` on `ex`; an exception thrown by it is rethrown from io_context::run() (a bug must be
 // loud; arlo code reports errors as values).
 template <typename Executor, typename Coro>
 void spawn(Executor ex, Coro&& coro) {
-  asio::co_spawn(ex, std::forward<Coro>(coro), [](std::exception_ptr e) {
+  boost::asio::co_spawn(ex, std::forward<Coro>(coro), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);
   });
 }
@@ -42,7 +47,7 @@ void spawn(Executor ex, Coro&& coro) {
 template <typename T>
 class Promise {
  public:
-  explicit Promise(asio::any_io_executor ex) : s_(std::make_shared<State>()) { s_->ex = std::move(ex); }
+  explicit Promise(boost::asio::any_io_executor ex) : s_(std::make_shared<State>()) { s_->ex = std::move(ex); }
 
   bool is_set() const { return s_->set; }
 
@@ -60,7 +65,7 @@ class Promise {
 
   Awaitable<T> get() {
     auto s = s_;
-    return asio::async_initiate<decltype(asio::use_awaitable), void(T)>(
+    return boost::asio::async_initiate<decltype(boost::asio::use_awaitable), void(T)>(
         [s](auto handler) {
           auto h = std::make_unique<HandlerImpl<decltype(handler)>>(std::move(handler));
           if (s->value) {
@@ -71,7 +76,7 @@ class Promise {
             s->handler = std::move(h);
           }
         },
-        asio::use_awaitable);
+        boost::asio::use_awaitable);
   }
 
  private:
@@ -87,13 +92,13 @@ class Promise {
     H handler;
   };
   struct State {
-    asio::any_io_executor ex;
+    boost::asio::any_io_executor ex;
     bool set = false;
     std::optional<T> value;
     std::unique_ptr<HandlerBase> handler;
   };
-  static void resume(std::unique_ptr<HandlerBase> h, T v, const asio::any_io_executor& ex) {
-    asio::post(ex, [h = std::move(h), v = std::move(v)]() mutable { h->call(std::move(v)); });
+  static void resume(std::unique_ptr<HandlerBase> h, T v, const boost::asio::any_io_executor& ex) {
+    boost::asio::post(ex, [h = std::move(h), v = std::move(v)]() mutable { h->call(std::move(v)); });
   }
 
   std::shared_ptr<State> s_;
@@ -103,7 +108,7 @@ class Promise {
 // loop, so spurious wake-ups are harmless: `while (!cond()) co_await signal.wait();`
 class Signal {
  public:
-  explicit Signal(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  explicit Signal(boost::asio::any_io_executor ex) : ex_(std::move(ex)) {}
   Awaitable<void> wait() {
     Promise<bool> p(ex_);
     waiters_.push_back(p);
@@ -117,11 +122,11 @@ class Signal {
   std::size_t waiters() const { return waiters_.size(); }
 
  private:
-  asio::any_io_executor ex_;
+  boost::asio::any_io_executor ex_;
   std::vector<Promise<bool>> waiters_;
 };
 
-inline Awaitable<void> sleep_until(asio::any_io_executor ex, ClockPort& clock, TimePoint at) {
+inline Awaitable<void> sleep_until(boost::asio::any_io_executor ex, Clock& clock, Clock::time_point at) {
   Promise<bool> p(ex);
   auto timer = clock.schedule(at, [p]() mutable { p.set(true); });
   co_await p.get();
@@ -132,13 +137,13 @@ inline Awaitable<void> sleep_until(asio::any_io_executor ex, ClockPort& clock, T
 // to its end even if the caller stops waiting; its result is then discarded. This is the one place
 // where a value crosses threads: through a post to the caller's executor.
 template <typename T, typename Make>
-Awaitable<T> run_on(asio::any_io_executor elsewhere, Make make) {
-  asio::any_io_executor home = co_await asio::this_coro::executor;
+Awaitable<T> run_on(boost::asio::any_io_executor elsewhere, Make make) {
+  boost::asio::any_io_executor home = co_await boost::asio::this_coro::executor;
   Promise<T> done(home);
   auto body = [make = std::move(make), done, home]() mutable -> Awaitable<void> {
     auto op = make();
     T result = co_await std::move(op);
-    asio::post(home, [done, result = std::move(result)]() mutable { done.set(std::move(result)); });
+    boost::asio::post(home, [done, result = std::move(result)]() mutable { done.set(std::move(result)); });
   };
   spawn(elsewhere, std::move(body));
   auto result = co_await done.get();
@@ -152,9 +157,9 @@ Awaitable<T> run_on(asio::any_io_executor elsewhere, Make make) {
 // GCC 12 note: pass every non-trivial argument of a coroutine call inside co_await as a named
 // local moved in (temporaries in co_await expressions are mishandled by GCC 12).
 template <typename T>
-Awaitable<Result<T>> with_deadline(asio::any_io_executor ex, ClockPort& clock, TimePoint deadline,
+Awaitable<Result<T>> with_deadline(boost::asio::any_io_executor ex, Clock& clock, Clock::time_point deadline,
                                    Awaitable<Result<T>> op, const char* what,
-                                   std::shared_ptr<asio::cancellation_signal> cancel = nullptr) {
+                                   std::shared_ptr<boost::asio::cancellation_signal> cancel = nullptr) {
   Promise<Result<T>> done(ex);
   auto timer = clock.schedule(deadline, [done, what = std::string(what)]() mutable {
     done.set(make_error(ErrorCode::kTimeout, what + ": deadline expired"));
@@ -164,7 +169,7 @@ Awaitable<Result<T>> with_deadline(asio::any_io_executor ex, ClockPort& clock, T
     done.set(std::move(r));
   };
   if (cancel) {
-    asio::co_spawn(ex, std::move(body), asio::bind_cancellation_slot(cancel->slot(), [](std::exception_ptr e) {
+    boost::asio::co_spawn(ex, std::move(body), boost::asio::bind_cancellation_slot(cancel->slot(), [](std::exception_ptr e) {
                      if (e) std::rethrow_exception(e);
                    }));
   } else {
@@ -175,15 +180,34 @@ Awaitable<Result<T>> with_deadline(asio::any_io_executor ex, ClockPort& clock, T
   co_return result;
 }
 
-// The real clock: steady_clock and asio steady timers on one io_context.
-class SteadyClock final : public ClockPort {
- public:
-  explicit SteadyClock(asio::any_io_executor ex) : ex_(std::move(ex)) {}
-  TimePoint now() const override { return Clock_::now(); }
-  std::unique_ptr<Timer> schedule(TimePoint at, std::function<void()> fn) override;
+// Runs all `tasks` concurrently on the current coroutine's executor and returns their results in
+// order once every one has completed. Tasks must not throw.
+template <typename T>
+Awaitable<std::vector<T>> when_all(std::vector<Awaitable<T>> tasks) {
+  auto ex = co_await boost::asio::this_coro::executor;
+  struct State {
+    std::vector<std::optional<T>> results;
+    std::size_t remaining = 0;
+    boost::asio::steady_timer done;
+    explicit State(boost::asio::any_io_executor e) : done(e, boost::asio::steady_timer::time_point::max()) {}
+  };
+  auto st = std::make_shared<State>(ex);
+  st->results.resize(tasks.size());
+  st->remaining = tasks.size();
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    boost::asio::co_spawn(ex, std::move(tasks[i]), [st, i](std::exception_ptr e, T value) {
+      if (!e) st->results[i].emplace(std::move(value));
+      if (--st->remaining == 0) st->done.cancel();
+    });
+  }
+  if (st->remaining > 0) {
+    boost::system::error_code ec;
+    co_await st->done.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+  }
+  std::vector<T> out;
+  out.reserve(st->results.size());
+  for (auto& r : st->results) out.push_back(std::move(*r));
+  co_return out;
+}
 
- private:
-  asio::any_io_executor ex_;
-};
-
-}  // namespace arlo::orch
+}  // namespace arlo

@@ -6,7 +6,7 @@
 // Call order: construct, Orchestrator::start() (registers on_version), then server.start().
 #include <boost/asio/io_context.hpp>
 
-#include "common/thread_pool.h"
+#include "common/async/thread_pool.h"
 #include "orchestrator/ports.h"
 #include "trainer_bridge/batch.h"
 #include "trainer_bridge/bridge.h"

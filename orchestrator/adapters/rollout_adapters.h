@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
 #include "orchestrator/ports.h"
 #include "rollout/admin.h"
 #include "rollout/advantages.h"

@@ -25,7 +25,7 @@
 
 #include "apps/arlo/run_parts.h"
 #include "common/http.h"
-#include "common/io_thread.h"
+#include "common/async/io_thread.h"
 #include "orchestrator/adapters/bridge_trainer.h"
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
@@ -337,7 +337,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   pack.seq_len = 128;
   orch::adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
 
-  orch::SteadyClock clock(io.get_executor());
+  RealClock clock(io.get_executor());
   orch::Options opt;
   opt.batch_size = 8;
   opt.group_size = 4;
@@ -406,7 +406,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
       orchestrator.request_stop("test timeout");
     }
   });
-  orch::spawn(io.get_executor(), [&]() -> orch::Awaitable<void> {
+  arlo::spawn(io.get_executor(), [&]() -> Awaitable<void> {
     co_await orchestrator.wait();
     guard.cancel();
     asio::post(network.context(), [&pool] { pool.stop(); });

@@ -133,7 +133,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   pack.seq_len = 64;
   adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
 
-  SteadyClock clock(io.get_executor());
+  RealClock clock(io.get_executor());
   Options opt;
   opt.batch_size = 8;
   opt.group_size = 4;

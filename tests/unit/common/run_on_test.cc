@@ -5,11 +5,13 @@
 
 #include <thread>
 
-#include "common/io_thread.h"
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
+#include "common/async/io_thread.h"
 
-namespace arlo::orch {
+namespace arlo {
 namespace {
+
+namespace asio = boost::asio;
 
 TEST(RunOn, RunsElsewhereAndResumesTheCallerOnItsOwnThread) {
   asio::io_context loop;
@@ -59,4 +61,4 @@ TEST(IoThread, StopLetsPostedWorkFinish) {
 }
 
 }  // namespace
-}  // namespace arlo::orch
+}  // namespace arlo

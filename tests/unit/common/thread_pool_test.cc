@@ -1,7 +1,7 @@
 // ThreadPool: work runs on pool threads, results come back on the io_context's thread, both as a
 // callback (run_then) and as a coroutine (co_await run), and the loop stays alive while results
 // are on their way.
-#include "common/thread_pool.h"
+#include "common/async/thread_pool.h"
 
 #include <gtest/gtest.h>
 

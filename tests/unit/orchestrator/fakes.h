@@ -12,65 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/async.h"
+#include "common/async/coro.h"
+#include "common/async/fake_clock.h"
 #include "orchestrator/ports.h"
 #include "orchestrator/train_sink.h"
 #include "rollout/advantages.h"
 
 namespace arlo::orch::testing {
-
-class FakeClock final : public ClockPort {
- public:
-  TimePoint now() const override { return now_; }
-  std::unique_ptr<Timer> schedule(TimePoint at, std::function<void()> fn) override {
-    const auto id = next_id_++;
-    timers_.emplace(id, Entry{at, std::move(fn)});
-    return std::make_unique<Handle>(this, id);
-  }
-  // Fires due timers in time order, moving now() to each.
-  void advance(Duration d) {
-    const auto target = now_ + d;
-    while (true) {
-      auto it = earliest();
-      if (it == timers_.end() || it->second.at > target) break;
-      now_ = std::max(now_, it->second.at);
-      auto fn = std::move(it->second.fn);
-      timers_.erase(it);
-      fn();
-    }
-    now_ = target;
-  }
-  // Moves to the next timer and fires it; false when none.
-  bool fire_next() {
-    auto it = earliest();
-    if (it == timers_.end()) return false;
-    advance(it->second.at - now_);
-    return true;
-  }
-  std::size_t pending() const { return timers_.size(); }
-
- private:
-  struct Entry {
-    TimePoint at;
-    std::function<void()> fn;
-  };
-  struct Handle final : Timer {
-    Handle(FakeClock* c, std::uint64_t id) : clock(c), id(id) {}
-    ~Handle() override { cancel(); }
-    void cancel() override { clock->timers_.erase(id); }
-    FakeClock* clock;
-    std::uint64_t id;
-  };
-  std::map<std::uint64_t, Entry>::iterator earliest() {
-    auto best = timers_.end();
-    for (auto it = timers_.begin(); it != timers_.end(); ++it)
-      if (best == timers_.end() || it->second.at < best->second.at) best = it;
-    return best;
-  }
-  TimePoint now_{std::chrono::hours(1)};
-  std::uint64_t next_id_ = 1;
-  std::map<std::uint64_t, Entry> timers_;
-};
 
 // Inference workers. Sample j of a group answers tokens {j % 2, 10 + j, 20 + j} (so rewards by
 // FakeScorer alternate 0/1 and groups are not filtered) unless `answer` is replaced.

@@ -22,7 +22,7 @@
 namespace arlo::orch {
 namespace {
 
-using testing::FakeClock;
+using arlo::FakeClock;
 using testing::FakeInference;
 using testing::FakeScorer;
 using testing::FakeTasks;

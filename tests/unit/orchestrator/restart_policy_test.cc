@@ -13,7 +13,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 TEST(RestartPolicy, BackoffDoublesUpToTheCapAndStopsPastTheBound) {
-  testing::FakeClock clock;
+  FakeClock clock;
   RestartPolicy policy;  // the defaults `arlo run` uses: 5 restarts within 10 minutes, 0.5 s .. 10 s
   const std::vector<Duration> expected = {milliseconds(500), seconds(1), seconds(2), seconds(4), seconds(8)};
   for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -28,7 +28,7 @@ TEST(RestartPolicy, BackoffDoublesUpToTheCapAndStopsPastTheBound) {
 }
 
 TEST(RestartPolicy, BackoffIsCappedAtTheMaximum) {
-  testing::FakeClock clock;
+  FakeClock clock;
   RestartPolicy policy({.max_restarts = 8, .window = std::chrono::hours(1), .initial_backoff = milliseconds(500),
                         .max_backoff = seconds(10)});
   Duration last{};
@@ -43,7 +43,7 @@ TEST(RestartPolicy, BackoffIsCappedAtTheMaximum) {
 }
 
 TEST(RestartPolicy, RestartsOlderThanTheWindowNoLongerCount) {
-  testing::FakeClock clock;
+  FakeClock clock;
   RestartPolicy policy({.max_restarts = 2, .window = seconds(60), .initial_backoff = milliseconds(500),
                         .max_backoff = seconds(10)});
   EXPECT_EQ(policy.on_exit(clock.now()), Duration(milliseconds(500)));

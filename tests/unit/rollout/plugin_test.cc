@@ -8,9 +8,11 @@
 #include <cmath>
 #include <thread>
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 
+#include "common/async/fake_clock.h"
 #include "rollout/reward_plugin_loader.h"
 #include "rollout/reward_scorer.h"
 #include "tests/unit/rollout/rollout_test_util.h"
@@ -140,17 +142,15 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   auto hung = hook<int (*)()>("arlo_test_plugin_hung");
   ASSERT_TRUE(hung);
   boost::asio::io_context io;
-  // The 300 ms timeout runs on the loop from the moment a call is queued. On a starved machine a
-  // worker thread may not even have started the call by then, and a call that times out while
-  // queued is dropped, not hung. So, just before scoring, post a handler that holds the loop until
-  // `n` calls are inside the plugin (bounded, in case they never get there): the timeout can then
-  // only fire on calls that really hang. score_group queues its calls before it first suspends, so
-  // this handler runs after that and before any timer handler.
-  auto hold_loop_until_hung = [&](int n) {
-    boost::asio::post(io, [hung, n] {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      while (hung() < n && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    });
+  // The 300 ms timeout runs on a FakeClock: once `n` calls are inside the plugin (the test waits for
+  // that, bounded), it moves time past the timeout. So the timeout fires on calls that really hang,
+  // however slowly a starved machine starts them, and no real-time window is waited out.
+  FakeClock clock;
+  auto time_out_once_hung = [&](int n) {
+    boost::asio::co_spawn(io, [&, n]() -> boost::asio::awaitable<void> {
+      EXPECT_TRUE(co_await test::eventually([&] { return hung() >= n; }, std::chrono::seconds(30)));
+      boost::asio::post(io, [&] { clock.advance(std::chrono::milliseconds(300)); });
+    }, boost::asio::detached);
   };
   int ticks = 0;  // proves the loop kept running while the plugin hung
   auto g = group({"68", "68"});
@@ -160,7 +160,7 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   {
     RewardScorer scorer(io, load("hang"),
                         {.timeout = std::chrono::milliseconds(300), .on_failure = FailurePolicy::kAssign,
-                         .assign_value = 0.25, .threads = 2, .max_abandoned = 16});
+                         .assign_value = 0.25, .threads = 2, .max_abandoned = 16, .clock = &clock});
     run(io, [&]() -> boost::asio::awaitable<void> {
       boost::asio::co_spawn(io, [&]() -> boost::asio::awaitable<void> {
         for (int i = 0; i < 1000 && !st.calls; ++i) {
@@ -168,7 +168,7 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
           co_await test::sleep_for(std::chrono::milliseconds(10));
         }
       }, boost::asio::detached);
-      hold_loop_until_hung(2);
+      time_out_once_hung(2);
       result = co_await scorer.score_group(task(), g);
       st = scorer.stats();
     }());
@@ -177,7 +177,7 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
     // A second group still gets service: stuck threads were replaced.
     auto g2 = group({"68"});
     run(io, [&]() -> boost::asio::awaitable<void> {
-      hold_loop_until_hung(3);
+      time_out_once_hung(3);
       co_await scorer.score_group(task(), g2);
     }());
     EXPECT_EQ(hung(), 3);

@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "rollout/async_util.h"
+#include "common/async/coro.h"
 #include "rollout/inference_pool.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
