@@ -21,20 +21,4 @@ Task task_from_json(const nlohmann::json& j) {
   return t;
 }
 
-const char* to_string(PauseMode mode) {
-  switch (mode) {
-    case PauseMode::kKeep: return "keep";
-    case PauseMode::kWait: return "wait";
-    case PauseMode::kAbort: return "abort";
-  }
-  return "keep";
-}
-
-std::optional<PauseMode> parse_pause_mode(std::string_view s) {
-  if (s == "keep") return PauseMode::kKeep;
-  if (s == "wait") return PauseMode::kWait;
-  if (s == "abort") return PauseMode::kAbort;
-  return std::nullopt;
-}
-
 }  // namespace arlo::orch

@@ -10,14 +10,6 @@
 
 namespace arlo::reference {
 
-
-std::optional<PauseMode> parse_pause_mode(std::string_view s) {
-  if (s == "keep") return PauseMode::kKeep;
-  if (s == "wait") return PauseMode::kWait;
-  if (s == "abort") return PauseMode::kAbort;
-  return std::nullopt;
-}
-
 struct Engine::Request {
   std::uint64_t id = 0;
   SamplingParams params;
@@ -315,7 +307,7 @@ void Engine::step(KvCache& cache, std::vector<Request*>& fresh, std::vector<std:
       SampledToken t = sample_token(row, r->params.temperature, r->params.top_p, r->rng);
       Generation& g = r->out;
       if (g.version_spans.empty() || g.version_spans.back().version != version)
-        g.version_spans.push_back({version, static_cast<int>(g.tokens.size())});
+        g.version_spans.push_back({version, static_cast<std::int64_t>(g.tokens.size())});
       g.tokens.push_back(t.token);
       g.logprobs.push_back(t.logprob);
       if (r->params.top_logprobs > 0)

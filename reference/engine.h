@@ -8,7 +8,7 @@
 // request's own random stream (sampler.h), so a request's tokens and logprobs do not depend on what
 // else was in the batch.
 //
-// Pause modes (DESIGN.md section 3):
+// Pause modes (common/vocabulary.h):
 //   keep  - stop at the next token boundary; in-flight requests keep their caches and continue,
 //           on whatever model is installed by then, after resume(). Version spans record the switch.
 //   wait  - admit nothing new; in-flight requests run to completion; then paused.
@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "common/vocabulary.h"
 #include "reference/model.h"
 #include "reference/sampler.h"
 #include "reference/tokenizer.h"
@@ -40,18 +41,13 @@ namespace arlo::reference {
 
 struct KvCache;  // model_impl.h
 
-enum class FinishReason { kStop, kLength, kAbort };
-std::string_view to_string(FinishReason reason);  // "stop" | "length" | "abort"
-
-enum class PauseMode { kKeep, kWait, kAbort };
-std::optional<PauseMode> parse_pause_mode(std::string_view s);
-
-// Generated tokens [first_token, next span's first_token) came from policy `version`.
-struct VersionSpan {
-  std::int64_t version = 0;
-  int first_token = 0;
-  bool operator==(const VersionSpan&) const = default;
-};
+// Finish reasons (the engine reports stop, length and abort), pause modes and version spans: the
+// shared vocabulary (common/vocabulary.h).
+using ::arlo::FinishReason;
+using ::arlo::parse_pause_mode;
+using ::arlo::PauseMode;
+using ::arlo::to_string;
+using ::arlo::VersionSpan;
 
 struct Generation {
   std::vector<std::int32_t> prompt;

@@ -33,15 +33,6 @@ std::string_view to_string(AdminDialect d) {
   return "?";
 }
 
-std::string_view to_string(PauseMode m) {
-  switch (m) {
-    case PauseMode::kKeep: return "keep";
-    case PauseMode::kWait: return "wait";
-    case PauseMode::kAbort: return "abort";
-  }
-  return "?";
-}
-
 namespace {
 
 // Shared plumbing: one admin call with deadline, retry policy and error mapping.

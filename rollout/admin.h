@@ -54,8 +54,7 @@ enum class AdminDialect { kArlo, kVllm, kSglang };
 Result<AdminDialect> parse_admin_dialect(std::string_view name);  // arlo | vllm | sglang
 std::string_view to_string(AdminDialect dialect);
 
-enum class PauseMode { kKeep, kWait, kAbort };
-std::string_view to_string(PauseMode mode);
+using ::arlo::PauseMode;  // common/vocabulary.h
 
 // A weight update in which the server and the trainer's publisher enter one collective (NCCL).
 // One session serves every worker of a run (arlo run: weight_sync's CollectiveControl over the

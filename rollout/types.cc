@@ -16,25 +16,6 @@ std::string Task::prompt_text() const {
   return out;
 }
 
-std::string_view to_string(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-    case FinishReason::kUnknown: break;
-  }
-  return "unknown";
-}
-
-FinishReason parse_finish_reason(std::string_view text) {
-  if (text == "stop" || text == "eos" || text == "stop_sequence" || text == "end_turn") return FinishReason::kStop;
-  if (text == "length" || text == "max_tokens") return FinishReason::kLength;
-  if (text == "abort" || text == "cancelled" || text == "canceled") return FinishReason::kAbort;
-  if (text == "error") return FinishReason::kError;
-  return FinishReason::kUnknown;
-}
-
 std::optional<std::int64_t> Rollout::oldest_version() const {
   if (version_spans.empty()) return std::nullopt;
   std::int64_t v = version_spans.front().version;

@@ -8,17 +8,6 @@
 
 namespace arlo::orch::adapters {
 
-namespace {
-rollout::PauseMode to_rollout(PauseMode m) {
-  switch (m) {
-    case PauseMode::kKeep: return rollout::PauseMode::kKeep;
-    case PauseMode::kWait: return rollout::PauseMode::kWait;
-    case PauseMode::kAbort: return rollout::PauseMode::kAbort;
-  }
-  return rollout::PauseMode::kKeep;
-}
-}  // namespace
-
 rollout::Task to_rollout_task(const Task& t) {
   rollout::Task r;
   r.id = t.info.contains("task_id") && t.info["task_id"].is_string() ? t.info["task_id"].get<std::string>()
@@ -118,8 +107,8 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
     Completion c;
     c.tokens = std::move(ch.token_ids);
     c.logprobs = std::move(ch.logprobs);
-    for (const auto& s : ch.version_spans) c.spans.push_back({s.version, s.first_token});
-    c.finish_reason = std::string(rollout::to_string(ch.finish_reason));
+    c.spans = std::move(ch.version_spans);
+    c.finish_reason = ch.finish_reason;
     c.text = std::move(ch.text);
     out.completions.push_back(std::move(c));
   }
@@ -144,7 +133,7 @@ Awaitable<Status> RolloutInference::admin_call(std::string worker,
 
 Awaitable<Status> RolloutInference::pause(std::string worker, PauseMode mode, TimePoint) {
   std::function<Awaitable<Status>(rollout::AdminClient&)> call = [mode](rollout::AdminClient& a) {
-    return a.pause(to_rollout(mode));
+    return a.pause(mode);
   };
   auto op = admin_call(std::move(worker), std::move(call));
   co_return co_await std::move(op);
@@ -190,6 +179,25 @@ Awaitable<Result<WorkerWeights>> RolloutInference::weights_here(std::string work
   auto info = co_await std::move(query);
   if (!info) co_return std::unexpected(std::move(info).error());
   co_return WorkerWeights{info->version.value_or(kNoVersion), info->checksum};
+}
+
+Awaitable<std::vector<std::string>> RolloutInference::silent_workers() {
+  auto op = on_pool_thread<std::vector<std::string>>([this] { return silent_workers_here(); });
+  co_return co_await std::move(op);
+}
+
+Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here() {
+  auto strip = [](std::string u) {
+    while (!u.empty() && u.back() == '/') u.pop_back();
+    return u;
+  };
+  std::vector<std::string> out;
+  for (const auto& s : pool_.status()) {
+    if (!s.circuit_open || !s.silent || s.removed) continue;
+    for (const auto& [url, a] : admins_)
+      if (strip(url) == s.url) out.push_back(url);
+  }
+  co_return out;
 }
 
 RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize)
@@ -248,7 +256,7 @@ Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> 
     r.completion_tokens = c.tokens;
     r.completion_text = c.text;
     r.logprobs = c.logprobs;
-    r.finish_reason = rollout::parse_finish_reason(c.finish_reason);
+    r.finish_reason = c.finish_reason;
     group.push_back(std::move(r));
   }
   auto st = co_await scorer_.score_group(rtask, group);
@@ -258,7 +266,7 @@ Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> 
   for (const auto& r : group) {
     out.rewards.push_back(r.reward.value_or(0.0));
     out.metrics.push_back(r.metrics);
-    inputs.push_back({r.reward.value_or(0.0), r.completion_tokens.size(), r.finish_reason == rollout::FinishReason::kLength});
+    inputs.push_back({r.reward.value_or(0.0), r.completion_tokens.size(), r.finish_reason == FinishReason::kLength});
   }
   auto adv = rollout::compute_advantages(inputs, advantages_);
   out.advantages = std::move(adv.advantages);

@@ -1,0 +1,57 @@
+#pragma once
+// The shared vocabulary: value types every module speaks (orchestrator, rollout, the reference
+// engine, weight_sync, the trainer bridge), defined once here so that no adapter converts between
+// look-alike copies (docs/architecture.md section 7). Plain data with no behaviour beyond parsing
+// and printing its names; nothing here does I/O.
+//
+// Modules bring the names into their own namespaces (`using arlo::VersionSpan;`) instead of
+// redefining them.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace arlo {
+
+// Policy version = number of optimizer steps applied. kNoVersion: none yet (a worker that has not
+// loaded weights, a trainer that has published nothing).
+using Version = std::int64_t;
+inline constexpr Version kNoVersion = -1;
+
+// Generated tokens [first_token, next span's first_token) of a completion came from policy
+// `version`. A completion's spans are sorted by first_token; the first starts at 0.
+struct VersionSpan {
+  Version version = 0;
+  std::int64_t first_token = 0;
+  bool operator==(const VersionSpan&) const = default;
+};
+
+// How an inference server pauses for a weight update:
+//   keep  - stop at the next token boundary; in-flight requests keep their state and continue on the
+//           new weights after resume (their version spans record the switch);
+//   wait  - admit nothing new; in-flight requests run to completion; then paused;
+//   abort - in-flight requests finish now with finish reason "abort" (the tokens so far are kept).
+enum class PauseMode { kKeep, kWait, kAbort };
+std::string_view to_string(PauseMode mode);                        // "keep" | "wait" | "abort"
+std::optional<PauseMode> parse_pause_mode(std::string_view text);  // nullopt for anything else
+
+// Why a sample stopped. kError / kUnknown: a server reported an error or a reason arlo does not know.
+enum class FinishReason { kStop, kLength, kAbort, kError, kUnknown };
+std::string_view to_string(FinishReason reason);  // "stop" | "length" | "abort" | "error" | "unknown"
+// "stop" | "eos" | "stop_sequence" | "end_turn" -> kStop, "length" | "max_tokens" -> kLength,
+// "abort" | "cancelled" | "canceled" -> kAbort, "error" -> kError, anything else -> kUnknown.
+FinishReason parse_finish_reason(std::string_view text);
+
+// One chat message of a task's prompt.
+struct ChatMessage {
+  std::string role;  // "system" | "user" | "assistant" | ...
+  std::string content;
+  bool operator==(const ChatMessage&) const = default;
+};
+
+// Deadlines are time points on the monotonic clock everywhere (never a Duration named `deadline`).
+using SteadyClock = std::chrono::steady_clock;
+using Deadline = SteadyClock::time_point;
+
+}  // namespace arlo
