@@ -40,6 +40,10 @@ class InferencePort {
   virtual Awaitable<Status> resume(std::string worker, TimePoint deadline) = 0;
   // What `worker` serves now (read at the end of a run for summary.json).
   virtual Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint deadline) = 0;
+  // Workers that answer nothing now: their requests failed over (the pool's circuit for them opened
+  // when they went silent: a dark link or a hung host). An update round leaves them out rather than
+  // wait out their admin deadlines, and they rejoin once they answer again. Default: none.
+  virtual Awaitable<std::vector<std::string>> silent_workers() { co_return std::vector<std::string>{}; }
 };
 
 // Training tasks: an endless, seeded stream with a cursor that can be saved and restored, so a

@@ -69,6 +69,10 @@ Awaitable<void> WeightWatcher::probe(std::string worker) {
     auto query = inference_.weights(worker, deadline);
     auto answered = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "probing a worker");
     if (!answered) continue;
+    // Its pool circuit is still open (the pool has not heard from it): a round would skip it again.
+    auto silent = co_await inference_.silent_workers();
+    if (stopped_ || !left_out_.count(worker)) break;
+    if (std::find(silent.begin(), silent.end(), worker) != silent.end()) continue;
     ARLO_INFO("weight sync: worker {} answers again (it holds v{}); it rejoins the updates", worker, answered->version);
     left_out_.erase(worker);
     resync_ = true;
@@ -104,6 +108,12 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
     if (op == AdminOp::kUpdate) round_retried_.insert(worker);  // its next attempt avoids a relay that failed it
     ARLO_WARN("weight sync: {} failed (attempt {}/{}): {}", what, attempt, opt_.admin_attempts, last.error().what());
     if (attempt < opt_.admin_attempts) {
+      // It went silent meanwhile (its requests failed over): another try would only wait out its deadline.
+      auto silent = co_await inference_.silent_workers();
+      if (std::find(silent.begin(), silent.end(), worker) != silent.end()) {
+        ARLO_WARN("weight sync: {}: not retried, the worker answers nothing (its requests failed over)", what);
+        break;
+      }
       const auto wake = clock_.now() + backoff;
       co_await sleep_until(ex_, clock_, wake);
       backoff *= 2;
@@ -123,6 +133,12 @@ double lap(Clock& clock, TimePoint& t) {
 
 Awaitable<void> WeightWatcher::pause_worker(Version v, WorkerSync& out, char& paused) {
   auto t = out.start = clock_.now();
+  if (round_silent_.count(out.worker)) {  // nothing to ask: its calls would only wait out their deadlines
+    out.error = "left out unasked: it answers nothing (its inference requests failed over to other workers)";
+    paused = 0;
+    round_receivers_.erase(out.worker);
+    co_return;
+  }
   auto st = co_await admin(AdminOp::kPause, out.worker, v);
   out.pause_s = lap(clock_, t);
   paused = st ? 1 : 0;
@@ -209,6 +225,9 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
     out_of_date_.clear();
   }
   const auto all = inference_.workers();
+  round_silent_.clear();
+  for (auto& w : co_await inference_.silent_workers())
+    if (!left_out_.count(w) && !out_of_date_.count(w)) round_silent_.insert(std::move(w));
   for (const auto& w : all) {
     if (left_out_.count(w) || out_of_date_.count(w)) continue;
     report.workers.emplace_back();
@@ -259,7 +278,8 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   for (const auto& w : report.workers) {
     if (w.ok()) continue;
     ++report.workers_failed;
-    if (++attempts_[w.worker] >= opt_.version_attempts) {
+    // A silent worker was not tried: no attempt of this version is counted against it.
+    if (!round_silent_.count(w.worker) && ++attempts_[w.worker] >= opt_.version_attempts) {
       out_of_date_.insert(w.worker);
       ARLO_ERROR("weight sync: worker {} failed v{} {} times; it is out of date (serves what it holds) until a newer "
                  "version comes",

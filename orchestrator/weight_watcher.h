@@ -16,6 +16,11 @@
 // A worker that failed an update is left out of the next ones (a version never waits on a dead or
 // stopped worker past that one update) and probed (GET its weights) every few seconds; once it
 // answers it rejoins, and the current version is synced again so it catches up.
+// A worker that answers nothing at all (InferencePort::silent_workers(): its requests already
+// failed over) is left out of a round without an admin call, instead of spending its pause
+// attempts' deadlines; it is probed like a failed one and rejoins once it answers again and is no
+// longer silent. Skipping it is not a failed attempt of the version. A worker that goes silent
+// during its admin calls is not retried past the attempt that was cut off.
 // Retries are capped: a worker that failed one version `version_attempts` times is out of date
 // (it serves what it holds) until a newer version comes, and is not tried again for that one; when
 // every worker is out of date for a version none of them took, the run stops with the reason
@@ -130,6 +135,7 @@ class WeightWatcher {
   std::map<std::string, Version> held_;        // the newest version each worker took
   std::set<std::string> round_receivers_;      // see receives()
   std::set<std::string> round_retried_;        // see retrying()
+  std::set<std::string> round_silent_;         // left out of this round unasked: they answer nothing
   std::uint64_t failures_ = 0;
   double last_seconds_ = 0.0;
 };

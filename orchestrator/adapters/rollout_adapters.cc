@@ -85,12 +85,9 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
       cr.prompt = req.task->prompt;
     }
   }
-  cr.sampling.temperature = req.sampling.temperature;
-  cr.sampling.top_p = req.sampling.top_p;
-  cr.sampling.max_tokens = static_cast<int>(req.sampling.max_tokens);
+  cr.sampling = req.sampling;
   cr.sampling.n = req.n;
   cr.sampling.seed = req.seed;
-  cr.sampling.stop = req.sampling.stop;
   cr.sampling.logprobs = true;
   cr.affinity_key = std::to_string(req.group_id);
   const bool chat = cr.is_chat();
@@ -179,6 +176,25 @@ Awaitable<Result<WorkerWeights>> RolloutInference::weights_here(std::string work
   auto info = co_await std::move(query);
   if (!info) co_return std::unexpected(std::move(info).error());
   co_return WorkerWeights{info->version.value_or(kNoVersion), info->checksum};
+}
+
+Awaitable<std::vector<std::string>> RolloutInference::silent_workers() {
+  auto op = on_pool_thread<std::vector<std::string>>([this] { return silent_workers_here(); });
+  co_return co_await std::move(op);
+}
+
+Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here() {
+  auto strip = [](std::string u) {
+    while (!u.empty() && u.back() == '/') u.pop_back();
+    return u;
+  };
+  std::vector<std::string> out;
+  for (const auto& s : pool_.status()) {
+    if (!s.circuit_open || !s.silent || s.removed) continue;
+    for (const auto& [url, a] : admins_)
+      if (strip(url) == s.url) out.push_back(url);
+  }
+  co_return out;
 }
 
 Awaitable<std::vector<std::string>> RolloutInference::silent_workers() {

@@ -74,6 +74,9 @@ class FakeInference final : public InferencePort {
     const Version held = it == holds.end() ? version_ : it->second;
     co_return WorkerWeights{held, fmt::format("fake-{}", held)};
   }
+  Awaitable<std::vector<std::string>> silent_workers() override {
+    co_return std::vector<std::string>(silent.begin(), silent.end());
+  }
 
   std::function<Completion(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
     Completion c;
@@ -142,6 +145,7 @@ class FakeInference final : public InferencePort {
   bool auto_complete = false;
   std::set<std::string> hang_pause;
   std::set<std::string> refuse_update;  // these workers answer every update with an error
+  std::set<std::string> silent;         // what silent_workers() reports (the pool's open, silent circuits)
   std::function<void(const std::string& worker, Version v)> on_update;  // called as each update call starts
   std::map<std::string, Version> holds;  // what weights() reports for these workers (others: the last update's)
   std::vector<std::string> log;

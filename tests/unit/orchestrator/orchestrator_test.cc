@@ -385,6 +385,67 @@ TEST(WeightUpdate, AFailedWorkerIsLeftOutProbedAndRejoins) {
   EXPECT_EQ(h.orch->weight_watcher().synced(), 2);
 }
 
+// A worker that answers nothing (its pool circuit opened on silence) is left out of a round
+// without an admin call, so the version is synced to the others without waiting out its pause
+// deadlines, and no attempt is counted against it. Its probe answering is not enough to rejoin
+// while the pool still calls it silent; once it is not, it rejoins and is synced.
+TEST(WeightUpdate, ASilentWorkerIsSkippedUnaskedAndRejoinsOnceItAnswers) {
+  Harness h;
+  h.inf.hang_pause = {"w1"};  // its calls would hang: the round must not make any
+  h.inf.silent = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 1; }, 1000));
+  EXPECT_EQ(h.count("pause(keep) w1"), 0);
+  EXPECT_EQ(h.count("update(v1) w0"), 1);
+  EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+  EXPECT_EQ(h.orch->weight_watcher().failures(), 1u);
+  EXPECT_LT(h.orch->weight_watcher().last_sync_seconds(),
+            std::chrono::duration<double>(h.opt.admin_timeout).count());  // the fake clock: no deadline waited out
+  // Its link is back but the pool has not heard from it yet: the probe answers, it stays out.
+  h.inf.hang_pause.clear();
+  ASSERT_TRUE(h.run_until([&] { return h.count("weights w1") >= 2; }, 1000));
+  EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+  EXPECT_EQ(h.count("pause(keep) w1"), 0);
+  // The pool hears from it: it rejoins and is synced v1.
+  h.inf.silent.clear();
+  ASSERT_TRUE(h.run_until([&] { return h.count("update(v1) w1") == 1 && !h.orch->weight_watcher().syncing(); }, 1000));
+  EXPECT_TRUE(h.orch->weight_watcher().left_out().empty());
+  EXPECT_TRUE(h.orch->weight_watcher().out_of_date().empty());
+  EXPECT_EQ(h.orch->weight_watcher().synced(), 1);
+}
+
+// A worker that goes silent while its pause hangs (its link went down mid-round) is not asked
+// again after that attempt is cut off: the round ends one admin deadline in, not admin_attempts.
+TEST(WeightUpdate, AWorkerThatGoesSilentMidRoundIsNotRetried) {
+  Harness h;
+  h.inf.hang_pause = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.count("pause(keep) w1") == 1; }, 1000));
+  h.inf.silent = {"w1"};  // the pool's circuit for it opens while the pause waits
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 1; }, 1000));
+  EXPECT_EQ(h.count("pause(keep) w1"), 1);  // admin_attempts is 2: the second was not made
+  EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+}
+
+// Skipping a silent worker is no attempt of the version: even with version_attempts 1 it is not
+// out of date for it (which would end its probe), but left out, probed, and synced once it answers.
+TEST(WeightUpdate, ASkippedSilentWorkerIsNotCountedAnAttempt) {
+  Harness h;
+  h.opt.version_attempts = 1;
+  h.inf.silent = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 1; }, 1000));
+  EXPECT_TRUE(h.orch->weight_watcher().out_of_date().empty());
+  EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+  EXPECT_EQ(h.count("pause(keep) w1"), 0);
+  h.inf.silent.clear();
+  ASSERT_TRUE(h.run_until([&] { return h.count("update(v1) w1") == 1 && !h.orch->weight_watcher().syncing(); }, 1000));
+  EXPECT_TRUE(h.orch->weight_watcher().left_out().empty());
+}
+
 // A worker that refuses a version is tried version_attempts times (each try: admin_attempts calls),
 // then it is out of date for that version (not probed, not retried), and tried again on a newer one.
 TEST(WeightUpdate, RetriesOfARefusedVersionAreCapped) {
