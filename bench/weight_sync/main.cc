@@ -1344,6 +1344,18 @@ int main(int argc, char** argv) {
   g_params.shm_read = args.shm_read;
   auto chosen = chosen_transports(args.transports);
   if (!chosen) return 2;
+  // A collective transport moves a version only inside a group the orchestrator forms
+  // (weight_sync/collective.h); this bench has no orchestrator, so its publisher would wait forever.
+  std::erase_if(*chosen, [](const ws::TransportDescriptor* d) {
+    if (!d->capabilities.collective) return false;
+    std::printf("weight_sync %s: skipped, a collective transport (its groups are formed by the orchestrator, which "
+                "this bench does not run)\n", d->name.c_str());
+    return true;
+  });
+  if (chosen->empty()) {
+    std::fprintf(stderr, "no transport left to run\n");
+    return 2;
+  }
 
   auto dtype = arlo::safetensors::parse_dtype(args.dtype == "bf16" ? "BF16" : args.dtype == "f16" ? "F16" : "F32");
   auto specs = ws::model_layout(args.model, *dtype, args.scale);
