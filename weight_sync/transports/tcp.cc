@@ -22,7 +22,8 @@
 // Every operation runs under a deadline (bucket_timeout per bucket, the call deadline overall). A
 // receiver that loses its link or sees a checksum mismatch reconnects and resumes from its first
 // unverified bucket; the sending side waits reconnect_window for it. Data moves in 4 MiB send and
-// receive calls (fewer syscalls; a chunk still sits in the shared cache when it is hashed). Each bucket is hashed
+// receive calls (fewer syscalls; a chunk still sits in the shared cache when it is hashed), a
+// cut-through relay's in 1 MiB steps (each hop delays the stream by one step). Each bucket is hashed
 // once on the publisher, by the first link that sends it, and reused for every other link; a relay
 // forwards the checksum it verified instead of hashing again. Receivers hash what they receive.
 // `full` is sent straight from the source tensors and, in place, received straight into the sink's
