@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace arlo {
 
@@ -48,6 +49,21 @@ struct ChatMessage {
   std::string role;  // "system" | "user" | "assistant" | ...
   std::string content;
   bool operator==(const ChatMessage&) const = default;
+};
+
+// The sampling parameters of one generation request: one struct from the configuration's sampling
+// section through the orchestrator and the OpenAI client to the reference engine. Servers that do
+// not know a field ignore it (only arlo-worker reads ignore_eos).
+struct SamplingParams {
+  double temperature = 1.0;            // >= 0; 0 = greedy
+  double top_p = 1.0;                  // in (0, 1]
+  std::int64_t max_tokens = 64;        // >= 1; generation also stops at the model's context
+  std::optional<std::uint64_t> seed{};  // the request's random stream; absent: the server picks one
+  std::vector<std::string> stop{};     // generation stops when the text contains one (text cut before it)
+  int n = 1;                           // samples per request
+  bool logprobs = true;                // report each generated token's logprob
+  int top_logprobs = 0;                // also the k most likely tokens at each step (0..20)
+  bool ignore_eos = false;             // keep generating past the end-of-sequence token
 };
 
 // Deadlines are time points on the monotonic clock everywhere (never a Duration named `deadline`).

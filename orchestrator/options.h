@@ -25,7 +25,7 @@ struct Options {
   bool filter_zero_variance = true;  // drop groups whose rewards are all equal (no signal)
   int max_filtered_groups_per_step = 0;  // past this, equal-reward groups are kept; 0 = auto
   std::uint64_t seed = 0;          // request seeds
-  Sampling sampling;
+  SamplingParams sampling;
   Duration request_timeout = std::chrono::minutes(10);
   Duration score_timeout = std::chrono::seconds(60);
   Duration trainer_timeout{};      // a batch not accepted by the trainer within this is fatal; 0 = no bound
@@ -53,7 +53,7 @@ struct Options {
   int eval_samples = 1;              // samples per eval task (n of pass@k)
   std::vector<int> eval_pass_k = {1};
   double eval_correct_threshold = 1.0;  // reward >= this counts as correct for pass@k
-  Sampling eval_sampling{0.0, 1.0, 64, {}};
+  SamplingParams eval_sampling{.temperature = 0.0};
 
   // --- log / ckpt / status ---
   double log_interval_s = 10.0;

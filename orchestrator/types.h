@@ -20,10 +20,12 @@ using Clock_ = std::chrono::steady_clock;
 using TimePoint = Clock_::time_point;
 using Duration = Clock_::duration;
 
-// Versions, version spans, pause modes, finish reasons: the shared vocabulary (common/vocabulary.h).
+// Versions, version spans, pause modes, finish reasons, sampling parameters: the shared vocabulary
+// (common/vocabulary.h).
 using ::arlo::FinishReason;
 using ::arlo::kNoVersion;
 using ::arlo::PauseMode;
+using ::arlo::SamplingParams;
 using ::arlo::Version;
 using ::arlo::VersionSpan;
 
@@ -49,12 +51,6 @@ struct Task {
 nlohmann::json to_json(const Task& task);
 Task task_from_json(const nlohmann::json& j);
 
-struct Sampling {
-  double temperature = 1.0;
-  double top_p = 1.0;
-  std::int64_t max_tokens = 64;
-  std::vector<std::string> stop;
-};
 
 // One request to an inference server: `n` samples of one prompt (a group, or a continuation of one
 // sample after an abort: prompt_tokens then already hold the sample's partial completion).
@@ -64,7 +60,7 @@ struct GenerateRequest {
   std::shared_ptr<const Task> task;
   std::vector<std::int32_t> prompt_tokens;  // empty: use task->prompt
   int n = 1;
-  Sampling sampling;
+  SamplingParams sampling;  // its n and seed are the request's own (n above, seed below)
   std::uint64_t seed = 0;
   TimePoint deadline{};
 };

@@ -15,17 +15,14 @@
 #include <utility>
 #include <vector>
 
+#include "common/vocabulary.h"
+
 namespace arlo::reference {
 
-struct SamplingParams {
-  double temperature = 1.0;   // >= 0; 0 = greedy
-  double top_p = 1.0;         // in (0, 1]
-  int max_tokens = 16;        // >= 1; generation also stops at the model's context
-  std::optional<std::uint64_t> seed;  // per-request stream; absent = drawn from the engine's seed
-  std::vector<std::string> stop;      // generation stops when the text contains one (text cut before it)
-  bool ignore_eos = false;
-  int top_logprobs = 0;               // also report the k most likely tokens at each step (0..20)
-};
+// A request's sampling parameters (common/vocabulary.h). The engine reads temperature, top_p,
+// max_tokens, seed (absent: a stream drawn from the engine's seed), stop, ignore_eos and
+// top_logprobs; n and logprobs are the OpenAI layer's.
+using ::arlo::SamplingParams;
 
 // splitmix64 finaliser: spreads (seed, stream) pairs into independent-looking 64-bit seeds.
 std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stream);

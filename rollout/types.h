@@ -22,11 +22,12 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using Duration = Clock::duration;
 
-// Chat messages, finish reasons, versions and version spans: the shared vocabulary
+// Chat messages, finish reasons, sampling parameters, versions and version spans: the shared vocabulary
 // (common/vocabulary.h).
 using ::arlo::ChatMessage;
 using ::arlo::FinishReason;
 using ::arlo::parse_finish_reason;
+using ::arlo::SamplingParams;
 using ::arlo::Version;
 using ::arlo::VersionSpan;
 
@@ -42,16 +43,6 @@ struct Task {
   bool is_chat() const { return !prompt.has_value(); }
   // The prompt as one string: `prompt`, or the messages joined as "role: content" lines.
   std::string prompt_text() const;
-};
-
-struct SamplingParams {
-  double temperature = 1.0;
-  double top_p = 1.0;
-  int max_tokens = 64;
-  int n = 1;                               // samples per request
-  std::optional<std::uint64_t> seed{};
-  std::vector<std::string> stop;
-  bool logprobs = true;                    // per-token logprobs of the generated tokens
 };
 
 // One request to an OpenAI-compatible server. Prompt precedence: prompt_token_ids, then messages

@@ -197,25 +197,6 @@ Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here() {
   co_return out;
 }
 
-Awaitable<std::vector<std::string>> RolloutInference::silent_workers() {
-  auto op = on_pool_thread<std::vector<std::string>>([this] { return silent_workers_here(); });
-  co_return co_await std::move(op);
-}
-
-Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here() {
-  auto strip = [](std::string u) {
-    while (!u.empty() && u.back() == '/') u.pop_back();
-    return u;
-  };
-  std::vector<std::string> out;
-  for (const auto& s : pool_.status()) {
-    if (!s.circuit_open || !s.silent || s.removed) continue;
-    for (const auto& [url, a] : admins_)
-      if (strip(url) == s.url) out.push_back(url);
-  }
-  co_return out;
-}
-
 RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize)
     : stream_(std::move(stream)), tokenize_(std::move(tokenize)) {}
 
