@@ -102,6 +102,13 @@ class StagingPublisherImpl final : public StagingPublisher {
                                   name_, want, announced_ ? std::to_string(*announced_) : "none"));
   }
 
+  Status failure() const override {
+    std::lock_guard l(mu_);
+    if (!failed_) return ok();
+    return std::unexpected(Error(failed_->second).with_context(
+        fmt::format("weight_sync {}: version {} was not published", name_, failed_->first)));
+  }
+
   nlohmann::json endpoint() const override { return endpoint_; }
 
   std::optional<PublishReport> last_report() const override {

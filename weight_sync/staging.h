@@ -63,6 +63,10 @@ class StagingPublisher {
   // Waits until the newest staged version was published (durable: on disk and announced;
   // streaming: announced) or `deadline`.
   virtual Status flush(Deadline deadline) = 0;
+  // ok() until a version could not be published (durable: not written, e.g. its disk is full; any:
+  // its checksum failed); from then on that failure (the newest one). Such a version is never
+  // announced, so whoever waits for it waits in vain: a caller that cannot go on without it stops.
+  virtual Status failure() const = 0;
   // Where receivers reach it (the transport's endpoint object).
   virtual nlohmann::json endpoint() const = 0;
   // The report of the newest completed transfer, if any.

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "common/crash_point.h"
 #include "common/file.h"
@@ -262,6 +263,7 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   // step records and the live page read them there).
   std::mutex metrics_mu;
   std::map<std::int64_t, json> step_metrics;
+  std::optional<Error> unannounced;  // the first announcement that failed (under metrics_mu)
   auto announce = [&](const weight_sync::Announcement& a) {
     json info = {{"weight_sync", weight_sync::to_json(a)}};
     {
@@ -270,11 +272,23 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
       if (it != step_metrics.end()) info["metrics"] = it->second;
       step_metrics.erase(step_metrics.begin(), step_metrics.upper_bound(static_cast<std::int64_t>(a.version)));
     }
-    if (auto st = client->published(static_cast<std::int64_t>(a.version), info); !st)
-      ARLO_WARN("announcing v{}: {}", a.version, st.error().what());
+    if (auto st = client->published(static_cast<std::int64_t>(a.version), info); !st) {
+      std::lock_guard lk(metrics_mu);
+      if (!unannounced) unannounced = std::move(st).error().with_context(fmt::format("announcing v{}", a.version));
+    }
   };
   ARLO_ASSIGN_OR_RETURN(auto publisher, weight_sync::StagingPublisher::create(wso, announce));
   ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher->endpoint().dump());
+  // A version the workers can never get (not written, e.g. the disk is full, or not announced)
+  // stops the trainer with that error: the orchestrator waits for it, so going on would wait for
+  // batches that never come (docs/checkpoints.md: the first write that fails stops the run).
+  auto published_ok = [&]() -> Status {
+    {
+      std::lock_guard lk(metrics_mu);
+      if (unannounced) return std::unexpected(Error(*unannounced).with_context("trainer"));
+    }
+    return with_context(publisher->failure(), "trainer");
+  };
   // Returns how long staging held this thread.
   auto stage = [&](std::int64_t version, bool workers_hold_it) -> Result<double> {
     reference::ModelWeights source(*model);
@@ -289,6 +303,7 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
 
   auto idle_since = Clock::now();
   while (!stop.load() && (o.max_steps == 0 || step < o.max_steps)) {
+    ARLO_TRY(published_ok());
     auto got = client->next_batch(o.batch_timeout);
     if (!got) {
       if (got.error().code() == ErrorCode::kTimeout) {
