@@ -170,6 +170,8 @@ class Run {
     auto dialect = rollout::parse_admin_dialect(s_.cfg.string("inference.kind"));
     if (!dialect) return fail(dialect.error().what());
     rollout::PoolOptions po;
+    po.health_timeout = seconds(s_.cfg.number("inference.health_timeout_s"));
+    po.open_on_silence = s_.cfg.boolean("inference.failover_on_silence");
     // Keep-alive connections for every request in flight, so none is re-opened per request.
     po.client.max_idle_per_host =
         std::max<std::size_t>(po.client.max_idle_per_host, static_cast<std::size_t>(s_.options.max_inflight));

@@ -319,6 +319,16 @@ std::vector<Section> product_sections() {
            float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
            float_key("admin_timeout_s", 30.0, "Deadline for one admin call (pause, weights, resume).")
                .range(0.001, 3600.0),
+           float_key("health_timeout_s", 2.0,
+                     "Deadline for one health check of a server (GET /health, every 2 s); a check that gets no "
+                     "answer in it counts as a failure.")
+               .range(0.01, 600.0),
+           bool_key("failover_on_silence", true,
+                    "A health check that gets no answer at all (not a refusal or an error status) while the server "
+                    "holds requests, none of them answered since the check started, opens its circuit at once: its "
+                    "requests move to other servers and weight updates leave it out until it answers (a dark link "
+                    "or a hung host). false: only failed checks in a row do (3, each waiting out "
+                    "health_timeout_s). A slow server that answers its requests is never cut off by this."),
            int_key("threads", 1, "embedded: compute threads per worker.").range(1, 1024),
        }},
       {"model", "The built-in policy (arlo-worker, arlo-trainer). The vocabulary comes from the tokenizer.",
