@@ -5,9 +5,10 @@
 // (a step record in metrics.jsonl), never by sleeping; the fault's own duration is the only wait.
 // Checked from the outside (exit status, summary.json, metrics.jsonl, the trainer's metrics, the
 // workers' own /health and /metrics):
-// - a worker's link down for 10 s mid-run: its requests fail over to the other worker, it is left
-//   out of updates, rejoins when its link is back, is resynced and serves again; the run finishes
-//   with no rollout lost and both workers on the trainer's final weights (checksum);
+// - a worker's link down for 10 s mid-run: its requests fail over to the other worker while the
+//   link is down (the run trains steps during the outage), it is left out of updates, rejoins when
+//   its link is back, is resynced and serves again; the run finishes with no rollout lost or failed
+//   and both workers on the trainer's final weights (checksum);
 // - 1% packet loss on one worker's link and on the trainer's for the whole run: the run finishes,
 //   every worker holds the trainer's final checksum, every step trained once;
 // - the trainer's host unreachable for longer than trainer.silence_timeout_s: the run stops with a
@@ -378,11 +379,11 @@ void report_cost(const char* fault, const Deployment& d, const nlohmann::json& s
   } while (0)
 
 // One of the two workers loses its link for 10 s mid-run (no packet in or out; its connections
-// stay open, unanswered). Its requests in flight wait until its circuit opens (three failed health
-// checks) and move to the other worker, or finish on it once the link is back: no rollout is lost
-// either way. Its update fails and it is left out; once its link is back it answers the probe, is
-// resynced the current version and serves again. How far the run got during the outage depends on
-// when the circuit opened and is printed, not asserted.
+// stay open, unanswered). Its first health check that gets no answer while it holds requests opens
+// its circuit (inference.failover_on_silence): the requests it held move to the other worker and
+// the run goes on during the outage (steps trained, the other worker serving, no rollout failed).
+// Its update fails or it is left out of the round unasked; once its link is back it answers, is
+// resynced the current version and serves again.
 TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
   SKIP_WITHOUT_HOSTS();
   Deployment d("link_down", 100);
@@ -392,10 +393,20 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
   ASSERT_EQ(why, "");
   ASSERT_TRUE(d.wait_for_step(kWarmup + 2)) << d.outputs();
   const int cut = kFirstWorkerHost;  // worker-0
+  // What worker-1 had generated when worker-0's link went down, and when it came back.
+  auto served_by_other = [&] {
+    auto [status, body] = http_get(*d.cluster, kArloHost, d.cluster->address(kFirstWorkerHost + 1), kWorkerPort, "/metrics");
+    return status == 200 ? gauge(body, "arlo_worker_engine_requests_finished") : -1.0;
+  };
+  const double other_at_cut = served_by_other();
   ASSERT_TRUE(d.cluster->link_down(cut));
   const auto down_at = Clock::now();
   const int step_at_cut = d.last_step();
-  std::this_thread::sleep_for(10s);  // the fault itself
+  std::this_thread::sleep_for(5s);  // the fault itself, in two halves
+  const int step_at_half = d.last_step();
+  std::this_thread::sleep_for(5s);
+  const int step_before_up = d.last_step();
+  const double other_before_up = served_by_other();
   ASSERT_TRUE(d.cluster->link_up(cut));
   const double link_down_s = std::chrono::duration<double>(Clock::now() - down_at).count();
   const int step_at_up = d.last_step();
@@ -408,6 +419,17 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
   }
   ASSERT_GE(served_at_up, 0) << "worker-0's /metrics did not answer after its link came back";
   const auto summary = expect_finished(d);
+  // The run went on while the link was down: the groups worker-0 held moved to worker-1 (which
+  // generated meanwhile) and steps were trained; nothing waited for the link to come back, and no
+  // rollout failed (the moved requests completed on worker-1; the ledger above counts each once).
+  EXPECT_GT(step_before_up, step_at_cut) << "no step trained while worker-0's link was down\n" << d.outputs();
+  // Not only the steps that needed nothing from worker-0: the run also trained in the outage's
+  // second half (its requests had moved; without the fail-over they waited for the link).
+  EXPECT_GT(step_before_up, step_at_half) << "no step trained in the second half of the outage\n" << d.outputs();
+  EXPECT_GT(other_before_up, other_at_cut) << "worker-1 generated nothing while worker-0's link was down";
+  if (summary.contains("ledger")) {
+    EXPECT_EQ(sum(summary.at("ledger").at("failed")), 0u) << summary.at("ledger").dump(2);
+  }
   // worker-0 missed an update while cut off, and took one after: it rejoined and was resynced.
   int failed_updates = 0, synced_after = 0;
   for (const auto& r : read_jsonl(d.run_dir / "metrics.jsonl")) {
@@ -429,7 +451,10 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
   EXPECT_EQ(mstatus, 200);
   EXPECT_GT(gauge(metrics, "arlo_worker_engine_requests_finished"), served_at_up)
       << "worker-0 generated nothing after its link came back\n" << d.outputs();
-  std::printf("worker-0's link down for %.1f s, during steps %d..%d\n", link_down_s, step_at_cut, step_at_up);
+  std::printf("worker-0's link down for %.1f s, during steps %d..%d (%d trained while it was down, %d in its second "
+              "half); worker-1 finished %.0f requests meanwhile\n",
+              link_down_s, step_at_cut, step_at_up, step_before_up - step_at_cut, step_before_up - step_at_half,
+              other_before_up - other_at_cut);
   report_cost("a worker's link down for 10 s", d, summary);
 }
 
