@@ -16,35 +16,6 @@ std::string Task::prompt_text() const {
   return out;
 }
 
-std::optional<std::int64_t> Rollout::oldest_version() const {
-  if (version_spans.empty()) return std::nullopt;
-  std::int64_t v = version_spans.front().version;
-  for (const auto& s : version_spans) v = std::min(v, s.version);
-  return v;
-}
-
-std::optional<std::int64_t> Rollout::newest_version() const {
-  if (version_spans.empty()) return std::nullopt;
-  std::int64_t v = version_spans.front().version;
-  for (const auto& s : version_spans) v = std::max(v, s.version);
-  return v;
-}
-
-Rollout make_rollout(const Task& task, std::string group_id, int sample_index, const Completion& completion,
-                     const CompletionChoice& choice) {
-  Rollout r;
-  r.task_id = task.id;
-  r.group_id = std::move(group_id);
-  r.sample_index = sample_index;
-  r.prompt_tokens = completion.prompt_token_ids;
-  r.completion_tokens = choice.token_ids;
-  r.completion_text = choice.text;
-  r.logprobs = choice.logprobs;
-  r.version_spans = choice.version_spans;
-  r.finish_reason = choice.finish_reason;
-  return r;
-}
-
 Json to_json(const std::vector<VersionSpan>& spans) {
   Json out = Json::array();
   for (const auto& s : spans) out.push_back(Json::array({s.version, s.first_token}));

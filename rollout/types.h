@@ -97,16 +97,7 @@ struct Rollout {
   std::optional<double> reward;                 // unset until scored (or when dropped)
   std::map<std::string, double> metrics;
   Timings timings;
-
-  // Oldest / newest policy version among the generated tokens; nullopt when no spans.
-  std::optional<std::int64_t> oldest_version() const;
-  std::optional<std::int64_t> newest_version() const;
-  bool truncated() const { return finish_reason == FinishReason::kLength; }
 };
-
-// Builds the rollouts of one choice of a completion.
-Rollout make_rollout(const Task& task, std::string group_id, int sample_index, const Completion& completion,
-                     const CompletionChoice& choice);
 
 // JSON forms, used by the http reward module, checkpoints and logs.
 Json to_json(const Task& task);

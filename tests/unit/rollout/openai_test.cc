@@ -63,15 +63,7 @@ TEST(OpenAI, ParsesCompletionsWithTokenIdsLogprobsAndVersionSpans) {
   EXPECT_EQ(ch.finish_reason, FinishReason::kLength);
   EXPECT_EQ(ch.version_spans, (std::vector<VersionSpan>{{3, 0}, {4, 1}}));
   EXPECT_EQ(c->choices[0].version_spans, (std::vector<VersionSpan>{{4, 0}}));
-
-  Task t;
-  t.id = "t";
-  t.prompt = "p";
-  Rollout r = make_rollout(t, "g", 1, *c, ch);
-  EXPECT_EQ(r.oldest_version(), 3);
-  EXPECT_EQ(r.newest_version(), 4);
-  EXPECT_TRUE(r.truncated());
-  EXPECT_EQ(r.prompt_tokens, (std::vector<std::int32_t>{1, 2}));
+  EXPECT_EQ(c->prompt_token_ids, (std::vector<std::int32_t>{1, 2}));
 }
 
 TEST(OpenAI, ParsesChatLogprobsAndTopLevelPromptIds) {
