@@ -1008,6 +1008,10 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& hos
     if (err == EINPROGRESS) {
       if (!impl->ready(POLLOUT, deadline)) {
         impl->close();
+        // The deadline ran out during an attempt: after refusals, the refusal is the reason.
+        if (!last.empty())
+          return make_error(ErrorCode::kUnavailable,
+                            "rendezvous store " + impl->server + ": connect: " + last + " until the deadline");
         return make_error(ErrorCode::kTimeout, "rendezvous store " + impl->server + ": connect: deadline passed");
       }
       socklen_t len = sizeof err;
