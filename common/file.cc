@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 namespace arlo {
 
@@ -48,6 +50,19 @@ Status write_file_atomically(const std::filesystem::path& path, std::string_view
     ::close(dfd);
   }
   return ok();
+}
+
+Status drop_partial_last_line(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};  // no file yet
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  if (text.empty() || text.back() == '\n') return {};
+  const auto newline = text.rfind('\n');
+  const std::size_t keep = newline == std::string::npos ? 0 : newline + 1;
+  std::error_code ec;
+  std::filesystem::resize_file(path, keep, ec);
+  if (ec) return make_error(ErrorCode::kIo, "cutting the partial last line of " + path.string() + ": " + ec.message());
+  return {};
 }
 
 }  // namespace arlo

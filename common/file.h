@@ -15,4 +15,9 @@ namespace arlo {
 // is left as it was, and the error names the file and the step that failed.
 Status write_file_atomically(const std::filesystem::path& path, std::string_view contents);
 
+// For a file of lines that is appended to (a .jsonl log): drops a last line without its newline,
+// what a full disk or a kill mid-write leaves, so the next append starts a line of its own. No file,
+// or one that ends in a newline, is left as it is.
+Status drop_partial_last_line(const std::filesystem::path& path);
+
 }  // namespace arlo

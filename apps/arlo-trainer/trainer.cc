@@ -168,10 +168,19 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
   std::error_code dir_ec;
   std::filesystem::create_directories(o.run_dir, dir_ec);
   const auto metrics_path = o.run_dir / "trainer_metrics.jsonl";
+  ARLO_TRY(with_context(drop_partial_last_line(metrics_path), "trainer"));
   std::ofstream metrics_log(metrics_path, std::ios::app);
   if (!metrics_log)
     return make_error(ErrorCode::kIo, fmt::format("trainer: cannot open {} for appending: {} (--run-dir)", metrics_path.string(),
                                                   dir_ec ? dir_ec.message() : std::strerror(errno)));
+  // One whole line per record; a write that fails (a full disk) stops the trainer naming the file.
+  auto log_metrics = [&](const nlohmann::json& m) -> Status {
+    metrics_log << m.dump() << "\n";
+    metrics_log.flush();
+    if (!metrics_log)
+      return make_error(ErrorCode::kIo, fmt::format("trainer: writing {}: {}", metrics_path.string(), std::strerror(errno)));
+    return {};
+  };
   reference::LossOptions lo;
   lo.correction = *correction;
   lo.tis_high = o.tis_high;
@@ -242,10 +251,9 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
     ARLO_ASSIGN_OR_RETURN(auto view, bridge::BatchView::open(path));
     ARLO_ASSIGN_OR_RETURN(auto m, train(view));
     m["replayed"] = true;
-    metrics_log << m.dump() << "\n";
+    ARLO_TRY(log_metrics(m));
     ARLO_INFO("replayed step {} from {}", step, path.string());
   }
-  metrics_log.flush();
 
   bridge::ClientOptions co;
   co.transport = o.bridge_transport;
@@ -341,8 +349,7 @@ Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool
       step_metrics[step] = m;
     }
     ARLO_ASSIGN_OR_RETURN(m["stage_seconds"], stage(step, false));  // in trainer_metrics.jsonl
-    metrics_log << m.dump() << "\n";
-    metrics_log.flush();
+    ARLO_TRY(log_metrics(m));
     ARLO_INFO("step {} loss {:.4f} (pg {:.4f} ce {:.4f}) grad_norm {:.3f} mismatch_kl {:.2e} clipped {:.3f} "
               "entropy {:.3f} lr {:.2e} {:.3f}s",
               step, m["loss"].get<double>(), m["pg_loss"].get<double>(), m["ce_loss"].get<double>(),
