@@ -114,6 +114,7 @@ Status Orchestrator::start() {
     std::filesystem::create_directories(opt_.run_dir, ec);
     if (ec) return make_error(ErrorCode::kIo, fmt::format("creating run dir {}: {}", opt_.run_dir, ec.message()));
     const auto path = std::filesystem::path(opt_.run_dir) / "metrics.jsonl";
+    ARLO_TRY(drop_partial_last_line(path));  // a resume after a full disk or a kill mid-line
     metrics_file_ = std::fopen(path.c_str(), "a");
     if (!metrics_file_) return make_error(ErrorCode::kIo, fmt::format("opening {}", path.string()));
   }
