@@ -21,6 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <nlohmann/json.hpp>
+
 namespace arlo::e2e {
 
 inline pid_t spawn_logged(const std::vector<std::string>& args, const std::filesystem::path& log) {
@@ -71,5 +76,34 @@ inline pid_t child_with_arg(pid_t parent, const std::string& needle) {
   }
   return -1;
 }
+
+// The records of a .jsonl file; a line still being written (not whole JSON yet) is skipped.
+inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// A free loopback TCP port: bound, read back and released (another process could take it in
+// between, which on a test machine does not happen in practice).
+inline int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// The end of a log, for a failure message.
+inline std::string tail(const std::string& s, std::size_t n = 6000) { return s.size() > n ? s.substr(s.size() - n) : s; }
 
 }  // namespace arlo::e2e

@@ -44,8 +44,12 @@
 
 #include "common/config/config.h"
 #include "tests/cluster/netns.h"
+#include "tests/e2e/spawn.h"
 
 namespace {
+
+using arlo::e2e::read_jsonl;
+using arlo::e2e::tail;
 
 namespace fs = std::filesystem;
 using arlo::cluster::Cluster;
@@ -64,18 +68,6 @@ const std::string kToken = "arlo-cluster-faults-test-token-0123456789abcdef";
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::string tail(const std::string& s) { return s.size() > 8000 ? s.substr(s.size() - 8000) : s; }
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded()) out.push_back(std::move(j));  // a line being written is skipped
-  }
-  return out;
 }
 
 std::uint64_t sum(const nlohmann::json& counts) {

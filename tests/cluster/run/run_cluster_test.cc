@@ -30,8 +30,12 @@
 
 #include "common/config/config.h"
 #include "tests/cluster/netns.h"
+#include "tests/e2e/spawn.h"
 
 namespace {
+
+using arlo::e2e::read_jsonl;
+using arlo::e2e::tail;
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -48,15 +52,6 @@ std::string read_text(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line, nullptr, false));
-  return out;
-}
-
-std::string tail(const std::string& s, std::size_t n = 6000) { return s.substr(s.size() > n ? s.size() - n : 0); }
 
 // Polls until pred() holds, `pid` exits (not reaped) or the deadline passes.
 template <typename Pred>

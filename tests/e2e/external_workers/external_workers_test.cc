@@ -22,27 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line, nullptr, false));
-  return out;
-}
-
 TEST(ExternalWorkersE2E, AreHealthWaitedGivenV0AndEndOnTheFinalVersion) {
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   ASSERT_NE(src, nullptr);
@@ -53,7 +32,7 @@ TEST(ExternalWorkersE2E, AreHealthWaitedGivenV0AndEndOnTheFinalVersion) {
   const fs::path run_dir = fs::temp_directory_path() / ("arlo-e2e-external-" + std::to_string(::getpid()));
   fs::remove_all(run_dir);
   fs::create_directories(run_dir.parent_path());
-  const int ports[2] = {free_port(), free_port()};
+  const int ports[2] = {arlo::e2e::free_loopback_port(), arlo::e2e::free_loopback_port()};
   const std::string urls = "[\"http://127.0.0.1:" + std::to_string(ports[0]) + "\", \"http://127.0.0.1:" + std::to_string(ports[1]) + "\"]";
   const fs::path log = run_dir.string() + ".log";
   std::vector<std::string> args = {ARLO_BINARY, "run", config};
@@ -100,7 +79,7 @@ TEST(ExternalWorkersE2E, AreHealthWaitedGivenV0AndEndOnTheFinalVersion) {
   }
   // v0 went to both workers before anything else.
   bool first_sync_seen = false;
-  for (const auto& r : read_jsonl(run_dir / "metrics.jsonl")) {
+  for (const auto& r : arlo::e2e::read_jsonl(run_dir / "metrics.jsonl")) {
     if (r.value("kind", "") != "weight_sync") continue;
     EXPECT_EQ(r.at("version").get<std::int64_t>(), 0) << r.dump();
     EXPECT_TRUE(r.value("applied", false)) << r.dump();

@@ -33,20 +33,6 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// A free loopback port (bound, read back, released: another process could take it in between,
-// which on a test machine does not happen in practice).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
 
 bool port_is_free(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -62,7 +48,7 @@ bool port_is_free(int port) {
 // `count` consecutive free ports (the script gives a node's k-th server the base port + k).
 int free_port_run(int count) {
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int base = free_port();
+    const int base = arlo::e2e::free_loopback_port();
     bool all = base + count < 65536;
     for (int k = 1; all && k < count; ++k) all = port_is_free(base + k);
     if (all) return base;
@@ -83,7 +69,6 @@ std::string find_program(const std::string& name) {
   return {};
 }
 
-std::string tail_of(const std::string& text, std::size_t n = 6000) { return text.size() > n ? text.substr(text.size() - n) : text; }
 
 struct Ran {
   int status = -1;  // the exit status, -1 if it did not exit normally
@@ -166,14 +151,14 @@ class Cluster {
         d.pid = -1;
         return d.name + " exited (" +
                (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status)) : "signal " + std::to_string(WTERMSIG(status))) +
-               "); its log (" + d.log.string() + "):\n" + tail_of(arlo::e2e::read_text(d.log), 3000);
+               "); its log (" + d.log.string() + "):\n" + arlo::e2e::tail(arlo::e2e::read_text(d.log), 3000);
       }
     }
     return {};
   }
   std::string logs() const {
     std::string out;
-    for (const auto& d : daemons_) out += "--- " + d.name + " (" + d.log.string() + ")\n" + tail_of(arlo::e2e::read_text(d.log), 2000) + "\n";
+    for (const auto& d : daemons_) out += "--- " + d.name + " (" + d.log.string() + ")\n" + arlo::e2e::tail(arlo::e2e::read_text(d.log), 2000) + "\n";
     return out;
   }
 
@@ -276,7 +261,7 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
   std::ofstream(cluster.conf())
       << "ClusterName=arlotest\n"
       << "SlurmctldHost=" << host << "(127.0.0.1)\n"
-      << "SlurmctldPort=" << free_port() << "\n"
+      << "SlurmctldPort=" << arlo::e2e::free_loopback_port() << "\n"
       << "SlurmUser=root\nSlurmdUser=root\n"
       << "AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket=" << socket.string() << "\n"
       << "StateSaveLocation=" << (d / "state").string() << "\n"
@@ -310,8 +295,8 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
   const fs::path job_out = d / "job.out";
   const int worker_port = free_port_run(2);
   ASSERT_GT(worker_port, 0);
-  int bridge_port = free_port();
-  while (bridge_port == worker_port || bridge_port == worker_port + 1) bridge_port = free_port();
+  int bridge_port = arlo::e2e::free_loopback_port();
+  while (bridge_port == worker_port || bridge_port == worker_port + 1) bridge_port = arlo::e2e::free_loopback_port();
   std::vector<std::string> submit = {"/usr/bin/env",
                                      "SLURM_CONF=" + cluster.conf().string(),
                                      "ARLO_BIN=" + apps.string(),
@@ -337,7 +322,7 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
     if (auto why = cluster.exited(); !why.empty()) FAIL() << "a daemon died during the job: " << why;
     if (Clock::now() > end) {
       FAIL() << "job " << job << " not done within 480 s (state " << state << "); its output:\n"
-             << tail_of(arlo::e2e::read_text(job_out)) << "\n" << cluster.logs();
+             << arlo::e2e::tail(arlo::e2e::read_text(job_out)) << "\n" << cluster.logs();
     }
     std::this_thread::sleep_for(500ms);
   }
@@ -346,10 +331,10 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
     std::string out;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(run_dir / "logs", ec))
-      if (e.path().extension() == ".log") out += "--- " + e.path().filename().string() + "\n" + tail_of(arlo::e2e::read_text(e.path()), 2500) + "\n";
+      if (e.path().extension() == ".log") out += "--- " + e.path().filename().string() + "\n" + arlo::e2e::tail(arlo::e2e::read_text(e.path()), 2500) + "\n";
     return out;
   };
-  ASSERT_EQ(state, "COMPLETED") << "job output:\n" << tail_of(output) << "\n" << logs_of_run() << cluster.logs();
+  ASSERT_EQ(state, "COMPLETED") << "job output:\n" << arlo::e2e::tail(output) << "\n" << logs_of_run() << cluster.logs();
 
   // The parts were placed by Slurm and addressed through what it set: the bridge on component 0's
   // node, the servers on component 1's node (NodeAddr, one port per task), the trainer on
@@ -366,7 +351,7 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
 
   // The run: every step, and every server on the trainer's last version (its checksum).
   const auto summary = nlohmann::json::parse(arlo::e2e::read_text(run_dir / "summary.json"), nullptr, false);
-  ASSERT_FALSE(summary.is_discarded()) << "no summary.json in " << run_dir << "; job output:\n" << tail_of(output);
+  ASSERT_FALSE(summary.is_discarded()) << "no summary.json in " << run_dir << "; job output:\n" << arlo::e2e::tail(output);
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
   EXPECT_EQ(summary.at("steps").get<int>(), steps) << summary.dump(2);
   const auto& trainer = summary.at("trainer");
