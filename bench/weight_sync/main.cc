@@ -546,7 +546,14 @@ nlohmann::json with_endpoint(nlohmann::json params, const nlohmann::json& endpoi
 nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const Args& args,
                              const std::vector<ws::TensorSpec>& specs) {
   const std::string tag = std::to_string(++g_run);
-  const ws::Options base = base_options(d, args, tag);
+  ws::Options base = base_options(d, args, tag);
+  // The run goes in lock step: a receiver says it is ready for the next version only once it holds
+  // the previous one, and the sender publishes only when every receiver said so. So every receiver
+  // must be served every version, also one that a loaded machine starts late (it zeroes its sink
+  // first) or deschedules between its ready and its HELLO: with the default window (50 ms) a
+  // publisher or relay streams without it, it waits for a version the sender never publishes, and
+  // the run hangs until the receivers' deadlines (600 s).
+  base.gather_window = 60s;
   // Star: the sender tells every receiver its endpoint. Chain: the sender tells receiver 0; each
   // relaying receiver tells the next one its relay endpoint.
   std::vector<Pipe> where(static_cast<std::size_t>(args.receivers));
