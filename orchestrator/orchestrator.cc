@@ -237,15 +237,25 @@ Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
 
 Awaitable<void> Orchestrator::read_worker_weights() {
   // A worker that does not hold the synced version yet may be between a restart (its supervisor
-  // brought it back just now) and the resync the WeightWatcher gives it: it is read again, for a
-  // bounded while, until it holds what was synced.
+  // brought it back just now, or is about to: WeightWatcher::restart_pending) and the resync the
+  // WeightWatcher gives it: it is read again, for a bounded while, until it holds what was synced.
   const auto until = ports_.clock->now() + std::min<Duration>(opt_.final_sync_timeout, std::chrono::seconds(20));
   for (const auto& worker : ports_.inference->workers()) {
     nlohmann::json read;
     for (;;) {
-      if (watcher_->left_out().count(worker)) {  // it answers no probe: do not wait for it again
-        read = {{"error", "left out of weight updates: it stopped answering"}};
-        break;
+      if (watcher_->left_out().count(worker)) {
+        // Left out after a failed update. Its supervisor is bringing it back (killed as the run
+        // ended: the last rounds failed it before it listened again): wait for the restart and the
+        // resync it triggers. Otherwise it answers no probe: do not wait for it again.
+        if (!watcher_->restart_pending(worker) || ports_.clock->now() >= until) {
+          read = {{"error", watcher_->restart_pending(worker)
+                                ? "left out of weight updates: it stopped answering, and its restart did not "
+                                  "come back in time"
+                                : "left out of weight updates: it stopped answering"}};
+          break;
+        }
+        co_await sleep_until(io_.get_executor(), *ports_.clock, ports_.clock->now() + std::chrono::milliseconds(200));
+        continue;
       }
       const auto deadline = ports_.clock->now() + opt_.admin_timeout;
       auto query = ports_.inference->weights(worker, deadline);

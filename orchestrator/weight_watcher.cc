@@ -38,7 +38,14 @@ void WeightWatcher::restarted(const std::string& worker) {
   out_of_date_.erase(worker);
   attempts_.erase(worker);
   held_.erase(worker);  // it holds nothing now
+  restarting_.erase(worker);
+  heard_.insert(worker);
   resync_ = true;
+  changed_.notify();
+}
+
+void WeightWatcher::restarting(const std::string& worker) {
+  restarting_.insert(worker);
   changed_.notify();
 }
 
@@ -227,7 +234,8 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   const auto all = inference_.workers();
   round_silent_.clear();
   for (auto& w : co_await inference_.silent_workers())
-    if (!left_out_.count(w) && !out_of_date_.count(w)) round_silent_.insert(std::move(w));
+    if (!left_out_.count(w) && !out_of_date_.count(w) && !heard_.count(w)) round_silent_.insert(std::move(w));
+  heard_.clear();
   for (const auto& w : all) {
     if (left_out_.count(w) || out_of_date_.count(w)) continue;
     report.workers.emplace_back();

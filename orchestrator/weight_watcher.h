@@ -81,6 +81,11 @@ class WeightWatcher {
   // `worker` was restarted (it holds no weights until updated): it rejoins the updates at once, even
   // if it was not left out yet, and the current version is synced again.
   void restarted(const std::string& worker);
+  // `worker` died and its supervisor will start it again (arlo run, after its restart delay):
+  // until restarted() it counts as coming back, so the end of a run waits for it (bounded) rather
+  // than report a worker that failed an update meanwhile as gone. See restart_pending().
+  void restarting(const std::string& worker);
+  bool restart_pending(const std::string& worker) const { return restarting_.count(worker) > 0; }
   Awaitable<void> run();
   void stop();
 
@@ -136,6 +141,10 @@ class WeightWatcher {
   std::set<std::string> round_receivers_;      // see receives()
   std::set<std::string> round_retried_;        // see retrying()
   std::set<std::string> round_silent_;         // left out of this round unasked: they answer nothing
+  std::set<std::string> restarting_;           // see restarting()
+  // Restarted since the last round: their supervisor heard them answer, so the pool's silence
+  // verdict (from before the restart) does not leave them out of the next round.
+  std::set<std::string> heard_;
   std::uint64_t failures_ = 0;
   double last_seconds_ = 0.0;
 };

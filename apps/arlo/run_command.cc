@@ -378,6 +378,9 @@ class Run {
                 std::chrono::duration<double>(*delay).count(), policy->second.recent(std::chrono::steady_clock::now()),
                 limits.max_restarts, std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(),
                 children_.tail(e.name));
+      if (started_)  // the end of the run waits (bounded) for a worker coming back
+        for (const auto& [n, u] : s_.plan.workers)
+          if (n == e.name) orchestrator.weight_watcher().restarting(u);
       arlo::spawn(io_.get_executor(), restart(e.name, *delay, orchestrator));
       return true;
     } else {

@@ -518,6 +518,68 @@ TEST(WeightWatcherRestart, ALeftOutWorkerRejoinsAtOnceAndItsProbeEnds) {
   EXPECT_EQ(r.count("update(v1) w1"), 1);
 }
 
+// A worker killed once the last step was trained (supervision e2e, loaded machine): the final
+// rounds fail it (refused) and leave it out before its restart listens. The end of the run does not
+// report it gone: its supervisor said a restart is coming (restarting()), so it is read again until
+// the restart resyncs it, within the bound. Without a pending restart a left-out worker is reported
+// at once.
+TEST(WeightWatcherRestart, AWorkerKilledAtTheEndIsWaitedForAndEndsOnTheFinalVersion) {
+  for (const bool restart_pending : {true, false}) {
+    SCOPED_TRACE(restart_pending ? "restart pending" : "no restart");
+    Harness r;
+    r.opt.max_steps = 3;
+    r.inf.auto_complete = true;
+    r.start();
+    for (Version v = 1; v <= 2; ++v) {
+      ASSERT_TRUE(r.run_until([&] { return r.trainer.batches.size() >= static_cast<std::size_t>(v); }));
+      r.trainer.publish(v);
+      ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == v && !r.orch->weight_watcher().syncing(); }));
+    }
+    ASSERT_TRUE(r.run_until([&] { return r.trainer.batches.size() >= 3; }));  // the last step is trained
+    r.inf.hang_pause = {"w1"};  // killed: it answers nothing until restarted
+    if (restart_pending) r.orch->weight_watcher().restarting("w1");
+    r.trainer.publish(3);
+    ASSERT_TRUE(r.run_until([&] {
+      return r.orch->weight_watcher().synced() == 3 && r.orch->weight_watcher().left_out().count("w1") == 1;
+    }));
+    if (!restart_pending) {
+      ASSERT_TRUE(r.run_until([&] { return r.orch->finished(); }));
+      EXPECT_EQ(r.orch->summary().workers["w1"].value("error", ""), "left out of weight updates: it stopped answering");
+      continue;
+    }
+    // The end waits for it (the fake clock moves, bounded by 20 s), reading nothing from it meanwhile.
+    const auto start = r.clock.now();
+    ASSERT_FALSE(r.run_until([&] { return r.orch->finished() || r.clock.now() - start >= std::chrono::seconds(3); }) &&
+                 r.orch->finished());
+    // It comes back without weights; arlo run says so; v3 is synced to it and the run ends with it.
+    r.inf.hang_pause.clear();
+    r.inf.holds["w1"] = kNoVersion;
+    r.inf.on_update = [&](const std::string& worker, Version v) {
+      if (worker == "w1") r.inf.holds["w1"] = v;
+    };
+    r.orch->weight_watcher().restarted("w1");
+    ASSERT_TRUE(r.run_until([&] { return r.orch->finished(); }));
+    EXPECT_EQ(r.count("update(v3) w1"), 1);
+    const auto& w1 = r.orch->summary().workers["w1"];
+    EXPECT_FALSE(w1.contains("error")) << w1.dump();
+    EXPECT_EQ(w1.value("version", -1), 3) << w1.dump();
+    EXPECT_FALSE(r.orch->weight_watcher().restart_pending("w1"));
+  }
+}
+
+// A restarted worker whose pool circuit still says silent (a health check timed out while it came
+// back up) is asked in the resync round: arlo run heard it answer, the pool's verdict is older.
+TEST(WeightWatcherRestart, ARestartedWorkerThePoolStillCallsSilentIsResynced) {
+  Harness r;
+  r.start();
+  r.trainer.publish(1);
+  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  r.inf.silent = {"w1"};
+  r.orch->weight_watcher().restarted("w1");
+  ASSERT_TRUE(r.run_until([&] { return r.count("update(v1) w1") == 2 && !r.orch->weight_watcher().syncing(); }, 1000));
+  EXPECT_TRUE(r.orch->weight_watcher().left_out().empty());
+}
+
 // A chain's rounds (Options::pause_all_first): every worker pauses before any update, so a worker
 // that does not answer its pause (a dead relay) is out of the round the updates see; a worker that
 // already holds the version does not receive it; a failed update attempt marks its retry.
