@@ -4,7 +4,9 @@
 // "kind", "step" and "time"; docs/architecture.md names the keys) one at a time and keeps what the
 // charts need. Each entry of SPECS turns a Dataset into the data of one chart: {x, series: [{label,
 // values, scale}]}, x sorted ascending and every series as long as x (null where a value is missing).
-// A Chart draws such data with uPlot and keeps the last data it was given (tests read it).
+// A Chart draws such data with uPlot and keeps the last data it was given (tests read it). The data
+// of a chart never shares an array with the Dataset: the Dataset grows in place as records arrive, and
+// a chart's data (and what uPlot holds) must stay what was drawn until the next set().
 "use strict";
 
 const ArloCharts = (() => {
@@ -96,13 +98,12 @@ const ArloCharts = (() => {
       for (const key of ds.steps.labels()) {
         const m = key.match(re);
         if (!m) continue;
-        let values = ds.steps.column(key);
-        if (rlOnly) values = values.map((v, i) => (supervised[i] === 1 ? null : v));
+        const values = ds.steps.column(key).map((v, i) => (rlOnly && supervised[i] === 1 ? null : v));
         if (values.every((v) => v === null)) continue;
         series.push({label: name || m[1], values, scale: scale || "y", dash, color, width, faint});
       }
     }
-    return {x: ds.steps.x, series};
+    return {x: ds.steps.x.slice(), series};
   }
 
   // Drops the rows where every series is null (supervised steps on a reward chart).
@@ -155,13 +156,13 @@ const ArloCharts = (() => {
        const series = [];
        for (const key of keys) {
          const label = key.replace(/^eval\//, "").replace("/", " ");
-         const values = ds.evals.column(key);
+         const values = ds.evals.column(key).slice();
          // avg@1 and pass@1 are one figure: one line, both names.
          const same = series.find((s) => s.values.every((v, i) => v === values[i]));
          if (same) same.label += ` = ${label.split(" ").pop()}`;
          else series.push({label, values, scale: "y"});
        }
-       return {x: ds.evals.x, series};
+       return {x: ds.evals.x.slice(), series};
      }},
     {id: "loss", title: "Trainer loss", subtitle: "latest figures the trainer reported at each step",
      x: "trainer step", y: "loss", overlay: ["loss"],
