@@ -271,7 +271,11 @@ TEST(Supervision, AWorkerKilledDuringStartUpIsRestarted) {
             std::string::npos)
       << tail(out);
   EXPECT_EQ(count(out, "worker-1 restarted, answering at"), 1u) << tail(out);
-  EXPECT_NE(out.find("(before the run started)"), std::string::npos) << tail(out);
+  // Its restart answers either before the run starts, or, on a loaded machine, just after the run
+  // began with the other worker healthy: then it is synced the current version.
+  EXPECT_TRUE(out.find("(before the run started)") != std::string::npos ||
+              out.find("; syncing the current version to it") != std::string::npos)
+      << tail(out);
   EXPECT_LT(out.find("killed by signal 9; restarting it"), out.find("worker(s) healthy")) << tail(out);
   report_cost("kill -9 of one worker during start-up", run, summary);
 }
