@@ -208,8 +208,9 @@ class Feed {
 };
 
 // Sends bucket i: header, data, trailer checksum. The checksum comes from the feed when known;
-// otherwise this link computes it chunk by chunk while sending (each chunk hashed while hot in
-// cache) and posts it for the other links, even when its own link fails midway. `corrupt` flips one
+// otherwise the first link to send the bucket computes it chunk by chunk while sending (each chunk
+// hashed while hot in cache) and posts it for the other links, even when its own link fails
+// midway; another link hashes the bucket itself rather than wait long for a stalled first one. `corrupt` flips one
 // byte on the wire (fault injection) after the checksum saw the true byte.
 Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline, bool corrupt, Feed& feed) {
   FrameHeader h;
@@ -220,6 +221,7 @@ Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline
   const bool hashing = !known && feed.claim_sum(i);
   const bool cut_through = feed.cut_through();
   std::uint64_t sent = 0;
+  const auto started = Clock::now();
   Status s = c.write({asio::buffer(&h, sizeof h)}, deadline);
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
@@ -250,8 +252,24 @@ Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline
   if (hashing) feed.set_sum(i, XXH3_64bits_digest(&st));
   ARLO_TRY(s);
   std::uint64_t sum = 0;
-  if (known) sum = *known;
-  else { ARLO_ASSIGN_OR_RETURN(sum, feed.wait_sum(i, deadline)); }
+  if (known) {
+    sum = *known;
+  } else if (hashing || cut_through) {
+    ARLO_ASSIGN_OR_RETURN(sum, feed.wait_sum(i, deadline));  // ours, or the one upstream verified
+  } else {
+    // The link hashing this bucket is another receiver's, and that one may be stalled (its host
+    // unreachable: a write that never completes). Waiting for it would stall this link too, so
+    // wait at most as long as this link took to send the bucket, then hash it here.
+    const auto grace = std::max<Clock::duration>(Clock::now() - started, std::chrono::milliseconds(20));
+    auto theirs = feed.wait_sum(i, std::min(deadline, Clock::now() + grace));
+    if (theirs) {
+      sum = *theirs;
+    } else {
+      XXH3_64bits_reset(&st);
+      for (const auto& p : parts) XXH3_64bits_update(&st, p.data(), p.size());
+      sum = XXH3_64bits_digest(&st);
+    }
+  }
   return c.write({asio::buffer(&sum, sizeof sum)}, deadline);
 }
 
@@ -388,23 +406,29 @@ class Server {
 
   std::vector<std::unique_ptr<Peer>>& peers() { return peers_; }
 
-  // Sends the manifest to every live peer and reads each answer.
+  // Sends the manifest to every live peer and reads each answer, all links at once (a peer that
+  // does not answer does not keep the manifest from the others).
   void offer(const Manifest& m, Deadline deadline) {
     const auto body = m.to_json();
-    for (auto& p : peers_) {
-      if (!p->error.empty() || p->answer.state == "refused") continue;
-      auto s = p->conn->send_json(Frame::kManifest, body, deadline);
+    auto one = [&](Peer& p) {
+      auto s = p.conn->send_json(Frame::kManifest, body, deadline);
       nlohmann::json a;
-      Result<FrameHeader> h = s ? p->conn->recv_frame(&a, deadline) : Result<FrameHeader>(std::unexpected(s.error()));
+      Result<FrameHeader> h = s ? p.conn->recv_frame(&a, deadline) : Result<FrameHeader>(std::unexpected(s.error()));
       auto answer = h && static_cast<Frame>(h->type) == Frame::kAnswer ? detail::parse_answer(a, m.buckets.size())
                                                                        : Result<Answer>(make_error(ErrorCode::kParse, "unexpected frame"));
       if (!answer) {
-        p->error = "handshake for version " + std::to_string(m.version) + " failed: " +
-                   (h ? answer.error().what() : h.error().what());
-        continue;
+        p.error = "handshake for version " + std::to_string(m.version) + " failed: " +
+                  (h ? answer.error().what() : h.error().what());
+        return;
       }
-      p->answer = std::move(*answer);
+      p.answer = std::move(*answer);
+    };
+    std::vector<std::thread> threads;
+    for (auto& p : peers_) {
+      if (!p->error.empty() || p->answer.state == "refused") continue;
+      threads.emplace_back([&one, &p = *p] { one(p); });
     }
+    for (auto& t : threads) t.join();
   }
 
   // Streams buckets to every accepted peer (one thread each) and collects their DONE reports.

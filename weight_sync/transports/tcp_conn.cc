@@ -93,11 +93,11 @@ Status Conn::arm(int opt, Deadline deadline) {
 Status Conn::write(const std::vector<asio::const_buffer>& buffers, Deadline deadline) {
   ARLO_TRY(blocking());
   const int fd = sock.native_handle();
-  ARLO_TRY(arm(SO_SNDTIMEO, deadline));
   for (const auto& b : buffers) {
     const char* p = static_cast<const char*>(b.data());
     std::size_t left = b.size();
     while (left > 0) {
+      ARLO_TRY(arm(SO_SNDTIMEO, deadline));  // a partial send restarts the kernel's timer: re-arm with what is left
       const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -113,10 +113,10 @@ Status Conn::write(const std::vector<asio::const_buffer>& buffers, Deadline dead
 Status Conn::read(asio::mutable_buffer buffer, Deadline deadline) {
   ARLO_TRY(blocking());
   const int fd = sock.native_handle();
-  ARLO_TRY(arm(SO_RCVTIMEO, deadline));
   char* p = static_cast<char*>(buffer.data());
   std::size_t left = buffer.size();
   while (left > 0) {
+    ARLO_TRY(arm(SO_RCVTIMEO, deadline));  // as in write
     const ssize_t n = ::recv(fd, p, left, MSG_WAITALL);
     if (n == 0) return io_error("receive", 0);
     if (n < 0) {

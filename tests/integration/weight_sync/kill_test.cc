@@ -99,6 +99,68 @@ TEST_P(WeightSyncKillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
   }
 }
 
+// A receiver that stalls mid-transfer without dying (its host unreachable: its socket stays open,
+// nothing is read, the sender's writes block) must not stall the others. Two of three receivers
+// stop themselves before bucket 0 and stay stopped; the third must receive the whole version while
+// they are still stopped. The bucket is larger than the socket buffers, so writes to a stopped
+// receiver block; a stalled link may be the one that hashes the bucket for all, so the test has two.
+TEST_P(WeightSyncKillTest, StalledReceiversDoNotHoldTheOthers) {
+  const std::string channel = shm_channel("st");
+  const std::vector<TensorSpec> specs = {{"model.big.f32", DType::F32, {4096, 4096}}};  // 64 MiB
+  Options po = base_options(GetParam(), channel);
+  po.bucket_bytes = 128ull << 20;
+  po.bucket_timeout = 120s;  // a survivor that waits for a stalled link waits far past the check below
+  po.expected_receivers = 3;
+  po.gather_window = 10s;    // all three take part in the transfer
+  auto pub = Publisher::create(po).value();
+  Options so = testing::reaching(po, pub->endpoint());
+  auto receive = [&](const char* name, Faults faults) {
+    const pid_t pid = ::fork();
+    if (pid != 0) return pid;
+    ScopedFaults f(Side::kSubscriber, faults);
+    so.peer_name = name;
+    auto sub = Subscriber::create(so);
+    if (!sub) ::_exit(10);
+    HostWeights sink(specs), expect(specs);
+    auto r = (*sub)->receive(sink, deadline_in(120s));
+    if (!r) {
+      std::fprintf(stderr, "receiver %s: %s\n", name, r.error().what().c_str());
+      ::_exit(11);
+    }
+    fill(expect, 9);
+    ::_exit(same_bytes(sink, expect) ? 0 : 12);
+  };
+  std::vector<pid_t> stalled = {receive("stalled-0", testing::stop_before_bucket(0)),
+                                receive("stalled-1", testing::stop_before_bucket(0))};
+  const pid_t survivor = receive("survivor", {});
+  std::thread publisher([&] {
+    HostWeights w(specs);
+    fill(w, 9);
+    (void)pub->publish(1, w, deadline_in(120s));
+  });
+  // The survivor ends while the stalled ones are still stopped (60 s: it normally takes well under one).
+  int st = -1;
+  for (const auto end = Clock::now() + 60s; Clock::now() < end;) {
+    if (::waitpid(survivor, &st, WNOHANG) == survivor) break;
+    st = -1;
+    std::this_thread::sleep_for(50ms);
+  }
+  for (pid_t pid : stalled) {
+    int s = 0;
+    EXPECT_EQ(::waitpid(pid, &s, WUNTRACED | WNOHANG), pid) << "a stalled receiver did not stop itself";
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &s, 0);
+  }
+  if (st == -1) {
+    ::kill(survivor, SIGKILL);
+    ::waitpid(survivor, &st, 0);
+    ADD_FAILURE() << "the survivor did not receive the version within 60 s while two receivers were stalled";
+  } else {
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "survivor status " << st;
+  }
+  publisher.join();
+}
+
 TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
   for (auto mode : {ApplyMode::kStaging, ApplyMode::kInPlace}) {
     const std::string channel = shm_channel(mode == ApplyMode::kStaging ? "ks" : "ki");
