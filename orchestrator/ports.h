@@ -44,6 +44,10 @@ class InferencePort {
   // when they went silent: a dark link or a hung host). An update round leaves them out rather than
   // wait out their admin deadlines, and they rejoin once they answer again. Default: none.
   virtual Awaitable<std::vector<std::string>> silent_workers() { co_return std::vector<std::string>{}; }
+  // Workers whose last health probe got no answer at all, whether or not their circuit opened (an
+  // idle or paused worker's does not: it holds no requests to fail over). An admin call that failed
+  // on one is not retried: another would only wait out its deadline. Default: silent_workers().
+  virtual Awaitable<std::vector<std::string>> unreachable_workers() { co_return co_await silent_workers(); }
 };
 
 // Training tasks: an endless, seeded stream with a cursor that can be saved and restored, so a

@@ -115,10 +115,11 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
     if (op == AdminOp::kUpdate) round_retried_.insert(worker);  // its next attempt avoids a relay that failed it
     ARLO_WARN("weight sync: {} failed (attempt {}/{}): {}", what, attempt, opt_.admin_attempts, last.error().what());
     if (attempt < opt_.admin_attempts) {
-      // It went silent meanwhile (its requests failed over): another try would only wait out its deadline.
-      auto silent = co_await inference_.silent_workers();
-      if (std::find(silent.begin(), silent.end(), worker) != silent.end()) {
-        ARLO_WARN("weight sync: {}: not retried, the worker answers nothing (its requests failed over)", what);
+      // Its health probe got no answer meanwhile (a dark link, a hung host): another try would only
+      // wait out its deadline.
+      auto unreachable = co_await inference_.unreachable_workers();
+      if (std::find(unreachable.begin(), unreachable.end(), worker) != unreachable.end()) {
+        ARLO_WARN("weight sync: {}: not retried, the worker answers nothing (its health probe got no answer)", what);
         break;
       }
       const auto wake = clock_.now() + backoff;

@@ -20,7 +20,8 @@
 // failed over) is left out of a round without an admin call, instead of spending its pause
 // attempts' deadlines; it is probed like a failed one and rejoins once it answers again and is no
 // longer silent. Skipping it is not a failed attempt of the version. A worker that goes silent
-// during its admin calls is not retried past the attempt that was cut off.
+// during its admin calls, or whose health probe gets no answer (InferencePort::unreachable_workers()),
+// is not retried past the attempt that was cut off.
 // Retries are capped: a worker that failed one version `version_attempts` times is out of date
 // (it serves what it holds) until a newer version comes, and is not tried again for that one; when
 // every worker is out of date for a version none of them took, the run stops with the reason

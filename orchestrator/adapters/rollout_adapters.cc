@@ -179,18 +179,23 @@ Awaitable<Result<WorkerWeights>> RolloutInference::weights_here(std::string work
 }
 
 Awaitable<std::vector<std::string>> RolloutInference::silent_workers() {
-  auto op = on_pool_thread<std::vector<std::string>>([this] { return silent_workers_here(); });
+  auto op = on_pool_thread<std::vector<std::string>>([this] { return silent_workers_here(true); });
   co_return co_await std::move(op);
 }
 
-Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here() {
+Awaitable<std::vector<std::string>> RolloutInference::unreachable_workers() {
+  auto op = on_pool_thread<std::vector<std::string>>([this] { return silent_workers_here(false); });
+  co_return co_await std::move(op);
+}
+
+Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here(bool circuit_open) {
   auto strip = [](std::string u) {
     while (!u.empty() && u.back() == '/') u.pop_back();
     return u;
   };
   std::vector<std::string> out;
   for (const auto& s : pool_.status()) {
-    if (!s.circuit_open || !s.silent || s.removed) continue;
+    if ((circuit_open && !s.circuit_open) || !s.silent || s.removed) continue;
     for (const auto& [url, a] : admins_)
       if (strip(url) == s.url) out.push_back(url);
   }

@@ -52,9 +52,10 @@ class RolloutInference final : public InferencePort {
   Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) override;
   Awaitable<Status> resume(std::string worker, TimePoint deadline) override;
   Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint deadline) override;
-  // The workers whose pool server is silent with its circuit open (rollout::ServerStatus::silent),
-  // matched to their admin url; read on the pool's thread.
+  // The workers whose pool server is silent (rollout::ServerStatus::silent) with its circuit open,
+  // or open or not, matched to their admin url; read on the pool's thread.
   Awaitable<std::vector<std::string>> silent_workers() override;
+  Awaitable<std::vector<std::string>> unreachable_workers() override;
 
  private:
   Result<rollout::AdminClient*> admin(const std::string& worker);
@@ -64,7 +65,7 @@ class RolloutInference final : public InferencePort {
   // The calls themselves, on the pool's thread.
   Awaitable<Result<GenerateResult>> generate_here(GenerateRequest request);
   Awaitable<Result<WorkerWeights>> weights_here(std::string worker);
-  Awaitable<std::vector<std::string>> silent_workers_here();
+  Awaitable<std::vector<std::string>> silent_workers_here(bool circuit_open);
   Awaitable<Status> admin_call_here(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
   Awaitable<Status> admin_call(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
   rollout::InferencePool& pool_;

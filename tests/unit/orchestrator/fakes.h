@@ -77,6 +77,11 @@ class FakeInference final : public InferencePort {
   Awaitable<std::vector<std::string>> silent_workers() override {
     co_return std::vector<std::string>(silent.begin(), silent.end());
   }
+  Awaitable<std::vector<std::string>> unreachable_workers() override {
+    std::set<std::string> all = unreachable;
+    all.insert(silent.begin(), silent.end());
+    co_return std::vector<std::string>(all.begin(), all.end());
+  }
 
   std::function<Completion(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
     Completion c;
@@ -146,6 +151,7 @@ class FakeInference final : public InferencePort {
   std::set<std::string> hang_pause;
   std::set<std::string> refuse_update;  // these workers answer every update with an error
   std::set<std::string> silent;         // what silent_workers() reports (the pool's open, silent circuits)
+  std::set<std::string> unreachable;    // also in unreachable_workers(): silent, circuit closed (idle or paused)
   std::function<void(const std::string& worker, Version v)> on_update;  // called as each update call starts
   std::map<std::string, Version> holds;  // what weights() reports for these workers (others: the last update's)
   std::vector<std::string> log;

@@ -429,6 +429,20 @@ TEST(WeightUpdate, AWorkerThatGoesSilentMidRoundIsNotRetried) {
   EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
 }
 
+// A paused worker whose link goes down holds no requests, so its circuit stays closed; its health
+// probe getting no answer is enough for its failed pause not to be retried.
+TEST(WeightUpdate, AWorkerWhoseProbeGetsNoAnswerIsNotRetried) {
+  Harness h;
+  h.inf.hang_pause = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.count("pause(keep) w1") == 1; }, 1000));
+  h.inf.unreachable = {"w1"};
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 1; }, 1000));
+  EXPECT_EQ(h.count("pause(keep) w1"), 1);  // admin_attempts is 2: the second was not made
+  EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+}
+
 // Skipping a silent worker is no attempt of the version: even with version_attempts 1 it is not
 // out of date for it (which would end its probe), but left out, probed, and synced once it answers.
 TEST(WeightUpdate, ASkippedSilentWorkerIsNotCountedAnAttempt) {
