@@ -211,11 +211,46 @@ class FsSender final : public SenderTransport {
     fs::remove_all(vdir, ec);  // a partial write from a crashed publisher
     if (!fs::create_directories(vdir / ".leases", ec) && ec) return io_error("mkdir", vdir);
 
-    // 1. HF shards, straight from the source views, hashed while written.
-    const auto shards = plan_shards(m.tensors, o.bucket_bytes);
+    // 1. HF shards; 2. the encoded stream, when it differs from the shards.
+    ARLO_ASSIGN_OR_RETURN(const Shards shards, write_shards(vdir, m, source, o.bucket_bytes));
+    const bool has_payload = m.payload.kind != PayloadKind::kFull || m.payload.zstd;
+    std::uint64_t payload_bytes = 0;
+    if (has_payload) {
+      ARLO_ASSIGN_OR_RETURN(payload_bytes, write_payload(vdir, m, source, state));
+    }
+
+    // 3. manifest.json, then STABLE last.
+    nlohmann::json mj = m.to_json();
+    mj["shards"] = shards.info;
+    mj["has_payload"] = has_payload;
+    ARLO_TRY(write_file_atomically(vdir / "manifest.json", mj.dump()));
+    ARLO_TRY(write_file_atomically(vdir / "STABLE", std::to_string(version) + "\n"));
+    retire_old(o.keep_last);
+
+    PublishReport r;
+    r.version = version;
+    r.payload = m.payload.kind;
+    r.raw_bytes = m.total_bytes;
+    r.wire_bytes = has_payload ? payload_bytes : shards.wire;
+    r.buckets = has_payload ? m.buckets.size() : shards.info.size();
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.peers.push_back({root_.string(), true, "", shards.wire + payload_bytes});
+    return r;
+  }
+
+ private:
+  struct Shards {
+    nlohmann::json info = nlohmann::json::array();  // per shard: {"file", "tensors", "checksum"}
+    std::uint64_t wire = 0;                          // bytes written
+  };
+
+  // Step 1: the HF shards and their index in `vdir`, written straight from the source views and
+  // hashed while written (the checksums go into the manifest's "shards").
+  Result<Shards> write_shards(const fs::path& vdir, const Manifest& m, const WeightSource& source,
+                              std::uint64_t shard_bytes) {
+    const auto shards = plan_shards(m.tensors, shard_bytes);
     nlohmann::json weight_map = nlohmann::json::object();
-    nlohmann::json shard_info = nlohmann::json::array();
-    std::uint64_t wire = 0;
+    Shards out;
     for (std::size_t k = 0; k < shards.size(); ++k) {
       const std::string name = shard_name(k, shards.size());
       std::vector<safetensors::TensorDecl> decls;
@@ -230,66 +265,51 @@ class FsSender final : public SenderTransport {
         XXH3_64bits_update(&st, v.bytes.data(), v.bytes.size());
         ARLO_TRY(writer.write(v.bytes));
         weight_map[m.tensors[t].name] = name;
-        wire += v.bytes.size();
+        out.wire += v.bytes.size();
       }
       ARLO_TRY(writer.finish());
-      shard_info.push_back({{"file", name}, {"tensors", shards[k]}, {"checksum", XXH3_64bits_digest(&st)}});
+      out.info.push_back({{"file", name}, {"tensors", shards[k]}, {"checksum", XXH3_64bits_digest(&st)}});
     }
     nlohmann::json index = {{"metadata", {{"total_size", m.total_bytes}}}, {"weight_map", weight_map}};
     ARLO_TRY(write_file_atomically(vdir / "model.safetensors.index.json", index.dump(2)));
-
-    // 2. The encoded stream, when it differs from the shards.
-    std::uint64_t payload_bytes = 0;
-    const bool has_payload = m.payload.kind != PayloadKind::kFull || m.payload.zstd;
-    if (has_payload) {
-      fs::create_directories(vdir / "payload", ec);
-      ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
-      std::unique_ptr<std::byte[]> buf(new std::byte[std::max<std::uint64_t>(enc.max_capacity(), 1)]);
-      for (std::size_t i = 0; i < m.buckets.size(); ++i) {
-        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {buf.get(), enc.capacity(i)}));
-        m.checksums.push_back(b.checksum);
-        const fs::path p = vdir / "payload" / fmt::format("bucket-{:05d}.bin", i);
-        int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) return io_error("create", p);
-        for (const auto& part : b.parts) {
-          const std::byte* q = part.data();
-          std::size_t left = part.size();
-          while (left > 0) {
-            ssize_t n = ::write(fd, q, left);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) {
-              ::close(fd);
-              return io_error("write", p);
-            }
-            q += n;
-            left -= static_cast<std::size_t>(n);
-          }
-        }
-        ::close(fd);
-        payload_bytes += b.wire_bytes;
-      }
-    }
-
-    // 3. manifest.json, then STABLE last.
-    nlohmann::json mj = m.to_json();
-    mj["shards"] = shard_info;
-    mj["has_payload"] = has_payload;
-    ARLO_TRY(write_file_atomically(vdir / "manifest.json", mj.dump()));
-    ARLO_TRY(write_file_atomically(vdir / "STABLE", std::to_string(version) + "\n"));
-    retire_old(o.keep_last);
-
-    PublishReport r;
-    r.version = version;
-    r.payload = m.payload.kind;
-    r.raw_bytes = m.total_bytes;
-    r.wire_bytes = has_payload ? payload_bytes : wire;
-    r.buckets = has_payload ? m.buckets.size() : shards.size();
-    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    r.peers.push_back({root_.string(), true, "", wire + payload_bytes});
-    return r;
+    return out;
   }
 
- private:
+  // Step 2 (payloads that differ from the shards: delta or zstd): the encoded stream in
+  // vdir/payload/bucket-NNNNN.bin; appends each bucket's checksum to m.checksums. Returns its bytes.
+  Result<std::uint64_t> write_payload(const fs::path& vdir, Manifest& m, const WeightSource& source,
+                                      const SenderState& state) {
+    std::error_code ec;
+    fs::create_directories(vdir / "payload", ec);
+    ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
+    std::unique_ptr<std::byte[]> buf(new std::byte[std::max<std::uint64_t>(enc.max_capacity(), 1)]);
+    std::uint64_t payload_bytes = 0;
+    for (std::size_t i = 0; i < m.buckets.size(); ++i) {
+      ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {buf.get(), enc.capacity(i)}));
+      m.checksums.push_back(b.checksum);
+      const fs::path p = vdir / "payload" / fmt::format("bucket-{:05d}.bin", i);
+      int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) return io_error("create", p);
+      for (const auto& part : b.parts) {
+        const std::byte* q = part.data();
+        std::size_t left = part.size();
+        while (left > 0) {
+          ssize_t n = ::write(fd, q, left);
+          if (n < 0 && errno == EINTR) continue;
+          if (n < 0) {
+            ::close(fd);
+            return io_error("write", p);
+          }
+          q += n;
+          left -= static_cast<std::size_t>(n);
+        }
+      }
+      ::close(fd);
+      payload_bytes += b.wire_bytes;
+    }
+    return payload_bytes;
+  }
+
   void retire_old(std::size_t keep_last) {
     std::vector<Version> stable;
     std::error_code ec;

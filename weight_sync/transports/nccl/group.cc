@@ -263,6 +263,59 @@ class Group::Impl {
     return report;
   }
 
+  // receive(): every destination up front, as the other subscribers do: a sink that refuses a
+  // tensor refuses the version before any data moves. Each buffer must be exactly the tensor's size.
+  Result<std::vector<std::span<std::byte>>> destinations(WeightSink& sink, const std::vector<TensorSpec>& specs,
+                                                         const Layout& layout) {
+    std::vector<std::span<std::byte>> dst;
+    dst.reserve(specs.size());
+    for (const TensorSpec& spec : specs) {
+      auto buf = sink.buffer_for(spec);
+      if (!buf) return std::unexpected(std::move(buf.error()).with_context(who() + ": receive: tensor " + spec.name));
+      if (buf->size() != spec.nbytes()) {
+        return make_error(ErrorCode::kMismatch, who() + ": receive: the sink's buffer for " + spec.name + " has " +
+                                                    std::to_string(buf->size()) + " bytes, the tensor " +
+                                                    std::to_string(spec.nbytes()));
+      }
+      if (!layout.packed) ARLO_TRY(with_context(nccl_data_type(spec.dtype), who() + ": tensor " + spec.name));
+      dst.push_back(*buf);
+    }
+    return dst;
+  }
+
+  // receive(): copies bucket `b`, just broadcast into slot `s`'s staging buffer, out to its
+  // destinations `dst[bucket.first ..]`, on the slot's stream (ordered after the broadcast). A host
+  // sink gets it through the pinned buffer: the device-to-host copy is queued here and the last
+  // step (pinned -> sink) runs as the slot's on_done once its event completed.
+  Status copy_out(SlotState& s, std::size_t b, const Bucket& bucket, const std::vector<std::span<std::byte>>& dst,
+                  bool host) {
+    Status st = ok();
+    if (host) {
+      st = backend->copy_async(s.pinned, s.device, bucket.bytes, CopyKind::kDeviceToHost, s.stream);
+      std::byte* pinned = s.pinned;
+      std::vector<std::span<std::byte>> out(dst.begin() + static_cast<std::ptrdiff_t>(bucket.first),
+                                            dst.begin() + static_cast<std::ptrdiff_t>(bucket.first + bucket.count));
+      s.on_done = [pinned, out = std::move(out)] {
+        std::uint64_t offset = 0;
+        for (const auto& span : out) {
+          if (!span.empty()) std::memcpy(span.data(), pinned + offset, span.size());
+          offset += span.size();
+        }
+      };
+    } else {
+      std::uint64_t offset = 0;
+      for (std::size_t i = bucket.first; st && i < bucket.first + bucket.count; ++i) {
+        if (!dst[i].empty()) {
+          st = backend->copy_async(dst[i].data(), s.device + offset, dst[i].size(), CopyKind::kDeviceToDevice,
+                                   s.stream);
+        }
+        offset += dst[i].size();
+      }
+    }
+    if (!st) return fail(ErrorCode::kUnavailable, "copying bucket " + std::to_string(b) + " out: " + st.error().what());
+    return ok();
+  }
+
   // Marks a call in flight on the owning thread; an abort() that arrived meanwhile (and found the
   // group busy) is carried out when the call ends.
   class Busy {
@@ -501,21 +554,7 @@ Result<TransferReport> Group::receive(WeightSink& sink, const std::vector<Tensor
                                                        ", the group on cuda:" + std::to_string(g.config.device));
   }
   const bool host = where.is_cpu();
-  // Every destination up front, as the other subscribers do: a sink that refuses a tensor refuses
-  // the version before any data moves.
-  std::vector<std::span<std::byte>> dst;
-  dst.reserve(specs.size());
-  for (const TensorSpec& spec : specs) {
-    auto buf = sink.buffer_for(spec);
-    if (!buf) return std::unexpected(std::move(buf.error()).with_context(g.who() + ": receive: tensor " + spec.name));
-    if (buf->size() != spec.nbytes()) {
-      return make_error(ErrorCode::kMismatch, g.who() + ": receive: the sink's buffer for " + spec.name + " has " +
-                                                  std::to_string(buf->size()) + " bytes, the tensor " +
-                                                  std::to_string(spec.nbytes()));
-    }
-    if (!layout.packed) ARLO_TRY(with_context(nccl_data_type(spec.dtype), g.who() + ": tensor " + spec.name));
-    dst.push_back(*buf);
-  }
+  ARLO_ASSIGN_OR_RETURN(const std::vector<std::span<std::byte>> dst, g.destinations(sink, specs, layout));
   const std::vector<Bucket> buckets = plan_buckets(specs, layout);
   ARLO_TRY(g.backend->set_device(g.config.device));
   ARLO_TRY(g.ensure_ready(deadline));
@@ -557,33 +596,7 @@ Result<TransferReport> Group::receive(WeightSink& sink, const std::vector<Tensor
     Status st = g.backend->broadcast(g.comm, recv_ptr, recv_ptr, count, dtype, 0, s.stream);
     if (!st) return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
     ARLO_TRY(g.settle("broadcast of bucket " + std::to_string(b), s.deadline, cancelled));
-    // Copy out of the staging buffer on the same stream (ordered after the broadcast).
-    const bool staged = layout.packed || host;
-    if (staged && bucket.bytes > 0) {
-      if (host) {
-        st = g.backend->copy_async(s.pinned, s.device, bucket.bytes, CopyKind::kDeviceToHost, s.stream);
-        std::byte* pinned = s.pinned;
-        std::vector<std::span<std::byte>> out(dst.begin() + static_cast<std::ptrdiff_t>(bucket.first),
-                                              dst.begin() + static_cast<std::ptrdiff_t>(bucket.first + bucket.count));
-        s.on_done = [pinned, out = std::move(out)] {
-          std::uint64_t offset = 0;
-          for (const auto& span : out) {
-            if (!span.empty()) std::memcpy(span.data(), pinned + offset, span.size());
-            offset += span.size();
-          }
-        };
-      } else {
-        std::uint64_t offset = 0;
-        for (std::size_t i = bucket.first; st && i < bucket.first + bucket.count; ++i) {
-          if (!dst[i].empty()) {
-            st = g.backend->copy_async(dst[i].data(), s.device + offset, dst[i].size(), CopyKind::kDeviceToDevice,
-                                       s.stream);
-          }
-          offset += dst[i].size();
-        }
-      }
-      if (!st) return g.fail(ErrorCode::kUnavailable, "copying bucket " + std::to_string(b) + " out: " + st.error().what());
-    }
+    if ((layout.packed || host) && bucket.bytes > 0) ARLO_TRY(g.copy_out(s, b, bucket, dst, host));
     ARLO_TRY(g.issued(s, b, bucket.bytes, report));
   }
   return g.drain(buckets.size(), nslots, cancelled, first, last_done, report);
