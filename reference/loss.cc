@@ -4,20 +4,20 @@
 
 namespace arlo::reference {
 
-std::optional<Correction> parse_correction(std::string_view name) {
-  if (name == "none") return Correction::kNone;
-  if (name == "token_tis") return Correction::kTokenTis;
-  if (name == "seq_tis") return Correction::kSeqTis;
-  if (name == "token_mis") return Correction::kTokenMis;
+std::optional<IsCorrection> parse_is_correction(std::string_view name) {
+  if (name == "none") return IsCorrection::kNone;
+  if (name == "token_tis") return IsCorrection::kTokenTis;
+  if (name == "seq_tis") return IsCorrection::kSeqTis;
+  if (name == "token_mis") return IsCorrection::kTokenMis;
   return std::nullopt;
 }
 
-std::string_view to_string(Correction c) {
+std::string_view to_string(IsCorrection c) {
   switch (c) {
-    case Correction::kNone: return "none";
-    case Correction::kTokenTis: return "token_tis";
-    case Correction::kSeqTis: return "seq_tis";
-    case Correction::kTokenMis: return "token_mis";
+    case IsCorrection::kNone: return "none";
+    case IsCorrection::kTokenTis: return "token_tis";
+    case IsCorrection::kSeqTis: return "seq_tis";
+    case IsCorrection::kTokenMis: return "token_mis";
   }
   return "unknown";
 }
@@ -73,20 +73,20 @@ Result<LossOutput> compute_loss(const LossInputs& in, const LossOptions& o) {
       // Tokens whose weight the correction changed: below the band (masked) or above the cap.
       at::Tensor low = at::zeros_like(rho, at::kBool);
       at::Tensor high = at::zeros_like(rho, at::kBool);
-      switch (o.correction) {
-        case Correction::kNone:
+      switch (o.is_correction) {
+        case IsCorrection::kNone:
           w = at::ones_like(rho);
           break;
-        case Correction::kTokenTis:
-          w = rho.clamp_max(o.tis_high);
-          high = rho > o.tis_high;
+        case IsCorrection::kTokenTis:
+          w = rho.clamp_max(o.is_high);
+          high = rho > o.is_high;
           break;
-        case Correction::kTokenMis:
-          low = rho < o.mis_low;
-          high = rho > o.mis_high;
+        case IsCorrection::kTokenMis:
+          low = rho < o.is_low;
+          high = rho > o.is_high;
           w = (~(low | high)).to(at::kFloat);
           break;
-        case Correction::kSeqTis: {
+        case IsCorrection::kSeqTis: {
           // Sequence ids over the flattened batch: a sequence starts at position 0 or at a row start.
           auto starts = (in.position_ids.to(at::kLong) == 0);
           starts.narrow(1, 0, 1).fill_(true);
@@ -94,8 +94,8 @@ Result<LossOutput> compute_loss(const LossInputs& in, const LossOptions& o) {
           const std::int64_t nseg = seg.numel() == 0 ? 0 : seg[-1].item<std::int64_t>() + 1;
           auto seq_log_ratio = at::zeros({nseg}, at::kFloat).index_add_(0, seg, log_ratio.reshape({-1}));
           auto seq_rho = seq_log_ratio.exp().index_select(0, seg).view(rho.sizes());
-          w = seq_rho.clamp_max(o.tis_high);
-          high = seq_rho > o.tis_high;
+          w = seq_rho.clamp_max(o.is_high);
+          high = seq_rho > o.is_high;
           break;
         }
       }

@@ -5,11 +5,11 @@
 //   logp_t      trainer log-probability of the token, log_softmax(logits_{t-1} / temperature)[token_t]
 //   q_t         inference log-probability (from the worker that sampled it)
 //   rho_t       exp(logp_t - q_t), the trainer/inference importance ratio (no gradient through it)
-//   w_t         the correction weight (no gradient):
+//   w_t         the importance-sampling correction's weight (no gradient), by is_correction:
 //                 none       1
-//                 token_tis  min(rho_t, tis_high)                         (truncated IS, per token)
-//                 seq_tis    min(exp(sum_{u in seq, masked} (logp_u - q_u)), tis_high), shared by the sequence
-//                 token_mis  1 if mis_low <= rho_t <= mis_high, else 0     (masked IS)
+//                 token_tis  min(rho_t, is_high)                          (truncated IS, per token)
+//                 seq_tis    min(exp(sum_{u in seq, masked} (logp_u - q_u)), is_high), shared by the sequence
+//                 token_mis  1 if is_low <= rho_t <= is_high, else 0       (masked IS)
 //   pg_t        -w_t * A_t * logp_t           (so the gradient is -w_t * A_t * grad logp_t)
 // pg_loss = sum_t m_t * pg_t / sum_t m_t over loss_mask tokens m (0 when there are none);
 // ce_loss = sum_t c_t * (-logp_t) / sum_t c_t over ce_weights c (0 when absent or all zero);
@@ -29,15 +29,16 @@
 
 namespace arlo::reference {
 
-enum class Correction { kNone, kTokenTis, kSeqTis, kTokenMis };
-std::optional<Correction> parse_correction(std::string_view name);  // none | token_tis | seq_tis | token_mis
-std::string_view to_string(Correction c);
+enum class IsCorrection { kNone, kTokenTis, kSeqTis, kTokenMis };
+std::optional<IsCorrection> parse_is_correction(std::string_view name);  // none | token_tis | seq_tis | token_mis
+std::string_view to_string(IsCorrection c);
 
 struct LossOptions {
-  Correction correction = Correction::kTokenTis;
-  double tis_high = 2.0;     // token_tis and seq_tis: ratio cap
-  double mis_low = 0.5;      // token_mis: keep tokens with ratio in [mis_low, mis_high]
-  double mis_high = 2.0;
+  // The importance-sampling correction and its bounds (the config's trainer.is_correction,
+  // trainer.is_low and trainer.is_high).
+  IsCorrection is_correction = IsCorrection::kTokenTis;
+  double is_low = 0.5;   // token_mis: keep tokens with ratio in [is_low, is_high]
+  double is_high = 2.0;  // token_tis and seq_tis: ratio cap; token_mis: top of the band
   double ce_coef = 1.0;      // weight of the cross-entropy term
   double temperature = 1.0;  // the sampling temperature the inference logprobs were taken at
 };
@@ -60,8 +61,8 @@ struct LossOutput {
   double ce_loss = 0;
   double mismatch_kl = 0;
   double clipped_fraction = 0;       // clipped_low_fraction + clipped_high_fraction
-  double clipped_low_fraction = 0;   // token_mis: ratio below mis_low (masked)
-  double clipped_high_fraction = 0;  // ratio above the cap (tis_high, or mis_high: truncated or masked)
+  double clipped_low_fraction = 0;   // token_mis: ratio below is_low (masked)
+  double clipped_high_fraction = 0;  // ratio above is_high (truncated or masked)
   double entropy = 0;
   std::int64_t pg_tokens = 0;
   std::int64_t ce_tokens = 0;

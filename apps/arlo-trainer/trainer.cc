@@ -128,242 +128,347 @@ Status save_checkpoint(const std::filesystem::path& root, std::int64_t step, con
   return ok();
 }
 
-}  // namespace
+// The steps a checkpoint was trained on (lineage[i]: digest of the batch of step i+1), from its
+// state.json; none when it has no readable lineage.
+std::vector<std::string> checkpoint_lineage(const std::filesystem::path& dir) {
+  std::ifstream state(dir / "state.json");
+  const auto j = json::parse(state, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("lineage") && j["lineage"].is_array()) return j["lineage"].get<std::vector<std::string>>();
+  return {};
+}
 
-Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool>& stop) {
-  ARLO_TRY(o.model.validate());
-  auto correction = reference::parse_correction(o.correction);
-  if (!correction)
+// The loss the trainer's options ask for; an unknown is_correction is refused, naming the flag.
+Result<reference::LossOptions> loss_options(const TrainerOptions& o) {
+  auto is_correction = reference::parse_is_correction(o.is_correction);
+  if (!is_correction)
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("trainer: unknown correction '{}': use none, token_tis, seq_tis or token_mis", o.correction));
-  reference::set_torch_threads(o.threads);
-  const auto ckpt_root = o.checkpoint_dir.empty() ? o.run_dir / "checkpoints" / "trainer" : o.checkpoint_dir;
-
-  // Model and optimizer: from the latest checkpoint, or a seeded initialisation.
-  std::int64_t step = 0;
-  std::vector<std::string> lineage;  // lineage[i]: digest of the batch step i+1 was trained on
-  std::shared_ptr<reference::Model> model;
-  auto ckpt = latest_checkpoint(ckpt_root);
-  if (ckpt) {
-    ARLO_ASSIGN_OR_RETURN(model, reference::Model::load(ckpt->dir / "model.safetensors", o.model));
-    step = ckpt->step;
-    std::ifstream state(ckpt->dir / "state.json");
-    const auto j = json::parse(state, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("lineage") && j["lineage"].is_array())
-      lineage = j["lineage"].get<std::vector<std::string>>();
-  } else {
-    ARLO_ASSIGN_OR_RETURN(model, reference::Model::init(o.model, o.seed));
-  }
-  model->impl().set_requires_grad(true);
-  reference::AdamW opt(*model, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
-                                .weight_decay = o.weight_decay, .max_grad_norm = o.max_grad_norm});
-  if (ckpt) {
-    ARLO_TRY(opt.load(ckpt->dir / "optimizer.safetensors"));
-    ARLO_INFO("resumed from {} at step {}", ckpt->dir.string(), step);
-  }
-  std::int64_t saved_step = ckpt ? ckpt->step : 0;  // the newest checkpoint on disk
-
-  // The run directory may not exist yet (a trainer on its own host, given a fresh directory): made
-  // here, so the metrics log is never silently lost.
-  std::error_code dir_ec;
-  std::filesystem::create_directories(o.run_dir, dir_ec);
-  const auto metrics_path = o.run_dir / "trainer_metrics.jsonl";
-  ARLO_TRY(with_context(drop_partial_last_line(metrics_path), "trainer"));
-  std::ofstream metrics_log(metrics_path, std::ios::app);
-  if (!metrics_log)
-    return make_error(ErrorCode::kIo, fmt::format("trainer: cannot open {} for appending: {} (--run-dir)", metrics_path.string(),
-                                                  dir_ec ? dir_ec.message() : std::strerror(errno)));
-  // One whole line per record; a write that fails (a full disk) stops the trainer naming the file.
-  auto log_metrics = [&](const nlohmann::json& m) -> Status {
-    metrics_log << m.dump() << "\n";
-    metrics_log.flush();
-    if (!metrics_log)
-      return make_error(ErrorCode::kIo, fmt::format("trainer: writing {}: {}", metrics_path.string(), std::strerror(errno)));
-    return {};
-  };
+                      fmt::format("trainer: unknown is_correction '{}' (--is-correction): use none, token_tis, seq_tis or "
+                                  "token_mis",
+                                  o.is_correction));
   reference::LossOptions lo;
-  lo.correction = *correction;
-  lo.tis_high = o.tis_high;
-  lo.mis_low = o.mis_low;
-  lo.mis_high = o.mis_high;
+  lo.is_correction = *is_correction;
+  lo.is_low = o.is_low;
+  lo.is_high = o.is_high;
   lo.ce_coef = o.ce_coef;
   lo.temperature = o.temperature;
+  return lo;
+}
 
-  // One optimizer step on batch `b` (the step after `step`); its figures for trainer_metrics.jsonl.
-  auto train = [&](const bridge::BatchView& b) -> Result<json> {
-    const auto t0 = Clock::now();
-    const std::int64_t rows = b.rows(), cols = b.seq_len();
-    reference::LossOutput out;
-    double grad_norm = 0;
-    const double base_lr = b.has_ce_weights() && o.sft_lr > 0 ? o.sft_lr : o.lr;
-    const double lr = o.warmup_steps > 0 ? base_lr * std::min(1.0, static_cast<double>(step + 1) / o.warmup_steps) : base_lr;
-    try {
-      auto ids = to_tensor(b.input_ids(), rows, cols, at::kLong);
-      auto pos = to_tensor(b.position_ids(), rows, cols, at::kLong);
-      reference::LossInputs in;
-      in.logits = model->impl().forward(ids, pos);
-      in.input_ids = ids;
-      in.position_ids = pos;
-      in.loss_mask = to_tensor(b.loss_mask(), rows, cols, at::kFloat);
-      in.advantages = to_tensor(b.advantages(), rows, cols, at::kFloat);
-      in.inference_logprobs = to_tensor(b.inference_logprobs(), rows, cols, at::kFloat);
-      if (b.has_ce_weights()) in.ce_weights = to_tensor(b.ce_weights(), rows, cols, at::kFloat);
-      ARLO_ASSIGN_OR_RETURN(out, reference::compute_loss(in, lo));
-      out.loss.backward();
-    } catch (const std::exception& e) {
-      return make_error(ErrorCode::kInternal, fmt::format("trainer step {}: libtorch: {}", b.step(), e.what()));
-    }
-    ARLO_ASSIGN_OR_RETURN(grad_norm, opt.step(lr));
-    step = b.step();
-    lineage.push_back(batch_digest(b.raw()));
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    return json{{"step", step},
-                {"batch", lineage.back()},
-                {"loss", out.loss.item<double>()},
-                {"pg_loss", out.pg_loss},
-                {"ce_loss", out.ce_loss},
-                {"grad_norm", grad_norm},
-                {"mismatch_kl", out.mismatch_kl},
-                {"clipped_fraction", out.clipped_fraction},
-                {"clipped_low_fraction", out.clipped_low_fraction},
-                {"clipped_high_fraction", out.clipped_high_fraction},
-                {"entropy", out.entropy},
-                {"lr", lr},
-                {"step_seconds", seconds},
-                {"loss_tokens", out.pg_tokens},
-                {"ce_tokens", out.ce_tokens}};
-  };
-  auto checkpoint = [&]() -> Status {
-    ARLO_TRY(with_context(save_checkpoint(ckpt_root, step, *model, opt, lineage),
-                          fmt::format("trainer: checkpoint of step {} (the previous one, step {}, is kept)", step, saved_step)));
-    saved_step = step;
-    return ok();
-  };
+// One trainer run between its start and its end: the model and optimizer with the steps trained
+// into them, the metrics log, and (once connected) the bridge client and the weight publisher.
+// Used in this order: resume, open_metrics_log, replay_kept_batches, connect, train_until_stopped,
+// finish. Lives on the heap because the publisher's announcements call back into it.
+class Trainer {
+ public:
+  // The model and optimizer of the newest checkpoint under the checkpoint dir, or a seeded
+  // initialisation (step 0) when there is none.
+  static Result<std::unique_ptr<Trainer>> resume(const TrainerOptions& o, reference::LossOptions loss);
 
-  // Steps acknowledged after the checkpoint: replayed from the trainer's own copies, in order, so
-  // the weights hold every acknowledged step exactly once (docs/checkpoints.md).
-  for (const auto& [s, path] : kept_batches(ckpt_root)) {
-    if (s <= step) continue;
-    if (s != step + 1)
+  // Opens <run_dir>/trainer_metrics.jsonl for appending, making the run directory if it does not
+  // exist yet (a trainer on its own host, given a fresh directory) so the log is never silently
+  // lost, and dropping a last line a crash left partial.
+  Status open_metrics_log();
+
+  // Trains the steps acknowledged after the checkpoint from the trainer's own copies, in order, so
+  // the weights hold every acknowledged step exactly once (docs/checkpoints.md). A gap is refused.
+  Status replay_kept_batches();
+
+  // Connects to the bridge (asking for the steps after the current one), starts the publisher and
+  // stages the current version (v0, the seeded initialisation every worker builds itself, is
+  // announced, not sent).
+  Status connect();
+
+  // Trains the batches the bridge delivers until max_steps, idle_exit, `stop`, or the bridge is
+  // closed. A version that could not be published or announced stops it with that error.
+  Status train_until_stopped(const std::atomic<bool>& stop);
+
+  // A final checkpoint (so a resume loads the last step trained instead of replaying kept
+  // batches), the last version flushed (a failure is only logged), the publisher stopped and the
+  // bridge closed. Returns the last step trained.
+  Result<std::int64_t> finish();
+
+ private:
+  Trainer(const TrainerOptions& o, reference::LossOptions loss)
+      : o_(o),
+        loss_(loss),
+        ckpt_root_(o.checkpoint_dir.empty() ? o.run_dir / "checkpoints" / "trainer" : o.checkpoint_dir),
+        metrics_path_(o.run_dir / "trainer_metrics.jsonl") {}
+
+  // One optimizer step on batch `b` (the step after step_); its figures for trainer_metrics.jsonl.
+  Result<json> train(const bridge::BatchView& b);
+  // A batch the bridge delivered: acknowledged again when trained before a restart, else trained,
+  // made durable (checkpoint or kept copy), acknowledged, staged as the next version and logged.
+  Status take_batch(const bridge::BatchView& b);
+  // A batch is acknowledged only once a restart would not need it again: in a checkpoint, or kept.
+  Status make_durable(const bridge::BatchView& b);
+  Status checkpoint();
+  // One whole line per record; a write that fails (a full disk) stops the trainer naming the file.
+  Status log_metrics(const json& m);
+  // The publisher's announcement of a version, with the figures of its step: the orchestrator's
+  // step records and the live page read them there. Runs on the publisher's thread.
+  void announce(const weight_sync::Announcement& a);
+  // A version the workers can never get (not written, e.g. the disk is full, or not announced)
+  // stops the trainer with that error: the orchestrator waits for it, so going on would wait for
+  // batches that never come (docs/checkpoints.md: the first write that fails stops the run).
+  Status published_ok();
+  // Stages the model as `version`; returns how long staging held this thread.
+  Result<double> stage(std::int64_t version, bool workers_hold_it);
+
+  const TrainerOptions& o_;
+  const reference::LossOptions loss_;
+  const std::filesystem::path ckpt_root_;
+  const std::filesystem::path metrics_path_;
+
+  std::int64_t step_ = 0;
+  std::vector<std::string> lineage_;  // lineage_[i]: digest of the batch step i+1 was trained on
+  std::shared_ptr<reference::Model> model_;
+  std::optional<reference::AdamW> opt_;
+  std::int64_t saved_step_ = 0;  // the newest checkpoint on disk
+  std::ofstream metrics_log_;
+
+  // Declared in this order so the publisher, whose announcements use the others, goes first.
+  std::unique_ptr<bridge::BridgeClient> client_;
+  std::mutex metrics_mu_;
+  std::map<std::int64_t, json> step_metrics_;  // figures of the steps not yet announced
+  std::optional<Error> unannounced_;           // the first announcement that failed (under metrics_mu_)
+  std::unique_ptr<weight_sync::StagingPublisher> publisher_;
+};
+
+Result<std::unique_ptr<Trainer>> Trainer::resume(const TrainerOptions& o, reference::LossOptions loss) {
+  std::unique_ptr<Trainer> t(new Trainer(o, loss));
+  const auto ckpt = latest_checkpoint(t->ckpt_root_);
+  if (ckpt) {
+    ARLO_ASSIGN_OR_RETURN(t->model_, reference::Model::load(ckpt->dir / "model.safetensors", o.model));
+    t->step_ = ckpt->step;
+    t->lineage_ = checkpoint_lineage(ckpt->dir);
+  } else {
+    ARLO_ASSIGN_OR_RETURN(t->model_, reference::Model::init(o.model, o.seed));
+  }
+  t->model_->impl().set_requires_grad(true);
+  t->opt_.emplace(*t->model_, reference::AdamWOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
+                                                      .weight_decay = o.weight_decay, .max_grad_norm = o.max_grad_norm});
+  if (ckpt) {
+    ARLO_TRY(t->opt_->load(ckpt->dir / "optimizer.safetensors"));
+    ARLO_INFO("resumed from {} at step {}", ckpt->dir.string(), t->step_);
+    t->saved_step_ = ckpt->step;
+  }
+  return t;
+}
+
+Status Trainer::open_metrics_log() {
+  std::error_code dir_ec;
+  std::filesystem::create_directories(o_.run_dir, dir_ec);
+  ARLO_TRY(with_context(drop_partial_last_line(metrics_path_), "trainer"));
+  metrics_log_.open(metrics_path_, std::ios::app);
+  if (!metrics_log_)
+    return make_error(ErrorCode::kIo, fmt::format("trainer: cannot open {} for appending: {} (--run-dir)", metrics_path_.string(),
+                                                  dir_ec ? dir_ec.message() : std::strerror(errno)));
+  return ok();
+}
+
+Status Trainer::log_metrics(const json& m) {
+  metrics_log_ << m.dump() << "\n";
+  metrics_log_.flush();
+  if (!metrics_log_)
+    return make_error(ErrorCode::kIo, fmt::format("trainer: writing {}: {}", metrics_path_.string(), std::strerror(errno)));
+  return {};
+}
+
+Result<json> Trainer::train(const bridge::BatchView& b) {
+  const auto t0 = Clock::now();
+  const std::int64_t rows = b.rows(), cols = b.seq_len();
+  reference::LossOutput out;
+  double grad_norm = 0;
+  const double base_lr = b.has_ce_weights() && o_.sft_lr > 0 ? o_.sft_lr : o_.lr;
+  const double lr = o_.warmup_steps > 0 ? base_lr * std::min(1.0, static_cast<double>(step_ + 1) / o_.warmup_steps) : base_lr;
+  try {
+    auto ids = to_tensor(b.input_ids(), rows, cols, at::kLong);
+    auto pos = to_tensor(b.position_ids(), rows, cols, at::kLong);
+    reference::LossInputs in;
+    in.logits = model_->impl().forward(ids, pos);
+    in.input_ids = ids;
+    in.position_ids = pos;
+    in.loss_mask = to_tensor(b.loss_mask(), rows, cols, at::kFloat);
+    in.advantages = to_tensor(b.advantages(), rows, cols, at::kFloat);
+    in.inference_logprobs = to_tensor(b.inference_logprobs(), rows, cols, at::kFloat);
+    if (b.has_ce_weights()) in.ce_weights = to_tensor(b.ce_weights(), rows, cols, at::kFloat);
+    ARLO_ASSIGN_OR_RETURN(out, reference::compute_loss(in, loss_));
+    out.loss.backward();
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::kInternal, fmt::format("trainer step {}: libtorch: {}", b.step(), e.what()));
+  }
+  ARLO_ASSIGN_OR_RETURN(grad_norm, opt_->step(lr));
+  step_ = b.step();
+  lineage_.push_back(batch_digest(b.raw()));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return json{{"step", step_},
+              {"batch", lineage_.back()},
+              {"loss", out.loss.item<double>()},
+              {"pg_loss", out.pg_loss},
+              {"ce_loss", out.ce_loss},
+              {"grad_norm", grad_norm},
+              {"mismatch_kl", out.mismatch_kl},
+              {"clipped_fraction", out.clipped_fraction},
+              {"clipped_low_fraction", out.clipped_low_fraction},
+              {"clipped_high_fraction", out.clipped_high_fraction},
+              {"entropy", out.entropy},
+              {"lr", lr},
+              {"step_seconds", seconds},
+              {"loss_tokens", out.pg_tokens},
+              {"ce_tokens", out.ce_tokens}};
+}
+
+Status Trainer::checkpoint() {
+  ARLO_TRY(with_context(save_checkpoint(ckpt_root_, step_, *model_, *opt_, lineage_),
+                        fmt::format("trainer: checkpoint of step {} (the previous one, step {}, is kept)", step_, saved_step_)));
+  saved_step_ = step_;
+  return ok();
+}
+
+Status Trainer::replay_kept_batches() {
+  for (const auto& [s, path] : kept_batches(ckpt_root_)) {
+    if (s <= step_) continue;
+    if (s != step_ + 1)
       return make_error(ErrorCode::kMismatch, fmt::format("trainer: replaying kept batches: {} follows step {} (a "
                                                           "step is missing; the checkpoint under {} cannot be continued)",
-                                                          path.string(), step, ckpt_root.string()));
+                                                          path.string(), step_, ckpt_root_.string()));
     ARLO_ASSIGN_OR_RETURN(auto view, bridge::BatchView::open(path));
     ARLO_ASSIGN_OR_RETURN(auto m, train(view));
     m["replayed"] = true;
     ARLO_TRY(log_metrics(m));
-    ARLO_INFO("replayed step {} from {}", step, path.string());
+    ARLO_INFO("replayed step {} from {}", step_, path.string());
   }
+  return ok();
+}
 
+void Trainer::announce(const weight_sync::Announcement& a) {
+  json info = {{"weight_sync", weight_sync::to_json(a)}};
+  {
+    std::lock_guard lk(metrics_mu_);
+    auto it = step_metrics_.find(static_cast<std::int64_t>(a.version));
+    if (it != step_metrics_.end()) info["metrics"] = it->second;
+    step_metrics_.erase(step_metrics_.begin(), step_metrics_.upper_bound(static_cast<std::int64_t>(a.version)));
+  }
+  if (auto st = client_->published(static_cast<std::int64_t>(a.version), info); !st) {
+    std::lock_guard lk(metrics_mu_);
+    if (!unannounced_) unannounced_ = std::move(st).error().with_context(fmt::format("announcing v{}", a.version));
+  }
+}
+
+Status Trainer::connect() {
   bridge::ClientOptions co;
-  co.transport = o.bridge_transport;
-  co.run_dir = o.run_dir;
-  co.host = o.bridge_host;
+  co.transport = o_.bridge_transport;
+  co.run_dir = o_.run_dir;
+  co.host = o_.bridge_host;
   co.host_source = "--bridge-host";
-  co.port = o.bridge_port;
-  co.rank = o.rank;
-  co.start_after_step = step;
-  ARLO_ASSIGN_OR_RETURN(auto client, bridge::connect(co));
+  co.port = o_.bridge_port;
+  co.rank = o_.rank;
+  co.start_after_step = step_;
+  ARLO_ASSIGN_OR_RETURN(client_, bridge::connect(co));
 
-  weight_sync::Options wso = o.weight_sync;
+  weight_sync::Options wso = o_.weight_sync;
   wso.peer_name = "arlo-trainer";
-  // The trainer's figures of step s ride with the announcement of version s (the orchestrator's
-  // step records and the live page read them there).
-  std::mutex metrics_mu;
-  std::map<std::int64_t, json> step_metrics;
-  std::optional<Error> unannounced;  // the first announcement that failed (under metrics_mu)
-  auto announce = [&](const weight_sync::Announcement& a) {
-    json info = {{"weight_sync", weight_sync::to_json(a)}};
-    {
-      std::lock_guard lk(metrics_mu);
-      auto it = step_metrics.find(static_cast<std::int64_t>(a.version));
-      if (it != step_metrics.end()) info["metrics"] = it->second;
-      step_metrics.erase(step_metrics.begin(), step_metrics.upper_bound(static_cast<std::int64_t>(a.version)));
-    }
-    if (auto st = client->published(static_cast<std::int64_t>(a.version), info); !st) {
-      std::lock_guard lk(metrics_mu);
-      if (!unannounced) unannounced = std::move(st).error().with_context(fmt::format("announcing v{}", a.version));
-    }
-  };
-  ARLO_ASSIGN_OR_RETURN(auto publisher, weight_sync::StagingPublisher::create(wso, announce));
-  ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher->endpoint().dump());
-  // A version the workers can never get (not written, e.g. the disk is full, or not announced)
-  // stops the trainer with that error: the orchestrator waits for it, so going on would wait for
-  // batches that never come (docs/checkpoints.md: the first write that fails stops the run).
-  auto published_ok = [&]() -> Status {
-    {
-      std::lock_guard lk(metrics_mu);
-      if (unannounced) return std::unexpected(Error(*unannounced).with_context("trainer"));
-    }
-    return with_context(publisher->failure(), "trainer");
-  };
-  // Returns how long staging held this thread.
-  auto stage = [&](std::int64_t version, bool workers_hold_it) -> Result<double> {
-    reference::ModelWeights source(*model);
-    auto staged = workers_hold_it ? publisher->stage_held(static_cast<weight_sync::Version>(version), source)
-                                  : publisher->stage(static_cast<weight_sync::Version>(version), source);
-    if (!staged) return std::unexpected(std::move(staged).error().with_context(fmt::format("staging v{}", version)));
-    ARLO_DEBUG("staged v{}: {} bytes copied in {:.3f}s", version, staged->bytes, staged->copy_seconds);
-    return staged->copy_seconds;
-  };
-  // v0 is the seeded initialisation every worker builds from the same seed: announced, not sent.
-  ARLO_TRY(stage(step, /*workers_hold_it=*/step == 0));
+  ARLO_ASSIGN_OR_RETURN(publisher_, weight_sync::StagingPublisher::create(
+                                        wso, [this](const weight_sync::Announcement& a) { announce(a); }));
+  ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher_->endpoint().dump());
+  ARLO_TRY(stage(step_, /*workers_hold_it=*/step_ == 0));
+  return ok();
+}
 
+Status Trainer::published_ok() {
+  {
+    std::lock_guard lk(metrics_mu_);
+    if (unannounced_) return std::unexpected(Error(*unannounced_).with_context("trainer"));
+  }
+  return with_context(publisher_->failure(), "trainer");
+}
+
+Result<double> Trainer::stage(std::int64_t version, bool workers_hold_it) {
+  reference::ModelWeights source(*model_);
+  auto staged = workers_hold_it ? publisher_->stage_held(static_cast<weight_sync::Version>(version), source)
+                                : publisher_->stage(static_cast<weight_sync::Version>(version), source);
+  if (!staged) return std::unexpected(std::move(staged).error().with_context(fmt::format("staging v{}", version)));
+  ARLO_DEBUG("staged v{}: {} bytes copied in {:.3f}s", version, staged->bytes, staged->copy_seconds);
+  return staged->copy_seconds;
+}
+
+Status Trainer::train_until_stopped(const std::atomic<bool>& stop) {
   auto idle_since = Clock::now();
-  while (!stop.load() && (o.max_steps == 0 || step < o.max_steps)) {
+  while (!stop.load() && (o_.max_steps == 0 || step_ < o_.max_steps)) {
     ARLO_TRY(published_ok());
-    auto got = client->next_batch(o.batch_timeout);
+    auto got = client_->next_batch(o_.batch_timeout);
     if (!got) {
       if (got.error().code() == ErrorCode::kTimeout) {
-        if (o.idle_exit.count() > 0 && Clock::now() - idle_since > o.idle_exit) {
-          ARLO_INFO("no batch for {} ms: stopping", o.idle_exit.count());
+        if (o_.idle_exit.count() > 0 && Clock::now() - idle_since > o_.idle_exit) {
+          ARLO_INFO("no batch for {} ms: stopping", o_.idle_exit.count());
           break;
         }
         continue;
       }
       if (got.error().code() == ErrorCode::kCancelled) break;
-      return std::unexpected(std::move(got).error().with_context(fmt::format("trainer: waiting for step {}", step + 1)));
+      return std::unexpected(std::move(got).error().with_context(fmt::format("trainer: waiting for step {}", step_ + 1)));
     }
     idle_since = Clock::now();
-    const bridge::BatchView& b = *got;
-    if (b.step() <= step) {  // trained before a restart
-      ARLO_TRY(client->ack(b.step()));
-      continue;
-    }
-    if (b.step() != step + 1)
-      return make_error(ErrorCode::kMismatch,
-                        fmt::format("trainer: the bridge delivered step {} after step {}: a step would be skipped", b.step(), step));
-    ARLO_ASSIGN_OR_RETURN(auto m, train(b));
-    // Acknowledged only once a restart would not need the batch again: in a checkpoint, or kept.
-    if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-      crash_point("trainer.before_checkpoint", step);
-      ARLO_TRY(checkpoint());
-      crash_point("trainer.after_checkpoint", step);
-    } else {
-      ARLO_TRY(with_context(write_file_atomically(kept_batch(ckpt_root, step), std::string_view(reinterpret_cast<const char*>(b.raw().data()), b.raw().size())),
-                            fmt::format("trainer: keeping the batch of step {} until the next checkpoint", step)));
-    }
-    ARLO_TRY(client->ack(step));
-    {
-      std::lock_guard lk(metrics_mu);
-      step_metrics[step] = m;
-    }
-    ARLO_ASSIGN_OR_RETURN(m["stage_seconds"], stage(step, false));  // in trainer_metrics.jsonl
-    ARLO_TRY(log_metrics(m));
-    ARLO_INFO("step {} loss {:.4f} (pg {:.4f} ce {:.4f}) grad_norm {:.3f} mismatch_kl {:.2e} clipped {:.3f} "
-              "entropy {:.3f} lr {:.2e} {:.3f}s",
-              step, m["loss"].get<double>(), m["pg_loss"].get<double>(), m["ce_loss"].get<double>(),
-              m["grad_norm"].get<double>(), m["mismatch_kl"].get<double>(), m["clipped_fraction"].get<double>(),
-              m["entropy"].get<double>(), m["lr"].get<double>(), m["step_seconds"].get<double>());
+    ARLO_TRY(take_batch(*got));
   }
-  // A final checkpoint (stop, SIGTERM, max_steps), so that a resume loads the last step trained
-  // instead of replaying the kept batches.
-  if (o.checkpoint_every > 0 && step > saved_step) ARLO_TRY(checkpoint());
-  if (auto st = publisher->flush(weight_sync::deadline_in(o.weight_sync.timeout)); !st)
+  return ok();
+}
+
+Status Trainer::take_batch(const bridge::BatchView& b) {
+  if (b.step() <= step_) return client_->ack(b.step());  // trained before a restart
+  if (b.step() != step_ + 1)
+    return make_error(ErrorCode::kMismatch,
+                      fmt::format("trainer: the bridge delivered step {} after step {}: a step would be skipped", b.step(), step_));
+  ARLO_ASSIGN_OR_RETURN(auto m, train(b));
+  ARLO_TRY(make_durable(b));
+  ARLO_TRY(client_->ack(step_));
+  {
+    std::lock_guard lk(metrics_mu_);
+    step_metrics_[step_] = m;
+  }
+  ARLO_ASSIGN_OR_RETURN(m["stage_seconds"], stage(step_, false));  // in trainer_metrics.jsonl
+  ARLO_TRY(log_metrics(m));
+  ARLO_INFO("step {} loss {:.4f} (pg {:.4f} ce {:.4f}) grad_norm {:.3f} mismatch_kl {:.2e} clipped {:.3f} "
+            "entropy {:.3f} lr {:.2e} {:.3f}s",
+            step_, m["loss"].get<double>(), m["pg_loss"].get<double>(), m["ce_loss"].get<double>(),
+            m["grad_norm"].get<double>(), m["mismatch_kl"].get<double>(), m["clipped_fraction"].get<double>(),
+            m["entropy"].get<double>(), m["lr"].get<double>(), m["step_seconds"].get<double>());
+  return ok();
+}
+
+Status Trainer::make_durable(const bridge::BatchView& b) {
+  if (o_.checkpoint_every > 0 && step_ % o_.checkpoint_every == 0) {
+    crash_point("trainer.before_checkpoint", step_);
+    ARLO_TRY(checkpoint());
+    crash_point("trainer.after_checkpoint", step_);
+    return ok();
+  }
+  return with_context(write_file_atomically(kept_batch(ckpt_root_, step_),
+                                            std::string_view(reinterpret_cast<const char*>(b.raw().data()), b.raw().size())),
+                      fmt::format("trainer: keeping the batch of step {} until the next checkpoint", step_));
+}
+
+Result<std::int64_t> Trainer::finish() {
+  if (o_.checkpoint_every > 0 && step_ > saved_step_) ARLO_TRY(checkpoint());
+  if (auto st = publisher_->flush(weight_sync::deadline_in(o_.weight_sync.timeout)); !st)
     ARLO_WARN("the last version was not published: {}", st.error().what());
-  publisher.reset();
-  client->close();
-  return step;
+  publisher_.reset();
+  client_->close();
+  return step_;
+}
+
+}  // namespace
+
+Result<std::int64_t> run_trainer(const TrainerOptions& o, const std::atomic<bool>& stop) {
+  ARLO_TRY(o.model.validate());
+  ARLO_ASSIGN_OR_RETURN(auto loss, loss_options(o));
+  reference::set_torch_threads(o.threads);
+  ARLO_ASSIGN_OR_RETURN(auto trainer, Trainer::resume(o, loss));
+  ARLO_TRY(trainer->open_metrics_log());
+  ARLO_TRY(trainer->replay_kept_batches());
+  ARLO_TRY(trainer->connect());
+  ARLO_TRY(trainer->train_until_stopped(stop));
+  return trainer->finish();
 }
 
 }  // namespace arlo::trainer

@@ -39,8 +39,10 @@ struct TrainerOptions {
   double sft_lr = 0.0;         // on supervised batches (those with ce_weights); 0: lr
   int warmup_steps = 0;        // linear warm-up of the learning rate
   double beta1 = 0.9, beta2 = 0.99, eps = 1e-8, weight_decay = 0.0, max_grad_norm = 1.0;
-  std::string correction = "token_tis";  // none | token_tis | seq_tis | token_mis
-  double tis_high = 2.0, mis_low = 0.5, mis_high = 2.0, ce_coef = 1.0, temperature = 1.0;
+  // The importance-sampling correction and its bounds, named as the config's trainer.is_correction,
+  // trainer.is_low and trainer.is_high (reference/loss.h).
+  std::string is_correction = "token_tis";  // none | token_tis | seq_tis | token_mis
+  double is_low = 0.5, is_high = 2.0, ce_coef = 1.0, temperature = 1.0;
 
   std::int64_t max_steps = 0;  // stop after this step (0 = run until stopped)
   std::chrono::milliseconds batch_timeout{1000};  // one wait for a batch (then wait again)

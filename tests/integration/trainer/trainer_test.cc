@@ -138,5 +138,85 @@ TEST(Trainer, MakesARunDirectoryThatDoesNotExistYet) {
   fs::remove_all(base);
 }
 
+// arlo-trainer's stdout and stderr together, and how it exited (nullopt if it did not within the deadline).
+struct Exit {
+  std::optional<int> status;
+  std::string output;
+};
+Exit run_to_exit(const std::vector<std::string>& trainer_argv) {
+  std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1"};
+  argv.insert(argv.end(), trainer_argv.begin(), trainer_argv.end());
+  testing::ChildProcess trainer(argv);
+  Exit e;
+  if (!trainer.started()) return e;
+  // Every line until the output closes (the trainer exits).
+  while (auto line = trainer.wait_for_line("", std::chrono::seconds(120))) e.output += *line + "\n";
+  e.status = trainer.wait(std::chrono::seconds(120));
+  return e;
+}
+
+// The flags named as the config's keys (--is-correction, --is-low, --is-high) replaced --correction,
+// --mis-low, --tis-high and --mis-high; the old ones still work for one release, each with a
+// warning that names its new flag, and set the same option as the new one.
+TEST(Trainer, RenamedImportanceSamplingFlagsStillWorkWithAWarningNamingTheNewOnes) {
+  const auto run = temp_dir("renamed_flags");
+  write_step(run, 1);
+  auto args = trainer_args(run, 1);
+  args.insert(args.end(), {"--correction", "token_mis", "--mis-low", "0.25", "--tis-high", "3", "--mis-high", "3.0"});
+  auto old = run_to_exit(args);
+  ASSERT_TRUE(old.status.has_value()) << old.output;
+  EXPECT_TRUE(WIFEXITED(*old.status) && WEXITSTATUS(*old.status) == 0) << old.output;
+  for (const auto& [was, is] : {std::pair{"--correction", "--is-correction"}, {"--mis-low", "--is-low"},
+                                {"--tis-high", "--is-high"}, {"--mis-high", "--is-high"}})
+    EXPECT_NE(old.output.find(fmt::format("{} is deprecated and goes in the next release: use {}", was, is)),
+              std::string::npos)
+        << was << ": " << old.output;
+  EXPECT_TRUE(fs::exists(bridge::dir_layout::version_file(run, 1))) << "step 1 was not trained: " << old.output;
+
+  // The new flags: no warning.
+  const auto fresh = temp_dir("new_flags");
+  write_step(fresh, 1);
+  args = trainer_args(fresh, 1);
+  args.insert(args.end(), {"--is-correction", "token_mis", "--is-low", "0.25", "--is-high", "3"});
+  auto now = run_to_exit(args);
+  ASSERT_TRUE(now.status.has_value()) << now.output;
+  EXPECT_TRUE(WIFEXITED(*now.status) && WEXITSTATUS(*now.status) == 0) << now.output;
+  EXPECT_EQ(now.output.find("deprecated"), std::string::npos) << now.output;
+  // Both ran the same correction on the same batch from the same seed: the same loss.
+  auto first_record = [](const fs::path& dir) {
+    std::ifstream in(dir / "trainer_metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    return json::parse(line);
+  };
+  const auto a = first_record(run), b = first_record(fresh);
+  EXPECT_EQ(a["loss"], b["loss"]) << a.dump() << "\n" << b.dump();
+  EXPECT_EQ(a["clipped_fraction"], b["clipped_fraction"]);
+  fs::remove_all(run);
+  fs::remove_all(fresh);
+}
+
+// The old spelling sets the same option: a value it gives is checked like the new flag's, and
+// spellings of one flag that disagree are refused, naming both.
+TEST(Trainer, RenamedImportanceSamplingFlagsAreCheckedLikeTheNewOnes) {
+  const auto run = temp_dir("renamed_refused");
+  auto args = trainer_args(run, 1);
+  args.insert(args.end(), {"--correction", "ppo", "--idle-exit-ms", "300"});
+  auto bad = run_to_exit(args);
+  ASSERT_TRUE(bad.status.has_value()) << bad.output;
+  EXPECT_TRUE(WIFEXITED(*bad.status) && WEXITSTATUS(*bad.status) != 0) << bad.output;
+  EXPECT_NE(bad.output.find("unknown is_correction 'ppo' (--is-correction)"), std::string::npos) << bad.output;
+
+  args = trainer_args(run, 1);
+  args.insert(args.end(), {"--tis-high", "2", "--mis-high", "3", "--idle-exit-ms", "300"});
+  auto clash = run_to_exit(args);
+  ASSERT_TRUE(clash.status.has_value()) << clash.output;
+  EXPECT_TRUE(WIFEXITED(*clash.status) && WEXITSTATUS(*clash.status) == 2) << clash.output;
+  EXPECT_NE(clash.output.find("--tis-high 2 and --mis-high 3 both set --is-high (trainer.is_high): give --is-high once"),
+            std::string::npos)
+      << clash.output;
+  fs::remove_all(run);
+}
+
 }  // namespace
 }  // namespace arlo

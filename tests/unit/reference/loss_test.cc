@@ -37,12 +37,11 @@ struct Small {
   double pg(double w1, double w2) const { return -(w1 * a1 * std::log(p1) + w2 * a2 * std::log(p2)) / 2; }
 };
 
-LossOutput run(const LossInputs& in, Correction c) {
+LossOutput run(const LossInputs& in, IsCorrection c) {
   LossOptions o;
-  o.correction = c;
-  o.tis_high = 1.5;
-  o.mis_low = 0.8;
-  o.mis_high = 1.5;
+  o.is_correction = c;
+  o.is_low = 0.8;
+  o.is_high = 1.5;
   auto out = compute_loss(in, o);
   EXPECT_TRUE(out) << out.error().what();
   return *out;
@@ -50,7 +49,7 @@ LossOutput run(const LossInputs& in, Correction c) {
 
 TEST(Loss, NoCorrection) {
   Small s;
-  auto out = run(s.inputs(), Correction::kNone);
+  auto out = run(s.inputs(), IsCorrection::kNone);
   EXPECT_NEAR(out.loss.item<double>(), s.pg(1, 1), 1e-6);
   EXPECT_NEAR(out.mismatch_kl, s.kl(), 1e-6);
   EXPECT_NEAR(out.entropy, s.entropy(), 1e-6);
@@ -61,7 +60,7 @@ TEST(Loss, NoCorrection) {
 TEST(Loss, TokenTruncatedIsClipsTheRatioAndKeepsItsGradientDetached) {
   Small s;
   auto in = s.inputs();
-  auto out = run(in, Correction::kTokenTis);
+  auto out = run(in, IsCorrection::kTokenTis);
   EXPECT_NEAR(out.loss.item<double>(), s.pg(1.5, 1.25), 1e-6);
   EXPECT_NEAR(out.clipped_fraction, 0.5, 1e-9);
   EXPECT_NEAR(out.clipped_high_fraction, 0.5, 1e-9);
@@ -75,7 +74,7 @@ TEST(Loss, TokenTruncatedIsClipsTheRatioAndKeepsItsGradientDetached) {
 
 TEST(Loss, SequenceTruncatedIsUsesTheProductOfRatios) {
   Small s;
-  auto out = run(s.inputs(), Correction::kSeqTis);
+  auto out = run(s.inputs(), IsCorrection::kSeqTis);
   // rho_seq = 2 * 1.25 = 2.5 > 1.5: both tokens weigh 1.5.
   EXPECT_NEAR(out.loss.item<double>(), s.pg(1.5, 1.5), 1e-6);
   EXPECT_NEAR(out.clipped_fraction, 1.0, 1e-9);
@@ -83,17 +82,17 @@ TEST(Loss, SequenceTruncatedIsUsesTheProductOfRatios) {
 
 TEST(Loss, TokenMaskedIsDropsTokensOutsideTheBand) {
   Small s;
-  auto out = run(s.inputs(), Correction::kTokenMis);
+  auto out = run(s.inputs(), IsCorrection::kTokenMis);
   EXPECT_NEAR(out.loss.item<double>(), s.pg(0, 1), 1e-6);
   EXPECT_NEAR(out.clipped_fraction, 0.5, 1e-9);
-  EXPECT_NEAR(out.clipped_high_fraction, 0.5, 1e-9);  // rho 2 > mis_high; 1.25 is inside the band
+  EXPECT_NEAR(out.clipped_high_fraction, 0.5, 1e-9);  // rho 2 > is_high; 1.25 is inside the band
   EXPECT_EQ(out.clipped_low_fraction, 0.0);
 }
 
 TEST(Loss, TokenMaskedIsCountsRatiosBelowTheBandAsLowClips) {
   Small s;
-  s.rho1 = 0.5;  // below mis_low: masked
-  auto out = run(s.inputs(), Correction::kTokenMis);
+  s.rho1 = 0.5;  // below is_low: masked
+  auto out = run(s.inputs(), IsCorrection::kTokenMis);
   EXPECT_NEAR(out.loss.item<double>(), s.pg(0, 1), 1e-6);
   EXPECT_NEAR(out.clipped_low_fraction, 0.5, 1e-9);
   EXPECT_EQ(out.clipped_high_fraction, 0.0);
@@ -114,8 +113,8 @@ TEST(Loss, SequenceRatiosStayWithinTheirSequence) {
   in.inference_logprobs = at::tensor({0.0f, float(half - std::log(1.2)), float(half - std::log(1.5)), 0.0f,
                                       float(half - std::log(0.5))}).view({1, 5});
   LossOptions o;
-  o.correction = Correction::kSeqTis;
-  o.tis_high = 1.6;
+  o.is_correction = IsCorrection::kSeqTis;
+  o.is_high = 1.6;
   auto out = compute_loss(in, o);
   ASSERT_TRUE(out);
   EXPECT_EQ(out->pg_tokens, 3);  // the two sequence starts have no prediction
@@ -127,7 +126,7 @@ TEST(Loss, CrossEntropyOnWeightedTokens) {
   Small s;
   auto in = s.inputs(true);
   in.advantages.zero_();
-  auto out = run(in, Correction::kNone);
+  auto out = run(in, IsCorrection::kNone);
   // Position 0 has no prediction, so its weight of 3 does not count.
   const double ce = -(1.0 * std::log(s.p1) + 0.5 * std::log(s.p2)) / 1.5;
   EXPECT_NEAR(out.ce_loss, ce, 1e-6);
@@ -139,7 +138,7 @@ TEST(Loss, TemperatureScalesTheLogits) {
   Small s;
   auto in = s.inputs();
   LossOptions o;
-  o.correction = Correction::kNone;
+  o.is_correction = IsCorrection::kNone;
   o.temperature = 2.0;
   auto out = compute_loss(in, o);
   ASSERT_TRUE(out);
@@ -153,8 +152,8 @@ TEST(Loss, RejectsMismatchedShapes) {
   auto in = s.inputs();
   in.advantages = at::zeros({1, 2});
   EXPECT_FALSE(compute_loss(in, {}));
-  EXPECT_EQ(parse_correction("seq_tis"), Correction::kSeqTis);
-  EXPECT_FALSE(parse_correction("ppo").has_value());
+  EXPECT_EQ(parse_is_correction("seq_tis"), IsCorrection::kSeqTis);
+  EXPECT_FALSE(parse_is_correction("ppo").has_value());
 }
 
 }  // namespace
