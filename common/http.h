@@ -42,6 +42,10 @@
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
 
+namespace arlo {
+class Clock;  // common/async/clock.h
+}  // namespace arlo
+
 namespace arlo::http {
 
 using Verb = boost::beast::http::verb;
@@ -136,6 +140,9 @@ struct ClientOptions {
   std::size_t max_response_bytes = 64u << 20;
   std::string user_agent = "arlo";
   std::string token;  // sent as "Authorization: Bearer <token>" unless a request sets Authorization
+  // The time request deadlines and retry backoff are measured on (common/async/clock.h): a
+  // FakeClock in tests. Not owned; it must outlive the client. Null: the real clock.
+  Clock* clock = nullptr;
 };
 
 struct ClientRequest {

@@ -1,9 +1,11 @@
 // arlo::http::Client: pooled keep-alive HTTP/1.1 client on Beast with deadlines and retries.
 //
 // A request runs as attempts; each attempt takes a pooled connection to host:port (or opens one),
-// writes the request and reads the answer. beast::tcp_stream carries the request's deadline on
-// every operation (connect, write, read; expires_at(deadline)), so a whole call, retries and
-// backoff included, never outlives `ClientRequest::timeout`.
+// writes the request and reads the answer. The request's deadline is a timer on the client's Clock
+// (ClientOptions::clock; the real one by default) that closes the attempt's connection when it
+// fires, ending whichever of resolve, connect, write or read is pending; backoff waits on the same
+// clock. So a whole call, retries and backoff included, never outlives `ClientRequest::timeout`,
+// and tests drive deadlines and backoff with a FakeClock instead of waiting.
 //
 // Retry rules (RetryPolicy.max_attempts attempts at most, exponential backoff with jitter):
 //   - a failed connect is retried for every request: the request never left this process;
@@ -35,6 +37,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/async/clock.h"
+#include "common/async/coro.h"
 #include "common/http.h"
 #include "common/http_util.h"
 #include "common/log.h"
@@ -45,7 +49,7 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
+using TimePoint = arlo::Clock::time_point;
 
 namespace {
 
@@ -159,128 +163,289 @@ struct AttemptResult {
   Response response;
 };
 
+
+// Sorts a failed socket operation into a Failure; `transport_kind` is what a plain connection error
+// means at this step (kConnect before the connection exists, kTransport after). `timed_out`: the
+// call's deadline fired and closed the connection (the operation then reports operation_aborted).
+void classify(const beast::error_code& ec, Failure transport_kind, bool timed_out, AttemptResult& out) {
+  if (timed_out || ec == beast::error::timeout) {
+    out.failure = Failure::kTimeout;
+  } else if (ec == asio::error::operation_aborted) {
+    out.failure = Failure::kCancelled;
+  } else if (ec == bhttp::error::body_limit || ec == bhttp::error::buffer_overflow ||
+             ec == bhttp::error::header_limit) {
+    out.failure = Failure::kTooLarge;
+  } else if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
+             ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
+    out.failure = Failure::kParse;
+  } else {
+    out.failure = transport_kind;
+  }
+  out.detail = timed_out ? "deadline expired" : ec.message();
+}
+
+// Copies a parsed Beast answer into a Response (the body is moved out). Repeated header fields
+// are joined with ", ".
+Response to_response(bhttp::response<bhttp::string_body>& answer) {
+  Response out;
+  out.status = static_cast<int>(answer.result_int());
+  out.content_type.clear();
+  for (const auto& field : answer) {
+    if (field.name() == bhttp::field::content_type) {
+      out.content_type = std::string(field.value());
+      continue;
+    }
+    std::string name = detail::to_lower(field.name_string());
+    auto [it, inserted] = out.headers.try_emplace(std::move(name), field.value());
+    if (!inserted) {
+      it->second += ", ";
+      it->second += std::string_view(field.value());
+    }
+  }
+  out.body = std::move(answer.body());
+  return out;
+}
+
+void close_connection(Connection& conn) {
+  beast::error_code ignored;
+  conn.stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  conn.stream.socket().close(ignored);
+}
+
+bool is_framing_header(std::string_view name) {
+  return beast::iequals(name, "host") || beast::iequals(name, "content-length") ||
+         beast::iequals(name, "transfer-encoding") || beast::iequals(name, "connection");
+}
+
+// Serialises the request head (request line, headers, blank line) for `url`. Framing headers the
+// caller set are dropped (they are the client's business); User-Agent, Authorization and
+// Content-Type come from `options` / the request unless the caller set them. Errors
+// (kInvalidArgument) name the offending header; the caller adds the method and URL.
+Result<std::string> serialize_head(const ClientRequest& request, const Url& url, const ClientOptions& options) {
+  if (url.target.find_first_of(" \r\n") != std::string::npos) {
+    return make_error(ErrorCode::kInvalidArgument, "the path contains a space or a line break");
+  }
+  const bool has_body = !request.body.empty() || request.method == Verb::post || request.method == Verb::put ||
+                        request.method == Verb::patch;
+  std::string head;
+  head.reserve(128 + url.target.size() + url.host_header.size() + 64 * request.headers.size());
+  fmt::format_to(std::back_inserter(head), "{} {} HTTP/1.1\r\n", std::string_view(bhttp::to_string(request.method)),
+                 url.target);
+  detail::append_header(head, "Host", url.host_header);
+  bool user_agent_set = false, content_type_set = false, authorization_set = false;
+  for (const auto& [name, value] : request.headers) {
+    if (!detail::valid_header_name(name) || !detail::valid_header_value(value)) {
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("invalid header '{}'", name));
+    }
+    if (is_framing_header(name)) continue;
+    user_agent_set = user_agent_set || beast::iequals(name, "user-agent");
+    content_type_set = content_type_set || beast::iequals(name, "content-type");
+    authorization_set = authorization_set || beast::iequals(name, "authorization");
+    detail::append_header(head, name, value);
+  }
+  if (!user_agent_set && !options.user_agent.empty()) detail::append_header(head, "User-Agent", options.user_agent);
+  if (!authorization_set && !options.token.empty()) {
+    if (!detail::valid_header_value(options.token)) return make_error(ErrorCode::kInvalidArgument, "invalid token");
+    detail::append_header(head, "Authorization", "Bearer " + options.token);
+  }
+  if (has_body) {
+    if (!content_type_set && !request.content_type.empty()) {
+      if (!detail::valid_header_value(request.content_type)) {
+        return make_error(ErrorCode::kInvalidArgument, "invalid content type");
+      }
+      detail::append_header(head, "Content-Type", request.content_type);
+    }
+    fmt::format_to(std::back_inserter(head), "Content-Length: {}\r\n", request.body.size());
+  }
+  head.append("\r\n");
+  return head;
+}
+
+// One request() call's retry bookkeeping: its rules and what the failed attempts left to report.
+struct Call {
+  std::string_view method_name;
+  const std::string& url;
+  bool idempotent = false;
+  RetryPolicy policy;
+  int max_attempts = 1;
+  bool stale_retry_left = true;           // one free retry for a pooled connection found dead
+  std::optional<Response> last_response;  // the last 5xx, returned when retries are spent
+  std::string last_error;                 // the last connection failure otherwise
+
+  std::unexpected<Error> fail(ErrorCode code, std::string_view what) const {
+    return make_error(code, fmt::format("{} {}: {}", method_name, url, what));
+  }
+  // The outcome once no attempt is left after `attempts` (or no time for the next backoff).
+  Result<Response> spent(int attempts, bool no_time_left) {
+    if (last_response) return std::move(*last_response);
+    if (no_time_left) {
+      return fail(ErrorCode::kUnavailable,
+                  fmt::format("{} (after {} attempt(s); no time left to retry)", last_error, attempts));
+    }
+    return fail(ErrorCode::kUnavailable, fmt::format("{} (after {} attempt(s))", last_error, attempts));
+  }
+};
+
+// What request() does after an attempt.
+enum class Next {
+  kDone,        // the call's outcome is decided
+  kBackoff,     // retry after a backoff
+  kRetryFree,   // retry at once without counting the attempt (stale pooled connection)
+};
+
 }  // namespace
 
 struct Client::Impl {
   Impl(asio::io_context& io_in, ClientOptions options_in)
-      : io(io_in), options(std::move(options_in)), rng(std::random_device{}()) {}
+      : io(io_in), options(std::move(options_in)), rng(std::random_device{}()) {
+    if (!options.clock) {
+      own_clock = std::make_unique<RealClock>(io.get_executor());
+      options.clock = own_clock.get();
+    }
+    clock = options.clock;
+  }
 
   struct HostPool {
     std::vector<std::unique_ptr<Connection>> idle;  // LIFO: the most recently used is warmest
     std::vector<tcp::endpoint> endpoints;           // resolved (or literal) addresses
-    Clock::time_point resolved_at{};
+    TimePoint resolved_at{};
   };
 
   asio::io_context& io;
   ClientOptions options;
+  std::unique_ptr<arlo::Clock> own_clock;  // the real clock, when options.clock is null
+  arlo::Clock* clock = nullptr;            // deadlines, backoff and the resolver cache
   std::unordered_map<std::string, HostPool> pools;  // "host:port" -> pool
   std::minstd_rand rng;                              // backoff jitter only
   ClientStats stats;
 
-  asio::awaitable<Result<std::vector<tcp::endpoint>>> endpoints_for(const Url& url, Clock::time_point deadline);
+  asio::awaitable<Result<std::vector<tcp::endpoint>>> endpoints_for(const Url& url, TimePoint deadline);
+  asio::awaitable<Result<std::vector<tcp::endpoint>>> resolve(const Url& url, TimePoint deadline);
   // `message` is the serialised request (head, body); it stays untouched so retries re-send it.
   asio::awaitable<AttemptResult> attempt(const Url& url, const std::array<asio::const_buffer, 2>& message,
-                                         bool head_request, Clock::time_point deadline);
+                                         bool head_request, TimePoint deadline);
+  std::unique_ptr<Connection> take_idle(const std::string& pool_key, AttemptResult& out);
+  asio::awaitable<std::unique_ptr<Connection>> open_connection(const Url& url, TimePoint deadline, bool& timed_out,
+                                                               AttemptResult& out);
+  void release(std::unique_ptr<Connection> conn, bool keep_alive, const std::string& pool_key);
+  std::unique_ptr<Timer> close_at(Connection& conn, TimePoint deadline, bool& timed_out);
+  Next settle(Call& call, AttemptResult& r, int attempt, std::optional<Result<Response>>& outcome) const;
   Duration backoff(const RetryPolicy& policy, int attempt);
 };
 
-asio::awaitable<Result<std::vector<tcp::endpoint>>> Client::Impl::endpoints_for(const Url& url,
-                                                                               Clock::time_point deadline) {
+asio::awaitable<Result<std::vector<tcp::endpoint>>> Client::Impl::endpoints_for(const Url& url, TimePoint deadline) {
   HostPool& pool = pools[url.pool_key];
-  const auto now = Clock::now();
-  if (!pool.endpoints.empty() && now - pool.resolved_at < kResolveCacheTtl) co_return pool.endpoints;
+  if (!pool.endpoints.empty() && clock->now() - pool.resolved_at < kResolveCacheTtl) co_return pool.endpoints;
   beast::error_code ec;
   const auto literal = asio::ip::make_address(url.host, ec);
   std::vector<tcp::endpoint> endpoints;
   if (!ec) {
     endpoints.emplace_back(literal, url.port);
   } else {
-    // The resolver runs getaddrinfo on Asio's helper thread; bound the wait by the deadline.
-    tcp::resolver resolver(io);
-    asio::steady_timer guard(io, deadline);
-    bool timed_out = false;
-    guard.async_wait([&](beast::error_code wait_ec) {
-      if (!wait_ec) {
-        timed_out = true;
-        resolver.cancel();
-      }
-    });
-    auto [rec, results] = co_await resolver.async_resolve(url.host, std::to_string(url.port), kNoThrow);
-    guard.cancel();
-    if (timed_out) co_return make_error(ErrorCode::kTimeout, fmt::format("resolving {}: deadline expired", url.host));
-    if (rec) {
-      co_return make_error(ErrorCode::kUnavailable, fmt::format("resolving {}: {}", url.host, rec.message()));
-    }
-    for (const auto& entry : results) endpoints.push_back(entry.endpoint());
-    if (endpoints.empty()) co_return make_error(ErrorCode::kUnavailable, fmt::format("resolving {}: no address", url.host));
+    auto resolved = co_await resolve(url, deadline);
+    if (!resolved) co_return resolved;
+    endpoints = std::move(*resolved);
   }
   HostPool& fresh = pools[url.pool_key];  // re-find: the map may have changed while resolving
   fresh.endpoints = endpoints;
-  fresh.resolved_at = Clock::now();
+  fresh.resolved_at = clock->now();
   co_return endpoints;
 }
 
+// Resolves a host name. The resolver runs getaddrinfo on Asio's helper thread; the wait is bounded
+// by the deadline (kTimeout). kUnavailable when the name does not resolve.
+asio::awaitable<Result<std::vector<tcp::endpoint>>> Client::Impl::resolve(const Url& url, TimePoint deadline) {
+  tcp::resolver resolver(io);
+  bool timed_out = false;
+  auto guard = clock->schedule(deadline, [&] {
+    timed_out = true;
+    resolver.cancel();
+  });
+  auto [rec, results] = co_await resolver.async_resolve(url.host, std::to_string(url.port), kNoThrow);
+  guard->cancel();
+  if (timed_out) co_return make_error(ErrorCode::kTimeout, fmt::format("resolving {}: deadline expired", url.host));
+  if (rec) co_return make_error(ErrorCode::kUnavailable, fmt::format("resolving {}: {}", url.host, rec.message()));
+  std::vector<tcp::endpoint> endpoints;
+  for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+  if (endpoints.empty()) co_return make_error(ErrorCode::kUnavailable, fmt::format("resolving {}: no address", url.host));
+  co_return endpoints;
+}
+
+// The warmest pooled connection to `pool_key` that still looks alive (dead ones are dropped), or
+// null.
+std::unique_ptr<Connection> Client::Impl::take_idle(const std::string& pool_key, AttemptResult& out) {
+  auto& idle = pools[pool_key].idle;
+  while (!idle.empty()) {
+    std::unique_ptr<Connection> candidate = std::move(idle.back());
+    idle.pop_back();
+    if (looks_alive(*candidate)) {
+      out.reused = true;
+      ++stats.connections_reused;
+      return candidate;
+    }
+  }
+  return nullptr;
+}
+
+// The call's deadline on the client's clock: at `deadline` the connection is closed (its pending
+// operation ends with operation_aborted) and `timed_out` is set. Destroying the timer disarms it.
+std::unique_ptr<Timer> Client::Impl::close_at(Connection& conn, TimePoint deadline, bool& timed_out) {
+  return clock->schedule(deadline, [&conn, &timed_out] {
+    timed_out = true;
+    beast::error_code ignored;
+    conn.stream.socket().close(ignored);
+  });
+}
+
+// Resolves and connects a new connection (TCP_NODELAY set). On failure returns null with `out`
+// filled in: kConnect (the request never left), kTimeout, kCancelled.
+asio::awaitable<std::unique_ptr<Connection>> Client::Impl::open_connection(const Url& url, TimePoint deadline,
+                                                                           bool& timed_out, AttemptResult& out) {
+  auto endpoints = co_await endpoints_for(url, deadline);
+  if (!endpoints) {
+    out.failure = endpoints.error().code() == ErrorCode::kTimeout ? Failure::kTimeout : Failure::kConnect;
+    out.detail = endpoints.error().message();
+    co_return nullptr;
+  }
+  auto conn = std::make_unique<Connection>(io);
+  auto watchdog = close_at(*conn, deadline, timed_out);
+  auto [ec, endpoint] = co_await conn->stream.async_connect(*endpoints, kNoThrow);
+  if (ec) {
+    classify(ec, Failure::kConnect, timed_out, out);
+    co_return nullptr;
+  }
+  beast::error_code ignored;
+  conn->stream.socket().set_option(tcp::no_delay(true), ignored);
+  ++stats.connections_opened;
+  co_return conn;
+}
+
+// Returns a connection whose exchange completed to the pool when it may be kept alive and the pool
+// has room; closes it otherwise.
+void Client::Impl::release(std::unique_ptr<Connection> conn, bool keep_alive, const std::string& pool_key) {
+  auto& idle = pools[pool_key].idle;
+  if (keep_alive && idle.size() < options.max_idle_per_host) {
+    idle.push_back(std::move(conn));
+  } else {
+    close_connection(*conn);
+  }
+}
+
 asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const std::array<asio::const_buffer, 2>& message,
-                                                     bool head_request, Clock::time_point deadline) {
+                                                     bool head_request, TimePoint deadline) {
   AttemptResult out;
   ++stats.attempts;
-  auto classify = [&](const beast::error_code& ec, Failure transport_kind) {
-    if (ec == beast::error::timeout) {
-      out.failure = Failure::kTimeout;
-    } else if (ec == asio::error::operation_aborted) {
-      out.failure = Failure::kCancelled;
-    } else if (ec == bhttp::error::body_limit || ec == bhttp::error::buffer_overflow) {
-      out.failure = Failure::kTooLarge;
-    } else if (ec == bhttp::error::header_limit) {
-      out.failure = Failure::kTooLarge;
-    } else if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
-               ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
-      out.failure = Failure::kParse;
-    } else {
-      out.failure = transport_kind;
-    }
-    out.detail = ec.message();
-  };
-
-  std::unique_ptr<Connection> conn;
-  {
-    auto& idle = pools[url.pool_key].idle;
-    while (!idle.empty()) {
-      std::unique_ptr<Connection> candidate = std::move(idle.back());
-      idle.pop_back();
-      if (looks_alive(*candidate)) {
-        conn = std::move(candidate);
-        break;
-      }
-    }
+  bool timed_out = false;
+  std::unique_ptr<Connection> conn = take_idle(url.pool_key, out);
+  if (!conn) {
+    conn = co_await open_connection(url, deadline, timed_out, out);
+    if (!conn) co_return out;
   }
-  if (conn) {
-    out.reused = true;
-    ++stats.connections_reused;
-  } else {
-    auto endpoints = co_await endpoints_for(url, deadline);
-    if (!endpoints) {
-      out.failure = endpoints.error().code() == ErrorCode::kTimeout ? Failure::kTimeout : Failure::kConnect;
-      out.detail = endpoints.error().message();
-      co_return out;
-    }
-    conn = std::make_unique<Connection>(io);
-    conn->stream.expires_at(deadline);
-    auto [ec, endpoint] = co_await conn->stream.async_connect(*endpoints, kNoThrow);
-    if (ec) {
-      classify(ec, Failure::kConnect);
-      co_return out;
-    }
-    beast::error_code ignored;
-    conn->stream.socket().set_option(tcp::no_delay(true), ignored);
-    ++stats.connections_opened;
-  }
-
-  conn->stream.expires_at(deadline);
+  auto watchdog = close_at(*conn, deadline, timed_out);
   {
     auto [ec, n] = co_await asio::async_write(conn->stream, message, kNoThrow);
     if (ec) {
-      classify(ec, Failure::kTransport);
+      classify(ec, Failure::kTransport, timed_out, out);
       co_return out;
     }
   }
@@ -292,39 +457,65 @@ asio::awaitable<AttemptResult> Client::Impl::attempt(const Url& url, const std::
     auto [ec, n] = co_await bhttp::async_read(conn->stream, conn->buffer, parser, kNoThrow);
     out.got_response_bytes = parser.got_some();
     if (ec) {
-      classify(ec, Failure::kTransport);
+      classify(ec, Failure::kTransport, timed_out, out);
       co_return out;
     }
   }
-
-  auto& answer = parser.get();
-  out.response.status = static_cast<int>(answer.result_int());
-  out.response.content_type.clear();
-  for (const auto& field : answer) {
-    if (field.name() == bhttp::field::content_type) {
-      out.response.content_type = std::string(field.value());
-      continue;
-    }
-    std::string name = detail::to_lower(field.name_string());
-    auto [it, inserted] = out.response.headers.try_emplace(std::move(name), field.value());
-    if (!inserted) {
-      it->second += ", ";
-      it->second += std::string_view(field.value());
-    }
-  }
-  const bool keep_alive = answer.keep_alive() && parser.is_done();
-  out.response.body = std::move(answer.body());
-
-  auto& idle = pools[url.pool_key].idle;
-  if (keep_alive && idle.size() < options.max_idle_per_host) {
-    conn->stream.expires_never();
-    idle.push_back(std::move(conn));
-  } else {
-    beast::error_code ignored;
-    conn->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    conn->stream.socket().close(ignored);
-  }
+  watchdog.reset();  // the connection may outlive this call in the pool
+  const bool keep_alive = parser.get().keep_alive() && parser.is_done();
+  out.response = to_response(parser.get());
+  release(std::move(conn), keep_alive, url.pool_key);
   co_return out;
+}
+
+// Decides what attempt number `attempt` (outcome `r`) means for the call. kDone sets `outcome`:
+// a response (2xx-4xx, or a 5xx once retries are spent or not allowed) or the error. Connection
+// failures and 5xx answers are retried within the policy (see the file comment).
+Next Client::Impl::settle(Call& call, AttemptResult& r, int attempt, std::optional<Result<Response>>& outcome) const {
+  bool retryable = false;
+  switch (r.failure) {
+    case Failure::kNone:
+      if (r.response.status < 500 || !call.idempotent || attempt >= call.max_attempts) {
+        outcome.emplace(std::move(r.response));
+        return Next::kDone;
+      }
+      call.last_response = std::move(r.response);
+      retryable = true;
+      break;
+    case Failure::kTimeout:
+      outcome.emplace(call.fail(ErrorCode::kTimeout, fmt::format("deadline expired (attempt {}): {}", attempt, r.detail)));
+      return Next::kDone;
+    case Failure::kCancelled:
+      outcome.emplace(call.fail(ErrorCode::kCancelled, "cancelled"));
+      return Next::kDone;
+    case Failure::kParse:
+      outcome.emplace(call.fail(ErrorCode::kParse, fmt::format("malformed response: {}", r.detail)));
+      return Next::kDone;
+    case Failure::kTooLarge:
+      outcome.emplace(call.fail(ErrorCode::kResourceExhausted, fmt::format("response exceeds the limit of {} bytes: {}",
+                                                                           options.max_response_bytes, r.detail)));
+      return Next::kDone;
+    case Failure::kConnect:
+      call.last_response.reset();
+      call.last_error = fmt::format("cannot connect: {}", r.detail);
+      retryable = true;
+      break;
+    case Failure::kTransport:
+      if (r.reused && !r.got_response_bytes && call.idempotent && call.stale_retry_left) {
+        // The pooled connection died while idle; try a fresh one without spending an attempt.
+        call.stale_retry_left = false;
+        return Next::kRetryFree;
+      }
+      call.last_response.reset();
+      call.last_error = fmt::format("connection failed: {}", r.detail);
+      retryable = call.idempotent;
+      break;
+  }
+  if (!retryable || attempt >= call.max_attempts) {
+    outcome.emplace(call.spent(attempt, false));
+    return Next::kDone;
+  }
+  return Next::kBackoff;
 }
 
 Duration Client::Impl::backoff(const RetryPolicy& policy, int attempt) {
@@ -346,117 +537,43 @@ asio::awaitable<Result<Response>> Client::request(ClientRequest request) {
   auto self = impl_;  // keeps the pool alive if the Client is destroyed mid-call
   Impl& c = *self;
   ++c.stats.requests;
-  const auto deadline = Clock::now() + request.timeout;
-  const std::string_view method_name = bhttp::to_string(request.method);
-  auto fail = [&](ErrorCode code, std::string_view what) {
-    return make_error(code, fmt::format("{} {}: {}", method_name, request.url, what));
-  };
+  const auto deadline = c.clock->now() + request.timeout;
+  const RetryPolicy policy = request.retry.value_or(c.options.retry);
+  Call call{.method_name = bhttp::to_string(request.method),
+            .url = request.url,
+            .idempotent = request.idempotent.value_or(idempotent_by_method(request.method)),
+            .policy = policy,
+            .max_attempts = std::max(1, policy.max_attempts),
+            .stale_retry_left = true,
+            .last_response = std::nullopt,
+            .last_error = {}};
 
   auto url = parse_url(request.url);
   if (!url) co_return std::unexpected(std::move(url).error());
-
-  // Serialise the head once (cheaper than Beast's serializer; retries re-send the same bytes).
-  if (url->target.find_first_of(" \r\n") != std::string::npos) {
-    co_return fail(ErrorCode::kInvalidArgument, "the path contains a space or a line break");
-  }
-  const bool has_body = !request.body.empty() || request.method == Verb::post || request.method == Verb::put ||
-                        request.method == Verb::patch;
-  std::string head;
-  head.reserve(128 + url->target.size() + url->host_header.size() + 64 * request.headers.size());
-  fmt::format_to(std::back_inserter(head), "{} {} HTTP/1.1\r\n", method_name, url->target);
-  detail::append_header(head, "Host", url->host_header);
-  bool user_agent_set = false, content_type_set = false, authorization_set = false;
-  for (const auto& [name, value] : request.headers) {
-    if (!detail::valid_header_name(name) || !detail::valid_header_value(value)) {
-      co_return fail(ErrorCode::kInvalidArgument, fmt::format("invalid header '{}'", name));
-    }
-    // Framing and the connection are the client's business.
-    if (beast::iequals(name, "host") || beast::iequals(name, "content-length") ||
-        beast::iequals(name, "transfer-encoding") || beast::iequals(name, "connection")) {
-      continue;
-    }
-    user_agent_set = user_agent_set || beast::iequals(name, "user-agent");
-    content_type_set = content_type_set || beast::iequals(name, "content-type");
-    authorization_set = authorization_set || beast::iequals(name, "authorization");
-    detail::append_header(head, name, value);
-  }
-  if (!user_agent_set && !c.options.user_agent.empty()) detail::append_header(head, "User-Agent", c.options.user_agent);
-  if (!authorization_set && !c.options.token.empty()) {
-    if (!detail::valid_header_value(c.options.token)) co_return fail(ErrorCode::kInvalidArgument, "invalid token");
-    detail::append_header(head, "Authorization", "Bearer " + c.options.token);
-  }
-  if (has_body) {
-    if (!content_type_set && !request.content_type.empty()) {
-      if (!detail::valid_header_value(request.content_type)) {
-        co_return fail(ErrorCode::kInvalidArgument, "invalid content type");
-      }
-      detail::append_header(head, "Content-Type", request.content_type);
-    }
-    fmt::format_to(std::back_inserter(head), "Content-Length: {}\r\n", request.body.size());
-  }
-  head.append("\r\n");
-  const std::array<asio::const_buffer, 2> message{asio::buffer(head), asio::buffer(request.body)};
+  // Serialised once (cheaper than Beast's serializer; retries re-send the same bytes).
+  auto head = serialize_head(request, *url, c.options);
+  if (!head) co_return call.fail(head.error().code(), head.error().message());
+  const std::array<asio::const_buffer, 2> message{asio::buffer(*head), asio::buffer(request.body)};
   const bool head_request = request.method == Verb::head;
 
-  const bool idempotent = request.idempotent.value_or(idempotent_by_method(request.method));
-  const RetryPolicy policy = request.retry.value_or(c.options.retry);
-  const int max_attempts = std::max(1, policy.max_attempts);
-  bool stale_retry_left = true;
-
-  std::optional<Response> last_response;  // last 5xx, returned when retries are spent
-  std::string last_error;
   for (int attempt = 1;; ++attempt) {
-    if (Clock::now() >= deadline) {
-      co_return fail(ErrorCode::kTimeout, fmt::format("deadline expired after {} attempt(s)", attempt - 1));
+    if (c.clock->now() >= deadline) {
+      co_return call.fail(ErrorCode::kTimeout, fmt::format("deadline expired after {} attempt(s)", attempt - 1));
     }
     AttemptResult r = co_await c.attempt(*url, message, head_request, deadline);
-    bool retryable = false;
-    switch (r.failure) {
-      case Failure::kNone:
-        if (r.response.status < 500 || !idempotent || attempt >= max_attempts) co_return std::move(r.response);
-        last_response = std::move(r.response);
-        retryable = true;
-        break;
-      case Failure::kTimeout:
-        co_return fail(ErrorCode::kTimeout, fmt::format("deadline expired (attempt {}): {}", attempt, r.detail));
-      case Failure::kCancelled:
-        co_return fail(ErrorCode::kCancelled, "cancelled");
-      case Failure::kParse:
-        co_return fail(ErrorCode::kParse, fmt::format("malformed response: {}", r.detail));
-      case Failure::kTooLarge:
-        co_return fail(ErrorCode::kResourceExhausted,
-                       fmt::format("response exceeds the limit of {} bytes: {}", c.options.max_response_bytes, r.detail));
-      case Failure::kConnect:
-        last_response.reset();
-        last_error = fmt::format("cannot connect: {}", r.detail);
-        retryable = true;
-        break;
-      case Failure::kTransport:
-        if (r.reused && !r.got_response_bytes && idempotent && stale_retry_left) {
-          // The pooled connection died while idle; try a fresh one without spending an attempt.
-          stale_retry_left = false;
-          --attempt;
-          continue;
-        }
-        last_response.reset();
-        last_error = fmt::format("connection failed: {}", r.detail);
-        retryable = idempotent;
-        break;
+    std::optional<Result<Response>> outcome;
+    const Next next = c.settle(call, r, attempt, outcome);
+    if (next == Next::kDone) co_return std::move(*outcome);
+    if (next == Next::kRetryFree) {
+      --attempt;
+      continue;
     }
-    if (!retryable || attempt >= max_attempts) {
-      if (last_response) co_return std::move(*last_response);
-      co_return fail(ErrorCode::kUnavailable, fmt::format("{} (after {} attempt(s))", last_error, attempt));
+    const Duration delay = c.backoff(call.policy, attempt);
+    // Waiting would end past the deadline: report the last outcome now.
+    if (c.clock->now() + delay >= deadline) co_return call.spent(attempt, true);
+    if (!co_await cancellable_sleep_until(c.io.get_executor(), *c.clock, c.clock->now() + delay)) {
+      co_return call.fail(ErrorCode::kCancelled, "cancelled during retry backoff");
     }
-    const Duration delay = c.backoff(policy, attempt);
-    if (Clock::now() + delay >= deadline) {
-      // Waiting would end past the deadline: report the last outcome now.
-      if (last_response) co_return std::move(*last_response);
-      co_return fail(ErrorCode::kUnavailable,
-                     fmt::format("{} (after {} attempt(s); no time left to retry)", last_error, attempt));
-    }
-    asio::steady_timer timer(c.io, delay);
-    auto [ec] = co_await timer.async_wait(kNoThrow);
-    if (ec) co_return fail(ErrorCode::kCancelled, "cancelled during retry backoff");
   }
 }
 
@@ -480,11 +597,7 @@ asio::awaitable<Result<Response>> Client::post_json(std::string url, nlohmann::j
 void Client::close_idle() {
   if (!impl_) return;
   for (auto& [key, pool] : impl_->pools) {
-    for (auto& conn : pool.idle) {
-      beast::error_code ignored;
-      conn->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-      conn->stream.socket().close(ignored);
-    }
+    for (auto& conn : pool.idle) close_connection(*conn);
     pool.idle.clear();
   }
 }

@@ -132,6 +132,21 @@ inline Awaitable<void> sleep_until(boost::asio::any_io_executor ex, Clock& clock
   co_await p.get();
 }
 
+// Waits until `at` on `clock` like sleep_until, but the wait is an asio timer that the clock wakes,
+// so asio's per-operation cancellation (a caller racing it with ||, a cancellation slot) ends it
+// at once. Returns true when `at` came, false when the wait was cancelled first.
+inline Awaitable<bool> cancellable_sleep_until(boost::asio::any_io_executor ex, Clock& clock, Clock::time_point at) {
+  boost::asio::steady_timer wake(ex, boost::asio::steady_timer::time_point::max());
+  bool due = false;
+  auto timer = clock.schedule(at, [&] {
+    due = true;
+    wake.cancel();
+  });
+  boost::system::error_code ec;
+  co_await wake.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+  co_return due;
+}
+
 // Runs the coroutine that make() returns on `elsewhere` (another io_context's thread; make() is
 // called there too) and resumes the caller on its own executor with the result. The operation runs
 // to its end even if the caller stops waiting; its result is then discarded. This is the one place
