@@ -1,4 +1,4 @@
-#include "apps/arlo/run_children.h"
+#include "session/children.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-namespace arlo::cli {
+namespace arlo::session {
 
 namespace fs = std::filesystem;
 
@@ -113,4 +113,4 @@ void RunChildren::stop() {
   launcher_.stop();
 }
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

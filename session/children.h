@@ -23,7 +23,7 @@
 #include "orchestrator/launcher.h"
 #include "orchestrator/ports.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 
 // The path of a sibling binary of this arlo: <dir of arlo>/<name>, <build>/apps/<name>/<name>, or
 // the bare name (looked up in PATH by the launcher) when neither exists.
@@ -62,4 +62,4 @@ class RunChildren {
   orch::Launcher launcher_;
 };
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

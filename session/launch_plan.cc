@@ -1,4 +1,4 @@
-#include "apps/arlo/run_launch.h"
+#include "session/launch_plan.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,15 +10,15 @@
 
 #include <fmt/format.h>
 
-#include "apps/arlo/run_children.h"
-#include "apps/arlo/server_support.h"
+#include "session/children.h"
+#include "session/server_support.h"
 #include "common/auth.h"
 #include "common/log.h"
 #include "orchestrator/adapters/collective_session.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/wire.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 
 namespace {
 
@@ -141,64 +141,78 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
 
 }  // namespace
 
-Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run_dir) {
-  ARLO_TRY(check_inference_support(cfg));
-  LaunchPlan plan;
-  auto& ws = plan.weight_sync;
-  ARLO_ASSIGN_OR_RETURN(const auto* d, weight_sync::find_transport(cfg.string("weight_sync.transport")));
+namespace {
+
+// weight_sync.* -> the plan's block, weights directory, topology and (for a collective transport)
+// the session every update joins; fails for a chain over a transport that does not relay.
+Result<WeightSyncPlan> plan_weight_sync(const config::Config& cfg, const std::string& run_dir,
+                                        const weight_sync::TransportDescriptor& d) {
+  WeightSyncPlan ws;
   const std::string dir = cfg.string("weight_sync.dir");
   ws.weights_dir = std::filesystem::absolute(dir.empty() ? std::filesystem::path(run_dir) / "weights" : std::filesystem::path(dir)).string();
-  ARLO_ASSIGN_OR_RETURN(ws.block, block_from_config(cfg, *d));
+  ARLO_ASSIGN_OR_RETURN(ws.block, block_from_config(cfg, d));
   ws.chain = cfg.string("weight_sync.topology") == "chain";
-  if (ws.chain && !d->capabilities.relays)
+  if (ws.chain && !d.capabilities.relays)
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("weight_sync.topology chain ({}): the {} transport does not relay; use star or a "
                                   "transport that relays",
-                                  cfg.where("weight_sync.topology"), d->name));
+                                  cfg.where("weight_sync.topology"), d.name));
   const bool embedded = cfg.string("inference.launch") == "embedded";
-  if (d->capabilities.collective) {
+  if (d.capabilities.collective) {
     orch::adapters::CollectiveSessionOptions o;
     o.expected = embedded ? static_cast<std::size_t>(cfg.integer("inference.num_workers")) : cfg.strings("inference.urls").size();
     o.flavor = cfg.string("inference.kind");
     o.timeout = std::chrono::milliseconds(ws.block["timeout_ms"].get<std::int64_t>());
     ws.collective = orch::adapters::TrainerCollective::create(o);
   }
-  if (!embedded) {
-    const auto& urls = cfg.strings("inference.urls");
-    // A trainer this run starts publishes with the block: workers elsewhere must reach it.
-    if (cfg.string("trainer.launch") != "external" && d->local_only) {
-      for (const auto& u : urls) {
-        const std::string host = url_host(u);
-        if (auth::is_loopback(host)) continue;
-        if (const std::string why = d->local_only(ws.block); !why.empty())
-          return make_error(ErrorCode::kInvalidArgument,
-                            fmt::format("weight_sync ({}): the trainer's publisher would be reachable from this host "
-                                        "only, but inference.urls names a worker on {}: {}",
-                                        cfg.where("weight_sync.transport"), host, why));
-        break;
-      }
-    }
-    const auto relay_port = cfg.integer("weight_sync.relay_port");
-    if (ws.chain && relay_port == 0)
-      return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("weight_sync.topology chain ({}) with external workers needs weight_sync.relay_port: "
-                                    "worker k of inference.urls relays to the next on port relay_port + k of its URL's "
-                                    "host (e.g. --set weight_sync.relay_port=29600)",
-                                    cfg.where("weight_sync.topology")));
-    for (std::size_t i = 0; i < urls.size(); ++i) {
-      std::string url = urls[i];
-      while (!url.empty() && url.back() == '/') url.pop_back();
-      plan.workers.emplace_back(fmt::format("worker-{}", i), url);
-      if (!ws.chain) continue;
-      const auto port = relay_port + static_cast<std::int64_t>(i);
-      if (port > 65535)
+  return ws;
+}
+
+// External workers (inference.urls): named worker-<i> on their URLs; in a chain, worker k relays on
+// weight_sync.relay_port + k of its URL's host. Refuses a trainer's publisher that only this host
+// can reach when a worker is elsewhere.
+Status plan_external_workers(const config::Config& cfg, const weight_sync::TransportDescriptor& d, LaunchPlan& plan) {
+  auto& ws = plan.weight_sync;
+  const auto& urls = cfg.strings("inference.urls");
+  // A trainer this run starts publishes with the block: workers elsewhere must reach it.
+  if (cfg.string("trainer.launch") != "external" && d.local_only) {
+    for (const auto& u : urls) {
+      const std::string host = url_host(u);
+      if (auth::is_loopback(host)) continue;
+      if (const std::string why = d.local_only(ws.block); !why.empty())
         return make_error(ErrorCode::kInvalidArgument,
-                          fmt::format("weight_sync.relay_port {} ({}): worker {} would relay on port {}, past 65535",
-                                      relay_port, cfg.where("weight_sync.relay_port"), i, port));
-      ws.relays.push_back(d->relay_at(url_host(url), static_cast<std::uint16_t>(port)));
+                          fmt::format("weight_sync ({}): the trainer's publisher would be reachable from this host "
+                                      "only, but inference.urls names a worker on {}: {}",
+                                      cfg.where("weight_sync.transport"), host, why));
+      break;
     }
-    return plan;
   }
+  const auto relay_port = cfg.integer("weight_sync.relay_port");
+  if (ws.chain && relay_port == 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("weight_sync.topology chain ({}) with external workers needs weight_sync.relay_port: "
+                                  "worker k of inference.urls relays to the next on port relay_port + k of its URL's "
+                                  "host (e.g. --set weight_sync.relay_port=29600)",
+                                  cfg.where("weight_sync.topology")));
+  for (std::size_t i = 0; i < urls.size(); ++i) {
+    std::string url = urls[i];
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    plan.workers.emplace_back(fmt::format("worker-{}", i), url);
+    if (!ws.chain) continue;
+    const auto port = relay_port + static_cast<std::int64_t>(i);
+    if (port > 65535)
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("weight_sync.relay_port {} ({}): worker {} would relay on port {}, past 65535",
+                                    relay_port, cfg.where("weight_sync.relay_port"), i, port));
+    ws.relays.push_back(d.relay_at(url_host(url), static_cast<std::uint16_t>(port)));
+  }
+  return ok();
+}
+
+// Embedded workers: one arlo-worker child each on a free loopback port (and, in a chain, a free
+// relay port), seeded alike, with its own receiver block; a restart drops --init-seed.
+Status plan_embedded_workers(const config::Config& cfg, const weight_sync::TransportDescriptor& d, LaunchPlan& plan) {
+  auto& ws = plan.weight_sync;
   const auto n = cfg.integer("inference.num_workers");
   const auto threads = std::to_string(cfg.integer("inference.threads"));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -211,17 +225,17 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
                  std::to_string(std::max<std::int64_t>(64, cfg.integer("orchestrator.max_inflight"))),
                  "--log-level", cfg.string("log.level")};
     append(spec.argv, model_flags(cfg));
-    nlohmann::json own = {{"transport", d->name}, {"peer_name", spec.name}, {"timeout_ms", ws.block["timeout_ms"]}};
+    nlohmann::json own = {{"transport", d.name}, {"peer_name", spec.name}, {"timeout_ms", ws.block["timeout_ms"]}};
     if (ws.chain && i + 1 < n) {  // relays to the next worker
       ARLO_ASSIGN_OR_RETURN(auto relay_port, orch::free_loopback_port());
-      auto relay = d->relay_at("127.0.0.1", relay_port);
+      auto relay = d.relay_at("127.0.0.1", relay_port);
       own["relay"] = true;
       for (const auto& [k, v] : relay.first.items()) own[k] = v;
       ws.relays.push_back(std::move(relay));
     } else if (ws.chain) {
       ws.relays.emplace_back(nlohmann::json::object(), nlohmann::json::object());  // the end: relays to nobody
     }
-    for (const auto& o : d->options)  // a durable transport's directory: the one this worker may load from
+    for (const auto& o : d.options)  // a durable transport's directory: the one this worker may load from
       if (o.path && ws.block.contains(o.key) && ws.block[o.key] != "") own[o.key] = ws.block[o.key];
     append(spec.argv, {"--weight-sync", own.dump()});
     spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
@@ -232,6 +246,21 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
     spec.restart_argv.erase(seed_flag, seed_flag + 2);
     plan.workers.emplace_back(spec.name, fmt::format("http://127.0.0.1:{}", port));
     plan.worker_specs.push_back(std::move(spec));
+  }
+  return ok();
+}
+
+}  // namespace
+
+Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run_dir) {
+  ARLO_TRY(check_inference_support(cfg));
+  ARLO_ASSIGN_OR_RETURN(const auto* d, weight_sync::find_transport(cfg.string("weight_sync.transport")));
+  LaunchPlan plan;
+  ARLO_ASSIGN_OR_RETURN(plan.weight_sync, plan_weight_sync(cfg, run_dir, *d));
+  if (cfg.string("inference.launch") == "embedded") {
+    ARLO_TRY(plan_embedded_workers(cfg, *d, plan));
+  } else {
+    ARLO_TRY(plan_external_workers(cfg, *d, plan));
   }
   return plan;
 }
@@ -291,4 +320,4 @@ Result<std::string> run_token(const config::Config& cfg, const std::string& run_
   return token;
 }
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

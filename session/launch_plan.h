@@ -19,7 +19,7 @@ namespace arlo::orch::adapters {
 class TrainerCollective;
 }
 
-namespace arlo::cli {
+namespace arlo::session {
 
 // A worker's part in one update round of a chain (weight_sync.topology chain).
 struct ChainRole {
@@ -85,4 +85,4 @@ Result<std::string> run_token(const config::Config& cfg, const std::string& run_
 orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
                              int num_workers, std::uint16_t bridge_port);
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

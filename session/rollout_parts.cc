@@ -1,10 +1,10 @@
-#include "apps/arlo/run_parts.h"
+#include "session/rollout_parts.h"
 
 #include <fmt/format.h>
 
 #include "reference/tokenizer.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 
 namespace {
 
@@ -123,4 +123,4 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
   return parts;
 }
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

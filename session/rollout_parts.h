@@ -11,7 +11,7 @@
 #include "orchestrator/ports.h"
 #include "rollout/reward.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 
 // Whether arlo tokenizes prompts itself, with the built-in character tokenizer: only for
 // arlo-worker (inference.kind arlo), whose policy that tokenizer belongs to. Every other server
@@ -51,4 +51,4 @@ struct RolloutParts {
 // kInvalidArgument citing the config location when a part cannot be built (e.g. a missing jsonl).
 Result<RolloutParts> build_rollout_parts(const config::Config& cfg);
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

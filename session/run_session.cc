@@ -1,11 +1,7 @@
-// `arlo run`: loads the configuration, starts (embedded) or finds (external) the inference workers
-// and the trainer, wires the orchestrator to them through its real adapters, runs the event loop
-// until the run ends, and stops every child on the way out — normal end, error or SIGINT/SIGTERM.
-//
-// Order matters: workers must answer /health before the orchestrator starts dispatching; the
-// orchestrator registers its trainer callback (start()) before the bridge starts; the trainer is
-// started after the bridge so a socket bridge has a port to give it.
-#include "apps/arlo/run_command.h"
+// RunSession (run_session.h): prepares a run from the configuration, then starts (embedded) or finds
+// (external) the inference workers and the trainer, wires the orchestrator to them through its real
+// adapters, runs the event loop until the run ends, and stops every child on the way out.
+#include "session/run_session.h"
 
 #include <sys/wait.h>
 
@@ -23,26 +19,25 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "apps/arlo/commands.h"
-#include "apps/arlo/run_children.h"
-#include "apps/arlo/run_launch.h"
-#include "apps/arlo/run_parts.h"
-#include "apps/arlo/run_trainer_command.h"
-#include "common/config/config.h"
-#include "common/log.h"
-#include "common/metrics.h"
+#include "common/async/coro.h"
 #include "common/async/io_thread.h"
 #include "common/async/thread_pool.h"
 #include "common/auth.h"
+#include "common/config/config.h"
+#include "common/log.h"
+#include "common/metrics.h"
 #include "orchestrator/adapters/bridge_trainer.h"
 #include "orchestrator/adapters/rollout_adapters.h"
-#include "common/async/coro.h"
 #include "orchestrator/config_options.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
+#include "session/children.h"
+#include "session/launch_plan.h"
+#include "session/rollout_parts.h"
+#include "session/trainer_command.h"
 #include "weight_sync/transport.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 
 namespace asio = boost::asio;
 namespace fs = std::filesystem;
@@ -51,6 +46,9 @@ namespace {
 
 constexpr auto kStartupDeadline = std::chrono::seconds(120);
 constexpr auto kChildPoll = std::chrono::milliseconds(200);
+// The exit status arlo's programs give a usage or configuration error (apps/arlo/commands.h
+// kExitBadConfig): a child that exits with it would fail the same way if restarted.
+constexpr int kChildUsageError = 2;
 
 rollout::Duration seconds(double s) { return std::chrono::duration_cast<rollout::Duration>(std::chrono::duration<double>(s)); }
 
@@ -156,41 +154,29 @@ bridge::ServerOptions bridge_options(const config::Config& cfg, const std::strin
   return bo;
 }
 
-// The run on one event loop. Owns the children; execute() returns the exit status.
-class Run {
+}  // namespace
+
+// The run on one event loop. Owns the children; execute() returns how the run ended.
+class RunSession::Impl {
  public:
-  explicit Run(Setup setup) : s_(std::move(setup)) {}
+  explicit Impl(Setup setup) : s_(std::move(setup)) {}
 
-  int execute() {
-    for (const auto& spec : s_.plan.worker_specs)
-      if (auto st = children_.spawn(spec); !st) return fail(st.error().what());
-    for (const auto& spec : s_.plan.worker_specs) restart_policies_.emplace(spec.name, orch::RestartPolicy{});
-    if (!embedded_inference()) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
+  const std::string& run_dir() const { return s_.run_dir; }
 
+  // Starts the workers, builds the adapters in dependency order and runs the loop over them. The
+  // network thread is stopped before the pool and its clients are destroyed, on every path.
+  RunOutcome execute() {
+    if (auto st = start_workers(); !st) return fail(st.error().what());
     auto dialect = rollout::parse_admin_dialect(s_.cfg.string("inference.kind"));
     if (!dialect) return fail(dialect.error().what());
-    rollout::PoolOptions po;
-    po.health_timeout = seconds(s_.cfg.number("inference.health_timeout_s"));
-    po.open_on_silence = s_.cfg.boolean("inference.failover_on_silence");
-    // Keep-alive connections for every request in flight, so none is re-opened per request.
-    po.client.max_idle_per_host =
-        std::max<std::size_t>(po.client.max_idle_per_host, static_cast<std::size_t>(s_.options.max_inflight));
-    po.client.token = s_.plan.token;  // workers (and vLLM's --api-key) want the run's token
     // Requests to the workers live on their own thread (see IoThread); the loop only orchestrates.
     IoThread network(kNetworkThreadNice);
-    rollout::HttpInferencePool pool(network.context(), po);
+    rollout::HttpInferencePool pool(network.context(), pool_options());
     struct StopNetworkFirst {  // before the pool and its clients are destroyed, on every path
       IoThread& network;
       ~StopNetworkFirst() { network.stop(); }
     } stop_network_first{network};
-    std::vector<std::unique_ptr<rollout::AdminClient>> admins;
-    rollout::AdminOptions ao;
-    ao.call_timeout = seconds(s_.cfg.number("inference.admin_timeout_s"));
-    ao.transfer_timeout = seconds(s_.cfg.number("weight_sync.timeout_s"));
-    for (const auto& [name, url] : s_.plan.workers) {
-      pool.add_server(url);
-      admins.push_back(rollout::make_admin_client(*dialect, pool.client(), url, ao));
-    }
+    auto admins = add_workers(pool, *dialect);
 
     RunTasks tasks(s_.parts.stream, s_.parts.tokenize);
     rollout::RewardScorer reward(io_, s_.parts.reward, scorer_options(s_.cfg));
@@ -203,52 +189,106 @@ class Run {
     bridge::PackOptions pack;
     pack.seq_len = static_cast<int>(s_.cfg.integer("orchestrator.seq_len"));
     orch::adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
-    // Where the weights are: what the trainer announced (an external trainer's own address or
-    // directory) over what this run planned for an embedded one.
-    const auto ws = s_.plan.weight_sync;
-    const auto dial = *dialect;
-    std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
-    for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
-    // A chain is routed per round: around relays that are dead, left out or already hold the version
-    // (the WeightWatcher knows the round's receivers; it exists once the orchestrator does).
-    const orch::WeightWatcher* watcher = nullptr;
-    const auto workers = s_.plan.workers;
-    orch::adapters::RolloutInference inference(
-        pool, std::move(admins),
-        [ws, dial, worker_index, workers, &watcher, &trainer](const std::string& worker, orch::Version v) {
-          const auto it = worker_index.find(worker);
-          const std::size_t k = it == worker_index.end() ? workers.size() : it->second;
-          std::optional<ChainRole> role;
-          if (ws.chain && watcher && k < workers.size()) {
-            std::vector<bool> receiving;
-            for (const auto& [name, url] : workers) receiving.push_back(watcher->receives(url));
-            role = chain_role(k, receiving, watcher->retrying(worker));
-          }
-          return ws.describe(k, v, dial, trainer.latest_announcement(), role);
-        },
-        "", network.executor(), dial);
-
-    RealClock clock(io_.get_executor());
-    metrics::Registry registry;
-    orch::Orchestrator orchestrator(io_, orch::Ports{&inference, &tasks, &scorer, &trainer, &clock, s_.parts.eval_tasks},
-                                    s_.options, &registry);
-    watcher = &orchestrator.weight_watcher();
-    asio::signal_set signals(io_, SIGINT, SIGTERM);
-    watch_signals(signals, orchestrator);
-    inference.on_unusable_server([this, &orchestrator](const Error& e) {
-      if (error_.empty()) error_ = e.what();
-      orchestrator.request_stop(e.what());
-    });
-    arlo::spawn(io_.get_executor(), drive(orchestrator, pool, network, **server, signals));
-    io_.run();
-    network.stop();  // the network thread's work ends before anything it uses is destroyed
-    children_.stop();
-    return exit_status(orchestrator.summary());
+    orch::adapters::RolloutInference inference(pool, std::move(admins), update_describer(*dialect, trainer), "",
+                                               network.executor(), *dialect);
+    return run_loop(Adapters{network, pool, inference, tasks, scorer, trainer, **server});
   }
 
  private:
+  // What execute() built, for the loop that runs it.
+  struct Adapters {
+    IoThread& network;
+    rollout::HttpInferencePool& pool;
+    orch::adapters::RolloutInference& inference;
+    RunTasks& tasks;
+    orch::adapters::RolloutScorer& scorer;
+    orch::adapters::BridgeTrainer& trainer;
+    bridge::BridgeServer& server;
+  };
+
   bool embedded_inference() const { return s_.cfg.string("inference.launch") == "embedded"; }
   bool embedded_trainer() const { return s_.cfg.string("trainer.launch") == "embedded"; }
+
+  // Spawns the embedded workers (each supervised under its own RestartPolicy); external ones are
+  // only named. Fails on the first worker that cannot be started.
+  Status start_workers() {
+    for (const auto& spec : s_.plan.worker_specs) ARLO_TRY(children_.spawn(spec));
+    for (const auto& spec : s_.plan.worker_specs) restart_policies_.emplace(spec.name, orch::RestartPolicy{});
+    if (!embedded_inference()) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
+    return ok();
+  }
+
+  // The worker pool's options from inference.*: health probing, failover, keep-alive connections
+  // for every request in flight (none is re-opened per request), and the run's token.
+  rollout::PoolOptions pool_options() const {
+    rollout::PoolOptions po;
+    po.health_timeout = seconds(s_.cfg.number("inference.health_timeout_s"));
+    po.open_on_silence = s_.cfg.boolean("inference.failover_on_silence");
+    po.client.max_idle_per_host =
+        std::max<std::size_t>(po.client.max_idle_per_host, static_cast<std::size_t>(s_.options.max_inflight));
+    po.client.token = s_.plan.token;  // workers (and vLLM's --api-key) want the run's token
+    return po;
+  }
+
+  // Adds every planned worker to the pool and returns one admin client per worker, in plan order.
+  std::vector<std::unique_ptr<rollout::AdminClient>> add_workers(rollout::HttpInferencePool& pool,
+                                                                 rollout::AdminDialect dialect) const {
+    std::vector<std::unique_ptr<rollout::AdminClient>> admins;
+    rollout::AdminOptions ao;
+    ao.call_timeout = seconds(s_.cfg.number("inference.admin_timeout_s"));
+    ao.transfer_timeout = seconds(s_.cfg.number("weight_sync.timeout_s"));
+    for (const auto& [name, url] : s_.plan.workers) {
+      pool.add_server(url);
+      admins.push_back(rollout::make_admin_client(dialect, pool.client(), url, ao));
+    }
+    return admins;
+  }
+
+  // What each worker is sent to fetch a version (WeightSyncPlan::describe): where the weights are is
+  // what the trainer announced (an external trainer's own address or directory) over what this run
+  // planned for an embedded one. A chain is routed per round, around relays that are dead, left out
+  // or already hold the version (the WeightWatcher knows the round's receivers; until the
+  // orchestrator exists there is none, and the whole chain receives).
+  orch::adapters::RolloutInference::DescribeUpdate update_describer(rollout::AdminDialect dialect,
+                                                                    orch::adapters::BridgeTrainer& trainer) {
+    std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
+    for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
+    return [ws = s_.plan.weight_sync, dialect, worker_index, workers = s_.plan.workers, this, &trainer](
+               const std::string& worker, orch::Version v) {
+      const auto it = worker_index.find(worker);
+      const std::size_t k = it == worker_index.end() ? workers.size() : it->second;
+      std::optional<ChainRole> role;
+      if (ws.chain && watcher_ && k < workers.size()) {
+        std::vector<bool> receiving;
+        for (const auto& [name, url] : workers) receiving.push_back(watcher_->receives(url));
+        role = chain_role(k, receiving, watcher_->retrying(worker));
+      }
+      return ws.describe(k, v, dialect, trainer.latest_announcement(), role);
+    };
+  }
+
+  // The orchestrator over the adapters, on this loop until the run ends; then the network thread
+  // and the children stop, and the summary (or the first error) becomes the outcome.
+  RunOutcome run_loop(const Adapters& a) {
+    RealClock clock(io_.get_executor());
+    metrics::Registry registry;
+    orch::Orchestrator orchestrator(
+        io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, s_.parts.eval_tasks}, s_.options,
+        &registry);
+    watcher_ = &orchestrator.weight_watcher();
+    asio::signal_set signals(io_, SIGINT, SIGTERM);
+    watch_signals(signals, orchestrator);
+    a.inference.on_unusable_server([this, &orchestrator](const Error& e) {
+      if (error_.empty()) error_ = e.what();
+      orchestrator.request_stop(e.what());
+    });
+    arlo::spawn(io_.get_executor(), drive(orchestrator, a.pool, a.network, a.server, signals));
+    io_.run();
+    a.network.stop();  // the network thread's work ends before anything it uses is destroyed
+    children_.stop();
+    watcher_ = nullptr;
+    return outcome(orchestrator.summary());
+  }
 
   // SIGINT/SIGTERM: a graceful stop (drain, final checkpoint, then the children); a second signal
   // stops the children at once.
@@ -331,16 +371,15 @@ class Run {
     restart_policies_.emplace(spec.name, orch::RestartPolicy{});
   }
 
-  int exit_status(const orch::RunSummary& summary) {
+  // The outcome of a run whose loop ended: the first error, else a stop by signal, else its end.
+  RunOutcome outcome(const orch::RunSummary& summary) {
     if (!error_.empty()) return fail(error_);
-    if (!stop_reason_.empty()) {
-      std::fprintf(stderr, "arlo run: stopped by %s after %lld step(s); run dir %s\n", stop_reason_.c_str(),
-                   static_cast<long long>(summary.steps), s_.run_dir.c_str());
-      return kExitFailure;
-    }
-    std::fprintf(stdout, "arlo run: finished %lld step(s) in %.1f s; run dir %s\n", static_cast<long long>(summary.steps),
-                 summary.seconds, s_.run_dir.c_str());
-    return kExitOk;
+    RunOutcome o;
+    o.end = stop_reason_.empty() ? RunOutcome::End::kFinished : RunOutcome::End::kStopped;
+    o.stop_reason = stop_reason_;
+    o.steps = summary.steps;
+    o.seconds = summary.seconds;
+    return o;
   }
 
   // Watches the children while the run goes on (supervision). An embedded worker or the embedded
@@ -370,7 +409,7 @@ class Run {
     auto policy = restart_policies_.find(e.name);
     if (policy == restart_policies_.end()) {
       why = children_.describe(e);
-    } else if (WIFEXITED(e.status) && WEXITSTATUS(e.status) == kExitBadConfig) {
+    } else if (WIFEXITED(e.status) && WEXITSTATUS(e.status) == kChildUsageError) {
       why = fmt::format("{} (a usage error: not restarted); its last lines:\n{}", e.describe(), children_.tail(e.name));
     } else if (auto delay = policy->second.on_exit(std::chrono::steady_clock::now())) {
       const auto& limits = policy->second.limits();
@@ -456,10 +495,11 @@ class Run {
     io_.stop();
   }
 
-  int fail(const std::string& why) {
+  RunOutcome fail(const std::string& why) {
     children_.stop();
-    std::fprintf(stderr, "arlo run: %s\n", why.c_str());
-    return kExitFailure;
+    RunOutcome o;
+    o.error = why;
+    return o;
   }
 
   Setup s_;
@@ -471,29 +511,21 @@ class Run {
   std::string stop_reason_;
   std::map<std::string, orch::RestartPolicy> restart_policies_;  // the supervised children, by name
   std::map<std::string, int> lives_;                              // deaths so far, by name
+  const orch::WeightWatcher* watcher_ = nullptr;  // the orchestrator's, while it runs
 };
 
-}  // namespace
 
-int run_command(const RunArgs& args) {
-  const auto loaded = load_config_or_report("arlo run", args.config, args.overrides, "; nothing was started");
-  if (!loaded) return kExitBadConfig;
-  const config::Config& cfg = *loaded;
-  log::Options lo;
-  lo.level = cfg.string("log.level");
-  if (!cfg.string("log.file").empty()) lo.file = cfg.string("log.file");
-  if (auto st = log::init(lo); !st) {
-    std::fprintf(stderr, "arlo run: %s\n", st.error().what().c_str());
-    return kExitBadConfig;
-  }
-  auto setup = prepare(cfg, args.resume, args.overwrite);
-  if (!setup) {
-    std::fprintf(stderr, "arlo run: %s\n", setup.error().what().c_str());
-    return kExitBadConfig;
-  }
-  ARLO_INFO("arlo run: {} -> {}", args.config, setup->run_dir);
-  Run run(std::move(*setup));
-  return run.execute();
+Result<std::unique_ptr<RunSession>> RunSession::create(const config::Config& cfg, const SessionOptions& options) {
+  ARLO_ASSIGN_OR_RETURN(auto setup, prepare(cfg, options.resume, options.overwrite));
+  return std::unique_ptr<RunSession>(new RunSession(std::make_unique<Impl>(std::move(setup))));
 }
 
-}  // namespace arlo::cli
+RunSession::RunSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RunSession::~RunSession() = default;
+
+const std::string& RunSession::run_dir() const { return impl_->run_dir(); }
+
+RunOutcome RunSession::run() { return impl_->execute(); }
+
+}  // namespace arlo::session

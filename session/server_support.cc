@@ -1,4 +1,4 @@
-#include "apps/arlo/server_support.h"
+#include "session/server_support.h"
 
 #include <algorithm>
 #include <string>
@@ -8,7 +8,7 @@
 
 #include "weight_sync/transport.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 
 namespace {
 
@@ -125,4 +125,4 @@ Status check_inference_support(const config::Config& cfg, const BuildSupport& bu
   return make_error(ErrorCode::kInvalidArgument, problems);
 }
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

@@ -7,7 +7,7 @@
 #include "common/config/config.h"
 #include "common/result.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 
 // What this build of arlo can do that a configuration may ask for.
 struct BuildSupport {
@@ -23,4 +23,4 @@ BuildSupport this_build();
 // first, rollout/admin.h), so none is refused here.
 Status check_inference_support(const config::Config& cfg, const BuildSupport& build = this_build());
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

@@ -1,9 +1,9 @@
-#include "apps/arlo/run_trainer_command.h"
+#include "session/trainer_command.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace arlo::cli {
+namespace arlo::session {
 
 namespace {
 
@@ -38,4 +38,4 @@ orch::ChildSpec command_trainer_spec(const config::Config& cfg, const std::strin
   return spec;
 }
 
-}  // namespace arlo::cli
+}  // namespace arlo::session

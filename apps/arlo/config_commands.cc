@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "apps/arlo/commands.h"
-#include "apps/arlo/server_support.h"
+#include "session/server_support.h"
 #include "common/config/config.h"
 #include "common/file.h"
 
@@ -25,7 +25,7 @@ std::optional<config::Config> load_config_or_report(const std::string& command, 
 int check_config(const ConfigArgs& args) {
   const auto cfg = load_config_or_report("check-config", args.file, args.overrides);
   if (!cfg) return kExitBadConfig;
-  if (auto st = check_inference_support(*cfg); !st) {
+  if (auto st = session::check_inference_support(*cfg); !st) {
     std::fprintf(stderr, "check-config: %s: %s\n", args.file.c_str(), st.error().what().c_str());
     return kExitBadConfig;
   }

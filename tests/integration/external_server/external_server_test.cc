@@ -23,7 +23,7 @@
 #include <set>
 #include <thread>
 
-#include "apps/arlo/run_parts.h"
+#include "session/rollout_parts.h"
 #include "common/http.h"
 #include "common/async/io_thread.h"
 #include "orchestrator/adapters/bridge_trainer.h"
@@ -31,7 +31,7 @@
 #include "orchestrator/orchestrator.h"
 #include "reference/tokenizer.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 namespace {
 
 namespace asio = boost::asio;
@@ -501,4 +501,4 @@ TEST(ExternalServer, ServerWithoutTokenIdsStopsTheRun) {
 }
 
 }  // namespace
-}  // namespace arlo::cli
+}  // namespace arlo::session

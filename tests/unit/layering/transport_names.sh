@@ -11,7 +11,7 @@ names="$names|nccl|cuda_ipc"
 pattern="(==|!=)[[:space:]]*\"($names)\"|\"($names)\"[[:space:]]*(==|!=)|case[[:space:]]+\"($names)\""
 cd "$src"
 hits=$(grep -rnE "$pattern" --include='*.cc' --include='*.h' --include='*.py' \
-         apps common orchestrator rollout trainer_bridge reference web examples 2>/dev/null || true)
+         apps common orchestrator rollout session trainer_bridge reference web examples 2>/dev/null || true)
 if [[ -n $hits ]]; then
   echo "transport names are compared outside weight_sync/ (ask the transport's descriptor instead):" >&2
   echo "$hits" >&2

@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <set>
 
-#include "apps/arlo/run_launch.h"
-#include "apps/arlo/run_parts.h"
+#include "session/launch_plan.h"
+#include "session/rollout_parts.h"
 #include "reference/tokenizer.h"
 #include "weight_sync/wire.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 namespace {
 
 config::Config load(std::vector<std::string> overrides) {
@@ -268,4 +268,4 @@ TEST(ArloRunPlan, RolloutPartsBuildTheEvalSetFromEvalSeed) {
 }
 
 }  // namespace
-}  // namespace arlo::cli
+}  // namespace arlo::session

@@ -3,10 +3,10 @@
 // set carry text (or messages) only; the server's response supplies the ids.
 #include <gtest/gtest.h>
 
-#include "apps/arlo/run_parts.h"
+#include "session/rollout_parts.h"
 #include "reference/tokenizer.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 namespace {
 
 config::Config load(std::vector<std::string> overrides) {
@@ -64,4 +64,4 @@ TEST(ArloRunTasks, WarmUpNeedsArloWorker) {
 }
 
 }  // namespace
-}  // namespace arlo::cli
+}  // namespace arlo::session

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "apps/arlo/server_support.h"
+#include "session/server_support.h"
 #include "weight_sync/transport.h"
 
-namespace arlo::cli {
+namespace arlo::session {
 namespace {
 
 namespace ws = arlo::weight_sync;
@@ -195,4 +195,4 @@ TEST(ServerSupport, ExampleConfigsPass) {
 }
 
 }  // namespace
-}  // namespace arlo::cli
+}  // namespace arlo::session
