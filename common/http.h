@@ -162,6 +162,7 @@ struct ClientStats {
   std::uint64_t attempts = 0;             // attempts sent (first tries and retries)
   std::uint64_t connections_opened = 0;   // new TCP connections
   std::uint64_t connections_reused = 0;   // attempts served by a pooled keep-alive connection
+  std::uint64_t backoffs = 0;             // retry backoff waits begun (each precedes a retry)
 };
 
 class Client {

@@ -571,6 +571,7 @@ asio::awaitable<Result<Response>> Client::request(ClientRequest request) {
     const Duration delay = c.backoff(call.policy, attempt);
     // Waiting would end past the deadline: report the last outcome now.
     if (c.clock->now() + delay >= deadline) co_return call.spent(attempt, true);
+    ++c.stats.backoffs;
     if (!co_await cancellable_sleep_until(c.io.get_executor(), *c.clock, c.clock->now() + delay)) {
       co_return call.fail(ErrorCode::kCancelled, "cancelled during retry backoff");
     }

@@ -2,21 +2,46 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <fmt/format.h>
 
 #include <memory>
+#include <optional>
 
+#include "common/async/fake_clock.h"
 #include "common/http.h"
 #include "tests/unit/http/http_test_util.h"
 
 namespace arlo::http::test {
 namespace {
 
+using arlo::FakeClock;
+
 RetryPolicy fast_retry(int attempts) {
   return RetryPolicy{.max_attempts = attempts,
                      .initial_backoff = std::chrono::milliseconds(1),
                      .max_backoff = std::chrono::milliseconds(10)};
+}
+
+// Lets the loop run the handlers already queued (a socket closed by a deadline posts its
+// completion at once), without waiting on time.
+asio::awaitable<void> settle_loop() {
+  auto ex = co_await asio::this_coro::executor;
+  for (int i = 0; i < 50; ++i) co_await asio::post(ex, asio::use_awaitable);
+}
+
+// Plays the role of time for a client on a FakeClock: each time the client begins a retry backoff,
+// the clock jumps to its end (the backoff is the only timer then: no attempt is in flight). Returns
+// when `done` is set.
+asio::awaitable<void> run_backoffs(FakeClock& clock, const Client& client, const bool& done) {
+  for (std::uint64_t seen = 0;;) {
+    EXPECT_TRUE(co_await eventually([&] { return done || client.stats().backoffs > seen; }));
+    if (done || client.stats().backoffs == seen) co_return;
+    ++seen;
+    EXPECT_EQ(clock.pending(), 1u);
+    clock.fire_next();
+  }
 }
 
 class HttpClientTest : public ::testing::Test {
@@ -69,22 +94,29 @@ class HttpClientTest : public ::testing::Test {
   Event never{io};
 };
 
+// The handler never answers, so only the deadline can end the call: on a FakeClock it expires when
+// (and only when) the test moves time past it.
 TEST_F(HttpClientTest, DeadlineExpiresAgainstHandlerThatNeverAnswers) {
+  FakeClock clock;
+  ClientOptions options;
+  options.retry = fast_retry(3);
+  options.clock = &clock;
+  Client timed(io, options);
+  std::optional<Result<Response>> r;
   run(io, [&]() -> asio::awaitable<void> {
-    const auto start = std::chrono::steady_clock::now();
-    // The handler never answers, so the 300 ms deadline must expire however slow the machine is.
-    auto r = co_await client->get(base + "/never", 300ms);
-    EXPECT_FALSE(r);
-    if (!r) {
-      EXPECT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();
-    }
-    // The request reached the handler. On a starved loop the client's timer can run before the
-    // server got to read the request it already holds, so wait for that rather than assume it.
-    const bool entered = co_await eventually([&] { return never_entered.is_set(); });
-    EXPECT_TRUE(entered);
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // generous: only "it did not hang"
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> { r = co_await timed.get(base + "/never", 300ms); },
+                   asio::detached);
+    co_await never_entered.wait();  // the request was written and reached the handler
+    clock.advance(299ms);
+    co_await settle_loop();
+    EXPECT_FALSE(r.has_value()) << "the call ended before its deadline";
+    clock.advance(1ms);
+    EXPECT_TRUE(co_await eventually([&] { return r.has_value(); }));
   }());
-  EXPECT_EQ(client->stats().attempts, 1u);  // a timeout is final: the deadline covers retries
+  ASSERT_TRUE(r.has_value());
+  ASSERT_FALSE(*r);
+  EXPECT_EQ(r->error().code(), ErrorCode::kTimeout) << r->error().what();
+  EXPECT_EQ(timed.stats().attempts, 1u);  // a timeout is final: the deadline covers retries
 }
 
 TEST_F(HttpClientTest, RetriesOn503ThenSucceeds) {
@@ -158,24 +190,38 @@ TEST_F(HttpClientTest, ConnectionRefusedIsUnavailableAfterRetries) {
   EXPECT_EQ(client->stats().connections_opened, 0u);
 }
 
+// Backoffs of 25-50, 50-100, 100-200 ms... against a 200 ms deadline: the client retries while the
+// next backoff ends before the deadline, then returns the last 503 at once rather than sleep past
+// it. On a FakeClock no time passes during the attempts themselves, so the outcome is exact: three
+// or four attempts (by the jitter), never a timeout.
 TEST_F(HttpClientTest, RetryNeverRunsPastTheDeadline) {
+  FakeClock clock;
+  ClientOptions options;
+  options.clock = &clock;
+  Client timed(io, options);
   failures_left = 1000;
   ClientRequest r;
   r.url = base + "/flaky";
   r.timeout = 200ms;
   r.retry = RetryPolicy{.max_attempts = 1000, .initial_backoff = 50ms, .max_backoff = 10s};
+  const auto start = clock.now();
+  std::optional<Result<Response>> out;
+  bool done = false;
   run(io, [&]() -> asio::awaitable<void> {
-    const auto start = std::chrono::steady_clock::now();
-    auto out = co_await client->request(r);
-    // Either the last 503 (the next backoff would pass the deadline) or a timeout; never a hang.
-    if (out) {
-      EXPECT_EQ(out->status, 503);
-    } else {
-      EXPECT_EQ(out.error().code(), ErrorCode::kTimeout);
-    }
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      out = co_await timed.request(r);
+      done = true;
+    }, asio::detached);
+    co_await run_backoffs(clock, timed, done);
   }());
-  EXPECT_LT(flaky_calls, 1000);
+  ASSERT_TRUE(out.has_value());
+  ASSERT_TRUE(*out) << out->error().what();
+  EXPECT_EQ((*out)->status, 503);
+  EXPECT_GE(flaky_calls, 3);
+  EXPECT_LE(flaky_calls, 4);
+  EXPECT_EQ(timed.stats().backoffs, static_cast<std::uint64_t>(flaky_calls - 1));
+  EXPECT_LT(clock.now() - start, 200ms);
+  EXPECT_EQ(clock.pending(), 0u);  // no timer outlives the call
 }
 
 TEST_F(HttpClientTest, ReplacesPooledConnectionClosedByServer) {
