@@ -175,100 +175,120 @@ void Engine::run() {
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return has_work_locked(); });
       if (stop_) break;
-      if (pending_model_) {
-        model_ = std::move(pending_model_->model);
-        version_ = pending_model_->version;
-        if (pending_model_->applied) callbacks.push_back(std::move(pending_model_->applied));
-        pending_model_.reset();
-        if (!cache) cache = model_->impl().make_cache(options_.max_batch);
-      }
-      // Cancellations: queued ones leave the queue, active ones finish with what they have.
-      if (!cancels_.empty()) {
-        for (auto it = queued_.begin(); it != queued_.end();) {
-          if (cancels_.count((*it)->id)) {
-            finish(it->get(), FinishReason::kAbort, callbacks);
-            it = queued_.erase(it);
-          } else {
-            ++it;
-          }
-        }
-        for (auto& r : active_)
-          if (cancels_.count(r->id)) finish(r.get(), FinishReason::kAbort, callbacks);
-        cancels_.clear();
-      }
-      for (auto& order : pause_orders_) {
-        if (order.mode == PauseMode::kAbort) {
-          for (auto& r : active_)
-            if (!r->finished) finish(r.get(), FinishReason::kAbort, callbacks);
-          for (auto& r : queued_) finish(r.get(), FinishReason::kAbort, callbacks);
-          queued_.clear();
-          paused_ = true;
-          draining_ = false;
-          if (order.paused) callbacks.push_back(std::move(order.paused));
-        } else if (order.mode == PauseMode::kKeep) {
-          paused_ = true;
-          draining_ = false;
-          if (order.paused) callbacks.push_back(std::move(order.paused));
-        } else {
-          paused_ = true;
-          draining_ = true;
-          if (order.paused) drained_waiters_.push_back(std::move(order.paused));
-        }
-      }
-      pause_orders_.clear();
-      // Retire finished requests (cancelled or aborted above, or finished last step).
-      for (auto it = active_.begin(); it != active_.end();) {
-        if ((*it)->finished) {
-          free_slots.push_back((*it)->slot);
-          it = active_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      if (draining_ && active_.empty()) draining_ = false;
-      if (!draining_ && !drained_waiters_.empty()) {
-        for (auto& w : drained_waiters_)
-          if (w) callbacks.push_back(std::move(w));
-        drained_waiters_.clear();
-      }
+      take_pending_model_locked(cache, callbacks);
+      apply_cancels_locked(callbacks);
+      apply_pause_orders_locked(callbacks);
+      retire_finished_locked(free_slots, callbacks);
       const bool stepping = model_ && (!paused_ || draining_);
-      if (stepping && !paused_) {
-        while (!queued_.empty() && !free_slots.empty()) {
-          auto r = std::move(queued_.front());
-          queued_.pop_front();
-          r->slot = free_slots.back();
-          free_slots.pop_back();
-          fresh.push_back(r.get());
-          active_.push_back(std::move(r));
-        }
-      }
       if (!stepping) {
         lk.unlock();
         for (auto& cb : callbacks) cb();
         continue;
       }
+      if (!paused_) admit_queued_locked(free_slots, fresh);
     }
     for (auto& cb : callbacks) cb();
     callbacks.clear();
-    try {
-      step(*cache, fresh, callbacks);
-    } catch (const std::exception& e) {
-      // A libtorch failure is a bug or resource exhaustion: fail the requests in this step, keep serving.
-      ARLO_ERROR("engine step failed: {}", e.what());
-      std::lock_guard lk(mu_);
-      for (auto& r : active_) {
-        if (r->finished) continue;
-        r->finished = true;
-        callbacks.push_back([done = std::move(r->done), msg = std::string(e.what())] {
-          done(make_error(ErrorCode::kInternal, "generation failed: libtorch: " + msg));
-        });
-      }
-    }
+    step_or_fail(*cache, fresh, callbacks);
     for (auto& cb : callbacks) cb();
     if (options_.on_step) options_.on_step(stats());
   }
+  fail_pending();
+}
 
-  // Shutdown: everything pending fails with kCancelled.
+void Engine::take_pending_model_locked(std::optional<KvCache>& cache, std::vector<std::function<void()>>& callbacks) {
+  if (!pending_model_) return;
+  model_ = std::move(pending_model_->model);
+  version_ = pending_model_->version;
+  if (pending_model_->applied) callbacks.push_back(std::move(pending_model_->applied));
+  pending_model_.reset();
+  if (!cache) cache = model_->impl().make_cache(options_.max_batch);
+}
+
+void Engine::apply_cancels_locked(std::vector<std::function<void()>>& callbacks) {
+  if (cancels_.empty()) return;
+  for (auto it = queued_.begin(); it != queued_.end();) {
+    if (cancels_.count((*it)->id)) {
+      finish(it->get(), FinishReason::kAbort, callbacks);
+      it = queued_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& r : active_)
+    if (cancels_.count(r->id)) finish(r.get(), FinishReason::kAbort, callbacks);
+  cancels_.clear();
+}
+
+void Engine::apply_pause_orders_locked(std::vector<std::function<void()>>& callbacks) {
+  for (auto& order : pause_orders_) {
+    if (order.mode == PauseMode::kAbort) {
+      for (auto& r : active_)
+        if (!r->finished) finish(r.get(), FinishReason::kAbort, callbacks);
+      for (auto& r : queued_) finish(r.get(), FinishReason::kAbort, callbacks);
+      queued_.clear();
+      paused_ = true;
+      draining_ = false;
+      if (order.paused) callbacks.push_back(std::move(order.paused));
+    } else if (order.mode == PauseMode::kKeep) {
+      paused_ = true;
+      draining_ = false;
+      if (order.paused) callbacks.push_back(std::move(order.paused));
+    } else {
+      paused_ = true;
+      draining_ = true;
+      if (order.paused) drained_waiters_.push_back(std::move(order.paused));
+    }
+  }
+  pause_orders_.clear();
+}
+
+void Engine::retire_finished_locked(std::vector<int>& free_slots, std::vector<std::function<void()>>& callbacks) {
+  for (auto it = active_.begin(); it != active_.end();) {
+    if ((*it)->finished) {
+      free_slots.push_back((*it)->slot);
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (draining_ && active_.empty()) draining_ = false;
+  if (!draining_ && !drained_waiters_.empty()) {
+    for (auto& w : drained_waiters_)
+      if (w) callbacks.push_back(std::move(w));
+    drained_waiters_.clear();
+  }
+}
+
+void Engine::admit_queued_locked(std::vector<int>& free_slots, std::vector<Request*>& fresh) {
+  while (!queued_.empty() && !free_slots.empty()) {
+    auto r = std::move(queued_.front());
+    queued_.pop_front();
+    r->slot = free_slots.back();
+    free_slots.pop_back();
+    fresh.push_back(r.get());
+    active_.push_back(std::move(r));
+  }
+}
+
+void Engine::step_or_fail(KvCache& cache, std::vector<Request*>& fresh, std::vector<std::function<void()>>& callbacks) {
+  try {
+    step(cache, fresh, callbacks);
+  } catch (const std::exception& e) {
+    // A libtorch failure is a bug or resource exhaustion: fail the requests in this step, keep serving.
+    ARLO_ERROR("engine step failed: {}", e.what());
+    std::lock_guard lk(mu_);
+    for (auto& r : active_) {
+      if (r->finished) continue;
+      r->finished = true;
+      callbacks.push_back([done = std::move(r->done), msg = std::string(e.what())] {
+        done(make_error(ErrorCode::kInternal, "generation failed: libtorch: " + msg));
+      });
+    }
+  }
+}
+
+void Engine::fail_pending() {
   std::vector<std::unique_ptr<Request>> left;
   {
     std::lock_guard lk(mu_);

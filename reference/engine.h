@@ -120,7 +120,26 @@ class Engine {
     PauseMode mode;
     std::function<void()> paused;
   };
+  // The engine thread: waits for work, applies what the other threads asked for (a new model,
+  // cancellations, pauses), retires finished requests, admits queued ones and steps; at stop, fails
+  // what is left. The *_locked steps run under mu_; the callbacks they collect run after it is
+  // released.
   void run();
+  // Swaps in the model set_model() left (the KV cache is made with the first one).
+  void take_pending_model_locked(std::optional<KvCache>& cache, std::vector<std::function<void()>>& callbacks);
+  // Cancelled requests: queued ones leave the queue, active ones finish with what they have.
+  void apply_cancels_locked(std::vector<std::function<void()>>& callbacks);
+  // Pause orders in arrival order: abort finishes everything now, keep freezes at a token
+  // boundary, wait drains the active requests first (its callback waits in drained_waiters_).
+  void apply_pause_orders_locked(std::vector<std::function<void()>>& callbacks);
+  // Frees the slots of finished requests; once a drain is done, wakes the wait-mode pausers.
+  void retire_finished_locked(std::vector<int>& free_slots, std::vector<std::function<void()>>& callbacks);
+  // Moves queued requests into free slots, in order; they are `fresh` (to prefill).
+  void admit_queued_locked(std::vector<int>& free_slots, std::vector<Request*>& fresh);
+  // One step; a libtorch failure fails the requests of the step and the engine keeps serving.
+  void step_or_fail(KvCache& cache, std::vector<Request*>& fresh, std::vector<std::function<void()>>& callbacks);
+  // At shutdown: every request not finished fails with kCancelled.
+  void fail_pending();
   void step(KvCache& cache, std::vector<Request*>& fresh, std::vector<std::function<void()>>& callbacks);
   void finish(Request* r, FinishReason reason, std::vector<std::function<void()>>& callbacks);
   bool has_work_locked() const;

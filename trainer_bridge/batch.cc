@@ -70,20 +70,14 @@ std::map<std::string, std::string> RankBatch::metadata() const {
   return m;
 }
 
-Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const PackOptions& options) {
-  if (options.seq_len < 2 || options.seq_len > kMaxSeqLen) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("pack: seq_len must be in [2, {}], got {}", kMaxSeqLen, options.seq_len));
-  }
-  if (options.num_ranks < 1) {
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("pack: num_ranks must be >= 1, got {}", options.num_ranks));
-  }
-  const std::size_t seq_len = static_cast<std::size_t>(options.seq_len);
-  const int num_ranks = options.num_ranks;
+namespace {
 
-  StepBatch out;
-  out.step = step;
-  bool any_ce = false;
+// The samples that go into the step, as Placed items, largest first (ties in input order, so the
+// result is deterministic). A sample longer than seq_len is truncated (its completion cut) or,
+// with Overlong::kReject or a prompt that fills seq_len alone, rejected; both are counted in
+// `report`. A sample whose per-token lists disagree in length is refused.
+Result<std::vector<Placed>> place_samples(std::span<const Sample> samples, std::size_t seq_len, Overlong overlong,
+                                          PackReport& report) {
   std::vector<Placed> items;
   items.reserve(samples.size());
   for (std::size_t i = 0; i < samples.size(); ++i) {
@@ -98,23 +92,26 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
     }
     std::size_t keep = c;
     if (s.size() > seq_len) {
-      if (options.overlong == Overlong::kReject || s.prompt_tokens.size() >= seq_len) {
-        ++out.report.rejected;
+      if (overlong == Overlong::kReject || s.prompt_tokens.size() >= seq_len) {
+        ++report.rejected;
         continue;
       }
       keep = seq_len - s.prompt_tokens.size();
-      ++out.report.truncated;
+      ++report.truncated;
     }
-    if (!s.ce_weights.empty()) any_ce = true;
     items.push_back({i, s.prompt_tokens.size() + keep, keep});
   }
-
-  // Largest first; ties by input order so the result is deterministic.
   std::stable_sort(items.begin(), items.end(), [](const Placed& a, const Placed& b) { return a.length > b.length; });
+  return items;
+}
 
-  // Ranks: each sample onto the least-loaded rank (lowest index on ties). Loads then differ by at
-  // most the longest sample: when a sample lands on the minimum it cannot overshoot the old
-  // maximum by more than its own length.
+// The rows of each rank: rows[r][row] holds the items packed into that row, in order.
+using RankRows = std::vector<std::vector<std::vector<Placed>>>;
+
+// Ranks: each sample onto the least-loaded rank (lowest index on ties). Loads then differ by at
+// most the longest sample: when a sample lands on the minimum it cannot overshoot the old maximum
+// by more than its own length. Rows per rank: first-fit decreasing (`items` are in decreasing order).
+RankRows assign_rows(const std::vector<Placed>& items, int num_ranks, std::size_t seq_len) {
   std::vector<std::vector<Placed>> per_rank(num_ranks);
   std::vector<std::size_t> load(num_ranks, 0);
   for (const Placed& p : items) {
@@ -122,9 +119,7 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
     per_rank[r].push_back(p);
     load[r] += p.length;
   }
-
-  // Rows per rank: first-fit decreasing (items are already in decreasing order).
-  std::vector<std::vector<std::vector<Placed>>> rows(num_ranks);
+  RankRows rows(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
     std::vector<std::size_t> room;
     for (const Placed& p : per_rank[r]) {
@@ -138,6 +133,87 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
       rows[r][row].push_back(p);
     }
   }
+  return rows;
+}
+
+// Fills the tensors of rank batch `b` (its rows, seq_len and max_segments already set) from the
+// rows packed for it: prompt tokens unmasked, completion tokens masked in with their advantage,
+// logprob, version and ce_weight; padding pad_token_id, position 0, sample id -1. Counts its
+// samples and tokens and its policy-version range.
+void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::span<const Sample> samples,
+               std::int32_t pad_token_id, bool any_ce) {
+  const std::size_t seq_len = static_cast<std::size_t>(b.seq_len);
+  const std::size_t max_segments = static_cast<std::size_t>(b.max_segments);
+  const std::size_t n = static_cast<std::size_t>(b.rows) * seq_len;
+  b.input_ids.assign(n, pad_token_id);
+  b.position_ids.assign(n, 0);
+  b.token_versions.assign(n, -1);
+  b.sample_ids.assign(n, -1);
+  b.loss_mask.assign(n, 0);
+  b.advantages.assign(n, 0.0f);
+  b.inference_logprobs.assign(n, 0.0f);
+  if (any_ce) b.ce_weights.assign(n, 0.0f);
+  b.seq_lens.assign(static_cast<std::size_t>(b.rows) * max_segments, 0);
+
+  double version_sum = 0.0;
+  std::int64_t vmin = std::numeric_limits<std::int64_t>::max(), vmax = std::numeric_limits<std::int64_t>::min();
+  for (std::size_t row = 0; row < rows.size(); ++row) {
+    std::size_t t = row * seq_len;
+    for (std::size_t seg = 0; seg < rows[row].size(); ++seg) {
+      const Placed& p = rows[row][seg];
+      const Sample& s = samples[p.index];
+      b.seq_lens[row * max_segments + seg] = static_cast<std::int32_t>(p.length);
+      std::int32_t pos = 0;
+      for (std::int32_t tok : s.prompt_tokens) {
+        b.input_ids[t] = tok;
+        b.position_ids[t] = pos++;
+        b.sample_ids[t] = static_cast<std::int32_t>(p.index);
+        ++t;
+      }
+      for (std::size_t k = 0; k < p.completion; ++k) {
+        b.input_ids[t] = s.completion_tokens[k];
+        b.position_ids[t] = pos++;
+        b.sample_ids[t] = static_cast<std::int32_t>(p.index);
+        b.loss_mask[t] = 1;
+        b.advantages[t] = s.advantage;
+        b.inference_logprobs[t] = s.completion_logprobs[k];
+        b.token_versions[t] = s.token_versions[k];
+        if (!s.ce_weights.empty()) b.ce_weights[t] = s.ce_weights[k];
+        version_sum += s.token_versions[k];
+        vmin = std::min<std::int64_t>(vmin, s.token_versions[k]);
+        vmax = std::max<std::int64_t>(vmax, s.token_versions[k]);
+        ++t;
+      }
+      ++b.samples;
+      b.tokens += static_cast<std::int64_t>(p.length);
+      b.loss_tokens += static_cast<std::int64_t>(p.completion);
+    }
+  }
+  if (b.loss_tokens > 0) {
+    b.policy_version_min = vmin;
+    b.policy_version_max = vmax;
+    b.policy_version_mean = version_sum / static_cast<double>(b.loss_tokens);
+  }
+}
+
+}  // namespace
+
+Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const PackOptions& options) {
+  if (options.seq_len < 2 || options.seq_len > kMaxSeqLen) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("pack: seq_len must be in [2, {}], got {}", kMaxSeqLen, options.seq_len));
+  }
+  if (options.num_ranks < 1) {
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("pack: num_ranks must be >= 1, got {}", options.num_ranks));
+  }
+  const std::size_t seq_len = static_cast<std::size_t>(options.seq_len);
+  const int num_ranks = options.num_ranks;
+
+  StepBatch out;
+  out.step = step;
+  ARLO_ASSIGN_OR_RETURN(const auto items, place_samples(samples, seq_len, options.overlong, out.report));
+  const bool any_ce = std::any_of(items.begin(), items.end(), [&](const Placed& p) { return !samples[p.index].ce_weights.empty(); });
+  const RankRows rows = assign_rows(items, num_ranks, seq_len);
   std::size_t max_rows = 1;
   for (const auto& rr : rows) max_rows = std::max(max_rows, rr.size());
 
@@ -159,57 +235,7 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
     std::size_t max_segments = 1;
     for (const auto& row : rows[r]) max_segments = std::max(max_segments, row.size());
     b.max_segments = static_cast<int>(max_segments);
-
-    const std::size_t n = static_cast<std::size_t>(b.rows) * seq_len;
-    b.input_ids.assign(n, options.pad_token_id);
-    b.position_ids.assign(n, 0);
-    b.token_versions.assign(n, -1);
-    b.sample_ids.assign(n, -1);
-    b.loss_mask.assign(n, 0);
-    b.advantages.assign(n, 0.0f);
-    b.inference_logprobs.assign(n, 0.0f);
-    if (any_ce) b.ce_weights.assign(n, 0.0f);
-    b.seq_lens.assign(static_cast<std::size_t>(b.rows) * max_segments, 0);
-
-    double version_sum = 0.0;
-    std::int64_t vmin = std::numeric_limits<std::int64_t>::max(), vmax = std::numeric_limits<std::int64_t>::min();
-    for (std::size_t row = 0; row < rows[r].size(); ++row) {
-      std::size_t t = row * seq_len;
-      for (std::size_t seg = 0; seg < rows[r][row].size(); ++seg) {
-        const Placed& p = rows[r][row][seg];
-        const Sample& s = samples[p.index];
-        b.seq_lens[row * max_segments + seg] = static_cast<std::int32_t>(p.length);
-        std::int32_t pos = 0;
-        for (std::int32_t tok : s.prompt_tokens) {
-          b.input_ids[t] = tok;
-          b.position_ids[t] = pos++;
-          b.sample_ids[t] = static_cast<std::int32_t>(p.index);
-          ++t;
-        }
-        for (std::size_t k = 0; k < p.completion; ++k) {
-          b.input_ids[t] = s.completion_tokens[k];
-          b.position_ids[t] = pos++;
-          b.sample_ids[t] = static_cast<std::int32_t>(p.index);
-          b.loss_mask[t] = 1;
-          b.advantages[t] = s.advantage;
-          b.inference_logprobs[t] = s.completion_logprobs[k];
-          b.token_versions[t] = s.token_versions[k];
-          if (!s.ce_weights.empty()) b.ce_weights[t] = s.ce_weights[k];
-          version_sum += s.token_versions[k];
-          vmin = std::min<std::int64_t>(vmin, s.token_versions[k]);
-          vmax = std::max<std::int64_t>(vmax, s.token_versions[k]);
-          ++t;
-        }
-        ++b.samples;
-        b.tokens += static_cast<std::int64_t>(p.length);
-        b.loss_tokens += static_cast<std::int64_t>(p.completion);
-      }
-    }
-    if (b.loss_tokens > 0) {
-      b.policy_version_min = vmin;
-      b.policy_version_max = vmax;
-      b.policy_version_mean = version_sum / static_cast<double>(b.loss_tokens);
-    }
+    fill_rank(b, rows[r], samples, options.pad_token_id, any_ce);
     b.step_samples = step_samples;
     b.step_tokens = step_tokens;
     b.step_loss_tokens = step_loss;
@@ -330,10 +356,30 @@ struct BatchView::Impl {
     return {reinterpret_cast<const T*>(data + info->offset), static_cast<std::size_t>(info->nbytes / sizeof(T))};
   }
 
+  // Checks the file against the schema (batch.h) and fills the fields above; every accessor relies
+  // on it. In this order: the metadata, the columns and their shapes, the alignment, the content.
   Status validate();
+  // Schema version, step, rank, num_ranks, seq_len.
+  Status read_metadata();
+  // Every column (ce_weights optional) with its dtype and a 2-d shape; rows from input_ids, every
+  // other [rows, seq_len] except seq_lens [rows, max_segments <= seq_len].
+  Status find_columns();
+  // Typed spans need each tensor aligned to its element size. The reference writer aligns the data
+  // section to 8; a file from elsewhere may not, so it is copied once in that case.
+  void align_data();
+  // Segments fit their rows, positions restart per segment, masks are 0/1, sample ids are -1
+  // exactly on padding.
+  Status check_content();
 };
 
 Status BatchView::Impl::validate() {
+  ARLO_TRY(read_metadata());
+  ARLO_TRY(find_columns());
+  align_data();
+  return check_content();
+}
+
+Status BatchView::Impl::read_metadata() {
   const auto& meta = header->metadata;
   auto get = [&](const char* key) -> Result<std::int64_t> {
     auto it = meta.find(key);
@@ -359,7 +405,10 @@ Status BatchView::Impl::validate() {
   rank = static_cast<int>(r);
   num_ranks = static_cast<int>(nr);
   seq_len = static_cast<int>(sl);
+  return ok();
+}
 
+Status BatchView::Impl::find_columns() {
   for (std::size_t c = 0; c < std::size(kColumns); ++c) {
     const auto* info = header->find(kColumns[c].name);
     const bool optional = std::string_view(kColumns[c].name) == "ce_weights";
@@ -393,9 +442,10 @@ Status BatchView::Impl::validate() {
     }
     if (segs) max_segments = static_cast<int>(s[1]);
   }
+  return ok();
+}
 
-  // Alignment: typed spans need each tensor aligned to its element size. The reference writer
-  // aligns the data section to 8; a file from elsewhere may not, so copy once in that case.
+void BatchView::Impl::align_data() {
   bool misaligned = false;
   for (const auto* info : col) {
     if (info != nullptr && reinterpret_cast<std::uintptr_t>(data + info->offset) % safetensors::dtype_size(info->dtype) != 0) {
@@ -409,9 +459,9 @@ Status BatchView::Impl::validate() {
     std::memcpy(aligned.get(), data, size);
     data = reinterpret_cast<const std::byte*>(aligned.get());
   }
+}
 
-  // Content: segments fit their rows, positions restart per segment, masks are 0/1, sample ids
-  // are -1 exactly on padding.
+Status BatchView::Impl::check_content() {
   auto seq_lens = typed<std::int32_t>(6);
   auto positions = typed<std::int32_t>(1);
   auto mask = typed<std::uint8_t>(2);

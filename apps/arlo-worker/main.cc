@@ -88,11 +88,9 @@ arlo::Status apply_yaml(const std::string& path, Flags& f) {
   return arlo::ok();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags f;
-  // The config file is read first so that flags override it.
+// The command line over the YAML file of --config (read first, so that flags override it). Returns
+// the exit status when the program ends here: --help, a bad flag, a file that cannot be read.
+std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--config") f.config = argv[i + 1];
   if (!f.config.empty()) {
@@ -126,23 +124,19 @@ int main(int argc, char** argv) {
                  "without hosts: loopback only; without directories: only the dir of --weight-sync)");
   app.add_option("--token-file", f.token_file, "file holding the token (else $ARLO_TOKEN, $ARLO_TOKEN_FILE)");
   app.add_option("--log-level", f.log_level);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   if (init_seed_flag >= 0) f.init_seed = static_cast<std::uint64_t>(init_seed_flag);
+  return std::nullopt;
+}
 
-  arlo::log::Options log_options;
-  log_options.level = f.log_level;
-  log_options.name = "worker";
-  if (auto st = arlo::log::init(log_options); !st) {
-    std::cerr << "arlo-worker: " << st.error().what() << "\n";
-    return 2;
-  }
-  f.model.vocab_size = 104;
-  if (auto st = f.model.validate(); !st) {
-    std::cerr << "arlo-worker: " << st.error().what() << "\n";
-    return 2;
-  }
-  arlo::reference::set_torch_threads(f.threads);
-
+// The worker's options from the flags: the model, the engine, this worker's weight-sync block and
+// where /weights/prepare may load from. A block that is not a weight-sync block, or an
+// --allow-weights-from entry that is neither an absolute directory nor host[:port], is refused.
+arlo::Result<arlo::worker::WorkerOptions> worker_options(const Flags& f) {
   arlo::worker::WorkerOptions wo;
   wo.model_name = f.model_name;
   wo.model = f.model;
@@ -153,30 +147,71 @@ int main(int argc, char** argv) {
   auto ws = block.is_discarded() ? arlo::Result<arlo::weight_sync::Options>(arlo::make_error(
                                        arlo::ErrorCode::kParse, "not valid JSON: " + f.weight_sync))
                                  : arlo::weight_sync::options_from_json(block);
-  if (!ws) {
-    std::cerr << "arlo-worker: --weight-sync: " << ws.error().what() << "\n";
-    return 2;
-  }
+  if (!ws) return std::unexpected(std::move(ws).error().with_context("--weight-sync"));
   wo.weight_sync = *ws;
   wo.own_block = block.is_object() ? block : nlohmann::json::object();
   wo.allow_weights_from = f.allow_weights_from;
   for (const auto& entry : wo.allow_weights_from) {
-    if (entry.empty() || (entry.front() != '/' && entry.find('/') != std::string::npos)) {
-      std::cerr << "arlo-worker: --allow-weights-from '" << entry << "': give an absolute directory or host[:port]\n";
-      return 2;
-    }
+    if (entry.empty() || (entry.front() != '/' && entry.find('/') != std::string::npos))
+      return arlo::make_error(arlo::ErrorCode::kInvalidArgument,
+                              "--allow-weights-from '" + entry + "': give an absolute directory or host[:port]");
   }
-  auto token = arlo::auth::resolve_token("", f.token_file);
-  if (!token) {
-    std::cerr << "arlo-worker: " << token.error().what() << "\n";
+  return wo;
+}
+
+// The token of the HTTP plane ("" for none). One read from --token-file is put in the environment
+// too: the weight receiver and a chain relay take it from there (auth::process_token), or a tcp
+// publisher would refuse this worker.
+arlo::Result<std::string> worker_token(const Flags& f) {
+  ARLO_ASSIGN_OR_RETURN(auto token, arlo::auth::resolve_token("", f.token_file));
+  if (!token.empty() && ::setenv(std::string(arlo::auth::kTokenEnv).c_str(), token.c_str(), 1) != 0)
+    return arlo::make_error(arlo::ErrorCode::kInternal, "setenv " + std::string(arlo::auth::kTokenEnv) + " failed");
+  return token;
+}
+
+// The weights served before the first update: those of --weights (as --weights-version), a seeded
+// initialisation (--init-seed, v0, as arlo-trainer's), or none until /weights/commit.
+arlo::Status install_initial_weights(arlo::worker::WorkerServer& server, const Flags& f) {
+  std::shared_ptr<arlo::reference::Model> initial;
+  std::int64_t initial_version = 0;
+  if (!f.weights.empty()) {
+    ARLO_ASSIGN_OR_RETURN(initial, arlo::reference::Model::load(f.weights, f.model));
+    if (!(initial->config() == f.model))
+      return arlo::make_error(arlo::ErrorCode::kMismatch,
+                              f.weights + " holds a model of another shape than the flags ask for");
+    initial_version = f.weights_version;
+  } else if (f.init_seed) {
+    ARLO_ASSIGN_OR_RETURN(initial, arlo::reference::Model::init(f.model, *f.init_seed));
+  }
+  if (!initial) {
+    ARLO_INFO("no weights yet: serving after the first /weights/prepare + /weights/commit");
+    return arlo::ok();
+  }
+  ARLO_TRY(server.install(initial, initial_version));
+  ARLO_INFO("serving v{} from {}", initial_version, f.weights.empty() ? "a seeded initialisation" : f.weights);
+  return arlo::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  if (auto exit_status = parse_flags(argc, argv, f)) return *exit_status;
+  auto fail = [](const arlo::Error& e) {
+    std::cerr << "arlo-worker: " << e.what() << "\n";
     return 2;
-  }
-  // The weight receiver and a chain relay take the token from the environment (auth::process_token):
-  // one read from --token-file goes there too, or a tcp publisher would refuse this worker.
-  if (!token->empty() && ::setenv(std::string(arlo::auth::kTokenEnv).c_str(), token->c_str(), 1) != 0) {
-    std::cerr << "arlo-worker: setenv " << arlo::auth::kTokenEnv << " failed\n";
-    return 2;
-  }
+  };
+  arlo::log::Options log_options;
+  log_options.level = f.log_level;
+  log_options.name = "worker";
+  if (auto st = arlo::log::init(log_options); !st) return fail(st.error());
+  f.model.vocab_size = 104;
+  if (auto st = f.model.validate(); !st) return fail(st.error());
+  arlo::reference::set_torch_threads(f.threads);
+  auto wo = worker_options(f);
+  if (!wo) return fail(wo.error());
+  auto token = worker_token(f);
+  if (!token) return fail(token.error());
 
   boost::asio::io_context io;
   arlo::http::ServerOptions ho;
@@ -184,39 +219,8 @@ int main(int argc, char** argv) {
   ho.port = static_cast<std::uint16_t>(f.port);
   ho.server_name = "arlo-worker";
   ho.token = *token;
-  arlo::worker::WorkerServer server(io, ho, wo);
-
-  std::shared_ptr<arlo::reference::Model> initial;
-  std::int64_t initial_version = 0;
-  if (!f.weights.empty()) {
-    auto m = arlo::reference::Model::load(f.weights, f.model);
-    if (!m) {
-      std::cerr << "arlo-worker: " << m.error().what() << "\n";
-      return 2;
-    }
-    if (!((*m)->config() == f.model)) {
-      std::cerr << "arlo-worker: " << f.weights << " holds a model of another shape than the flags ask for\n";
-      return 2;
-    }
-    initial = *m;
-    initial_version = f.weights_version;
-  } else if (f.init_seed) {
-    auto m = arlo::reference::Model::init(f.model, *f.init_seed);
-    if (!m) {
-      std::cerr << "arlo-worker: " << m.error().what() << "\n";
-      return 2;
-    }
-    initial = *m;
-  }
-  if (initial) {
-    if (auto st = server.install(initial, initial_version); !st) {
-      std::cerr << "arlo-worker: " << st.error().what() << "\n";
-      return 2;
-    }
-    ARLO_INFO("serving v{} from {}", initial_version, f.weights.empty() ? "a seeded initialisation" : f.weights);
-  } else {
-    ARLO_INFO("no weights yet: serving after the first /weights/prepare + /weights/commit");
-  }
+  arlo::worker::WorkerServer server(io, ho, *wo);
+  if (auto st = install_initial_weights(server, f); !st) return fail(st.error());
 
   auto port = server.start();
   if (!port) {

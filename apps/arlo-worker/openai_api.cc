@@ -43,6 +43,143 @@ std::vector<int> byte_list(const std::string& s) {
   return out;
 }
 
+
+// A chat request's prompt: its 'messages' (string content, or a list of text parts) through the
+// chat template.
+std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body, const Tokenizer& tok) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty()) return bad("'messages' must be a non-empty array", "messages");
+  std::vector<Tokenizer::Message> messages;
+  for (const auto& m : *it) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return bad("each message needs a string 'role'", "messages");
+    Tokenizer::Message msg{m["role"].get<std::string>(), ""};
+    const json content = m.value("content", json());
+    if (content.is_string()) {
+      msg.content = content.get<std::string>();
+    } else if (content.is_array()) {
+      for (const auto& part : content) {
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") || !part["text"].is_string())
+          return bad("message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
+        msg.content += part["text"].get<std::string>();
+      }
+    } else if (!content.is_null()) {
+      return bad("message content must be a string or a list of text parts", "messages");
+    }
+    messages.push_back(std::move(msg));
+  }
+  auto ids = tok.apply_chat_template(messages);
+  if (!ids) return bad("message roles must be system, user or assistant", "messages");
+  return std::move(*ids);
+}
+
+// A completion request's prompts, appended to `out`: 'prompt' is a string, a list of token ids, or
+// a list of those (one prompt each). 'echo' and 'suffix' are refused.
+std::optional<ApiError> completion_prompts(const json& body, const Tokenizer& tok,
+                                           std::vector<std::vector<std::int32_t>>& out) {
+  const int vocab = tok.vocab_size();
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return ApiError{400, "'prompt' is required", "prompt"};
+  const json& p = *it;
+  const ApiError malformed{400, "'prompt' must be a string, a list of token ids, or a list of those", "prompt"};
+  if (p.is_string()) {
+    out.push_back(tok.encode_prompt(p.get<std::string>()));
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    std::vector<std::int32_t> ids;
+    if (auto e = read_token_ids(p, ids, vocab)) return e;
+    out.push_back(std::move(ids));
+  } else if (p.is_array() && !p.empty()) {
+    for (const auto& one : p) {
+      if (one.is_string()) {
+        out.push_back(tok.encode_prompt(one.get<std::string>()));
+      } else if (one.is_array() && !one.empty()) {
+        std::vector<std::int32_t> ids;
+        if (auto e = read_token_ids(one, ids, vocab)) return e;
+        out.push_back(std::move(ids));
+      } else {
+        return malformed;
+      }
+    }
+  } else {
+    return malformed;
+  }
+  if (body.contains("echo") && body["echo"] == true) return ApiError{400, "'echo' is not supported by arlo-worker", "echo"};
+  if (body.contains("suffix") && !body["suffix"].is_null())
+    return ApiError{400, "'suffix' is not supported by arlo-worker", "suffix"};
+  return std::nullopt;
+}
+
+// The sampling numbers: max_tokens (max_completion_tokens too for chat; by default 16, or for chat
+// what the context leaves after the longest prompt), temperature, top_p, n (best_of only equal to
+// n), seed. Each is range-checked, naming the field.
+std::optional<ApiError> read_sampling_numbers(const json& body, bool chat, int room, CompletionJob& job) {
+  auto& s = job.params;
+  s.max_tokens = chat ? room : 16;
+  if (auto e = read_number(body, "max_tokens", s.max_tokens)) return e;
+  if (chat)
+    if (auto e = read_number(body, "max_completion_tokens", s.max_tokens)) return e;
+  if (s.max_tokens < 1) return ApiError{400, fmt::format("'max_tokens' must be >= 1, got {}", s.max_tokens), "max_tokens"};
+  if (auto e = read_number(body, "temperature", s.temperature)) return e;
+  if (s.temperature < 0 || s.temperature > 2)
+    return ApiError{400, fmt::format("'temperature' must be in [0, 2], got {}", s.temperature), "temperature"};
+  if (auto e = read_number(body, "top_p", s.top_p)) return e;
+  if (!(s.top_p > 0 && s.top_p <= 1)) return ApiError{400, fmt::format("'top_p' must be in (0, 1], got {}", s.top_p), "top_p"};
+  if (auto e = read_number(body, "n", job.n)) return e;
+  if (job.n < 1 || job.n > 128) return ApiError{400, fmt::format("'n' must be in [1, 128], got {}", job.n), "n"};
+  if (!chat && body.contains("best_of") && !body["best_of"].is_null()) {
+    int best_of = 1;
+    if (auto e = read_number(body, "best_of", best_of)) return e;
+    if (best_of != job.n) return ApiError{400, "'best_of' other than n is not supported by arlo-worker", "best_of"};
+  }
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) return ApiError{400, "'seed' must be an integer", "seed"};
+    s.seed = static_cast<std::uint64_t>(body["seed"].get<std::int64_t>());
+  }
+  return std::nullopt;
+}
+
+// 'stop': a string or a list of non-empty strings, appended to `stop`.
+std::optional<ApiError> read_stop(const json& body, std::vector<std::string>& stop) {
+  if (!body.contains("stop") || body["stop"].is_null()) return std::nullopt;
+  const ApiError malformed{400, "'stop' must be a string or a list of strings", "stop"};
+  const json& st = body["stop"];
+  if (st.is_string()) {
+    stop.push_back(st.get<std::string>());
+  } else if (st.is_array()) {
+    for (const auto& x : st) {
+      if (!x.is_string()) return malformed;
+      stop.push_back(x.get<std::string>());
+    }
+  } else {
+    return malformed;
+  }
+  for (const auto& x : stop)
+    if (x.empty()) return ApiError{400, "'stop' strings must not be empty", "stop"};
+  return std::nullopt;
+}
+
+// Logprobs: chat's 'logprobs' (boolean) and 'top_logprobs' (0-20, only with logprobs), or a
+// completion's 'logprobs' (the number of top alternatives, 0-5).
+std::optional<ApiError> read_logprobs(const json& body, bool chat, CompletionJob& job) {
+  if (chat) {
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+      if (!body["logprobs"].is_boolean()) return ApiError{400, "'logprobs' must be a boolean", "logprobs"};
+      job.logprobs = body["logprobs"].get<bool>();
+    }
+    if (auto e = read_number(body, "top_logprobs", job.top_logprobs)) return e;
+    if (job.top_logprobs < 0 || job.top_logprobs > 20)
+      return ApiError{400, "'top_logprobs' must be in [0, 20]", "top_logprobs"};
+    if (job.top_logprobs > 0 && !job.logprobs) return ApiError{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
+  } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    int k = 0;
+    if (auto e = read_number(body, "logprobs", k)) return e;
+    if (k < 0 || k > 5) return ApiError{400, fmt::format("'logprobs' must be in [0, 5], got {}", k), "logprobs"};
+    job.logprobs = true;
+    job.top_logprobs = k;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 reference::SamplingParams CompletionJob::choice_params(int k) const {
@@ -56,60 +193,13 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const json& body
   if (!body.is_object()) return bad("the request body must be a JSON object");
   CompletionJob job;
   job.chat = chat;
-  const int vocab = tok.vocab_size();
   if (body.contains("stream") && body["stream"] == true) return bad("streaming is not supported by arlo-worker", "stream");
   if (chat) {
-    auto it = body.find("messages");
-    if (it == body.end() || !it->is_array() || it->empty()) return bad("'messages' must be a non-empty array", "messages");
-    std::vector<Tokenizer::Message> messages;
-    for (const auto& m : *it) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        return bad("each message needs a string 'role'", "messages");
-      Tokenizer::Message msg{m["role"].get<std::string>(), ""};
-      const json content = m.value("content", json());
-      if (content.is_string()) {
-        msg.content = content.get<std::string>();
-      } else if (content.is_array()) {
-        for (const auto& part : content) {
-          if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") || !part["text"].is_string())
-            return bad("message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
-          msg.content += part["text"].get<std::string>();
-        }
-      } else if (!content.is_null()) {
-        return bad("message content must be a string or a list of text parts", "messages");
-      }
-      messages.push_back(std::move(msg));
-    }
-    auto ids = tok.apply_chat_template(messages);
-    if (!ids) return bad("message roles must be system, user or assistant", "messages");
+    auto ids = chat_prompt(body, tok);
+    if (!ids) return std::unexpected(ids.error());
     job.prompts.push_back(std::move(*ids));
-  } else {
-    auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) return bad("'prompt' is required", "prompt");
-    const json& p = *it;
-    if (p.is_string()) {
-      job.prompts.push_back(tok.encode_prompt(p.get<std::string>()));
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      std::vector<std::int32_t> ids;
-      if (auto e = read_token_ids(p, ids, vocab)) return std::unexpected(*e);
-      job.prompts.push_back(std::move(ids));
-    } else if (p.is_array() && !p.empty()) {
-      for (const auto& one : p) {
-        if (one.is_string()) {
-          job.prompts.push_back(tok.encode_prompt(one.get<std::string>()));
-        } else if (one.is_array() && !one.empty()) {
-          std::vector<std::int32_t> ids;
-          if (auto e = read_token_ids(one, ids, vocab)) return std::unexpected(*e);
-          job.prompts.push_back(std::move(ids));
-        } else {
-          return bad("'prompt' must be a string, a list of token ids, or a list of those", "prompt");
-        }
-      }
-    } else {
-      return bad("'prompt' must be a string, a list of token ids, or a list of those", "prompt");
-    }
-    if (body.contains("echo") && body["echo"] == true) return bad("'echo' is not supported by arlo-worker", "echo");
-    if (body.contains("suffix") && !body["suffix"].is_null()) return bad("'suffix' is not supported by arlo-worker", "suffix");
+  } else if (auto e = completion_prompts(body, tok, job.prompts)) {
+    return std::unexpected(*e);
   }
   std::size_t longest = 0;
   for (const auto& p : job.prompts) longest = std::max(longest, p.size());
@@ -118,62 +208,12 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const json& body
                            "no room to generate",
                            context, longest),
                chat ? "messages" : "prompt");
-
-  auto& s = job.params;
-  s.max_tokens = chat ? context - static_cast<int>(longest) : 16;
-  if (auto e = read_number(body, "max_tokens", s.max_tokens)) return std::unexpected(*e);
-  if (chat)
-    if (auto e = read_number(body, "max_completion_tokens", s.max_tokens)) return std::unexpected(*e);
-  if (s.max_tokens < 1) return bad(fmt::format("'max_tokens' must be >= 1, got {}", s.max_tokens), "max_tokens");
-  if (auto e = read_number(body, "temperature", s.temperature)) return std::unexpected(*e);
-  if (s.temperature < 0 || s.temperature > 2)
-    return bad(fmt::format("'temperature' must be in [0, 2], got {}", s.temperature), "temperature");
-  if (auto e = read_number(body, "top_p", s.top_p)) return std::unexpected(*e);
-  if (!(s.top_p > 0 && s.top_p <= 1)) return bad(fmt::format("'top_p' must be in (0, 1], got {}", s.top_p), "top_p");
-  if (auto e = read_number(body, "n", job.n)) return std::unexpected(*e);
-  if (job.n < 1 || job.n > 128) return bad(fmt::format("'n' must be in [1, 128], got {}", job.n), "n");
-  if (!chat && body.contains("best_of") && !body["best_of"].is_null()) {
-    int best_of = 1;
-    if (auto e = read_number(body, "best_of", best_of)) return std::unexpected(*e);
-    if (best_of != job.n) return bad("'best_of' other than n is not supported by arlo-worker", "best_of");
-  }
-  if (body.contains("seed") && !body["seed"].is_null()) {
-    if (!body["seed"].is_number_integer()) return bad("'seed' must be an integer", "seed");
-    s.seed = static_cast<std::uint64_t>(body["seed"].get<std::int64_t>());
-  }
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const json& st = body["stop"];
-    if (st.is_string()) {
-      s.stop.push_back(st.get<std::string>());
-    } else if (st.is_array()) {
-      for (const auto& x : st) {
-        if (!x.is_string()) return bad("'stop' must be a string or a list of strings", "stop");
-        s.stop.push_back(x.get<std::string>());
-      }
-    } else {
-      return bad("'stop' must be a string or a list of strings", "stop");
-    }
-    for (const auto& x : s.stop)
-      if (x.empty()) return bad("'stop' strings must not be empty", "stop");
-  }
-  if (body.contains("ignore_eos") && body["ignore_eos"].is_boolean()) s.ignore_eos = body["ignore_eos"].get<bool>();
-  if (chat) {
-    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-      if (!body["logprobs"].is_boolean()) return bad("'logprobs' must be a boolean", "logprobs");
-      job.logprobs = body["logprobs"].get<bool>();
-    }
-    if (auto e = read_number(body, "top_logprobs", job.top_logprobs)) return std::unexpected(*e);
-    if (job.top_logprobs < 0 || job.top_logprobs > 20)
-      return bad("'top_logprobs' must be in [0, 20]", "top_logprobs");
-    if (job.top_logprobs > 0 && !job.logprobs) return bad("'top_logprobs' needs 'logprobs': true", "top_logprobs");
-  } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-    int k = 0;
-    if (auto e = read_number(body, "logprobs", k)) return std::unexpected(*e);
-    if (k < 0 || k > 5) return bad(fmt::format("'logprobs' must be in [0, 5], got {}", k), "logprobs");
-    job.logprobs = true;
-    job.top_logprobs = k;
-  }
-  s.top_logprobs = job.top_logprobs;
+  if (auto e = read_sampling_numbers(body, chat, context - static_cast<int>(longest), job)) return std::unexpected(*e);
+  if (auto e = read_stop(body, job.params.stop)) return std::unexpected(*e);
+  if (body.contains("ignore_eos") && body["ignore_eos"].is_boolean())
+    job.params.ignore_eos = body["ignore_eos"].get<bool>();
+  if (auto e = read_logprobs(body, chat, job)) return std::unexpected(*e);
+  job.params.top_logprobs = job.top_logprobs;
   return job;
 }
 
