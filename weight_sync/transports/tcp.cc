@@ -28,6 +28,11 @@
 // forwards the checksum it verified instead of hashing again. Receivers hash what they receive.
 // `full` is sent straight from the source tensors and, in place, received straight into the sink's
 // buffers.
+//
+// This file is the protocol: the serving side (Server: handshake, gather, offer, per-link
+// streaming and resumption), the publisher (TcpSender), the receiver and relay (TcpReceiver), and
+// the registration. Links and frames are in tcp_conn.h; the buffering window between a version's
+// producer and its downstream links, with the shared checksum cache, is tcp_feed.h (Feed).
 #include <boost/asio/ip/tcp.hpp>
 
 #include <sys/socket.h>
@@ -37,7 +42,6 @@
 #include <csignal>
 #include <atomic>
 #include <condition_variable>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -48,15 +52,18 @@
 #include "weight_sync/codec.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/transports/tcp_conn.h"
+#include "weight_sync/transports/tcp_feed.h"
 
 namespace arlo::weight_sync {
 namespace {
 
 using detail::Answer;
 using detail::Conn;
+using detail::Feed;
 using detail::Frame;
 using detail::FrameHeader;
 using detail::Hello;
+using detail::Parts;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
@@ -66,146 +73,10 @@ constexpr std::size_t kRecvChunk = 4u << 20;  // per recv() call (hashed from L3
 // A cut-through relay passes bytes on in these steps: every hop of a chain delays the stream by one
 // step's time on its link (4 MiB at 2 Gbit/s: 17 ms a hop).
 constexpr std::size_t kCutChunk = 1u << 20;
-using Parts = std::vector<std::span<const std::byte>>;
 
 constexpr std::string_view kAuthContext = "arlo-weights/1";
 
 std::string vb(Version v, std::size_t i) { return "version " + std::to_string(v) + ", bucket " + std::to_string(i); }
-
-// Buckets of one version offered to downstream senders; bounds how far the producer runs ahead of
-// the slowest consumer (`depth` buffers). Thread-safe.
-//
-// Feed also holds each bucket's checksum, computed once for every downstream link: the first link
-// to send a bucket hashes it while sending (claim_sum / set_sum) and the others reuse the value;
-// a relay posts the checksum it received and verified, so it never hashes for the next hop.
-class Feed {
- public:
-  Feed(std::size_t n, std::size_t depth) : items_(n), depth_(depth), sums_(n, 0), sum_state_(n, kSumNone) {}
-
-  // Known checksum of bucket i, if any.
-  std::optional<std::uint64_t> sum(std::size_t i) {
-    std::lock_guard l(mu_);
-    if (sum_state_[i] == kSumDone) return sums_[i];
-    return std::nullopt;
-  }
-  // True when the caller is the one to compute bucket i's checksum (it must then call set_sum).
-  bool claim_sum(std::size_t i) {
-    std::lock_guard l(mu_);
-    if (sum_state_[i] != kSumNone) return false;
-    sum_state_[i] = kSumClaimed;
-    return true;
-  }
-  void set_sum(std::size_t i, std::uint64_t value) {
-    std::lock_guard l(mu_);
-    sums_[i] = value;
-    sum_state_[i] = kSumDone;
-    cv_.notify_all();
-  }
-  // Cut-through (a relay receiving `full` in place): every bucket's parts are the sink's spans from
-  // the start and downstream links send bytes as soon as they arrived (avail), then wait for the
-  // checksum the relay verified. A bucket that arrives corrupted upstream is received again into
-  // the same spans; the bytes a downstream link already took then fail its own check and it
-  // resumes, so nothing unverified is ever applied downstream either.
-  void enable_cut_through(const std::function<Parts(std::size_t)>& parts_of) {
-    std::lock_guard l(mu_);
-    avail_.assign(items_.size(), 0);
-    for (std::size_t i = 0; i < items_.size(); ++i) {
-      items_[i] = parts_of(i);
-      sum_state_[i] = kSumClaimed;  // comes from upstream, never hashed here
-    }
-    produced_ = items_.size();
-    cv_.notify_all();
-  }
-  bool cut_through() {
-    std::lock_guard l(mu_);
-    return !avail_.empty();
-  }
-  // Bytes of bucket i received so far (in the current attempt).
-  void set_avail(std::size_t i, std::uint64_t bytes) {
-    std::lock_guard l(mu_);
-    avail_[i] = bytes;
-    cv_.notify_all();
-  }
-  Status wait_avail(std::size_t i, std::uint64_t bytes, Deadline deadline) {
-    std::unique_lock l(mu_);
-    const bool ok_ = cv_.wait_until(l, deadline, [&] { return failed_ || avail_[i] >= bytes; });
-    if (avail_[i] >= bytes) return ok();
-    if (failed_) return std::unexpected(*failed_);
-    if (!ok_) return make_error(ErrorCode::kTimeout, "bucket " + std::to_string(i) + " did not arrive upstream in time");
-    return ok();
-  }
-
-  // Waits for the checksum another link is computing.
-  Result<std::uint64_t> wait_sum(std::size_t i, Deadline deadline) {
-    std::unique_lock l(mu_);
-    if (!cv_.wait_until(l, deadline, [&] { return sum_state_[i] == kSumDone; }))
-      return make_error(ErrorCode::kTimeout, "checksum of bucket " + std::to_string(i) + " not ready in time");
-    return sums_[i];
-  }
-
-  void add_consumer(int id, std::size_t from) {
-    std::lock_guard l(mu_);
-    pos_[id] = from;
-    cv_.notify_all();
-  }
-  void remove_consumer(int id) {
-    std::lock_guard l(mu_);
-    pos_.erase(id);
-    cv_.notify_all();
-  }
-  void advance(int id, std::size_t next) {
-    std::lock_guard l(mu_);
-    if (pos_.count(id)) pos_[id] = next;
-    cv_.notify_all();
-  }
-  // Producer: waits until bucket i may reuse the buffer of bucket i - depth.
-  Status wait_room(std::size_t i, Deadline deadline) {
-    std::unique_lock l(mu_);
-    const bool ok_ = cv_.wait_until(l, deadline, [&] { return failed_ || i < low() + depth_; });
-    if (failed_) return std::unexpected(*failed_);
-    if (!ok_) return make_error(ErrorCode::kTimeout, "downstream did not take bucket " + std::to_string(i - depth_));
-    if (i >= depth_) items_[i - depth_].reset();
-    return ok();
-  }
-  void put(std::size_t i, Parts parts) {
-    std::lock_guard l(mu_);
-    items_[i] = std::move(parts);
-    produced_ = std::max(produced_, i + 1);
-    cv_.notify_all();
-  }
-  void fail(Error e) {
-    std::lock_guard l(mu_);
-    if (!failed_) failed_ = std::move(e);
-    cv_.notify_all();
-  }
-  // Consumer: bucket i, kNotFound when it already left the window, or the producer's error.
-  Result<Parts> get(std::size_t i, Deadline deadline) {
-    std::unique_lock l(mu_);
-    const bool ok_ = cv_.wait_until(l, deadline, [&] { return failed_ || items_[i] || i < produced_; });
-    if (items_[i]) return *items_[i];
-    if (failed_) return std::unexpected(*failed_);
-    if (!ok_) return make_error(ErrorCode::kTimeout, "bucket " + std::to_string(i) + " was not produced in time");
-    return make_error(ErrorCode::kNotFound, "bucket " + std::to_string(i) + " left the buffer window");
-  }
-
- private:
-  std::size_t low() const {
-    std::size_t m = produced_ + depth_;  // no consumer: never blocks
-    for (const auto& [id, p] : pos_) m = std::min(m, p);
-    return m == produced_ + depth_ ? produced_ : m;
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::optional<Parts>> items_;
-  std::map<int, std::size_t> pos_;
-  std::size_t depth_;
-  std::size_t produced_ = 0;
-  std::optional<Error> failed_;
-  static constexpr std::uint8_t kSumNone = 0, kSumClaimed = 1, kSumDone = 2;
-  std::vector<std::uint64_t> sums_;
-  std::vector<std::uint8_t> sum_state_;
-  std::vector<std::uint64_t> avail_;  // cut-through only
-};
 
 // Sends bucket i: header, data, trailer checksum. The checksum comes from the feed when known;
 // otherwise the first link to send the bucket computes it chunk by chunk while sending (each chunk
@@ -757,13 +628,89 @@ class TcpReceiver final : public ReceiverTransport {
     ARLO_ASSIGN_OR_RETURN(upstream_ep_, detail::resolve(address_));
     std::unique_ptr<Conn> conn;
     ARLO_TRY(connect(conn, state.version, std::nullopt, 0, deadline));
-
-    // Handshake (repeated when the sender restarts the version in full).
     Manifest m;
     std::vector<std::span<std::byte>> dest;
+    ARLO_TRY(agree(*conn, sink, state, deadline, m, dest));
+
+    Transfer t(m, std::move(dest), o, relay_ != nullptr);
+    std::thread relay_thread;
+    if (relay_) relay_thread = start_relay(t, o, deadline);
+    auto finish_relay = [&] {
+      if (relay_thread.joinable()) relay_thread.join();
+    };
+    Status status = receive_buckets(conn, t, state, deadline);
+    // Staging: finish() decodes and frees the kept buckets the relay sends from; let it end first.
+    if (status && relay_ && !t.direct && t.staging) finish_relay();
+    if (status) status = t.applier.finish();
+    if (status) status = sink.commit(m.version);
+    if (!status) {
+      t.feed.fail(status.error());
+      finish_relay();
+      if (relay_) relay_->reset();
+      if (t.applier.touched()) {
+        sink.discard(m.version, status.error());
+        state.version.reset();
+      }
+      conn->close();
+      return std::unexpected(status.error());
+    }
+    state.version = m.version;
+    state.specs = m.tensors;
+    finish_relay();
+    send_done(*conn, t, o, deadline);
+    conn->close();
+    t.report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return t.report;
+  }
+
+ private:
+  // One version being received: what the bucket loop and the relay thread share.
+  struct Transfer {
+    Transfer(const Manifest& manifest, std::vector<std::span<std::byte>> dest, const Options& o, bool relay)
+        : m(manifest),
+          applier(manifest, std::move(dest), o.apply_mode),
+          direct(applier.direct()),
+          staging(o.apply_mode == ApplyMode::kStaging),
+          stable_parts(direct || staging),
+          cut_through(relay && direct),
+          cap(largest_wire_bucket(manifest)),
+          feed(manifest.buckets.size(), stable_parts ? std::max<std::size_t>(manifest.buckets.size(), 1) : 2) {
+      if (!direct)
+        for (auto& b : bufs) b.reset(new std::byte[std::max<std::uint64_t>(cap, 1)]);
+      report.version = manifest.version;
+      report.payload = manifest.payload.kind;
+      report.buckets = manifest.buckets.size();
+      report.path = "tcp";
+    }
+    static std::uint64_t largest_wire_bucket(const Manifest& manifest) {
+      std::uint64_t cap = 0;
+      for (std::size_t i = 0; i < manifest.buckets.size(); ++i) cap = std::max(cap, wire_capacity(manifest, i));
+      return cap;
+    }
+
+    const Manifest& m;
+    BucketApplier applier;
+    const bool direct;        // buckets are received straight into the sink's spans
+    const bool staging;       // ApplyMode::kStaging: verified buckets are kept until finish()
+    const bool stable_parts;  // a verified bucket's bytes stay where they are until the end
+    const bool cut_through;   // relaying in place: downstream links send bytes as soon as they arrived
+    const std::uint64_t cap;  // largest bucket on the wire
+    std::unique_ptr<std::byte[]> bufs[2];  // not direct: bucket i arrives in bufs[i % 2]
+    Feed feed;                             // relays: the verified buckets, for the downstream links
+    ReceiveReport report;
+  };
+
+  // The per-version handshake on a new link: reads the MANIFEST, checks it against the sink (a
+  // relay also offers it downstream before answering, so a refusal or a need for a full resync
+  // anywhere is known before data moves) and answers; repeated while the answer is need_full (the
+  // sender restarts the version in full). Once accepted, `m` and `dest` are the version and its
+  // destination spans; a refusal is an error (kMismatch), as is a REFUSED link.
+  Status agree(Conn& conn, WeightSink& sink, const ReceiverState& state, Deadline deadline, Manifest& m,
+               std::vector<std::span<std::byte>>& dest) {
+    const Options& o = state.options;
     while (true) {
       nlohmann::json body;
-      ARLO_ASSIGN_OR_RETURN(auto h, with_context(conn->recv_frame(&body, deadline), "tcp " + address_ + ": waiting for a manifest"));
+      ARLO_ASSIGN_OR_RETURN(auto h, with_context(conn.recv_frame(&body, deadline), "tcp " + address_ + ": waiting for a manifest"));
       if (static_cast<Frame>(h.type) == Frame::kRefused) return std::unexpected(refused(body));
       if (static_cast<Frame>(h.type) != Frame::kManifest) return make_error(ErrorCode::kParse, "tcp: expected a manifest");
       auto parsed = Manifest::from_json(body);
@@ -780,104 +727,66 @@ class TcpReceiver final : public ReceiverTransport {
           mine = {"need_full", "", 0};
       }
       if (mine.state == "accepted" && relay_) {
-        // Offer downstream before answering, so its refusal or need for a full resync is known now.
         if (relay_->peers().empty())
           relay_->gather(1, std::nullopt, std::min(deadline, Clock::now() + o.bucket_timeout), o.bucket_timeout, {});
         relay_->offer(m, deadline);
         for (auto& p : relay_->peers())
           if (p->error.empty() && p->answer.state == "need_full") mine = {"need_full", "", 0};
       }
-      ARLO_TRY(conn->send_json(Frame::kAnswer, {{"state", mine.state}, {"error", mine.error}, {"start", 0}}, deadline));
+      ARLO_TRY(conn.send_json(Frame::kAnswer, {{"state", mine.state}, {"error", mine.error}, {"start", 0}}, deadline));
       if (mine.state == "refused") {
         if (relay_) relay_->reset();
         return make_error(ErrorCode::kMismatch, "tcp " + address_ + ": manifest refused: " + mine.error);
       }
-      if (mine.state == "accepted") break;
+      if (mine.state == "accepted") return ok();
     }
+  }
 
-    BucketApplier applier(m, dest, o.apply_mode);
-    ReceiveReport report;
-    report.version = m.version;
-    report.payload = m.payload.kind;
-    report.buckets = m.buckets.size();
-    report.path = "tcp";
-    const std::size_t n = m.buckets.size();
-    const bool direct = applier.direct();
-    const bool stable_parts = direct || o.apply_mode == ApplyMode::kStaging;
-    std::uint64_t cap = 0;
-    for (std::size_t i = 0; i < n; ++i) cap = std::max(cap, wire_capacity(m, i));
-    std::unique_ptr<std::byte[]> bufs[2];
-    if (!direct) {
-      bufs[0].reset(new std::byte[std::max<std::uint64_t>(cap, 1)]);
-      bufs[1].reset(new std::byte[std::max<std::uint64_t>(cap, 1)]);
-    }
-    Feed feed(n, stable_parts ? std::max<std::size_t>(n, 1) : 2);
-    std::thread relay_thread;
-    const bool cut_through = relay_ && direct;
-    if (cut_through)
-      feed.enable_cut_through([&](std::size_t b) {
-        auto sp = applier.direct_spans(b);
+  // Relays: serves the version downstream from a thread of its own, sending each bucket from
+  // t.feed once it is verified here (cut-through: its bytes as soon as they arrived). A bucket
+  // that left the feed's window is replayed from the sink (direct) or the kept copy (staging).
+  std::thread start_relay(Transfer& t, const Options& o, Deadline deadline) {
+    if (t.cut_through)
+      t.feed.enable_cut_through([&t](std::size_t b) {
+        auto sp = t.applier.direct_spans(b);
         return Parts(sp.begin(), sp.end());
       });
-    if (relay_) {
-      relay_thread = std::thread([&] {
-        relay_->stream(m, feed, [&](std::size_t i, auto&) -> Result<Parts> {
-          if (direct && applier.verified(i)) {
-            auto s = applier.direct_spans(i);
-            return Parts(s.begin(), s.end());
-          }
-          if (applier.verified(i) && !applier.kept(i).empty()) return Parts{applier.kept(i)};
-          return make_error(ErrorCode::kUnavailable, "relay cannot replay bucket " + std::to_string(i) +
-                                                         " in in_place mode with payload " +
-                                                         std::string(to_string(m.payload.kind)));
-        }, o, deadline, nullptr);
-      });
-    }
-    auto finish_relay = [&] {
-      if (relay_thread.joinable()) relay_thread.join();
-    };
+    return std::thread([this, &t, &o, deadline] {
+      relay_->stream(t.m, t.feed, [&t](std::size_t i, auto&) -> Result<Parts> {
+        if (t.direct && t.applier.verified(i)) {
+          auto s = t.applier.direct_spans(i);
+          return Parts(s.begin(), s.end());
+        }
+        if (t.applier.verified(i) && !t.applier.kept(i).empty()) return Parts{t.applier.kept(i)};
+        return make_error(ErrorCode::kUnavailable, "relay cannot replay bucket " + std::to_string(i) +
+                                                       " in in_place mode with payload " +
+                                                       std::string(to_string(t.m.payload.kind)));
+      }, o, deadline, nullptr);
+    });
+  }
 
+  // Receives every bucket of t.m from the upstream, in order. A failed link or a corrupted bucket
+  // reconnects and resumes from the first unverified bucket: at most 8 times, and never after a
+  // malformed frame (kParse). Sets t.report.retried_buckets.
+  Status receive_buckets(std::unique_ptr<Conn>& conn, Transfer& t, const ReceiverState& state, Deadline deadline) {
+    const Options& o = state.options;
+    const Manifest& m = t.m;
     Status status = ok();
     std::size_t retries = 0;
-    std::size_t i = 0;
-    while (i < n) {
+    for (std::size_t i = 0; i < m.buckets.size();) {
       std::span<std::byte> buf;
-      if (!direct) {
-        if (relay_ && !stable_parts) {
-          if (auto s = feed.wait_room(i, deadline); !s) { status = s; break; }
+      if (!t.direct) {
+        if (relay_ && !t.stable_parts) {
+          if (auto s = t.feed.wait_room(i, deadline); !s) { status = s; break; }
         }
-        buf = {bufs[i % 2].get(), cap};
+        buf = {t.bufs[i % 2].get(), t.cap};
       }
       if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
-      std::vector<std::span<std::byte>> targets;
-      if (direct) {
-        targets = applier.direct_spans(i);
-        applier.mark_touched();
-      }
-      auto got = recv_bucket(*conn, i, targets, buf, std::min(deadline, Clock::now() + o.bucket_timeout),
-                             cut_through ? &feed : nullptr);
-      Status s = got ? Status(ok()) : Status(std::unexpected(got.error()));
-      if (got) {
-        if (direct) applier.mark_direct_verified(i);
-        else s = applier.accept_verified(i, buf.subspan(0, got->bytes));
-      }
+      const Status s = take_bucket(*conn, t, i, buf, std::min(deadline, Clock::now() + o.bucket_timeout));
       if (s) {
-        report.wire_bytes += got->bytes;
-        if (relay_) {
-          feed.set_sum(i, got->checksum);  // the next hop gets the verified checksum, not a second hash
-          if (direct) {
-            auto sp = applier.direct_spans(i);
-            feed.put(i, Parts(sp.begin(), sp.end()));
-          } else if (o.apply_mode == ApplyMode::kStaging) {
-            feed.put(i, Parts{applier.kept(i)});
-          } else {
-            feed.put(i, Parts{std::span<const std::byte>(buf.subspan(0, got->bytes))});
-          }
-        }
         ++i;
         continue;
       }
-      // Link failure or corrupted bucket: reconnect and resume from the first unverified bucket.
       ++retries;
       ARLO_WARN("weight_sync tcp {}: {} from {}: {}; resuming (retry {})", name_, vb(m.version, i), address_,
                 s.error().what(), retries);
@@ -894,40 +803,52 @@ class TcpReceiver final : public ReceiverTransport {
         break;
       }
     }
-    report.retried_buckets = retries;
-    // Staging: finish() decodes and frees the kept buckets the relay sends from; let it end first.
-    if (status && relay_ && !direct && o.apply_mode == ApplyMode::kStaging) finish_relay();
-    if (status) status = applier.finish();
-    if (status) status = sink.commit(m.version);
-    if (!status) {
-      feed.fail(status.error());
-      finish_relay();
-      if (relay_) relay_->reset();
-      if (applier.touched()) {
-        sink.discard(m.version, status.error());
-        state.version.reset();
-      }
-      conn->close();
-      return std::unexpected(status.error());
+    t.report.retried_buckets = retries;
+    return status;
+  }
+
+  // Bucket i from `conn`: into the sink's spans (direct) or `buf`, hashed while it arrives, then
+  // applied (or kept, staging); a relay then posts it and the checksum it verified in t.feed, so
+  // the next hop needs no second hash. An error leaves bucket i to be received again.
+  Status take_bucket(Conn& conn, Transfer& t, std::size_t i, std::span<std::byte> buf, Deadline bucket_deadline) {
+    std::vector<std::span<std::byte>> targets;
+    if (t.direct) {
+      targets = t.applier.direct_spans(i);
+      t.applier.mark_touched();
     }
-    state.version = m.version;
-    state.specs = m.tensors;
-    finish_relay();
+    ARLO_ASSIGN_OR_RETURN(const Received got,
+                          recv_bucket(conn, i, targets, buf, bucket_deadline, t.cut_through ? &t.feed : nullptr));
+    if (t.direct) {
+      t.applier.mark_direct_verified(i);
+    } else {
+      ARLO_TRY(t.applier.accept_verified(i, buf.subspan(0, got.bytes)));
+    }
+    t.report.wire_bytes += got.bytes;
+    if (!relay_) return ok();
+    t.feed.set_sum(i, got.checksum);
+    if (t.direct) {
+      auto sp = t.applier.direct_spans(i);
+      t.feed.put(i, Parts(sp.begin(), sp.end()));
+    } else if (t.staging) {
+      t.feed.put(i, Parts{t.applier.kept(i)});
+    } else {
+      t.feed.put(i, Parts{std::span<const std::byte>(buf.subspan(0, got.bytes))});
+    }
+    return ok();
+  }
+
+  // DONE to the upstream: this receiver's report and, relaying, those of everything downstream.
+  void send_done(Conn& conn, const Transfer& t, const Options& o, Deadline deadline) {
     nlohmann::json peers = nlohmann::json::array();
-    peers.push_back({{"peer", name_}, {"ok", true}, {"error", ""}, {"wire_bytes", report.wire_bytes}});
+    peers.push_back({{"peer", name_}, {"ok", true}, {"error", ""}, {"wire_bytes", t.report.wire_bytes}});
     if (relay_) {
       std::vector<PeerReport> down;
-      collect_reports(*relay_, m, down);
+      collect_reports(*relay_, t.m, down);
       for (const auto& d : down) peers.push_back({{"peer", d.peer}, {"ok", d.ok}, {"error", d.error}, {"wire_bytes", d.wire_bytes}});
       relay_->reset();
     }
-    (void)conn->send_json(Frame::kDone, {{"peers", peers}}, std::min(deadline, Clock::now() + o.bucket_timeout));
-    conn->close();
-    report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    return report;
+    (void)conn.send_json(Frame::kDone, {{"peers", peers}}, std::min(deadline, Clock::now() + o.bucket_timeout));
   }
-
- private:
   Status connect(std::unique_ptr<Conn>& conn, std::optional<Version> held, std::optional<Version> resume_version,
                  std::size_t resume_bucket, Deadline deadline) {
     Status last = ok();

@@ -299,6 +299,30 @@ struct StoreServer::Impl {
   // Handles one request at the start of `r`; returns false when it is incomplete or refused
   // (c.closing set then).
   bool handle(std::uint64_t id, Conn& c, Reader& r, std::vector<std::string>& changed);
+  // A connection's first request tells its dialect (torch >= 2.2 or older). Returns what handle()
+  // returns when the request was settled here (VALIDATE, incomplete, bad magic), or nullopt when
+  // `byte` is a command of the dialect found, to be handled as such.
+  std::optional<bool> settle_dialect(Conn& c, Reader& r, std::uint8_t byte);
+  // One request being handled: connection `id`, its parser and command; collects changed keys.
+  struct Request {
+    std::uint64_t id;
+    Conn& c;
+    Reader& r;
+    std::vector<std::string>& changed;
+    Cmd cmd;
+  };
+  // Refuses the request: logged, the connection closes after this round. Returns false.
+  bool fail(const Request& q, std::string why);
+  // The request's fields are not all there yet (false), or one is over a limit (refused, false).
+  bool incomplete_or_bad(const Request& q);
+  // The commands whose handling takes more than a few lines; each returns what handle() returns.
+  bool compare_set(Request& q);
+  bool add(Request& q);
+  bool keys_request(Request& q);  // CHECK, WAIT, MULTI_GET
+  bool append(Request& q);
+  bool multi_set(Request& q);
+  // CANCEL_WAIT: drops every WAIT pending on connection `id`.
+  void cancel_waits(std::uint64_t id, Conn& c);
   void flush(Conn& c);
   void close_conn(std::uint64_t id, Conn& c);
   void changed_keys(const std::vector<std::string>& keys);
@@ -554,156 +578,82 @@ void StoreServer::Impl::process(std::uint64_t id, Conn& c) {
   flush(c);
 }
 
+std::optional<bool> StoreServer::Impl::settle_dialect(Conn& c, Reader& r, std::uint8_t byte) {
+  // torch >= 2.2 opens with VALIDATE (0) and the magic; older clients with any request, SET
+  // included (0 too), whose key length then follows. A length whose low 32 bits are over the
+  // key limit cannot be a SET, so it is a wrong magic.
+  if (byte != 0) {
+    c.dialect = Dialect::kLegacy;
+    return std::nullopt;
+  }
+  const auto magic = r.value<std::uint32_t>();
+  if (!r.ok()) return false;
+  if (magic == kStoreValidateMagic) {
+    c.dialect = Dialect::kCurrent;
+    return true;
+  }
+  if (magic > kStoreMaxKeyBytes) {
+    ARLO_WARN("rendezvous store {}: VALIDATE from {} with wrong magic 0x{:08x} (expected 0x{:08x}); "
+              "closing the connection (not a torch TCPStore client, or an incompatible one)",
+              address, c.peer, magic, kStoreValidateMagic);
+    refuse(c, "bad magic");
+    return false;
+  }
+  c.dialect = Dialect::kLegacy;
+  r.pos = 1;
+  ARLO_DEBUG("rendezvous store {}: {} speaks the torch < 2.2 dialect", address, c.peer);
+  return std::nullopt;
+}
+
 bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector<std::string>& changed) {
   const auto byte = r.value<std::uint8_t>();
   if (!r.ok()) return false;
   if (c.dialect == Dialect::kUnknown) {
-    // torch >= 2.2 opens with VALIDATE (0) and the magic; older clients with any request, SET
-    // included (0 too), whose key length then follows. A length whose low 32 bits are over the
-    // key limit cannot be a SET, so it is a wrong magic.
-    if (byte != 0) {
-      c.dialect = Dialect::kLegacy;
-    } else {
-      const auto magic = r.value<std::uint32_t>();
-      if (!r.ok()) return false;
-      if (magic == kStoreValidateMagic) {
-        c.dialect = Dialect::kCurrent;
-        return true;
-      }
-      if (magic > kStoreMaxKeyBytes) {
-        ARLO_WARN("rendezvous store {}: VALIDATE from {} with wrong magic 0x{:08x} (expected 0x{:08x}); "
-                  "closing the connection (not a torch TCPStore client, or an incompatible one)",
-                  address, c.peer, magic, kStoreValidateMagic);
-        refuse(c, "bad magic");
-        return false;
-      }
-      c.dialect = Dialect::kLegacy;
-      r.pos = 1;
-      ARLO_DEBUG("rendezvous store {}: {} speaks the torch < 2.2 dialect", address, c.peer);
-    }
+    if (const auto decided = settle_dialect(c, r, byte)) return *decided;
   }
-  const Cmd cmd = c.dialect == Dialect::kCurrent ? current_cmd(byte) : legacy_cmd(byte);
-  auto fail = [&](std::string why) {
-    ARLO_WARN("rendezvous store {}: {} request from {}: {}; closing that connection", address, cmd_name(cmd),
-              c.peer, why);
-    refuse(c, std::move(why));
-    return false;
-  };
-  auto incomplete_or_bad = [&]() {
-    if (!r.bad.empty()) return fail(r.bad);
-    return false;  // wait for more bytes
-  };
-  std::string reply;
-  switch (cmd) {
+  Request q{id, c, r, changed, c.dialect == Dialect::kCurrent ? current_cmd(byte) : legacy_cmd(byte)};
+  switch (q.cmd) {
     case Cmd::kValidate: {
       const auto magic = r.value<std::uint32_t>();
-      if (!r.ok()) return incomplete_or_bad();
-      if (magic != kStoreValidateMagic) return fail(fmt::format("wrong magic 0x{:08x}", magic));
+      if (!r.ok()) return incomplete_or_bad(q);
+      if (magic != kStoreValidateMagic) return fail(q, fmt::format("wrong magic 0x{:08x}", magic));
       return true;
     }
     case Cmd::kPing: {
       const auto nonce = r.value<std::uint32_t>();
-      if (!r.ok()) return incomplete_or_bad();
+      if (!r.ok()) return incomplete_or_bad(q);
       put<std::uint32_t>(c.out, nonce);
       return true;
     }
     case Cmd::kSet: {
       const auto key = r.key();
       const auto value = r.val();
-      if (!r.ok()) return incomplete_or_bad();
+      if (!r.ok()) return incomplete_or_bad(q);
       std::lock_guard lock(mu);
       data[std::string(key)] = std::string(value);
       changed.emplace_back(key);
       return true;
     }
-    case Cmd::kCompareSet: {
-      const auto key = r.key();
-      const auto expected = r.val();
-      const auto desired = r.val();
-      if (!r.ok()) return incomplete_or_bad();
-      std::lock_guard lock(mu);
-      auto it = data.find(std::string(key));
-      if (it == data.end()) {
-        if (expected.empty()) {
-          data.emplace(std::string(key), std::string(desired));
-          changed.emplace_back(key);
-          put_bytes(c.out, desired);
-        } else {
-          put_bytes(c.out, expected);  // what torch answers for a missing key
-        }
-      } else {
-        if (it->second == expected) {
-          it->second = std::string(desired);
-          changed.emplace_back(key);
-        }
-        put_bytes(c.out, it->second);
-      }
-      return true;
-    }
+    case Cmd::kCompareSet:
+      return compare_set(q);
     case Cmd::kGet: {
       const auto key = r.key();
-      if (!r.ok()) return incomplete_or_bad();
+      if (!r.ok()) return incomplete_or_bad(q);
       std::lock_guard lock(mu);
       auto it = data.find(std::string(key));
       if (it == data.end())
-        return fail(fmt::format("key {} does not exist (torch's server drops the connection too; its "
-                                "clients WAIT before GET)",
-                                show(key)));
+        return fail(q, fmt::format("key {} does not exist (torch's server drops the connection too; its "
+                                   "clients WAIT before GET)",
+                                   show(key)));
       put_bytes(c.out, it->second);
       return true;
     }
-    case Cmd::kAdd: {
-      const auto key = r.key();
-      const auto delta = r.value<std::int64_t>();
-      if (!r.ok()) return incomplete_or_bad();
-      std::lock_guard lock(mu);
-      auto it = data.find(std::string(key));
-      std::int64_t sum = delta;
-      if (it != data.end()) {
-        auto old = parse_int(it->second);
-        if (!old) return fail(fmt::format("key {} holds {}, not an integer", show(key), show(it->second)));
-        sum = wrapping_add(*old, delta);
-      }
-      data[std::string(key)] = std::to_string(sum);
-      changed.emplace_back(key);
-      put<std::int64_t>(c.out, sum);
-      return true;
-    }
+    case Cmd::kAdd:
+      return add(q);
     case Cmd::kCheck:
     case Cmd::kWait:
-    case Cmd::kMultiGet: {
-      const auto n = r.count();
-      std::vector<std::string_view> keys;
-      for (std::uint64_t i = 0; i < n && r.ok(); ++i) keys.push_back(r.key());
-      if (!r.ok()) return incomplete_or_bad();
-      std::lock_guard lock(mu);
-      if (cmd == Cmd::kCheck) {
-        const bool all = std::all_of(keys.begin(), keys.end(), [&](std::string_view k) {
-          return data.contains(std::string(k));
-        });
-        put<std::uint8_t>(c.out, all ? kReady : kNotReady);
-      } else if (cmd == Cmd::kWait) {
-        std::unordered_set<std::string> missing;
-        for (auto k : keys)
-          if (!data.contains(std::string(k))) missing.emplace(k);
-        if (missing.empty()) {
-          put<std::uint8_t>(c.out, kStopWaiting);
-        } else {
-          for (const auto& k : missing) waiters[k].push_back(id);
-          c.waits.push_back(std::move(missing));
-        }
-      } else {
-        std::string out;
-        for (auto k : keys) {
-          auto it = data.find(std::string(k));
-          if (it == data.end())
-            return fail(fmt::format("key {} does not exist (torch's server drops the connection too)", show(k)));
-          put_bytes(out, it->second);
-        }
-        c.out += out;
-      }
-      return true;
-    }
+    case Cmd::kMultiGet:
+      return keys_request(q);
     case Cmd::kGetNumKeys: {
       std::lock_guard lock(mu);
       put<std::int64_t>(c.out, static_cast<std::int64_t>(data.size()));
@@ -711,63 +661,25 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
     }
     case Cmd::kDeleteKey: {
       const auto key = r.key();
-      if (!r.ok()) return incomplete_or_bad();
+      if (!r.ok()) return incomplete_or_bad(q);
       std::lock_guard lock(mu);
       put<std::int64_t>(c.out, static_cast<std::int64_t>(data.erase(std::string(key))));
       return true;
     }
-    case Cmd::kAppend: {
-      const auto key = r.key();
-      const auto value = r.val();
-      if (!r.ok()) return incomplete_or_bad();
-      std::lock_guard lock(mu);
-      auto& slot = data[std::string(key)];
-      if (slot.size() + value.size() > kStoreMaxValueBytes)
-        return fail(fmt::format("key {} would grow to {} bytes, over the limit of {}", show(key),
-                                slot.size() + value.size(), kStoreMaxValueBytes));
-      slot.append(value);
-      changed.emplace_back(key);
-      return true;
-    }
-    case Cmd::kMultiSet: {
-      const auto n = r.count();
-      std::vector<std::pair<std::string_view, std::string_view>> items;
-      std::uint64_t total = 0;
-      for (std::uint64_t i = 0; i < n && r.ok(); ++i) {
-        const auto k = r.key();
-        const auto v = r.val();
-        total += v.size();
-        if (r.ok() && total > kStoreMaxValueBytes)
-          r.bad = fmt::format("values of {}+ bytes in one request are over the limit of {}", total,
-                              kStoreMaxValueBytes);
-        items.emplace_back(k, v);
-      }
-      if (!r.ok()) return incomplete_or_bad();
-      std::lock_guard lock(mu);
-      for (auto [k, v] : items) {
-        data[std::string(k)] = std::string(v);
-        changed.emplace_back(k);
-      }
-      return true;
-    }
-    case Cmd::kCancelWait: {
-      for (const auto& w : c.waits)
-        for (const auto& k : w) {
-          auto it = waiters.find(k);
-          if (it == waiters.end()) continue;
-          std::erase(it->second, id);
-          if (it->second.empty()) waiters.erase(it);
-        }
-      c.waits.clear();
+    case Cmd::kAppend:
+      return append(q);
+    case Cmd::kMultiSet:
+      return multi_set(q);
+    case Cmd::kCancelWait:
+      cancel_waits(id, c);
       put<std::uint8_t>(c.out, kWaitCanceled);
       return true;
-    }
     case Cmd::kWatchKey:
-      return fail("WATCH_KEY (torch < 2.2 key callbacks) is not supported by this store");
+      return fail(q, "WATCH_KEY (torch < 2.2 key callbacks) is not supported by this store");
     case Cmd::kQueuePush:
     case Cmd::kQueuePop:
     case Cmd::kQueueLen:
-      return fail("queue commands (torch's libuv server only) are not supported by this store");
+      return fail(q, "queue commands (torch's libuv server only) are not supported by this store");
     case Cmd::kUnknown:
       ARLO_WARN("rendezvous store {}: unknown command byte {} from {} ({} dialect); closing that connection",
                 address, byte, c.peer, c.dialect == Dialect::kCurrent ? "torch >= 2.2" : "torch < 2.2");
@@ -775,6 +687,142 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
       return false;
   }
   return false;
+}
+
+bool StoreServer::Impl::fail(const Request& q, std::string why) {
+  ARLO_WARN("rendezvous store {}: {} request from {}: {}; closing that connection", address, cmd_name(q.cmd),
+            q.c.peer, why);
+  refuse(q.c, std::move(why));
+  return false;
+}
+
+bool StoreServer::Impl::incomplete_or_bad(const Request& q) {
+  if (!q.r.bad.empty()) return fail(q, q.r.bad);
+  return false;  // wait for more bytes
+}
+
+bool StoreServer::Impl::compare_set(Request& q) {
+  const auto key = q.r.key();
+  const auto expected = q.r.val();
+  const auto desired = q.r.val();
+  if (!q.r.ok()) return incomplete_or_bad(q);
+  std::lock_guard lock(mu);
+  auto it = data.find(std::string(key));
+  if (it == data.end()) {
+    if (expected.empty()) {
+      data.emplace(std::string(key), std::string(desired));
+      q.changed.emplace_back(key);
+      put_bytes(q.c.out, desired);
+    } else {
+      put_bytes(q.c.out, expected);  // what torch answers for a missing key
+    }
+  } else {
+    if (it->second == expected) {
+      it->second = std::string(desired);
+      q.changed.emplace_back(key);
+    }
+    put_bytes(q.c.out, it->second);
+  }
+  return true;
+}
+
+bool StoreServer::Impl::add(Request& q) {
+  const auto key = q.r.key();
+  const auto delta = q.r.value<std::int64_t>();
+  if (!q.r.ok()) return incomplete_or_bad(q);
+  std::lock_guard lock(mu);
+  auto it = data.find(std::string(key));
+  std::int64_t sum = delta;
+  if (it != data.end()) {
+    auto old = parse_int(it->second);
+    if (!old) return fail(q, fmt::format("key {} holds {}, not an integer", show(key), show(it->second)));
+    sum = wrapping_add(*old, delta);
+  }
+  data[std::string(key)] = std::to_string(sum);
+  q.changed.emplace_back(key);
+  put<std::int64_t>(q.c.out, sum);
+  return true;
+}
+
+bool StoreServer::Impl::keys_request(Request& q) {
+  const auto n = q.r.count();
+  std::vector<std::string_view> keys;
+  for (std::uint64_t i = 0; i < n && q.r.ok(); ++i) keys.push_back(q.r.key());
+  if (!q.r.ok()) return incomplete_or_bad(q);
+  std::lock_guard lock(mu);
+  if (q.cmd == Cmd::kCheck) {
+    const bool all = std::all_of(keys.begin(), keys.end(), [&](std::string_view k) {
+      return data.contains(std::string(k));
+    });
+    put<std::uint8_t>(q.c.out, all ? kReady : kNotReady);
+  } else if (q.cmd == Cmd::kWait) {
+    std::unordered_set<std::string> missing;
+    for (auto k : keys)
+      if (!data.contains(std::string(k))) missing.emplace(k);
+    if (missing.empty()) {
+      put<std::uint8_t>(q.c.out, kStopWaiting);
+    } else {
+      for (const auto& k : missing) waiters[k].push_back(q.id);
+      q.c.waits.push_back(std::move(missing));
+    }
+  } else {
+    std::string out;
+    for (auto k : keys) {
+      auto it = data.find(std::string(k));
+      if (it == data.end())
+        return fail(q, fmt::format("key {} does not exist (torch's server drops the connection too)", show(k)));
+      put_bytes(out, it->second);
+    }
+    q.c.out += out;
+  }
+  return true;
+}
+
+bool StoreServer::Impl::append(Request& q) {
+  const auto key = q.r.key();
+  const auto value = q.r.val();
+  if (!q.r.ok()) return incomplete_or_bad(q);
+  std::lock_guard lock(mu);
+  auto& slot = data[std::string(key)];
+  if (slot.size() + value.size() > kStoreMaxValueBytes)
+    return fail(q, fmt::format("key {} would grow to {} bytes, over the limit of {}", show(key),
+                               slot.size() + value.size(), kStoreMaxValueBytes));
+  slot.append(value);
+  q.changed.emplace_back(key);
+  return true;
+}
+
+bool StoreServer::Impl::multi_set(Request& q) {
+  const auto n = q.r.count();
+  std::vector<std::pair<std::string_view, std::string_view>> items;
+  std::uint64_t total = 0;
+  for (std::uint64_t i = 0; i < n && q.r.ok(); ++i) {
+    const auto k = q.r.key();
+    const auto v = q.r.val();
+    total += v.size();
+    if (q.r.ok() && total > kStoreMaxValueBytes)
+      q.r.bad = fmt::format("values of {}+ bytes in one request are over the limit of {}", total,
+                            kStoreMaxValueBytes);
+    items.emplace_back(k, v);
+  }
+  if (!q.r.ok()) return incomplete_or_bad(q);
+  std::lock_guard lock(mu);
+  for (auto [k, v] : items) {
+    data[std::string(k)] = std::string(v);
+    q.changed.emplace_back(k);
+  }
+  return true;
+}
+
+void StoreServer::Impl::cancel_waits(std::uint64_t id, Conn& c) {
+  for (const auto& w : c.waits)
+    for (const auto& k : w) {
+      auto it = waiters.find(k);
+      if (it == waiters.end()) continue;
+      std::erase(it->second, id);
+      if (it->second.empty()) waiters.erase(it);
+    }
+  c.waits.clear();
 }
 
 void StoreServer::Impl::changed_keys(const std::vector<std::string>& keys) {
