@@ -29,10 +29,15 @@ std::string strip_slash(std::string url) {
   return url;
 }
 
-asio::awaitable<void> sleep_for(Duration d) {
-  asio::steady_timer t(co_await asio::this_coro::executor, d);
-  boost::system::error_code ec;
-  co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+// The clock the pool runs on: `options.clock`, or a real one created into `own`. Also handed to the
+// HTTP client when the caller set no clock of its own there.
+arlo::Clock* pick_clock(asio::io_context& io, PoolOptions& options, std::unique_ptr<arlo::Clock>& own) {
+  if (!options.clock) {
+    own = std::make_unique<RealClock>(io.get_executor());
+    options.clock = own.get();
+  }
+  if (!options.client.clock) options.client.clock = options.clock;
+  return options.clock;
 }
 
 bool retryable(ErrorCode code) {
@@ -44,6 +49,7 @@ bool retryable(ErrorCode code) {
 HttpInferencePool::HttpInferencePool(asio::io_context& io, PoolOptions options)
     : io_(io),
       options_(std::move(options)),
+      clock_(pick_clock(io, options_, own_clock_)),
       client_(std::make_unique<http::Client>(io, options_.client)),
       health_timer_(io),
       alive_(std::make_shared<bool>(true)) {}
@@ -184,13 +190,13 @@ asio::awaitable<bool> HttpInferencePool::probe(Server& s) {
   if (s.probing) co_return s.healthy;
   s.probing = true;
   auto alive = alive_;
-  const auto started = Clock::now();
+  const auto started = clock_->now();
   auto r = co_await client_->get(s.url + "/health", options_.health_timeout);
   if (!*alive) co_return false;
   s.probing = false;
   // Silent: nothing answered, not even a refusal (that is a live host whose port is closed).
   s.silent = !r && r.error().code() == ErrorCode::kTimeout;
-  if (r) s.last_answer = Clock::now();
+  if (r) s.last_answer = clock_->now();
   const bool ok = r && r->status >= 200 && r->status < 300;
   if (!ok && s.silent && options_.open_on_silence && !s.circuit_open && s.outstanding > 0 && s.last_answer < started) {
     // Its requests are as unanswered as the probe: a dark link or a hung host, not a slow server
@@ -222,7 +228,7 @@ asio::awaitable<bool> HttpInferencePool::probe(Server& s) {
 
 asio::awaitable<void> HttpInferencePool::recover(Server& s, std::shared_ptr<bool> alive) {
   while (*alive && running_ && s.circuit_open && !s.removed) {
-    co_await sleep_for(s.backoff);
+    co_await cancellable_sleep_until(io_.get_executor(), *clock_, clock_->now() + s.backoff);
     if (!*alive || !running_) co_return;
     const bool back = co_await probe(s);
     if (back) break;
@@ -249,15 +255,24 @@ asio::awaitable<void> HttpInferencePool::health_loop(std::shared_ptr<bool> alive
         s->recovering = true;
         asio::co_spawn(io_, recover(*s, alive), asio::detached);
       }
-    health_timer_.expires_after(options_.health_interval);
-    boost::system::error_code ec;
-    co_await health_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_await wait_health_interval(alive);
   }
+}
+
+// Waits health_interval on the pool's clock; stop() (or the destructor) cuts the wait short by
+// cancelling health_timer_.
+asio::awaitable<void> HttpInferencePool::wait_health_interval(std::shared_ptr<bool> alive) {
+  health_timer_.expires_at(asio::steady_timer::time_point::max());
+  auto due = clock_->schedule(clock_->now() + options_.health_interval, [this, alive] {
+    if (*alive) health_timer_.cancel();
+  });
+  boost::system::error_code ec;
+  co_await health_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
 }
 
 asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest request, Duration deadline) {
   auto alive = alive_;
-  const auto end = Clock::now() + deadline;
+  const auto end = clock_->now() + deadline;
   const std::string path = endpoint_path(request);
   const bool chat = request.is_chat();
   const std::string body = to_openai_body(request).dump();
@@ -265,14 +280,14 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
   std::optional<Error> last_error;
   int attempts = 0;
   while (attempts < options_.max_attempts) {
-    const auto now = Clock::now();
+    const auto now = clock_->now();
     if (now >= end) break;
     Server* s = pick(request.affinity_key, tried);
     if (!s) {
       // Nothing usable right now: wait for a server to (re)join, within the deadline.
       if (!running_ && servers_.empty())
         co_return make_error(ErrorCode::kUnavailable, "inference pool has no servers (add inference.servers)");
-      co_await sleep_for(std::min<Duration>(end - now, std::chrono::milliseconds(20)));
+      co_await cancellable_sleep_until(io_.get_executor(), *clock_, now + std::min<Duration>(end - now, std::chrono::milliseconds(20)));
       if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
       continue;
     }
@@ -298,7 +313,7 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
     }
     if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
     --s->outstanding;
-    if (raced.index() == 0 && std::get<0>(raced)) s->last_answer = Clock::now();
+    if (raced.index() == 0 && std::get<0>(raced)) s->last_answer = clock_->now();
     if (raced.index() == 1) {  // no on_failure: the circuit is open already
       last_error = Error(ErrorCode::kUnavailable,
                          fmt::format("{}{}: the server stopped answering (its circuit opened) while the request ran",

@@ -33,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/async/clock.h"
 #include "common/http.h"
 #include "common/result.h"
 #include "rollout/types.h"
@@ -77,6 +78,10 @@ struct PoolOptions {
   std::optional<Duration> attempt_timeout{};       // per attempt; default: the remaining deadline
   std::size_t affinity_capacity = 8192;            // affinity keys remembered (oldest forgotten)
   http::ClientOptions client;
+  // The time health intervals, recovery backoff and request deadlines are measured on
+  // (common/async/clock.h): a FakeClock in tests. Not owned; it must outlive the pool. Null: the
+  // real clock. The pool's HTTP client uses it too unless client.clock is set.
+  arlo::Clock* clock = nullptr;
 };
 
 class HttpInferencePool final : public InferencePool {
@@ -132,14 +137,17 @@ class HttpInferencePool final : public InferencePool {
   boost::asio::awaitable<bool> probe(Server& s);
   boost::asio::awaitable<void> recover(Server& s, std::shared_ptr<bool> alive);
   boost::asio::awaitable<void> health_loop(std::shared_ptr<bool> alive);
+  boost::asio::awaitable<void> wait_health_interval(std::shared_ptr<bool> alive);
 
   boost::asio::io_context& io_;
   PoolOptions options_;
+  std::unique_ptr<arlo::Clock> own_clock_;  // the real clock, when options.clock is null
+  arlo::Clock* clock_;
   std::unique_ptr<http::Client> client_;
   std::vector<std::unique_ptr<Server>> servers_;
   std::unordered_map<std::string, std::string> affinity_;  // key -> url
   std::deque<std::string> affinity_order_;
-  boost::asio::steady_timer health_timer_;
+  boost::asio::steady_timer health_timer_;  // woken by the clock after health_interval, or by stop()
   bool running_ = false;
   std::size_t round_robin_ = 0;           // breaks ties between equally loaded servers
   std::shared_ptr<bool> alive_;           // guards coroutines that outlive the pool
