@@ -215,13 +215,7 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   const auto t0 = clock_.now();
   syncing_ = true;
   const bool hold = opt_.update_mode != PauseMode::kKeep;
-  if (hold) dispatcher_.hold(true);
-  if (opt_.update_mode == PauseMode::kWait) {
-    auto drain = drain_dispatcher();
-    auto drained = co_await with_deadline<void>(ex_, clock_, t0 + opt_.drain_timeout, std::move(drain),
-                                                "drain before weight update");
-    if (!drained) ARLO_WARN("weight sync v{}: {}; swapping anyway", v, drained.error().what());
-  }
+  co_await hold_dispatch(v, t0, hold);
 
   SyncReport report;
   report.version = v;
@@ -233,6 +227,49 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
     out_of_date_.clear();
   }
   const auto all = inference_.workers();
+  co_await choose_round_workers(all, report);
+  if (report.workers.empty() && !all.empty()) {
+    end_hold(hold);
+    co_await wait_for_a_taker(v, all.size(), report);
+    co_return;
+  }
+  co_await update_round_workers(v, report);
+  end_hold(hold);
+  count_failed_workers(v, report);
+  report.seconds = std::chrono::duration<double>(clock_.now() - t0).count();
+  report.applied = report.workers.empty() || report.workers_failed < static_cast<int>(report.workers.size());
+  if (!report.applied) {
+    if (on_synced_) on_synced_(report);
+    if (out_of_date_.size() == all.size()) {
+      co_return;  // the next round gives up (wait_for_a_taker), unless a newer version came
+    }
+    ARLO_ERROR("weight sync: no worker took v{}; retrying after backoff", v);
+    co_await sleep_until(ex_, clock_, clock_.now() + opt_.admin_backoff);
+    co_return;
+  }
+  synced_ = v;
+  last_seconds_ = report.seconds;
+  dispatcher_.on_version(v);
+  changed_.notify();
+  if (on_synced_) on_synced_(report);
+}
+
+Awaitable<void> WeightWatcher::hold_dispatch(Version v, TimePoint t0, bool hold) {
+  if (hold) dispatcher_.hold(true);
+  if (opt_.update_mode == PauseMode::kWait) {
+    auto drain = drain_dispatcher();
+    auto drained = co_await with_deadline<void>(ex_, clock_, t0 + opt_.drain_timeout, std::move(drain),
+                                                "drain before weight update");
+    if (!drained) ARLO_WARN("weight sync v{}: {}; swapping anyway", v, drained.error().what());
+  }
+}
+
+void WeightWatcher::end_hold(bool hold) {
+  if (hold) dispatcher_.hold(false);
+  syncing_ = false;
+}
+
+Awaitable<void> WeightWatcher::choose_round_workers(const std::vector<std::string>& all, SyncReport& report) {
   round_silent_.clear();
   for (auto& w : co_await inference_.silent_workers())
     if (!left_out_.count(w) && !out_of_date_.count(w) && !heard_.count(w)) round_silent_.insert(std::move(w));
@@ -242,19 +279,20 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
     report.workers.emplace_back();
     report.workers.back().worker = w;
   }
-  if (report.workers.empty() && !all.empty()) {
-    if (hold) dispatcher_.hold(false);
-    syncing_ = false;
-    if (out_of_date_.size() == all.size() && synced_ < v) {
-      report.gave_up = fmt::format("no worker took v{} in {} attempts each (see the errors above)", v, opt_.version_attempts);
-      ARLO_ERROR("weight sync: {}; stopping", report.gave_up);
-      if (on_synced_) on_synced_(report);
-    } else {
-      ARLO_ERROR("weight sync: v{} waits: every worker is left out after failed updates; probing them", v);
-    }
-    co_await changed_.wait();  // a probe that succeeds, a newer version or stop
-    co_return;
+}
+
+Awaitable<void> WeightWatcher::wait_for_a_taker(Version v, std::size_t workers, SyncReport& report) {
+  if (out_of_date_.size() == workers && synced_ < v) {
+    report.gave_up = fmt::format("no worker took v{} in {} attempts each (see the errors above)", v, opt_.version_attempts);
+    ARLO_ERROR("weight sync: {}; stopping", report.gave_up);
+    if (on_synced_) on_synced_(report);
+  } else {
+    ARLO_ERROR("weight sync: v{} waits: every worker is left out after failed updates; probing them", v);
   }
+  co_await changed_.wait();  // a probe that succeeds, a newer version or stop
+}
+
+Awaitable<void> WeightWatcher::update_round_workers(Version v, SyncReport& report) {
   // All workers in parallel; the update is as slow as the slowest worker, not their sum.
   round_receivers_.clear();
   round_retried_.clear();
@@ -281,9 +319,9 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   round_retried_.clear();
   for (const auto& w : report.workers)
     if (w.ok()) held_[w.worker] = std::max(held_[w.worker], v);
+}
 
-  if (hold) dispatcher_.hold(false);
-  syncing_ = false;
+void WeightWatcher::count_failed_workers(Version v, SyncReport& report) {
   for (const auto& w : report.workers) {
     if (w.ok()) continue;
     ++report.workers_failed;
@@ -302,22 +340,6 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
     }
   }
   failures_ += static_cast<std::uint64_t>(report.workers_failed);
-  report.seconds = std::chrono::duration<double>(clock_.now() - t0).count();
-  report.applied = report.workers.empty() || report.workers_failed < static_cast<int>(report.workers.size());
-  if (!report.applied) {
-    if (on_synced_) on_synced_(report);
-    if (out_of_date_.size() == all.size()) {
-      co_return;  // the next round gives up (above), unless a newer version came
-    }
-    ARLO_ERROR("weight sync: no worker took v{}; retrying after backoff", v);
-    co_await sleep_until(ex_, clock_, clock_.now() + opt_.admin_backoff);
-    co_return;
-  }
-  synced_ = v;
-  last_seconds_ = report.seconds;
-  dispatcher_.on_version(v);
-  changed_.notify();
-  if (on_synced_) on_synced_(report);
 }
 
 }  // namespace arlo::orch

@@ -109,7 +109,27 @@ class WeightWatcher {
   Awaitable<bool> wait_synced(Version v, TimePoint deadline);
 
  private:
+  // One round for `notice`'s version: hold_dispatch, choose_round_workers, update_round_workers,
+  // end_hold, count_failed_workers; then the version is synced, or retried after admin_backoff.
   Awaitable<void> sync(VersionNotice notice);
+  // Holds new rollouts for the round (wait and abort modes); wait mode then drains the dispatcher
+  // until t0 + drain_timeout, and swaps anyway past it.
+  Awaitable<void> hold_dispatch(Version v, TimePoint t0, bool hold);
+  // Ends the round's hold and marks the sync over.
+  void end_hold(bool hold);
+  // The round's workers into report.workers: every one of `all` not left out or out of date.
+  // Silent ones not heard since a restart are noted in round_silent_ (asked nothing, not counted).
+  Awaitable<void> choose_round_workers(const std::vector<std::string>& all, SyncReport& report);
+  // No worker can take part: gives up (a report with gave_up) once all `workers` are out of date
+  // for a version newer than the synced one; else waits for a probe to succeed. Either way returns
+  // on the next change (a probe that succeeds, a newer version or stop).
+  Awaitable<void> wait_for_a_taker(Version v, std::size_t workers, SyncReport& report);
+  // Pauses and updates every round worker at once (pause_all_first: all pauses first); records the
+  // version each one took.
+  Awaitable<void> update_round_workers(Version v, SyncReport& report);
+  // Each worker that failed: an attempt of v counted (not for a silent one), out of date after
+  // version_attempts, else left out and probed. Counts them in report.workers_failed and failures_.
+  void count_failed_workers(Version v, SyncReport& report);
   Awaitable<Status> drain_dispatcher();
   // One worker's phases of a round; `paused` says whether its pause succeeded.
   Awaitable<void> pause_worker(Version v, WorkerSync& out, char& paused);
