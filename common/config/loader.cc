@@ -399,121 +399,158 @@ class Resolver {
     return value;
   }
 
+  // Converts the YAML value `node` at `path` to `key`'s type, checking choices and counts; errors
+  // are recorded (file:line) and give nullopt.
   std::optional<Value> convert(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node) {
     const std::string at = where_value(raw, node);
-    Value value;
-    value.type = key.type;
-    const bool null = node.IsNull();
     switch (key.type) {
       case Type::kBool:
       case Type::kInt:
-      case Type::kFloat: {
-        if (null) {
-          add(at, path + ": needs a value (" + std::string(type_name(key.type)) + ")");
-          return std::nullopt;
-        }
-        if (!node.IsScalar()) {
-          add(at, path + ": expected " + std::string(type_name(key.type)) + ", got " + std::string(kind_of(node)));
-          return std::nullopt;
-        }
-        auto text = scalar_text(raw, node, path);
-        if (!text) return std::nullopt;
-        if (is_quoted(node)) {
-          add(at, path + ": expected " + std::string(type_name(key.type)) + ", got the quoted string \"" +
-                      shorten(*text) + "\" (remove the quotes)");
-          return std::nullopt;
-        }
-        return convert_number_or_bool(key, path, at, *text);
-      }
-      case Type::kString: {
-        if (null) {
-          value.data = std::string();
-        } else if (!node.IsScalar()) {
-          add(at, path + ": expected a string, got " + std::string(kind_of(node)));
-          return std::nullopt;
-        } else {
-          auto text = scalar_text(raw, node, path);
-          if (!text) return std::nullopt;
-          value.data = std::move(*text);
-        }
-        const std::string& s = std::get<std::string>(value.data);
-        if (!key.choices.empty() && std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end()) {
-          add(at, path + ": must be one of " + join(key.choices, ", ") + "; got '" + shorten(s) + "'" +
-                      did_you_mean(s, key.choices));
-          return std::nullopt;
-        }
-        return value;
-      }
-      case Type::kStringList: {
-        std::vector<std::string> items;
-        if (!null) {
-          if (!node.IsSequence()) {
-            add(at, path + ": expected a list of strings, got " + std::string(kind_of(node)) + " (write [a, b])");
-            return std::nullopt;
-          }
-          bool ok = true;
-          for (std::size_t i = 0; i < node.size(); ++i) {
-            const YAML::Node item = node[i];
-            const std::string item_path = path + "[" + std::to_string(i) + "]";
-            if (!spend(at, path)) return std::nullopt;
-            if (!item.IsScalar()) {
-              add(where_value(raw, item), item_path + ": expected a string, got " + std::string(kind_of(item)));
-              ok = false;
-              continue;
-            }
-            auto text = scalar_text(raw, item, item_path);
-            if (!text) {
-              ok = false;
-              continue;
-            }
-            items.push_back(std::move(*text));
-          }
-          if (!ok) return std::nullopt;
-        }
-        if (!check_count(key, path, at, items.size())) return std::nullopt;
-        value.data = std::move(items);
-        return value;
-      }
-      case Type::kMap: {
-        nlohmann::json object = nlohmann::json::object();
-        if (!null) {
-          if (!node.IsMap()) {
-            add(at, path + ": expected a mapping, got " + std::string(kind_of(node)));
-            return std::nullopt;
-          }
-          auto converted = to_json(raw, node, path, 0);
-          if (!converted) return std::nullopt;
-          object = std::move(*converted);
-        }
-        if (!check_count(key, path, at, object.size())) return std::nullopt;
-        value.data = std::move(object);
-        return value;
-      }
-      case Type::kObjectList: {
-        std::vector<Config> items;
-        if (!null) {
-          if (!node.IsSequence()) {
-            add(at, path + ": expected a list of mappings (- kind: ...), got " + std::string(kind_of(node)));
-            return std::nullopt;
-          }
-          bool ok = true;
-          for (std::size_t i = 0; i < node.size(); ++i) {
-            if (!spend(at, path)) return std::nullopt;
-            auto item = convert_item(key, path + "[" + std::to_string(i) + "]", raw, node[i]);
-            if (item) {
-              items.push_back(std::move(*item));
-            } else {
-              ok = false;
-            }
-          }
-          if (!ok) return std::nullopt;
-        }
-        if (!check_count(key, path, at, items.size())) return std::nullopt;
-        value.data = std::move(items);
-        return value;
-      }
+      case Type::kFloat:
+        return convert_scalar(key, path, raw, node, at);
+      case Type::kString:
+        return convert_string(key, path, raw, node, at);
+      case Type::kStringList:
+        return convert_string_list(key, path, raw, node, at);
+      case Type::kMap:
+        return convert_map(key, path, raw, node, at);
+      case Type::kObjectList:
+        return convert_object_list(key, path, raw, node, at);
     }
     return std::nullopt;
+  }
+
+  // A bool, int or float: an unquoted scalar (a quoted one is refused: the user wrote a string).
+  std::optional<Value> convert_scalar(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
+                                    const std::string& at) {
+    const bool null = node.IsNull();
+    if (null) {
+      add(at, path + ": needs a value (" + std::string(type_name(key.type)) + ")");
+      return std::nullopt;
+    }
+    if (!node.IsScalar()) {
+      add(at, path + ": expected " + std::string(type_name(key.type)) + ", got " + std::string(kind_of(node)));
+      return std::nullopt;
+    }
+    auto text = scalar_text(raw, node, path);
+    if (!text) return std::nullopt;
+    if (is_quoted(node)) {
+      add(at, path + ": expected " + std::string(type_name(key.type)) + ", got the quoted string \"" +
+                  shorten(*text) + "\" (remove the quotes)");
+      return std::nullopt;
+    }
+    return convert_number_or_bool(key, path, at, *text);
+  }
+
+  // A string (null is the empty string), one of key.choices when it lists any.
+  std::optional<Value> convert_string(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
+                                    const std::string& at) {
+    Value value;
+    value.type = key.type;
+    const bool null = node.IsNull();
+    if (null) {
+      value.data = std::string();
+    } else if (!node.IsScalar()) {
+      add(at, path + ": expected a string, got " + std::string(kind_of(node)));
+      return std::nullopt;
+    } else {
+      auto text = scalar_text(raw, node, path);
+      if (!text) return std::nullopt;
+      value.data = std::move(*text);
+    }
+    const std::string& s = std::get<std::string>(value.data);
+    if (!key.choices.empty() && std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end()) {
+      add(at, path + ": must be one of " + join(key.choices, ", ") + "; got '" + shorten(s) + "'" +
+                  did_you_mean(s, key.choices));
+      return std::nullopt;
+    }
+    return value;
+  }
+
+  // A sequence of scalar strings (null is empty), each element's error reported on its own line.
+  std::optional<Value> convert_string_list(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
+                                    const std::string& at) {
+    Value value;
+    value.type = key.type;
+    const bool null = node.IsNull();
+    std::vector<std::string> items;
+    if (!null) {
+      if (!node.IsSequence()) {
+        add(at, path + ": expected a list of strings, got " + std::string(kind_of(node)) + " (write [a, b])");
+        return std::nullopt;
+      }
+      bool ok = true;
+      for (std::size_t i = 0; i < node.size(); ++i) {
+        const YAML::Node item = node[i];
+        const std::string item_path = path + "[" + std::to_string(i) + "]";
+        if (!spend(at, path)) return std::nullopt;
+        if (!item.IsScalar()) {
+          add(where_value(raw, item), item_path + ": expected a string, got " + std::string(kind_of(item)));
+          ok = false;
+          continue;
+        }
+        auto text = scalar_text(raw, item, item_path);
+        if (!text) {
+          ok = false;
+          continue;
+        }
+        items.push_back(std::move(*text));
+      }
+      if (!ok) return std::nullopt;
+    }
+    if (!check_count(key, path, at, items.size())) return std::nullopt;
+    value.data = std::move(items);
+    return value;
+  }
+
+  // A mapping, kept as JSON (null is empty).
+  std::optional<Value> convert_map(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
+                                    const std::string& at) {
+    Value value;
+    value.type = key.type;
+    const bool null = node.IsNull();
+    nlohmann::json object = nlohmann::json::object();
+    if (!null) {
+      if (!node.IsMap()) {
+        add(at, path + ": expected a mapping, got " + std::string(kind_of(node)));
+        return std::nullopt;
+      }
+      auto converted = to_json(raw, node, path, 0);
+      if (!converted) return std::nullopt;
+      object = std::move(*converted);
+    }
+    if (!check_count(key, path, at, object.size())) return std::nullopt;
+    value.data = std::move(object);
+    return value;
+  }
+
+  // A sequence of mappings, each converted against key's item schema (null is empty).
+  std::optional<Value> convert_object_list(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
+                                    const std::string& at) {
+    Value value;
+    value.type = key.type;
+    const bool null = node.IsNull();
+    std::vector<Config> items;
+    if (!null) {
+      if (!node.IsSequence()) {
+        add(at, path + ": expected a list of mappings (- kind: ...), got " + std::string(kind_of(node)));
+        return std::nullopt;
+      }
+      bool ok = true;
+      for (std::size_t i = 0; i < node.size(); ++i) {
+        if (!spend(at, path)) return std::nullopt;
+        auto item = convert_item(key, path + "[" + std::to_string(i) + "]", raw, node[i]);
+        if (item) {
+          items.push_back(std::move(*item));
+        } else {
+          ok = false;
+        }
+      }
+      if (!ok) return std::nullopt;
+    }
+    if (!check_count(key, path, at, items.size())) return std::nullopt;
+    value.data = std::move(items);
+    return value;
   }
 
   std::optional<Value> convert_number_or_bool(const Key& key, const std::string& path, const std::string& at,
