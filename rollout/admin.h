@@ -39,19 +39,26 @@
 // Threading: use on the io_context thread that owns the http::Client.
 #include <boost/asio/awaitable.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/http.h"
 #include "common/result.h"
+#include "rollout/extension.h"
 #include "rollout/types.h"
 
 namespace arlo::rollout {
 
+// The server families arlo knows the quirks of: their admin calls (above) and how their
+// OpenAI-compatible completions report token data (rollout/openai.h). A registered dialect
+// (AdminDialectInfo) names the family its completions follow.
 enum class AdminDialect { kArlo, kVllm, kSglang };
-Result<AdminDialect> parse_admin_dialect(std::string_view name);  // arlo | vllm | sglang
+// The family of the registered dialect `name` (inference.kind); the error lists the registered names.
+Result<AdminDialect> parse_admin_dialect(std::string_view name);
 std::string_view to_string(AdminDialect dialect);
 
 using ::arlo::PauseMode;  // common/vocabulary.h
@@ -129,8 +136,27 @@ class AdminClient {
   virtual boost::asio::awaitable<Result<WeightsInfo>> weights() = 0;
 };
 
+// One registered admin dialect: one file under rollout/admin_dialects/ defining
+// `AdminDialectInfo <name>_admin_dialect()` and one line in rollout/admin_dialects/registry.inc.
+// inference.kind's allowed values and docs come from the registered dialects.
+struct AdminDialectInfo {
+  std::string name;  // the value of inference.kind
+  std::string doc;   // a few words for docs/configuration.md ("" when the name says it)
+  AdminDialect completions = AdminDialect::kArlo;  // the family its completions follow (rollout/openai.h)
+  std::vector<ExtensionOption> options;            // its own inference.* keys (none of the built-ins has any)
+  // `client` must outlive the adapter. base_url: "http://host:port".
+  std::function<std::unique_ptr<AdminClient>(http::Client& client, std::string base_url, AdminOptions options)> make;
+};
+// Every registered dialect, in registration order (rollout/admin_dialects/registry.inc).
+const std::vector<AdminDialectInfo>& admin_dialects();
+// The dialect named `name`; the error lists the registered names.
+Result<const AdminDialectInfo*> find_admin_dialect(std::string_view name);
+
 // `client` must outlive the adapter. base_url: "http://host:port".
 std::unique_ptr<AdminClient> make_admin_client(AdminDialect dialect, http::Client& client, std::string base_url,
+                                               AdminOptions options = {});
+// The registered dialect `dialect`'s adapter; nullptr when none has that name (find_admin_dialect says why).
+std::unique_ptr<AdminClient> make_admin_client(std::string_view dialect, http::Client& client, std::string base_url,
                                                AdminOptions options = {});
 
 }  // namespace arlo::rollout

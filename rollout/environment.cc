@@ -85,64 +85,6 @@ Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, st
   return std::shared_ptr<const TaskSource>(std::make_shared<VectorTaskSource>(std::move(name), std::move(tasks)));
 }
 
-Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOptions& o) {
-  if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "arithmetic: size must be >= 1");
-  if (o.num_terms < 1 || o.num_terms > 8)
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("arithmetic: num_terms must be in [1, 8], got {}", o.num_terms));
-  const int min_value = o.min_value.value_or(std::min(10, o.max_value));
-  if (min_value < 0 || o.max_value < min_value || o.max_value > 999999)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("arithmetic: need 0 <= min_value <= max_value <= 999999, got [{}, {}]", min_value, o.max_value));
-  std::uint64_t state = o.seed ^ 0x61726974686d6574ULL;  // "arithmet"
-  std::vector<Task> tasks;
-  tasks.reserve(o.size);
-  const auto span = static_cast<std::uint64_t>(o.max_value - min_value + 1);
-  for (std::size_t i = 0; i < o.size; ++i) {
-    Task t;
-    t.id = fmt::format("arithmetic-{}", i);
-    t.env = "arithmetic";
-    std::string prompt;
-    long long sum = 0;
-    Json terms = Json::array();
-    for (int k = 0; k < o.num_terms; ++k) {
-      const long long term = min_value + static_cast<long long>(uniform_below(state, span));
-      if (k) prompt += '+';
-      prompt += std::to_string(term);
-      sum += term;
-      terms.push_back(term);
-    }
-    prompt += '=';
-    t.prompt = std::move(prompt);
-    t.answer = std::to_string(sum);
-    t.info = {{"terms", terms}};
-    tasks.push_back(std::move(t));
-  }
-  return std::shared_ptr<const TaskSource>(std::make_shared<VectorTaskSource>("arithmetic", std::move(tasks)));
-}
-
-Result<std::shared_ptr<const TaskSource>> make_reverse_text(const ReverseTextOptions& o) {
-  if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "reverse_text: size must be >= 1");
-  if (o.min_length < 1 || o.max_length < o.min_length || o.max_length > 64)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("reverse_text: need 1 <= min_length <= max_length <= 64, got [{}, {}]", o.min_length, o.max_length));
-  std::uint64_t state = o.seed ^ 0x7265766572736521ULL;  // "reverse!"
-  std::vector<Task> tasks;
-  tasks.reserve(o.size);
-  for (std::size_t i = 0; i < o.size; ++i) {
-    const int len = o.min_length + static_cast<int>(uniform_below(state, static_cast<std::uint64_t>(o.max_length - o.min_length + 1)));
-    std::string s;
-    for (int k = 0; k < len; ++k) s += static_cast<char>('a' + uniform_below(state, 26));
-    Task t;
-    t.id = fmt::format("reverse_text-{}", i);
-    t.env = "reverse_text";
-    t.prompt = "reverse " + s + ":";
-    t.answer = std::string(s.rbegin(), s.rend());
-    t.info = {{"text", s}};
-    tasks.push_back(std::move(t));
-  }
-  return std::shared_ptr<const TaskSource>(std::make_shared<VectorTaskSource>("reverse_text", std::move(tasks)));
-}
-
 Result<SplitSources> split_eval(std::shared_ptr<const TaskSource> source, std::size_t eval_size, std::uint64_t seed) {
   if (!source) return make_error(ErrorCode::kInvalidArgument, "split_eval: no source");
   if (eval_size >= source->size())
@@ -228,6 +170,36 @@ Status TaskStream::restore(const Json& c) {
     return make_error(ErrorCode::kParse, std::string("task cursor: ") + e.what());
   }
   return ok();
+}
+
+// The registered kinds: one function per kind (environments/<name>.cc), listed in
+// environments/registry.inc.
+#define ARLO_ENVIRONMENT(x) EnvironmentKind x##_environment();
+#include "rollout/environments/registry.inc"
+#undef ARLO_ENVIRONMENT
+
+const std::vector<EnvironmentKind>& environment_kinds() {
+  static const std::vector<EnvironmentKind> kinds = {
+#define ARLO_ENVIRONMENT(x) x##_environment(),
+#include "rollout/environments/registry.inc"
+#undef ARLO_ENVIRONMENT
+  };
+  return kinds;
+}
+
+Result<const EnvironmentKind*> find_environment_kind(std::string_view name) {
+  if (const EnvironmentKind* k = find_entry(environment_kinds(), name)) return k;
+  return make_error(ErrorCode::kInvalidArgument,
+                    fmt::format("unknown environment kind '{}': use {}", name, join_names(entry_names(environment_kinds()))));
+}
+
+Result<std::shared_ptr<const TaskSource>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {
+  ARLO_ASSIGN_OR_RETURN(const EnvironmentKind* k, find_environment_kind(kind));
+  const std::string who = fmt::format("environment '{}'", k->name);
+  ARLO_ASSIGN_OR_RETURN(Json options, resolve_options(who, k->options, spec.options, {}));
+  EnvironmentSpec resolved = spec;
+  resolved.options = std::move(options);
+  return k->make(resolved);
 }
 
 }  // namespace arlo::rollout

@@ -8,10 +8,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <functional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
+#include "rollout/extension.h"
 #include "rollout/types.h"
 
 namespace arlo::rollout {
@@ -62,6 +66,35 @@ struct ReverseTextOptions {
 };
 // Reverse a short lowercase string: prompt "reverse abc:", answer "cba".
 Result<std::shared_ptr<const TaskSource>> make_reverse_text(const ReverseTextOptions& options);
+
+// Task sources by kind (env.kind, eval.env_kind). Each kind is one file under rollout/environments/
+// defining `EnvironmentKind <name>_environment()` and one line in rollout/environments/registry.inc;
+// the config's allowed kinds and their env.* keys and docs come from the registered kinds.
+struct EnvironmentSpec {
+  std::uint64_t seed = 0;
+  std::size_t size = 0;  // tasks generated (procedural kinds) or kept (datasets; 0: all)
+  std::string path;      // kinds that read a file (needs_path)
+  Json options = Json::object();  // the kind's own options (make_task_source checks and defaults them)
+};
+struct EnvironmentKind {
+  std::string name;  // the value of env.kind
+  std::string doc;   // a few words for docs/configuration.md
+  // Its own options; each is a key of the env section (env.max_operand, ...).
+  std::vector<ExtensionOption> options;
+  bool needs_path = false;  // the config must give env.path (eval.env_path) for it
+  std::function<Result<std::shared_ptr<const TaskSource>>(const EnvironmentSpec&)> make;
+  // Config: a check across its options ({} when fine; else the key to blame and what is wrong,
+  // e.g. {"min_len", "must be <= env.max_len"}). The config checks it whatever env.kind is (eval
+  // may use the kind). nullptr: none.
+  std::pair<std::string, std::string> (*check)(const Json& options) = nullptr;
+  std::string check_doc;  // the check in words, for docs/configuration.md ("env.min_len <= env.max_len.")
+};
+// Every registered kind, in registration order (rollout/environments/registry.inc).
+const std::vector<EnvironmentKind>& environment_kinds();
+// The kind named `name`; the error lists the registered names.
+Result<const EnvironmentKind*> find_environment_kind(std::string_view name);
+// A source of kind `kind` (its options checked, defaults filled in).
+Result<std::shared_ptr<const TaskSource>> make_task_source(std::string_view kind, const EnvironmentSpec& spec);
 
 // Splits a source into disjoint train and eval views: `eval_size` tasks chosen by a seeded shuffle
 // go to eval, the rest to train. Both views keep the parent's task objects (no copies).

@@ -20,6 +20,11 @@
 // used as the metric prefix. The config schema's form is accepted too: "kind" for "type", a
 // built-in's options inside "config" ({kind: numeric_match, config: {rel_tol: 1e-3}}), and empty
 // "path"/"url"/"pattern" values are ignored (so reward.modules converted to JSON works as is).
+//
+// Each built-in kind is one file under rollout/rewards/ defining `RewardKind <name>_reward()` and one
+// line in rollout/rewards/registry.inc; the factory, reward.modules[].kind and its config keys and
+// docs come from the registered kinds.
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "rollout/extension.h"
 #include "rollout/types.h"
 
 namespace arlo::rollout {
@@ -53,6 +59,30 @@ class RewardModule {
 
 Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& spec);
 
+// What a kind's factory gets: its options checked and defaulted (extension.h resolve_options; the
+// spec's "type", "name" and "weight" stay in it), and the metric prefix.
+struct RewardSpec {
+  const Json& options;
+  std::string name;    // the spec's "name", else the kind's name
+  bool named = false;  // the spec gave "name"
+};
+
+// One registered kind of reward module.
+struct RewardKind {
+  std::string name;  // the spec's "type" and reward.modules[].kind
+  std::string doc;   // one line for docs/configuration.md
+  // Options: those marked config_key are keys of a reward.modules item (path, url, pattern); the
+  // others go in the item's `config` map. A kind with an option named "config" takes that map whole.
+  std::vector<ExtensionOption> options;
+  bool in_config = true;  // offered as reward.modules[].kind (weighted: the list itself is the sum)
+  std::function<Result<std::unique_ptr<RewardModule>>(const RewardSpec&)> make;
+};
+
+// Every registered kind, in registration order (rollout/rewards/registry.inc).
+const std::vector<RewardKind>& reward_kinds();
+// The kind named `name`; the error lists the registered names.
+Result<const RewardKind*> find_reward_kind(std::string_view name);
+
 // Pieces the factory uses, exposed for tests and for composing in code.
 std::string trim(std::string_view s);
 // The last decimal number in `text` ("-12", "3.5", "1e3", "1,234"), or nullopt.
@@ -66,5 +96,15 @@ struct WeightedPart {
 };
 // reward = sum(weight_i * reward_i); metrics: "<name_i>" = reward_i and "<name_i>/<metric>".
 std::unique_ptr<RewardModule> make_weighted(std::string name, std::vector<WeightedPart> parts);
+
+// A module with a fixed name, for kinds to derive from.
+class NamedModule : public RewardModule {
+ public:
+  explicit NamedModule(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const override { return name_; }
+
+ private:
+  std::string name_;
+};
 
 }  // namespace arlo::rollout

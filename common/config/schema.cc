@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <regex>
 
 #include "common/config/config.h"
+#include "rollout/admin.h"
+#include "rollout/environment.h"
+#include "rollout/reward.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::config {
@@ -108,8 +110,6 @@ const Key* Schema::find_key(std::string_view dotted) const {
 
 namespace {
 
-const std::vector<std::string> kEnvKinds = {"arithmetic", "reverse_text", "jsonl"};
-
 // One config key from a transport's own option (weight_sync/transport.h).
 Key key_from_option(const weight_sync::TransportDescriptor& d, const weight_sync::OptionSpec& o) {
   const nlohmann::json& def = o.config_default.is_null() ? o.default_value : o.config_default;
@@ -178,262 +178,370 @@ Section weight_sync_section() {
   return s;
 }
 
-std::vector<Section> product_sections() {
-  return {
-      {"run", "What this run is called, where it writes, how long it lasts.",
-       {
-           string_key("name", "quickstart", "Name of the run; shown in logs and used in the default run directory."),
-           string_key("dir", "runs/{run.name}",
-                      "Run directory: checkpoints, metrics.jsonl, rollouts, weights and logs go here."),
-           int_key("seed", 42, "Seed for everything the orchestrator draws at random (task order, sampling seeds).")
-               .at_least(0),
-           int_key("max_steps", 150, "Number of training steps (optimizer updates) to run, warm-up included.")
-               .at_least(1),
-       }},
-      {"orchestrator", "The asynchronous main loop: batches, groups, in-flight work and the staleness bound.",
-       {
-           int_key("batch_size", 32, "Samples per training step (a whole number of groups).").range(1, 1 << 20),
-           int_key("group_size", 8, "Samples per prompt (one group); advantages are computed within a group.")
-               .range(1, 4096),
-           int_key("max_inflight", 64, "Most sample requests in flight across all inference workers at once.")
-               .range(1, 1 << 20),
-           int_key("max_async_level", 1,
-                   "How many policy versions rollouts may run ahead of the trainer: rollouts for step s are "
-                   "dispatched only while (s - 1) - current_version <= max_async_level. 0 is synchronous RL.")
-               .range(0, 1024),
-           int_key("max_off_policy_steps", 2,
-                   "When the batch for step s is cut, samples whose oldest token came from a version below "
-                   "s - 1 - max_off_policy_steps are dropped (time spent queued counts).")
-               .range(0, 1 << 20),
-           int_key("sft_warmup_steps", 0,
-                   "Supervised steps on the tasks' reference answers before RL starts (they count toward "
-                   "run.max_steps).")
-               .at_least(0),
-           int_key("seq_len", 256, "Length in tokens of one packed training sequence.").range(8, 1 << 20),
-           int_key("queue_capacity", 256, "Most finished rollouts waiting to be packed into a batch.")
-               .range(1, 1 << 24),
-           string_key("weight_update_mode", "keep",
-                      "How workers take a new version: keep (pause, swap, resume in-flight requests; a "
-                      "completion may span versions), wait (let in-flight requests finish, then swap), abort "
-                      "(abort in-flight requests and continue them on the new version).")
-               .one_of({"keep", "wait", "abort"}),
-           string_key("advantage", "grpo",
-                      "Advantage estimator within a group: grpo (mean and std), dr_grpo (mean only), rloo "
-                      "(leave-one-out mean).")
-               .one_of({"grpo", "dr_grpo", "rloo"}),
-           bool_key("filter_equal_reward_groups", true,
-                    "Drop groups whose rewards are all equal (they carry no learning signal)."),
-           int_key("max_filtered_groups_per_step", 0,
-                   "Bound on the equal-reward groups dropped (and replaced by new rollouts) for one step; past "
-                   "it they are trained on with zero advantage, so a policy that solves (or fails) every task "
-                   "still makes progress. 0: 4 x batch_size/group_size.")
-               .at_least(0),
-           string_key("overlong", "keep",
-                      "Completions cut off by sampling.max_tokens: keep (train on them), drop (discard the "
-                      "sample), mask (keep it but exclude its tokens from the loss).")
-               .one_of({"keep", "drop", "mask"}),
-           float_key("length_penalty", 0.0,
-                     "Reward subtracted per generated token (0 disables).").range(0.0, 1.0),
-       }},
-      {"sampling", "How training rollouts are sampled.",
-       {
-           float_key("temperature", 1.0, "Sampling temperature (0 is greedy).").range(0.0, 10.0),
-           float_key("top_p", 1.0, "Nucleus sampling: keep the smallest set of tokens with this total probability.")
-               .range(0.0, 1.0),
-           int_key("max_tokens", 16, "Most tokens generated per completion.").range(1, 1 << 20),
-           strings_key("stop", {}, "Strings that end a completion (not included in it)."),
-           int_key("seed", 0, "Base sampling seed; each request gets a distinct seed derived from it.").at_least(0),
-       }},
-      {"env", "Where training tasks come from.",
-       {
-           string_key("kind", "arithmetic",
-                      "Task source: arithmetic (sums of small numbers), reverse_text (reverse a short string), "
-                      "jsonl (a dataset file).")
-               .one_of(kEnvKinds),
-           string_key("path", "", "jsonl only: the dataset (one object per line with prompt or messages, answer, info)."),
-           int_key("seed", 1, "Seed for generating and shuffling tasks.").at_least(0),
-           int_key("size", 10000, "Number of tasks generated (procedural kinds) or used (jsonl; 0 means all).")
-               .at_least(0),
-           bool_key("shuffle", true, "Shuffle the tasks each epoch."),
-           int_key("max_operand", 20, "arithmetic: largest operand.").range(1, 1000000000),
-           int_key("num_terms", 2, "arithmetic: numbers in each sum.").range(2, 16),
-           int_key("min_len", 3, "reverse_text: shortest string.").range(1, 4096),
-           int_key("max_len", 8, "reverse_text: longest string.").range(1, 4096),
-       }},
-      {"eval", "Periodic evaluation on held-out tasks: avg@k and pass@k.",
-       {
-           int_key("interval", 10, "Evaluate at start and every this many steps (0 disables).").at_least(0),
-           int_key("k", 4, "Samples per eval task (pass@k, avg@k).").range(1, 1024),
-           strings_key("pass_k", {}, "The k of each pass@k reported, e.g. [1, 4]; each in 1..eval.k (empty: 1 and eval.k)."),
-           float_key("correct_threshold", 1.0, "A sample with reward >= this counts as correct for pass@k."),
-           int_key("size", 64, "Number of eval tasks.").range(1, 1 << 20),
-           float_key("temperature", 1.0, "Sampling temperature for eval.").range(0.0, 10.0),
-           string_key("env_kind", "same",
-                      "Eval task source: same (the training kind and settings with eval.seed), or one of "
-                      "arithmetic, reverse_text, jsonl.")
-               .one_of({"same", "arithmetic", "reverse_text", "jsonl"}),
-           string_key("env_path", "", "jsonl eval only: the dataset."),
-           int_key("seed", 7, "Seed for the eval tasks (differs from env.seed so eval tasks are held out).")
-               .at_least(0),
-       }},
-      {"reward", "How rollouts are scored: a weighted sum of reward modules.",
-       {
-           objects_key("modules",
-                       {
-                           string_key("kind", "exact_match",
-                                      "exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin "
-                                      "(a shared library), http (a reward server).")
-                               .one_of({"exact_match", "numeric_match", "lcs_ratio", "regex_match", "length_penalty",
-                                        "plugin", "http"})
-                               .must_be_given(),
-                           float_key("weight", 1.0, "Weight of this module in the sum.").range(-1e6, 1e6),
-                           string_key("path", "", "plugin: path of the shared library."),
-                           string_key("isolate", "process",
-                                      "plugin: process (loaded in its own arlo-reward-host process: a crash or hang "
-                                      "costs the groups in flight, the host is restarted) or none (loaded into arlo: "
-                                      "a crash ends the run).")
-                               .one_of({"none", "process"}),
-                           string_key("url", "", "http: URL the rollouts are posted to."),
-                           string_key("pattern", "", "regex_match: ECMAScript regular expression to search for."),
-                           map_key("config", "{}", "Free-form settings handed to the module (plugins get it as JSON)."),
-                       },
-                       "[{kind: exact_match, weight: 1.0}]", "Reward modules; the reward is sum(weight * score).")
-               .range(1, 64),
-           float_key("timeout_s", 10.0, "Deadline for scoring one rollout (or group).").range(0.001, 3600.0),
-           string_key("on_failure", "assign",
-                      "When a module fails, times out or returns a non-finite value: assign failure_value, drop "
-                      "the sample, or fail the run.")
-               .one_of({"assign", "drop", "fail"}),
-           float_key("failure_value", 0.0, "Reward assigned when on_failure is assign.").range(-1e6, 1e6),
-       }},
-      {"inference", "The inference workers that generate rollouts.",
-       {
-           string_key("launch", "embedded",
-                      "embedded: arlo starts arlo-worker processes on free loopback ports; external: connect to "
-                      "inference.urls.")
-               .one_of({"embedded", "external"}),
-           string_key("kind", "arlo", "Server dialect for admin calls: arlo (arlo-worker), vllm, sglang.")
-               .one_of({"arlo", "vllm", "sglang"}),
-           int_key("num_workers", 2, "embedded: number of arlo-worker processes.").range(1, 1024),
-           strings_key("urls", {}, "external: base URLs of the servers (http://host:port)."),
-           float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
-           float_key("admin_timeout_s", 30.0, "Deadline for one admin call (pause, weights, resume).")
-               .range(0.001, 3600.0),
-           float_key("health_timeout_s", 2.0,
-                     "Deadline for one health check of a server (GET /health, every 2 s); a check that gets no "
-                     "answer in it counts as a failure.")
-               .range(0.01, 600.0),
-           bool_key("failover_on_silence", true,
-                    "A health check that gets no answer at all (not a refusal or an error status) while the server "
-                    "holds requests, none of them answered since the check started, opens its circuit at once: its "
-                    "requests move to other servers and weight updates leave it out until it answers (a dark link "
-                    "or a hung host). false: only failed checks in a row do (3, each waiting out "
-                    "health_timeout_s). A slow server that answers its requests is never cut off by this."),
-           int_key("threads", 1, "embedded: compute threads per worker.").range(1, 1024),
-       }},
-      {"model", "The built-in policy (arlo-worker, arlo-trainer). The vocabulary comes from the tokenizer.",
-       {
-           int_key("layers", 2, "Transformer layers.").range(1, 256),
-           int_key("hidden", 64, "Model width.").range(8, 65536),
-           int_key("heads", 4, "Attention heads (must divide hidden).").range(1, 1024),
-           int_key("context", 256, "Longest sequence (prompt + completion) in tokens.").range(8, 1 << 20),
-           int_key("seed", 0, "Seed for the initial weights.").at_least(0),
-       }},
-      {"trainer", "The trainer that learns from rollouts and publishes new weights.",
-       {
-           string_key("launch", "embedded",
-                      "embedded: arlo starts arlo-trainer; external: a trainer you start connects through the "
-                      "bridge; command: arlo starts trainer.command (your trainer) with the bridge address, run "
-                      "dir, weight-sync block and model shape in its environment (docs/bring-your-own-trainer.md).")
-               .one_of({"embedded", "external", "command"}),
-           strings_key("command", {},
-                       "command: the argv of your trainer, e.g. [/usr/bin/python3, examples/pytorch_trainer/train.py]; "
-                       "started in the directory arlo run is started in (relative paths are relative to it), "
-                       "stopped with SIGTERM when the run ends."),
-           float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
-           float_key("sft_lr", 0.0,
-                     "Learning rate on the supervised warm-up batches (orchestrator.sft_warmup_steps); 0 uses lr. "
-                     "Supervised steps tolerate a rate that makes policy-gradient steps diverge.")
-               .range(0.0, 10.0),
-           float_key("weight_decay", 0.0, "AdamW weight decay.").range(0.0, 10.0),
-           float_key("beta1", 0.9, "AdamW beta1.").range(0.0, 0.999999),
-           float_key("beta2", 0.999, "AdamW beta2.").range(0.0, 0.999999),
-           float_key("max_grad_norm", 1.0, "Clip the gradient norm to this (0 disables).").range(0.0, 1e6),
-           string_key("is_correction", "token_tis",
-                      "Importance-sampling correction for the mismatch between inference and trainer logprobs: "
-                      "none, token_tis (per-token ratio truncated at is_high), seq_tis (per-sequence), token_mis "
-                      "(mask tokens whose ratio is outside [is_low, is_high]).")
-               .one_of({"none", "token_tis", "seq_tis", "token_mis"}),
-           float_key("is_low", 0.5, "Lower importance-ratio bound (token_mis).").range(0.0, 1e6),
-           float_key("is_high", 2.0, "Upper importance-ratio bound (truncation or mask).").range(0.0, 1e6),
-           float_key("accept_timeout_s", 3600.0,
-                     "Deadline for the trainer to accept one batch (back-pressure included); past it the run stops "
-                     "with an error naming the step. 0: no deadline.")
-               .range(0.0, 1e7),
-           float_key("alarm_s", 60.0,
-                     "While the trainer has not accepted a batch, or has not been heard from (silence_timeout_s), "
-                     "a warning every this many seconds. 0: none.")
-               .range(0.0, 1e7),
-           float_key("silence_timeout_s", 600.0,
-                     "How long the run waits for a trainer it has not heard from (it heartbeats every second over "
-                     "the socket bridge; silence: its host is unreachable, or it is stopped or gone), once it was "
-                     "heard from; past it the run stops with an error naming the trainer and this key. 0: wait for "
-                     "it as long as it takes (a warning every alarm_s). A dir bridge trainer that writes no "
-                     "heartbeats is never timed.")
-               .range(0.0, 1e7),
-           int_key("ckpt_interval", 0,
-                   "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "
-                   "`arlo run --resume` finds the trainer at the orchestrator's step. The trainer also "
-                   "checkpoints when it stops.")
-               .at_least(0),
-           int_key("threads", 1, "Compute threads of the built-in trainer.").range(1, 1024),
-       }},
-      {"bridge", "How batches travel from the orchestrator to the trainer.",
-       {
-           string_key("transport", "dir",
-                      "dir: safetensors files under <run.dir>/rollouts/ (written then renamed); socket: streamed with "
-                      "acknowledgement and back-pressure.")
-               .one_of({"dir", "socket"}),
-           string_key("address", "127.0.0.1:0", "socket transport: host:port the orchestrator listens on (port 0: any free port)."),
-           int_key("max_pending_batches", 2, "Batches handed over but not yet acknowledged before the sink waits.")
-               .range(1, 1024),
-       }},
-      weight_sync_section(),
-      {"log", "Console and file logging.",
-       {
-           string_key("level", "info", "Log level.").one_of({"trace", "debug", "info", "warn", "error", "off"}),
-           string_key("file", "", "Also append logs to this file (empty: console only)."),
-           float_key("interval_s", 10.0, "Seconds between pipeline views (in flight, queued, event-loop lag).")
-               .range(0.1, 86400.0),
-           bool_key("progress", true, "Show a progress bar and ETA toward run.max_steps when stdout is a terminal."),
-           float_key("step_interval_s", 2.0,
-                     "At most one step line per this many seconds on the console (the first and last step and the "
-                     "first of each phase always print; metrics.jsonl has every step). 0: every step.")
-               .range(0.0, 86400.0),
-       }},
-      {"ckpt", "Orchestrator checkpoints for `arlo run --resume`.",
-       {
-           int_key("interval", 50, "Steps between orchestrator checkpoints (0 disables).").at_least(0),
-           int_key("keep", 2, "Checkpoints kept on disk.").range(1, 1 << 20),
-       }},
-      {"status", "The status server: the live run page at /, Prometheus /metrics, /api/records, /api/status.",
-       {
-           string_key("bind", "127.0.0.1", "Address the status server listens on."),
-           int_key("port", 0, "Port of the status server (0: any free port, logged at start).").range(0, 65535),
-           float_key("linger_s", 3.0,
-                     "Seconds the status server stays up after the run ends, so the live page and scrapers see the "
-                     "end (the final records and finished).")
-               .range(0.0, 3600.0),
-       }},
-      {"security", "The run's token (docs/reliability.md, Security model). Without one `arlo run` makes one per run "
-                   "(written to <run.dir>/token, mode 0600) and gives it to the workers and the trainer it starts.",
-       {
-           string_key("token", "",
-                      "The token every plane of the run wants (bearer on HTTP, challenge-response on the bridge and "
-                      "the tcp weight publisher). Prefer token_file: a config file is easily shared."),
-           string_key("token_file", "", "File holding the token (surrounding whitespace ignored)."),
-       }},
+Section run_section() {
+  return {"run", "What this run is called, where it writes, how long it lasts.",
+          {
+              string_key("name", "quickstart", "Name of the run; shown in logs and used in the default run directory."),
+              string_key("dir", "runs/{run.name}",
+                         "Run directory: checkpoints, metrics.jsonl, rollouts, weights and logs go here."),
+              int_key("seed", 42, "Seed for everything the orchestrator draws at random (task order, sampling seeds).")
+                  .at_least(0),
+              int_key("max_steps", 150, "Number of training steps (optimizer updates) to run, warm-up included.")
+                  .at_least(1),
+          }};
+}
+
+Section orchestrator_section() {
+  return {"orchestrator", "The asynchronous main loop: batches, groups, in-flight work and the staleness bound.",
+          {
+              int_key("batch_size", 32, "Samples per training step (a whole number of groups).").range(1, 1 << 20),
+              int_key("group_size", 8, "Samples per prompt (one group); advantages are computed within a group.")
+                  .range(1, 4096),
+              int_key("max_inflight", 64, "Most sample requests in flight across all inference workers at once.")
+                  .range(1, 1 << 20),
+              int_key("max_async_level", 1,
+                      "How many policy versions rollouts may run ahead of the trainer: rollouts for step s are "
+                      "dispatched only while (s - 1) - current_version <= max_async_level. 0 is synchronous RL.")
+                  .range(0, 1024),
+              int_key("max_off_policy_steps", 2,
+                      "When the batch for step s is cut, samples whose oldest token came from a version below "
+                      "s - 1 - max_off_policy_steps are dropped (time spent queued counts).")
+                  .range(0, 1 << 20),
+              int_key("sft_warmup_steps", 0,
+                      "Supervised steps on the tasks' reference answers before RL starts (they count toward "
+                      "run.max_steps).")
+                  .at_least(0),
+              int_key("seq_len", 256, "Length in tokens of one packed training sequence.").range(8, 1 << 20),
+              int_key("queue_capacity", 256, "Most finished rollouts waiting to be packed into a batch.")
+                  .range(1, 1 << 24),
+              string_key("weight_update_mode", "keep",
+                         "How workers take a new version: keep (pause, swap, resume in-flight requests; a "
+                         "completion may span versions), wait (let in-flight requests finish, then swap), abort "
+                         "(abort in-flight requests and continue them on the new version).")
+                  .one_of({"keep", "wait", "abort"}),
+              string_key("advantage", "grpo",
+                         "Advantage estimator within a group: grpo (mean and std), dr_grpo (mean only), rloo "
+                         "(leave-one-out mean).")
+                  .one_of({"grpo", "dr_grpo", "rloo"}),
+              bool_key("filter_equal_reward_groups", true,
+                       "Drop groups whose rewards are all equal (they carry no learning signal)."),
+              int_key("max_filtered_groups_per_step", 0,
+                      "Bound on the equal-reward groups dropped (and replaced by new rollouts) for one step; past "
+                      "it they are trained on with zero advantage, so a policy that solves (or fails) every task "
+                      "still makes progress. 0: 4 x batch_size/group_size.")
+                  .at_least(0),
+              string_key("overlong", "keep",
+                         "Completions cut off by sampling.max_tokens: keep (train on them), drop (discard the "
+                         "sample), mask (keep it but exclude its tokens from the loss).")
+                  .one_of({"keep", "drop", "mask"}),
+              float_key("length_penalty", 0.0,
+                        "Reward subtracted per generated token (0 disables).").range(0.0, 1.0),
+          }};
+}
+
+Section sampling_section() {
+  return {"sampling", "How training rollouts are sampled.",
+          {
+              float_key("temperature", 1.0, "Sampling temperature (0 is greedy).").range(0.0, 10.0),
+              float_key("top_p", 1.0, "Nucleus sampling: keep the smallest set of tokens with this total probability.")
+                  .range(0.0, 1.0),
+              int_key("max_tokens", 16, "Most tokens generated per completion.").range(1, 1 << 20),
+              strings_key("stop", {}, "Strings that end a completion (not included in it)."),
+              int_key("seed", 0, "Base sampling seed; each request gets a distinct seed derived from it.").at_least(0),
+          }};
+}
+
+// --- Extensions (rollout/extension.h): kinds and their keys come from the registries -------------
+
+// One config key from an extension's option; `doc_prefix` names the extension ("plugin: ").
+Key key_from_extension(const rollout::ExtensionOption& o, const std::string& doc_prefix) {
+  using T = rollout::ExtensionOption::Type;
+  const nlohmann::json& def = o.config_value();
+  const std::string doc = doc_prefix + o.doc;
+  Key k;
+  switch (o.type) {
+    case T::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
+    case T::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
+    case T::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
+    case T::kString: k = string_key(o.key, def.is_null() ? "" : def.get<std::string>(), doc); break;
+    case T::kAny: k = map_key(o.key, "{}", doc); break;
+  }
+  if (o.min) k.min = o.min;
+  if (o.max) k.max = o.max;
+  k.choices = o.choices;
+  return k;
+}
+
+// Appends the config keys among `options` to `keys`; a key two extensions share is one config key,
+// documented for both.
+void add_extension_keys(std::vector<Key>& keys, const std::vector<rollout::ExtensionOption>& options,
+                        const std::string& name) {
+  for (const auto& o : options) {
+    if (!o.config_key) continue;
+    Key k = key_from_extension(o, name + ": ");
+    auto same = std::find_if(keys.begin(), keys.end(), [&](const Key& e) { return e.name == k.name; });
+    if (same == keys.end()) keys.push_back(std::move(k));
+    else same->doc += " " + k.doc;
+  }
+}
+
+// "a (doc a), b, c (doc c)": each registered name with its doc when it has one.
+template <typename Entry>
+std::string names_with_docs(const std::vector<Entry>& entries) {
+  std::string out;
+  for (const auto& e : entries) out += (out.empty() ? "" : ", ") + e.name + (e.doc.empty() ? "" : " (" + e.doc + ")");
+  return out;
+}
+
+// The environment kinds that read a file (env.path), as "a or b".
+std::string path_kinds() {
+  std::vector<std::string> names;
+  for (const auto& k : rollout::environment_kinds())
+    if (k.needs_path) names.push_back(k.name);
+  return rollout::join_names(names);
+}
+
+Section env_section() {
+  Section s{"env", "Where training tasks come from.",
+            {
+                string_key("kind", "arithmetic", "Task source: " + names_with_docs(rollout::environment_kinds()) + ".")
+                    .one_of(rollout::entry_names(rollout::environment_kinds())),
+                string_key("path", "",
+                           path_kinds() + " only: the dataset (one object per line with prompt or messages, answer, info)."),
+                int_key("seed", 1, "Seed for generating and shuffling tasks.").at_least(0),
+                int_key("size", 10000, "Number of tasks generated (procedural kinds) or used (jsonl; 0 means all).")
+                    .at_least(0),
+                bool_key("shuffle", true, "Shuffle the tasks each epoch."),
+            }};
+  for (const auto& k : rollout::environment_kinds()) add_extension_keys(s.keys, k.options, k.name);
+  return s;
+}
+
+// eval.env_kind: same, or a registered environment kind.
+std::vector<std::string> eval_env_kinds() {
+  std::vector<std::string> kinds = {"same"};
+  for (const auto& k : rollout::environment_kinds()) kinds.push_back(k.name);
+  return kinds;
+}
+
+Section eval_section() {
+  return {"eval", "Periodic evaluation on held-out tasks: avg@k and pass@k.",
+          {
+              int_key("interval", 10, "Evaluate at start and every this many steps (0 disables).").at_least(0),
+              int_key("k", 4, "Samples per eval task (pass@k, avg@k).").range(1, 1024),
+              strings_key("pass_k", {}, "The k of each pass@k reported, e.g. [1, 4]; each in 1..eval.k (empty: 1 and eval.k)."),
+              float_key("correct_threshold", 1.0, "A sample with reward >= this counts as correct for pass@k."),
+              int_key("size", 64, "Number of eval tasks.").range(1, 1 << 20),
+              float_key("temperature", 1.0, "Sampling temperature for eval.").range(0.0, 10.0),
+              string_key("env_kind", "same",
+                         "Eval task source: same (the training kind and settings with eval.seed), or one of " +
+                             rollout::join_names(rollout::entry_names(rollout::environment_kinds()), ", ") + ".")
+                  .one_of(eval_env_kinds()),
+              string_key("env_path", "", path_kinds() + " eval only: the dataset."),
+              int_key("seed", 7, "Seed for the eval tasks (differs from env.seed so eval tasks are held out).")
+                  .at_least(0),
+          }};
+}
+
+// reward.modules[]: kind and weight, the registered kinds' own keys (path, url, pattern, ...), config.
+std::vector<Key> reward_module_keys() {
+  std::vector<std::string> kinds;
+  std::string kinds_doc, options_doc;
+  for (const auto& k : rollout::reward_kinds()) {
+    if (!k.in_config) continue;
+    kinds.push_back(k.name);
+    kinds_doc += (kinds_doc.empty() ? "" : "; ") + k.name + ": " + k.doc;
+    // Options in `config` (a kind that takes `config` whole hands it on as is).
+    if (std::any_of(k.options.begin(), k.options.end(), [](const auto& o) { return o.key == "config"; })) continue;
+    std::string own;
+    for (const auto& o : k.options)
+      if (!o.config_key)
+        own += (own.empty() ? "" : ", ") + o.key + " (" + std::string(rollout::type_name(o.type)) + ", " + o.default_value.dump() +
+               ": " + o.doc + ")";
+    if (!own.empty()) options_doc += (options_doc.empty() ? "" : "; ") + k.name + ": " + own;
+  }
+  std::vector<Key> keys = {
+      string_key("kind", "exact_match", kinds_doc + ".").one_of(kinds).must_be_given(),
+      float_key("weight", 1.0, "Weight of this module in the sum.").range(-1e6, 1e6),
   };
+  for (const auto& k : rollout::reward_kinds())
+    if (k.in_config) add_extension_keys(keys, k.options, k.name);
+  keys.push_back(map_key("config", "{}",
+                         "Free-form settings handed to the module (plugins get it as JSON). The built-ins' options: " +
+                             options_doc + "."));
+  return keys;
+}
+
+Section reward_section() {
+  return {"reward", "How rollouts are scored: a weighted sum of reward modules.",
+          {
+              objects_key("modules", reward_module_keys(), "[{kind: exact_match, weight: 1.0}]",
+                          "Reward modules; the reward is sum(weight * score).")
+                  .range(1, 64),
+              float_key("timeout_s", 10.0, "Deadline for scoring one rollout (or group).").range(0.001, 3600.0),
+              string_key("on_failure", "assign",
+                         "When a module fails, times out or returns a non-finite value: assign failure_value, drop "
+                         "the sample, or fail the run.")
+                  .one_of({"assign", "drop", "fail"}),
+              float_key("failure_value", 0.0, "Reward assigned when on_failure is assign.").range(-1e6, 1e6),
+          }};
+}
+
+Section inference_section() {
+  Section s{"inference", "The inference workers that generate rollouts.",
+          {
+              string_key("launch", "embedded",
+                         "embedded: arlo starts arlo-worker processes on free loopback ports; external: connect to "
+                         "inference.urls.")
+                  .one_of({"embedded", "external"}),
+              string_key("kind", "arlo", "Server dialect for admin calls: " + names_with_docs(rollout::admin_dialects()) + ".")
+                  .one_of(rollout::entry_names(rollout::admin_dialects())),
+              int_key("num_workers", 2, "embedded: number of arlo-worker processes.").range(1, 1024),
+              strings_key("urls", {}, "external: base URLs of the servers (http://host:port)."),
+              float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
+              float_key("admin_timeout_s", 30.0, "Deadline for one admin call (pause, weights, resume).")
+                  .range(0.001, 3600.0),
+              float_key("health_timeout_s", 2.0,
+                        "Deadline for one health check of a server (GET /health, every 2 s); a check that gets no "
+                        "answer in it counts as a failure.")
+                  .range(0.01, 600.0),
+              bool_key("failover_on_silence", true,
+                       "A health check that gets no answer at all (not a refusal or an error status) while the server "
+                       "holds requests, none of them answered since the check started, opens its circuit at once: its "
+                       "requests move to other servers and weight updates leave it out until it answers (a dark link "
+                       "or a hung host). false: only failed checks in a row do (3, each waiting out "
+                       "health_timeout_s). A slow server that answers its requests is never cut off by this."),
+              int_key("threads", 1, "embedded: compute threads per worker.").range(1, 1024),
+          }};
+  for (const auto& d : rollout::admin_dialects()) add_extension_keys(s.keys, d.options, d.name);
+  return s;
+}
+
+Section model_section() {
+  return {"model", "The built-in policy (arlo-worker, arlo-trainer). The vocabulary comes from the tokenizer.",
+          {
+              int_key("layers", 2, "Transformer layers.").range(1, 256),
+              int_key("hidden", 64, "Model width.").range(8, 65536),
+              int_key("heads", 4, "Attention heads (must divide hidden).").range(1, 1024),
+              int_key("context", 256, "Longest sequence (prompt + completion) in tokens.").range(8, 1 << 20),
+              int_key("seed", 0, "Seed for the initial weights.").at_least(0),
+          }};
+}
+
+Section trainer_section() {
+  return {"trainer", "The trainer that learns from rollouts and publishes new weights.",
+          {
+              string_key("launch", "embedded",
+                         "embedded: arlo starts arlo-trainer; external: a trainer you start connects through the "
+                         "bridge; command: arlo starts trainer.command (your trainer) with the bridge address, run "
+                         "dir, weight-sync block and model shape in its environment (docs/bring-your-own-trainer.md).")
+                  .one_of({"embedded", "external", "command"}),
+              strings_key("command", {},
+                          "command: the argv of your trainer, e.g. [/usr/bin/python3, examples/pytorch_trainer/train.py]; "
+                          "started in the directory arlo run is started in (relative paths are relative to it), "
+                          "stopped with SIGTERM when the run ends."),
+              float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
+              float_key("sft_lr", 0.0,
+                        "Learning rate on the supervised warm-up batches (orchestrator.sft_warmup_steps); 0 uses lr. "
+                        "Supervised steps tolerate a rate that makes policy-gradient steps diverge.")
+                  .range(0.0, 10.0),
+              float_key("weight_decay", 0.0, "AdamW weight decay.").range(0.0, 10.0),
+              float_key("beta1", 0.9, "AdamW beta1.").range(0.0, 0.999999),
+              float_key("beta2", 0.999, "AdamW beta2.").range(0.0, 0.999999),
+              float_key("max_grad_norm", 1.0, "Clip the gradient norm to this (0 disables).").range(0.0, 1e6),
+              string_key("is_correction", "token_tis",
+                         "Importance-sampling correction for the mismatch between inference and trainer logprobs: "
+                         "none, token_tis (per-token ratio truncated at is_high), seq_tis (per-sequence), token_mis "
+                         "(mask tokens whose ratio is outside [is_low, is_high]).")
+                  .one_of({"none", "token_tis", "seq_tis", "token_mis"}),
+              float_key("is_low", 0.5, "Lower importance-ratio bound (token_mis).").range(0.0, 1e6),
+              float_key("is_high", 2.0, "Upper importance-ratio bound (truncation or mask).").range(0.0, 1e6),
+              float_key("accept_timeout_s", 3600.0,
+                        "Deadline for the trainer to accept one batch (back-pressure included); past it the run stops "
+                        "with an error naming the step. 0: no deadline.")
+                  .range(0.0, 1e7),
+              float_key("alarm_s", 60.0,
+                        "While the trainer has not accepted a batch, or has not been heard from (silence_timeout_s), "
+                        "a warning every this many seconds. 0: none.")
+                  .range(0.0, 1e7),
+              float_key("silence_timeout_s", 600.0,
+                        "How long the run waits for a trainer it has not heard from (it heartbeats every second over "
+                        "the socket bridge; silence: its host is unreachable, or it is stopped or gone), once it was "
+                        "heard from; past it the run stops with an error naming the trainer and this key. 0: wait for "
+                        "it as long as it takes (a warning every alarm_s). A dir bridge trainer that writes no "
+                        "heartbeats is never timed.")
+                  .range(0.0, 1e7),
+              int_key("ckpt_interval", 0,
+                      "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "
+                      "`arlo run --resume` finds the trainer at the orchestrator's step. The trainer also "
+                      "checkpoints when it stops.")
+                  .at_least(0),
+              int_key("threads", 1, "Compute threads of the built-in trainer.").range(1, 1024),
+          }};
+}
+
+Section bridge_section() {
+  return {"bridge", "How batches travel from the orchestrator to the trainer.",
+          {
+              string_key("transport", "dir",
+                         "dir: safetensors files under <run.dir>/rollouts/ (written then renamed); socket: streamed with "
+                         "acknowledgement and back-pressure.")
+                  .one_of({"dir", "socket"}),
+              string_key("address", "127.0.0.1:0", "socket transport: host:port the orchestrator listens on (port 0: any free port)."),
+              int_key("max_pending_batches", 2, "Batches handed over but not yet acknowledged before the sink waits.")
+                  .range(1, 1024),
+          }};
+}
+
+Section log_section() {
+  return {"log", "Console and file logging.",
+          {
+              string_key("level", "info", "Log level.").one_of({"trace", "debug", "info", "warn", "error", "off"}),
+              string_key("file", "", "Also append logs to this file (empty: console only)."),
+              float_key("interval_s", 10.0, "Seconds between pipeline views (in flight, queued, event-loop lag).")
+                  .range(0.1, 86400.0),
+              bool_key("progress", true, "Show a progress bar and ETA toward run.max_steps when stdout is a terminal."),
+              float_key("step_interval_s", 2.0,
+                        "At most one step line per this many seconds on the console (the first and last step and the "
+                        "first of each phase always print; metrics.jsonl has every step). 0: every step.")
+                  .range(0.0, 86400.0),
+          }};
+}
+
+Section ckpt_section() {
+  return {"ckpt", "Orchestrator checkpoints for `arlo run --resume`.",
+          {
+              int_key("interval", 50, "Steps between orchestrator checkpoints (0 disables).").at_least(0),
+              int_key("keep", 2, "Checkpoints kept on disk.").range(1, 1 << 20),
+          }};
+}
+
+Section status_section() {
+  return {"status", "The status server: the live run page at /, Prometheus /metrics, /api/records, /api/status.",
+          {
+              string_key("bind", "127.0.0.1", "Address the status server listens on."),
+              int_key("port", 0, "Port of the status server (0: any free port, logged at start).").range(0, 65535),
+              float_key("linger_s", 3.0,
+                        "Seconds the status server stays up after the run ends, so the live page and scrapers see the "
+                        "end (the final records and finished).")
+                  .range(0.0, 3600.0),
+          }};
+}
+
+Section security_section() {
+  return {"security", "The run's token (docs/reliability.md, Security model). Without one `arlo run` makes one per run "
+                      "(written to <run.dir>/token, mode 0600) and gives it to the workers and the trainer it starts.",
+          {
+              string_key("token", "",
+                         "The token every plane of the run wants (bearer on HTTP, challenge-response on the bridge and "
+                         "the tcp weight publisher). Prefer token_file: a config file is easily shared."),
+              string_key("token_file", "", "File holding the token (surrounding whitespace ignored)."),
+          }};
+}
+
+// Every section, in the order of docs/configuration.md.
+std::vector<Section> product_sections() {
+  return {run_section(), orchestrator_section(), sampling_section(), env_section(), eval_section(), reward_section(), inference_section(), model_section(), trainer_section(), bridge_section(), weight_sync_section(), log_section(), ckpt_section(), status_section(), security_section()};
 }
 
 // --- Rules between keys ---------------------------------------------------------------------------
@@ -448,12 +556,13 @@ void batch_is_whole_groups(const Config& c, std::vector<Violation>& out) {
   }
 }
 
-void jsonl_needs_path(const Config& c, std::vector<Violation>& out) {
-  if (c.string("env.kind") == "jsonl" && c.string("env.path").empty()) {
-    out.push_back({c.where("env.kind"), "env.path is required when env.kind is jsonl"});
-  }
-  if (c.string("eval.env_kind") == "jsonl" && c.string("eval.env_path").empty()) {
-    out.push_back({c.where("eval.env_kind"), "eval.env_path is required when eval.env_kind is jsonl"});
+void kind_needs_path(const Config& c, std::vector<Violation>& out) {
+  for (const auto& k : rollout::environment_kinds()) {
+    if (!k.needs_path) continue;
+    if (c.string("env.kind") == k.name && c.string("env.path").empty())
+      out.push_back({c.where("env.kind"), "env.path is required when env.kind is " + k.name});
+    if (c.string("eval.env_kind") == k.name && c.string("eval.env_path").empty())
+      out.push_back({c.where("eval.env_kind"), "eval.env_path is required when eval.env_kind is " + k.name});
   }
 }
 
@@ -468,9 +577,27 @@ void pass_k_within_samples(const Config& c, std::vector<Violation>& out) {
   }
 }
 
-void reverse_text_lengths(const Config& c, std::vector<Violation>& out) {
-  if (c.integer("env.min_len") > c.integer("env.max_len")) {
-    out.push_back({c.where("env.min_len"), "env.min_len must be <= env.max_len"});
+// The value of an extension's config key `dotted` as JSON.
+nlohmann::json extension_value(const Config& c, const std::string& dotted, rollout::ExtensionOption::Type type) {
+  using T = rollout::ExtensionOption::Type;
+  switch (type) {
+    case T::kBool: return c.boolean(dotted);
+    case T::kInt: return c.integer(dotted);
+    case T::kFloat: return c.number(dotted);
+    case T::kString: return c.string(dotted);
+    case T::kAny: return c.map(dotted);
+  }
+  return nullptr;
+}
+
+// Each environment kind's own check of its env.* keys, whatever env.kind is (eval may use the kind).
+void environment_checks(const Config& c, std::vector<Violation>& out) {
+  for (const auto& k : rollout::environment_kinds()) {
+    if (!k.check) continue;
+    nlohmann::json options = nlohmann::json::object();
+    for (const auto& o : k.options) options[o.key] = extension_value(c, "env." + o.key, o.type);
+    const auto [key, what] = k.check(options);
+    if (!key.empty()) out.push_back({c.where("env." + key), "env." + key + " " + what});
   }
 }
 
@@ -505,46 +632,58 @@ void command_trainer_needs_command(const Config& c, std::vector<Violation>& out)
   }
 }
 
+// Each reward.modules item gives the keys its kind requires, with values its kind accepts.
 void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
   const auto& modules = c.objects("reward.modules");
   for (std::size_t i = 0; i < modules.size(); ++i) {
     const Config& m = modules[i];
     const std::string name = "reward.modules[" + std::to_string(i) + "]";
-    const std::string& kind = m.string("kind");
-    auto need = [&](const char* key) {
-      if (m.string(key).empty()) out.push_back({m.where("kind"), name + ": kind " + kind + " needs '" + key + "'"});
-    };
-    if (kind == "plugin") need("path");
-    if (kind == "http") need("url");
-    if (kind == "regex_match") {
-      need("pattern");
-      constexpr std::size_t kMaxPattern = 1024;  // libstdc++ compiles regexes recursively
-      if (m.string("pattern").size() > kMaxPattern) {
-        out.push_back({m.where("pattern"), name + ".pattern: longer than 1024 characters"});
-        continue;
-      }
-      // std::regex reports a bad pattern by throwing; caught here, at the edge.
-      try {
-        std::regex compiled(m.string("pattern"), std::regex::ECMAScript);
-      } catch (const std::regex_error& e) {
-        out.push_back({m.where("pattern"), name + ".pattern: not a valid regular expression: " + e.what()});
-      }
+    const std::string& kind_name = m.string("kind");
+    const rollout::RewardKind* kind = rollout::find_entry(rollout::reward_kinds(), kind_name);
+    if (!kind) continue;  // the loader already refused it (not one of kind's choices)
+    for (const auto& o : kind->options) {
+      if (!o.config_key || o.type != rollout::ExtensionOption::Type::kString) continue;
+      if (o.required && m.string(o.key).empty())
+        out.push_back({m.where("kind"), name + ": kind " + kind_name + " needs '" + o.key + "'"});
+      if (!o.check) continue;
+      if (const std::string what = o.check(m.string(o.key)); !what.empty())
+        out.push_back({m.where(o.key), name + "." + o.key + ": " + what});
     }
   }
+}
+
+// The rules' docs that name registered kinds.
+std::string path_rule_doc() {
+  const std::string kinds = path_kinds();
+  return "env.path is given when env.kind is " + kinds + "; eval.env_path when eval.env_kind is " + kinds + ".";
+}
+std::string environment_checks_doc() {
+  std::string doc;
+  for (const auto& k : rollout::environment_kinds())
+    if (k.check) doc += (doc.empty() ? "" : " ") + k.check_doc;
+  return doc;
+}
+std::string reward_rule_doc() {
+  std::string needs;
+  for (const auto& k : rollout::reward_kinds())
+    for (const auto& o : k.options)
+      if (k.in_config && o.config_key && (o.required || o.check))
+        needs += (needs.empty() ? "" : ", ") + k.name + " a " + (o.check ? "valid " : "") + o.key;
+  return "reward modules give what their kind needs: " + needs + ".";
 }
 
 std::vector<Rule> product_rules() {
   return {
       {"orchestrator.batch_size is a multiple of orchestrator.group_size.", batch_is_whole_groups},
-      {"env.path is given when env.kind is jsonl; eval.env_path when eval.env_kind is jsonl.", jsonl_needs_path},
+      {path_rule_doc(), kind_needs_path},
       {"Each eval.pass_k is an integer in 1..eval.k.", pass_k_within_samples},
-      {"env.min_len <= env.max_len.", reverse_text_lengths},
+      {environment_checks_doc(), environment_checks},
       {"inference.urls is not empty when inference.launch is external; embedded launch means inference.kind arlo.",
        external_inference_needs_urls},
       {"model.heads divides model.hidden.", heads_divide_hidden},
       {"trainer.is_low < trainer.is_high.", is_bounds_ordered},
       {"trainer.command is not empty when trainer.launch is command.", command_trainer_needs_command},
-      {"reward modules of kind plugin have a path, http a url, regex_match a valid pattern.", reward_modules_complete},
+      {reward_rule_doc(), reward_modules_complete},
   };
 }
 

@@ -9,6 +9,9 @@
 #include <sstream>
 
 #include "common/config/config.h"
+#include "rollout/admin.h"
+#include "rollout/environment.h"
+#include "rollout/reward.h"
 
 namespace arlo::config {
 namespace {
@@ -55,6 +58,45 @@ TEST(ProductSchema, DefaultsLoadCleanlyAndTemplatesAreFilled) {
       EXPECT_EQ(value.find('{'), std::string::npos) << section.name << "." << key.name << " = " << value;
     }
   }
+}
+
+// The kinds a config may name, and their keys, are the registered extensions' (rollout/extension.h).
+TEST(ProductSchema, KindsAndTheirKeysComeFromTheRegistries) {
+  const Schema& schema = product_schema();
+  std::vector<std::string> reward_kinds;
+  for (const auto& k : rollout::reward_kinds())
+    if (k.in_config) reward_kinds.push_back(k.name);
+  const Key* modules = schema.find_key("reward.modules");
+  ASSERT_TRUE(modules);
+  auto item = [&](std::string_view name) -> const Key* {
+    for (const auto& k : modules->item_keys)
+      if (k.name == name) return &k;
+    return nullptr;
+  };
+  ASSERT_TRUE(item("kind"));
+  EXPECT_EQ(item("kind")->choices, reward_kinds);
+  EXPECT_THAT(reward_kinds, ::testing::Not(::testing::Contains("weighted")));
+  ASSERT_TRUE(item("pattern"));
+  EXPECT_EQ(item("pattern")->doc, "regex_match: ECMAScript regular expression to search for.");
+  ASSERT_TRUE(item("isolate"));
+  EXPECT_EQ(std::get<std::string>(item("isolate")->default_value), "process");  // the config's default, not the library's
+  EXPECT_EQ(item("isolate")->choices, (std::vector<std::string>{"none", "process"}));
+  ASSERT_TRUE(item("config"));
+  EXPECT_THAT(item("config")->doc, ::testing::HasSubstr("numeric_match: rel_tol (float, 1e-06: relative tolerance)"));
+
+  EXPECT_EQ(schema.find_key("inference.kind")->choices, rollout::entry_names(rollout::admin_dialects()));
+  EXPECT_EQ(schema.find_key("inference.kind")->doc, "Server dialect for admin calls: arlo (arlo-worker), vllm, sglang.");
+  EXPECT_EQ(schema.find_key("env.kind")->choices, rollout::entry_names(rollout::environment_kinds()));
+  EXPECT_THAT(schema.find_key("eval.env_kind")->choices, ::testing::Contains("reverse_text"));
+  for (const auto& kind : rollout::environment_kinds())
+    for (const auto& o : kind.options) {
+      const Key* key = schema.find_key("env." + o.key);
+      ASSERT_TRUE(key) << kind.name << " option " << o.key << " is no env key";
+      EXPECT_EQ(key->doc, kind.name + ": " + o.doc);
+      EXPECT_EQ(key->min, o.min);
+      EXPECT_EQ(key->max, o.max);
+    }
+  EXPECT_EQ(std::get<std::int64_t>(schema.find_key("env.max_operand")->default_value), 20);
 }
 
 TEST(ProductSchema, DocsAreUpToDate) {

@@ -162,5 +162,29 @@ TEST(Admin, UnreachableServerFailsWithinTheDeadline) {
   EXPECT_EQ(*parse_admin_dialect("sglang"), AdminDialect::kSglang);
 }
 
+TEST(AdminDialects, RegistryNamesEachDialectAndBuildsItsAdapter) {
+  asio::io_context io;
+  http::Client client(io);
+  std::vector<std::string> names;
+  for (const auto& d : admin_dialects()) {
+    names.push_back(d.name);
+    auto admin = d.make(client, "http://127.0.0.1:1/", fast());
+    ASSERT_TRUE(admin) << d.name;
+    EXPECT_EQ(admin->dialect(), d.completions) << d.name;
+    EXPECT_EQ(admin->url(), "http://127.0.0.1:1") << d.name;
+    EXPECT_EQ(*parse_admin_dialect(d.name), d.completions);
+    auto by_name = make_admin_client(std::string_view(d.name), client, "http://127.0.0.1:1", fast());
+    ASSERT_TRUE(by_name);
+    EXPECT_EQ(by_name->dialect(), d.completions);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"arlo", "vllm", "sglang"}));
+  for (const auto dialect : {AdminDialect::kArlo, AdminDialect::kVllm, AdminDialect::kSglang})
+    EXPECT_EQ(make_admin_client(dialect, client, "http://127.0.0.1:1", fast())->dialect(), dialect);
+  auto unknown = parse_admin_dialect("tgi");
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().message(), "unknown inference.kind 'tgi': use arlo, vllm or sglang");
+  EXPECT_EQ(make_admin_client(std::string_view("tgi"), client, "http://127.0.0.1:1", fast()), nullptr);
+}
+
 }  // namespace
 }  // namespace arlo::rollout

@@ -181,5 +181,53 @@ TEST(TaskStream, RestoredCursorContinuesExactly) {
   EXPECT_FALSE(b.restore(Json{{"source", "arithmetic"}}));
 }
 
+TEST(Environments, RegistryBuildsEachKindFromItsCheckedOptions) {
+  std::vector<std::string> names;
+  for (const auto& k : environment_kinds()) names.push_back(k.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"arithmetic", "reverse_text", "jsonl"}));
+
+  // A kind's source is the one its own function makes, options defaulted from its declaration.
+  EnvironmentSpec spec;
+  spec.seed = 5;
+  spec.size = 20;
+  spec.options = {{"max_operand", 30}};
+  auto via_registry = make_task_source("arithmetic", spec);
+  ASSERT_TRUE(via_registry) << via_registry.error().what();
+  ArithmeticOptions direct;
+  direct.seed = 5;
+  direct.size = 20;
+  direct.max_value = 30;
+  direct.num_terms = 2;  // the declared default
+  auto expected = make_arithmetic(direct);
+  ASSERT_TRUE(expected);
+  ASSERT_EQ((*via_registry)->size(), 20u);
+  for (std::size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ((*via_registry)->at(i).prompt, (*expected)->at(i).prompt);
+    EXPECT_EQ((*via_registry)->at(i).answer, (*expected)->at(i).answer);
+  }
+
+  spec.options = {{"max_len", 2}, {"min_len", 1}};
+  auto reversed = make_task_source("reverse_text", spec);
+  ASSERT_TRUE(reversed) << reversed.error().what();
+  EXPECT_LE((*reversed)->at(0).answer.size(), 2u);
+
+  spec.options = {{"max_operand", "big"}};
+  auto bad = make_task_source("arithmetic", spec);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message(), "environment 'arithmetic': option 'max_operand' has the wrong type (\"big\")");
+  spec.options = {{"min_len", 3}};
+  bad = make_task_source("arithmetic", spec);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message(), "environment 'arithmetic': unknown option 'min_len' (known: max_operand, num_terms)");
+  bad = make_task_source("mnist", spec);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message(), "unknown environment kind 'mnist': use arithmetic, reverse_text or jsonl");
+
+  const EnvironmentKind* rt = *find_environment_kind("reverse_text");
+  ASSERT_TRUE(rt->check);
+  EXPECT_EQ(rt->check({{"min_len", 5}, {"max_len", 4}}).first, "min_len");
+  EXPECT_TRUE(rt->check({{"min_len", 4}, {"max_len", 4}}).first.empty());
+}
+
 }  // namespace
 }  // namespace arlo::rollout

@@ -1,6 +1,8 @@
 // Built-in reward modules, weighted composition and the factory's error messages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "rollout/reward.h"
 
 namespace arlo::rollout {
@@ -126,6 +128,41 @@ TEST(Rewards, FactoryErrorsNameTheProblem) {
   EXPECT_NE(r.error().what().find("modules[1]"), std::string::npos) << r.error().what();
   r = make_reward_module({{"type", "http"}, {"url", "ftp://x"}});
   ASSERT_FALSE(r);
+}
+
+TEST(Rewards, RegistryHoldsEachKindOnceAndItsErrorsListThem) {
+  std::vector<std::string> names;
+  for (const auto& k : reward_kinds()) {
+    EXPECT_TRUE(k.make) << k.name;
+    EXPECT_FALSE(k.doc.empty()) << k.name;
+    EXPECT_EQ(std::count(names.begin(), names.end(), k.name), 0) << k.name << " registered twice";
+    names.push_back(k.name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"exact_match", "numeric_match", "lcs_ratio", "regex_match", "length_penalty",
+                                             "plugin", "http", "weighted"}));
+  // The messages users saw before the registry, word for word.
+  auto r = make_reward_module({{"type", "nope"}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message(),
+            "unknown reward type 'nope': use exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin, "
+            "http or weighted");
+  r = make_reward_module({{"type", "numeric_match"}, {"tol", 1}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message(), "reward 'numeric_match': unknown option 'tol' (known: type, name, weight, rel_tol, abs_tol)");
+  r = make_reward_module({{"type", "lcs_ratio"}, {"x", 1}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message(), "reward 'lcs_ratio': unknown option 'x' (known: type, name, weight)");
+  r = make_reward_module({{"type", "exact_match"}, {"case_sensitive", 1}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message(), "reward 'exact_match': option 'case_sensitive' has the wrong type (1)");
+  r = make_reward_module({{"type", "regex_match"}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message(), "reward 'regex_match': needs 'pattern'");
+  r = make_reward_module({{"kind", "plugin"}, {"path", ""}, {"config", Json::object()}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().message(), "reward 'plugin': needs 'path' to a shared library");
+  // Defaults come from the kind's declared options: length_penalty's max_tokens is 256.
+  EXPECT_NEAR(score_of({{"type", "length_penalty"}, {"free_tokens", 0}}, task(""), sample("", 128)), -0.5, 1e-12);
 }
 
 }  // namespace

@@ -1,0 +1,236 @@
+// vLLM's admin dialect: its native weight-transfer API (rollout/admin.h has the table of calls).
+#include <charconv>
+
+#include "rollout/admin_dialects/admin_base.h"
+
+namespace arlo::rollout {
+
+namespace {
+
+using namespace admin_detail;
+
+struct ServerVersion {
+  int major = 0, minor = 0, patch = 0;
+  auto operator<=>(const ServerVersion&) const = default;
+};
+// "0.28.0", "0.27.2rc1.dev150+g311b3513a", "v0.29.0": the leading x.y[.z].
+Result<ServerVersion> parse_server_version(std::string_view s) {
+  if (!s.empty() && (s[0] == 'v' || s[0] == 'V')) s.remove_prefix(1);
+  ServerVersion v;
+  int* parts[3] = {&v.major, &v.minor, &v.patch};
+  const char* p = s.data();
+  const char* end = s.data() + s.size();
+  for (int i = 0; i < 3; ++i) {
+    auto [next, ec] = std::from_chars(p, end, *parts[i]);
+    if (ec != std::errc()) {
+      if (i >= 2) break;  // "0.28" has no patch
+      return make_error(ErrorCode::kParse, fmt::format("'{}' is not a version (x.y.z)", s));
+    }
+    p = next;
+    if (i < 2) {
+      if (p == end || *p != '.') {
+        if (i == 1) break;
+        return make_error(ErrorCode::kParse, fmt::format("'{}' is not a version (x.y.z)", s));
+      }
+      ++p;
+    }
+  }
+  return v;
+}
+
+// vLLM's body shapes by release. Sources: vllm PR #39212 added /start_weight_update and
+// /finish_weight_update (first released in 0.22.0; absent in 0.19.1); PR #50902 moved packed,
+// packed_buffer_size_bytes and packed_num_buffers from update_info to init_info and dropped the
+// start body (0.28.0, per TRL PR #7001 and SkyRL PR #2114); PR #53784 added nccl_unique_id_b64,
+// merged to main after 0.28.0 was cut: assumed first released in 0.29.0.
+constexpr ServerVersion kVllmStartFinish{0, 22, 0};
+constexpr ServerVersion kVllmPackedInInit{0, 28, 0};
+constexpr ServerVersion kVllmUniqueIdInit{0, 29, 0};
+
+Json vllm_init_info(const Json& group, ServerVersion v, Status& status) {
+  Json info = Json::object();
+  const bool uid = v >= kVllmUniqueIdInit && group.contains("nccl_unique_id_b64") && group["nccl_unique_id_b64"].is_string();
+  status = uid ? copy_keys(group, {"nccl_unique_id_b64", "rank_offset", "world_size"}, info)
+               : copy_keys(group, {"master_address", "master_port", "rank_offset", "world_size"}, info);
+  if (status && v >= kVllmPackedInInit) status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
+  return Json{{"init_info", std::move(info)}};
+}
+
+Json vllm_update_info(const TensorLists& t, const Json& group, ServerVersion v, Status& status) {
+  Json info = {{"names", t.names}, {"dtype_names", t.dtypes}, {"shapes", t.shapes}};
+  status = ok();
+  if (v < kVllmPackedInInit) status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
+  return Json{{"update_info", std::move(info)}};
+}
+
+std::optional<Json> vllm_start_body(ServerVersion v) {
+  if (v >= kVllmPackedInInit) return std::nullopt;
+  return Json{{"is_checkpoint_format", true}};
+}
+
+Json vllm_finish_body(std::int64_t version) { return Json{{"weight_version", std::to_string(version)}}; }
+Json checker_body(const Json& baseline) {
+  if (baseline.is_object() && !baseline.empty()) return Json{{"action", "compare"}, {"baseline", baseline}};
+  return Json{{"action", "checksum"}};
+}
+
+class VllmAdmin final : public AdminBase {
+ public:
+  using AdminBase::AdminBase;
+  AdminDialect dialect() const override { return AdminDialect::kVllm; }
+  asio::awaitable<Status> pause(PauseMode mode) override {
+    co_return drop_value(co_await call(post(fmt::format("/pause?mode={}", to_string(mode)), std::nullopt)));
+  }
+  asio::awaitable<Status> resume() override {
+    auto resumed = co_await call(post("/resume", std::nullopt));
+    if (!resumed) co_return std::unexpected(std::move(resumed).error());
+    // /weight_checker refuses a paused engine (HTTP 409), so the check runs here, after finish.
+    if (options_.verify_weights && unverified_) co_return co_await verify(*unverified_);
+    co_return ok();
+  }
+  asio::awaitable<Status> prepare_weights(const WeightUpdate& u) override {
+    if (!u.collective)
+      co_return here(ErrorCode::kInvalidArgument,
+                     fmt::format("v{}: vLLM's HTTP API has no route that loads weights from a directory{} (its shared-disk "
+                                 "weight-transfer backend, vllm PR #52152, is not released); use weight_sync.transport: nccl",
+                                 u.version, u.extra.contains("model_path") ? fmt::format(" such as {}", u.extra["model_path"].dump()) : ""));
+    auto version = co_await server_version();
+    if (!version) co_return std::unexpected(std::move(version).error());
+    auto& session = u.collective;
+    if (!world_size_) {
+      auto w = co_await call(get("/get_world_size"));
+      if (!w) co_return std::unexpected(std::move(w).error());
+      if (!w->is_object() || !w->contains("world_size") || !(*w)["world_size"].is_number_integer() || (*w)["world_size"].get<int>() < 1)
+        co_return here(ErrorCode::kParse, fmt::format("GET /get_world_size answered {} (want {{\"world_size\": n >= 1}})", w->dump().substr(0, 200)));
+      world_size_ = (*w)["world_size"].get<int>();
+    }
+    // Every update asks: the session may have formed a new group (another worker rejoined).
+    auto g = co_await session->group(url_, *world_size_);
+    if (!g) co_return std::unexpected(std::move(g).error().with_context(fmt::format("vllm admin {}: joining the weight-transfer group", url_)));
+    auto joined = group_generation(*g);
+    if (!joined) co_return std::unexpected(std::move(joined).error());
+    if (generation_ != *joined) {
+      const auto gen = joined;
+      Status built;
+      Json body = vllm_init_info(*g, *version, built);
+      if (!built) co_return std::unexpected(std::move(built).error());
+      auto init = co_await call(transfer("/init_weight_transfer_engine", std::move(body)));
+      if (!init) {
+        session->failed(url_, *gen, init.error().what());
+        co_return std::unexpected(std::move(init).error());
+      }
+      group_ = std::move(*g);
+      generation_ = *gen;
+    }
+    const std::int64_t gen = *generation_;
+    auto fail = [&](const Error& e) {
+      session->failed(url_, gen, e.what());
+      generation_.reset();  // the group is aborted: the next update joins a new generation
+      return std::unexpected(e);
+    };
+    auto tensors = co_await session->tensors();
+    if (!tensors) co_return fail(tensors.error());
+    auto lists = tensor_lists(*tensors);
+    if (!lists) co_return fail(lists.error());
+    Status built;
+    Json update_body = vllm_update_info(*lists, group_, *version, built);
+    if (!built) co_return fail(built.error());
+    auto started = co_await call(transfer("/start_weight_update", vllm_start_body(*version)));
+    if (!started) co_return fail(started.error());
+    auto sent = co_await transfer_collective(session, gen, u.version, call_status(transfer("/update_weights", std::move(update_body))));
+    if (!sent) {
+      generation_.reset();
+      co_return std::unexpected(std::move(sent).error());
+    }
+    pending_version_ = *sent;
+    co_return ok();
+  }
+  asio::awaitable<Status> commit_weights(std::int64_t version) override {
+    // The session may have sent a newer version than the one asked for; that one is committed.
+    if (!pending_version_ || *pending_version_ < version)
+      co_return here(ErrorCode::kMismatch, fmt::format("commit of version {} but the prepared version is {}", version,
+                                                       pending_version_ ? std::to_string(*pending_version_) : "none"));
+    const std::int64_t sent = *pending_version_;
+    auto r = co_await call(transfer("/finish_weight_update", vllm_finish_body(sent)));
+    pending_version_.reset();
+    if (!r) co_return std::unexpected(std::move(r).error());
+    committed_version_ = sent;
+    unverified_ = sent;
+    co_return ok();
+  }
+  asio::awaitable<Result<WeightsInfo>> weights() override {
+    WeightsInfo info{committed_version_, checksum_};
+    if (!has_weight_info_) co_return info;
+    auto r = co_await call(get("/weight_info"));
+    if (!r) {
+      if (r.error().code() != ErrorCode::kNotFound) co_return std::unexpected(std::move(r).error());
+      has_weight_info_ = false;  // an older server: report what this adapter committed
+      co_return info;
+    }
+    if (r->is_object() && r->contains("weight_version")) info.version = version_number((*r)["weight_version"]);
+    co_return info;
+  }
+
+ private:
+  asio::awaitable<Result<ServerVersion>> server_version() {
+    if (version_) co_return *version_;
+    std::string text = options_.server_version;
+    if (text.empty()) {
+      auto r = co_await call(get("/version"));
+      if (!r) co_return std::unexpected(std::move(r).error());
+      if (!r->is_object() || !r->contains("version") || !(*r)["version"].is_string())
+        co_return here(ErrorCode::kParse, fmt::format("GET /version answered {} (want {{\"version\": \"x.y.z\"}})", r->dump().substr(0, 200)));
+      text = (*r)["version"].get<std::string>();
+    }
+    auto v = parse_server_version(text);
+    if (!v) co_return std::unexpected(std::move(v).error().with_context(fmt::format("vllm admin {}: server version", url_)));
+    if (*v < kVllmStartFinish)
+      co_return here(ErrorCode::kInvalidArgument,
+                     fmt::format("vLLM {} lacks /start_weight_update and /finish_weight_update (added in 0.22.0); run vLLM >= 0.22", text));
+    version_ = *v;
+    co_return *v;
+  }
+
+  asio::awaitable<Status> verify(std::int64_t version) {
+    const bool compare = options_.verify_baseline.is_object() && !options_.verify_baseline.empty();
+    auto r = co_await call(post("/weight_checker", checker_body(options_.verify_baseline)));
+    if (!r) co_return std::unexpected(std::move(r).error());
+    if (compare) {
+      if (!r->is_object() || !r->contains("match") || !(*r)["match"].is_boolean())
+        co_return here(ErrorCode::kParse, fmt::format("/weight_checker compare answered {}", r->dump().substr(0, 200)));
+      if (!(*r)["match"].get<bool>())
+        co_return here(ErrorCode::kMismatch, fmt::format("v{}: /weight_checker: the weights differ from the baseline in {}", version,
+                                                         r->value("mismatches", Json::array()).dump().substr(0, 500)));
+      ARLO_INFO("vllm admin {}: v{} matches the baseline's {} parameter checksums", url_, version, options_.verify_baseline.size());
+      checksum_ = fmt::format("match:{}", options_.verify_baseline.size());
+    } else {
+      const std::size_t n = r->is_object() && r->contains("checksums") && (*r)["checksums"].is_object() ? (*r)["checksums"].size() : 0;
+      if (n == 0) co_return here(ErrorCode::kMismatch, fmt::format("v{}: /weight_checker reported no parameter checksums: {}", version, r->dump().substr(0, 200)));
+      ARLO_INFO("vllm admin {}: v{}: /weight_checker reports {} parameter checksums", url_, version, n);
+      checksum_ = fmt::format("checksums:{}", n);
+    }
+    unverified_.reset();
+    co_return ok();
+  }
+
+  std::optional<ServerVersion> version_;
+  std::optional<int> world_size_;
+  std::optional<std::int64_t> generation_;  // the session generation the server joined
+  Json group_ = Json::object();             // that generation's group
+  std::optional<std::int64_t> pending_version_;
+  std::optional<std::int64_t> committed_version_;
+  std::optional<std::int64_t> unverified_;  // committed, not yet checked (verify_weights)
+  std::string checksum_;
+  bool has_weight_info_ = true;
+};
+
+}  // namespace
+
+AdminDialectInfo vllm_admin_dialect() {
+  return {"vllm", "", AdminDialect::kVllm, {},
+          [](http::Client& client, std::string base_url, AdminOptions options) -> std::unique_ptr<AdminClient> {
+            return std::make_unique<VllmAdmin>(client, std::move(base_url), std::move(options));
+          }};
+}
+
+}  // namespace arlo::rollout

@@ -1,0 +1,54 @@
+// reverse_text: reverse a short lowercase string ("reverse abc:" -> "cba").
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "rollout/environment.h"
+
+namespace arlo::rollout {
+
+Result<std::shared_ptr<const TaskSource>> make_reverse_text(const ReverseTextOptions& o) {
+  if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "reverse_text: size must be >= 1");
+  if (o.min_length < 1 || o.max_length < o.min_length || o.max_length > 64)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("reverse_text: need 1 <= min_length <= max_length <= 64, got [{}, {}]", o.min_length, o.max_length));
+  std::uint64_t state = o.seed ^ 0x7265766572736521ULL;  // "reverse!"
+  std::vector<Task> tasks;
+  tasks.reserve(o.size);
+  for (std::size_t i = 0; i < o.size; ++i) {
+    const int len = o.min_length + static_cast<int>(uniform_below(state, static_cast<std::uint64_t>(o.max_length - o.min_length + 1)));
+    std::string s;
+    for (int k = 0; k < len; ++k) s += static_cast<char>('a' + uniform_below(state, 26));
+    Task t;
+    t.id = fmt::format("reverse_text-{}", i);
+    t.env = "reverse_text";
+    t.prompt = "reverse " + s + ":";
+    t.answer = std::string(s.rbegin(), s.rend());
+    t.info = {{"text", s}};
+    tasks.push_back(std::move(t));
+  }
+  return std::shared_ptr<const TaskSource>(std::make_shared<VectorTaskSource>("reverse_text", std::move(tasks)));
+}
+
+EnvironmentKind reverse_text_environment() {
+  return {"reverse_text",
+          "reverse a short string",
+          {int_opt("min_len", 3, "shortest string.").range(1, 4096).as_config_key(),
+           int_opt("max_len", 8, "longest string.").range(1, 4096).as_config_key()},
+          false,
+          [](const EnvironmentSpec& s) {
+            ReverseTextOptions o;
+            o.seed = s.seed;
+            o.size = s.size;
+            o.min_length = static_cast<int>(s.options["min_len"].get<std::int64_t>());
+            o.max_length = static_cast<int>(s.options["max_len"].get<std::int64_t>());
+            return make_reverse_text(o);
+          },
+          [](const Json& o) -> std::pair<std::string, std::string> {
+            if (o["min_len"].get<std::int64_t>() > o["max_len"].get<std::int64_t>()) return {"min_len", "must be <= env.max_len"};
+            return {};
+          },
+          "env.min_len <= env.max_len."};
+}
+
+}  // namespace arlo::rollout
