@@ -11,12 +11,14 @@
 #include <set>
 
 #include "common/async/coro.h"
+#include "common/async/fake_clock.h"
 #include "rollout/inference_pool.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
 namespace arlo::rollout {
 namespace {
 
+using arlo::FakeClock;
 using test::Event;
 using test::FakeOpenAIServer;
 using test::run;
@@ -197,6 +199,25 @@ asio::awaitable<bool> all_healthy(const HttpInferencePool& pool) {
   });
 }
 
+// One health round on a FakeClock in which `dark`'s probe gets no answer: moves time to the next
+// health check once the loop waits for it, waits until every other probe of the round answered
+// (only `dark`'s probe and the requests `dark` holds still have deadline timers), then moves time
+// past health_timeout and waits until the pool counted the timeout.
+asio::awaitable<void> probe_dark_until_it_times_out(FakeClock& clock, const HttpInferencePool& pool,
+                                                    const FakeOpenAIServer& dark, const PoolOptions& o) {
+  // The health loop waits out its interval (the one timer besides the held requests' deadlines).
+  EXPECT_TRUE(co_await test::eventually(
+      [&] { return clock.pending() == static_cast<std::size_t>(dark.held) + 1; }));
+  const int calls = dark.health_calls;
+  clock.advance(o.health_interval);
+  EXPECT_TRUE(co_await test::eventually([&] {
+    return dark.health_calls > calls && clock.pending() == static_cast<std::size_t>(dark.held) + 1;
+  }));
+  const auto failed = status_of(pool.status(), dark.url()).failed;
+  clock.advance(o.health_timeout);
+  EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), dark.url()).failed > failed; }));
+}
+
 PoolOptions silence_options() {
   PoolOptions o = fast_options();
   o.health_timeout = std::chrono::milliseconds(700);
@@ -204,10 +225,15 @@ PoolOptions silence_options() {
   return o;
 }
 
+// The clock is declared before the io_context: coroutines the context destroys still hold timers
+// of it.
 TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMove) {
+  FakeClock clock;
   asio::io_context io;
   FakeOpenAIServer dark(io), good(io);
-  HttpInferencePool pool(io, silence_options());
+  auto o = silence_options();
+  o.clock = &clock;
+  HttpInferencePool pool(io, o);
   pool.add_server(dark.url());
   pool.add_server(good.url());
   pool.start();
@@ -230,8 +256,11 @@ TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMo
         }
         ++finished;
       }, asio::detached);
-    EXPECT_TRUE(co_await test::eventually([&] { return finished == kRequests; }, std::chrono::seconds(30)));
+    // The good server answered its share; the dark one holds the rest.
+    EXPECT_TRUE(co_await test::eventually([&] { return finished + dark.held == kRequests; }));
     EXPECT_GE(dark.held, 1);  // some went to it first
+    co_await probe_dark_until_it_times_out(clock, pool, dark, o);
+    EXPECT_TRUE(co_await test::eventually([&] { return finished == kRequests; }, std::chrono::seconds(30)));
     const auto st = pool.status();
     EXPECT_TRUE(status_of(st, dark.url()).circuit_open);
     EXPECT_TRUE(status_of(st, dark.url()).silent);
@@ -241,7 +270,7 @@ TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMo
     // The dark server wakes up and answers what it held: too late, nobody counts it.
     dark.release_all();
     EXPECT_TRUE(co_await test::eventually([&] { return dark.answered == dark.held; }));
-    co_await test::sleep_for(std::chrono::milliseconds(100));
+    co_await test::sleep_for(std::chrono::milliseconds(100));  // room for a (wrong) late answer to arrive
     EXPECT_EQ(completions_per_request.size(), static_cast<std::size_t>(kRequests));
     for (const auto& [i, n] : completions_per_request) EXPECT_EQ(n, 1) << "request " << i;
     const auto after = pool.status();
@@ -291,14 +320,17 @@ TEST(InferencePool, ASlowServerThatAnswersItsRequestsDoesNotFlap) {
 
 // open_on_silence = false: a silent server with requests waiting is only counted, as before.
 TEST(InferencePool, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
+  FakeClock clock;
   asio::io_context io;
   FakeOpenAIServer dark(io), good(io);
   auto o = silence_options();
   o.open_on_silence = false;
+  o.clock = &clock;
   HttpInferencePool pool(io, o);
   pool.add_server(dark.url());
   pool.add_server(good.url());
   pool.start();
+  int finished = 0;
   run(io, [&]() -> asio::awaitable<void> {
     EXPECT_TRUE(co_await all_healthy(pool));  // the health loop's first probes answered
     dark.hold = true;
@@ -306,12 +338,17 @@ TEST(InferencePool, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
     for (int i = 0; i < 4; ++i)
       asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
         (void)co_await pool.submit(request("w-" + std::to_string(i)), std::chrono::seconds(60));
+        ++finished;
       }, asio::detached);
-    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), dark.url()).failed >= 2; }));
+    EXPECT_TRUE(co_await test::eventually([&] { return finished + dark.held == 4; }));
+    EXPECT_GE(dark.held, 1);
+    co_await probe_dark_until_it_times_out(clock, pool, dark, o);
+    co_await probe_dark_until_it_times_out(clock, pool, dark, o);
     const auto st = status_of(pool.status(), dark.url());
+    EXPECT_EQ(st.failed, 2u);
     EXPECT_FALSE(st.circuit_open);
     EXPECT_TRUE(st.silent);
-    EXPECT_GE(st.outstanding, 1u);
+    EXPECT_EQ(st.outstanding, static_cast<std::size_t>(dark.held));
   }());
   pool.stop();
   dark.close();
@@ -322,19 +359,28 @@ TEST(InferencePool, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
 // cancels it cleanly, also when the pool runs on the caller's own io_context: no exception escapes
 // the loop, and the server's slot is given back.
 TEST(InferencePool, ACancelledRequestEndsWithoutThrowing) {
+  FakeClock clock;
   asio::io_context io;
   FakeOpenAIServer stuck(io);
-  HttpInferencePool pool(io, fast_options());
+  auto o = fast_options();
+  o.clock = &clock;
+  HttpInferencePool pool(io, o);
   pool.add_server(stuck.url());
   pool.start();
+  Event parked(io);
+  stuck.on_held = [&] { parked.set(); };
   run(io, [&]() -> asio::awaitable<void> {
-    co_await pool.check_all();
+    // The health loop's first probe (check_all() would skip the probe it has in flight).
+    EXPECT_TRUE(co_await all_healthy(pool));
     stuck.hold = true;
     using namespace boost::asio::experimental::awaitable_operators;
-    asio::steady_timer give_up(io);
-    give_up.expires_after(std::chrono::milliseconds(200));
-    auto raced = co_await (pool.submit(request("q"), std::chrono::seconds(300)) ||
-                           give_up.async_wait(asio::as_tuple(asio::use_awaitable)));
+    // The caller gives up 200 ms after it began; time moves once the request is parked.
+    auto give_up = cancellable_sleep_until(io.get_executor(), clock, clock.now() + std::chrono::milliseconds(200));
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      co_await parked.wait();
+      clock.advance(std::chrono::milliseconds(200));
+    }, asio::detached);
+    auto raced = co_await (pool.submit(request("q"), std::chrono::seconds(300)) || std::move(give_up));
     EXPECT_EQ(raced.index(), 1u);  // the timer won; the submit was cancelled inside
     EXPECT_EQ(stuck.held, 1);
     EXPECT_EQ(status_of(pool.status(), stuck.url()).outstanding, 0u);
@@ -344,9 +390,14 @@ TEST(InferencePool, ACancelledRequestEndsWithoutThrowing) {
 }
 
 TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
+  FakeClock clock;
   asio::io_context io;
   FakeOpenAIServer a(io);
-  HttpInferencePool pool(io, fast_options());
+  auto o = fast_options();
+  o.clock = &clock;
+  HttpInferencePool pool(io, o);
+  Event parked(io);
+  a.on_held = [&] { parked.set(); };
   pool.add_server(a.url());
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
@@ -358,7 +409,13 @@ TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
     }
     EXPECT_EQ(a.received, 1);
     a.fail_with_status = 0;
-    a.hold = true;  // parked until the server closes: the 300 ms deadline must expire
+    a.hold = true;  // parked until the server closes: only the 300 ms deadline can end it
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      co_await parked.wait();
+      clock.advance(std::chrono::milliseconds(299));
+      EXPECT_EQ(clock.pending(), 1u);  // its deadline has not fired yet
+      clock.advance(std::chrono::milliseconds(1));
+    }, asio::detached);
     r = co_await pool.submit(request("y"), std::chrono::milliseconds(300));
     EXPECT_FALSE(r);
     if (!r) {
