@@ -282,8 +282,8 @@ orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_d
                "--weight-decay", num(cfg.number("trainer.weight_decay")),
                "--beta1", num(cfg.number("trainer.beta1")), "--beta2", num(cfg.number("trainer.beta2")),
                "--max-grad-norm", num(cfg.number("trainer.max_grad_norm")),
-               "--correction", cfg.string("trainer.is_correction"), "--tis-high", num(cfg.number("trainer.is_high")),
-               "--mis-low", num(cfg.number("trainer.is_low")), "--mis-high", num(cfg.number("trainer.is_high")),
+               "--is-correction", cfg.string("trainer.is_correction"), "--is-low", num(cfg.number("trainer.is_low")),
+               "--is-high", num(cfg.number("trainer.is_high")),
                "--temperature", num(cfg.number("sampling.temperature")),
                "--checkpoint-every", std::to_string(trainer_ckpt_interval(cfg)),
                "--weight-sync", ws.trainer_block(num_workers).dump(), "--log-level", cfg.string("log.level")};

@@ -155,8 +155,8 @@ def token_logprobs(logits, input_ids):
     return F.pad(lp, (1, 0))
 
 
-def policy_loss(model, t, loss_tokens, is_cap):
-    """Token-level policy gradient with truncated importance sampling (ratio capped at is_cap)
+def policy_loss(model, t, loss_tokens, is_high):
+    """Token-level policy gradient with truncated importance sampling (ratio capped at is_high)
     between this trainer's policy and the logprobs the inference engine sampled with; tokens
     with ce_weights also get a weighted cross-entropy. Normalised by the step's loss tokens."""
     ids = t["input_ids"].long()
@@ -165,7 +165,7 @@ def policy_loss(model, t, loss_tokens, is_cap):
     logp = token_logprobs(model(ids, pos), ids)
     inf_lp = t["inference_logprobs"].float()
     log_ratio = (logp.detach() - inf_lp) * mask
-    ratio = torch.exp(log_ratio).clamp(max=is_cap)
+    ratio = torch.exp(log_ratio).clamp(max=is_high)
     pg = -(ratio * t["advantages"].float() * logp * mask).sum()
     ce = torch.zeros(())
     if "ce_weights" in t:
@@ -175,7 +175,7 @@ def policy_loss(model, t, loss_tokens, is_cap):
     d = (inf_lp - logp.detach()) * mask
     mismatch_kl = ((torch.exp(-d) - 1 + d) * mask).sum() / denom
     return (pg + ce) / denom, {"mismatch_kl": float(mismatch_kl), "ce": float(ce) / denom,
-                               "clipped_frac": float(((torch.exp(log_ratio) > is_cap).float() * mask).sum() / denom)}
+                               "clipped_frac": float(((torch.exp(log_ratio) > is_high).float() * mask).sum() / denom)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -247,7 +247,9 @@ def main(argv=None):
     ap.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
     ap.add_argument("--beta2", type=float, default=0.999, help="AdamW beta2")
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
-    ap.add_argument("--is-cap", type=float, default=2.0, help="truncated importance sampling cap")
+    ap.add_argument("--is-high", type=float, default=None,
+                    help="truncated importance sampling cap (the config's trainer.is_high; default 2.0)")
+    ap.add_argument("--is-cap", type=float, default=None, help=argparse.SUPPRESS)  # old name of --is-high
     ap.add_argument("--steps", type=int, default=0, help="stop after this step (0: run until idle)")
     ap.add_argument("--idle-timeout", type=float, default=None, help="stop after this many seconds without a batch")
     ap.add_argument("--checkpoint-dir", help="save model+optimizer after every step; resume from it")
@@ -256,6 +258,14 @@ def main(argv=None):
     ap.add_argument("--log-every", type=int, default=1, help="print every this many steps' record (0: none)")
     ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
+    if args.is_cap is not None:
+        if args.is_high is not None and args.is_high != args.is_cap:
+            ap.error(f"--is-cap {args.is_cap} and --is-high {args.is_high} both set --is-high: give --is-high once")
+        print("train.py: --is-cap is deprecated and goes in the next release: use --is-high "
+              "(named as the config's trainer.is_high)", file=sys.stderr, flush=True)
+        args.is_high = args.is_cap
+    if args.is_high is None:
+        args.is_high = 2.0
 
     # arlo run ends its trainer with SIGTERM: finish the step in progress, close the bridge, exit 0.
     stop = threading.Event()
@@ -300,7 +310,7 @@ def main(argv=None):
                 group["lr"] = args.sft_lr if "ce_weights" in t and args.sft_lr > 0 else args.lr
             model.train()
             opt.zero_grad(set_to_none=True)
-            loss, extra = policy_loss(model, t, loss_tokens, args.is_cap)
+            loss, extra = policy_loss(model, t, loss_tokens, args.is_high)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()

@@ -112,10 +112,19 @@ def run_trainer_and_feeder(transport, run_dir, ws_dir, samples_path, log):
     return [json.loads(l) for l in open(log)]
 
 
+def check_renamed_flag():
+    # --is-cap is the old name of --is-high (the config's trainer.is_high): two values for one flag are refused.
+    r = subprocess.run([sys.executable, EXAMPLE, "--is-cap", "1.5", "--is-high", "2"], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 2 or "give --is-high once" not in r.stderr:
+        fail(f"--is-cap 1.5 --is-high 2: exit {r.returncode}, stderr: {r.stderr[-500:]}")
+
+
 def main():
     if not WORKER or not os.path.exists(WORKER):
         print("arlo-worker not built (no libtorch): skipped")
         return 77
+    check_renamed_flag()
     tmp = tempfile.mkdtemp(prefix="arlo_pytorch_example_")
     worker = None
     try:
