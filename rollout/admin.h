@@ -136,13 +136,36 @@ class AdminClient {
   virtual boost::asio::awaitable<Result<WeightsInfo>> weights() = 0;
 };
 
+// What a dialect's servers can take from arlo. `arlo check-config` and `arlo run` refuse the
+// weight_sync transports and topologies they cannot run with (session/server_support.h), and
+// `arlo run` builds its updates and tasks by them (session/); nothing outside the dialect's entry
+// knows a dialect by name.
+struct ServerCapabilities {
+  std::string title;              // the servers' name in messages ("vLLM")
+  bool streams = false;           // receives arlo's own weight stream (tcp, shm: the receiver block)
+  bool loads_durable = false;     // loads a version from its directory through the admin API
+  bool relays = false;            // a worker can serve the next one (weight_sync.topology chain)
+  bool host_memory = false;       // holds its weights in host memory (a device-only transport cannot reach them)
+  bool joins_collective = false;  // its adapter joins a collective group (CollectiveSession)
+  // A version on disk is named to it by its directory of shards (WeightUpdate::extra.model_path)
+  // rather than by arlo's receiver block.
+  bool takes_model_path = false;
+  // Serves the policy of arlo's built-in character tokenizer: arlo sends it prompt token ids (and
+  // can run the supervised warm-up); other servers get text and report their own tokenizer's ids.
+  bool builtin_tokenizer = false;
+};
+
 // One registered admin dialect: one file under rollout/admin_dialects/ defining
 // `AdminDialectInfo <name>_admin_dialect()` and one line in rollout/admin_dialects/registry.inc.
-// inference.kind's allowed values and docs come from the registered dialects.
+// inference.kind's allowed values and docs come from the registered dialects; so do what its
+// servers can take (`arlo check-config`) and the adapter `arlo run` drives them with.
 struct AdminDialectInfo {
   std::string name;  // the value of inference.kind
   std::string doc;   // a few words for docs/configuration.md ("" when the name says it)
-  AdminDialect completions = AdminDialect::kArlo;  // the family its completions follow (rollout/openai.h)
+  // The family its completions follow (rollout/openai.h) and its servers expect of a collective
+  // group's rendezvous (weight_sync's nccl member flavor).
+  AdminDialect completions = AdminDialect::kArlo;
+  ServerCapabilities server;
   std::vector<ExtensionOption> options;            // its own inference.* keys (none of the built-ins has any)
   // `client` must outlive the adapter. base_url: "http://host:port".
   std::function<std::unique_ptr<AdminClient>(http::Client& client, std::string base_url, AdminOptions options)> make;

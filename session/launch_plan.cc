@@ -64,7 +64,7 @@ ChainRole chain_role(std::size_t worker, const std::vector<bool>& receiving, boo
   return role;
 }
 
-rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t version, rollout::AdminDialect dialect,
+rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t version, const rollout::ServerCapabilities& server,
                                               const nlohmann::json& announced, std::optional<ChainRole> role) const {
   rollout::WeightUpdate u;
   u.version = version;
@@ -95,8 +95,8 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t 
       for (const auto& [k, v] : relays[worker].first.items()) receiver[k] = v;
   }
   u.weight_sync = receiver;
-  // vLLM and SGLang load a version from its directory of Hugging Face-compatible shards.
-  if (dialect != rollout::AdminDialect::kArlo && d && (*d)->version_path)
+  // Such servers (vLLM, SGLang) load a version from its directory of Hugging Face-compatible shards.
+  if (server.takes_model_path && d && (*d)->version_path)
     u.extra["model_path"] = (*d)->version_path(endpoint, static_cast<weight_sync::Version>(version));
   return u;
 }
@@ -161,7 +161,8 @@ Result<WeightSyncPlan> plan_weight_sync(const config::Config& cfg, const std::st
   if (d.capabilities.collective) {
     orch::adapters::CollectiveSessionOptions o;
     o.expected = embedded ? static_cast<std::size_t>(cfg.integer("inference.num_workers")) : cfg.strings("inference.urls").size();
-    o.flavor = cfg.string("inference.kind");
+    ARLO_ASSIGN_OR_RETURN(const auto* dialect, rollout::find_admin_dialect(cfg.string("inference.kind")));
+    o.flavor = rollout::to_string(dialect->completions);  // the family whose rendezvous its servers expect
     o.timeout = std::chrono::milliseconds(ws.block["timeout_ms"].get<std::int64_t>());
     ws.collective = orch::adapters::TrainerCollective::create(o);
   }

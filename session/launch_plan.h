@@ -50,12 +50,13 @@ struct WeightSyncPlan {
   // one group through this session (describe() hands it the newest announcement).
   std::shared_ptr<orch::adapters::TrainerCollective> collective;
 
-  // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version`:
-  // arlo: {version, weight_sync: the receiver block}; vllm/sglang: extra.model_path for a durable
-  // transport; a collective transport: the session. `announced` is the trainer's newest announcement info ({"weight_sync": ...}); without
+  // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version` on
+  // servers that can take what `server` says (inference.kind's dialect): {version, weight_sync: the
+  // receiver block}, plus extra.model_path for a durable transport when the server takes_model_path;
+  // a collective transport: the session. `announced` is the trainer's newest announcement info ({"weight_sync": ...}); without
   // one, the planned block is used as is. In a chain, `role` is the worker's part in this round
   // (none: the whole chain receives; worker k pulls from worker k-1 and relays unless it is last).
-  rollout::WeightUpdate describe(std::size_t worker, std::int64_t version, rollout::AdminDialect dialect,
+  rollout::WeightUpdate describe(std::size_t worker, std::int64_t version, const rollout::ServerCapabilities& server,
                                  const nlohmann::json& announced = nlohmann::json::object(),
                                  std::optional<ChainRole> role = std::nullopt) const;
   // The block a trainer publishes with: what arlo-trainer gets with --weight-sync and a

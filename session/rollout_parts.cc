@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "reference/tokenizer.h"
+#include "rollout/admin.h"
+#include "rollout/environment.h"
 
 namespace arlo::session {
 
@@ -11,26 +13,37 @@ namespace {
 // Eval task ids live far above the training sequence numbers so the two never collide.
 constexpr std::uint64_t kEvalIdBase = 1ull << 40;
 
+// Environment kind `kind`'s own options, read from its env.* keys (the options it declares as config
+// keys; make_task_source gives the others their defaults). Eval uses the same keys.
+nlohmann::json environment_options(const config::Config& cfg, const rollout::EnvironmentKind& kind) {
+  using Type = rollout::ExtensionOption::Type;
+  nlohmann::json options = nlohmann::json::object();
+  for (const auto& o : kind.options) {
+    const std::string key = "env." + o.key;
+    if (!o.config_key || !cfg.has(key)) continue;
+    switch (o.type) {
+      case Type::kBool: options[o.key] = cfg.boolean(key); break;
+      case Type::kInt: options[o.key] = cfg.integer(key); break;
+      case Type::kFloat: options[o.key] = cfg.number(key); break;
+      case Type::kString: options[o.key] = cfg.string(key); break;
+      case Type::kAny: options[o.key] = cfg.map(key); break;
+    }
+  }
+  return options;
+}
+
+// A task source of the registered environment kind `kind` (env.kind, or eval.env_kind), built by
+// its registry entry (rollout/environments/).
 Result<std::shared_ptr<const rollout::TaskSource>> make_source(const config::Config& cfg, const std::string& kind,
                                                                std::uint64_t seed, std::size_t size,
                                                                const std::string& path) {
-  if (kind == "arithmetic") {
-    rollout::ArithmeticOptions o;
-    o.seed = seed;
-    o.size = size;
-    o.num_terms = static_cast<int>(cfg.integer("env.num_terms"));
-    o.max_value = static_cast<int>(cfg.integer("env.max_operand"));
-    return rollout::make_arithmetic(o);
-  }
-  if (kind == "reverse_text") {
-    rollout::ReverseTextOptions o;
-    o.seed = seed;
-    o.size = size;
-    o.min_length = static_cast<int>(cfg.integer("env.min_len"));
-    o.max_length = static_cast<int>(cfg.integer("env.max_len"));
-    return rollout::make_reverse_text(o);
-  }
-  return rollout::load_jsonl(path, "jsonl", size);
+  ARLO_ASSIGN_OR_RETURN(const rollout::EnvironmentKind* k, rollout::find_environment_kind(kind));
+  rollout::EnvironmentSpec spec;
+  spec.seed = seed;
+  spec.size = size;
+  spec.path = path;
+  spec.options = environment_options(cfg, *k);
+  return rollout::make_task_source(k->name, spec);
 }
 
 Result<std::shared_ptr<rollout::RewardModule>> make_reward(const config::Config& cfg) {
@@ -69,7 +82,10 @@ void tokenize_task(orch::Task& task) {
   }
 }
 
-bool uses_builtin_tokenizer(const config::Config& cfg) { return cfg.string("inference.kind") == "arlo"; }
+bool uses_builtin_tokenizer(const config::Config& cfg) {
+  auto dialect = rollout::find_admin_dialect(cfg.string("inference.kind"));
+  return dialect && (*dialect)->server.builtin_tokenizer;
+}
 
 RunTasks::RunTasks(std::shared_ptr<rollout::TaskStream> stream, bool tokenize)
     : inner_(std::move(stream), {}), tokenize_(tokenize) {}

@@ -1,7 +1,8 @@
 #pragma once
 // The rollout-side parts of `arlo run`, built from the configuration: the training task stream,
 // the held-out eval set, and the weighted reward module. Only this file knows the `env`, `eval`
-// and `reward` key names for the run command, and which inference servers get token ids from arlo.
+// and `reward` key names for the run command; environments and reward modules come from rollout's
+// registries, and whether the servers get token ids from arlo from their admin dialect's entry.
 #include <memory>
 #include <vector>
 
@@ -13,10 +14,10 @@
 
 namespace arlo::session {
 
-// Whether arlo tokenizes prompts itself, with the built-in character tokenizer: only for
-// arlo-worker (inference.kind arlo), whose policy that tokenizer belongs to. Every other server
-// (vllm, sglang) gets text prompts and chat messages as they are, and its response reports the
-// ids its own tokenizer and chat template produced (rollout/openai.h).
+// Whether arlo tokenizes prompts itself, with the built-in character tokenizer: only for servers
+// whose dialect says they serve that tokenizer's policy (ServerCapabilities::builtin_tokenizer:
+// arlo-worker). Every other server (vllm, sglang) gets text prompts and chat messages as they are,
+// and its response reports the ids its own tokenizer and chat template produced (rollout/openai.h).
 bool uses_builtin_tokenizer(const config::Config& cfg);
 
 // Task source for the orchestrator: the environment's stream. With `tokenize`, prompts are

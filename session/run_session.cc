@@ -34,6 +34,7 @@
 #include "session/children.h"
 #include "session/launch_plan.h"
 #include "session/rollout_parts.h"
+#include "rollout/admin.h"
 #include "session/trainer_command.h"
 #include "weight_sync/transport.h"
 
@@ -167,8 +168,9 @@ class RunSession::Impl {
   // network thread is stopped before the pool and its clients are destroyed, on every path.
   RunOutcome execute() {
     if (auto st = start_workers(); !st) return fail(st.error().what());
-    auto dialect = rollout::parse_admin_dialect(s_.cfg.string("inference.kind"));
-    if (!dialect) return fail(dialect.error().what());
+    auto found = rollout::find_admin_dialect(s_.cfg.string("inference.kind"));
+    if (!found) return fail(found.error().what());
+    const rollout::AdminDialectInfo& dialect = **found;
     // Requests to the workers live on their own thread (see IoThread); the loop only orchestrates.
     IoThread network(kNetworkThreadNice);
     rollout::HttpInferencePool pool(network.context(), pool_options());
@@ -176,7 +178,7 @@ class RunSession::Impl {
       IoThread& network;
       ~StopNetworkFirst() { network.stop(); }
     } stop_network_first{network};
-    auto admins = add_workers(pool, *dialect);
+    auto admins = add_workers(pool, dialect);
 
     RunTasks tasks(s_.parts.stream, s_.parts.tokenize);
     rollout::RewardScorer reward(io_, s_.parts.reward, scorer_options(s_.cfg));
@@ -189,8 +191,8 @@ class RunSession::Impl {
     bridge::PackOptions pack;
     pack.seq_len = static_cast<int>(s_.cfg.integer("orchestrator.seq_len"));
     orch::adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
-    orch::adapters::RolloutInference inference(pool, std::move(admins), update_describer(*dialect, trainer), "",
-                                               network.executor(), *dialect);
+    orch::adapters::RolloutInference inference(pool, std::move(admins), update_describer(dialect.server, trainer), "",
+                                               network.executor(), dialect.completions);
     return run_loop(Adapters{network, pool, inference, tasks, scorer, trainer, **server});
   }
 
@@ -230,16 +232,17 @@ class RunSession::Impl {
     return po;
   }
 
-  // Adds every planned worker to the pool and returns one admin client per worker, in plan order.
+  // Adds every planned worker to the pool and returns one admin client per worker, in plan order:
+  // the adapter of `dialect` (inference.kind's registry entry, rollout/admin_dialects/).
   std::vector<std::unique_ptr<rollout::AdminClient>> add_workers(rollout::HttpInferencePool& pool,
-                                                                 rollout::AdminDialect dialect) const {
+                                                                 const rollout::AdminDialectInfo& dialect) const {
     std::vector<std::unique_ptr<rollout::AdminClient>> admins;
     rollout::AdminOptions ao;
     ao.call_timeout = seconds(s_.cfg.number("inference.admin_timeout_s"));
     ao.transfer_timeout = seconds(s_.cfg.number("weight_sync.timeout_s"));
     for (const auto& [name, url] : s_.plan.workers) {
       pool.add_server(url);
-      admins.push_back(rollout::make_admin_client(dialect, pool.client(), url, ao));
+      admins.push_back(dialect.make(pool.client(), url, ao));
     }
     return admins;
   }
@@ -249,11 +252,11 @@ class RunSession::Impl {
   // planned for an embedded one. A chain is routed per round, around relays that are dead, left out
   // or already hold the version (the WeightWatcher knows the round's receivers; until the
   // orchestrator exists there is none, and the whole chain receives).
-  orch::adapters::RolloutInference::DescribeUpdate update_describer(rollout::AdminDialect dialect,
+  orch::adapters::RolloutInference::DescribeUpdate update_describer(const rollout::ServerCapabilities& server,
                                                                     orch::adapters::BridgeTrainer& trainer) {
     std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
     for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
-    return [ws = s_.plan.weight_sync, dialect, worker_index, workers = s_.plan.workers, this, &trainer](
+    return [ws = s_.plan.weight_sync, server, worker_index, workers = s_.plan.workers, this, &trainer](
                const std::string& worker, orch::Version v) {
       const auto it = worker_index.find(worker);
       const std::size_t k = it == worker_index.end() ? workers.size() : it->second;
@@ -263,7 +266,7 @@ class RunSession::Impl {
         for (const auto& [name, url] : workers) receiving.push_back(watcher_->receives(url));
         role = chain_role(k, receiving, watcher_->retrying(worker));
       }
-      return ws.describe(k, v, dialect, trainer.latest_announcement(), role);
+      return ws.describe(k, v, server, trainer.latest_announcement(), role);
     };
   }
 

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "rollout/admin.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::session {
@@ -21,39 +22,9 @@ bool moves(const ws::Capabilities& c, ws::Device::Kind kind) {
 // The server joins one collective with the trainer (an NCCL group) and receives the broadcast.
 bool collective(const ws::Capabilities& c) { return c.collective; }
 
-// One server dialect: what it can take from arlo (see rollout/admin.cc for the calls).
-struct Server {
-  const char* kind;   // inference.kind
-  const char* title;  // in messages
-  bool streams;       // receives arlo's own weight stream (tcp, shm: the arlo-worker admin dialect)
-  bool loads_durable; // loads a version from its directory through the admin API
-  bool relays;        // a worker can serve the next one (weight_sync.topology chain)
-  bool host_memory;   // holds its weights in host memory (a device-only transport cannot reach them)
-  bool joins_collective;  // its admin dialect joins a collective group (rollout::CollectiveSession)
-};
-
-const std::vector<Server>& servers() {
-  static const std::vector<Server> s = {
-      // arlo-worker: /weights/prepare hands its Subscriber the receiver block (tcp, shm, files).
-      {"arlo", "arlo-worker", true, true, true, true, false},
-      // vLLM's admin API takes weights over NCCL (/init_weight_transfer_engine, /update_weights);
-      // no released vLLM loads a directory of shards into a running server over HTTP.
-      {"vllm", "vLLM", false, false, false, false, true},
-      // SGLang: /update_weights_from_distributed (NCCL) or /update_weights_from_disk.
-      {"sglang", "SGLang", false, true, false, false, true},
-  };
-  return s;
-}
-
-const Server* find_server(const std::string& kind) {
-  for (const auto& s : servers())
-    if (kind == s.kind) return &s;
-  return nullptr;
-}
-
 // Why a server of this kind cannot take weights over a transport with these capabilities in
 // `build`; empty when it can.
-std::string refusal(const Server& server, const ws::Capabilities& c, const BuildSupport& build) {
+std::string refusal(const rollout::ServerCapabilities& server, const ws::Capabilities& c, const BuildSupport& build) {
   if (collective(c) && !build.nccl)
     return "this arlo was built without NCCL, so it cannot join an NCCL group (rebuild where CUDA and NCCL are "
            "installed: cmake -DARLO_WITH_NCCL=ON finds them under CUDA_HOME or /usr/local/cuda)";
@@ -85,11 +56,12 @@ BuildSupport this_build() {
 
 Status check_inference_support(const config::Config& cfg, const BuildSupport& build) {
   const std::string& kind = cfg.string("inference.kind");
-  const Server* server = find_server(kind);
-  if (!server)
+  auto dialect = rollout::find_admin_dialect(kind);
+  if (!dialect)
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("inference.kind {} ({}): not a server arlo drives; use arlo, vllm or sglang", kind,
-                                  cfg.where("inference.kind")));
+                      fmt::format("inference.kind {} ({}): not a server arlo drives; use {}", kind, cfg.where("inference.kind"),
+                                  rollout::join_names(rollout::entry_names(rollout::admin_dialects()))));
+  const rollout::ServerCapabilities* server = &(*dialect)->server;
   ARLO_ASSIGN_OR_RETURN(const auto* d, ws::find_transport(cfg.string("weight_sync.transport")));
   const std::string servers_of = fmt::format("inference.kind {} ({})", kind, cfg.where("inference.kind"));
 

@@ -1,8 +1,9 @@
 #pragma once
 // Which inference servers a configuration can drive with its weight_sync transport: the
 // combinations that cannot run are refused before anything starts (`arlo check-config` and
-// `plan_launch`), each with the reason and what to use instead. Nothing here knows a transport by
-// name: the descriptor's capabilities (weight_sync/transport.h) decide. docs/vllm.md and
+// `plan_launch`), each with the reason and what to use instead. Nothing here knows a transport or a
+// server by name: the transport descriptor's capabilities (weight_sync/transport.h) and the admin
+// dialect's (rollout::ServerCapabilities, in its registry entry) decide. docs/vllm.md and
 // docs/sglang.md describe the combinations that do run.
 #include "common/config/config.h"
 #include "common/result.h"

@@ -41,7 +41,11 @@ class ArloAdmin final : public AdminBase {
 }  // namespace
 
 AdminDialectInfo arlo_admin_dialect() {
-  return {"arlo", "arlo-worker", AdminDialect::kArlo, {},
+  return {"arlo", "arlo-worker", AdminDialect::kArlo,
+          // /weights/prepare hands the worker's Subscriber the receiver block (tcp, shm, files).
+          {.title = "arlo-worker", .streams = true, .loads_durable = true, .relays = true, .host_memory = true,
+           .builtin_tokenizer = true},
+          {},
           [](http::Client& client, std::string base_url, AdminOptions options) -> std::unique_ptr<AdminClient> {
             return std::make_unique<ArloAdmin>(client, std::move(base_url), std::move(options));
           }};

@@ -154,7 +154,10 @@ class SglangAdmin final : public AdminBase {
 }  // namespace
 
 AdminDialectInfo sglang_admin_dialect() {
-  return {"sglang", "", AdminDialect::kSglang, {},
+  return {"sglang", "", AdminDialect::kSglang,
+          // /update_weights_from_distributed (NCCL) or /update_weights_from_disk (extra.model_path).
+          {.title = "SGLang", .loads_durable = true, .joins_collective = true, .takes_model_path = true},
+          {},
           [](http::Client& client, std::string base_url, AdminOptions options) -> std::unique_ptr<AdminClient> {
             return std::make_unique<SglangAdmin>(client, std::move(base_url), std::move(options));
           }};

@@ -227,7 +227,11 @@ class VllmAdmin final : public AdminBase {
 }  // namespace
 
 AdminDialectInfo vllm_admin_dialect() {
-  return {"vllm", "", AdminDialect::kVllm, {},
+  return {"vllm", "", AdminDialect::kVllm,
+          // Its admin API takes weights over NCCL (/init_weight_transfer_engine, /update_weights); no
+          // released vLLM loads a directory of shards into a running server over HTTP.
+          {.title = "vLLM", .joins_collective = true, .takes_model_path = true},
+          {},
           [](http::Client& client, std::string base_url, AdminOptions options) -> std::unique_ptr<AdminClient> {
             return std::make_unique<VllmAdmin>(client, std::move(base_url), std::move(options));
           }};

@@ -168,6 +168,7 @@ TEST(AdminDialects, RegistryNamesEachDialectAndBuildsItsAdapter) {
   std::vector<std::string> names;
   for (const auto& d : admin_dialects()) {
     names.push_back(d.name);
+    EXPECT_FALSE(d.server.title.empty()) << d.name << ": its servers need a name for check-config's messages";
     auto admin = d.make(client, "http://127.0.0.1:1/", fast());
     ASSERT_TRUE(admin) << d.name;
     EXPECT_EQ(admin->dialect(), d.completions) << d.name;

@@ -29,6 +29,13 @@ std::string flag(const std::vector<std::string>& argv, const std::string& name) 
 
 nlohmann::json block_flag(const std::vector<std::string>& argv) { return nlohmann::json::parse(flag(argv, "--weight-sync")); }
 
+// What the registered dialect `kind` (inference.kind) says its servers take.
+const rollout::ServerCapabilities& servers(std::string_view kind) {
+  auto d = rollout::find_admin_dialect(kind);
+  if (!d) ADD_FAILURE() << d.error().what();
+  return d ? (*d)->server : rollout::admin_dialects().front().server;
+}
+
 // What the bridge hands the orchestrator with a version: the trainer's announcement of it.
 nlohmann::json announced(weight_sync::Version version, const std::string& transport, nlohmann::json endpoint) {
   weight_sync::Announcement a;
@@ -67,7 +74,7 @@ TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndTheTrainerBlock) {
   EXPECT_EQ(block.value("expected_receivers", 0), 3);
   EXPECT_TRUE(weight_sync::options_from_json(block)) << block.dump();
   // The trainer announces where it is; every worker is sent there.
-  const auto u = plan->weight_sync.describe(1, 7, rollout::AdminDialect::kArlo, announced(7, "shm", {{"shm_name", "arlo-weights-123"}}));
+  const auto u = plan->weight_sync.describe(1, 7, servers("arlo"), announced(7, "shm", {{"shm_name", "arlo-weights-123"}}));
   EXPECT_EQ(u.version, 7);
   EXPECT_EQ(u.weight_sync.value("transport", ""), "shm");
   EXPECT_EQ(u.weight_sync.value("shm_name", ""), "arlo-weights-123");
@@ -82,24 +89,25 @@ TEST(ArloRunPlan, DurableUpdatesNameTheWeightsDirectory) {
   const auto block = block_flag(trainer_spec(cfg, "/tmp/run", plan->weight_sync, 2, 0).argv);
   EXPECT_EQ(block.value("dir", ""), "/tmp/run/w");
   EXPECT_EQ(block.value("payload", ""), "bf16");
-  const auto arlo = plan->weight_sync.describe(0, 3, rollout::AdminDialect::kArlo);
+  const auto arlo = plan->weight_sync.describe(0, 3, servers("arlo"));
   EXPECT_EQ(arlo.weight_sync.value("dir", ""), "/tmp/run/w");
-  const auto sglang = plan->weight_sync.describe(0, 3, rollout::AdminDialect::kSglang);
+  EXPECT_FALSE(arlo.extra.contains("model_path"));  // arlo-worker reads the receiver block
+  const auto sglang = plan->weight_sync.describe(0, 3, servers("sglang"));
   EXPECT_EQ(sglang.extra.value("model_path", ""), "/tmp/run/w/v3");
   const auto vllm =
-      plan->weight_sync.describe(0, 4, rollout::AdminDialect::kVllm, announced(4, "filesystem", {{"dir", "/shared/weights"}}));
+      plan->weight_sync.describe(0, 4, servers("vllm"), announced(4, "filesystem", {{"dir", "/shared/weights"}}));
   EXPECT_EQ(vllm.extra.value("model_path", ""), "/shared/weights/v4");
 }
 
 TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
   auto plan = plan_launch(load({"weight_sync.transport=tcp"}), "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
-  const auto u = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, announced(2, "tcp", {{"address", "10.1.2.3:29500"}}));
+  const auto u = plan->weight_sync.describe(0, 2, servers("arlo"), announced(2, "tcp", {{"address", "10.1.2.3:29500"}}));
   EXPECT_EQ(u.weight_sync.value("address", ""), "10.1.2.3:29500");
   // A malformed announcement does not reach the workers: the planned block is used (for tcp the
   // publisher's configured listen address; port 0 there reaches nobody: the update fails at the
   // worker, naming the address).
-  const auto bad = plan->weight_sync.describe(0, 2, rollout::AdminDialect::kArlo, {{"weight_sync", {{"version", 2}}}});
+  const auto bad = plan->weight_sync.describe(0, 2, servers("arlo"), {{"weight_sync", {{"version", 2}}}});
   EXPECT_EQ(bad.weight_sync.value("address", ""), "127.0.0.1:0") << bad.weight_sync.dump();
 }
 
@@ -160,13 +168,13 @@ TEST(ArloRunPlan, ChainUpdatesFollowTheRound) {
   const auto w0 = block_flag(plan->worker_specs[0].argv);
   const auto info = announced(1, "tcp", {{"address", "127.0.0.1:4000"}});
   const std::vector<bool> middle_out = {true, false, true};
-  const auto u0 = plan->weight_sync.describe(0, 1, rollout::AdminDialect::kArlo, info, chain_role(0, middle_out, false));
+  const auto u0 = plan->weight_sync.describe(0, 1, servers("arlo"), info, chain_role(0, middle_out, false));
   EXPECT_TRUE(u0.weight_sync.value("relay", false));
   EXPECT_EQ(u0.weight_sync.value("relay_listen", ""), w0.value("relay_listen", "?"));
-  const auto u2 = plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info, chain_role(2, middle_out, false));
+  const auto u2 = plan->weight_sync.describe(2, 1, servers("arlo"), info, chain_role(2, middle_out, false));
   EXPECT_EQ(u2.weight_sync.value("address", ""), w0.value("relay_listen", "?"));
   EXPECT_FALSE(u2.weight_sync.value("relay", true));
-  const auto retry = plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info, chain_role(2, middle_out, true));
+  const auto retry = plan->weight_sync.describe(2, 1, servers("arlo"), info, chain_role(2, middle_out, true));
   EXPECT_EQ(retry.weight_sync.value("address", ""), "127.0.0.1:4000");
 }
 
@@ -177,14 +185,14 @@ TEST(ArloRunPlan, ExternalWorkersRelayOnTheirOwnHosts) {
   auto plan = plan_launch(cfg, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
   const auto info = announced(1, "tcp", {{"address", "10.0.0.1:5000"}});
-  const auto u0 = plan->weight_sync.describe(0, 1, rollout::AdminDialect::kArlo, info);
+  const auto u0 = plan->weight_sync.describe(0, 1, servers("arlo"), info);
   EXPECT_EQ(u0.weight_sync.value("address", ""), "10.0.0.1:5000");
   EXPECT_TRUE(u0.weight_sync.value("relay", false));
   EXPECT_EQ(u0.weight_sync.value("relay_listen", ""), "10.0.0.2:29600");
-  const auto u1 = plan->weight_sync.describe(1, 1, rollout::AdminDialect::kArlo, info);
+  const auto u1 = plan->weight_sync.describe(1, 1, servers("arlo"), info);
   EXPECT_EQ(u1.weight_sync.value("address", ""), "10.0.0.2:29600");
   EXPECT_EQ(u1.weight_sync.value("relay_listen", ""), "10.0.0.3:29601");
-  const auto u2 = plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info);
+  const auto u2 = plan->weight_sync.describe(2, 1, servers("arlo"), info);
   EXPECT_EQ(u2.weight_sync.value("address", ""), "10.0.0.3:29601");
   EXPECT_FALSE(u2.weight_sync.value("relay", true));
   EXPECT_FALSE(u2.weight_sync.contains("relay_listen"));
@@ -222,11 +230,11 @@ TEST(ArloRunPlan, ChainWorkersRelayEachToTheNext) {
   EXPECT_TRUE(w1.value("relay", false));
   EXPECT_FALSE(w2.value("relay", false));  // the end of the chain
   const auto info = announced(1, "tcp", {{"address", "127.0.0.1:4000"}});
-  EXPECT_EQ(plan->weight_sync.describe(0, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
+  EXPECT_EQ(plan->weight_sync.describe(0, 1, servers("arlo"), info).weight_sync.value("address", ""),
             "127.0.0.1:4000");
-  EXPECT_EQ(plan->weight_sync.describe(1, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
+  EXPECT_EQ(plan->weight_sync.describe(1, 1, servers("arlo"), info).weight_sync.value("address", ""),
             w0.value("relay_listen", "?"));
-  EXPECT_EQ(plan->weight_sync.describe(2, 1, rollout::AdminDialect::kArlo, info).weight_sync.value("address", ""),
+  EXPECT_EQ(plan->weight_sync.describe(2, 1, servers("arlo"), info).weight_sync.value("address", ""),
             w1.value("relay_listen", "?"));
   auto not_relaying = plan_launch(load({"weight_sync.transport=shm", "weight_sync.topology=chain"}), "/tmp/run");
   ASSERT_FALSE(not_relaying);
