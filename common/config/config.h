@@ -93,6 +93,7 @@ class Config {
 struct Resolution {
   std::optional<Config> config;
   std::vector<Diagnostic> diagnostics;
+  std::vector<Diagnostic> warnings;  // loaded anyway: a renamed or retired key (schema.h, FormerKey)
 };
 
 // Checks YAML text (source_name is used in locations, e.g. the file path) plus overrides against the

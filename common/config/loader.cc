@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <set>
 #include <system_error>
@@ -19,6 +20,7 @@
 #include "common/config/config.h"
 #include "common/config/config_impl.h"
 #include "common/config/text.h"
+#include "common/log.h"
 
 namespace arlo::config {
 namespace {
@@ -189,10 +191,31 @@ class Resolver {
       if (diagnostics_.empty()) out.config = std::move(config);
     }
     out.diagnostics = std::move(diagnostics_);
+    out.warnings = std::move(warnings_);
     return out;
   }
 
   void add(std::string where, std::string message) { diagnostics_.push_back({std::move(where), std::move(message)}); }
+  void warn(std::string where, std::string message) { warnings_.push_back({std::move(where), std::move(message)}); }
+
+  static std::string former_warning(const FormerKey& f) {
+    if (f.renamed_to.empty())
+      return f.path + " is retired and has no effect: " + f.why + "; remove it (it goes in the next release)";
+    return f.path + " is renamed " + f.renamed_to + ": write " + f.renamed_to + " (" + f.path +
+           " goes in the next release)";
+  }
+
+  // A former key in the file: warned; a renamed one's value is read as its new name.
+  void read_former(const FormerKey& former, Raw raw) {
+    warn(raw.key_where, former_warning(former));
+    if (former.renamed_to.empty()) return;
+    if (auto it = raws_.find(former.renamed_to); it != raws_.end() && it->second.source == source_) {
+      add(raw.key_where, former.path + ": given twice, also as " + former.renamed_to + ": keep " + former.renamed_to);
+      return;
+    }
+    from_former_[former.renamed_to] = former.path;
+    raws_[former.renamed_to] = std::move(raw);
+  }
 
   // Parses the text; a single YAML document whose root is a mapping of sections (or empty).
   void read_document(std::string_view text) {
@@ -290,7 +313,15 @@ class Resolver {
         continue;
       }
       if (section.find(name) == nullptr) {
-        add(at, shorten(path) + ": unknown key" + suggest_key(section, name));
+        if (const FormerKey* former = schema_.find_former(path)) {
+          read_former(*former, Raw{entry.second, at, source_});
+        } else {
+          add(at, shorten(path) + ": unknown key" + suggest_key(section, name));
+        }
+        continue;
+      }
+      if (auto it = from_former_.find(path); it != from_former_.end() && raws_.at(path).source == source_) {
+        add(at, shorten(path) + ": given twice, also as " + it->second + " (its former name): keep " + shorten(path));
         continue;
       }
       raws_[path] = Raw{entry.second, at, source_};
@@ -314,8 +345,14 @@ class Resolver {
       add(at, "expected --set section.key=value");
       return;
     }
-    const std::string path = text.substr(0, eq);
+    std::string path = text.substr(0, eq);
     const std::string value_text = text.substr(eq + 1);
+    const FormerKey* former = schema_.find_key(path) ? nullptr : schema_.find_former(path);
+    if (former) {
+      warn(at, former_warning(*former));
+      if (former->renamed_to.empty()) return;
+      path = former->renamed_to;
+    }
     if (schema_.find_key(path) == nullptr) {
       std::vector<std::string> paths;
       for (const auto& s : schema_.sections()) {
@@ -776,6 +813,8 @@ class Resolver {
   std::string source_;
   std::map<std::string, Raw, std::less<>> raws_;
   std::vector<Diagnostic> diagnostics_;
+  std::vector<Diagnostic> warnings_;
+  std::map<std::string, std::string> from_former_;  // new path -> the former key it was read from
   std::size_t values_built_ = 0;
   bool budget_reported_ = false;
 };
@@ -807,6 +846,7 @@ Resolution resolve(std::string_view yaml_text, std::string_view source_name, con
 
 Result<Config> load_string(std::string_view yaml_text, std::string_view source_name, const LoadOptions& options) {
   Resolution r = resolve(yaml_text, source_name, options);
+  for (const auto& w : r.warnings) ARLO_WARN("config: {}", w.text());
   if (r.config) return std::move(*r.config);
   return make_error(ErrorCode::kInvalidArgument, describe(source_name, r.diagnostics));
 }

@@ -105,6 +105,13 @@ std::string generate_markdown(const Schema& schema) {
     out += "\n## Rules between keys\n\n";
     for (const auto& rule : schema.rules()) out += "- " + rule.doc + "\n";
   }
+  if (!schema.former_keys().empty()) {
+    out += "\n## Renamed and retired keys\n\nThey still load in this release, each with a warning, and go in the next one.\n\n";
+    for (const auto& f : schema.former_keys()) {
+      out += "- `" + f.path + "`: " +
+             (f.renamed_to.empty() ? "retired, ignored: " + f.why : "renamed `" + f.renamed_to + "`") + ".\n";
+    }
+  }
   LoadOptions options;
   options.schema = &schema;
   options.env = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };

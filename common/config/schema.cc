@@ -91,8 +91,15 @@ const Key* Section::find(std::string_view key) const {
   return nullptr;
 }
 
-Schema::Schema(std::vector<Section> sections, std::vector<Rule> rules)
-    : sections_(std::move(sections)), rules_(std::move(rules)) {}
+Schema::Schema(std::vector<Section> sections, std::vector<Rule> rules, std::vector<FormerKey> former)
+    : sections_(std::move(sections)), rules_(std::move(rules)), former_(std::move(former)) {}
+
+const FormerKey* Schema::find_former(std::string_view dotted) const {
+  for (const auto& f : former_) {
+    if (f.path == dotted) return &f;
+  }
+  return nullptr;
+}
 
 const Section* Schema::find_section(std::string_view name) const {
   for (const auto& s : sections_) {
@@ -512,7 +519,6 @@ Section ckpt_section() {
   return {"ckpt", "Orchestrator checkpoints for `arlo run --resume`.",
           {
               int_key("interval", 50, "Steps between orchestrator checkpoints (0 disables).").at_least(0),
-              int_key("keep", 2, "Checkpoints kept on disk.").range(1, 1 << 20),
           }};
 }
 
@@ -689,8 +695,21 @@ std::vector<Rule> product_rules() {
 
 }  // namespace
 
+namespace {
+
+// Keys renamed or retired in this release; each goes in the next one.
+std::vector<FormerKey> former_keys() {
+  return {
+      {"ckpt.keep", "",
+       "the orchestrator keeps one checkpoint (checkpoint.json, replaced atomically at every batch cut) and its "
+       "batch journal; the trainer's checkpoints are its own (trainer.ckpt_interval)"},
+  };
+}
+
+}  // namespace
+
 const Schema& product_schema() {
-  static const Schema schema(product_sections(), product_rules());
+  static const Schema schema(product_sections(), product_rules(), former_keys());
   return schema;
 }
 

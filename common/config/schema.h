@@ -90,19 +90,33 @@ struct Section {
   const Key* find(std::string_view key) const;
 };
 
+// A key that was renamed or retired. For one release a config that still uses it loads: a renamed
+// key's value is read as its new name, a retired key's value is ignored, and each use is a warning
+// naming what to write instead (Resolution::warnings). Giving a former key and its new name in the
+// same file is an error.
+struct FormerKey {
+  std::string path;        // "section.key" as it was
+  std::string renamed_to;  // its new "section.key"; empty: retired
+  std::string why;         // retired: why it has no effect any more
+};
+
 class Schema {
  public:
-  Schema(std::vector<Section> sections, std::vector<Rule> rules);
+  Schema(std::vector<Section> sections, std::vector<Rule> rules, std::vector<FormerKey> former = {});
 
   const std::vector<Section>& sections() const { return sections_; }
   const std::vector<Rule>& rules() const { return rules_; }
   const Section* find_section(std::string_view name) const;
   // "section.key" -> its Key, or nullptr.
   const Key* find_key(std::string_view dotted) const;
+  // "section.key" -> what became of a former key, or nullptr.
+  const FormerKey* find_former(std::string_view dotted) const;
+  const std::vector<FormerKey>& former_keys() const { return former_; }
 
  private:
   std::vector<Section> sections_;
   std::vector<Rule> rules_;
+  std::vector<FormerKey> former_;
 };
 
 // The one schema of the whole product (defined in schema.cc).

@@ -388,5 +388,65 @@ TEST(ConfigAccess, MisuseAbortsWithTheKeyName) {
   EXPECT_DEATH(c.string("orchestrator.batch_size"), "orchestrator.batch_size: is declared as int, read as string");
 }
 
+
+// Former keys (schema.h, FormerKey): for one release a config that uses one still loads, with a
+// warning that says what to write instead.
+namespace former {
+
+const Schema& schema() {
+  static const Schema s({{"a", "", {int_key("new_name", 1, "."), int_key("other", 0, ".")}}}, {},
+                        {{"a.old_name", "a.new_name", ""}, {"a.gone", "", "nothing reads it"}});
+  return s;
+}
+
+Resolution load(const std::string& yaml, std::vector<std::string> sets = {}) {
+  LoadOptions options;
+  options.overrides = std::move(sets);
+  options.env = fake_env({});
+  options.schema = &schema();
+  return resolve(yaml, "test.yaml", options);
+}
+
+}  // namespace former
+
+TEST(ConfigLoad, ARenamedKeyIsReadAsItsNewNameWithAWarning) {
+  Resolution r = former::load("a:\n  old_name: 7\n");
+  ASSERT_TRUE(r.config) << all_text(r);
+  EXPECT_EQ(r.config->integer("a.new_name"), 7);
+  EXPECT_EQ(r.config->where("a.new_name"), "test.yaml:2:3");
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0].where, "test.yaml:2:3");
+  EXPECT_THAT(r.warnings[0].message, HasSubstr("a.old_name is renamed a.new_name: write a.new_name"));
+  Resolution s = former::load("", {"a.old_name=9"});
+  ASSERT_TRUE(s.config) << all_text(s);
+  EXPECT_EQ(s.config->integer("a.new_name"), 9);
+  ASSERT_EQ(s.warnings.size(), 1u);
+}
+
+TEST(ConfigLoad, ARenamedKeyGivenTogetherWithItsNewNameIsAnError) {
+  for (const char* yaml : {"a:\n  old_name: 7\n  new_name: 8\n", "a:\n  new_name: 8\n  old_name: 7\n"}) {
+    Resolution r = former::load(yaml);
+    EXPECT_FALSE(r.config) << yaml;
+    EXPECT_THAT(all_text(r), HasSubstr("given twice")) << yaml;
+  }
+  // A --set of the new name overrides a file that used the former one.
+  Resolution r = former::load("a:\n  old_name: 7\n", {"a.new_name=8"});
+  ASSERT_TRUE(r.config) << all_text(r);
+  EXPECT_EQ(r.config->integer("a.new_name"), 8);
+}
+
+TEST(ConfigLoad, ARetiredKeyIsIgnoredWithAWarningThatSaysWhy) {
+  Resolution r = former::load("a:\n  gone: 3\n  other: 2\n");
+  ASSERT_TRUE(r.config) << all_text(r);
+  EXPECT_EQ(r.config->integer("a.other"), 2);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_THAT(r.warnings[0].message, HasSubstr("a.gone is retired and has no effect: nothing reads it; remove it"));
+  // The product's ckpt.keep is such a key.
+  Resolution p = load("ckpt:\n  keep: 3\n");
+  ASSERT_TRUE(p.config) << all_text(p);
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_THAT(p.warnings[0].message, HasSubstr("ckpt.keep is retired"));
+}
+
 }  // namespace
 }  // namespace arlo::config
