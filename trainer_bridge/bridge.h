@@ -70,6 +70,10 @@
 #include "common/result.h"
 #include "trainer_bridge/batch.h"
 
+namespace arlo {
+class Clock;  // common/async/clock.h
+}  // namespace arlo
+
 namespace arlo::bridge {
 
 using Duration = std::chrono::steady_clock::duration;
@@ -89,6 +93,13 @@ struct ClientOptions {
   Duration reconnect_backoff_max = std::chrono::seconds(1);
   std::size_t max_frame_bytes = 1ull << 30;                // socket: larger frames are refused
   std::string token;                      // socket: the run's token (empty: $ARLO_TOKEN / $ARLO_TOKEN_FILE)
+  // socket: the time heartbeats, the heartbeat timeout and the reconnect backoff run on
+  // (common/async/clock.h). The client calls it from its own connection thread only, and its timer
+  // callbacks do nothing but post back to that thread, so they may fire on any thread: a clock a
+  // test advances from its own thread must be safe to call from both (a bare FakeClock is not).
+  // Not owned; it must outlive the client. Null: the real clock. next_batch's timeout and the
+  // bounded flush in close() are waits on the peer's I/O and stay on real time.
+  Clock* clock = nullptr;
 };
 
 // Blocking client for trainers. Thread-safe: any method may be called from any thread.
@@ -126,6 +137,10 @@ struct ServerOptions {
   std::size_t max_frame_bytes = 64ull << 20;  // socket: frames from trainers are small
   std::string token;                      // socket: trainers must prove they hold it (empty: anyone)
   bool fsync = false;                     // dir: sync batch files (durable against power loss)
+  // The time heartbeats, the heartbeat timeout (socket) and wait_all_acked's timeout run on
+  // (common/async/clock.h): a FakeClock in tests, used on the server's io_context thread. Not
+  // owned; it must outlive the server. Null: the real clock.
+  Clock* clock = nullptr;
 };
 
 struct VersionEvent {

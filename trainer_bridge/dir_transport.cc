@@ -93,10 +93,13 @@ std::vector<std::int64_t> list_steps(const fs::path& run_dir) {
 // Orchestrator side.
 
 struct DirServerState : std::enable_shared_from_this<DirServerState> {
-  DirServerState(asio::io_context& io, ServerOptions o) : io(io), opt(std::move(o)), stream(io) {}
+  DirServerState(asio::io_context& io, ServerOptions o)
+      : io(io), opt(std::move(o)), clock(pick_clock(opt.clock, io.get_executor(), own_clock)), stream(io) {}
 
   asio::io_context& io;
   ServerOptions opt;
+  std::unique_ptr<Clock> own_clock;  // the real clock, when opt.clock is null
+  Clock* clock;                      // wait_all_acked's timeout
   asio::posix::stream_descriptor stream;
   int wd_acks = -1, wd_versions = -1, wd_heartbeats = -1;
 
@@ -285,7 +288,7 @@ class DirServer final : public BridgeServer {
                                                                     batch.step, batch.ranks.size(), st->opt.num_ranks));
     }
     while (!st->stopped && st->pending.size() >= st->opt.max_pending_batches && batch.step > st->last_acked) {
-      co_await st->changed.wait(std::chrono::steady_clock::time_point::max());
+      co_await st->changed.wait();
     }
     if (st->stopped) co_return make_error(ErrorCode::kCancelled, "bridge dir: stopped");
     if (batch.step <= st->last_acked || st->pending.contains(batch.step)) co_return ok();
@@ -316,9 +319,9 @@ class DirServer final : public BridgeServer {
 
   asio::awaitable<Status> wait_all_acked(Duration timeout) override {
     auto st = state_;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = st->clock->now() + timeout;
     while (!st->pending.empty() && !st->stopped) {
-      if (!co_await st->changed.wait(deadline) && !st->pending.empty()) {
+      if (!co_await st->changed.wait(*st->clock, deadline) && !st->pending.empty()) {
         co_return make_error(ErrorCode::kTimeout, fmt::format("bridge dir: {} step(s) still unacknowledged (oldest {})",
                                                               st->pending.size(), *st->pending.begin()));
       }

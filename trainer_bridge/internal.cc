@@ -53,14 +53,37 @@ std::int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-boost::asio::awaitable<bool> Signal::wait(std::chrono::steady_clock::time_point deadline) {
+Clock* pick_clock(Clock* given, boost::asio::any_io_executor ex, std::unique_ptr<Clock>& own) {
+  if (given) return given;
+  own = std::make_unique<RealClock>(std::move(ex));
+  return own.get();
+}
+
+boost::asio::awaitable<void> Signal::wait() {
   auto executor = co_await boost::asio::this_coro::executor;
-  boost::asio::steady_timer timer(executor, deadline);
+  boost::asio::steady_timer timer(executor, boost::asio::steady_timer::time_point::max());
   waiters_.insert(&timer);
   boost::system::error_code ec;
   co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
   waiters_.erase(&timer);
-  co_return ec == boost::asio::error::operation_aborted;
+}
+
+// The wait itself is an asio timer that never expires: notify_all() or the clock's timer at the
+// deadline cancels it. A notify that lands in the same turn as the deadline reads as the deadline;
+// callers check their condition again either way.
+boost::asio::awaitable<bool> Signal::wait(Clock& clock, Clock::time_point deadline) {
+  auto executor = co_await boost::asio::this_coro::executor;
+  boost::asio::steady_timer timer(executor, boost::asio::steady_timer::time_point::max());
+  waiters_.insert(&timer);
+  bool due = false;
+  auto at_deadline = clock.schedule(deadline, [&] {
+    due = true;
+    timer.cancel();
+  });
+  boost::system::error_code ec;
+  co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+  waiters_.erase(&timer);
+  co_return !due;
 }
 
 void Signal::notify_all() {

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 
+#include "common/async/clock.h"
 #include "common/result.h"
 
 namespace arlo::bridge::internal {
@@ -25,11 +27,17 @@ std::optional<std::pair<std::int64_t, int>> parse_ack_name(std::string_view name
 
 std::int64_t wall_ms();
 
+// The clock a transport runs on: `given`, or a real one on `ex` created into `own`.
+Clock* pick_clock(Clock* given, boost::asio::any_io_executor ex, std::unique_ptr<Clock>& own);
+
 // Wakes every coroutine waiting on it. Single-threaded: use from the owning io_context only.
 class Signal {
  public:
-  // Completes on notify_all() or at `deadline`, whichever comes first; returns false on deadline.
-  boost::asio::awaitable<bool> wait(std::chrono::steady_clock::time_point deadline);
+  // Completes on notify_all(); waits without a deadline.
+  boost::asio::awaitable<void> wait();
+  // Completes on notify_all() or at `deadline` on `clock`, whichever comes first; returns false on
+  // deadline.
+  boost::asio::awaitable<bool> wait(Clock& clock, Clock::time_point deadline);
   void notify_all();
 
  private:

@@ -45,7 +45,7 @@ namespace {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 enum FrameType : std::uint8_t {
   kHello = 1,
@@ -148,11 +148,13 @@ std::int64_t get_int(const json& j, const char* key, std::int64_t fallback) {
 // Orchestrator side.
 
 struct Session {
-  explicit Session(tcp::socket s) : sock(std::make_shared<tcp::socket>(std::move(s))), box(std::make_shared<Outbox>()) {}
+  Session(tcp::socket s, Clock::time_point now)
+      : sock(std::make_shared<tcp::socket>(std::move(s))), box(std::make_shared<Outbox>()), last_rx(now) {}
   std::shared_ptr<tcp::socket> sock;
   std::shared_ptr<Outbox> box;
   int rank = -1;
-  Clock::time_point last_rx = Clock::now();
+  Clock::time_point last_rx;        // on the server's clock
+  std::unique_ptr<Timer> watchdog;  // the next heartbeat tick; closing the session cancels it
   bool closed = false;
 
   void send(Frame f) {
@@ -160,19 +162,24 @@ struct Session {
   }
   void close() {
     closed = true;
+    watchdog.reset();
     boost::system::error_code ec;
     sock->close(ec);
   }
 };
 
 struct SocketServerState {
-  SocketServerState(asio::io_context& io, ServerOptions o) : io(io), opt(std::move(o)), acceptor(io) {}
+  SocketServerState(asio::io_context& io, ServerOptions o)
+      : io(io), opt(std::move(o)), clock(pick_clock(opt.clock, io.get_executor(), own_clock)), acceptor(io) {}
 
   asio::io_context& io;
   ServerOptions opt;
+  std::unique_ptr<Clock> own_clock;  // the real clock, when opt.clock is null
+  Clock* clock;                      // heartbeats, the heartbeat timeout, wait_all_acked's timeout
   tcp::acceptor acceptor;
   std::uint16_t bound_port = 0;
   std::map<int, std::shared_ptr<Session>> sessions;  // by rank, after HELLO
+  std::vector<std::weak_ptr<Session>> connections;   // every accepted connection: stop() closes them
   std::map<std::int64_t, std::vector<std::shared_ptr<const std::string>>> pending;  // step -> per-rank image
   std::vector<std::int64_t> rank_acked;
   std::int64_t last_acked = 0;
@@ -208,24 +215,30 @@ struct SocketServerState {
     (void)step;
   }
 
-  static asio::awaitable<void> watchdog(std::shared_ptr<SocketServerState> st, std::shared_ptr<Session> s) {
-    asio::steady_timer timer(st->io);
-    while (!s->closed && !st->stopped) {
-      timer.expires_after(st->opt.heartbeat_interval);
-      boost::system::error_code ec;
-      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      if (s->closed || st->stopped) break;
-      if (Clock::now() - s->last_rx > st->opt.heartbeat_timeout) {
-        ARLO_WARN("bridge socket: trainer rank {} silent for longer than the heartbeat timeout; dropping it", s->rank);
-        s->close();
-        break;
-      }
-      s->send(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}}));
+  // Schedules the session's next heartbeat tick, heartbeat_interval from now on the clock. The tick
+  // keeps the session alive (a refused trainer's connection stays open until its ERROR went out and
+  // the timeout passed); closing the session cancels it, and stop() closes every session.
+  static void arm_watchdog(const std::shared_ptr<SocketServerState>& st, const std::shared_ptr<Session>& s) {
+    s->watchdog = st->clock->schedule(st->clock->now() + st->opt.heartbeat_interval, [weak_st = std::weak_ptr(st), s] {
+      if (auto st = weak_st.lock()) watchdog_tick(st, s);
+    });
+  }
+
+  // One tick: drops a trainer silent for longer than heartbeat_timeout, else sends it a heartbeat
+  // and schedules the next tick.
+  static void watchdog_tick(const std::shared_ptr<SocketServerState>& st, const std::shared_ptr<Session>& s) {
+    if (s->closed || st->stopped) return;
+    if (st->clock->now() - s->last_rx > st->opt.heartbeat_timeout) {
+      ARLO_WARN("bridge socket: trainer rank {} silent for longer than the heartbeat timeout; dropping it", s->rank);
+      s->close();
+      return;
     }
+    s->send(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}}));
+    arm_watchdog(st, s);
   }
 
   static asio::awaitable<void> serve(std::shared_ptr<SocketServerState> st, std::shared_ptr<Session> s) {
-    asio::co_spawn(st->io, watchdog(st, s), asio::detached);
+    arm_watchdog(st, s);
     auto challenge = auth::nonce();
     if (!challenge) {
       ARLO_WARN("bridge socket: {}; closing a new connection", challenge.error().what());
@@ -241,7 +254,7 @@ struct SocketServerState {
       s->close();
       co_return;
     }
-    s->last_rx = Clock::now();
+    s->last_rx = st->clock->now();
     const json h = parse_body(hello->second);
     if (!st->opt.token.empty()) {
       const auto it = h.is_object() ? h.find("proof") : h.end();
@@ -279,7 +292,7 @@ struct SocketServerState {
         if (!s->closed && !st->stopped) ARLO_INFO("bridge socket: trainer rank {} disconnected: {}", s->rank, frame.error().what());
         break;
       }
-      s->last_rx = Clock::now();
+      s->last_rx = st->clock->now();
       const json body = parse_body(frame->second);
       if (!body.is_object()) {
         ARLO_WARN("bridge socket: trainer rank {} sent a malformed frame of type {}; closing", s->rank, frame->first);
@@ -316,7 +329,10 @@ struct SocketServerState {
       }
       set_cloexec(sock);
       sock.set_option(tcp::no_delay(true), ec);
-      asio::co_spawn(st->io, serve(st, std::make_shared<Session>(std::move(sock))), asio::detached);
+      auto session = std::make_shared<Session>(std::move(sock), st->clock->now());
+      std::erase_if(st->connections, [](const std::weak_ptr<Session>& c) { return c.expired(); });
+      st->connections.push_back(session);
+      asio::co_spawn(st->io, serve(st, std::move(session)), asio::detached);
     }
   }
 };
@@ -376,7 +392,7 @@ class SocketServer final : public BridgeServer {
                                                                     batch.step, batch.ranks.size(), st->opt.num_ranks));
     }
     while (!st->stopped && st->pending.size() >= st->opt.max_pending_batches && batch.step > st->last_acked) {
-      co_await st->changed.wait(Clock::time_point::max());
+      co_await st->changed.wait();
     }
     if (st->stopped) co_return make_error(ErrorCode::kCancelled, "bridge socket: stopped");
     if (batch.step <= st->last_acked || st->pending.contains(batch.step)) co_return ok();
@@ -395,9 +411,9 @@ class SocketServer final : public BridgeServer {
 
   asio::awaitable<Status> wait_all_acked(Duration timeout) override {
     auto st = state_;
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = st->clock->now() + timeout;
     while (!st->pending.empty() && !st->stopped) {
-      if (!co_await st->changed.wait(deadline) && !st->pending.empty()) {
+      if (!co_await st->changed.wait(*st->clock, deadline) && !st->pending.empty()) {
         co_return make_error(ErrorCode::kTimeout, fmt::format("bridge socket: {} step(s) still unacknowledged (oldest {})",
                                                               st->pending.size(), st->pending.begin()->first));
       }
@@ -417,7 +433,9 @@ class SocketServer final : public BridgeServer {
     st.stopped = true;
     boost::system::error_code ec;
     st.acceptor.close(ec);
-    for (auto& [rank, s] : st.sessions) s->close();
+    for (auto& weak : st.connections)
+      if (auto s = weak.lock()) s->close();
+    st.connections.clear();
     st.sessions.clear();
     st.changed.notify_all();
   }
@@ -432,7 +450,11 @@ class SocketServer final : public BridgeServer {
 
 class SocketClient final : public BridgeClient {
  public:
-  explicit SocketClient(ClientOptions o) : opt_(std::move(o)), work_(asio::make_work_guard(io_)), backoff_timer_(io_) {
+  explicit SocketClient(ClientOptions o)
+      : opt_(std::move(o)),
+        work_(asio::make_work_guard(io_)),
+        backoff_timer_(io_),
+        clock_(pick_clock(opt_.clock, io_.get_executor(), own_clock_)) {
     last_acked_ = std::max<std::int64_t>(0, opt_.start_after_step);
   }
   ~SocketClient() override { close(); }
@@ -445,7 +467,7 @@ class SocketClient final : public BridgeClient {
 
   Result<BatchView> next_batch(Duration timeout) override {
     std::unique_lock lock(mu_);
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = SteadyClock::now() + timeout;  // the caller's wait for the peer: real time
     cv_.wait_until(lock, deadline, [&] { return closed_ || fatal_ || batch_error_ || !ready_.empty(); });
     if (closed_) return make_error(ErrorCode::kCancelled, "bridge socket client: closed");
     if (fatal_) return std::unexpected(*fatal_);
@@ -534,8 +556,8 @@ class SocketClient final : public BridgeClient {
     boost::system::error_code ec;
     backoff_timer_.cancel();
     asio::steady_timer timer(io_);
-    const auto deadline = Clock::now() + std::chrono::seconds(2);
-    while (sock_ && sock_->is_open() && box_ && (box_->writing || !box_->frames.empty()) && Clock::now() < deadline) {
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(2);  // socket writes draining: real time
+    while (sock_ && sock_->is_open() && box_ && (box_->writing || !box_->frames.empty()) && SteadyClock::now() < deadline) {
       timer.expires_after(std::chrono::milliseconds(2));
       co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
@@ -545,20 +567,49 @@ class SocketClient final : public BridgeClient {
     }
   }
 
-  asio::awaitable<void> heartbeats(std::shared_ptr<tcp::socket> sock) {
-    asio::steady_timer timer(io_);
-    while (sock->is_open()) {
-      timer.expires_after(opt_.heartbeat_interval);
+  // Schedules the connection's next heartbeat tick, heartbeat_interval from now on the clock. The
+  // clock's callback only posts the tick to the io thread (the clock may fire it on another thread).
+  void arm_heartbeat(const std::shared_ptr<tcp::socket>& sock) {
+    heartbeat_due_ = clock_->schedule(clock_->now() + opt_.heartbeat_interval,
+                                      [this, sock] { asio::post(io_, [this, sock] { heartbeat_tick(sock); }); });
+  }
+
+  // One tick on connection `sock`: closes it when the orchestrator was silent for longer than
+  // heartbeat_timeout (run() then reconnects), else sends a heartbeat and schedules the next tick.
+  void heartbeat_tick(const std::shared_ptr<tcp::socket>& sock) {
+    if (!sock->is_open() || sock != sock_) return;
+    if (clock_->now() - last_rx_ > opt_.heartbeat_timeout) {
+      ARLO_WARN("bridge socket client: orchestrator silent for longer than the heartbeat timeout; reconnecting");
       boost::system::error_code ec;
-      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      if (!sock->is_open() || sock != sock_) break;
-      if (Clock::now() - last_rx_ > opt_.heartbeat_timeout) {
-        ARLO_WARN("bridge socket client: orchestrator silent for longer than the heartbeat timeout; reconnecting");
-        sock->close(ec);
-        break;
-      }
-      send_heartbeat();
+      sock->close(ec);
+      return;
     }
+    send_heartbeat();
+    arm_heartbeat(sock);
+  }
+
+  // Waits `d` on the clock before the next connection attempt; close() cuts it short by cancelling
+  // backoff_timer_. A wake-up posted for an earlier wait (its generation) is ignored.
+  asio::awaitable<void> wait_backoff(Duration d) {
+    const std::uint64_t generation = ++backoff_generation_;
+    backoff_timer_.expires_at(asio::steady_timer::time_point::max());
+    backoff_due_ = clock_->schedule(clock_->now() + d, [this, generation] {
+      asio::post(io_, [this, generation] {
+        if (generation == backoff_generation_) backoff_timer_.cancel();
+      });
+    });
+    boost::system::error_code ec;
+    co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    backoff_due_.reset();
+  }
+
+  // The connection `sock` ended (EOF, error, no challenge): no more heartbeat ticks for it.
+  void end_connection(const std::shared_ptr<tcp::socket>& sock) {
+    boost::system::error_code ec;
+    sock->close(ec);
+    heartbeat_due_.reset();
+    std::lock_guard lock(mu_);
+    connected_ = false;
   }
 
   // One connection attempt: resolves opt_.host (an IP address resolves to itself) and tries every
@@ -610,8 +661,7 @@ class SocketClient final : public BridgeClient {
           std::lock_guard lock(mu_);
           last_failure_ = why;
         }
-        backoff_timer_.expires_after(backoff);
-        co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        co_await wait_backoff(backoff);
         backoff = std::min(backoff * 2, max_backoff);
         continue;
       }
@@ -624,10 +674,10 @@ class SocketClient final : public BridgeClient {
       sock->set_option(tcp::no_delay(true), ec);
       sock_ = sock;
       box_ = std::make_shared<Outbox>();
-      last_rx_ = Clock::now();
+      last_rx_ = clock_->now();
       hello_sent_ = false;
       // The orchestrator speaks first: CHALLENGE (or ERROR). The heartbeat watchdog bounds the wait.
-      asio::co_spawn(io_, heartbeats(sock), asio::detached);
+      arm_heartbeat(sock);
       auto challenge = co_await read_frame(*sock, std::min(opt_.max_frame_bytes, kMaxHandshakeBytes));
       if (!challenge || challenge->first != kChallenge) {
         if (challenge && challenge->first == kError) {
@@ -641,12 +691,11 @@ class SocketClient final : public BridgeClient {
         if (!is_closed())
           ARLO_WARN("bridge socket client: no challenge from {}:{} ({}); reconnecting", opt_.host, opt_.port,
                     challenge ? fmt::format("frame type {}", challenge->first) : challenge.error().what());
-        sock->close(ec);
-        backoff_timer_.expires_after(backoff);
-        co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        end_connection(sock);
+        co_await wait_backoff(backoff);
         continue;
       }
-      last_rx_ = Clock::now();
+      last_rx_ = clock_->now();
       const json c = parse_body(challenge->second);
       json hello{{"rank", opt_.rank}, {"protocol", 1}};
       if (!token_.empty() && c.is_object() && c.contains("nonce") && c["nonce"].is_string())
@@ -671,7 +720,7 @@ class SocketClient final : public BridgeClient {
           if (!is_closed()) ARLO_WARN("bridge socket client: {}; reconnecting", frame.error().what());
           break;
         }
-        last_rx_ = Clock::now();
+        last_rx_ = clock_->now();
         if (frame->first == kBatch) {
           on_batch(std::move(frame->second));
         } else if (frame->first == kError) {
@@ -684,13 +733,8 @@ class SocketClient final : public BridgeClient {
         }
         // WELCOME and HEARTBEAT only refresh last_rx_.
       }
-      sock->close(ec);
-      {
-        std::lock_guard lock(mu_);
-        connected_ = false;
-      }
-      backoff_timer_.expires_after(backoff);
-      co_await backoff_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      end_connection(sock);
+      co_await wait_backoff(backoff);
     }
   }
 
@@ -729,13 +773,18 @@ class SocketClient final : public BridgeClient {
   ClientOptions opt_;
   asio::io_context io_;  // first: destroyed last, after everything that uses it
   asio::executor_work_guard<asio::io_context::executor_type> work_;
-  asio::steady_timer backoff_timer_;
+  asio::steady_timer backoff_timer_;  // never expires by itself: the clock's backoff_due_ or close() wakes it
+  std::unique_ptr<Clock> own_clock_;  // the real clock on io_, when opt_.clock is null
+  Clock* clock_;                      // heartbeats, the heartbeat timeout, the reconnect backoff
   std::thread thread_;
 
-  // io thread only
+  // io thread only (the timers are destroyed before the clock and io_)
+  std::unique_ptr<Timer> heartbeat_due_;  // the current connection's next heartbeat tick
+  std::unique_ptr<Timer> backoff_due_;    // the end of the current backoff wait
+  std::uint64_t backoff_generation_ = 0;
   std::shared_ptr<tcp::socket> sock_;
   std::shared_ptr<Outbox> box_;
-  Clock::time_point last_rx_ = Clock::now();
+  Clock::time_point last_rx_;  // on clock_
   bool hello_sent_ = false;  // on this connection: heartbeats only after HELLO
   std::string token_;        // set before start()
 

@@ -1,6 +1,7 @@
 // Both transports through the same contract, in one process: the orchestrator side on an
 // io_context thread, trainer clients on the test thread. Synchronisation is on events (futures,
-// condition variables), never on sleeps.
+// condition variables), never on sleeps. Heartbeats, their timeouts and the reconnect backoff run
+// on fake clocks the tests advance: no test waits for an interval to pass.
 #include <gtest/gtest.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -18,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "common/async/fake_clock.h"
 #include "trainer_bridge/bridge.h"
 
 namespace arlo::bridge {
@@ -44,6 +46,57 @@ StepBatch make_step(std::int64_t step, int ranks) {
   EXPECT_TRUE(packed);
   return std::move(*packed);
 }
+
+// A FakeClock behind a lock, for socket clients: a client calls its clock from its own connection
+// thread and the test advances it from the test thread (the client's timer callbacks only post back
+// to its thread, so firing them here is safe). It also counts what the client schedules, so a test
+// waits for "the client is backing off" instead of for time to pass.
+class SharedFakeClock final : public Clock {
+ public:
+  time_point now() const override {
+    std::lock_guard lock(mu_);
+    return clock_.now();
+  }
+  std::unique_ptr<Timer> schedule(time_point at, std::function<void()> fn) override {
+    auto handle = std::make_unique<Handle>(this);
+    {
+      std::lock_guard lock(mu_);
+      handle->inner = clock_.schedule(at, std::move(fn));
+      ++scheduled_;
+    }
+    cv_.notify_all();
+    return handle;
+  }
+  void advance(duration d) {
+    std::lock_guard lock(mu_);
+    clock_.advance(d);
+  }
+  std::size_t scheduled() const {
+    std::lock_guard lock(mu_);
+    return scheduled_;
+  }
+  // Waits (bounded, generously: a name lookup may take DNS timeouts) until `n` timers were scheduled.
+  bool wait_scheduled(std::size_t n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 90s, [&] { return scheduled_ >= n; });
+  }
+
+ private:
+  struct Handle final : Timer {
+    explicit Handle(SharedFakeClock* owner) : owner(owner) {}
+    ~Handle() override { cancel(); }
+    void cancel() override {
+      std::lock_guard lock(owner->mu_);
+      inner.reset();
+    }
+    SharedFakeClock* owner;
+    std::unique_ptr<Timer> inner;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  FakeClock clock_;
+  std::size_t scheduled_ = 0;
+};
 
 // Everything the orchestrator side reports, observable from the test thread.
 struct Events {
@@ -91,7 +144,8 @@ class Transport : public ::testing::TestWithParam<std::string> {
     o.num_ranks = ranks;
     o.max_pending_batches = max_pending;
     o.heartbeat_interval = 100ms;
-    o.heartbeat_timeout = 60s;  // a peer is dropped only when it dies (EOF), never for being slow
+    o.heartbeat_timeout = 60s;  // a peer is dropped only when it dies (EOF) or the test moves time
+    o.clock = &server_clock_;
     on_loop([&] {
       auto s = BridgeServer::create(io_, o);
       ASSERT_TRUE(s) << s.error().what();
@@ -140,13 +194,17 @@ class Transport : public ::testing::TestWithParam<std::string> {
     o.rank = rank;
     o.start_after_step = start_after;
     o.heartbeat_interval = 100ms;
-    o.heartbeat_timeout = 60s;  // as the server's: a starved loop must not look like a dead peer
+    o.heartbeat_timeout = 60s;  // as the server's
     o.reconnect_backoff_max = 100ms;
+    o.clock = &client_clock_;
     auto c = connect(o);
     EXPECT_TRUE(c) << c.error().what();
     return std::move(*c);
   }
 
+  // Declared before the server and clients, which hold its timers: destroyed after them.
+  FakeClock server_clock_;        // the server's: used on io_'s thread (on_loop)
+  SharedFakeClock client_clock_;  // every socket client's: advanced from the test thread
   fs::path run_dir_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
@@ -285,6 +343,7 @@ TEST_P(Transport, TrainerContinuesAfterOrchestratorRestart) {
   ASSERT_TRUE(c->published(1));
   ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 1 && events_.versions.size() == 2; }));
   const std::uint16_t port = port_;
+  const std::size_t scheduled = client_clock_.scheduled();
   stop_server();
   {
     std::lock_guard lock(events_.mu);
@@ -292,6 +351,11 @@ TEST_P(Transport, TrainerContinuesAfterOrchestratorRestart) {
     events_.acks.clear();
   }
   start_server(1, 2, port);
+  if (GetParam() == "socket") {
+    // The trainer saw the connection end and backs off; its backoff passing, it reconnects.
+    ASSERT_TRUE(client_clock_.wait_scheduled(scheduled + 1));
+    client_clock_.advance(1s);
+  }
   // The restarted orchestrator learns the latest version again...
   ASSERT_TRUE(events_.wait([&] { return !events_.versions.empty(); }));
   EXPECT_EQ(events_.versions.back(), 1);
@@ -340,20 +404,19 @@ TEST_P(SocketHostNames, AnUnresolvableNameIsNamedAndRetriedNotFatal) {
   start_server(1, 2);
   host_ = "no-such-host.invalid";
   auto c = client(0);
-  // The first attempt may still be under way at the first timeout: wait (bounded) for its reason.
-  Result<BatchView> r = make_error(ErrorCode::kInternal, "not asked");
-  // Generous: where DNS servers are configured but unreachable, a lookup takes their timeouts.
-  const auto deadline = std::chrono::steady_clock::now() + 90s;
-  do {
-    r = c->next_batch(200ms);
-    ASSERT_FALSE(r);
-    ASSERT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();  // never fatal: it keeps retrying
-  } while (r.error().message().find("does not resolve") == std::string::npos && std::chrono::steady_clock::now() < deadline);
+  // The first attempt failed once the client backs off (the lookup itself is real I/O).
+  ASSERT_TRUE(client_clock_.wait_scheduled(1));
+  auto r = c->next_batch(0s);
+  ASSERT_FALSE(r);
+  ASSERT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();  // never fatal: it keeps retrying
   EXPECT_NE(r.error().message().find("'no-such-host.invalid' (from the test's host) does not resolve"), std::string::npos)
       << r.error().message();
+  // Its backoff passing, it tries again, fails again and backs off again.
+  client_clock_.advance(1s);
+  ASSERT_TRUE(client_clock_.wait_scheduled(2));
   // Still retrying, still saying why; a batch sent meanwhile waits for it.
   ASSERT_TRUE(send(1, 1));
-  r = c->next_batch(300ms);
+  r = c->next_batch(0s);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), ErrorCode::kTimeout);
   EXPECT_NE(r.error().message().find("no-such-host.invalid"), std::string::npos) << r.error().message();
@@ -386,6 +449,47 @@ TEST_P(SocketHostNames, AnEmptyHostIsRefusedAtConnect) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Socket, SocketHostNames, ::testing::Values("socket"));
+
+// Heartbeat timeouts on the socket transport, both ways, on the fake clocks (timeout 60 s).
+class SocketHeartbeats : public Transport {};
+
+TEST_P(SocketHeartbeats, TheOrchestratorDropsASilentTrainerWhichReconnects) {
+  start_server(1, 2);
+  auto c = client(0);  // its clock stands still: it sends no heartbeats of its own
+  ASSERT_TRUE(send(1, 1));
+  auto b = c->next_batch(20s);  // connected
+  ASSERT_TRUE(b) << b.error().what();
+  const std::size_t scheduled = client_clock_.scheduled();
+  on_loop([&] { server_clock_.advance(59s); });  // silent, within the timeout: kept
+  ASSERT_TRUE(c->published(1));
+  ASSERT_TRUE(events_.wait([&] { return !events_.versions.empty(); }));
+  on_loop([&] { server_clock_.advance(61s); });  // silent for longer than the timeout since then
+  // Dropped: the trainer sees its connection end and backs off.
+  ASSERT_TRUE(client_clock_.wait_scheduled(scheduled + 1));
+  ASSERT_TRUE(c->published(2));  // not connected: the next HELLO carries it
+  client_clock_.advance(1s);
+  ASSERT_TRUE(events_.wait([&] { return events_.versions.back() == 2; }));
+  ASSERT_TRUE(c->ack(1));
+  ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 1; }));
+}
+
+TEST_P(SocketHeartbeats, TheTrainerDropsASilentOrchestratorAndReconnects) {
+  start_server(1, 2);  // its clock stands still: it sends no heartbeats
+  auto c = client(0);
+  ASSERT_TRUE(send(1, 1));
+  auto b = c->next_batch(20s);  // connected
+  ASSERT_TRUE(b) << b.error().what();
+  const std::size_t scheduled = client_clock_.scheduled();
+  client_clock_.advance(61s);  // the next heartbeat tick finds the orchestrator silent for too long
+  ASSERT_TRUE(client_clock_.wait_scheduled(scheduled + 1));  // it closed and backs off
+  ASSERT_TRUE(c->published(3));
+  client_clock_.advance(1s);
+  ASSERT_TRUE(events_.wait([&] { return !events_.versions.empty() && events_.versions.back() == 3; }));
+  ASSERT_TRUE(c->ack(1));
+  ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 1; }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Socket, SocketHeartbeats, ::testing::Values("socket"));
 
 TEST(DirTransport, HostileBatchFileIsRefusedNotTrained) {
   const fs::path run_dir = fs::temp_directory_path() / ("arlo_bridge_hostile_" + std::to_string(::getpid()));
