@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 CONFIG ?= configs/quickstart.yaml
 FUZZ_SECONDS ?= 300
 
-.PHONY: all bootstrap configure build test run bench fuzz format clean
+.PHONY: all bootstrap configure build test run bench fuzz clean
 
 all: build
 
@@ -43,10 +43,6 @@ fuzz:
 	  -DARLO_FUZZ=ON -DARLO_WITH_TORCH=OFF -DARLO_BUILD_BENCH=OFF -DARLO_BUILD_TESTS=ON
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_targets
 	FUZZ_JOBS=$(JOBS) scripts/fuzz build-fuzz $(FUZZ_SECONDS)
-
-# Rewrites the C++ sources in place to follow .clang-format (make test checks it: tests/unit/style).
-format:
-	git ls-files '*.cc' '*.h' | grep -v '^tests/fuzz/corpus/' | xargs clang-format-14 -i --style=file
 
 clean:
 	rm -rf $(BUILD_DIR) build-fuzz

@@ -6,7 +6,8 @@
 set -euo pipefail
 src=${1:?usage: function_length.sh SOURCE_DIR [LIMIT]}
 limit=${2:-100}
-command -v ctags >/dev/null || { echo "universal-ctags is missing (scripts/bootstrap installs it)" >&2; exit 1; }
+ctags --version 2>/dev/null | grep -q "Universal Ctags" ||
+  { echo "universal-ctags is missing (scripts/bootstrap installs it)" >&2; exit 1; }
 cd "$src"
 dirs=(apps common orchestrator rollout session trainer_bridge reference weight_sync web)
 present=()
