@@ -1,7 +1,7 @@
 #pragma once
 // A registry of counters, gauges and histograms with two views: Prometheus text exposition
 // (`/metrics`, names prefixed `arlo_`, '/' and other invalid characters turned into '_') and a JSON
-// snapshot for `metrics.jsonl` (DESIGN.md section 9: names like "train/reward/mean").
+// snapshot for `metrics.jsonl` (docs/watching-a-run.md; names like "train/reward/mean").
 //
 // Thread-safety: all methods are safe from any thread. Metric handles returned by the registry stay
 // valid for the registry's lifetime; updating them is lock-free.

@@ -1,5 +1,5 @@
 #pragma once
-// Result<T> and Error: how every arlo module reports failure (DESIGN.md section 6).
+// Result<T> and Error: how every arlo module reports failure.
 //
 // Errors are values. An Error carries a machine-readable code, a message that says what went wrong,
 // where, and what to do, and a chain of context frames added as it travels up

@@ -1,6 +1,6 @@
 #pragma once
 // RolloutDispatcher: keeps up to `max_inflight` rollouts in flight as whole groups, obeying the
-// dispatch gate (DESIGN.md section 2):
+// dispatch gate (docs/architecture.md, "Versions and staleness"):
 //   a train group serving step s is dispatched only while (s - 1) - version <= max_async_level,
 // where s = max(steps_cut, sft_warmup_steps) + 1 + (train groups in flight + finished but not yet
 // batched) / groups_per_step. Eval groups go first and bypass the gate (not the in-flight bound).

@@ -24,7 +24,7 @@ struct Group {
   std::vector<Completion> completions;      // index = sample index
   ScoredGroup scores;
 
-  // The oldest policy version that produced any token of any sample (DESIGN.md section 2).
+  // The oldest policy version that produced any token of any sample (docs/architecture.md, "Versions and staleness").
   Version oldest_version() const {
     Version v = kNoVersion;
     for (const auto& c : completions)

@@ -1,5 +1,5 @@
 #pragma once
-// Exactly-once accounting of rollouts (DESIGN.md section 2). A rollout is one sample: dispatching
+// Exactly-once accounting of rollouts (docs/architecture.md, "Exactly-once accounting"). A rollout is one sample: dispatching
 // a group of n dispatches n rollouts. Each ends exactly once as completed, failed (reason) or
 // cancelled (reason); each completed one is then disposed of exactly once (trained, filtered,
 // stale, ...), or is still held by a sink. Invariants, checked by check():

@@ -1,5 +1,5 @@
 #pragma once
-// The admin plane of an inference server (DESIGN.md section 3) behind one interface, with one
+// The admin plane of an inference server (docs/vllm.md, docs/sglang.md) behind one interface, with one
 // adapter per dialect. What each call sends (W = the adapter's url, the worker's name in the
 // CollectiveSession; C = update.collective; v = update.version; v' = the version C sent):
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The OpenAI-compatible wire format (DESIGN.md section 3): building request bodies and parsing
+// The OpenAI-compatible wire format: building request bodies and parsing
 // responses of /v1/completions and /v1/chat/completions. Pure functions, no I/O.
 //
 // Parsed per choice: text (or message.content), token ids ("token_ids"), per-token logprobs

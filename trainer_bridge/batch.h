@@ -1,5 +1,5 @@
 #pragma once
-// The trainer batch (DESIGN.md section 3): schema, packer, encoder and a validating reader.
+// The trainer batch (docs/bring-your-own-trainer.md, "The batch"): schema, packer, encoder and a validating reader.
 //
 // Usage, orchestrator side:
 //   auto step = arlo::bridge::pack(s, samples, {.seq_len = 512, .num_ranks = 2});  // Result<StepBatch>

@@ -3,7 +3,7 @@
 // the policy-gradient loss with AdamW, publishes every version through weight_sync, tells the
 // orchestrator each version exists, and checkpoints so it can resume.
 //
-// Versions (DESIGN.md section 2): v0 is published at start (or v<s> when resuming at step s);
+// Versions (docs/architecture.md, "Versions and staleness"): v0 is published at start (or v<s> when resuming at step s);
 // after training on the batch of step s, version s is published.
 // Versions go through weight_sync's StagingPublisher (weight_sync/staging.h): the next step only
 // waits for the staging copy of the weights; the publisher announces each version (with the

@@ -1,5 +1,5 @@
 #pragma once
-// OpenAI-compatible request parsing and response building for arlo-worker (DESIGN.md section 3).
+// OpenAI-compatible request parsing and response building for arlo-worker.
 // Pure JSON in and out: no HTTP, no libtorch, so it is cheap to compile and easy to test.
 //
 // Completions (POST /v1/completions):

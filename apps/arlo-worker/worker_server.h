@@ -1,5 +1,5 @@
 #pragma once
-// arlo-worker's HTTP surface (DESIGN.md section 3) over the generation engine.
+// arlo-worker's HTTP surface over the generation engine.
 //
 // Data plane: POST /v1/completions, POST /v1/chat/completions (openai_api.h), GET /v1/models,
 // GET /health (200 with the version held; 503 before the worker holds one), GET /metrics.
