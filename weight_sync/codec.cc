@@ -238,7 +238,7 @@ std::uint64_t encode_plain(const Manifest& m, std::size_t i, const std::vector<s
         break;
       case PayloadKind::kDelta: {
         const std::byte* b = base->bytes(it.tensor).data() + it.elem_offset * es;
-        p += encode_delta(es, src, b, it.elem_count, m.payload.delta_dense_threshold, p);
+        p += encode_delta(es, src, b, it.elem_count, m.payload.delta_density_threshold, p);
         break;
       }
     }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+#include "weight_sync/wire.h"
 #include "weight_sync/xxh.h"
 
 namespace arlo::weight_sync {
@@ -121,7 +122,7 @@ nlohmann::json Manifest::to_json() const {
   if (base_version) j["base_version"] = *base_version;
   j["payload"] = std::string(to_string(payload.kind));
   j["zstd"] = payload.zstd;
-  j["delta_dense_threshold"] = payload.delta_dense_threshold;
+  j["delta_density_threshold"] = payload.delta_density_threshold;
   j["bucket_bytes"] = bucket_bytes;
   j["total_bytes"] = total_bytes;
   auto& ts = j["tensors"] = nlohmann::json::array();
@@ -160,11 +161,14 @@ Result<Manifest> Manifest::from_json(const nlohmann::json& j) {
     if (j.value("format", "") != "arlo-weight-sync/1")
       return make_error(ErrorCode::kMismatch, "manifest: unknown format '" + j.value("format", "") + "'");
     Manifest m;
-    m.version = unsigned_of(j.at("version"), "version");
-    if (j.contains("base_version")) m.base_version = unsigned_of(j.at("base_version"), "base_version");
+    ARLO_ASSIGN_OR_RETURN(m.version, version_from_json(j.at("version"), "manifest 'version'"));
+    if (j.contains("base_version")) {
+      ARLO_ASSIGN_OR_RETURN(m.base_version, version_from_json(j.at("base_version"), "manifest 'base_version'"));
+    }
     ARLO_ASSIGN_OR_RETURN(m.payload.kind, parse_payload(j.at("payload").get<std::string>()));
     m.payload.zstd = j.at("zstd").get<bool>();
-    m.payload.delta_dense_threshold = j.value("delta_dense_threshold", 0.25);
+    ARLO_ASSIGN_OR_RETURN(auto threshold, delta_density_threshold_of(j, "manifest"));
+    m.payload.delta_density_threshold = threshold.value_or(0.25);
     m.bucket_bytes = unsigned_of(j.at("bucket_bytes"), "bucket_bytes");
     m.total_bytes = unsigned_of(j.at("total_bytes"), "total_bytes");
     for (const auto& t : j.at("tensors")) {

@@ -32,8 +32,8 @@ namespace {
 Status validate(const Options& o) {
   if (o.bucket_bytes < (1ull << 20) || o.bucket_bytes >= (4ull << 30))
     return make_error(ErrorCode::kInvalidArgument, "weight_sync.bucket_bytes must be in [1 MiB, 4 GiB)");
-  if (o.payload.delta_dense_threshold < 0 || o.payload.delta_dense_threshold > 1)
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync.delta_dense_threshold must be in [0, 1]");
+  if (o.payload.delta_density_threshold < 0 || o.payload.delta_density_threshold > 1)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync.delta_density_threshold must be in [0, 1]");
   if (o.keep_last < 2) return make_error(ErrorCode::kInvalidArgument, "weight_sync.keep_last must be >= 2");
   if (o.bucket_timeout.count() <= 0 || o.timeout.count() <= 0)
     return make_error(ErrorCode::kInvalidArgument, "weight_sync bucket_timeout and timeout must be > 0");

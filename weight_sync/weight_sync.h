@@ -70,7 +70,7 @@ Result<PayloadKind> parse_payload(std::string_view text);  // full | bf16 | fp8 
 struct PayloadOptions {
   PayloadKind kind = PayloadKind::kFull;
   bool zstd = false;                     // zstd level 1 on top of any payload
-  double delta_dense_threshold = 0.25;   // per bucket item: above this changed fraction, send dense
+  double delta_density_threshold = 0.25;  // per bucket item: above this changed fraction, send dense
 };
 
 enum class ApplyMode {

@@ -1,7 +1,11 @@
 #include "weight_sync/wire.h"
 
+#include <charconv>
+#include <limits>
+
 #include <fmt/format.h>
 
+#include "common/log.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::weight_sync {
@@ -40,9 +44,12 @@ Status read_ms(const json& block, std::string_view key, std::chrono::millisecond
   return ok();
 }
 
-constexpr std::string_view kShared[] = {"transport", "payload", "zstd", "delta_dense_threshold", "bucket_mb",
-                                        "bucket_timeout_ms", "timeout_ms", "keep_last", "expected_receivers",
-                                        "gather_window_ms", "relay", "apply_mode", "peer_name"};
+constexpr std::string_view kDeltaThreshold = "delta_density_threshold";
+constexpr std::string_view kDeltaThresholdOld = "delta_dense_threshold";  // read for one release
+
+constexpr std::string_view kShared[] = {"transport", "payload", "zstd", kDeltaThreshold, kDeltaThresholdOld,
+                                        "bucket_mb", "bucket_timeout_ms", "timeout_ms", "keep_last",
+                                        "expected_receivers", "gather_window_ms", "relay", "apply_mode", "peer_name"};
 
 bool is_shared(std::string_view key) {
   for (auto k : kShared)
@@ -56,7 +63,7 @@ json to_json(const Options& o) {
   json j = {{"transport", o.transport},
             {"payload", std::string(to_string(o.payload.kind))},
             {"zstd", o.payload.zstd},
-            {"delta_dense_threshold", o.payload.delta_dense_threshold},
+            {kDeltaThreshold, o.payload.delta_density_threshold},
             {"bucket_mb", o.bucket_bytes >> 20},
             {"bucket_timeout_ms", o.bucket_timeout.count()},
             {"timeout_ms", o.timeout.count()},
@@ -81,7 +88,8 @@ Result<Options> options_from_json(const json& block, const Options& base) {
   ARLO_TRY(read(block, "payload", payload));
   ARLO_ASSIGN_OR_RETURN(o.payload.kind, parse_payload(payload));
   ARLO_TRY(read(block, "zstd", o.payload.zstd));
-  ARLO_TRY(read(block, "delta_dense_threshold", o.payload.delta_dense_threshold));
+  ARLO_ASSIGN_OR_RETURN(auto threshold, delta_density_threshold_of(block, "the weight_sync block"));
+  if (threshold) o.payload.delta_density_threshold = *threshold;
   std::uint64_t bucket_mb = o.bucket_bytes >> 20;
   ARLO_TRY(read(block, "bucket_mb", bucket_mb));
   o.bucket_bytes = bucket_mb << 20;
@@ -104,6 +112,45 @@ Result<Options> options_from_json(const json& block, const Options& base) {
   return o;
 }
 
+Result<std::optional<double>> delta_density_threshold_of(const json& j, std::string_view where) {
+  std::optional<double> value, old;
+  for (auto [key, out] : {std::pair{kDeltaThreshold, &value}, std::pair{kDeltaThresholdOld, &old}}) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_number())
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: '{}' must be a number, got {}", where, key, it->dump()));
+    *out = it->get<double>();
+  }
+  if (!old) return value;
+  if (value && *value != *old)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("{}: '{}' {} and its old name '{}' {} disagree: give '{}' only", where, kDeltaThreshold,
+                                  *value, kDeltaThresholdOld, *old, kDeltaThreshold));
+  ARLO_WARN("{}: '{}' is the old name of '{}' and is read for one release only; write '{}'", where, kDeltaThresholdOld,
+            kDeltaThreshold, kDeltaThreshold);
+  return old;
+}
+
+Result<Version> version_from_json(const json& value, std::string_view what) {
+  if (value.is_number_unsigned() && value.get<std::uint64_t>() <= std::uint64_t{std::numeric_limits<Version>::max()})
+    return static_cast<Version>(value.get<std::uint64_t>());
+  if (value.is_number_integer() && !value.is_number_unsigned() && value.get<std::int64_t>() >= 0)
+    return value.get<std::int64_t>();
+  return make_error(ErrorCode::kParse, fmt::format("{}: a version must be a non-negative integer below 2^63, not {}", what,
+                                                   value.dump().substr(0, 40)));
+}
+
+Result<Version> version_from_text(std::string_view text, std::string_view what) {
+  Version v = 0;
+  const char* end = text.data() + text.size();
+  // from_chars would take a leading '-': digits only, and out of range is refused rather than wrapped.
+  const bool digits = !text.empty() && text.front() >= '0' && text.front() <= '9';
+  if (auto r = std::from_chars(text.data(), end, v); !digits || r.ec != std::errc() || r.ptr != end)
+    return make_error(ErrorCode::kParse, fmt::format("{}: a version must be a non-negative integer below 2^63 in decimal digits, not '{}'", what,
+                                                     text.substr(0, 40)));
+  return v;
+}
+
 std::string checksum_hex(std::uint64_t checksum) { return fmt::format("{:016x}", checksum); }
 
 json to_json(const Announcement& a) {
@@ -119,8 +166,9 @@ Result<Announcement> parse_announcement(const json& j) {
   };
   if (!j.is_object()) return bad("must be a JSON object, got " + j.dump());
   Announcement a;
-  if (!j.contains("version") || !j["version"].is_number_unsigned()) return bad("'version' (a non-negative integer) is required");
-  a.version = j["version"].get<Version>();
+  if (!j.contains("version")) return bad("'version' (a non-negative integer) is required");
+  if (auto v = version_from_json(j["version"], "'version'")) a.version = *v;
+  else return bad(v.error().message());
   if (!j.contains("transport") || !j["transport"].is_string()) return bad("'transport' (a string) is required");
   a.transport = j["transport"].get<std::string>();
   ARLO_ASSIGN_OR_RETURN(const auto* d, find_transport(a.transport));

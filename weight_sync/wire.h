@@ -3,7 +3,7 @@
 // orchestrator to worker alike (docs/weight-sync.md):
 //
 // - The weight-sync block: Options as one flat JSON object. Shared keys
-//     transport, payload (full | bf16 | fp8 | delta), zstd, delta_dense_threshold, bucket_mb,
+//     transport, payload (full | bf16 | fp8 | delta), zstd, delta_density_threshold, bucket_mb,
 //     bucket_timeout_ms, timeout_ms, keep_last, expected_receivers, gather_window_ms, relay,
 //     apply_mode (staging | in_place), peer_name
 //   plus the keys of the transport's descriptor (transport.h), e.g.
@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +48,20 @@ struct Announcement {
 nlohmann::json to_json(const Announcement& a);
 Result<Announcement> parse_announcement(const nlohmann::json& j);
 std::string checksum_hex(std::uint64_t checksum);
+
+// The delta threshold of a weight-sync block or a manifest `j`, under the config key's name
+// "delta_density_threshold"; nullopt when absent. The name it had before, "delta_dense_threshold",
+// is read for one release with a warning naming the new key (a trainer of the previous release
+// still sends it); both keys with different values are kInvalidArgument. A non-number is too.
+// `where` names `j` in messages ("the weight_sync block", "manifest").
+Result<std::optional<double>> delta_density_threshold_of(const nlohmann::json& j, std::string_view where);
+
+// A version as it travels (announcement, manifest, HELLO, control-store values and keys, v<N>
+// directory names): an integer in [0, 2^63), arlo::Version being signed (kNoVersion never travels).
+// A negative, fractional, non-numeric or larger value is kParse naming `what`, so a peer's bad
+// version is refused rather than wrapped.
+Result<Version> version_from_json(const nlohmann::json& value, std::string_view what);
+Result<Version> version_from_text(std::string_view text, std::string_view what);  // decimal digits only
 
 // The block a receiver pulls `a` with: a's transport and endpoint over `base` (the receiver's own
 // block: its timeouts, and keys of its own such as a chain relay's listen address).

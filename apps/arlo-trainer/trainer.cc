@@ -345,11 +345,11 @@ void Trainer::announce(const weight_sync::Announcement& a) {
   json info = {{"weight_sync", weight_sync::to_json(a)}};
   {
     std::lock_guard lk(metrics_mu_);
-    auto it = step_metrics_.find(static_cast<std::int64_t>(a.version));
+    auto it = step_metrics_.find(a.version);
     if (it != step_metrics_.end()) info["metrics"] = it->second;
-    step_metrics_.erase(step_metrics_.begin(), step_metrics_.upper_bound(static_cast<std::int64_t>(a.version)));
+    step_metrics_.erase(step_metrics_.begin(), step_metrics_.upper_bound(a.version));
   }
-  if (auto st = client_->published(static_cast<std::int64_t>(a.version), info); !st) {
+  if (auto st = client_->published(a.version, info); !st) {
     std::lock_guard lk(metrics_mu_);
     if (!unannounced_) unannounced_ = std::move(st).error().with_context(fmt::format("announcing v{}", a.version));
   }
@@ -385,8 +385,7 @@ Status Trainer::published_ok() {
 
 Result<double> Trainer::stage(std::int64_t version, bool workers_hold_it) {
   reference::ModelWeights source(*model_);
-  auto staged = workers_hold_it ? publisher_->stage_held(static_cast<weight_sync::Version>(version), source)
-                                : publisher_->stage(static_cast<weight_sync::Version>(version), source);
+  auto staged = workers_hold_it ? publisher_->stage_held(version, source) : publisher_->stage(version, source);
   if (!staged) return std::unexpected(std::move(staged).error().with_context(fmt::format("staging v{}", version)));
   ARLO_DEBUG("staged v{}: {} bytes copied in {:.3f}s", version, staged->bytes, staged->copy_seconds);
   return staged->copy_seconds;

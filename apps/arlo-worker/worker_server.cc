@@ -360,8 +360,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     const std::string key = weight_sync::to_json(*opts).dump();  // same block: the same subscriber
     const bool reuse = subscriber && key == subscriber_key;
     if (!reuse) subscriber_key = key;
-    const std::optional<weight_sync::Version> held =
-        version ? std::optional<weight_sync::Version>(static_cast<weight_sync::Version>(*version)) : std::nullopt;
+    const std::optional<weight_sync::Version> held = version;
     const std::string from = addresses_of(opts->params);
     t->source = opts->transport + (from.empty() ? "" : " from " + from);
     const auto timeout = opts->timeout;
@@ -395,7 +394,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
       asio::post(self->io, [self, t, staged, got = std::move(got), sum] {
         t->done = true;
         if (got) {
-          t->received = static_cast<std::int64_t>(got->version);
+          t->received = got->version;
           t->staged = staged;
           t->checksum = sum;
           ARLO_INFO("received weights v{} ({} buckets, {} wire bytes, {:.3f}s)", got->version, got->buckets,

@@ -784,7 +784,7 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
       auto take = [&](const nlohmann::json& line) {
         if (auto b = ws::parse_announcement(line)) latest = std::max(latest, b->version);
       };
-      while (held < static_cast<ws::Version>(versions)) {
+      while (held < versions) {
         pollfd pfd{fd, POLLIN, 0};
         while (::poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN)) {
           auto line = read_line(fd);
@@ -844,7 +844,7 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
       if (v > 1) perturb(w, args.delta_density, 100 + static_cast<std::uint64_t>(v));  // the optimizer step
       const auto step_start = Clock::now();
       const double t0 = now_s();
-      auto r = (*pub)->stage(static_cast<ws::Version>(v), w);
+      auto r = (*pub)->stage(v, w);
       const double stall = now_s() - t0;
       if (!r) {
         emit({{"role", "sender"}, {"error", "stage(" + std::to_string(v) + "): " + r.error().what()}});

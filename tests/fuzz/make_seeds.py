@@ -27,7 +27,7 @@ tensors = [{"name": "embed.weight", "dtype": "F32", "shape": [4, 8]},
            {"name": "layers.0.norm", "dtype": "BF16", "shape": [8]},
            {"name": "scalar", "dtype": "F32", "shape": []}]
 base = {"format": "arlo-weight-sync/1", "version": 3, "payload": "full", "zstd": False,
-        "delta_dense_threshold": 0.25, "bucket_bytes": 1 << 20, "total_bytes": 4 * 32 + 2 * 8 + 4,
+        "delta_density_threshold": 0.25, "bucket_bytes": 1 << 20, "total_bytes": 4 * 32 + 2 * 8 + 4,
         "tensors": tensors, "buckets": [[[0, 0, 32], [1, 0, 8], [2, 0, 1]]], "checksums": [12345]}
 write("manifest_fuzz", "full", j(base))
 write("manifest_fuzz", "delta", j(dict(base, payload="delta", base_version=2, zstd=True)))
@@ -36,6 +36,9 @@ write("manifest_fuzz", "split", j(dict(base, tensors=[tensors[0]], total_bytes=1
 write("manifest_fuzz", "fp8_no_checksums", j(dict(base, payload="fp8", checksums=[])))
 write("manifest_fuzz", "empty", j(dict(base, tensors=[], total_bytes=0, buckets=[], checksums=[])))
 write("manifest_fuzz", "wrong_format", j(dict(base, format="other/2")))
+# The threshold's old key name, read for one release (a trainer of the previous release writes it).
+old_key = {k: v for k, v in base.items() if k != "delta_density_threshold"}
+write("manifest_fuzz", "old_threshold_key", j(dict(old_key, delta_dense_threshold=0.25)))
 
 # ---- batch files: one rank, 2 rows of 8 tokens, two samples in row 0, one in row 1.
 def safetensors(tensors, metadata):

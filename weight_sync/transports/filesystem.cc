@@ -31,6 +31,7 @@
 #include "common/safetensors.h"
 #include "weight_sync/codec.h"
 #include "weight_sync/transport.h"
+#include "weight_sync/wire.h"
 
 namespace fs = std::filesystem;
 
@@ -99,14 +100,11 @@ void release_mapped(std::span<const std::byte> range) {
 
 constexpr std::size_t kWindow = 32u << 20;
 
+// The version of a directory named v<N>; nullopt for any other name (and for an N past 2^63).
 std::optional<Version> parse_version_dir(const std::string& name) {
   if (name.size() < 2 || name[0] != 'v') return std::nullopt;
-  Version v = 0;
-  for (std::size_t i = 1; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    v = v * 10 + static_cast<Version>(name[i] - '0');
-  }
-  return v;
+  auto v = version_from_text(std::string_view(name).substr(1), name);
+  return v ? std::optional<Version>(*v) : std::nullopt;
 }
 
 // One shard of a version as manifest.json lists it, checked: a plain file name inside the version

@@ -1,4 +1,5 @@
 #include "weight_sync/transports/tcp_conn.h"
+#include "weight_sync/wire.h"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
@@ -181,6 +182,13 @@ Result<std::optional<T>> field(const nlohmann::json& j, const char* key, const c
   }
   return std::optional<T>(it->get<T>());
 }
+// The version field `key` of `j` (nullopt when absent or null), kParse unless it is in [0, 2^63).
+Result<std::optional<Version>> version_field(const nlohmann::json& j, const char* key, const char* frame) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::optional<Version>();
+  ARLO_ASSIGN_OR_RETURN(auto v, version_from_json(*it, std::string(frame) + " field '" + key + "'"));
+  return std::optional<Version>(v);
+}
 }  // namespace
 
 Result<Hello> parse_hello(const nlohmann::json& j) {
@@ -190,11 +198,11 @@ Result<Hello> parse_hello(const nlohmann::json& j) {
   h.peer = peer.value_or("");
   ARLO_ASSIGN_OR_RETURN(auto proof, field<std::string>(j, "proof", "HELLO"));
   h.proof = proof.value_or("");
-  ARLO_ASSIGN_OR_RETURN(h.version, field<Version>(j, "version", "HELLO"));
+  ARLO_ASSIGN_OR_RETURN(h.version, version_field(j, "version", "HELLO"));
   if (j.contains("resume") && !j["resume"].is_null()) {
     const auto& r = j["resume"];
     if (!r.is_object()) return make_error(ErrorCode::kParse, "HELLO field 'resume' must be an object");
-    ARLO_ASSIGN_OR_RETURN(h.resume_version, field<Version>(r, "version", "HELLO resume"));
+    ARLO_ASSIGN_OR_RETURN(h.resume_version, version_field(r, "version", "HELLO resume"));
     ARLO_ASSIGN_OR_RETURN(auto bucket, field<std::uint64_t>(r, "bucket", "HELLO resume"));
     if (!h.resume_version || !bucket || *bucket >= (std::uint64_t{1} << 32))
       return make_error(ErrorCode::kParse, "HELLO field 'resume' needs a version and a bucket below 2^32");

@@ -34,6 +34,7 @@
 #include "common/log.h"
 #include "weight_sync/collective.h"
 #include "weight_sync/transport.h"
+#include "weight_sync/wire.h"
 #include "weight_sync/transports/nccl/group.h"
 #include "weight_sync/transports/nccl/layout.h"
 #include "weight_sync/transports/nccl/rendezvous.h"
@@ -91,10 +92,9 @@ bool parse_group_key(std::string_view key, std::int64_t& g, std::string& what, s
   what = std::string(key.substr(0, slash2));
   v.reset();
   if (slash2 != std::string_view::npos) {
-    Version n = 0;
-    const auto tail = key.substr(slash2 + 1);
-    if (std::from_chars(tail.data(), tail.data() + tail.size(), n).ec != std::errc()) return false;
-    v = n;
+    auto n = version_from_text(key.substr(slash2 + 1), key);
+    if (!n) return false;
+    v = *n;
   }
   return true;
 }
@@ -583,7 +583,7 @@ class Control final : public CollectiveControl {
     ARLO_ASSIGN_OR_RETURN(auto sent, parse_json_value(text, sent_key(generation, version)));
     if (sent.contains("error"))
       return make_error(ErrorCode::kUnavailable, fmt::format("nccl: v{} not sent: {}", version, sent["error"].get<std::string>()));
-    return sent.at("version").get<Version>();
+    return version_from_json(sent.at("version"), fmt::format("nccl control key {}", sent_key(generation, version)));
   }
 
   Result<std::unique_ptr<StoreClient>> client(Deadline deadline) const {
@@ -635,7 +635,7 @@ class NcclReceiver final : public ReceiverTransport {
     const std::int64_t generation = join.at("generation").get<std::int64_t>();
     if (!group_ || generation_ != generation || group_->aborted()) ARLO_TRY(join_group(join, state, deadline));
     ARLO_ASSIGN_OR_RETURN(auto newest_text, c->get(std::string(kNewestKey), deadline));
-    const Version want = std::stoull(newest_text);
+    ARLO_ASSIGN_OR_RETURN(const Version want, version_from_text(newest_text, fmt::format("nccl control key {}", kNewestKey)));
     ARLO_TRY(c->add(want_key(generation, want), 1, deadline));
     auto got = group_->receive(sink, specs, layout_of(join), deadline);
     if (!got) {
@@ -650,7 +650,8 @@ class NcclReceiver final : public ReceiverTransport {
     ARLO_ASSIGN_OR_RETURN(auto sent, parse_json_value(sent_text, sent_key(generation, want)));
     if (sent.contains("error"))
       return make_error(ErrorCode::kUnavailable, fmt::format("nccl: v{} not sent: {}", want, sent["error"].get<std::string>()));
-    const Version version = sent.at("version").get<Version>();
+    ARLO_ASSIGN_OR_RETURN(const Version version,
+                          version_from_json(sent.at("version"), fmt::format("nccl control key {}", sent_key(generation, want))));
     if (sent.contains("checksum") && sink.device().is_cpu()) {
       ARLO_ASSIGN_OR_RETURN(auto sum, weights_checksum(SinkView(sink, specs)));
       if (checksum_hex(sum) != sent["checksum"].get<std::string>()) {
