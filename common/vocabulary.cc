@@ -37,4 +37,16 @@ FinishReason parse_finish_reason(std::string_view text) {
   return FinishReason::kUnknown;
 }
 
+std::string Task::prompt_text() const {
+  if (prompt) return *prompt;
+  std::string out;
+  for (const auto& m : messages) {
+    if (!out.empty()) out += '\n';
+    out += m.role;
+    out += ": ";
+    out += m.content;
+  }
+  return out;
+}
+
 }  // namespace arlo

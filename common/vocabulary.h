@@ -6,6 +6,8 @@
 //
 // Modules bring the names into their own namespaces (`using arlo::VersionSpan;`) instead of
 // redefining them.
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -49,6 +51,26 @@ struct ChatMessage {
   std::string role;  // "system" | "user" | "assistant" | ...
   std::string content;
   bool operator==(const ChatMessage&) const = default;
+};
+
+// One task from an environment, from the environment through the orchestrator to the reward
+// modules. Exactly one of `prompt` / `messages` is set. `prompt_tokens` may be empty when the
+// inference server tokenizes the prompt; `answer_tokens` is needed only for the supervised warm-up
+// (ce_weights). Reward modules and plugins see it as JSON without the token ids (rollout::to_json).
+struct Task {
+  std::string id;                       // unique within its environment
+  std::string env;                      // environment name ("arithmetic", "gsm8k", ...)
+  std::optional<std::string> prompt;    // completions-style prompt
+  std::vector<ChatMessage> messages;    // chat-style prompt (used when `prompt` is empty)
+  std::string answer;                   // reference answer for reward modules ("" when none)
+  nlohmann::json info = nlohmann::json::object();  // free-form, passed to reward modules untouched
+  std::vector<std::int32_t> prompt_tokens{};       // the prompt as token ids (empty: not tokenized)
+  std::vector<std::int32_t> answer_tokens{};       // the answer as token ids (empty: not tokenized)
+
+  bool is_chat() const { return !prompt.has_value(); }
+  // The prompt as one string: `prompt`, or the messages joined as "role: content" lines.
+  std::string prompt_text() const;
+  bool operator==(const Task&) const = default;
 };
 
 // The sampling parameters of one generation request: one struct from the configuration's sampling

@@ -56,7 +56,7 @@ Status write_checkpoint(const fs::path& path, const CheckpointState& s) {
   j["version"] = s.version;
   j["task_cursor"] = s.task_cursor;
   j["pending_tasks"] = nlohmann::json::array();
-  for (const auto& t : s.pending_tasks) j["pending_tasks"].push_back(to_json(t));
+  for (const auto& t : s.pending_tasks) j["pending_tasks"].push_back(task_checkpoint_json(t));
   j["rng"] = s.rng;
   j["ledger"] = s.ledger;
   return write_file_atomically(path, j.dump(1) + "\n");
@@ -75,7 +75,7 @@ Result<std::optional<CheckpointState>> read_checkpoint(const fs::path& path) {
     s.step = j.at("step").get<std::int64_t>();
     s.version = j.at("version").get<Version>();
     s.task_cursor = j.at("task_cursor");
-    for (const auto& t : j.at("pending_tasks")) s.pending_tasks.push_back(task_from_json(t));
+    for (const auto& t : j.at("pending_tasks")) s.pending_tasks.push_back(task_from_checkpoint_json(t));
     s.rng = j.at("rng").get<std::string>();
     s.ledger = j.at("ledger");
     return std::optional<CheckpointState>(std::move(s));

@@ -2,22 +2,51 @@
 
 namespace arlo::orch {
 
-nlohmann::json to_json(const Task& t) {
-  return {{"id", t.id},     {"env", t.env},         {"prompt", t.prompt}, {"messages", t.messages}, {"prompt_tokens", t.prompt_tokens},
-          {"answer", t.answer}, {"answer_tokens", t.answer_tokens}, {"info", t.info}};
+nlohmann::json task_checkpoint_json(const Task& t) {
+  nlohmann::json j = {{"id", t.id},
+                      {"env", t.env},
+                      {"answer", t.answer},
+                      {"info", t.info},
+                      {"prompt_tokens", t.prompt_tokens},
+                      {"answer_tokens", t.answer_tokens}};
+  if (t.prompt) {
+    j["prompt"] = *t.prompt;
+  } else {
+    auto messages = nlohmann::json::array();
+    for (const auto& m : t.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+    j["messages"] = std::move(messages);
+  }
+  return j;
 }
 
-// Throws nlohmann::json::exception on malformed input; callers convert at their edge.
-Task task_from_json(const nlohmann::json& j) {
+namespace {
+
+// The task's id. Earlier versions wrote a sequence number and kept the environment's id in
+// info["task_id"]; that id is the task's, and leaves `info` as the environment gave it.
+std::string checkpoint_task_id(const nlohmann::json& id, nlohmann::json& info) {
+  if (id.is_string()) return id.get<std::string>();
+  const auto seq = id.get<std::uint64_t>();  // throws for anything but a string or a number
+  const auto it = info.find("task_id");
+  if (it == info.end() || !it->is_string()) return std::to_string(seq);
+  auto env_id = it->get<std::string>();
+  info.erase(it);
+  return env_id;
+}
+
+}  // namespace
+
+Task task_from_checkpoint_json(const nlohmann::json& j) {
   Task t;
-  t.id = j.at("id").get<std::uint64_t>();
-  t.env = j.value("env", std::string("default"));
-  t.prompt = j.value("prompt", std::string());
-  t.messages = j.value("messages", nlohmann::json::array());
+  t.env = j.value("env", std::string());
+  t.info = j.value("info", nlohmann::json::object());
+  t.id = checkpoint_task_id(j.at("id"), t.info);
+  // Earlier versions wrote the prompt as text beside a chat task's messages: messages win.
+  for (const auto& m : j.value("messages", nlohmann::json::array()))
+    t.messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+  if (t.messages.empty() && j.contains("prompt")) t.prompt = j.at("prompt").get<std::string>();
   t.prompt_tokens = j.value("prompt_tokens", std::vector<std::int32_t>{});
   t.answer = j.value("answer", std::string());
   t.answer_tokens = j.value("answer_tokens", std::vector<std::int32_t>{});
-  t.info = j.value("info", nlohmann::json::object());
   return t;
 }
 

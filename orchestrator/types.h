@@ -1,7 +1,8 @@
 #pragma once
 // Value types the orchestrator shares with its ports (docs/architecture.md section 2). They are plain
 // data: no behaviour, no I/O, cheap to move. Adapters convert between these and the rollout /
-// trainer_bridge types, so the orchestrator builds and is tested without those modules.
+// trainer_bridge types where they differ (requests, completions), so the orchestrator builds and is
+// tested without those modules; tasks are the shared vocabulary's and need no converting.
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -20,12 +21,13 @@ using Clock_ = std::chrono::steady_clock;
 using TimePoint = Clock_::time_point;
 using Duration = Clock_::duration;
 
-// Versions, version spans, pause modes, finish reasons, sampling parameters: the shared vocabulary
-// (common/vocabulary.h).
+// Tasks, versions, version spans, pause modes, finish reasons, sampling parameters: the shared
+// vocabulary (common/vocabulary.h).
 using ::arlo::FinishReason;
 using ::arlo::kNoVersion;
 using ::arlo::PauseMode;
 using ::arlo::SamplingParams;
+using ::arlo::Task;
 using ::arlo::Version;
 using ::arlo::VersionSpan;
 
@@ -36,21 +38,13 @@ struct WorkerWeights {
   std::string checksum;
 };
 
-// One task from an environment. `prompt_tokens` may be empty when the inference server tokenizes
-// `prompt`; `answer_tokens` is needed only for the supervised warm-up (ce_weights).
-struct Task {
-  std::uint64_t id = 0;
-  std::string env = "default";
-  std::string prompt;
-  nlohmann::json messages = nlohmann::json::array();  // chat tasks: [{"role", "content"}, ...]
-  std::vector<std::int32_t> prompt_tokens;
-  std::string answer;
-  std::vector<std::int32_t> answer_tokens;
-  nlohmann::json info = nlohmann::json::object();
-};
-nlohmann::json to_json(const Task& task);
-Task task_from_json(const nlohmann::json& j);
-
+// A task's checkpoint form (pending tasks in orchestrator/checkpoint.json): the fields reward modules
+// see (rollout::to_json) plus the token ids. task_from_checkpoint_json also reads what earlier
+// versions wrote: a numeric id (a sequence number) with the environment's id in info["task_id"], the
+// prompt as text beside the chat messages. Throws nlohmann::json::exception on malformed input;
+// callers convert at their edge.
+nlohmann::json task_checkpoint_json(const Task& task);
+Task task_from_checkpoint_json(const nlohmann::json& j);
 
 // One request to an inference server: `n` samples of one prompt (a group, or a continuation of one
 // sample after an abort: prompt_tokens then already hold the sample's partial completion).
@@ -58,7 +52,7 @@ struct GenerateRequest {
   std::uint64_t request_id = 0;
   std::uint64_t group_id = 0;  // affinity key: all samples of a group go to one server
   std::shared_ptr<const Task> task;
-  std::vector<std::int32_t> prompt_tokens;  // empty: use task->prompt
+  std::vector<std::int32_t> prompt_tokens;  // empty: send the task's prompt or messages
   int n = 1;
   SamplingParams sampling;  // its n and seed are the request's own (n above, seed below)
   std::uint64_t seed = 0;

@@ -4,18 +4,6 @@
 
 namespace arlo::rollout {
 
-std::string Task::prompt_text() const {
-  if (prompt) return *prompt;
-  std::string out;
-  for (const auto& m : messages) {
-    if (!out.empty()) out += '\n';
-    out += m.role;
-    out += ": ";
-    out += m.content;
-  }
-  return out;
-}
-
 Json to_json(const std::vector<VersionSpan>& spans) {
   Json out = Json::array();
   for (const auto& s : spans) out.push_back(Json::array({s.version, s.first_token}));

@@ -22,28 +22,15 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using Duration = Clock::duration;
 
-// Chat messages, finish reasons, sampling parameters, versions and version spans: the shared vocabulary
-// (common/vocabulary.h).
+// Tasks, chat messages, finish reasons, sampling parameters, versions and version spans: the shared
+// vocabulary (common/vocabulary.h).
 using ::arlo::ChatMessage;
 using ::arlo::FinishReason;
 using ::arlo::parse_finish_reason;
 using ::arlo::SamplingParams;
+using ::arlo::Task;
 using ::arlo::Version;
 using ::arlo::VersionSpan;
-
-// One prompt from an environment. Exactly one of `prompt` / `messages` is set.
-struct Task {
-  std::string id;                       // unique within its environment
-  std::string env;                      // environment name ("arithmetic", "gsm8k", ...)
-  std::optional<std::string> prompt;    // completions-style prompt
-  std::vector<ChatMessage> messages;    // chat-style prompt (used when `prompt` is empty)
-  std::string answer;                   // reference answer for reward modules ("" when none)
-  Json info = Json::object();           // free-form, passed to reward modules untouched
-
-  bool is_chat() const { return !prompt.has_value(); }
-  // The prompt as one string: `prompt`, or the messages joined as "role: content" lines.
-  std::string prompt_text() const;
-};
 
 // One request to an OpenAI-compatible server. Prompt precedence: prompt_token_ids, then messages
 // (chat endpoint), then prompt.
@@ -99,7 +86,9 @@ struct Rollout {
   Timings timings;
 };
 
-// JSON forms, used by the http reward module, checkpoints and logs.
+// JSON forms, used by the http reward module, checkpoints and logs. A task's JSON is what reward
+// plugins and HTTP reward servers receive: id, env, answer, info and prompt or messages, never its
+// token ids (the orchestrator's checkpoint form, orch::task_checkpoint_json, keeps those).
 Json to_json(const Task& task);
 Result<Task> task_from_json(const Json& j);
 Json to_json(const Rollout& rollout);

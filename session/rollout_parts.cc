@@ -10,9 +10,6 @@ namespace arlo::session {
 
 namespace {
 
-// Eval task ids live far above the training sequence numbers so the two never collide.
-constexpr std::uint64_t kEvalIdBase = 1ull << 40;
-
 // Environment kind `kind`'s own options, read from its env.* keys (the options it declares as config
 // keys; make_task_source gives the others their defaults). Eval uses the same keys.
 nlohmann::json environment_options(const config::Config& cfg, const rollout::EnvironmentKind& kind) {
@@ -74,7 +71,7 @@ Result<std::shared_ptr<rollout::RewardModule>> make_reward(const config::Config&
 void tokenize_task(orch::Task& task) {
   if (!task.messages.empty()) return;
   static const reference::Tokenizer tokenizer;
-  task.prompt_tokens = tokenizer.encode_prompt(task.prompt);
+  task.prompt_tokens = tokenizer.encode_prompt(task.prompt_text());
   task.answer_tokens.clear();
   if (!task.answer.empty()) {
     task.answer_tokens = tokenizer.encode(task.answer);
@@ -96,8 +93,8 @@ Result<orch::Task> RunTasks::next() {
   return task;
 }
 
-orch::Task RunTasks::convert(const rollout::Task& t, std::uint64_t id) const {
-  auto task = inner_.convert(t, id);
+orch::Task RunTasks::prepare(orch::Task t) const {
+  auto task = inner_.prepare(std::move(t));
   if (tokenize_) tokenize_task(task);
   return task;
 }
@@ -131,9 +128,9 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
     auto eval_source = make_source(cfg, eval_kind, static_cast<std::uint64_t>(cfg.integer("eval.seed")), size, eval_path);
     if (!eval_source)
       return std::unexpected(Error(eval_source.error()).with_context(fmt::format("eval ({})", cfg.where("eval.env_kind"))));
-    const RunTasks converter(parts.stream, parts.tokenize);
+    const RunTasks preparer(parts.stream, parts.tokenize);
     const auto n = std::min(size, (*eval_source)->size());
-    for (std::size_t i = 0; i < n; ++i) parts.eval_tasks.push_back(converter.convert((*eval_source)->at(i), kEvalIdBase + i));
+    for (std::size_t i = 0; i < n; ++i) parts.eval_tasks.push_back(preparer.prepare((*eval_source)->at(i)));
   }
   ARLO_ASSIGN_OR_RETURN(parts.reward, make_reward(cfg));
   return parts;

@@ -31,20 +31,20 @@ class RunTasks final : public orch::TaskSource {
   Result<orch::Task> next() override;
   nlohmann::json cursor() const override { return inner_.cursor(); }
   Status restore(const nlohmann::json& cursor) override { return inner_.restore(cursor); }
-  // Converts one environment task (the eval set) the same way.
-  orch::Task convert(const rollout::Task& t, std::uint64_t id) const;
+  // Prepares one environment task (the eval set) the same way.
+  orch::Task prepare(orch::Task t) const;
 
  private:
   orch::adapters::RolloutTasks inner_;
   bool tokenize_;
 };
 
-// Adds built-in token ids to a converted task (no-op for chat tasks, which go to the server as messages).
+// Adds built-in token ids to a task (no-op for chat tasks, which go to the server as messages).
 void tokenize_task(orch::Task& task);
 
 struct RolloutParts {
   std::shared_ptr<rollout::TaskStream> stream;
-  bool tokenize = true;  // uses_builtin_tokenizer(): how RunTasks converts the stream's tasks
+  bool tokenize = true;  // uses_builtin_tokenizer(): how RunTasks prepares the stream's tasks
   std::vector<orch::Task> eval_tasks;  // empty when eval.interval is 0
   std::shared_ptr<rollout::RewardModule> reward;
 };

@@ -80,9 +80,10 @@ http::Response complete(const http::Request& req) {
 class SyntheticTasks final : public TaskSource {
  public:
   Result<Task> next() override {
+    const auto n = next_++;
     Task t;
-    t.id = next_++;
-    t.prompt_tokens = {101, 2023, 2003, 1037, 2460, 25732, static_cast<std::int32_t>(t.id % 30000)};
+    t.id = std::to_string(n);
+    t.prompt_tokens = {101, 2023, 2003, 1037, 2460, 25732, static_cast<std::int32_t>(n % 30000)};
     return t;
   }
   nlohmann::json cursor() const override { return {{"next", next_}}; }

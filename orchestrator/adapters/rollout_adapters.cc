@@ -8,22 +8,6 @@
 
 namespace arlo::orch::adapters {
 
-rollout::Task to_rollout_task(const Task& t) {
-  rollout::Task r;
-  r.id = t.info.contains("task_id") && t.info["task_id"].is_string() ? t.info["task_id"].get<std::string>()
-                                                                      : std::to_string(t.id);
-  r.env = t.env;
-  if (t.messages.is_array() && !t.messages.empty()) {
-    for (const auto& m : t.messages)
-      r.messages.push_back({m.value("role", std::string()), m.value("content", std::string())});
-  } else {
-    r.prompt = t.prompt;
-  }
-  r.answer = t.answer;
-  r.info = t.info;
-  return r;
-}
-
 RolloutInference::RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
                                    DescribeUpdate describe, std::string model,
                                    std::optional<asio::any_io_executor> network, rollout::AdminDialect server)
@@ -78,12 +62,10 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
   cr.model = model_;
   cr.prompt_token_ids = req.prompt_tokens;
   if (cr.prompt_token_ids.empty() && req.task) {
-    if (req.task->messages.is_array() && !req.task->messages.empty()) {
-      for (const auto& m : req.task->messages)
-        cr.messages.push_back({m.value("role", std::string()), m.value("content", std::string())});
-    } else {
-      cr.prompt = req.task->prompt;
-    }
+    if (!req.task->messages.empty())
+      cr.messages = req.task->messages;
+    else
+      cr.prompt = req.task->prompt_text();
   }
   cr.sampling = req.sampling;
   cr.sampling.n = req.n;
@@ -205,37 +187,27 @@ Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here(bool c
 RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize)
     : stream_(std::move(stream)), tokenize_(std::move(tokenize)) {}
 
-Task RolloutTasks::convert(const rollout::Task& t, std::uint64_t id) const {
-  Task out;
-  out.id = id;
-  out.env = t.env;
-  out.prompt = t.prompt_text();
-  if (t.is_chat()) {
-    out.messages = nlohmann::json::array();
-    for (const auto& m : t.messages) out.messages.push_back({{"role", m.role}, {"content", m.content}});
-  }
-  out.answer = t.answer;
-  out.info = t.info.is_object() ? t.info : nlohmann::json::object();
-  out.info["task_id"] = t.id;
+Task RolloutTasks::prepare(Task t) const {
   if (tokenize_ && !t.is_chat()) {
-    out.prompt_tokens = tokenize_(out.prompt);
-    out.answer_tokens = tokenize_(t.answer);
+    t.prompt_tokens = tokenize_(t.prompt_text());
+    t.answer_tokens = tokenize_(t.answer);
   }
-  return out;
+  return t;
 }
 
 Result<Task> RolloutTasks::next() {
   ARLO_ASSIGN_OR_RETURN(auto t, stream_->next());
-  return convert(t, seq_++);
+  ++served_;
+  return prepare(std::move(t));
 }
 
-nlohmann::json RolloutTasks::cursor() const { return {{"stream", stream_->cursor()}, {"seq", seq_}}; }
+nlohmann::json RolloutTasks::cursor() const { return {{"stream", stream_->cursor()}, {"seq", served_}}; }
 
 Status RolloutTasks::restore(const nlohmann::json& cursor) {
   if (!cursor.is_object() || !cursor.contains("stream") || !cursor.contains("seq") || !cursor["seq"].is_number_unsigned())
     return make_error(ErrorCode::kParse, "task cursor: expected {\"stream\": ..., \"seq\": N}");
   ARLO_TRY(stream_->restore(cursor["stream"]));
-  seq_ = cursor["seq"].get<std::uint64_t>();
+  served_ = cursor["seq"].get<std::uint64_t>();
   return ok();
 }
 
@@ -247,13 +219,12 @@ RolloutScorer::RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOp
 
 Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> task,
                                                     std::shared_ptr<const std::vector<Completion>> completions) {
-  const auto rtask = to_rollout_task(*task);
   std::vector<rollout::Rollout> group;
   group.reserve(completions->size());
   for (std::size_t i = 0; i < completions->size(); ++i) {
     const auto& c = (*completions)[i];
     rollout::Rollout r;
-    r.task_id = rtask.id;
+    r.task_id = task->id;
     r.sample_index = static_cast<int>(i);
     r.completion_tokens = c.tokens;
     r.completion_text = c.text;
@@ -261,7 +232,7 @@ Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> 
     r.finish_reason = c.finish_reason;
     group.push_back(std::move(r));
   }
-  auto st = co_await scorer_.score_group(rtask, group);
+  auto st = co_await scorer_.score_group(*task, group);
   if (!st) co_return std::unexpected(std::move(st).error());
   ScoredGroup out;
   std::vector<rollout::SampleInput> inputs;

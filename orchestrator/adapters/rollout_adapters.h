@@ -78,8 +78,9 @@ class RolloutInference final : public InferencePort {
   bool unusable_reported_ = false;
 };
 
-// An endless (or epoch-bounded) task stream. Ids are a running sequence number (the environment's
-// own id rides in info["task_id"]); the cursor holds the stream's cursor and that sequence.
+// An endless (or epoch-bounded) task stream, handing out the environment's tasks as they are (with
+// token ids when there is a tokenizer). The cursor holds the stream's cursor and, as "seq", how many
+// tasks it has handed out.
 class RolloutTasks final : public TaskSource {
  public:
   // `tokenize` may be empty: then prompts go to the server as text (chat tasks always go as
@@ -90,13 +91,14 @@ class RolloutTasks final : public TaskSource {
   nlohmann::json cursor() const override;
   Status restore(const nlohmann::json& cursor) override;
 
-  // Converts one environment task (also used for the eval set).
-  Task convert(const rollout::Task& t, std::uint64_t id) const;
+  // One environment task as next() hands it out: with its prompt's and answer's token ids when
+  // there is a tokenizer and it is not a chat task (also used for the eval set).
+  Task prepare(Task t) const;
 
  private:
   std::shared_ptr<rollout::TaskStream> stream_;
   Tokenize tokenize_;
-  std::uint64_t seq_ = 0;
+  std::uint64_t served_ = 0;
 };
 
 // Scores through rollout's RewardScorer (modules on its worker threads, with its timeout and
@@ -112,7 +114,5 @@ class RolloutScorer final : public ScorerPort {
   rollout::RewardScorer& scorer_;
   rollout::AdvantageOptions advantages_;
 };
-
-rollout::Task to_rollout_task(const Task& t);
 
 }  // namespace arlo::orch::adapters

@@ -322,7 +322,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   auto dataset = rollout::load_jsonl((dir / "tasks.jsonl").string(), "jsonl");
   EXPECT_TRUE(dataset) << dataset.error().what();
   if (!dataset) return out;
-  for (std::size_t i = 0; i < (*dataset)->size(); ++i) out.tasks.push_back(tasks.convert((*dataset)->at(i), i));
+  for (std::size_t i = 0; i < (*dataset)->size(); ++i) out.tasks.push_back(tasks.prepare((*dataset)->at(i)));
 
   rollout::RewardScorer reward(io, parts->reward, {});
   orch::adapters::RolloutScorer scorer(reward, rollout::AdvantageOptions{});
@@ -443,9 +443,11 @@ void expect_trained_on_server_ids(const Outcome& o, bool chat) {
     EXPECT_EQ(t.messages.empty(), !chat);
     // The two tokenizers disagree, so a sample tokenized by the built-in one cannot pass below.
     if (!chat) {
-      ASSERT_NE(server_prompt_ids(t.prompt), builtin.encode_prompt(t.prompt));
+      ASSERT_NE(server_prompt_ids(t.prompt_text()), builtin.encode_prompt(t.prompt_text()));
     }
-    answers[chat ? server_chat_ids(t.messages) : server_prompt_ids(t.prompt)] = t.answer;
+    json messages = json::array();
+    for (const auto& m : t.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+    answers[chat ? server_chat_ids(messages) : server_prompt_ids(t.prompt_text())] = t.answer;
   }
   for (const auto& s : o.samples) {
     auto it = answers.find(s.prompt);

@@ -116,7 +116,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   auto stream = std::make_shared<rollout::TaskStream>(*source, rollout::TaskStream::Options{});
   adapters::RolloutTasks tasks(stream, {});
   std::vector<Task> eval_tasks;
-  for (std::size_t i = 0; i < 4; ++i) eval_tasks.push_back(tasks.convert((*source)->at(i), 100000 + i));
+  for (std::size_t i = 0; i < 4; ++i) eval_tasks.push_back(tasks.prepare((*source)->at(i)));
 
   auto module = rollout::make_reward_module({{"type", "exact_match"}});
   ASSERT_TRUE(module) << module.error().what();

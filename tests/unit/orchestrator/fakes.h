@@ -169,14 +169,15 @@ class FakeInference final : public InferencePort {
 class FakeTasks final : public TaskSource {
  public:
   Result<Task> next() override {
+    const auto n = next_++;
     Task t;
-    t.id = next_++;
+    t.id = std::to_string(n);
     t.env = "arith";
-    t.prompt = fmt::format("task {}", t.id);
-    t.prompt_tokens = {static_cast<std::int32_t>(t.id), 5};
+    t.prompt = fmt::format("task {}", n);
+    t.prompt_tokens = {static_cast<std::int32_t>(n), 5};
     t.answer = "1";
     t.answer_tokens = {1, 0};
-    drawn.push_back(t.id);
+    drawn.push_back(n);
     return t;
   }
   nlohmann::json cursor() const override { return {{"next", next_}}; }

@@ -28,9 +28,10 @@ using testing::FakeScorer;
 using testing::FakeTasks;
 using testing::FakeTrainer;
 
+// Eval tasks' ids start with "eval-" (training tasks' are numbers).
 Task eval_task(std::uint64_t id, std::vector<std::int32_t> prompt) {
   Task t;
-  t.id = id;
+  t.id = fmt::format("eval-{}", id);
   t.env = "arith";
   t.prompt_tokens = std::move(prompt);
   return t;
@@ -220,7 +221,7 @@ TEST(Accounting, WorkerFailingMidGroupFailsTheWholeGroupOnce) {
   h.opt.max_steps = 3;
   h.start();
   ASSERT_EQ(h.open(), 4u);
-  const auto failed_task = h.inf.pending()[1].request.task->id;
+  const auto failed_task = h.inf.pending()[1].request.task->prompt_tokens.at(0);
   h.inf.fail(1);
   h.settle();
   EXPECT_EQ(h.orch->ledger().failed_by_reason().at("unavailable"), 2u);
@@ -233,7 +234,7 @@ TEST(Accounting, WorkerFailingMidGroupFailsTheWholeGroupOnce) {
   ASSERT_EQ(h.trainer.batches.size(), 3u);
   for (const auto& b : h.trainer.batches) {
     EXPECT_EQ(b.samples.size(), 4u);
-    for (const auto& s : b.samples) EXPECT_NE(s.prompt_tokens[0], static_cast<std::int32_t>(failed_task));
+    for (const auto& s : b.samples) EXPECT_NE(s.prompt_tokens[0], failed_task);
   }
   const auto& l = h.orch->ledger();
   EXPECT_EQ(l.failed_total(), 2u);
@@ -661,7 +662,7 @@ TEST(Drain, StopsAtMaxStepsWithFinalEval) {
   // Eval requests used eval sampling and n = eval_samples.
   int eval_requests = 0;
   for (const auto& r : h.inf.requests())
-    if (r.task->id >= 1000) {
+    if (r.task->id.starts_with("eval-")) {
       ++eval_requests;
       EXPECT_EQ(r.n, 4);
       EXPECT_EQ(r.sampling.temperature, 0.0);
@@ -700,7 +701,7 @@ TEST(Warmup, SupervisedBatchesFirstThenRlFromWarmedPolicy) {
 TEST(Resume, ContinuesAtTheSameStepAndDataPosition) {
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("arlo_orch_resume_{}", ::getpid());
   std::filesystem::remove_all(dir);
-  std::vector<std::uint64_t> pending_ids;
+  std::vector<std::string> pending_ids;
   {
     Harness h;
     h.opt.max_steps = 4;
@@ -734,7 +735,7 @@ TEST(Resume, ContinuesAtTheSameStepAndDataPosition) {
     h.trainer.first_step_offset = 2;
     h.start();
     ASSERT_EQ(h.open(), 4u);
-    std::vector<std::uint64_t> ids;
+    std::vector<std::string> ids;
     for (auto i : h.inf.open()) ids.push_back(h.inf.pending()[i].request.task->id);
     EXPECT_EQ(ids, pending_ids);  // the same tasks, before any new one
     EXPECT_TRUE(h.tasks.drawn.empty());
@@ -769,6 +770,74 @@ TEST(Checkpoint, MalformedFileIsAnErrorNotACrash) {
   auto r = read_checkpoint(checkpoint_path(dir));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), ErrorCode::kParse);
+  std::filesystem::remove_all(dir);
+}
+
+// Pending tasks survive a checkpoint whole: completions and chat tasks, token ids and info.
+TEST(Checkpoint, PendingTasksRoundTrip) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("arlo_orch_ckpt_tasks_{}", ::getpid());
+  std::filesystem::create_directories(dir / "orchestrator");
+  Task completion;
+  completion.id = "arithmetic-7";
+  completion.env = "arithmetic";
+  completion.prompt = "2+3=";
+  completion.answer = "5";
+  completion.info = {{"level", 1}};
+  completion.prompt_tokens = {1, 50, 43, 51, 61};
+  completion.answer_tokens = {53, 0};
+  Task chat;
+  chat.id = "q-8";
+  chat.env = "gsm8k";
+  chat.messages = {{"system", "Answer briefly."}, {"user", "2+2?"}};
+  chat.answer = "4";
+  CheckpointState state;
+  state.step = 3;
+  state.version = 3;
+  state.task_cursor = {{"next", 9}};
+  state.pending_tasks = {completion, chat};
+  ASSERT_TRUE(write_checkpoint(checkpoint_path(dir), state));
+  auto r = read_checkpoint(checkpoint_path(dir));
+  ASSERT_TRUE(r && r->has_value()) << (r ? "no checkpoint" : r.error().what());
+  ASSERT_EQ((*r)->pending_tasks.size(), 2u);
+  EXPECT_EQ((*r)->pending_tasks[0], completion);
+  EXPECT_EQ((*r)->pending_tasks[1], chat);
+  EXPECT_TRUE((*r)->pending_tasks[1].is_chat());
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint written before tasks had one type: numeric ids (a sequence number) with the
+// environment's id in info["task_id"], and a chat task's prompt as text beside its messages. A run
+// resumes from it with the environment's ids and the tasks as the environment gave them.
+TEST(Checkpoint, ReadsPendingTasksEarlierVersionsWrote) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("arlo_orch_ckpt_old_{}", ::getpid());
+  std::filesystem::create_directories(dir / "orchestrator");
+  std::ofstream(checkpoint_path(dir)) << R"({"format": 1, "step": 2, "version": 2, "task_cursor": {"stream": {}, "seq": 10},
+    "rng": "", "ledger": {}, "pending_tasks": [
+      {"id": 7, "env": "arithmetic", "prompt": "2+3=", "messages": [], "prompt_tokens": [1, 50],
+       "answer": "5", "answer_tokens": [53, 0], "info": {"task_id": "arithmetic-7", "level": 1}},
+      {"id": 8, "env": "gsm8k", "prompt": "user: 2+2?", "messages": [{"role": "user", "content": "2+2?"}],
+       "prompt_tokens": [], "answer": "4", "answer_tokens": [], "info": {"task_id": "q-8"}},
+      {"id": 9, "env": "default", "prompt": "task 9", "messages": [], "prompt_tokens": [9, 5],
+       "answer": "1", "answer_tokens": [1, 0], "info": {}}]})";
+  auto r = read_checkpoint(checkpoint_path(dir));
+  ASSERT_TRUE(r && r->has_value()) << (r ? "no checkpoint" : r.error().what());
+  const auto& tasks = (*r)->pending_tasks;
+  ASSERT_EQ(tasks.size(), 3u);
+  EXPECT_EQ(tasks[0].id, "arithmetic-7");
+  EXPECT_EQ(tasks[0].env, "arithmetic");
+  EXPECT_EQ(tasks[0].prompt, std::optional<std::string>("2+3="));
+  EXPECT_TRUE(tasks[0].messages.empty());
+  EXPECT_EQ(tasks[0].prompt_tokens, (std::vector<std::int32_t>{1, 50}));
+  EXPECT_EQ(tasks[0].answer, "5");
+  EXPECT_EQ(tasks[0].answer_tokens, (std::vector<std::int32_t>{53, 0}));
+  EXPECT_EQ(tasks[0].info, nlohmann::json({{"level", 1}}));
+  EXPECT_EQ(tasks[1].id, "q-8");
+  EXPECT_TRUE(tasks[1].is_chat());
+  EXPECT_EQ(tasks[1].messages, (std::vector<ChatMessage>{{"user", "2+2?"}}));
+  EXPECT_EQ(tasks[1].prompt_text(), "user: 2+2?");
+  EXPECT_EQ(tasks[1].info, nlohmann::json::object());
+  EXPECT_EQ(tasks[2].id, "9");  // no environment id: the number is the id
+  EXPECT_EQ(tasks[2].prompt, std::optional<std::string>("task 9"));
   std::filesystem::remove_all(dir);
 }
 

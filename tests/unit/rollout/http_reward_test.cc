@@ -53,6 +53,29 @@ class RewardServer {
   std::thread thread_;
 };
 
+// What HTTP reward servers and plugins receive of a task (docs/reward-modules.md): its id, env,
+// answer, info and prompt or messages; never its token ids, which only the orchestrator uses.
+TEST(HttpReward, TaskJsonIsTheDocumentedFormWithoutTokenIds) {
+  Task t;
+  t.id = "reverse-3";
+  t.env = "reverse_text";
+  t.prompt = "reverse abc:";
+  t.answer = "cba";
+  t.info = {{"length", 3}};
+  t.prompt_tokens = {1, 97, 98, 99};
+  t.answer_tokens = {99, 98, 97, 0};
+  EXPECT_EQ(to_json(t), Json::parse(R"({"id": "reverse-3", "env": "reverse_text", "answer": "cba",
+                                        "info": {"length": 3}, "prompt": "reverse abc:"})"));
+  Task chat;
+  chat.id = "q-8";
+  chat.env = "gsm8k";
+  chat.messages = {{"system", "Answer briefly."}, {"user", "2+2?"}};
+  chat.answer = "4";
+  chat.prompt_tokens = {7};
+  EXPECT_EQ(to_json(chat), Json::parse(R"({"id": "q-8", "env": "gsm8k", "answer": "4", "info": {},
+      "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}]})"));
+}
+
 Task task() {
   Task t;
   t.id = "t";

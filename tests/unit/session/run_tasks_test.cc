@@ -27,10 +27,10 @@ TEST(ArloRunTasks, ArloWorkerGetsBuiltinIds) {
   auto t = tasks.next();
   ASSERT_TRUE(t) << t.error().what();
   const reference::Tokenizer tok;
-  EXPECT_EQ(t->prompt_tokens, tok.encode_prompt(t->prompt));
+  EXPECT_EQ(t->prompt_tokens, tok.encode_prompt(t->prompt_text()));
   EXPECT_FALSE(t->answer_tokens.empty());
   ASSERT_EQ(parts->eval_tasks.size(), 4u);
-  for (const auto& e : parts->eval_tasks) EXPECT_EQ(e.prompt_tokens, tok.encode_prompt(e.prompt));
+  for (const auto& e : parts->eval_tasks) EXPECT_EQ(e.prompt_tokens, tok.encode_prompt(e.prompt_text()));
 }
 
 TEST(ArloRunTasks, VllmAndSglangGetTextOnly) {
@@ -45,7 +45,7 @@ TEST(ArloRunTasks, VllmAndSglangGetTextOnly) {
     for (int i = 0; i < 3; ++i) {
       auto t = tasks.next();
       ASSERT_TRUE(t) << t.error().what();
-      EXPECT_FALSE(t->prompt.empty());
+      EXPECT_FALSE(t->prompt_text().empty());
       EXPECT_TRUE(t->prompt_tokens.empty()) << kind;
       EXPECT_TRUE(t->answer_tokens.empty()) << kind;
     }

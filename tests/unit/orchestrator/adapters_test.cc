@@ -1,0 +1,119 @@
+// The rollout adapters hand the orchestrator the environment's tasks as they are (one Task type,
+// common/vocabulary.h): the task source adds only token ids, and the scorer gives reward modules the
+// very task the environment made, id and info untouched.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "orchestrator/adapters/rollout_adapters.h"
+#include "tests/unit/rollout/rollout_test_util.h"
+
+namespace arlo::orch::adapters {
+namespace {
+
+Task completion_task() {
+  Task t;
+  t.id = "arithmetic-0";
+  t.env = "arithmetic";
+  t.prompt = "1+1=";
+  t.answer = "2";
+  t.info = {{"terms", {1, 1}}};
+  return t;
+}
+
+Task chat_task() {
+  Task t;
+  t.id = "chat-1";
+  t.env = "chat";
+  t.messages = {{"system", "Answer briefly."}, {"user", "2+2?"}};
+  t.answer = "4";
+  return t;
+}
+
+// One token per character (enough to see which text was tokenized).
+std::vector<std::int32_t> char_ids(std::string_view text) { return {text.begin(), text.end()}; }
+
+std::shared_ptr<rollout::TaskStream> stream() {
+  auto source = std::make_shared<rollout::VectorTaskSource>("mixed", std::vector<Task>{completion_task(), chat_task()});
+  return std::make_shared<rollout::TaskStream>(source, rollout::TaskStream::Options{.shuffle = false});
+}
+
+TEST(Adapters, TaskSourceHandsOutTheEnvironmentsTasksWithTokenIds) {
+  RolloutTasks tasks(stream(), char_ids);
+  auto first = tasks.next();
+  ASSERT_TRUE(first) << first.error().what();
+  Task want = completion_task();
+  want.prompt_tokens = char_ids("1+1=");
+  want.answer_tokens = char_ids("2");
+  EXPECT_EQ(*first, want);
+  auto second = tasks.next();
+  ASSERT_TRUE(second) << second.error().what();
+  EXPECT_EQ(*second, chat_task());  // chat tasks go to the server as messages: no ids
+  EXPECT_EQ(tasks.cursor().at("seq"), 2u);
+
+  // Without a tokenizer the tasks carry text only.
+  RolloutTasks text_only(stream(), {});
+  auto t = text_only.next();
+  ASSERT_TRUE(t) << t.error().what();
+  EXPECT_EQ(*t, completion_task());
+}
+
+TEST(Adapters, TaskSourceResumesFromItsCursor) {
+  RolloutTasks tasks(stream(), {});
+  ASSERT_TRUE(tasks.next());
+  const auto cursor = tasks.cursor();
+  RolloutTasks resumed(stream(), {});
+  ASSERT_TRUE(resumed.restore(cursor));
+  auto next = resumed.next();
+  ASSERT_TRUE(next) << next.error().what();
+  EXPECT_EQ(next->id, "chat-1");
+  EXPECT_EQ(resumed.cursor().at("seq"), 2u);
+  auto bad = resumed.restore({{"stream", cursor.at("stream")}});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), ErrorCode::kParse);
+}
+
+// Records the tasks and rollouts it is asked to score; reward 1 for the reference answer.
+class RecordingModule final : public rollout::RewardModule {
+ public:
+  const std::string& name() const override { return name_; }
+  Result<rollout::Score> score(const Task& task, const rollout::Rollout& r) override {
+    std::lock_guard lock(mu);
+    tasks.push_back(task);
+    task_ids.push_back(r.task_id);
+    return rollout::Score{r.completion_text == task.answer ? 1.0 : 0.0, {}};
+  }
+  std::mutex mu;
+  std::vector<Task> tasks;
+  std::vector<std::string> task_ids;
+
+ private:
+  std::string name_ = "recording";
+};
+
+TEST(Adapters, ScorerGivesRewardModulesTheEnvironmentsTask) {
+  boost::asio::io_context io;
+  auto module = std::make_shared<RecordingModule>();
+  Result<ScoredGroup> scored = make_error(ErrorCode::kInternal, "not scored");
+  {
+    rollout::RewardScorer reward(io, module, {.timeout = std::chrono::seconds(30), .threads = 1});
+    RolloutScorer scorer(reward, rollout::AdvantageOptions{});
+    auto task = std::make_shared<const Task>(completion_task());
+    auto completions = std::make_shared<std::vector<Completion>>(2);
+    (*completions)[0].text = "2";
+    (*completions)[1].text = "3";
+    rollout::test::run(io, [&]() -> boost::asio::awaitable<void> {
+      scored = co_await scorer.score(task, completions);
+    }());
+  }
+  rollout::test::drain(io);
+  ASSERT_TRUE(scored) << scored.error().what();
+  EXPECT_EQ(scored->rewards, (std::vector<double>{1.0, 0.0}));
+  std::lock_guard lock(module->mu);
+  ASSERT_EQ(module->tasks.size(), 2u);
+  for (const auto& t : module->tasks) EXPECT_EQ(t, completion_task());
+  EXPECT_EQ(module->task_ids, (std::vector<std::string>{"arithmetic-0", "arithmetic-0"}));
+}
+
+}  // namespace
+}  // namespace arlo::orch::adapters
