@@ -97,7 +97,7 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t 
   u.weight_sync = receiver;
   // Such servers (vLLM, SGLang) load a version from its directory of Hugging Face-compatible shards.
   if (server.takes_model_path && d && (*d)->version_path)
-    u.extra["model_path"] = (*d)->version_path(endpoint, static_cast<weight_sync::Version>(version));
+    u.extra["model_path"] = (*d)->version_path(endpoint, version);
   return u;
 }
 
@@ -115,7 +115,7 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
                       {"payload", payload_name(cfg)},
                       {"zstd", cfg.boolean("weight_sync.zstd")},
                       {"bucket_mb", cfg.integer("weight_sync.bucket_mb")},
-                      {"delta_dense_threshold", cfg.number("weight_sync.delta_density_threshold")},
+                      {"delta_density_threshold", cfg.number("weight_sync.delta_density_threshold")},
                       {"keep_last", cfg.integer("weight_sync.keep_last")},
                       {"timeout_ms", static_cast<std::int64_t>(cfg.number("weight_sync.timeout_s") * 1000.0)},
                       {"gather_window_ms", cfg.integer("weight_sync.gather_window_ms")}};

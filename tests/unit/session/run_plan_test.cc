@@ -213,7 +213,8 @@ TEST(ArloRunPlan, WeightSyncKnobsReachTheTrainer) {
   EXPECT_EQ(block.value("zstd", false), true);
   EXPECT_EQ(block.value("bucket_mb", 0), 64);
   EXPECT_EQ(block.value("keep_last", 0), 3);
-  EXPECT_DOUBLE_EQ(block.value("delta_dense_threshold", 0.0), 0.1);
+  EXPECT_DOUBLE_EQ(block.value("delta_density_threshold", 0.0), 0.1);
+  EXPECT_FALSE(block.contains("delta_dense_threshold"));
   auto o = weight_sync::options_from_json(block);
   ASSERT_TRUE(o) << o.error().what();
   EXPECT_EQ(o->bucket_bytes, 64ull << 20);
