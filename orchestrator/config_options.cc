@@ -24,7 +24,7 @@ Result<Options> options_from_config(const config::Config& cfg) {
   // queue_capacity counts rollouts; the sink queues whole groups.
   o.max_queued_groups = std::max<int>(o.batch_size / std::max(1, o.group_size),
                                       static_cast<int>(cfg.integer("orchestrator.queue_capacity") / std::max(1, o.group_size)));
-  o.filter_zero_variance = cfg.boolean("orchestrator.filter_equal_reward_groups");
+  o.filter_equal_reward_groups = cfg.boolean("orchestrator.filter_equal_reward_groups");
   o.max_filtered_groups_per_step = static_cast<int>(cfg.integer("orchestrator.max_filtered_groups_per_step"));
   if (auto mode = parse_pause_mode(cfg.string("orchestrator.weight_update_mode"))) o.update_mode = *mode;
   o.seed = static_cast<std::uint64_t>(cfg.integer("run.seed")) * 1000003u +

@@ -81,7 +81,7 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
   g->scores = std::move(*r);
   const auto& rw = g->scores.rewards;
   const bool equal = n > 1 && std::all_of(rw.begin(), rw.end(), [&](double x) { return x == rw[0]; });
-  if (opt_.filter_zero_variance && equal) {
+  if (opt_.filter_equal_reward_groups && equal) {
     if (filtered_groups_since_cut_ < opt_.filter_budget_groups()) {
       ledger_.dispose("filtered", n);
       filtered_since_cut_ += static_cast<int>(n);

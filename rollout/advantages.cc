@@ -66,7 +66,7 @@ GroupAdvantages compute_advantages(std::span<const SampleInput> samples, const A
   for (double x : r) mean += x;
   mean /= n;
   const auto [mn, mx] = std::minmax_element(r.begin(), r.end());
-  if (o.drop_equal_reward_groups && (*mx - *mn) <= o.equal_tolerance) return drop_all("all rewards equal");
+  if (o.filter_equal_reward_groups && (*mx - *mn) <= o.equal_tolerance) return drop_all("all rewards equal");
 
   std::vector<double> adv(r.size());
   switch (o.kind) {

@@ -11,7 +11,7 @@
 // longest completion in the group.
 // Truncated samples (finish_reason == length): keep (as is), drop (removed before statistics, not
 // trained on), or mask (kept in the statistics, advantage 0, loss-masked).
-// A group whose kept rewards are all equal carries no signal; with drop_equal_reward_groups it is
+// A group whose kept rewards are all equal carries no signal; with filter_equal_reward_groups it is
 // dropped as a whole.
 #include <cstdint>
 #include <span>
@@ -35,7 +35,7 @@ struct AdvantageOptions {
   double std_eps = 1e-6;
   double length_penalty = 0.0;     // 0 = off
   double length_norm = 1.0;        // tokens; 1 = per token, 0 = longest completion in the group
-  bool drop_equal_reward_groups = true;
+  bool filter_equal_reward_groups = true;
   TruncationPolicy truncated = TruncationPolicy::kKeep;
   double equal_tolerance = 1e-12;  // rewards closer than this count as equal
 };

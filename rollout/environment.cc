@@ -41,9 +41,9 @@ std::vector<std::size_t> seeded_permutation(std::size_t n, std::uint64_t seed) {
 
 namespace {
 
-class IndexedView : public TaskSource {
+class IndexedView : public TaskSet {
  public:
-  IndexedView(std::string name, std::shared_ptr<const TaskSource> parent, std::vector<std::size_t> indices)
+  IndexedView(std::string name, std::shared_ptr<const TaskSet> parent, std::vector<std::size_t> indices)
       : name_(std::move(name)), parent_(std::move(parent)), indices_(std::move(indices)) {}
   const std::string& name() const override { return name_; }
   std::size_t size() const override { return indices_.size(); }
@@ -51,13 +51,13 @@ class IndexedView : public TaskSource {
 
  private:
   std::string name_;
-  std::shared_ptr<const TaskSource> parent_;
+  std::shared_ptr<const TaskSet> parent_;
   std::vector<std::size_t> indices_;
 };
 
 }  // namespace
 
-Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, std::string name, std::size_t max_tasks) {
+Result<std::shared_ptr<const TaskSet>> load_jsonl(const std::string& path, std::string name, std::size_t max_tasks) {
   std::ifstream in(path);
   if (!in) return make_error(ErrorCode::kNotFound, fmt::format("{}: cannot open dataset file (check the path)", path));
   std::vector<Task> tasks;
@@ -82,10 +82,10 @@ Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, st
   }
   if (in.bad()) return make_error(ErrorCode::kIo, fmt::format("{}: read error after line {}", path, line_no));
   if (tasks.empty()) return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: dataset has no tasks", path));
-  return std::shared_ptr<const TaskSource>(std::make_shared<VectorTaskSource>(std::move(name), std::move(tasks)));
+  return std::shared_ptr<const TaskSet>(std::make_shared<VectorTaskSet>(std::move(name), std::move(tasks)));
 }
 
-Result<SplitSources> split_eval(std::shared_ptr<const TaskSource> source, std::size_t eval_size, std::uint64_t seed) {
+Result<SplitSources> split_eval(std::shared_ptr<const TaskSet> source, std::size_t eval_size, std::uint64_t seed) {
   if (!source) return make_error(ErrorCode::kInvalidArgument, "split_eval: no source");
   if (eval_size >= source->size())
     return make_error(ErrorCode::kInvalidArgument,
@@ -103,7 +103,7 @@ Result<SplitSources> split_eval(std::shared_ptr<const TaskSource> source, std::s
   return out;
 }
 
-TaskStream::TaskStream(std::shared_ptr<const TaskSource> source, Options options)
+TaskStream::TaskStream(std::shared_ptr<const TaskSet> source, Options options)
     : source_(std::move(source)), options_(options) {
   build_order();
 }
@@ -193,7 +193,7 @@ Result<const EnvironmentKind*> find_environment_kind(std::string_view name) {
                     fmt::format("unknown environment kind '{}': use {}", name, join_names(entry_names(environment_kinds()))));
 }
 
-Result<std::shared_ptr<const TaskSource>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {
+Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {
   ARLO_ASSIGN_OR_RETURN(const EnvironmentKind* k, find_environment_kind(kind));
   const std::string who = fmt::format("environment '{}'", k->name);
   ARLO_ASSIGN_OR_RETURN(Json options, resolve_options(who, k->options, spec.options, {}));

@@ -21,18 +21,18 @@
 namespace arlo::rollout {
 
 // An immutable, indexable list of tasks.
-class TaskSource {
+class TaskSet {
  public:
-  virtual ~TaskSource() = default;
+  virtual ~TaskSet() = default;
   virtual const std::string& name() const = 0;
   virtual std::size_t size() const = 0;
   virtual const Task& at(std::size_t index) const = 0;
 };
 
 // Tasks held in memory.
-class VectorTaskSource : public TaskSource {
+class VectorTaskSet : public TaskSet {
  public:
-  VectorTaskSource(std::string name, std::vector<Task> tasks) : name_(std::move(name)), tasks_(std::move(tasks)) {}
+  VectorTaskSet(std::string name, std::vector<Task> tasks) : name_(std::move(name)), tasks_(std::move(tasks)) {}
   const std::string& name() const override { return name_; }
   std::size_t size() const override { return tasks_.size(); }
   const Task& at(std::size_t index) const override { return tasks_.at(index); }
@@ -46,7 +46,7 @@ class VectorTaskSource : public TaskSource {
 // optional "answer" (string or number), optional "id" (default "<name>-<line>") and "info" (object).
 // Blank lines are skipped. Errors cite "path:line: what is wrong". max_tasks > 0 keeps the first
 // max_tasks tasks (env.size), 0 keeps all.
-Result<std::shared_ptr<const TaskSource>> load_jsonl(const std::string& path, std::string name, std::size_t max_tasks = 0);
+Result<std::shared_ptr<const TaskSet>> load_jsonl(const std::string& path, std::string name, std::size_t max_tasks = 0);
 
 struct ArithmeticOptions {
   std::uint64_t seed = 0;
@@ -56,7 +56,7 @@ struct ArithmeticOptions {
   int max_value = 49;            // env.max_operand; 10..49 gives two-digit answers: "23+45=" -> "68"
 };
 // Sums of small numbers: prompt "23+45=", answer "68", info {"terms": [23, 45]}.
-Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOptions& options);
+Result<std::shared_ptr<const TaskSet>> make_arithmetic(const ArithmeticOptions& options);
 
 struct ReverseTextOptions {
   std::uint64_t seed = 0;
@@ -65,7 +65,7 @@ struct ReverseTextOptions {
   int max_length = 8;
 };
 // Reverse a short lowercase string: prompt "reverse abc:", answer "cba".
-Result<std::shared_ptr<const TaskSource>> make_reverse_text(const ReverseTextOptions& options);
+Result<std::shared_ptr<const TaskSet>> make_reverse_text(const ReverseTextOptions& options);
 
 // Task sources by kind (env.kind, eval.env_kind). Each kind is one file under rollout/environments/
 // defining `EnvironmentKind <name>_environment()` and one line in rollout/environments/registry.inc;
@@ -82,7 +82,7 @@ struct EnvironmentKind {
   // Its own options; each is a key of the env section (env.max_operand, ...).
   std::vector<ExtensionOption> options;
   bool needs_path = false;  // the config must give env.path (eval.env_path) for it
-  std::function<Result<std::shared_ptr<const TaskSource>>(const EnvironmentSpec&)> make;
+  std::function<Result<std::shared_ptr<const TaskSet>>(const EnvironmentSpec&)> make;
   // Config: a check across its options ({} when fine; else the key to blame and what is wrong,
   // e.g. {"min_len", "must be <= env.max_len"}). The config checks it whatever env.kind is (eval
   // may use the kind). nullptr: none.
@@ -94,15 +94,15 @@ const std::vector<EnvironmentKind>& environment_kinds();
 // The kind named `name`; the error lists the registered names.
 Result<const EnvironmentKind*> find_environment_kind(std::string_view name);
 // A source of kind `kind` (its options checked, defaults filled in).
-Result<std::shared_ptr<const TaskSource>> make_task_source(std::string_view kind, const EnvironmentSpec& spec);
+Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec);
 
 // Splits a source into disjoint train and eval views: `eval_size` tasks chosen by a seeded shuffle
 // go to eval, the rest to train. Both views keep the parent's task objects (no copies).
 struct SplitSources {
-  std::shared_ptr<const TaskSource> train;
-  std::shared_ptr<const TaskSource> eval;
+  std::shared_ptr<const TaskSet> train;
+  std::shared_ptr<const TaskSet> eval;
 };
-Result<SplitSources> split_eval(std::shared_ptr<const TaskSource> source, std::size_t eval_size, std::uint64_t seed);
+Result<SplitSources> split_eval(std::shared_ptr<const TaskSet> source, std::size_t eval_size, std::uint64_t seed);
 
 // Walks a source in order (or a seeded shuffle per epoch) for `epochs` epochs (nullopt = forever).
 class TaskStream {
@@ -112,7 +112,7 @@ class TaskStream {
     bool shuffle = true;
     std::optional<std::uint64_t> epochs{};  // nullopt: cycle forever
   };
-  TaskStream(std::shared_ptr<const TaskSource> source, Options options);
+  TaskStream(std::shared_ptr<const TaskSet> source, Options options);
 
   // The next task, or kNotFound once all epochs are served.
   Result<Task> next();
@@ -130,7 +130,7 @@ class TaskStream {
  private:
   void build_order();
 
-  std::shared_ptr<const TaskSource> source_;
+  std::shared_ptr<const TaskSet> source_;
   Options options_;
   std::vector<std::size_t> order_;
   std::uint64_t epoch_ = 0;

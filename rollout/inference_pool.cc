@@ -270,9 +270,9 @@ asio::awaitable<void> HttpInferencePool::wait_health_interval(std::shared_ptr<bo
   co_await health_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
 }
 
-asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest request, Duration deadline) {
+asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest request, Duration timeout) {
   auto alive = alive_;
-  const auto end = clock_->now() + deadline;
+  const auto end = clock_->now() + timeout;
   const std::string path = endpoint_path(request);
   const bool chat = request.is_chat();
   const std::string body = to_openai_body(request).dump();

@@ -61,7 +61,7 @@ class InferencePool {
   // Sends one request; completes exactly once. Errors: kTimeout (deadline passed), kUnavailable
   // (no usable server, or all attempts failed), kParse / kInvalidArgument for a 4xx or bad answer
   // (not retried: the request itself is wrong).
-  virtual boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration deadline) = 0;
+  virtual boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration timeout) = 0;
   virtual std::vector<ServerStatus> status() const = 0;
 };
 
@@ -99,7 +99,7 @@ class HttpInferencePool final : public InferencePool {
   // Stops health checks and wakes waiters; in-flight requests finish on their own deadlines.
   void stop();
 
-  boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration deadline) override;
+  boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration timeout) override;
   std::vector<ServerStatus> status() const override;
 
   // Health-checks every server now (used by start(); handy in tests). Completes when all answered.

@@ -31,7 +31,7 @@ nlohmann::json environment_options(const config::Config& cfg, const rollout::Env
 
 // A task source of the registered environment kind `kind` (env.kind, or eval.env_kind), built by
 // its registry entry (rollout/environments/).
-Result<std::shared_ptr<const rollout::TaskSource>> make_source(const config::Config& cfg, const std::string& kind,
+Result<std::shared_ptr<const rollout::TaskSet>> make_source(const config::Config& cfg, const std::string& kind,
                                                                std::uint64_t seed, std::size_t size,
                                                                const std::string& path) {
   ARLO_ASSIGN_OR_RETURN(const rollout::EnvironmentKind* k, rollout::find_environment_kind(kind));

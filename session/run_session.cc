@@ -137,7 +137,7 @@ rollout::AdvantageOptions advantage_options(const config::Config& cfg) {
   if (auto k = rollout::parse_advantage_kind(cfg.string("orchestrator.advantage"))) adv.kind = *k;
   if (auto t = rollout::parse_truncation_policy(cfg.string("orchestrator.overlong"))) adv.truncated = *t;
   adv.length_penalty = cfg.number("orchestrator.length_penalty");
-  adv.drop_equal_reward_groups = cfg.boolean("orchestrator.filter_equal_reward_groups");
+  adv.filter_equal_reward_groups = cfg.boolean("orchestrator.filter_equal_reward_groups");
   return adv;
 }
 

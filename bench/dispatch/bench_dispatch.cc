@@ -105,7 +105,7 @@ class ParityScorer final : public ScorerPort {
     for (const auto& c : *cs) g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
     std::vector<rollout::SampleInput> in;
     for (double r : g.rewards) in.push_back({.reward = r});
-    g.advantages = rollout::compute_advantages(in, {.drop_equal_reward_groups = false}).advantages;
+    g.advantages = rollout::compute_advantages(in, {.filter_equal_reward_groups = false}).advantages;
     co_return g;
   }
 };
@@ -162,7 +162,7 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   opt.log_interval_s = 1e6;
   opt.console = false;
   opt.eval_at_start = opt.eval_at_end = false;
-  opt.filter_zero_variance = false;
+  opt.filter_equal_reward_groups = false;
   Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, {}}, opt);
   LagProbe probe(clock, std::chrono::milliseconds(20));
   double network_cpu0 = 0, network_cpu1 = 0;

@@ -202,7 +202,7 @@ asio::awaitable<Result<std::int64_t>> TrainerCollective::receiving(std::string w
     std::unique_lock l(st.mu);
     ARLO_ASSIGN_OR_RETURN(auto control, st.control());
     l.unlock();
-    auto sent = control->receiving(generation, static_cast<weight_sync::Version>(version), st.deadline());
+    auto sent = control->receiving(generation, version, st.deadline());
     if (!sent) {
       l.lock();
       if (st.current && st.current->generation == generation) st.current_failed = true;

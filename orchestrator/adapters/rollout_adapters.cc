@@ -214,7 +214,7 @@ Status RolloutTasks::restore(const nlohmann::json& cursor) {
 RolloutScorer::RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOptions advantages)
     : scorer_(scorer), advantages_(std::move(advantages)) {
   // The orchestrator's TrainSink applies the equal-reward filter itself (counted in the ledger).
-  advantages_.drop_equal_reward_groups = false;
+  advantages_.filter_equal_reward_groups = false;
 }
 
 Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> task,

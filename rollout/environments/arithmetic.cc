@@ -7,7 +7,7 @@
 
 namespace arlo::rollout {
 
-Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOptions& o) {
+Result<std::shared_ptr<const TaskSet>> make_arithmetic(const ArithmeticOptions& o) {
   if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "arithmetic: size must be >= 1");
   if (o.num_terms < 1 || o.num_terms > 8)
     return make_error(ErrorCode::kInvalidArgument, fmt::format("arithmetic: num_terms must be in [1, 8], got {}", o.num_terms));
@@ -39,7 +39,7 @@ Result<std::shared_ptr<const TaskSource>> make_arithmetic(const ArithmeticOption
     t.info = {{"terms", terms}};
     tasks.push_back(std::move(t));
   }
-  return std::shared_ptr<const TaskSource>(std::make_shared<VectorTaskSource>("arithmetic", std::move(tasks)));
+  return std::shared_ptr<const TaskSet>(std::make_shared<VectorTaskSet>("arithmetic", std::move(tasks)));
 }
 
 EnvironmentKind arithmetic_environment() {

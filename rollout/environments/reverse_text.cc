@@ -7,7 +7,7 @@
 
 namespace arlo::rollout {
 
-Result<std::shared_ptr<const TaskSource>> make_reverse_text(const ReverseTextOptions& o) {
+Result<std::shared_ptr<const TaskSet>> make_reverse_text(const ReverseTextOptions& o) {
   if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "reverse_text: size must be >= 1");
   if (o.min_length < 1 || o.max_length < o.min_length || o.max_length > 64)
     return make_error(ErrorCode::kInvalidArgument,
@@ -27,7 +27,7 @@ Result<std::shared_ptr<const TaskSource>> make_reverse_text(const ReverseTextOpt
     t.info = {{"text", s}};
     tasks.push_back(std::move(t));
   }
-  return std::shared_ptr<const TaskSource>(std::make_shared<VectorTaskSource>("reverse_text", std::move(tasks)));
+  return std::shared_ptr<const TaskSet>(std::make_shared<VectorTaskSet>("reverse_text", std::move(tasks)));
 }
 
 EnvironmentKind reverse_text_environment() {

@@ -10,7 +10,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <spdlog/sinks/base_sink.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/log_capture.h"
 #include "weight_sync/transports/nccl/rendezvous.h"
 #include "weight_sync/transports/nccl/store.h"
 
@@ -30,34 +30,7 @@ using namespace std::chrono_literals;
 
 Deadline soon() { return deadline_in(30s); }  // generous: the machine is loaded
 
-// Collects log lines so tests can check that a refusal was logged, and says what.
-class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  bool contains(std::string_view a, std::string_view b = {}) {
-    std::lock_guard lock(mutex_);
-    return std::any_of(lines_.begin(), lines_.end(), [&](const std::string& l) {
-      return l.find(a) != std::string::npos && l.find(b) != std::string::npos;
-    });
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    lines_.emplace_back(msg.payload.data(), msg.payload.size());
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
-
-CaptureSink& capture() {
-  static auto sink = [] {
-    auto s = std::make_shared<CaptureSink>();
-    spdlog::default_logger()->sinks().push_back(s);
-    return s;
-  }();
-  return *sink;
-}
+using arlo::test_log::log_capture;
 
 // Wire helpers for raw requests.
 template <typename T>
@@ -153,7 +126,7 @@ bool eventually(F cond) {
 class NcclStore : public ::testing::Test {
  protected:
   void SetUp() override {
-    capture();
+    log_capture();
     auto s = StoreServer::start("127.0.0.1", 0);
     ASSERT_TRUE(s) << s.error().what();
     server = std::move(*s);
@@ -353,11 +326,11 @@ TEST_F(NcclStore, GetOfMissingKeyClosesOnlyThatConnection) {
   put_bytes(get, "/nope");
   bad->send(get);
   EXPECT_TRUE(bad->eof());
-  EXPECT_TRUE(capture().contains("GET", "/nope"));
+  EXPECT_TRUE(log_capture().contains("GET", "/nope"));
   auto bad2 = raw_current();
   bad2->send(keys_request(10, {"/nope2"}));  // MULTI_GET
   EXPECT_TRUE(bad2->eof());
-  EXPECT_TRUE(capture().contains("MULTI_GET", "/nope2"));
+  EXPECT_TRUE(log_capture().contains("MULTI_GET", "/nope2"));
   auto good = client();
   EXPECT_EQ(*good->add("/fine", 1, soon()), 1);
 }
@@ -366,12 +339,12 @@ TEST_F(NcclStore, BadMagicClosesWithLog) {
   Raw r(server->port());
   r.send(validate(0xdeadbeef));
   EXPECT_TRUE(r.eof());
-  EXPECT_TRUE(capture().contains("wrong magic", "0xdeadbeef"));
+  EXPECT_TRUE(log_capture().contains("wrong magic", "0xdeadbeef"));
   // A second VALIDATE with a wrong magic on a validated connection too.
   auto v = raw_current();
   v->send(validate(0x12345678));
   EXPECT_TRUE(v->eof());
-  EXPECT_TRUE(capture().contains("VALIDATE", "0x12345678"));
+  EXPECT_TRUE(log_capture().contains("VALIDATE", "0x12345678"));
   EXPECT_TRUE(client());
 }
 
@@ -387,7 +360,7 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
     r->send(set);
     r->shutdown_write();
     EXPECT_TRUE(r->eof());
-    EXPECT_TRUE(capture().contains("truncated SET"));
+    EXPECT_TRUE(log_capture().contains("truncated SET"));
   }
   {  // A key over the limit: refused from its length, before the bytes come.
     auto r = raw_current();
@@ -396,7 +369,7 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
     put<std::uint64_t>(set, kStoreMaxKeyBytes + 1);
     r->send(set);
     EXPECT_TRUE(r->eof());
-    EXPECT_TRUE(capture().contains("SET request", "over the limit"));
+    EXPECT_TRUE(log_capture().contains("SET request", "over the limit"));
   }
   {  // A value over the limit.
     auto r = raw_current();
@@ -406,7 +379,7 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
     put<std::uint64_t>(set, kStoreMaxValueBytes + 1);
     r->send(set);
     EXPECT_TRUE(r->eof());
-    EXPECT_TRUE(capture().contains("a value of", "over the limit"));
+    EXPECT_TRUE(log_capture().contains("a value of", "over the limit"));
   }
   {  // Too many keys in a WAIT.
     auto r = raw_current();
@@ -415,13 +388,13 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
     put<std::uint64_t>(w, std::uint64_t{1} << 40);
     r->send(w);
     EXPECT_TRUE(r->eof());
-    EXPECT_TRUE(capture().contains("WAIT request", "keys in one request"));
+    EXPECT_TRUE(log_capture().contains("WAIT request", "keys in one request"));
   }
   {  // Unknown command.
     auto r = raw_current();
     r->send(std::string(1, '\x63'));
     EXPECT_TRUE(r->eof());
-    EXPECT_TRUE(capture().contains("unknown command byte 99"));
+    EXPECT_TRUE(log_capture().contains("unknown command byte 99"));
   }
   {  // Queue commands are refused with their name.
     auto r = raw_current();
@@ -431,7 +404,7 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
     put_bytes(q, "v");
     r->send(q);
     EXPECT_TRUE(r->eof());
-    EXPECT_TRUE(capture().contains("QUEUE_PUSH", "not supported"));
+    EXPECT_TRUE(log_capture().contains("QUEUE_PUSH", "not supported"));
   }
   {  // ADD onto a value that is not an integer (torch's server drops that connection too).
     ASSERT_TRUE(keep->set("/text", "abc", soon()));
@@ -442,7 +415,7 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
     put<std::int64_t>(add, 1);
     r->send(add);
     EXPECT_TRUE(r->eof());
-    EXPECT_TRUE(capture().contains("ADD request", "not an integer"));
+    EXPECT_TRUE(log_capture().contains("ADD request", "not an integer"));
   }
   EXPECT_EQ(*keep->get("/kept", soon()), "yes");
   EXPECT_TRUE(eventually([&] { return server->connections() == 1; }));
@@ -483,7 +456,7 @@ TEST_F(NcclStore, LegacyDialect) {
   put_bytes(watch, "/k");
   r.send(watch);
   EXPECT_TRUE(r.eof());
-  EXPECT_TRUE(capture().contains("WATCH_KEY"));
+  EXPECT_TRUE(log_capture().contains("WATCH_KEY"));
 
   // A legacy client whose first request is a SET (0 then a small key length).
   Raw s(server->port());

@@ -34,7 +34,7 @@ Task chat_task() {
 std::vector<std::int32_t> char_ids(std::string_view text) { return {text.begin(), text.end()}; }
 
 std::shared_ptr<rollout::TaskStream> stream() {
-  auto source = std::make_shared<rollout::VectorTaskSource>("mixed", std::vector<Task>{completion_task(), chat_task()});
+  auto source = std::make_shared<rollout::VectorTaskSet>("mixed", std::vector<Task>{completion_task(), chat_task()});
   return std::make_shared<rollout::TaskStream>(source, rollout::TaskStream::Options{.shuffle = false});
 }
 

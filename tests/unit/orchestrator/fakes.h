@@ -195,7 +195,7 @@ class FakeTasks final : public TaskSource {
 inline std::vector<double> grpo_advantages(const std::vector<double>& rewards) {
   std::vector<rollout::SampleInput> in;
   for (double r : rewards) in.push_back({.reward = r});
-  return rollout::compute_advantages(in, {.drop_equal_reward_groups = false}).advantages;  // GRPO is the default
+  return rollout::compute_advantages(in, {.filter_equal_reward_groups = false}).advantages;  // GRPO is the default
 }
 
 // reward = 1 when the first token is 1, else 0; GRPO advantages.

@@ -58,7 +58,7 @@ TEST(Advantages, EqualRewardGroupsAreDroppedUnlessAsked) {
   EXPECT_TRUE(g.group_dropped);
   EXPECT_EQ(g.drop_reason, "all rewards equal");
   EXPECT_EQ(g.trainable(), 0u);
-  o.drop_equal_reward_groups = false;
+  o.filter_equal_reward_groups = false;
   g = compute_advantages(rewards({1, 1, 1}), o);
   EXPECT_FALSE(g.group_dropped);
   for (double a : g.advantages) EXPECT_DOUBLE_EQ(a, 0.0);

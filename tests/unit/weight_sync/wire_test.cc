@@ -11,9 +11,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "tests/log_capture.h"
 #include "weight_sync/manifest.h"
 #include "weight_sync/transports/tcp_conn.h"
 #include "weight_sync/wire.h"
@@ -23,34 +23,7 @@ namespace {
 
 using nlohmann::json;
 
-// Collects warnings so a test can check that the old key was warned about, naming the new one.
-class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  std::size_t count(std::string_view a, std::string_view b) {
-    std::lock_guard lock(mutex_);
-    return static_cast<std::size_t>(std::count_if(lines_.begin(), lines_.end(), [&](const std::string& l) {
-      return l.find(a) != std::string::npos && l.find(b) != std::string::npos;
-    }));
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    if (msg.level >= spdlog::level::warn) lines_.emplace_back(msg.payload.data(), msg.payload.size());
-  }
-  void flush_() override {}
-
- private:
-  std::vector<std::string> lines_;
-};
-
-CaptureSink& capture() {
-  static auto sink = [] {
-    auto s = std::make_shared<CaptureSink>();
-    spdlog::default_logger()->sinks().push_back(s);
-    return s;
-  }();
-  return *sink;
-}
+using arlo::test_log::log_capture;
 
 json manifest_json() {
   auto m = Manifest::plan({{"w", DType::F32, {2, 4}}}, 1 << 20, {PayloadKind::kDelta, false, 0.1});
@@ -130,7 +103,7 @@ TEST(WeightSyncWire, BlockCarriesTheThresholdUnderItsConfigName) {
   auto again = options_from_json(back);
   ASSERT_TRUE(again.has_value()) << again.error().what();
   EXPECT_DOUBLE_EQ(again->payload.delta_density_threshold, 0.1);
-  EXPECT_EQ(capture().count("delta_dense_threshold", "delta_density_threshold"), 0u);
+  EXPECT_EQ(log_capture().count("delta_dense_threshold", "delta_density_threshold"), 0u);
 
   auto wrong = options_from_json({{"transport", "tcp"}, {"delta_density_threshold", "0.1"}});
   ASSERT_FALSE(wrong.has_value());
@@ -138,11 +111,11 @@ TEST(WeightSyncWire, BlockCarriesTheThresholdUnderItsConfigName) {
 }
 
 TEST(WeightSyncWire, BlockWithTheOldThresholdNameIsReadWithAWarningNamingTheNewOne) {
-  const auto before = capture().count("delta_dense_threshold", "delta_density_threshold");
+  const auto before = log_capture().count("delta_dense_threshold", "delta_density_threshold");
   auto o = options_from_json({{"transport", "tcp"}, {"delta_dense_threshold", 0.3}});
   ASSERT_TRUE(o.has_value()) << o.error().what();
   EXPECT_DOUBLE_EQ(o->payload.delta_density_threshold, 0.3);
-  EXPECT_EQ(capture().count("delta_dense_threshold", "delta_density_threshold"), before + 1);
+  EXPECT_EQ(log_capture().count("delta_dense_threshold", "delta_density_threshold"), before + 1);
   EXPECT_FALSE(o->params.contains("delta_dense_threshold")) << o->params.dump();  // a shared key, not the transport's
 
   auto same = options_from_json({{"transport", "tcp"}, {"delta_dense_threshold", 0.3}, {"delta_density_threshold", 0.3}});
@@ -168,12 +141,12 @@ TEST(WeightSyncWire, ManifestThresholdUnderItsConfigNameAndTheOldOneForOneReleas
   json old = j;
   old.erase("delta_density_threshold");
   old["delta_dense_threshold"] = 0.4;
-  const auto before = capture().count("delta_dense_threshold", "delta_density_threshold");
+  const auto before = log_capture().count("delta_dense_threshold", "delta_density_threshold");
   auto read_old = Manifest::from_json(old);
   ASSERT_TRUE(read_old.has_value()) << read_old.error().what();
   EXPECT_DOUBLE_EQ(read_old->payload.delta_density_threshold, 0.4);
   EXPECT_EQ(read_old->fingerprint(), m->fingerprint());
-  EXPECT_EQ(capture().count("delta_dense_threshold", "delta_density_threshold"), before + 1);
+  EXPECT_EQ(log_capture().count("delta_dense_threshold", "delta_density_threshold"), before + 1);
 
   json both = j;
   both["delta_dense_threshold"] = 0.4;
