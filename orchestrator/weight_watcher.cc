@@ -40,6 +40,7 @@ void WeightWatcher::restarted(const std::string& worker) {
   held_.erase(worker);  // it holds nothing now
   restarting_.erase(worker);
   heard_.insert(worker);
+  if (syncing_) restarted_mid_round_.insert(worker);  // the round's failure on it was the dead process's
   resync_ = true;
   changed_.notify();
 }
@@ -214,6 +215,7 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   const auto v = notice.version;
   const auto t0 = clock_.now();
   syncing_ = true;
+  restarted_mid_round_.clear();
   const bool hold = opt_.update_mode != PauseMode::kKeep;
   co_await hold_dispatch(v, t0, hold);
 
@@ -325,6 +327,9 @@ void WeightWatcher::count_failed_workers(Version v, SyncReport& report) {
   for (const auto& w : report.workers) {
     if (w.ok()) continue;
     ++report.workers_failed;
+    // Restarted while this round ran: the calls that failed went to the process that died, and
+    // restarted() asked for its resync; leaving it out now would undo that.
+    if (restarted_mid_round_.count(w.worker)) continue;
     // A silent worker was not tried: no attempt of this version is counted against it.
     if (!round_silent_.count(w.worker) && ++attempts_[w.worker] >= opt_.version_attempts) {
       out_of_date_.insert(w.worker);
@@ -339,6 +344,7 @@ void WeightWatcher::count_failed_workers(Version v, SyncReport& report) {
       spawn(ex_, probe(w.worker));
     }
   }
+  restarted_mid_round_.clear();
   failures_ += static_cast<std::uint64_t>(report.workers_failed);
 }
 

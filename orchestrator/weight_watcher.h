@@ -163,6 +163,7 @@ class WeightWatcher {
   std::set<std::string> round_retried_;        // see retrying()
   std::set<std::string> round_silent_;         // left out of this round unasked: they answer nothing
   std::set<std::string> restarting_;           // see restarting()
+  std::set<std::string> restarted_mid_round_;  // restarted() while a round ran: its failure there is not counted
   // Restarted since the last round: their supervisor heard them answer, so the pool's silence
   // verdict (from before the restart) does not leave them out of the next round.
   std::set<std::string> heard_;

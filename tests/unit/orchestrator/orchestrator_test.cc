@@ -512,6 +512,29 @@ TEST(WeightWatcherRestart, AWorkerThatWasNotLeftOutIsSyncedTheCurrentVersionAgai
   EXPECT_FALSE(r.orch->weight_watcher().syncing());
 }
 
+// A worker killed during a round and restarted before the round ends: the round's failed calls went
+// to the dead process; the worker is not left out by them but synced at once (Supervision e2e: it
+// ended the run left out, under load).
+TEST(WeightWatcherRestart, AWorkerRestartedWhileARoundRanIsSyncedNotLeftOut) {
+  Harness r;
+  int w1_updates = 0;
+  // The dead process refuses both attempts of the round (admin_attempts 2); arlo run reports the
+  // restart between them; the restarted process takes the resync.
+  r.inf.on_update = [&](const std::string& w, Version) {
+    if (w != "w1") return;
+    if (++w1_updates == 1) r.orch->weight_watcher().restarted("w1");
+    if (w1_updates <= 2) r.inf.refuse_update = {"w1"};
+    else r.inf.refuse_update.clear();
+  };
+  r.start();
+  r.trainer.publish(1);
+  ASSERT_TRUE(r.run_until([&] { return w1_updates >= 3 && !r.orch->weight_watcher().syncing(); }, 5000));
+  EXPECT_TRUE(r.orch->weight_watcher().left_out().empty());
+  EXPECT_EQ(r.orch->weight_watcher().synced(), 1);
+  EXPECT_EQ(w1_updates, 3);  // two refused in the round, then the resync
+  EXPECT_EQ(r.count("weights w1"), 0) << "it was left out and probed instead of synced at once";
+}
+
 TEST(WeightWatcherRestart, ALeftOutWorkerRejoinsAtOnceAndItsProbeEnds) {
   Harness r;
   r.start();
