@@ -95,8 +95,12 @@ TEST(Engine, LogprobsMatchAFreshForwardPass) {
   for (const auto& c : cases()) subs.push_back(submit(engine, tok.encode_prompt(c.prompt), c.params));
   at::NoGradGuard no_grad;
   const auto all = cases();
+  // Every request first: the fresh passes below use the engine's model, which must be idle then
+  // (a forward on it from this thread while the engine still steps the others raced under load).
+  std::vector<decltype(subs[0].future.get())> results;
+  for (auto& s : subs) results.push_back(s.future.get());
   for (std::size_t i = 0; i < subs.size(); ++i) {
-    auto r = subs[i].future.get();
+    auto& r = results[i];
     ASSERT_TRUE(r);
     std::vector<std::int64_t> seq(r->prompt.begin(), r->prompt.end());
     seq.insert(seq.end(), r->tokens.begin(), r->tokens.end());
