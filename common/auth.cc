@@ -34,8 +34,8 @@ struct Sha256 {
   std::array<std::uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   std::array<std::uint8_t, 64> block{};
-  std::size_t used = 0;       // bytes in `block`
-  std::uint64_t length = 0;   // message bytes so far
+  std::size_t used = 0;      // bytes in `block`
+  std::uint64_t length = 0;  // message bytes so far
 
   void compress() {
     std::array<std::uint32_t, 64> w{};
@@ -182,11 +182,12 @@ Result<std::string> read_token_file(const std::filesystem::path& path) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(in.gcount()));
   if (text.size() > kMaxTokenBytes)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("token file {}: larger than {} bytes; it holds something else", path.string(),
-                                  kMaxTokenBytes));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("token file {}: larger than {} bytes; it holds something else", path.string(), kMaxTokenBytes));
   text = trim(std::move(text));
-  if (text.empty()) return make_error(ErrorCode::kInvalidArgument, fmt::format("token file {} is empty", path.string()));
+  if (text.empty())
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("token file {} is empty", path.string()));
   return text;
 }
 
@@ -227,11 +228,12 @@ std::string host_of(std::string_view address) {
 
 Status require_token_off_loopback(std::string_view plane, std::string_view bind, std::string_view token) {
   if (!token.empty() || is_loopback(bind)) return ok();
-  return make_error(ErrorCode::kInvalidArgument,
-                    fmt::format("{} would listen on {}, which other hosts can reach, without a token: set "
-                                "security.token or security.token_file (or ${} / ${} for a part started by hand), "
-                                "or bind it to 127.0.0.1",
-                                plane, bind.empty() ? std::string_view("all addresses") : bind, kTokenEnv, kTokenFileEnv));
+  return make_error(
+      ErrorCode::kInvalidArgument,
+      fmt::format("{} would listen on {}, which other hosts can reach, without a token: set "
+                  "security.token or security.token_file (or ${} / ${} for a part started by hand), "
+                  "or bind it to 127.0.0.1",
+                  plane, bind.empty() ? std::string_view("all addresses") : bind, kTokenEnv, kTokenFileEnv));
 }
 
 std::string proof(std::string_view token, std::string_view context, std::string_view nonce_text) {
@@ -243,7 +245,8 @@ std::string proof(std::string_view token, std::string_view context, std::string_
   return to_hex(d);
 }
 
-bool verify_proof(std::string_view token, std::string_view context, std::string_view nonce_text, std::string_view answer) {
+bool verify_proof(std::string_view token, std::string_view context, std::string_view nonce_text,
+                  std::string_view answer) {
   return constant_time_equal(proof(token, context, nonce_text), answer);
 }
 
@@ -261,8 +264,8 @@ bool bearer_matches(std::string_view authorization, std::string_view token) {
 Result<std::filesystem::path> confined_path(const std::filesystem::path& dir, std::string_view name,
                                             std::string_view what) {
   auto refuse = [&](std::string_view why) -> Result<std::filesystem::path> {
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("{}: '{}' {}; a name must be a relative path inside {}", what, name, why, dir.string()));
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: '{}' {}; a name must be a relative path inside {}",
+                                                               what, name, why, dir.string()));
   };
   if (name.empty()) return refuse("is empty");
   if (name.find('\0') != std::string_view::npos) return refuse("contains a NUL byte");
@@ -271,7 +274,8 @@ Result<std::filesystem::path> confined_path(const std::filesystem::path& dir, st
   std::size_t start = 0;
   while (start <= name.size()) {
     const auto slash = name.find('/', start);
-    const std::string_view part = name.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    const std::string_view part =
+        name.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
     if (part.empty()) return refuse("has an empty path component");
     if (part == "..") return refuse("has a '..' component (it would leave the directory)");
     if (part == ".") return refuse("has a '.' component");

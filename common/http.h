@@ -53,9 +53,9 @@ using Duration = std::chrono::steady_clock::duration;
 
 struct Request {
   Verb method = Verb::get;
-  std::string target;                        // as sent: "/pause?mode=keep"
-  std::string path;                          // "/pause"
-  std::map<std::string, std::string> query;  // {"mode": "keep"}, percent-decoded
+  std::string target;                          // as sent: "/pause?mode=keep"
+  std::string path;                            // "/pause"
+  std::map<std::string, std::string> query;    // {"mode": "keep"}, percent-decoded
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
 
@@ -90,7 +90,7 @@ struct ServerStats {
 
 struct ServerOptions {
   std::string bind = "127.0.0.1";
-  std::uint16_t port = 0;                          // 0 = pick a free port
+  std::uint16_t port = 0;  // 0 = pick a free port
   std::size_t max_body_bytes = 16u << 20;
   Duration header_timeout = std::chrono::seconds(10);  // to receive a complete request head+body
   Duration idle_timeout = std::chrono::seconds(60);    // keep-alive connection with no request
@@ -129,7 +129,7 @@ class Server {
 };
 
 struct RetryPolicy {
-  int max_attempts = 3;                                   // 1 = no retry
+  int max_attempts = 3;  // 1 = no retry
   Duration initial_backoff = std::chrono::milliseconds(50);
   Duration max_backoff = std::chrono::seconds(2);
 };
@@ -152,17 +152,17 @@ struct ClientRequest {
   std::string content_type = "application/json";
   std::map<std::string, std::string> headers;
   Duration timeout = std::chrono::seconds(30);  // deadline for the whole call, retries included
-  std::optional<bool> idempotent;              // default: by method
-  std::optional<RetryPolicy> retry;            // default: the client's
+  std::optional<bool> idempotent;               // default: by method
+  std::optional<RetryPolicy> retry;             // default: the client's
 };
 
 // Counters for tests, benchmarks and /metrics. Read from the io_context's thread.
 struct ClientStats {
-  std::uint64_t requests = 0;             // request() calls
-  std::uint64_t attempts = 0;             // attempts sent (first tries and retries)
-  std::uint64_t connections_opened = 0;   // new TCP connections
-  std::uint64_t connections_reused = 0;   // attempts served by a pooled keep-alive connection
-  std::uint64_t backoffs = 0;             // retry backoff waits begun (each precedes a retry)
+  std::uint64_t requests = 0;            // request() calls
+  std::uint64_t attempts = 0;            // attempts sent (first tries and retries)
+  std::uint64_t connections_opened = 0;  // new TCP connections
+  std::uint64_t connections_reused = 0;  // attempts served by a pooled keep-alive connection
+  std::uint64_t backoffs = 0;            // retry backoff waits begun (each precedes a retry)
 };
 
 class Client {

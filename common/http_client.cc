@@ -58,9 +58,9 @@ constexpr std::uint32_t kHeaderLimit = 64 * 1024;
 constexpr Duration kResolveCacheTtl = std::chrono::seconds(30);
 
 struct Url {
-  std::string host;       // without brackets
+  std::string host;  // without brackets
   std::uint16_t port = 80;
-  std::string target;     // "/path?query", never empty
+  std::string target;       // "/path?query", never empty
   std::string host_header;  // "host:port" as sent in Host
   std::string pool_key;     // "host:port"
 };
@@ -157,12 +157,11 @@ enum class Failure {
 
 struct AttemptResult {
   Failure failure = Failure::kNone;
-  bool reused = false;          // the attempt ran on a pooled connection
+  bool reused = false;  // the attempt ran on a pooled connection
   bool got_response_bytes = false;
-  std::string detail;           // error text when failure != kNone
+  std::string detail;  // error text when failure != kNone
   Response response;
 };
-
 
 // Sorts a failed socket operation into a Failure; `transport_kind` is what a plain connection error
 // means at this step (kConnect before the connection exists, kTransport after). `timed_out`: the
@@ -288,9 +287,9 @@ struct Call {
 
 // What request() does after an attempt.
 enum class Next {
-  kDone,        // the call's outcome is decided
-  kBackoff,     // retry after a backoff
-  kRetryFree,   // retry at once without counting the attempt (stale pooled connection)
+  kDone,       // the call's outcome is decided
+  kBackoff,    // retry after a backoff
+  kRetryFree,  // retry at once without counting the attempt (stale pooled connection)
 };
 
 }  // namespace
@@ -313,10 +312,10 @@ struct Client::Impl {
 
   asio::io_context& io;
   ClientOptions options;
-  std::unique_ptr<arlo::Clock> own_clock;  // the real clock, when options.clock is null
-  arlo::Clock* clock = nullptr;            // deadlines, backoff and the resolver cache
+  std::unique_ptr<arlo::Clock> own_clock;           // the real clock, when options.clock is null
+  arlo::Clock* clock = nullptr;                     // deadlines, backoff and the resolver cache
   std::unordered_map<std::string, HostPool> pools;  // "host:port" -> pool
-  std::minstd_rand rng;                              // backoff jitter only
+  std::minstd_rand rng;                             // backoff jitter only
   ClientStats stats;
 
   asio::awaitable<Result<std::vector<tcp::endpoint>>> endpoints_for(const Url& url, TimePoint deadline);
@@ -367,7 +366,8 @@ asio::awaitable<Result<std::vector<tcp::endpoint>>> Client::Impl::resolve(const 
   if (rec) co_return make_error(ErrorCode::kUnavailable, fmt::format("resolving {}: {}", url.host, rec.message()));
   std::vector<tcp::endpoint> endpoints;
   for (const auto& entry : results) endpoints.push_back(entry.endpoint());
-  if (endpoints.empty()) co_return make_error(ErrorCode::kUnavailable, fmt::format("resolving {}: no address", url.host));
+  if (endpoints.empty())
+    co_return make_error(ErrorCode::kUnavailable, fmt::format("resolving {}: no address", url.host));
   co_return endpoints;
 }
 
@@ -483,7 +483,8 @@ Next Client::Impl::settle(Call& call, AttemptResult& r, int attempt, std::option
       retryable = true;
       break;
     case Failure::kTimeout:
-      outcome.emplace(call.fail(ErrorCode::kTimeout, fmt::format("deadline expired (attempt {}): {}", attempt, r.detail)));
+      outcome.emplace(
+          call.fail(ErrorCode::kTimeout, fmt::format("deadline expired (attempt {}): {}", attempt, r.detail)));
       return Next::kDone;
     case Failure::kCancelled:
       outcome.emplace(call.fail(ErrorCode::kCancelled, "cancelled"));

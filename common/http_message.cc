@@ -93,8 +93,7 @@ Result<nlohmann::json> parse_json_body(const std::string& body, std::string_view
   try {
     return nlohmann::json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {
-    return make_error(ErrorCode::kParse,
-                      fmt::format("{} is not valid JSON (byte {}): {}", what, e.byte, e.what()));
+    return make_error(ErrorCode::kParse, fmt::format("{} is not valid JSON (byte {}): {}", what, e.byte, e.what()));
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kParse, fmt::format("{} is not valid JSON: {}", what, e.what()));
   }
@@ -143,8 +142,8 @@ Result<std::uint64_t> raise_open_file_limit() {
   if (lim.rlim_cur < lim.rlim_max) {
     lim.rlim_cur = lim.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
-      return make_error(ErrorCode::kIo, fmt::format("setrlimit(RLIMIT_NOFILE, {}): {}", lim.rlim_max,
-                                                    std::strerror(errno)));
+      return make_error(ErrorCode::kIo,
+                        fmt::format("setrlimit(RLIMIT_NOFILE, {}): {}", lim.rlim_max, std::strerror(errno)));
     }
   }
   return static_cast<std::uint64_t>(lim.rlim_cur);

@@ -51,7 +51,7 @@ namespace {
 
 constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
 constexpr std::uint32_t kHeaderLimit = 64 * 1024;  // request line + headers
-constexpr std::size_t kFirstReadBytes = 4096;       // initial read for the next request's head
+constexpr std::size_t kFirstReadBytes = 4096;      // initial read for the next request's head
 // The kernel caps this at net.core.somaxconn; ask for plenty so bursts of thousands of connects
 // (the orchestrator keeps thousands of requests in flight) are queued rather than refused.
 constexpr int kListenBacklog = 65535;
@@ -232,17 +232,17 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Impl> self, std::sha
       if (ec) {
         if (ec == bhttp::error::body_limit) {
           ++stats.requests;
-          co_await reject(*conn, Response::error(413, fmt::format("request body exceeds the limit of {} bytes",
-                                                                  options.max_body_bytes),
-                                                 "request_too_large"));
+          co_await reject(
+              *conn,
+              Response::error(413, fmt::format("request body exceeds the limit of {} bytes", options.max_body_bytes),
+                              "request_too_large"));
         } else if (ec == bhttp::error::header_limit) {
           ++stats.requests;
           co_await reject(*conn, Response::error(431, "request header fields too large"));
         } else if (ec == beast::error::timeout) {
           ++stats.timeouts;
-        } else if (ec != bhttp::error::end_of_stream && ec != asio::error::eof &&
-                   ec != asio::error::connection_reset && ec != asio::error::operation_aborted &&
-                   ec != bhttp::error::partial_message) {
+        } else if (ec != bhttp::error::end_of_stream && ec != asio::error::eof && ec != asio::error::connection_reset &&
+                   ec != asio::error::operation_aborted && ec != bhttp::error::partial_message) {
           ++stats.requests;
           co_await reject(*conn, Response::error(400, fmt::format("malformed HTTP request: {}", ec.message())));
         }
@@ -276,11 +276,12 @@ asio::awaitable<Response> Server::Impl::dispatch(Request request) {
       std::find(options.open_paths.begin(), options.open_paths.end(), request.path) == options.open_paths.end()) {
     const auto given = request.headers.find("authorization");
     if (given == request.headers.end() || !auth::bearer_matches(given->second, options.token)) {
-      Response r = Response::error(401,
-                                   given == request.headers.end()
-                                       ? fmt::format("{} needs a token: send 'Authorization: Bearer <token>'", request.path)
-                                       : fmt::format("{}: the bearer token is wrong", request.path),
-                                   "authentication_error");
+      Response r =
+          Response::error(401,
+                          given == request.headers.end()
+                              ? fmt::format("{} needs a token: send 'Authorization: Bearer <token>'", request.path)
+                              : fmt::format("{}: the bearer token is wrong", request.path),
+                          "authentication_error");
       r.headers.emplace("WWW-Authenticate", "Bearer");
       co_return r;
     }
@@ -292,9 +293,10 @@ asio::awaitable<Response> Server::Impl::dispatch(Request request) {
   const auto method = std::find_if(route->second.begin(), route->second.end(),
                                    [&](const auto& entry) { return entry.first == request.method; });
   if (method == route->second.end()) {
-    Response r = Response::error(405, fmt::format("method {} not allowed on {}",
-                                                  std::string_view(bhttp::to_string(request.method)), request.path),
-                                 "method_not_allowed");
+    Response r = Response::error(
+        405,
+        fmt::format("method {} not allowed on {}", std::string_view(bhttp::to_string(request.method)), request.path),
+        "method_not_allowed");
     r.headers.emplace("Allow", allow_header(route->second));
     co_return r;
   }
@@ -384,8 +386,7 @@ asio::awaitable<void> Server::Impl::reject(Connection& conn, Response response) 
   }
 }
 
-Server::Server(asio::io_context& io, ServerOptions options)
-    : impl_(std::make_shared<Impl>(io, std::move(options))) {}
+Server::Server(asio::io_context& io, ServerOptions options) : impl_(std::make_shared<Impl>(io, std::move(options))) {}
 
 Server::~Server() { close(); }
 
@@ -408,14 +409,15 @@ Result<std::uint16_t> Server::start() {
   beast::error_code ec;
   const auto address = asio::ip::make_address(s.options.bind, ec);
   if (ec) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("http server: bind address '{}' is not an IP address: {}", s.options.bind, ec.message()));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("http server: bind address '{}' is not an IP address: {}", s.options.bind, ec.message()));
   }
   const tcp::endpoint endpoint(address, s.options.port);
   tcp::acceptor acceptor(s.io);
   auto fail = [&](std::string_view step) {
-    return make_error(ErrorCode::kIo, fmt::format("http server: {} {}:{}: {}", step, s.options.bind,
-                                                  s.options.port, ec.message()));
+    return make_error(ErrorCode::kIo,
+                      fmt::format("http server: {} {}:{}: {}", step, s.options.bind, s.options.port, ec.message()));
   };
   acceptor.open(endpoint.protocol(), ec);
   if (ec) return fail("open");

@@ -9,15 +9,13 @@ namespace arlo::log {
 
 Result<spdlog::level::level_enum> parse_level(std::string_view level) {
   static constexpr std::pair<std::string_view, spdlog::level::level_enum> kLevels[] = {
-      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
-      {"info", spdlog::level::info},   {"warn", spdlog::level::warn},
-      {"error", spdlog::level::err},   {"off", spdlog::level::off}};
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
+      {"warn", spdlog::level::warn},   {"error", spdlog::level::err},   {"off", spdlog::level::off}};
   for (const auto& [name, value] : kLevels) {
     if (name == level) return value;
   }
   return make_error(ErrorCode::kInvalidArgument,
-                    "unknown log level '" + std::string(level) +
-                        "'; use one of trace, debug, info, warn, error, off");
+                    "unknown log level '" + std::string(level) + "'; use one of trace, debug, info, warn, error, off");
 }
 
 Status init(const Options& options) {
@@ -40,9 +38,8 @@ Status init(const Options& options) {
 }
 
 bool RateLimiter::allow(long long& suppressed) {
-  const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
+  const long long now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   long long next = next_ns_.load(std::memory_order_relaxed);
   if (now >= next && next_ns_.compare_exchange_strong(next, now + period_ns_)) {
     suppressed = suppressed_.exchange(0);

@@ -16,9 +16,9 @@
 namespace arlo::log {
 
 struct Options {
-  std::string level = "info";             // trace | debug | info | warn | error | off
-  std::optional<std::string> file;        // also append to this file when set
-  std::string name = "arlo";              // shown in every line: "[arlo]", "[worker-0]"
+  std::string level = "info";       // trace | debug | info | warn | error | off
+  std::optional<std::string> file;  // also append to this file when set
+  std::string name = "arlo";        // shown in every line: "[arlo]", "[worker-0]"
 };
 
 // Configures the default logger. Safe to call again (replaces sinks). Returns an error for an
@@ -50,16 +50,16 @@ class RateLimiter {
 #define ARLO_WARN(...) ::spdlog::warn(__VA_ARGS__)
 #define ARLO_ERROR(...) ::spdlog::error(__VA_ARGS__)
 
-#define ARLO_LOG_EVERY_(lvl, period, ...)                                                  \
-  do {                                                                                     \
-    static ::arlo::log::RateLimiter arlo_rl_(period);                                      \
-    long long arlo_suppressed_ = 0;                                                        \
-    if (arlo_rl_.allow(arlo_suppressed_)) {                                                \
-      if (arlo_suppressed_ > 0)                                                            \
+#define ARLO_LOG_EVERY_(lvl, period, ...)                                                             \
+  do {                                                                                                \
+    static ::arlo::log::RateLimiter arlo_rl_(period);                                                 \
+    long long arlo_suppressed_ = 0;                                                                   \
+    if (arlo_rl_.allow(arlo_suppressed_)) {                                                           \
+      if (arlo_suppressed_ > 0)                                                                       \
         ::spdlog::log(lvl, "{} ({} similar suppressed)", fmt::format(__VA_ARGS__), arlo_suppressed_); \
-      else                                                                                 \
-        ::spdlog::log(lvl, __VA_ARGS__);                                                   \
-    }                                                                                      \
+      else                                                                                            \
+        ::spdlog::log(lvl, __VA_ARGS__);                                                              \
+    }                                                                                                 \
   } while (0)
 #define ARLO_INFO_EVERY(period, ...) ARLO_LOG_EVERY_(::spdlog::level::info, period, __VA_ARGS__)
 #define ARLO_WARN_EVERY(period, ...) ARLO_LOG_EVERY_(::spdlog::level::warn, period, __VA_ARGS__)

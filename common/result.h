@@ -14,16 +14,16 @@
 namespace arlo {
 
 enum class ErrorCode {
-  kInvalidArgument,   // caller passed something wrong (bad config value, bad request field)
-  kParse,             // malformed input: YAML, JSON, safetensors header, wire frame
-  kNotFound,          // file, key, route, tensor name missing
-  kIo,                // filesystem or socket failure
-  kTimeout,           // a deadline expired
-  kCancelled,         // work was cancelled on purpose (shutdown, abort)
-  kMismatch,          // two sides disagree: manifest, version, checksum, schema
-  kUnavailable,       // peer down, circuit open, try again later
-  kResourceExhausted, // a size limit was hit
-  kInternal,          // a bug in arlo: the message says which invariant broke
+  kInvalidArgument,    // caller passed something wrong (bad config value, bad request field)
+  kParse,              // malformed input: YAML, JSON, safetensors header, wire frame
+  kNotFound,           // file, key, route, tensor name missing
+  kIo,                 // filesystem or socket failure
+  kTimeout,            // a deadline expired
+  kCancelled,          // work was cancelled on purpose (shutdown, abort)
+  kMismatch,           // two sides disagree: manifest, version, checksum, schema
+  kUnavailable,        // peer down, circuit open, try again later
+  kResourceExhausted,  // a size limit was hit
+  kInternal,           // a bug in arlo: the message says which invariant broke
 };
 
 std::string_view to_string(ErrorCode code);
@@ -74,9 +74,9 @@ Result<T> with_context(Result<T> r, std::string frame) {
 }  // namespace arlo
 
 // ARLO_TRY(expr): evaluates a Result/Status; on failure returns its error from the enclosing function.
-#define ARLO_TRY(expr)                                               \
-  do {                                                               \
-    auto arlo_try_result_ = (expr);                                  \
+#define ARLO_TRY(expr)                                                                  \
+  do {                                                                                  \
+    auto arlo_try_result_ = (expr);                                                     \
     if (!arlo_try_result_) return std::unexpected(std::move(arlo_try_result_).error()); \
   } while (0)
 
@@ -84,7 +84,7 @@ Result<T> with_context(Result<T> r, std::string frame) {
 #define ARLO_CONCAT_INNER_(a, b) a##b
 #define ARLO_CONCAT_(a, b) ARLO_CONCAT_INNER_(a, b)
 #define ARLO_ASSIGN_OR_RETURN(lhs, expr) ARLO_ASSIGN_OR_RETURN_IMPL_(ARLO_CONCAT_(arlo_r_, __LINE__), lhs, expr)
-#define ARLO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr)                      \
-  auto tmp = (expr);                                                     \
-  if (!tmp) return std::unexpected(std::move(tmp).error());              \
+#define ARLO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr)         \
+  auto tmp = (expr);                                        \
+  if (!tmp) return std::unexpected(std::move(tmp).error()); \
   lhs = std::move(*tmp)

@@ -19,9 +19,9 @@
 namespace arlo::safetensors {
 namespace {
 
-constexpr std::array<DType, 12> kAllDTypes = {DType::F64, DType::F32,     DType::F16,     DType::BF16,
+constexpr std::array<DType, 12> kAllDTypes = {DType::F64,     DType::F32,     DType::F16, DType::BF16,
                                               DType::F8_E4M3, DType::F8_E5M2, DType::I64, DType::I32,
-                                              DType::I16, DType::I8,      DType::U8,      DType::BOOL};
+                                              DType::I16,     DType::I8,      DType::U8,  DType::BOOL};
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -100,11 +100,21 @@ void append_json_string(std::string& out, std::string_view s) {
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (u < 0x20) {
           out += "\\u00";
@@ -160,8 +170,7 @@ class HeaderSax {
   }
   bool number_float(json::number_float_t, const std::string& text) {
     if (depth_ == 3) {
-      return fail(field_context() + " holds " + printable(text) +
-                  ", which is not an integer in the range [0, 2^63)");
+      return fail(field_context() + " holds " + printable(text) + ", which is not an integer in the range [0, 2^63)");
     }
     return scalar("a number");
   }
@@ -215,11 +224,15 @@ class HeaderSax {
       return true;
     }
     unsigned f = 0;
-    if (k == "dtype") f = kDType;
-    else if (k == "shape") f = kShape;
-    else if (k == "data_offsets") f = kOffsets;
-    else return fail("tensor " + q_name(top_key_) + " has unknown field " + q_name(k) +
-                     " (expected dtype, shape, data_offsets)");
+    if (k == "dtype")
+      f = kDType;
+    else if (k == "shape")
+      f = kShape;
+    else if (k == "data_offsets")
+      f = kOffsets;
+    else
+      return fail("tensor " + q_name(top_key_) + " has unknown field " + q_name(k) +
+                  " (expected dtype, shape, data_offsets)");
     if (tensors.back().seen & f) return fail("tensor " + q_name(top_key_) + " repeats field " + q_name(k));
     tensors.back().seen |= f;
     field_ = f;
@@ -266,7 +279,8 @@ class HeaderSax {
   // A value of the wrong kind at the current position.
   bool scalar(const char* what) {
     switch (depth_) {
-      case 0: return fail(std::string("header must be a JSON object, found ") + what);
+      case 0:
+        return fail(std::string("header must be a JSON object, found ") + what);
       case 1:
         if (top_key_ == "__metadata__") return fail(std::string("__metadata__ must be an object, found ") + what);
         return fail("entry " + q_name(top_key_) + " must be an object, found " + what);
@@ -274,9 +288,9 @@ class HeaderSax {
         if (in_metadata_) {
           return fail("__metadata__ value for " + q_name(pending_key_) + " must be a string, found " + what);
         }
-        return fail(field_context() + " must be " + (field_ == kDType ? "a string" : "an array") + ", found " +
-                    what);
-      default: return fail(field_context() + " must hold non-negative integers, found " + what);
+        return fail(field_context() + " must be " + (field_ == kDType ? "a string" : "an array") + ", found " + what);
+      default:
+        return fail(field_context() + " must hold non-negative integers, found " + what);
     }
   }
   std::string field_context() const {
@@ -338,9 +352,12 @@ Status validate_decls(const std::vector<TensorDecl>& tensors, const std::map<std
                       const Limits& limits) {
   std::set<std::string_view> names;
   for (const auto& t : tensors) {
-    if (t.name == "__metadata__") return make_error(ErrorCode::kInvalidArgument, "tensor name \"__metadata__\" is reserved");
-    if (!valid_utf8(t.name)) return make_error(ErrorCode::kInvalidArgument, "tensor name " + q_name(t.name) + " is not valid UTF-8");
-    if (!names.insert(t.name).second) return make_error(ErrorCode::kInvalidArgument, "duplicate tensor name " + q_name(t.name));
+    if (t.name == "__metadata__")
+      return make_error(ErrorCode::kInvalidArgument, "tensor name \"__metadata__\" is reserved");
+    if (!valid_utf8(t.name))
+      return make_error(ErrorCode::kInvalidArgument, "tensor name " + q_name(t.name) + " is not valid UTF-8");
+    if (!names.insert(t.name).second)
+      return make_error(ErrorCode::kInvalidArgument, "duplicate tensor name " + q_name(t.name));
     if (t.shape.size() > limits.max_rank) {
       return make_error(ErrorCode::kInvalidArgument, "tensor " + q_name(t.name) + " has rank " +
                                                          std::to_string(t.shape.size()) + " above the limit " +
@@ -380,35 +397,51 @@ Status validate_decls(const std::vector<TensorDecl>& tensors, const std::map<std
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::F64:
-    case DType::I64: return 8;
+    case DType::I64:
+      return 8;
     case DType::F32:
-    case DType::I32: return 4;
+    case DType::I32:
+      return 4;
     case DType::F16:
     case DType::BF16:
-    case DType::I16: return 2;
+    case DType::I16:
+      return 2;
     case DType::F8_E4M3:
     case DType::F8_E5M2:
     case DType::I8:
     case DType::U8:
-    case DType::BOOL: return 1;
+    case DType::BOOL:
+      return 1;
   }
   return 1;
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F64: return "F64";
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::F8_E4M3: return "F8_E4M3";
-    case DType::F8_E5M2: return "F8_E5M2";
-    case DType::I64: return "I64";
-    case DType::I32: return "I32";
-    case DType::I16: return "I16";
-    case DType::I8: return "I8";
-    case DType::U8: return "U8";
-    case DType::BOOL: return "BOOL";
+    case DType::F64:
+      return "F64";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::F8_E4M3:
+      return "F8_E4M3";
+    case DType::F8_E5M2:
+      return "F8_E5M2";
+    case DType::I64:
+      return "I64";
+    case DType::I32:
+      return "I32";
+    case DType::I16:
+      return "I16";
+    case DType::I8:
+      return "I8";
+    case DType::U8:
+      return "U8";
+    case DType::BOOL:
+      return "BOOL";
   }
   return "?";
 }
@@ -562,14 +595,14 @@ Result<Layout> parse_file_bytes(std::span<const std::byte> file_bytes, std::stri
   const std::string where = "safetensors file " + std::string(source);
   const std::uint64_t size = file_bytes.size();
   if (size < 8) {
-    return make_error(ErrorCode::kParse, where + ": " + std::to_string(size) +
-                                             " bytes is too short for the 8-byte header length");
+    return make_error(ErrorCode::kParse,
+                      where + ": " + std::to_string(size) + " bytes is too short for the 8-byte header length");
   }
   const std::uint64_t n = read_le64(file_bytes.data());
   if (n > limits.max_header_bytes) {
-    return make_error(ErrorCode::kResourceExhausted,
-                      where + ": header length " + std::to_string(n) + " exceeds the limit of " +
-                          std::to_string(limits.max_header_bytes) + " bytes");
+    return make_error(ErrorCode::kResourceExhausted, where + ": header length " + std::to_string(n) +
+                                                         " exceeds the limit of " +
+                                                         std::to_string(limits.max_header_bytes) + " bytes");
   }
   if (n > size - 8) {
     return make_error(ErrorCode::kParse, where + ": header length " + std::to_string(n) +
@@ -591,7 +624,8 @@ Result<File> File::open(const std::filesystem::path& path, const Limits& limits)
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    return make_error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo, "opening " + where + ": " + errno_text(err));
+    return make_error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                      "opening " + where + ": " + errno_text(err));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -606,8 +640,8 @@ Result<File> File::open(const std::filesystem::path& path, const Limits& limits)
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    return make_error(ErrorCode::kParse, where + ": " + std::to_string(size) +
-                                             " bytes is too short for the 8-byte header length");
+    return make_error(ErrorCode::kParse,
+                      where + ": " + std::to_string(size) + " bytes is too short for the 8-byte header length");
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   const int map_err = errno;
@@ -778,10 +812,10 @@ Status Writer::write(std::span<const std::byte> bytes) {
   Impl& w = *impl_;
   if (w.failed) return make_error(ErrorCode::kIo, "writing " + w.where() + ": an earlier write failed");
   if (bytes.size() > w.total - w.written) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "writing " + w.where() + ": " + std::to_string(bytes.size()) + " bytes would exceed the " +
-                          std::to_string(w.total) + "-byte data section (" + std::to_string(w.written) +
-                          " already written)");
+    return make_error(ErrorCode::kInvalidArgument, "writing " + w.where() + ": " + std::to_string(bytes.size()) +
+                                                       " bytes would exceed the " + std::to_string(w.total) +
+                                                       "-byte data section (" + std::to_string(w.written) +
+                                                       " already written)");
   }
   if (w.buffer.size() + bytes.size() <= Impl::kBufferBytes) {
     const auto* p = reinterpret_cast<const char*>(bytes.data());
@@ -806,16 +840,16 @@ Status Writer::write_tensor(std::string_view name, std::span<const std::byte> by
     return make_error(ErrorCode::kNotFound, "writing " + w.where() + ": tensor " + q_name(name) + " was not declared");
   }
   if (it->offset != w.written) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "writing " + w.where() + ": tensor " + q_name(name) + " starts at data byte " +
-                          std::to_string(it->offset) + " but the writer is at byte " + std::to_string(w.written) +
-                          " (write tensors in declaration order)");
+    return make_error(ErrorCode::kInvalidArgument, "writing " + w.where() + ": tensor " + q_name(name) +
+                                                       " starts at data byte " + std::to_string(it->offset) +
+                                                       " but the writer is at byte " + std::to_string(w.written) +
+                                                       " (write tensors in declaration order)");
   }
   if (bytes.size() != it->nbytes) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "writing " + w.where() + ": tensor " + q_name(name) + " (" + std::string(dtype_name(it->dtype)) +
-                          " " + shape_text(it->shape) + ") needs " + std::to_string(it->nbytes) + " bytes, got " +
-                          std::to_string(bytes.size()));
+    return make_error(ErrorCode::kInvalidArgument, "writing " + w.where() + ": tensor " + q_name(name) + " (" +
+                                                       std::string(dtype_name(it->dtype)) + " " +
+                                                       shape_text(it->shape) + ") needs " + std::to_string(it->nbytes) +
+                                                       " bytes, got " + std::to_string(bytes.size()));
   }
   return write(bytes);
 }

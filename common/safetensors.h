@@ -29,7 +29,7 @@ namespace arlo::safetensors {
 enum class DType { F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32, I16, I8, U8, BOOL };
 
 std::size_t dtype_size(DType dtype);
-std::string_view dtype_name(DType dtype);                // "F32", "BF16", "F8_E4M3", ...
+std::string_view dtype_name(DType dtype);  // "F32", "BF16", "F8_E4M3", ...
 Result<DType> parse_dtype(std::string_view name);
 
 struct TensorInfo {
@@ -103,8 +103,8 @@ class File {
   const std::byte* map_ = nullptr;
   std::size_t map_size_ = 0;
   std::uint64_t data_start_ = 0;
-  bool mapped_ = false;            // map_ came from mmap (else it points into owned_)
-  std::vector<std::byte> owned_;   // from_bytes: the image itself
+  bool mapped_ = false;           // map_ came from mmap (else it points into owned_)
+  std::vector<std::byte> owned_;  // from_bytes: the image itself
 };
 
 // What a writer declares up front.

@@ -58,11 +58,11 @@ struct ChatMessage {
 // inference server tokenizes the prompt; `answer_tokens` is needed only for the supervised warm-up
 // (ce_weights). Reward modules and plugins see it as JSON without the token ids (rollout::to_json).
 struct Task {
-  std::string id;                       // unique within its environment
-  std::string env;                      // environment name ("arithmetic", "gsm8k", ...)
-  std::optional<std::string> prompt;    // completions-style prompt
-  std::vector<ChatMessage> messages;    // chat-style prompt (used when `prompt` is empty)
-  std::string answer;                   // reference answer for reward modules ("" when none)
+  std::string id;                                  // unique within its environment
+  std::string env;                                 // environment name ("arithmetic", "gsm8k", ...)
+  std::optional<std::string> prompt;               // completions-style prompt
+  std::vector<ChatMessage> messages;               // chat-style prompt (used when `prompt` is empty)
+  std::string answer;                              // reference answer for reward modules ("" when none)
   nlohmann::json info = nlohmann::json::object();  // free-form, passed to reward modules untouched
   std::vector<std::int32_t> prompt_tokens{};       // the prompt as token ids (empty: not tokenized)
   std::vector<std::int32_t> answer_tokens{};       // the answer as token ids (empty: not tokenized)
@@ -77,15 +77,15 @@ struct Task {
 // section through the orchestrator and the OpenAI client to the reference engine. Servers that do
 // not know a field ignore it (only arlo-worker reads ignore_eos).
 struct SamplingParams {
-  double temperature = 1.0;            // >= 0; 0 = greedy
-  double top_p = 1.0;                  // in (0, 1]
-  std::int64_t max_tokens = 64;        // >= 1; generation also stops at the model's context
+  double temperature = 1.0;             // >= 0; 0 = greedy
+  double top_p = 1.0;                   // in (0, 1]
+  std::int64_t max_tokens = 64;         // >= 1; generation also stops at the model's context
   std::optional<std::uint64_t> seed{};  // the request's random stream; absent: the server picks one
-  std::vector<std::string> stop{};     // generation stops when the text contains one (text cut before it)
-  int n = 1;                           // samples per request
-  bool logprobs = true;                // report each generated token's logprob
-  int top_logprobs = 0;                // also the k most likely tokens at each step (0..20)
-  bool ignore_eos = false;             // keep generating past the end-of-sequence token
+  std::vector<std::string> stop{};      // generation stops when the text contains one (text cut before it)
+  int n = 1;                            // samples per request
+  bool logprobs = true;                 // report each generated token's logprob
+  int top_logprobs = 0;                 // also the k most likely tokens at each step (0..20)
+  bool ignore_eos = false;              // keep generating past the end-of-sequence token
 };
 
 // Deadlines are time points on the monotonic clock everywhere (never a Duration named `deadline`).

@@ -80,7 +80,8 @@ Result<std::optional<CheckpointState>> read_checkpoint(const fs::path& path) {
     s.ledger = j.at("ledger");
     return std::optional<CheckpointState>(std::move(s));
   } catch (const nlohmann::json::exception& e) {
-    return make_error(ErrorCode::kParse, fmt::format("checkpoint {}: {} (delete it to start over)", path.string(), e.what()));
+    return make_error(ErrorCode::kParse,
+                      fmt::format("checkpoint {}: {} (delete it to start over)", path.string(), e.what()));
   }
 }
 
@@ -156,15 +157,19 @@ Awaitable<Status> JournalingTrainer::send(TrainBatch batch) {
   const auto step = batch.step;
   crash_point("orchestrator.before_checkpoint", step);
   if (auto st = write_journal_batch(journal_dir(run_dir_), batch); !st)
-    co_return std::unexpected(Error(st.error()).with_context(fmt::format(
-        "checkpoint: journaling the batch of step {} (the run stops here; `arlo run --resume` continues from "
-        "the last good checkpoint once the disk has room)",
-        step)));
+    co_return std::unexpected(
+        Error(st.error())
+            .with_context(fmt::format(
+                "checkpoint: journaling the batch of step {} (the run stops here; `arlo run --resume` continues from "
+                "the last good checkpoint once the disk has room)",
+                step)));
   if (auto st = write_checkpoint(checkpoint_path(run_dir_), state_(step)); !st)
-    co_return std::unexpected(Error(st.error()).with_context(fmt::format(
-        "checkpoint: writing the checkpoint of step {} (the run stops here; `arlo run --resume` continues from "
-        "the last good checkpoint once the disk has room)",
-        step)));
+    co_return std::unexpected(
+        Error(st.error())
+            .with_context(fmt::format(
+                "checkpoint: writing the checkpoint of step {} (the run stops here; `arlo run --resume` continues from "
+                "the last good checkpoint once the disk has room)",
+                step)));
   crash_point("orchestrator.after_checkpoint", step);
   co_return co_await inner_.send(std::move(batch));
 }

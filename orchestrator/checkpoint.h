@@ -31,12 +31,12 @@
 namespace arlo::orch {
 
 struct CheckpointState {
-  std::int64_t step = 0;          // batches for steps 1..step were cut (and journaled)
-  Version version = kNoVersion;   // the version workers served when it was written
-  nlohmann::json task_cursor;     // TaskSource::cursor()
+  std::int64_t step = 0;            // batches for steps 1..step were cut (and journaled)
+  Version version = kNoVersion;     // the version workers served when it was written
+  nlohmann::json task_cursor;       // TaskSource::cursor()
   std::vector<Task> pending_tasks;  // dispatched but not yet batched: re-dispatched first on resume
-  std::string rng;                // dispatcher RNG state
-  nlohmann::json ledger;          // Ledger::to_json()
+  std::string rng;                  // dispatcher RNG state
+  nlohmann::json ledger;            // Ledger::to_json()
 };
 
 inline constexpr int kCheckpointFormat = 1;
@@ -64,7 +64,8 @@ Result<TrainBatch> train_batch_from_json(const nlohmann::json& j);
 // A failed write fails the send (and so the run) before the trainer can see the batch.
 class JournalingTrainer final : public TrainerPort {
  public:
-  JournalingTrainer(TrainerPort& inner, std::filesystem::path run_dir, std::function<CheckpointState(std::int64_t)> state)
+  JournalingTrainer(TrainerPort& inner, std::filesystem::path run_dir,
+                    std::function<CheckpointState(std::int64_t)> state)
       : inner_(inner), run_dir_(std::move(run_dir)), state_(std::move(state)) {}
   Awaitable<Status> send(TrainBatch batch) override;
   void on_version(std::function<void(VersionNotice)> callback) override { inner_.on_version(std::move(callback)); }

@@ -22,8 +22,9 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.sft_warmup_steps = static_cast<int>(cfg.integer("orchestrator.sft_warmup_steps"));
   o.max_steps = cfg.integer("run.max_steps");
   // queue_capacity counts rollouts; the sink queues whole groups.
-  o.max_queued_groups = std::max<int>(o.batch_size / std::max(1, o.group_size),
-                                      static_cast<int>(cfg.integer("orchestrator.queue_capacity") / std::max(1, o.group_size)));
+  o.max_queued_groups =
+      std::max<int>(o.batch_size / std::max(1, o.group_size),
+                    static_cast<int>(cfg.integer("orchestrator.queue_capacity") / std::max(1, o.group_size)));
   o.filter_equal_reward_groups = cfg.boolean("orchestrator.filter_equal_reward_groups");
   o.max_filtered_groups_per_step = static_cast<int>(cfg.integer("orchestrator.max_filtered_groups_per_step"));
   if (auto mode = parse_pause_mode(cfg.string("orchestrator.weight_update_mode"))) o.update_mode = *mode;
@@ -51,7 +52,8 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.eval_at_end = interval > 0;
   o.eval_samples = static_cast<int>(cfg.integer("eval.k"));
   o.eval_pass_k.clear();
-  for (const auto& k : cfg.strings("eval.pass_k")) o.eval_pass_k.push_back(std::atoi(k.c_str()));  // checked by the schema
+  for (const auto& k : cfg.strings("eval.pass_k"))
+    o.eval_pass_k.push_back(std::atoi(k.c_str()));  // checked by the schema
   if (o.eval_pass_k.empty()) {
     o.eval_pass_k = {1};
     if (o.eval_samples > 1) o.eval_pass_k.push_back(o.eval_samples);
@@ -71,7 +73,8 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.status_linger = seconds(cfg.number("status.linger_s"));
 
   if (auto st = o.validate(); !st) {
-    return std::unexpected(Error(st.error()).with_context(fmt::format("configuration ({})", cfg.where("orchestrator.batch_size"))));
+    return std::unexpected(
+        Error(st.error()).with_context(fmt::format("configuration ({})", cfg.where("orchestrator.batch_size"))));
   }
   return o;
 }

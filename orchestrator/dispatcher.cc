@@ -36,8 +36,7 @@ void merge(Completion& into, Completion&& add, Version launch_version) {
 }  // namespace
 
 RolloutDispatcher::RolloutDispatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference,
-                                     TaskSource& tasks, Ledger& ledger, const Options& options,
-                                     DispatcherHooks hooks)
+                                     TaskSource& tasks, Ledger& ledger, const Options& options, DispatcherHooks hooks)
     : ex_(ex),
       clock_(clock),
       inference_(inference),
@@ -204,7 +203,8 @@ Awaitable<void> RolloutDispatcher::run_request(std::uint64_t group_id, std::uint
                                                std::shared_ptr<asio::cancellation_signal> cancel) {
   const auto deadline = request.deadline + kDeadlineGrace;
   auto op = inference_.generate(std::move(request));
-  auto result = co_await with_deadline<GenerateResult>(ex_, clock_, deadline, std::move(op), "generate", std::move(cancel));
+  auto result =
+      co_await with_deadline<GenerateResult>(ex_, clock_, deadline, std::move(op), "generate", std::move(cancel));
   on_result(group_id, request_id, samples, launch_version, std::move(result));
 }
 
@@ -216,9 +216,9 @@ void RolloutDispatcher::on_result(std::uint64_t group_id, std::uint64_t request_
     auto& rec = it->second;
     rec.requests.erase(request_id);
     if (result && result->completions.size() != samples.size()) {
-      result = make_error(ErrorCode::kMismatch, fmt::format("worker {} returned {} completions for n={}",
-                                                            result->worker, result->completions.size(),
-                                                            samples.size()));
+      result =
+          make_error(ErrorCode::kMismatch, fmt::format("worker {} returned {} completions for n={}", result->worker,
+                                                       result->completions.size(), samples.size()));
     }
     if (!result) {
       ARLO_WARN_EVERY(5.0, "dispatcher: group {} request failed: {}", group_id, result.error().what());
@@ -281,10 +281,17 @@ void RolloutDispatcher::end_sample(Record& rec, int sample, SampleState state, c
   --rec.open;
   --inflight_samples_;
   switch (state) {
-    case SampleState::kCompleted: ledger_.completed(); break;
-    case SampleState::kFailed: ledger_.failed(reason); break;
-    case SampleState::kCancelled: ledger_.cancelled(reason); break;
-    default: break;
+    case SampleState::kCompleted:
+      ledger_.completed();
+      break;
+    case SampleState::kFailed:
+      ledger_.failed(reason);
+      break;
+    case SampleState::kCancelled:
+      ledger_.cancelled(reason);
+      break;
+    default:
+      break;
   }
 }
 

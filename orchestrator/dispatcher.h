@@ -42,16 +42,16 @@ struct DispatcherHooks {
 
 class RolloutDispatcher {
  public:
-  RolloutDispatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference, TaskSource& tasks,
-                    Ledger& ledger, const Options& options, DispatcherHooks hooks);
+  RolloutDispatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference, TaskSource& tasks, Ledger& ledger,
+                    const Options& options, DispatcherHooks hooks);
 
   // Dispatches everything allowed now: continuations, then eval groups, then train groups.
   void pump();
 
-  void on_version(Version v);            // the version all workers now serve
-  void on_step_cut(std::int64_t step);   // the batch for `step` has been cut
-  void hold(bool on);                    // weight update in progress: dispatch nothing new
-  void start_draining();                 // max_steps reached: no new train groups
+  void on_version(Version v);           // the version all workers now serve
+  void on_step_cut(std::int64_t step);  // the batch for `step` has been cut
+  void hold(bool on);                   // weight update in progress: dispatch nothing new
+  void start_draining();                // max_steps reached: no new train groups
   // Ends every unfinished rollout of the matching groups as cancelled(reason) and cancels their
   // requests. Late results are ignored.
   void cancel_train(const std::string& reason);

@@ -15,9 +15,8 @@ double pass_at_k(int n, int c, int k) {
   return 1.0 - ratio;
 }
 
-EvalSink::EvalSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, Ledger& ledger,
-                   const Options& options, std::vector<Task> eval_tasks, Enqueue enqueue,
-                   std::function<void(const EvalReport&)> on_report)
+EvalSink::EvalSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, Ledger& ledger, const Options& options,
+                   std::vector<Task> eval_tasks, Enqueue enqueue, std::function<void(const EvalReport&)> on_report)
     : ex_(ex),
       clock_(clock),
       scorer_(scorer),
@@ -103,8 +102,7 @@ void EvalSink::finish() {
       ++reward_sum[r.env].second;
       if (x >= opt_.eval_correct_threshold) ++correct;
     }
-    for (int k : opt_.eval_pass_k)
-      pass_sum[r.env][k] += pass_at_k(static_cast<int>(r.rewards.size()), correct, k);
+    for (int k : opt_.eval_pass_k) pass_sum[r.env][k] += pass_at_k(static_cast<int>(r.rewards.size()), correct, k);
   }
   for (auto& [env, e] : report.envs) {
     const auto& [sum, count] = reward_sum[env];

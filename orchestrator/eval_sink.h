@@ -25,15 +25,15 @@
 namespace arlo::orch {
 
 struct EnvEval {
-  int tasks = 0;              // tasks scored
-  int failed_groups = 0;      // tasks left out (generation or scoring failed)
-  double avg = 0.0;           // mean reward over all samples (avg@n)
+  int tasks = 0;                  // tasks scored
+  int failed_groups = 0;          // tasks left out (generation or scoring failed)
+  double avg = 0.0;               // mean reward over all samples (avg@n)
   std::map<int, double> pass_at;  // k -> pass@k
 };
 
 struct EvalReport {
   std::uint64_t eval_id = 0;
-  std::int64_t step = 0;      // the policy version evaluated
+  std::int64_t step = 0;  // the policy version evaluated
   int samples_per_task = 0;
   std::map<std::string, EnvEval> envs;
   double seconds = 0.0;

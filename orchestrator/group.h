@@ -15,8 +15,8 @@ struct Group {
   std::uint64_t id = 0;
   RolloutKind kind = RolloutKind::kTrain;
   std::shared_ptr<const Task> task;
-  std::int64_t target_step = 0;       // train: the step this group was dispatched to serve
-  std::uint64_t eval_id = 0;          // eval: which eval run it belongs to
+  std::int64_t target_step = 0;  // train: the step this group was dispatched to serve
+  std::uint64_t eval_id = 0;     // eval: which eval run it belongs to
   Version dispatch_version = kNoVersion;
   TimePoint dispatched_at{};
   TimePoint finished_at{};

@@ -43,7 +43,7 @@ struct ChildSpec {
 struct ChildExit {
   std::string name;
   pid_t pid = 0;
-  int status = 0;  // as from waitpid
+  int status = 0;                // as from waitpid
   std::string describe() const;  // "worker-0 exited with code 1" / "... killed by signal 9"
 };
 

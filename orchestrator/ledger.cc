@@ -25,9 +25,18 @@ void Ledger::end_flight(std::uint64_t n) {
   in_flight_ -= n;
 }
 
-void Ledger::completed(std::uint64_t n) { end_flight(n); completed_ += n; }
-void Ledger::failed(const std::string& reason, std::uint64_t n) { end_flight(n); failed_[reason] += n; }
-void Ledger::cancelled(const std::string& reason, std::uint64_t n) { end_flight(n); cancelled_[reason] += n; }
+void Ledger::completed(std::uint64_t n) {
+  end_flight(n);
+  completed_ += n;
+}
+void Ledger::failed(const std::string& reason, std::uint64_t n) {
+  end_flight(n);
+  failed_[reason] += n;
+}
+void Ledger::cancelled(const std::string& reason, std::uint64_t n) {
+  end_flight(n);
+  cancelled_[reason] += n;
+}
 
 void Ledger::dispose(const std::string& disposition, std::uint64_t n) {
   if (disposed_total() + n > completed_) {

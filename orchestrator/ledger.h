@@ -1,8 +1,8 @@
 #pragma once
-// Exactly-once accounting of rollouts (docs/architecture.md, "Exactly-once accounting"). A rollout is one sample: dispatching
-// a group of n dispatches n rollouts. Each ends exactly once as completed, failed (reason) or
-// cancelled (reason); each completed one is then disposed of exactly once (trained, filtered,
-// stale, ...), or is still held by a sink. Invariants, checked by check():
+// Exactly-once accounting of rollouts (docs/architecture.md, "Exactly-once accounting"). A rollout is one sample:
+// dispatching a group of n dispatches n rollouts. Each ends exactly once as completed, failed (reason) or cancelled
+// (reason); each completed one is then disposed of exactly once (trained, filtered, stale, ...), or is still held by a
+// sink. Invariants, checked by check():
 //   dispatched == completed + failed + cancelled + in_flight
 //   completed  == sum(dispositions) + held
 // Owned by the Orchestrator; used only on the io_context thread.
@@ -18,7 +18,10 @@ namespace arlo::orch {
 
 class Ledger {
  public:
-  void dispatched(std::uint64_t n = 1) { dispatched_ += n; in_flight_ += n; }
+  void dispatched(std::uint64_t n = 1) {
+    dispatched_ += n;
+    in_flight_ += n;
+  }
   void completed(std::uint64_t n = 1);
   void failed(const std::string& reason, std::uint64_t n = 1);
   void cancelled(const std::string& reason, std::uint64_t n = 1);

@@ -28,10 +28,12 @@ Status Options::validate() const {
   if (max_off_policy_steps < 0) return bad("orchestrator.max_off_policy_steps: must be >= 0");
   if (max_steps < 1) return bad("run.max_steps: must be >= 1");
   if (sft_warmup_steps < 0 || sft_warmup_steps >= max_steps)
-    return bad(fmt::format("orchestrator.sft_warmup_steps: must be in [0, run.max_steps={}), got {}", max_steps, sft_warmup_steps));
+    return bad(fmt::format("orchestrator.sft_warmup_steps: must be in [0, run.max_steps={}), got {}", max_steps,
+                           sft_warmup_steps));
   if (max_queued_groups != 0 && max_queued_groups < groups_per_step())
-    return bad(fmt::format("orchestrator.queue_capacity: must hold at least one batch ({} groups of group_size), got {} groups",
-                           groups_per_step(), max_queued_groups));
+    return bad(fmt::format(
+        "orchestrator.queue_capacity: must hold at least one batch ({} groups of group_size), got {} groups",
+        groups_per_step(), max_queued_groups));
   if (max_filtered_groups_per_step < 0) return bad("orchestrator.max_filtered_groups_per_step: must be >= 0");
   if (eval_samples < 1) return bad("eval.k: must be >= 1");
   for (int k : eval_pass_k)

@@ -65,7 +65,8 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
   dh.on_eval_group_lost = [this](GroupPtr g) { eval_sink_->lost(std::move(g)); };
   dh.backlog_groups = [this] { return train_sink_->backlog_groups(); };
   dh.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
-  dispatcher_ = std::make_unique<RolloutDispatcher>(ex, clock, *ports_.inference, *ports_.tasks, ledger_, opt_, std::move(dh));
+  dispatcher_ =
+      std::make_unique<RolloutDispatcher>(ex, clock, *ports_.inference, *ports_.tasks, ledger_, opt_, std::move(dh));
 
   // Checkpointing on: every batch is journaled, with the checkpoint of its cut, before it leaves
   // (orchestrator/checkpoint.h, docs/checkpoints.md).
@@ -132,9 +133,11 @@ Status Orchestrator::start() {
     add_status_routes();
     auto port = status_->start();
     if (!port)
-      return std::unexpected(Error(port.error()).with_context(fmt::format(
-          "starting the status server on status.bind {} status.port {} (status.port 0 takes any free port)",
-          opt_.status_bind, opt_.status_port)));
+      return std::unexpected(
+          Error(port.error())
+              .with_context(fmt::format(
+                  "starting the status server on status.bind {} status.port {} (status.port 0 takes any free port)",
+                  opt_.status_bind, opt_.status_port)));
     ARLO_INFO("status: http://{}:{}/ (live run page; /metrics for Prometheus)", opt_.status_bind, *port);
   }
 
@@ -159,11 +162,11 @@ Status Orchestrator::start() {
   spawn(io_.get_executor(), logger_->run());
   lag_->start();
   spawn(io_.get_executor(), main_loop(start_step));
-  ARLO_INFO("orchestrator: steps {}..{} (warm-up {}), batch {} = {} groups x {}, max in flight {}, async level {}, "
-            "off-policy bound {}, update mode {}",
-            start_step + 1, opt_.max_steps, opt_.sft_warmup_steps, opt_.batch_size, opt_.groups_per_step(),
-            opt_.group_size, opt_.max_inflight, opt_.max_async_level, opt_.max_off_policy_steps,
-            to_string(opt_.update_mode));
+  ARLO_INFO(
+      "orchestrator: steps {}..{} (warm-up {}), batch {} = {} groups x {}, max in flight {}, async level {}, "
+      "off-policy bound {}, update mode {}",
+      start_step + 1, opt_.max_steps, opt_.sft_warmup_steps, opt_.batch_size, opt_.groups_per_step(), opt_.group_size,
+      opt_.max_inflight, opt_.max_async_level, opt_.max_off_policy_steps, to_string(opt_.update_mode));
   // The policy RL starts from may already be on the workers.
   if (opt_.eval_at_start && !opt_.resume && dispatcher_->version() >= opt_.sft_warmup_steps) {
     start_eval_done_ = true;
@@ -196,7 +199,8 @@ void Orchestrator::add_status_routes() {
     char* end = nullptr;
     const auto n = std::strtoull(since.c_str(), &end, 10);
     if (since.empty() || *end != '\0' || since[0] == '-')
-      co_return http::Response::json(400, {{"error", "since: expected a record index (a non-negative integer), got '" + since + "'"}});
+      co_return http::Response::json(
+          400, {{"error", "since: expected a record index (a non-negative integer), got '" + since + "'"}});
     co_return http::Response::text(200, records_.since(n), "application/json");
   });
 }
@@ -261,7 +265,8 @@ Awaitable<void> Orchestrator::read_worker_weights() {
       auto query = ports_.inference->weights(worker, deadline);
       auto w = co_await with_deadline<WorkerWeights>(io_.get_executor(), *ports_.clock, deadline, std::move(query),
                                                      "reading a worker's weights");
-      read = w ? nlohmann::json{{"version", w->version}, {"checksum", w->checksum}} : nlohmann::json{{"error", w.error().what()}};
+      read = w ? nlohmann::json{{"version", w->version}, {"checksum", w->checksum}}
+               : nlohmann::json{{"error", w.error().what()}};
       if ((w && w->version >= watcher_->synced()) || ports_.clock->now() >= until) break;
       co_await sleep_until(io_.get_executor(), *ports_.clock, ports_.clock->now() + std::chrono::milliseconds(200));
     }
@@ -298,12 +303,13 @@ Awaitable<void> Orchestrator::watch_trainer() {
       if (silent >= alarm * (warnings + 1)) {
         ++warnings;
         ++trainer_silence_alarms_;
-        ARLO_WARN("orchestrator: the trainer has not been heard from for {:.0f} s (its host unreachable, or it is "
-                  "stopped); {}",
-                  seconds(silent),
-                  timeout > Duration::zero()
-                      ? fmt::format("the run stops after trainer.silence_timeout_s ({:g} s)", seconds(timeout))
-                      : std::string("waiting for it (trainer.silence_timeout_s: 0)"));
+        ARLO_WARN(
+            "orchestrator: the trainer has not been heard from for {:.0f} s (its host unreachable, or it is "
+            "stopped); {}",
+            seconds(silent),
+            timeout > Duration::zero()
+                ? fmt::format("the run stops after trainer.silence_timeout_s ({:g} s)", seconds(timeout))
+                : std::string("waiting for it (trainer.silence_timeout_s: 0)"));
       }
       wake = std::min(wake, trainer_heard_at_ + alarm * (warnings + 1));
     }
@@ -317,7 +323,8 @@ void Orchestrator::request_stop(const std::string& reason) {
   stop_requested_ = true;
   // Checkpoint now, while the unbatched tasks are still known, so a resume loses no data position.
   if (opt_.ckpt_interval > 0 && train_sink_->steps_cut() > 0) {
-    if (auto st = save_checkpoint(train_sink_->steps_cut()); !st) ARLO_ERROR("checkpoint on stop: {}", st.error().what());
+    if (auto st = save_checkpoint(train_sink_->steps_cut()); !st)
+      ARLO_ERROR("checkpoint on stop: {}", st.error().what());
   }
   train_sink_->stop();
   eval_sink_->stop();
@@ -389,17 +396,18 @@ void Orchestrator::print_step_line(const StepReport& r, double step_s, double to
   const auto cancels = ledger_.cancelled_total() - cancelled_at_last_line_;
   failed_at_last_line_ = ledger_.failed_total();
   cancelled_at_last_line_ = ledger_.cancelled_total();
-  const auto prefix = tty_ ? progress_prefix(r.step, opt_.max_steps, pacer_.eta_seconds(r.step, opt_.max_steps))
-                           : std::string();
+  const auto prefix =
+      tty_ ? progress_prefix(r.step, opt_.max_steps, pacer_.eta_seconds(r.step, opt_.max_steps)) : std::string();
   if (r.supervised) {
     ARLO_INFO("{}step {}/{} | {:.2f} s/step | sft warm-up | samples {} | errors {} | cancelled {} | sync {:.0f} ms",
               prefix, r.step, opt_.max_steps, step_s, r.samples, errors, cancels, last_sync_seconds_ * 1e3);
     return;
   }
-  ARLO_INFO("{}step {}/{} | {:.2f} s/step | reward {:.3f} | trainable {} | off-policy {:.2f}/{:.0f} | errors {} | "
-            "cancelled {} | sync {:.0f} ms | {:.0f} tok/s",
-            prefix, r.step, opt_.max_steps, step_s, r.reward_mean, r.samples, r.off_policy_mean, r.off_policy_max,
-            errors, cancels, last_sync_seconds_ * 1e3, tok_s);
+  ARLO_INFO(
+      "{}step {}/{} | {:.2f} s/step | reward {:.3f} | trainable {} | off-policy {:.2f}/{:.0f} | errors {} | "
+      "cancelled {} | sync {:.0f} ms | {:.0f} tok/s",
+      prefix, r.step, opt_.max_steps, step_s, r.reward_mean, r.samples, r.off_policy_mean, r.off_policy_max, errors,
+      cancels, last_sync_seconds_ * 1e3, tok_s);
 }
 
 void Orchestrator::on_synced(const SyncReport& r) {
@@ -580,7 +588,9 @@ Awaitable<Status> Orchestrator::resend_journal() {
     } else {
       sent = co_await std::move(op);
     }
-    if (!sent) co_return std::unexpected(Error(sent.error()).with_context(fmt::format("resume: sending the journaled step {}", step)));
+    if (!sent)
+      co_return std::unexpected(
+          Error(sent.error()).with_context(fmt::format("resume: sending the journaled step {}", step)));
   }
   co_return ok();
 }
@@ -623,11 +633,12 @@ void Orchestrator::finish() {
   } else if (stop_requested_) {
     summary_.error = "stopped on request";
   }
-  ARLO_INFO("summary: {} steps in {:.1f} s | train reward first 5 {:.3f} -> last 5 {:.3f} | rollouts {} dispatched, "
-            "{} completed, {} failed, {} cancelled{}",
-            summary_.steps, summary_.seconds, summary_.reward_first5, summary_.reward_last5,
-            ledger_.dispatched_total(), ledger_.completed_total(), ledger_.failed_total(), ledger_.cancelled_total(),
-            summary_.run_dir.empty() ? std::string() : " | run dir " + summary_.run_dir);
+  ARLO_INFO(
+      "summary: {} steps in {:.1f} s | train reward first 5 {:.3f} -> last 5 {:.3f} | rollouts {} dispatched, "
+      "{} completed, {} failed, {} cancelled{}",
+      summary_.steps, summary_.seconds, summary_.reward_first5, summary_.reward_last5, ledger_.dispatched_total(),
+      ledger_.completed_total(), ledger_.failed_total(), ledger_.cancelled_total(),
+      summary_.run_dir.empty() ? std::string() : " | run dir " + summary_.run_dir);
   if (summary_.eval_first && summary_.eval_last) {
     for (const auto& [env, last] : summary_.eval_last->envs) {
       auto first = summary_.eval_first->envs.find(env);
@@ -639,7 +650,8 @@ void Orchestrator::finish() {
   }
   if (!summary_.ok) ARLO_ERROR("summary: run failed: {}", summary_.error);
   if (!opt_.run_dir.empty()) {
-    if (auto st = write_file_atomically(std::filesystem::path(opt_.run_dir) / "summary.json", summary_.to_json().dump(2) + "\n");
+    if (auto st = write_file_atomically(std::filesystem::path(opt_.run_dir) / "summary.json",
+                                        summary_.to_json().dump(2) + "\n");
         !st)
       ARLO_ERROR("writing summary: {}", st.error().what());
   }

@@ -51,11 +51,11 @@ struct Ports {
 
 struct RunSummary {
   bool ok = true;
-  std::string error;                 // why the run stopped early
-  std::int64_t steps = 0;            // last step whose batch the trainer accepted
+  std::string error;       // why the run stopped early
+  std::int64_t steps = 0;  // last step whose batch the trainer accepted
   double seconds = 0.0;
-  double reward_first5 = 0.0;        // mean train reward over the first 5 RL steps
-  double reward_last5 = 0.0;         // ... and the last 5
+  double reward_first5 = 0.0;  // mean train reward over the first 5 RL steps
+  double reward_last5 = 0.0;   // ... and the last 5
   std::optional<EvalReport> eval_first;
   std::optional<EvalReport> eval_last;
   nlohmann::json ledger;
@@ -124,7 +124,7 @@ class Orchestrator {
   Ledger ledger_;
   std::unique_ptr<RolloutDispatcher> dispatcher_;
   std::unique_ptr<JournalingTrainer> journal_;  // checkpointing on: every batch is journaled first
-  std::vector<TrainBatch> resend_;             // resume: journaled batches to send again first
+  std::vector<TrainBatch> resend_;              // resume: journaled batches to send again first
   std::unique_ptr<TrainSink> train_sink_;
   std::unique_ptr<EvalSink> eval_sink_;
   std::unique_ptr<WeightWatcher> watcher_;

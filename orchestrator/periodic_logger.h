@@ -46,11 +46,11 @@ class LagProbe {
 struct PipelineView {
   std::int64_t step = 0;
   std::int64_t max_steps = 0;
-  std::int64_t inflight = 0;        // rollouts
-  std::int64_t queued_groups = 0;   // finished, scored, not yet batched
+  std::int64_t inflight = 0;       // rollouts
+  std::int64_t queued_groups = 0;  // finished, scored, not yet batched
   std::int64_t scoring_groups = 0;
-  double tokens_per_s = 0.0;        // completion tokens per second over the last interval
-  double staleness = 0.0;           // (next step - 1) - oldest queued version
+  double tokens_per_s = 0.0;  // completion tokens per second over the last interval
+  double staleness = 0.0;     // (next step - 1) - oldest queued version
   Version version = kNoVersion;
   double last_sync_ms = 0.0;
   LagProbe::Window lag;
@@ -60,8 +60,11 @@ std::string format_pipeline_view(const PipelineView& v);
 class PeriodicLogger {
  public:
   PeriodicLogger(asio::any_io_executor ex, Clock& clock, double interval_s, std::function<void()> tick)
-      : ex_(ex), clock_(clock), interval_(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(interval_s))),
-        tick_(std::move(tick)), wake_(ex) {}
+      : ex_(ex),
+        clock_(clock),
+        interval_(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(interval_s))),
+        tick_(std::move(tick)),
+        wake_(ex) {}
   Awaitable<void> run();
   void stop();
 

@@ -25,12 +25,9 @@ std::string RecordLog::since(std::uint64_t since, std::size_t max_records) const
 }
 
 nlohmann::json WorkerState::to_json(const std::string& worker) const {
-  return {{"worker", worker},
-          {"version", version == kNoVersion ? nlohmann::json() : nlohmann::json(version)},
-          {"healthy", healthy},
-          {"last_error", last_error},
-          {"syncs", syncs},
-          {"failures", failures}};
+  return {{"worker", worker},   {"version", version == kNoVersion ? nlohmann::json() : nlohmann::json(version)},
+          {"healthy", healthy}, {"last_error", last_error},
+          {"syncs", syncs},     {"failures", failures}};
 }
 
 bool StepLinePacer::due(double now_s, std::int64_t step, std::int64_t max_steps, bool phase_changed) {

@@ -39,8 +39,8 @@ struct WorkerState {
   Version version = kNoVersion;  // the newest version this worker took
   bool healthy = true;           // its last update went through
   std::string last_error;
-  std::uint64_t syncs = 0;       // updates it took
-  std::uint64_t failures = 0;    // updates it failed
+  std::uint64_t syncs = 0;     // updates it took
+  std::uint64_t failures = 0;  // updates it failed
   nlohmann::json to_json(const std::string& worker) const;
 };
 

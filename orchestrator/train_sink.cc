@@ -24,7 +24,8 @@ std::vector<std::int32_t> per_token_versions(const Completion& c, Version fallba
   for (std::size_t i = 0; i < c.spans.size(); ++i) {
     const auto begin = static_cast<std::size_t>(std::max<std::int64_t>(0, c.spans[i].first_token));
     const auto end = i + 1 < c.spans.size() ? static_cast<std::size_t>(c.spans[i + 1].first_token) : out.size();
-    for (std::size_t t = begin; t < std::min(end, out.size()); ++t) out[t] = static_cast<std::int32_t>(c.spans[i].version);
+    for (std::size_t t = begin; t < std::min(end, out.size()); ++t)
+      out[t] = static_cast<std::int32_t>(c.spans[i].version);
   }
   return out;
 }
@@ -90,9 +91,11 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
       co_return;
     }
     // Budget spent: keep it (zero advantage, no gradient) so the step is not starved of groups.
-    ARLO_WARN_EVERY(30.0, "train sink: {} equal-reward groups dropped since the last step "
+    ARLO_WARN_EVERY(30.0,
+                    "train sink: {} equal-reward groups dropped since the last step "
                     "(orchestrator.max_filtered_groups_per_step); training on further ones with zero advantage. "
-                    "Are the tasks too easy or too hard for the policy?", filtered_groups_since_cut_);
+                    "Are the tasks too easy or too hard for the policy?",
+                    filtered_groups_since_cut_);
     std::fill(g->scores.advantages.begin(), g->scores.advantages.end(), 0.0);
   }
   ready_.push_back(std::move(g));
@@ -240,7 +243,8 @@ Awaitable<void> TrainSink::run(std::int64_t start_step) {
     std::unique_ptr<Timer> deadline;
     if (opt_.trainer_timeout > Duration::zero())
       deadline = clock_.schedule(t0 + opt_.trainer_timeout, [done]() mutable {
-        done.set(make_error(ErrorCode::kTimeout, "the trainer accepting the batch (trainer.accept_timeout_s): deadline expired"));
+        done.set(make_error(ErrorCode::kTimeout,
+                            "the trainer accepting the batch (trainer.accept_timeout_s): deadline expired"));
       });
     spawn(ex_, [done, op = trainer_.send(std::move(*batch))]() mutable -> Awaitable<void> {
       auto r = co_await std::move(op);
@@ -266,9 +270,10 @@ Awaitable<void> TrainSink::alarm_while_waiting(std::int64_t step, TimePoint sinc
     co_await sleep_until(ex_, clock_, clock_.now() + opt_.trainer_alarm);
     if (!*waiting || stopped_) break;
     ++trainer_alarms_;
-    ARLO_WARN("train sink: the trainer has not accepted the batch for step {} for {:.0f} s (it is slow, or gone silent; "
-              "the run stops after trainer.accept_timeout_s)",
-              step, seconds(clock_.now() - since));
+    ARLO_WARN(
+        "train sink: the trainer has not accepted the batch for step {} for {:.0f} s (it is slow, or gone silent; "
+        "the run stops after trainer.accept_timeout_s)",
+        step, seconds(clock_.now() - since));
   }
 }
 

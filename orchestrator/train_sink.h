@@ -31,12 +31,12 @@ namespace arlo::orch {
 struct StepReport {
   std::int64_t step = 0;
   bool supervised = false;
-  int samples = 0;                 // in the batch (train/samples/trainable)
-  int filtered_samples = 0;        // dropped by the zero-variance filter since the previous cut
-  int stale_samples = 0;           // dropped by the staleness bound at this cut
+  int samples = 0;           // in the batch (train/samples/trainable)
+  int filtered_samples = 0;  // dropped by the zero-variance filter since the previous cut
+  int stale_samples = 0;     // dropped by the staleness bound at this cut
   double reward_mean = 0.0;
   double reward_std = 0.0;
-  double off_policy_mean = 0.0;    // (s-1) - oldest token version, per sample
+  double off_policy_mean = 0.0;  // (s-1) - oldest token version, per sample
   double off_policy_max = 0.0;
   std::vector<int> off_policy_histogram;  // samples of the batch by off-policy distance 0, 1, 2, ...
   // Batch means of what the reward modules reported per sample ("<module>", "<module>/<metric>",
@@ -56,8 +56,8 @@ struct TrainSinkHooks {
 
 class TrainSink {
  public:
-  TrainSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, TrainerPort& trainer,
-            TaskSource& tasks, Ledger& ledger, const Options& options, TrainSinkHooks hooks);
+  TrainSink(asio::any_io_executor ex, Clock& clock, ScorerPort& scorer, TrainerPort& trainer, TaskSource& tasks,
+            Ledger& ledger, const Options& options, TrainSinkHooks hooks);
 
   // A complete train group (all samples completed). Scoring starts at once, off the loop.
   void add(GroupPtr group);
@@ -103,12 +103,11 @@ class TrainSink {
   std::vector<GroupPtr> in_scoring_;
   std::int64_t scoring_ = 0;
   std::int64_t steps_cut_ = 0;
-  int filtered_since_cut_ = 0;          // samples, for the step report
-  int filtered_groups_since_cut_ = 0;   // against Options::filter_budget_groups()
+  int filtered_since_cut_ = 0;         // samples, for the step report
+  int filtered_groups_since_cut_ = 0;  // against Options::filter_budget_groups()
   bool stopped_ = false;
   std::optional<Promise<Status>> sending_;  // the send in flight (abandon() completes it)
   std::uint64_t trainer_alarms_ = 0;
 };
-
 
 }  // namespace arlo::orch

@@ -70,9 +70,9 @@ struct Completion {
 };
 
 struct GenerateResult {
-  std::vector<Completion> completions;     // exactly n on success
-  std::vector<std::int32_t> prompt_tokens; // the prompt as the server tokenized it
-  std::string worker;                      // who served it
+  std::vector<Completion> completions;      // exactly n on success
+  std::vector<std::int32_t> prompt_tokens;  // the prompt as the server tokenized it
+  std::string worker;                       // who served it
 };
 
 // Scores for one whole group, index-aligned with its completions.

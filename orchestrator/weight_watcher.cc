@@ -161,9 +161,12 @@ Awaitable<void> WeightWatcher::pause_worker(Version v, WorkerSync& out, char& pa
   // was resynced) does not receive it, so no relay waits for it. Unanswered: it is assumed to receive.
   const auto deadline = clock_.now() + probe_interval(opt_);
   auto query = inference_.weights(out.worker, deadline);
-  auto held = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "reading a worker's weights");
-  if (held && held->version >= v) round_receivers_.erase(out.worker);
-  else if (held) round_receivers_.insert(out.worker);
+  auto held =
+      co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "reading a worker's weights");
+  if (held && held->version >= v)
+    round_receivers_.erase(out.worker);
+  else if (held)
+    round_receivers_.insert(out.worker);
 }
 
 Awaitable<void> WeightWatcher::pause_and_update(Version v, WorkerSync& out, char& paused) {
@@ -285,7 +288,8 @@ Awaitable<void> WeightWatcher::choose_round_workers(const std::vector<std::strin
 
 Awaitable<void> WeightWatcher::wait_for_a_taker(Version v, std::size_t workers, SyncReport& report) {
   if (out_of_date_.size() == workers && synced_ < v) {
-    report.gave_up = fmt::format("no worker took v{} in {} attempts each (see the errors above)", v, opt_.version_attempts);
+    report.gave_up =
+        fmt::format("no worker took v{} in {} attempts each (see the errors above)", v, opt_.version_attempts);
     ARLO_ERROR("weight sync: {}; stopping", report.gave_up);
     if (on_synced_) on_synced_(report);
   } else {
@@ -333,9 +337,10 @@ void WeightWatcher::count_failed_workers(Version v, SyncReport& report) {
     // A silent worker was not tried: no attempt of this version is counted against it.
     if (!round_silent_.count(w.worker) && ++attempts_[w.worker] >= opt_.version_attempts) {
       out_of_date_.insert(w.worker);
-      ARLO_ERROR("weight sync: worker {} failed v{} {} times; it is out of date (serves what it holds) until a newer "
-                 "version comes",
-                 w.worker, v, attempts_[w.worker]);
+      ARLO_ERROR(
+          "weight sync: worker {} failed v{} {} times; it is out of date (serves what it holds) until a newer "
+          "version comes",
+          w.worker, v, attempts_[w.worker]);
       continue;  // not probed for this version: a newer one tries it again
     }
     if (left_out_.insert(w.worker).second) {

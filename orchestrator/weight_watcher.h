@@ -56,7 +56,7 @@ struct WorkerSync {
   double pause_s = 0.0;
   double update_s = 0.0;  // the transfer: the worker fetches and applies the version
   double resume_s = 0.0;
-  std::string error;      // empty when the worker took the version
+  std::string error;  // empty when the worker took the version
   bool ok() const { return error.empty(); }
 };
 
@@ -154,10 +154,10 @@ class WeightWatcher {
   bool syncing_ = false;
   bool stopped_ = false;
   std::set<std::string> left_out_;
-  Version attempted_ = kNoVersion;           // the version attempts_ counts for
-  std::map<std::string, int> attempts_;      // failed attempts of attempted_, per worker
+  Version attempted_ = kNoVersion;       // the version attempts_ counts for
+  std::map<std::string, int> attempts_;  // failed attempts of attempted_, per worker
   std::set<std::string> out_of_date_;
-  bool resync_ = false;  // a worker rejoined: sync the current version again
+  bool resync_ = false;                        // a worker rejoined: sync the current version again
   std::map<std::string, Version> held_;        // the newest version each worker took
   std::set<std::string> round_receivers_;      // see receives()
   std::set<std::string> round_retried_;        // see retrying()

@@ -23,7 +23,8 @@ struct Engine::Request {
   Generation out;
   std::size_t max_stop_len = 0;
 
-  Request(std::uint64_t id_, SamplingParams p, std::uint64_t seed, GenerationCallback cb, std::vector<std::int32_t> prompt)
+  Request(std::uint64_t id_, SamplingParams p, std::uint64_t seed, GenerationCallback cb,
+          std::vector<std::int32_t> prompt)
       : id(id_), params(std::move(p)), rng(seed), done(std::move(cb)), tokens(std::move(prompt)) {
     prompt_len = tokens.size();
     out.prompt = tokens;
@@ -54,7 +55,8 @@ Result<std::uint64_t> Engine::submit(std::vector<std::int32_t> prompt, SamplingP
                                prompt.size(), config_.context, config_.context - 1));
   if (params.max_tokens < 1) return invalid(fmt::format("max_tokens must be >= 1, got {}", params.max_tokens));
   if (!(params.temperature >= 0)) return invalid(fmt::format("temperature must be >= 0, got {}", params.temperature));
-  if (!(params.top_p > 0 && params.top_p <= 1)) return invalid(fmt::format("top_p must be in (0, 1], got {}", params.top_p));
+  if (!(params.top_p > 0 && params.top_p <= 1))
+    return invalid(fmt::format("top_p must be in (0, 1], got {}", params.top_p));
   if (params.top_logprobs < 0 || params.top_logprobs > 20)
     return invalid(fmt::format("top_logprobs must be in [0, 20], got {}", params.top_logprobs));
   for (const auto& s : params.stop)

@@ -51,11 +51,11 @@ using ::arlo::VersionSpan;
 
 struct Generation {
   std::vector<std::int32_t> prompt;
-  std::vector<std::int32_t> tokens;    // generated ids, including a final <eos> or stop-string characters
-  std::vector<float> logprobs;         // one per generated token (sampler.h for the distribution)
+  std::vector<std::int32_t> tokens;  // generated ids, including a final <eos> or stop-string characters
+  std::vector<float> logprobs;       // one per generated token (sampler.h for the distribution)
   // When params.top_logprobs > 0: per generated token, the most likely (id, logprob) pairs.
   std::vector<std::vector<std::pair<std::int32_t, float>>> top_logprobs;
-  std::string text;                    // decoded, special tokens skipped, cut before a matched stop string
+  std::string text;  // decoded, special tokens skipped, cut before a matched stop string
   FinishReason finish = FinishReason::kLength;
   std::optional<std::string> matched_stop;
   std::vector<VersionSpan> version_spans;
@@ -66,21 +66,20 @@ using GenerationCallback = std::function<void(Result<Generation>)>;
 struct EngineStats {
   std::uint64_t tokens_generated = 0;
   std::uint64_t requests_finished = 0;
-  std::uint64_t steps = 0;         // forward passes (prefill and decode)
+  std::uint64_t steps = 0;  // forward passes (prefill and decode)
   std::size_t active = 0;
   std::size_t queued = 0;
   bool paused = false;
 };
 
 struct EngineOptions {
-  int max_batch = 64;          // KV-cache slots = most requests decoded together
-  int threads = 1;             // libtorch intra/inter-op threads, set on the engine thread
-  std::uint64_t seed = 0;      // base of the streams of requests that bring no seed
+  int max_batch = 64;      // KV-cache slots = most requests decoded together
+  int threads = 1;         // libtorch intra/inter-op threads, set on the engine thread
+  std::uint64_t seed = 0;  // base of the streams of requests that bring no seed
   // Called on the engine thread after every step, outside the engine's lock (it may call pause(),
   // cancel() ...). For metrics and for tests that act at an exact token boundary.
   std::function<void(const EngineStats&)> on_step;
 };
-
 
 class Engine {
  public:

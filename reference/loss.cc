@@ -14,10 +14,14 @@ std::optional<IsCorrection> parse_is_correction(std::string_view name) {
 
 std::string_view to_string(IsCorrection c) {
   switch (c) {
-    case IsCorrection::kNone: return "none";
-    case IsCorrection::kTokenTis: return "token_tis";
-    case IsCorrection::kSeqTis: return "seq_tis";
-    case IsCorrection::kTokenMis: return "token_mis";
+    case IsCorrection::kNone:
+      return "none";
+    case IsCorrection::kTokenTis:
+      return "token_tis";
+    case IsCorrection::kSeqTis:
+      return "seq_tis";
+    case IsCorrection::kTokenMis:
+      return "token_mis";
   }
   return "unknown";
 }
@@ -26,9 +30,9 @@ TokenLogprobs token_logprobs(const at::Tensor& logits, const at::Tensor& input_i
                              double temperature) {
   const std::int64_t B = logits.size(0), T = logits.size(1);
   auto scaled = temperature == 1.0 ? logits : logits / temperature;
-  auto logsm = at::log_softmax(scaled.narrow(1, 0, T - 1), -1);                        // predicts 1..T-1
+  auto logsm = at::log_softmax(scaled.narrow(1, 0, T - 1), -1);  // predicts 1..T-1
   auto targets = input_ids.narrow(1, 1, T - 1).to(at::kLong).unsqueeze(-1);
-  auto picked = logsm.gather(-1, targets).squeeze(-1);                                 // [B, T-1]
+  auto picked = logsm.gather(-1, targets).squeeze(-1);  // [B, T-1]
   auto zero = at::zeros({B, 1}, picked.options());
   auto logp = at::cat({zero, picked}, 1);
   auto valid = position_ids.to(at::kLong) != 0;

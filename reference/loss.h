@@ -37,8 +37,8 @@ struct LossOptions {
   // The importance-sampling correction and its bounds (the config's trainer.is_correction,
   // trainer.is_low and trainer.is_high).
   IsCorrection is_correction = IsCorrection::kTokenTis;
-  double is_low = 0.5;   // token_mis: keep tokens with ratio in [is_low, is_high]
-  double is_high = 2.0;  // token_tis and seq_tis: ratio cap; token_mis: top of the band
+  double is_low = 0.5;       // token_mis: keep tokens with ratio in [is_low, is_high]
+  double is_high = 2.0;      // token_tis and seq_tis: ratio cap; token_mis: top of the band
   double ce_coef = 1.0;      // weight of the cross-entropy term
   double temperature = 1.0;  // the sampling temperature the inference logprobs were taken at
 };
@@ -72,7 +72,7 @@ struct LossOutput {
 // tokens that have a prediction.
 struct TokenLogprobs {
   at::Tensor logp;
-  at::Tensor valid;  // bool [B, T]
+  at::Tensor valid;    // bool [B, T]
   at::Tensor entropy;  // [B, T], no gradient
 };
 TokenLogprobs token_logprobs(const at::Tensor& logits, const at::Tensor& input_ids, const at::Tensor& position_ids,

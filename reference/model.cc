@@ -55,9 +55,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& pos, double theta) {
   const std::int64_t hd = x.size(-1);
   auto idx = at::arange(0, hd / 2, at::kFloat);
-  auto inv_freq = at::pow(theta, idx * (-2.0 / static_cast<double>(hd)));      // [hd/2]
-  auto angles = pos.to(at::kFloat).unsqueeze(-1) * inv_freq;                    // [B, T, hd/2]
-  auto emb = at::cat({angles, angles}, -1).unsqueeze(2);                        // [B, T, 1, hd]
+  auto inv_freq = at::pow(theta, idx * (-2.0 / static_cast<double>(hd)));  // [hd/2]
+  auto angles = pos.to(at::kFloat).unsqueeze(-1) * inv_freq;               // [B, T, hd/2]
+  auto emb = at::cat({angles, angles}, -1).unsqueeze(2);                   // [B, T, 1, hd]
   auto x1 = x.narrow(-1, 0, hd / 2);
   auto x2 = x.narrow(-1, hd / 2, hd / 2);
   auto rotated = at::cat({-x2, x1}, -1);
@@ -101,10 +101,10 @@ struct LayerParams {
 
 LayerParams layer_params(const ModelImpl& m, int i) {
   const std::string p = fmt::format("model.layers.{}.", i);
-  return {&m.param(p + "input_layernorm.weight"), &m.param(p + "self_attn.q_proj.weight"),
+  return {&m.param(p + "input_layernorm.weight"),  &m.param(p + "self_attn.q_proj.weight"),
           &m.param(p + "self_attn.k_proj.weight"), &m.param(p + "self_attn.v_proj.weight"),
           &m.param(p + "self_attn.o_proj.weight"), &m.param(p + "post_attention_layernorm.weight"),
-          &m.param(p + "mlp.gate_proj.weight"), &m.param(p + "mlp.up_proj.weight"),
+          &m.param(p + "mlp.gate_proj.weight"),    &m.param(p + "mlp.up_proj.weight"),
           &m.param(p + "mlp.down_proj.weight")};
 }
 
@@ -123,7 +123,7 @@ at::Tensor ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& pos
   auto seg = at::cumsum((position_ids == 0).to(at::kLong), 1);            // [B, T]
   auto same = seg.unsqueeze(2) == seg.unsqueeze(1);                       // [B, T, T]
   auto causal = at::ones({T, T}, at::kBool).tril();
-  auto allowed = (same & causal).unsqueeze(1);                            // [B, 1, T, T]
+  auto allowed = (same & causal).unsqueeze(1);  // [B, 1, T, T]
   for (int i = 0; i < c.layers; ++i) {
     LayerParams lp = layer_params(*this, i);
     auto h = rms_norm(x, *lp.in_norm, c.norm_eps);
@@ -180,9 +180,9 @@ at::Tensor ModelImpl::decode(KvCache& cache, const at::Tensor& ids, const at::Te
   const std::int64_t B = ids.size(0);
   const std::int64_t nh = c.heads, hd = c.head_dim();
   const std::int64_t L = pos.max().item<std::int64_t>() + 1;
-  auto pos2 = pos.unsqueeze(1);                                                        // [B, 1]
+  auto pos2 = pos.unsqueeze(1);                                                       // [B, 1]
   auto allowed = (at::arange(L, at::kLong).unsqueeze(0) <= pos2).view({B, 1, 1, L});  // [B, 1, 1, L]
-  auto x = at::embedding(param("model.embed_tokens.weight"), ids.unsqueeze(1));      // [B, 1, H]
+  auto x = at::embedding(param("model.embed_tokens.weight"), ids.unsqueeze(1));       // [B, 1, H]
   for (int i = 0; i < c.layers; ++i) {
     LayerParams lp = layer_params(*this, i);
     auto h = rms_norm(x, *lp.in_norm, c.norm_eps);
@@ -239,11 +239,12 @@ Result<std::shared_ptr<Model>> Model::load(const std::filesystem::path& file, co
     const auto* t = st.header().find(info.name);
     if (t == nullptr) return make_error(ErrorCode::kMismatch, where(fmt::format("missing tensor {}", info.name)));
     if (t->dtype != safetensors::DType::F32)
-      return make_error(ErrorCode::kMismatch, where(fmt::format("{} is {}, expected F32", info.name,
-                                                                 safetensors::dtype_name(t->dtype))));
+      return make_error(ErrorCode::kMismatch,
+                        where(fmt::format("{} is {}, expected F32", info.name, safetensors::dtype_name(t->dtype))));
     if (t->shape != info.shape)
-      return make_error(ErrorCode::kMismatch, where(fmt::format("{} has shape [{}], expected [{}]", info.name,
-                                                                 fmt::join(t->shape, ", "), fmt::join(info.shape, ", "))));
+      return make_error(ErrorCode::kMismatch,
+                        where(fmt::format("{} has shape [{}], expected [{}]", info.name, fmt::join(t->shape, ", "),
+                                          fmt::join(info.shape, ", "))));
     auto src = st.data(*t);
     auto dst = model->mutable_bytes(info.name);
     std::memcpy(dst.data(), src.data(), dst.size());

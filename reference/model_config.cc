@@ -22,10 +22,14 @@ Status ModelConfig::validate() const {
 
 std::map<std::string, std::string> ModelConfig::to_metadata() const {
   return {
-      {"arlo.vocab_size", std::to_string(vocab_size)}, {"arlo.layers", std::to_string(layers)},
-      {"arlo.hidden", std::to_string(hidden)},         {"arlo.heads", std::to_string(heads)},
-      {"arlo.intermediate", std::to_string(intermediate)}, {"arlo.context", std::to_string(context)},
-      {"arlo.rope_theta", fmt::format("{}", rope_theta)}, {"arlo.norm_eps", fmt::format("{}", norm_eps)},
+      {"arlo.vocab_size", std::to_string(vocab_size)},
+      {"arlo.layers", std::to_string(layers)},
+      {"arlo.hidden", std::to_string(hidden)},
+      {"arlo.heads", std::to_string(heads)},
+      {"arlo.intermediate", std::to_string(intermediate)},
+      {"arlo.context", std::to_string(context)},
+      {"arlo.rope_theta", fmt::format("{}", rope_theta)},
+      {"arlo.norm_eps", fmt::format("{}", norm_eps)},
   };
 }
 

@@ -10,12 +10,12 @@
 namespace arlo::reference {
 
 struct ModelConfig {
-  int vocab_size = 104;      // must equal Tokenizer::kVocabSize for the built-in tokenizer
+  int vocab_size = 104;  // must equal Tokenizer::kVocabSize for the built-in tokenizer
   int layers = 2;
-  int hidden = 64;           // model width; divisible by heads, head dim even (rotary)
+  int hidden = 64;  // model width; divisible by heads, head dim even (rotary)
   int heads = 4;
-  int intermediate = 256;    // SwiGLU inner width
-  int context = 64;          // maximum tokens per sequence (prompt + completion)
+  int intermediate = 256;  // SwiGLU inner width
+  int context = 64;        // maximum tokens per sequence (prompt + completion)
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
 
@@ -25,8 +25,7 @@ struct ModelConfig {
   // As safetensors __metadata__ strings ("arlo.layers" -> "2", ...), so a weights file says its shape.
   std::map<std::string, std::string> to_metadata() const;
   // Reads the keys written by to_metadata(); keys absent keep the values of `base`.
-  static Result<ModelConfig> from_metadata(const std::map<std::string, std::string>& metadata,
-                                           const ModelConfig& base);
+  static Result<ModelConfig> from_metadata(const std::map<std::string, std::string>& metadata, const ModelConfig& base);
   bool operator==(const ModelConfig&) const = default;
 };
 

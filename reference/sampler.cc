@@ -11,8 +11,8 @@ namespace {
 // The sampling distribution: unnormalised weights over `kept` ids (in the order the sampler walks
 // them) and their sum. Computed in double so rounding cannot depend on anything but the row.
 struct Distribution {
-  std::vector<double> weight;        // exp(z_i - max z), for every id
-  std::vector<std::int32_t> kept;    // ids in the nucleus, walk order
+  std::vector<double> weight;      // exp(z_i - max z), for every id
+  std::vector<std::int32_t> kept;  // ids in the nucleus, walk order
   double kept_sum = 0.0;
 };
 

@@ -3,8 +3,8 @@
 namespace arlo::reference {
 namespace {
 
-constexpr const char* kSpecialNames[7] = {"<pad>", "<bos>", "<eos>", "<unk>", "<|system|>", "<|user|>",
-                                          "<|assistant|>"};
+constexpr const char* kSpecialNames[7] = {"<pad>",      "<bos>",    "<eos>",        "<unk>",
+                                          "<|system|>", "<|user|>", "<|assistant|>"};
 
 std::int32_t char_to_id(unsigned char c) {
   if (c == '\t') return 7;

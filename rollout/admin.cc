@@ -36,9 +36,12 @@ Result<AdminDialect> parse_admin_dialect(std::string_view name) {
 
 std::string_view to_string(AdminDialect d) {
   switch (d) {
-    case AdminDialect::kArlo: return "arlo";
-    case AdminDialect::kVllm: return "vllm";
-    case AdminDialect::kSglang: return "sglang";
+    case AdminDialect::kArlo:
+      return "arlo";
+    case AdminDialect::kVllm:
+      return "vllm";
+    case AdminDialect::kSglang:
+      return "sglang";
   }
   return "?";
 }
@@ -63,11 +66,12 @@ Result<TensorLists> tensor_lists(const Json& tensors) {
   TensorLists out;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
-    if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("dtype") || !t["dtype"].is_string() ||
-        !t.contains("shape") || !t["shape"].is_array())
-      return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("the collective session's tensor {} lacks a string name, a string dtype or a shape list: {}", i,
-                                    t.dump().substr(0, 200)));
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("dtype") ||
+        !t["dtype"].is_string() || !t.contains("shape") || !t["shape"].is_array())
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("the collective session's tensor {} lacks a string name, a string dtype or a shape list: {}", i,
+                      t.dump().substr(0, 200)));
     out.names.push_back(t["name"]);
     out.dtypes.push_back(t["dtype"]);
     out.shapes.push_back(t["shape"]);
@@ -77,7 +81,9 @@ Result<TensorLists> tensor_lists(const Json& tensors) {
 
 Result<std::int64_t> group_generation(const Json& g) {
   if (!g.is_object() || !g.contains("generation") || !g["generation"].is_number_integer())
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("the collective session's group has no integer generation: {}", g.dump().substr(0, 200)));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("the collective session's group has no integer generation: {}", g.dump().substr(0, 200)));
   return g["generation"].get<std::int64_t>();
 }
 
@@ -85,7 +91,8 @@ Result<std::int64_t> group_generation(const Json& g) {
 Status copy_keys(const Json& group, std::initializer_list<const char*> keys, Json& out) {
   for (const char* k : keys) {
     if (!group.contains(k))
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("the collective session's group lacks '{}': {}", k, group.dump().substr(0, 300)));
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("the collective session's group lacks '{}': {}", k, group.dump().substr(0, 300)));
     out[k] = group[k];
   }
   return ok();

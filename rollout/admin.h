@@ -4,23 +4,35 @@
 // CollectiveSession; C = update.collective; v = update.version; v' = the version C sent):
 //
 //   operation        arlo                     vllm (native weight-transfer API, >= 0.22)         sglang
-//   pause(keep)      POST /pause?mode=keep    POST /pause?mode=keep                              POST /pause_generation {"mode":"in_place"}   (requests stay: flush_cache false)
-//   pause(abort)     POST /pause?mode=abort   POST /pause?mode=abort                             POST /pause_generation {"mode":"abort"}      (nothing runs: flush_cache true)
-//   pause(wait)      POST /pause?mode=wait    POST /pause?mode=wait                              POST /pause_generation {"mode":"in_place"}   (arlo drained its dispatcher first,
+//   pause(keep)      POST /pause?mode=keep    POST /pause?mode=keep                              POST /pause_generation
+//   {"mode":"in_place"}   (requests stay: flush_cache false) pause(abort)     POST /pause?mode=abort   POST
+//   /pause?mode=abort                             POST /pause_generation {"mode":"abort"}      (nothing runs:
+//   flush_cache true) pause(wait)      POST /pause?mode=wait    POST /pause?mode=wait                              POST
+//   /pause_generation {"mode":"in_place"}   (arlo drained its dispatcher first,
 //                                                                                                                                              so nothing runs: flush_cache true)
-//   resume()         POST /resume             POST /resume; verify_weights: then                 POST /continue_generation {}
+//   resume()         POST /resume             POST /resume; verify_weights: then                 POST
+//   /continue_generation {}
 //                                               POST /weight_checker {"action":"checksum"|"compare"}
-//   prepare(update)  POST /weights/prepare    once: GET /version, GET /get_world_size            once: GET /get_server_info (tp_size; /server_info where that is gone)
-//                      {version, weight_sync, per generation of C: POST /init_weight_transfer_engine  per generation of C: POST /init_weights_update_group
-//                       manifest}                {"init_info"} from C->group(W, world_size)          {master_address, master_port, rank_offset, world_size, group_name, backend:"nccl"}
-//                                              POST /start_weight_update ({"is_checkpoint_format":  POST /update_weights_from_distributed {names, dtypes, shapes, group_name,
-//                                                true} up to 0.27; no body from 0.28)                 flush_cache, weight_version:"v"} in flight while C->receiving(W, gen, v);
-//                                              POST /update_weights {"update_info"} in flight         v' != v: POST /update_weight_version {"new_version":"v'"}
-//                                                while C->receiving(W, gen, v)                      without C: POST /update_weights_from_disk {model_path, load_format,
-//                                              without C: refused (no released vLLM loads a           flush_cache, weight_version}  (extra.model_path)
+//   prepare(update)  POST /weights/prepare    once: GET /version, GET /get_world_size            once: GET
+//   /get_server_info (tp_size; /server_info where that is gone)
+//                      {version, weight_sync, per generation of C: POST /init_weight_transfer_engine  per generation of
+//                      C: POST /init_weights_update_group
+//                       manifest}                {"init_info"} from C->group(W, world_size)          {master_address,
+//                       master_port, rank_offset, world_size, group_name, backend:"nccl"}
+//                                              POST /start_weight_update ({"is_checkpoint_format":  POST
+//                                              /update_weights_from_distributed {names, dtypes, shapes, group_name,
+//                                                true} up to 0.27; no body from 0.28)                 flush_cache,
+//                                                weight_version:"v"} in flight while C->receiving(W, gen, v);
+//                                              POST /update_weights {"update_info"} in flight         v' != v: POST
+//                                              /update_weight_version {"new_version":"v'"}
+//                                                while C->receiving(W, gen, v)                      without C: POST
+//                                                /update_weights_from_disk {model_path, load_format,
+//                                              without C: refused (no released vLLM loads a           flush_cache,
+//                                              weight_version}  (extra.model_path)
 //                                                directory over HTTP; use transport nccl)
-//   commit(v)        POST /weights/commit     POST /finish_weight_update {"weight_version":"v'"}  (applied by the update call; nothing to send)
-//   weights()        GET /weights             GET /weight_info, else the version committed here  GET /get_weight_version
+//   commit(v)        POST /weights/commit     POST /finish_weight_update {"weight_version":"v'"}  (applied by the
+//   update call; nothing to send) weights()        GET /weights             GET /weight_info, else the version
+//   committed here  GET /get_weight_version
 //
 // vLLM body shapes by the version GET /version reports (AdminOptions::server_version overrides;
 // a dev build counts as its x.y.z): before 0.22 refused (no /start_weight_update); 0.22-0.27 init_info
@@ -100,8 +112,8 @@ struct WeightUpdate {
   // Set when the transport is collective (the weight_sync descriptor says so); then weight_sync
   // and extra carry no endpoint.
   std::shared_ptr<CollectiveSession> collective;
-  Json weight_sync = Json::object();      // the receiver's weight-sync block (weight_sync/wire.h)
-  Json manifest = Json::object();         // weight_sync manifest (tensor names, dtypes, shapes, ...)
+  Json weight_sync = Json::object();  // the receiver's weight-sync block (weight_sync/wire.h)
+  Json manifest = Json::object();     // weight_sync manifest (tensor names, dtypes, shapes, ...)
   // Dialect-specific extras: sglang: "model_path" and "load_format" (a version on disk, without
   // `collective`).
   Json extra = Json::object();
@@ -166,7 +178,7 @@ struct AdminDialectInfo {
   // group's rendezvous (weight_sync's nccl member flavor).
   AdminDialect completions = AdminDialect::kArlo;
   ServerCapabilities server;
-  std::vector<ExtensionOption> options;            // its own inference.* keys (none of the built-ins has any)
+  std::vector<ExtensionOption> options;  // its own inference.* keys (none of the built-ins has any)
   // `client` must outlive the adapter. base_url: "http://host:port".
   std::function<std::unique_ptr<AdminClient>(http::Client& client, std::string base_url, AdminOptions options)> make;
 };

@@ -11,14 +11,16 @@ Result<AdvantageKind> parse_advantage_kind(std::string_view name) {
   if (name == "grpo") return AdvantageKind::kGrpo;
   if (name == "dr_grpo") return AdvantageKind::kDrGrpo;
   if (name == "rloo") return AdvantageKind::kRloo;
-  return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown advantage '{}': use grpo, dr_grpo or rloo", name));
+  return make_error(ErrorCode::kInvalidArgument,
+                    fmt::format("unknown advantage '{}': use grpo, dr_grpo or rloo", name));
 }
 
 Result<TruncationPolicy> parse_truncation_policy(std::string_view name) {
   if (name == "keep") return TruncationPolicy::kKeep;
   if (name == "drop") return TruncationPolicy::kDrop;
   if (name == "mask") return TruncationPolicy::kMask;
-  return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown truncation policy '{}': use keep, drop or mask", name));
+  return make_error(ErrorCode::kInvalidArgument,
+                    fmt::format("unknown truncation policy '{}': use keep, drop or mask", name));
 }
 
 std::size_t GroupAdvantages::trainable() const {
@@ -94,7 +96,8 @@ GroupAdvantages compute_advantages(std::span<const SampleInput> samples, const A
 
 Result<double> pass_at_k(std::size_t n, std::size_t c, std::size_t k) {
   if (k < 1 || k > n || c > n)
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("pass@k needs 1 <= k <= n and c <= n, got n={} c={} k={}", n, c, k));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("pass@k needs 1 <= k <= n and c <= n, got n={} c={} k={}", n, c, k));
   if (n - c < k) return 1.0;
   // C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i), numerically stable.
   double fail = 1.0;

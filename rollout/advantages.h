@@ -27,14 +27,14 @@ namespace arlo::rollout {
 enum class AdvantageKind { kGrpo, kDrGrpo, kRloo };
 enum class TruncationPolicy { kKeep, kDrop, kMask };
 
-Result<AdvantageKind> parse_advantage_kind(std::string_view name);         // grpo | dr_grpo | rloo
-Result<TruncationPolicy> parse_truncation_policy(std::string_view name);   // keep | drop | mask
+Result<AdvantageKind> parse_advantage_kind(std::string_view name);        // grpo | dr_grpo | rloo
+Result<TruncationPolicy> parse_truncation_policy(std::string_view name);  // keep | drop | mask
 
 struct AdvantageOptions {
   AdvantageKind kind = AdvantageKind::kGrpo;
   double std_eps = 1e-6;
-  double length_penalty = 0.0;     // 0 = off
-  double length_norm = 1.0;        // tokens; 1 = per token, 0 = longest completion in the group
+  double length_penalty = 0.0;  // 0 = off
+  double length_norm = 1.0;     // tokens; 1 = per token, 0 = longest completion in the group
   bool filter_equal_reward_groups = true;
   TruncationPolicy truncated = TruncationPolicy::kKeep;
   double equal_tolerance = 1e-12;  // rewards closer than this count as equal
@@ -42,7 +42,7 @@ struct AdvantageOptions {
 
 struct SampleInput {
   double reward = 0;
-  std::size_t length = 0;     // completion tokens
+  std::size_t length = 0;  // completion tokens
   bool truncated = false;
 };
 
@@ -52,7 +52,7 @@ struct GroupAdvantages {
   std::vector<double> advantages;  // one per input sample (0 for dropped and masked)
   std::vector<SampleFate> fates;   // one per input sample
   bool group_dropped = false;
-  std::string drop_reason;         // "all rewards equal", "fewer than 2 samples for rloo", ...
+  std::string drop_reason;  // "all rewards equal", "fewer than 2 samples for rloo", ...
   std::size_t trainable() const;
 };
 

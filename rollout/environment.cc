@@ -20,7 +20,8 @@ std::uint64_t splitmix64(std::uint64_t& state) {
 std::uint64_t uniform_below(std::uint64_t& state, std::uint64_t bound) {
   if (bound <= 1) return 0;
   // Rejection sampling removes modulo bias.
-  const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % bound;
+  const std::uint64_t limit =
+      std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % bound;
   std::uint64_t x;
   do {
     x = splitmix64(state);
@@ -70,7 +71,8 @@ Result<std::shared_ptr<const TaskSet>> load_jsonl(const std::string& path, std::
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded())
-      return make_error(ErrorCode::kParse, fmt::format("{}:{}: not valid JSON (each line must be one JSON object)", path, line_no));
+      return make_error(ErrorCode::kParse,
+                        fmt::format("{}:{}: not valid JSON (each line must be one JSON object)", path, line_no));
     auto task = task_from_json(j);
     if (!task) return make_error(ErrorCode::kParse, fmt::format("{}:{}: {}", path, line_no, task.error().message()));
     if (task->id.empty()) task->id = fmt::format("{}-{}", name, line_no);
@@ -155,11 +157,11 @@ Status TaskStream::restore(const Json& c) {
     const auto seed = c.at("seed").get<std::uint64_t>();
     const auto shuffle = c.at("shuffle").get<bool>();
     if (name != source_->name() || size != source_->size() || seed != options_.seed || shuffle != options_.shuffle)
-      return make_error(ErrorCode::kMismatch,
-                        fmt::format("task cursor was saved for source '{}' ({} tasks, seed {}, shuffle {}) but this run "
-                                    "has '{}' ({} tasks, seed {}, shuffle {}); resume with the same dataset and seed",
-                                    name, size, seed, shuffle, source_->name(), source_->size(), options_.seed,
-                                    options_.shuffle));
+      return make_error(
+          ErrorCode::kMismatch,
+          fmt::format("task cursor was saved for source '{}' ({} tasks, seed {}, shuffle {}) but this run "
+                      "has '{}' ({} tasks, seed {}, shuffle {}); resume with the same dataset and seed",
+                      name, size, seed, shuffle, source_->name(), source_->size(), options_.seed, options_.shuffle));
     const auto index = c.at("index").get<std::size_t>();
     if (index >= size) return make_error(ErrorCode::kParse, fmt::format("task cursor: index {} out of range", index));
     epoch_ = c.at("epoch").get<std::uint64_t>();
@@ -189,8 +191,8 @@ const std::vector<EnvironmentKind>& environment_kinds() {
 
 Result<const EnvironmentKind*> find_environment_kind(std::string_view name) {
   if (const EnvironmentKind* k = find_entry(environment_kinds(), name)) return k;
-  return make_error(ErrorCode::kInvalidArgument,
-                    fmt::format("unknown environment kind '{}': use {}", name, join_names(entry_names(environment_kinds()))));
+  return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown environment kind '{}': use {}", name,
+                                                             join_names(entry_names(environment_kinds()))));
 }
 
 Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {

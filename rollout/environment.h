@@ -51,9 +51,9 @@ Result<std::shared_ptr<const TaskSet>> load_jsonl(const std::string& path, std::
 struct ArithmeticOptions {
   std::uint64_t seed = 0;
   std::size_t size = 1000;
-  int num_terms = 2;       // terms per sum
+  int num_terms = 2;               // terms per sum
   std::optional<int> min_value{};  // each term in [min_value, max_value]; default min(10, max_value)
-  int max_value = 49;            // env.max_operand; 10..49 gives two-digit answers: "23+45=" -> "68"
+  int max_value = 49;              // env.max_operand; 10..49 gives two-digit answers: "23+45=" -> "68"
 };
 // Sums of small numbers: prompt "23+45=", answer "68", info {"terms": [23, 45]}.
 Result<std::shared_ptr<const TaskSet>> make_arithmetic(const ArithmeticOptions& options);
@@ -72,8 +72,8 @@ Result<std::shared_ptr<const TaskSet>> make_reverse_text(const ReverseTextOption
 // the config's allowed kinds and their env.* keys and docs come from the registered kinds.
 struct EnvironmentSpec {
   std::uint64_t seed = 0;
-  std::size_t size = 0;  // tasks generated (procedural kinds) or kept (datasets; 0: all)
-  std::string path;      // kinds that read a file (needs_path)
+  std::size_t size = 0;           // tasks generated (procedural kinds) or kept (datasets; 0: all)
+  std::string path;               // kinds that read a file (needs_path)
   Json options = Json::object();  // the kind's own options (make_task_source checks and defaults them)
 };
 struct EnvironmentKind {

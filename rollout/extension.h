@@ -28,15 +28,15 @@ struct ExtensionOption {
   enum class Type { kBool, kInt, kFloat, kString, kAny };
   std::string key;
   Type type = Type::kString;
-  Json default_value;               // filled in when the spec leaves the option out; null: left out
+  Json default_value;  // filled in when the spec leaves the option out; null: left out
   std::string doc;
-  std::vector<std::string> choices; // kString: allowed values (empty: any)
-  std::optional<double> min, max;   // kInt / kFloat: inclusive bounds in the config
-  Json config_default;              // the config key's default when it differs (null: default_value)
+  std::vector<std::string> choices;  // kString: allowed values (empty: any)
+  std::optional<double> min, max;    // kInt / kFloat: inclusive bounds in the config
+  Json config_default;               // the config key's default when it differs (null: default_value)
   // Config keys of the extension's own item or section (reward.modules[]: path, url, pattern; env:
   // max_operand, ...) rather than inside a free-form `config` map.
   bool config_key = false;
-  bool required = false;            // config: the key must be given (not empty) for this kind
+  bool required = false;  // config: the key must be given (not empty) for this kind
   // Config: a further check of the given value; returns what is wrong ("" when fine).
   std::string (*check)(const Json& value) = nullptr;
 

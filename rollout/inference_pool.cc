@@ -85,9 +85,12 @@ void HttpInferencePool::add_server(const std::string& base_url) {
   ARLO_INFO("inference pool: server {} joined", url);
   if (running_) {
     auto alive = alive_;
-    asio::co_spawn(io_, [this, s, alive]() -> asio::awaitable<void> {
-      if (*alive) co_await probe(*s);
-    }, asio::detached);
+    asio::co_spawn(
+        io_,
+        [this, s, alive]() -> asio::awaitable<void> {
+          if (*alive) co_await probe(*s);
+        },
+        asio::detached);
   }
 }
 
@@ -204,9 +207,10 @@ asio::awaitable<bool> HttpInferencePool::probe(Server& s) {
     // failure_threshold more probe timeouts.
     ++s.failed;
     ++s.consecutive_failures;
-    open_circuit(s, fmt::format("at once: its health check got no answer in {} ms, nor did any of its requests "
-                                "meanwhile (inference.failover_on_silence)",
-                                std::chrono::duration_cast<std::chrono::milliseconds>(options_.health_timeout).count()));
+    open_circuit(s,
+                 fmt::format("at once: its health check got no answer in {} ms, nor did any of its requests "
+                             "meanwhile (inference.failover_on_silence)",
+                             std::chrono::duration_cast<std::chrono::milliseconds>(options_.health_timeout).count()));
     co_return false;
   }
   if (ok) {
@@ -287,7 +291,8 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
       // Nothing usable right now: wait for a server to (re)join, within the deadline.
       if (!running_ && servers_.empty())
         co_return make_error(ErrorCode::kUnavailable, "inference pool has no servers (add inference.servers)");
-      co_await cancellable_sleep_until(io_.get_executor(), *clock_, now + std::min<Duration>(end - now, std::chrono::milliseconds(20)));
+      co_await cancellable_sleep_until(io_.get_executor(), *clock_,
+                                       now + std::min<Duration>(end - now, std::chrono::milliseconds(20)));
       if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
       continue;
     }
@@ -315,20 +320,22 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
     --s->outstanding;
     if (raced.index() == 0 && std::get<0>(raced)) s->last_answer = clock_->now();
     if (raced.index() == 1) {  // no on_failure: the circuit is open already
-      last_error = Error(ErrorCode::kUnavailable,
-                         fmt::format("{}{}: the server stopped answering (its circuit opened) while the request ran",
-                                     s->url, path));
+      last_error = Error(
+          ErrorCode::kUnavailable,
+          fmt::format("{}{}: the server stopped answering (its circuit opened) while the request ran", s->url, path));
       continue;
     }
     auto resp = std::move(std::get<0>(raced));
     if (!resp) {
-      if (!retryable(resp.error().code())) co_return std::unexpected(std::move(resp).error().with_context(s->url + path));
+      if (!retryable(resp.error().code()))
+        co_return std::unexpected(std::move(resp).error().with_context(s->url + path));
       on_failure(*s, resp.error());
       last_error = std::move(resp).error().with_context(s->url + path);
       continue;
     }
     if (resp->status >= 500) {
-      Error e(ErrorCode::kUnavailable, fmt::format("{}{} answered HTTP {}: {}", s->url, path, resp->status, resp->body.substr(0, 200)));
+      Error e(ErrorCode::kUnavailable,
+              fmt::format("{}{} answered HTTP {}: {}", s->url, path, resp->status, resp->body.substr(0, 200)));
       on_failure(*s, e);
       last_error = std::move(e);
       continue;
@@ -336,7 +343,8 @@ asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest 
     if (resp->status >= 400) {
       on_success(*s);  // the server is fine; the request is not
       co_return make_error(ErrorCode::kInvalidArgument,
-                           fmt::format("{}{} rejected the request with HTTP {}: {}", s->url, path, resp->status, resp->body.substr(0, 500)));
+                           fmt::format("{}{} rejected the request with HTTP {}: {}", s->url, path, resp->status,
+                                       resp->body.substr(0, 500)));
     }
     auto json = resp->parse_json();
     if (!json) co_return std::unexpected(std::move(json).error().with_context(s->url + path));

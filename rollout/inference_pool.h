@@ -42,12 +42,12 @@ namespace arlo::rollout {
 
 struct ServerStatus {
   std::string url;
-  bool healthy = false;        // last health check (or request) succeeded and circuit closed
+  bool healthy = false;  // last health check (or request) succeeded and circuit closed
   bool circuit_open = false;
   bool removed = false;
   std::size_t outstanding = 0;
-  std::uint64_t completed = 0;  // successful requests
-  std::uint64_t failed = 0;     // failed attempts (connection errors, 5xx, timeouts)
+  std::uint64_t completed = 0;          // successful requests
+  std::uint64_t failed = 0;             // failed attempts (connection errors, 5xx, timeouts)
   std::optional<std::int64_t> version;  // policy version reported by /health, when present
   // Its last health probe got no answer within health_timeout (a dead link or a hung host, not a
   // refusal or an error status). With circuit_open: admin calls to it would only wait out their
@@ -68,15 +68,15 @@ class InferencePool {
 struct PoolOptions {
   Duration health_interval = std::chrono::seconds(2);
   Duration health_timeout = std::chrono::seconds(2);
-  int failure_threshold = 3;                       // consecutive failures that open the circuit
+  int failure_threshold = 3;  // consecutive failures that open the circuit
   Duration open_backoff_initial = std::chrono::milliseconds(200);
   Duration open_backoff_max = std::chrono::seconds(30);
   // A probe that times out while the server holds requests, none of which got an answer since the
   // probe started, opens the circuit at once (see above). Config: inference.failover_on_silence.
   bool open_on_silence = true;
-  int max_attempts = 3;                            // servers tried per request
-  std::optional<Duration> attempt_timeout{};       // per attempt; default: the remaining deadline
-  std::size_t affinity_capacity = 8192;            // affinity keys remembered (oldest forgotten)
+  int max_attempts = 3;                       // servers tried per request
+  std::optional<Duration> attempt_timeout{};  // per attempt; default: the remaining deadline
+  std::size_t affinity_capacity = 8192;       // affinity keys remembered (oldest forgotten)
   http::ClientOptions client;
   // The time health intervals, recovery backoff and request deadlines are measured on
   // (common/async/clock.h): a FakeClock in tests. Not owned; it must outlive the pool. Null: the
@@ -113,8 +113,8 @@ class HttpInferencePool final : public InferencePool {
     bool healthy = false;
     bool circuit_open = false;
     bool removed = false;
-    bool probing = false;      // a health probe is in flight
-    bool recovering = false;   // a recovery coroutine owns this server's probes
+    bool probing = false;     // a health probe is in flight
+    bool recovering = false;  // a recovery coroutine owns this server's probes
     int consecutive_failures = 0;
     Duration backoff{};
     Clock::time_point next_probe{};
@@ -122,8 +122,8 @@ class HttpInferencePool final : public InferencePool {
     std::uint64_t completed = 0;
     std::uint64_t failed = 0;
     std::optional<std::int64_t> version;
-    bool silent = false;                // see ServerStatus::silent
-    Clock::time_point last_answer{};    // the last HTTP response (any status) to a request or probe
+    bool silent = false;              // see ServerStatus::silent
+    Clock::time_point last_answer{};  // the last HTTP response (any status) to a request or probe
     // Fires (is cancelled) when the circuit opens: requests waiting on this server give up on it.
     std::shared_ptr<boost::asio::steady_timer> lost;
   };
@@ -149,8 +149,8 @@ class HttpInferencePool final : public InferencePool {
   std::deque<std::string> affinity_order_;
   boost::asio::steady_timer health_timer_;  // woken by the clock after health_interval, or by stop()
   bool running_ = false;
-  std::size_t round_robin_ = 0;           // breaks ties between equally loaded servers
-  std::shared_ptr<bool> alive_;           // guards coroutines that outlive the pool
+  std::size_t round_robin_ = 0;  // breaks ties between equally loaded servers
+  std::shared_ptr<bool> alive_;  // guards coroutines that outlive the pool
 };
 
 }  // namespace arlo::rollout

@@ -6,7 +6,9 @@
 
 namespace arlo::rollout {
 
-std::string endpoint_path(const CompletionRequest& r) { return r.is_chat() ? "/v1/chat/completions" : "/v1/completions"; }
+std::string endpoint_path(const CompletionRequest& r) {
+  return r.is_chat() ? "/v1/chat/completions" : "/v1/completions";
+}
 
 Json to_openai_body(const CompletionRequest& r) {
   Json b = Json::object();
@@ -42,7 +44,8 @@ Result<std::vector<std::int32_t>> parse_ids(const Json& j, const std::string& wh
   std::vector<std::int32_t> out;
   out.reserve(j.size());
   for (const auto& x : j) {
-    if (!x.is_number_integer()) return make_error(ErrorCode::kParse, fmt::format("{}: token id is not an integer", where));
+    if (!x.is_number_integer())
+      return make_error(ErrorCode::kParse, fmt::format("{}: token id is not an integer", where));
     out.push_back(x.get<std::int32_t>());
   }
   return out;
@@ -55,8 +58,8 @@ Result<std::vector<VersionSpan>> parse_spans(const Json& j, const std::string& w
     VersionSpan v;
     if (s.is_array() && s.size() == 2 && s[0].is_number_integer() && s[1].is_number_integer()) {
       v = {s[0].get<std::int64_t>(), s[1].get<std::int64_t>()};
-    } else if (s.is_object() && s.contains("version") && s.contains("first_token") && s["version"].is_number_integer() &&
-               s["first_token"].is_number_integer()) {
+    } else if (s.is_object() && s.contains("version") && s.contains("first_token") &&
+               s["version"].is_number_integer() && s["first_token"].is_number_integer()) {
       v = {s["version"].get<std::int64_t>(), s["first_token"].get<std::int64_t>()};
     } else {
       return make_error(ErrorCode::kParse, fmt::format("{}: each span must be [version, first_token]", where));
@@ -90,21 +93,24 @@ std::string enable_hint(AdminDialect server, bool chat, bool logprobs_missing) {
   switch (server) {
     case AdminDialect::kVllm:
       if (logprobs_missing)
-        return fmt::format("arlo asks with \"logprobs\": {}; vLLM returns them unless something between drops them "
-                           "(start vLLM with --logprobs-mode processed_logprobs so they are the sampler's: after "
-                           "temperature and top-p)",
-                           chat ? "true" : "0");
+        return fmt::format(
+            "arlo asks with \"logprobs\": {}; vLLM returns them unless something between drops them "
+            "(start vLLM with --logprobs-mode processed_logprobs so they are the sampler's: after "
+            "temperature and top-p)",
+            chat ? "true" : "0");
       return "arlo asks with \"return_token_ids\": true, which vLLM answers from version 0.10.2 on: upgrade the server";
     case AdminDialect::kSglang:
       if (logprobs_missing)
-        return fmt::format("arlo asks with \"logprobs\": {}; SGLang returns them unless something between drops them "
-                           "(leave SGLANG_RETURN_ORIGINAL_LOGPROB unset so they are the sampler's: after temperature)",
-                           chat ? "true" : "0");
+        return fmt::format(
+            "arlo asks with \"logprobs\": {}; SGLang returns them unless something between drops them "
+            "(leave SGLANG_RETURN_ORIGINAL_LOGPROB unset so they are the sampler's: after temperature)",
+            chat ? "true" : "0");
       return chat ? "arlo asks with \"return_token_ids\", \"return_prompt_token_ids\" and \"return_meta_info\": "
                     "true; an SGLang that answers none of them is too old: upgrade the server"
                   : "arlo asks with \"return_token_ids\": true; an SGLang whose /v1/completions ignores it is too "
                     "old: upgrade the server";
-    case AdminDialect::kArlo: break;
+    case AdminDialect::kArlo:
+      break;
   }
   return "arlo-worker always returns it: is this server an arlo-worker (inference.kind arlo)? Otherwise set "
          "inference.kind to vllm or sglang";
@@ -120,8 +126,8 @@ Json token_data_request(AdminDialect server, bool chat) {
 }
 
 Status check_token_data(const Completion& c, bool chat, bool logprobs, AdminDialect server) {
-  const std::string who = fmt::format("{}{} (inference.kind {})", c.server, chat ? "/v1/chat/completions" : "/v1/completions",
-                                      to_string(server));
+  const std::string who = fmt::format("{}{} (inference.kind {})", c.server,
+                                      chat ? "/v1/chat/completions" : "/v1/completions", to_string(server));
   for (std::size_t i = 0; i < c.choices.size(); ++i) {
     const auto& ch = c.choices[i];
     if (ch.token_ids.empty() && ch.finish_reason != FinishReason::kAbort)
@@ -140,12 +146,13 @@ Status check_token_data(const Completion& c, bool chat, bool logprobs, AdminDial
   }
   if (c.prompt_token_ids.empty()) {
     const char* field = server == AdminDialect::kVllm && chat ? "prompt_token_ids"
-                        : server == AdminDialect::kArlo      ? "prompt_token_ids"
-                                                             : "choices[].prompt_token_ids";
-    return make_error(ErrorCode::kMismatch,
-                      fmt::format("{}: the response carries no prompt token ids ({}): the trainer needs the prompt "
-                                  "as the server tokenized it{}; {}",
-                                  who, field, chat ? " (with its chat template)" : "", enable_hint(server, chat, false)));
+                        : server == AdminDialect::kArlo       ? "prompt_token_ids"
+                                                              : "choices[].prompt_token_ids";
+    return make_error(
+        ErrorCode::kMismatch,
+        fmt::format("{}: the response carries no prompt token ids ({}): the trainer needs the prompt "
+                    "as the server tokenized it{}; {}",
+                    who, field, chat ? " (with its chat template)" : "", enable_hint(server, chat, false)));
   }
   return ok();
 }
@@ -154,7 +161,8 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
   if (!body.is_object()) return make_error(ErrorCode::kParse, "completion response: expected a JSON object");
   if (body.contains("error")) {
     const auto& e = body["error"];
-    std::string msg = e.is_object() && e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : e.dump();
+    std::string msg =
+        e.is_object() && e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : e.dump();
     return make_error(ErrorCode::kUnavailable, fmt::format("server error: {}", msg));
   }
   if (!body.contains("choices") || !body["choices"].is_array())
@@ -166,7 +174,8 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
     ARLO_ASSIGN_OR_RETURN(c.prompt_token_ids, parse_ids(body["prompt_token_ids"], "prompt_token_ids"));
   }
   std::optional<std::int64_t> response_version;
-  if (body.contains("version") && body["version"].is_number_integer()) response_version = body["version"].get<std::int64_t>();
+  if (body.contains("version") && body["version"].is_number_integer())
+    response_version = body["version"].get<std::int64_t>();
 
   for (std::size_t i = 0; i < body["choices"].size(); ++i) {
     const Json& ch = body["choices"][i];
@@ -180,7 +189,8 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
       const auto& content = ch["message"].value("content", Json());
       out.text = content.is_string() ? content.get<std::string>() : "";
     } else {
-      if (!ch.contains("text") || !ch["text"].is_string()) return make_error(ErrorCode::kParse, where + ": missing 'text'");
+      if (!ch.contains("text") || !ch["text"].is_string())
+        return make_error(ErrorCode::kParse, where + ": missing 'text'");
       out.text = ch["text"].get<std::string>();
     }
     if (ch.contains("token_ids") && !ch["token_ids"].is_null()) {
@@ -204,7 +214,8 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
           }
       } else if (lp.contains("token_logprobs") && lp["token_logprobs"].is_array()) {
         for (const auto& x : lp["token_logprobs"]) {
-          if (!x.is_number()) return make_error(ErrorCode::kParse, where + ".logprobs.token_logprobs: non-numeric entry");
+          if (!x.is_number())
+            return make_error(ErrorCode::kParse, where + ".logprobs.token_logprobs: non-numeric entry");
           out.logprobs.push_back(x.get<float>());
         }
       }
@@ -220,7 +231,8 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
       out.version_spans = {{*response_version, 0}};
     }
     if (!out.logprobs.empty() && !out.token_ids.empty() && out.logprobs.size() != out.token_ids.size())
-      return make_error(ErrorCode::kParse, fmt::format("{}: {} logprobs for {} tokens", where, out.logprobs.size(), out.token_ids.size()));
+      return make_error(ErrorCode::kParse,
+                        fmt::format("{}: {} logprobs for {} tokens", where, out.logprobs.size(), out.token_ids.size()));
     c.choices.push_back(std::move(out));
   }
   std::sort(c.choices.begin(), c.choices.end(), [](const auto& a, const auto& b) { return a.index < b.index; });

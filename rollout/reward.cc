@@ -86,33 +86,40 @@ bool is_empty_config_key(const std::string& key, const Json& value) {
 
 bool takes_config_whole(std::string_view type) {
   const RewardKind* kind = find_entry(reward_kinds(), type);
-  return kind && std::any_of(kind->options.begin(), kind->options.end(), [](const auto& o) { return o.key == "config"; });
+  return kind &&
+         std::any_of(kind->options.begin(), kind->options.end(), [](const auto& o) { return o.key == "config"; });
 }
 
 // Accepts the config schema's shape ({kind, weight, path, url, pattern, config: {...}}) as well as
 // the flat one ({type, ...options}): "kind" means "type"; a built-in's options may sit in "config"
 // (unless the kind takes "config" whole: plugin); string config keys left empty are ignored.
 Result<Json> normalize_spec(const Json& in) {
-  if (!in.is_object()) return make_error(ErrorCode::kInvalidArgument, "reward spec: expected an object with 'kind' (or 'type')");
+  if (!in.is_object())
+    return make_error(ErrorCode::kInvalidArgument, "reward spec: expected an object with 'kind' (or 'type')");
   Json spec = in;
   if (spec.contains("kind")) {
-    if (spec.contains("type")) return make_error(ErrorCode::kInvalidArgument, "reward spec: give 'kind' or 'type', not both");
+    if (spec.contains("type"))
+      return make_error(ErrorCode::kInvalidArgument, "reward spec: give 'kind' or 'type', not both");
     spec["type"] = spec["kind"];
     spec.erase("kind");
   }
   if (!spec.contains("type") || !spec["type"].is_string())
-    return make_error(ErrorCode::kInvalidArgument, "reward spec: needs a string 'kind' (exact_match, numeric_match, ...)");
-  for (auto it = spec.begin(); it != spec.end();) it = is_empty_config_key(it.key(), it.value()) ? spec.erase(it) : std::next(it);
+    return make_error(ErrorCode::kInvalidArgument,
+                      "reward spec: needs a string 'kind' (exact_match, numeric_match, ...)");
+  for (auto it = spec.begin(); it != spec.end();)
+    it = is_empty_config_key(it.key(), it.value()) ? spec.erase(it) : std::next(it);
   const std::string type = spec["type"].get<std::string>();
   const bool whole = takes_config_whole(type);
   if (spec.contains("config") && !whole) {
     const Json config = spec["config"];
     spec.erase("config");
     if (!config.is_object())
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("reward '{}': 'config' must be a mapping of options", type));
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("reward '{}': 'config' must be a mapping of options", type));
     for (const auto& [k, v] : config.items()) {
       if (spec.contains(k))
-        return make_error(ErrorCode::kInvalidArgument, fmt::format("reward '{}': option '{}' given twice (in and out of config)", type, k));
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("reward '{}': option '{}' given twice (in and out of config)", type, k));
       spec[k] = v;
     }
   }
@@ -129,7 +136,8 @@ Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& raw) {
   const std::string type = spec["type"].get<std::string>();
   const std::string who = fmt::format("reward '{}'", type);
   if (spec.contains("name") && !spec["name"].is_string())
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: option 'name' has the wrong type ({})", who, spec["name"].dump()));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("{}: option 'name' has the wrong type ({})", who, spec["name"].dump()));
   ARLO_ASSIGN_OR_RETURN(const RewardKind* kind, find_reward_kind(type));
   ARLO_ASSIGN_OR_RETURN(const Json options, resolve_options(who, kind->options, spec, {"type", "name", "weight"}));
   return kind->make(RewardSpec{options, spec.value("name", type), spec.contains("name")});

@@ -15,13 +15,16 @@ namespace asio = boost::asio;
 
 Result<Score> parse_score(const Json& j, const std::string& where) {
   if (!j.is_object() || !j.contains("reward") || !j["reward"].is_number())
-    return make_error(ErrorCode::kParse, fmt::format("{}: expected {{\"reward\": <number>, \"metrics\": {{...}}}}", where));
+    return make_error(ErrorCode::kParse,
+                      fmt::format("{}: expected {{\"reward\": <number>, \"metrics\": {{...}}}}", where));
   Score s;
   s.reward = j["reward"].get<double>();
   if (j.contains("metrics")) {
-    if (!j["metrics"].is_object()) return make_error(ErrorCode::kParse, fmt::format("{}: 'metrics' must be an object", where));
+    if (!j["metrics"].is_object())
+      return make_error(ErrorCode::kParse, fmt::format("{}: 'metrics' must be an object", where));
     for (const auto& [k, v] : j["metrics"].items()) {
-      if (!v.is_number()) return make_error(ErrorCode::kParse, fmt::format("{}: metric '{}' is not a number", where, k));
+      if (!v.is_number())
+        return make_error(ErrorCode::kParse, fmt::format("{}: metric '{}' is not a number", where, k));
       s.metrics[k] = v.get<double>();
     }
   }
@@ -44,12 +47,15 @@ class HttpReward : public RewardModule {
     Json rollouts = Json::array();
     for (const auto& r : group) rollouts.push_back(to_json(r));
     ARLO_ASSIGN_OR_RETURN(Json body, post({{"task", to_json(task)}, {"rollouts", rollouts}}));
-    if (!body.is_object() || !body.contains("scores") || !body["scores"].is_array() || body["scores"].size() != group.size())
-      return make_error(ErrorCode::kParse, fmt::format("reward server {}: expected {{\"scores\": [...]}} with {} entries",
-                                                       options_.url, group.size()));
+    if (!body.is_object() || !body.contains("scores") || !body["scores"].is_array() ||
+        body["scores"].size() != group.size())
+      return make_error(
+          ErrorCode::kParse,
+          fmt::format("reward server {}: expected {{\"scores\": [...]}} with {} entries", options_.url, group.size()));
     std::vector<Score> out;
     for (std::size_t i = 0; i < group.size(); ++i) {
-      ARLO_ASSIGN_OR_RETURN(Score s, parse_score(body["scores"][i], fmt::format("reward server {} scores[{}]", options_.url, i)));
+      ARLO_ASSIGN_OR_RETURN(
+          Score s, parse_score(body["scores"][i], fmt::format("reward server {} scores[{}]", options_.url, i)));
       out.push_back(std::move(s));
     }
     return out;
@@ -71,11 +77,12 @@ class HttpReward : public RewardModule {
         asio::detached);
     io.run();
     if (!result) return make_error(ErrorCode::kInternal, "http reward: request did not complete");
-    if (!*result) return std::unexpected(std::move(*result).error().with_context(fmt::format("reward server {}", options_.url)));
+    if (!*result)
+      return std::unexpected(std::move(*result).error().with_context(fmt::format("reward server {}", options_.url)));
     const http::Response& resp = **result;
     if (resp.status < 200 || resp.status >= 300)
-      return make_error(ErrorCode::kUnavailable,
-                        fmt::format("reward server {} answered HTTP {}: {}", options_.url, resp.status, resp.body.substr(0, 200)));
+      return make_error(ErrorCode::kUnavailable, fmt::format("reward server {} answered HTTP {}: {}", options_.url,
+                                                             resp.status, resp.body.substr(0, 200)));
     return resp.parse_json();
   }
 
@@ -87,7 +94,8 @@ class HttpReward : public RewardModule {
 
 Result<std::unique_ptr<RewardModule>> make_http_reward(std::string name, HttpRewardOptions options) {
   if (options.url.rfind("http://", 0) != 0)
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("reward 'http': url must start with http://, got '{}'", options.url));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("reward 'http': url must start with http://, got '{}'", options.url));
   return std::unique_ptr<RewardModule>(std::make_unique<HttpReward>(std::move(name), std::move(options)));
 }
 

@@ -126,8 +126,9 @@ Result<std::unique_ptr<RewardModule>> load_reward_plugin(const std::string& path
                                   "version {}; rebuild it against this arlo's include/arlo/reward_plugin.h",
                                   path, table->abi_version, ARLO_REWARD_PLUGIN_ABI_VERSION));
   if (table->struct_size < sizeof(arlo_reward_plugin) || !table->create || !table->destroy || !table->score)
-    return make_error(ErrorCode::kMismatch,
-                      fmt::format("reward plugin {}: incomplete function table (create, destroy and score are required)", path));
+    return make_error(
+        ErrorCode::kMismatch,
+        fmt::format("reward plugin {}: incomplete function table (create, destroy and score are required)", path));
   char error[ARLO_REWARD_ERROR_SIZE] = {0};
   void* instance = nullptr;
   try {
@@ -139,8 +140,8 @@ Result<std::unique_ptr<RewardModule>> load_reward_plugin(const std::string& path
   }
   error[sizeof(error) - 1] = '\0';
   if (!instance)
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("reward plugin {}: create() rejected the config: {}", path,
-                                                               error[0] ? error : "no message"));
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("reward plugin {}: create() rejected the config: {}",
+                                                               path, error[0] ? error : "no message"));
   auto inst = std::make_shared<Instance>();
   inst->library = lib;
   inst->table = table;

@@ -51,8 +51,9 @@ Status write_all(int fd, const char* p, std::size_t n) {
 Status write_frame(int fd, const Json& message) {
   const std::string body = message.dump(-1, ' ', false, Json::error_handler_t::replace);
   if (body.size() > kMaxRewardFrameBytes)
-    return make_error(ErrorCode::kResourceExhausted,
-                      fmt::format("reward host frame of {} bytes is over the {} byte limit", body.size(), kMaxRewardFrameBytes));
+    return make_error(
+        ErrorCode::kResourceExhausted,
+        fmt::format("reward host frame of {} bytes is over the {} byte limit", body.size(), kMaxRewardFrameBytes));
   std::string frame(4, '\0');
   const auto n = static_cast<std::uint32_t>(body.size());
   for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
@@ -90,7 +91,8 @@ Result<Json> read_frame(int fd, std::optional<Clock::time_point> deadline = std:
   ARLO_TRY(read_exact(fd, reinterpret_cast<char*>(len), 4, deadline));
   const std::uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<std::uint32_t>(len[3]) << 24);
   if (n > kMaxRewardFrameBytes)
-    return make_error(ErrorCode::kParse, fmt::format("reward host frame of {} bytes is over the {} byte limit", n, kMaxRewardFrameBytes));
+    return make_error(ErrorCode::kParse,
+                      fmt::format("reward host frame of {} bytes is over the {} byte limit", n, kMaxRewardFrameBytes));
   std::string body(n, '\0');
   ARLO_TRY(read_exact(fd, body.data(), n, deadline));
   Json j = Json::parse(body, nullptr, false);
@@ -178,13 +180,14 @@ class RewardHost {
 
   Result<Score> score(const Task& task, const Rollout& r) {
     ARLO_TRY(ensure_running());
-    Json request = {{"op", "score"},
-                    {"task", {{"id", task.id}, {"prompt", task.prompt_text()}, {"answer", task.answer}, {"info", task.info}}},
-                    {"rollout",
-                     {{"completion", r.completion_text},
-                      {"tokens", r.completion_tokens},
-                      {"finish_reason", std::string(to_string(r.finish_reason))},
-                      {"sample_index", r.sample_index}}}};
+    Json request = {
+        {"op", "score"},
+        {"task", {{"id", task.id}, {"prompt", task.prompt_text()}, {"answer", task.answer}, {"info", task.info}}},
+        {"rollout",
+         {{"completion", r.completion_text},
+          {"tokens", r.completion_tokens},
+          {"finish_reason", std::string(to_string(r.finish_reason))},
+          {"sample_index", r.sample_index}}}};
     Pending pending;
     std::uint64_t id = 0;
     std::uint64_t generation = 0;
@@ -216,10 +219,11 @@ class RewardHost {
       ::kill(pid_, SIGKILL);
       alive_ = false;  // the next call starts a new host (after this one's reader reported the death)
     }
-    return make_error(ErrorCode::kTimeout,
-                      fmt::format("reward plugin '{}' did not answer within {} ms; its host process (pid {}) was killed "
-                                  "and is restarted",
-                                  plugin_name_, ms(options_.call_timeout), pid));
+    return make_error(
+        ErrorCode::kTimeout,
+        fmt::format("reward plugin '{}' did not answer within {} ms; its host process (pid {}) was killed "
+                    "and is restarted",
+                    plugin_name_, ms(options_.call_timeout), pid));
   }
 
   Status usable() const {
@@ -340,22 +344,23 @@ class RewardHost {
     pid_t pid = -1;
     // posix_spawn reports a missing program through its result only where exec runs in the spawning
     // call (not under every runtime, e.g. valgrind): check first, so the error is always this one.
-    const int rc = ::access(program_.c_str(), X_OK) != 0 ? errno
-                                                         : ::posix_spawn(&pid, program_.c_str(), &actions, &attr, argv.data(), environ);
+    const int rc = ::access(program_.c_str(), X_OK) != 0
+                       ? errno
+                       : ::posix_spawn(&pid, program_.c_str(), &actions, &attr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
     ::close(sv[1]);
     if (rc != 0) {
       ::close(sv[0]);
-      return make_error(ErrorCode::kNotFound, fmt::format("reward plugin {}: cannot start the reward host {}: {}", path_,
-                                                          program_, std::strerror(rc)));
+      return make_error(ErrorCode::kNotFound, fmt::format("reward plugin {}: cannot start the reward host {}: {}",
+                                                          path_, program_, std::strerror(rc)));
     }
     const int fd = sv[0];
     auto fail = [&](Error e) -> Status {
       ::close(fd);
       const int status = reap(pid, std::chrono::milliseconds(0));
-      return std::unexpected(std::move(e).with_context(fmt::format("reward plugin {} (host pid {}, {})", path_, pid,
-                                                                    describe_status(status))));
+      return std::unexpected(std::move(e).with_context(
+          fmt::format("reward plugin {} (host pid {}, {})", path_, pid, describe_status(status))));
     };
     if (auto w = write_frame(fd, {{"op", "load"}, {"path", path_}, {"config", config_}}); !w) return fail(w.error());
     auto reply = read_frame(fd, Clock::now() + options_.start_timeout);
@@ -496,7 +501,8 @@ class RewardHost {
 
 class RewardHostModule : public RewardModule {
  public:
-  RewardHostModule(std::string name, std::shared_ptr<RewardHost> host) : name_(std::move(name)), host_(std::move(host)) {}
+  RewardHostModule(std::string name, std::shared_ptr<RewardHost> host)
+      : name_(std::move(name)), host_(std::move(host)) {}
   // Calls still in flight hold the host; shutting it down now makes them return at once.
   ~RewardHostModule() override { host_->shutdown(); }
   const std::string& name() const override { return name_; }
@@ -519,17 +525,19 @@ Result<std::string> find_reward_host() {
   std::vector<fs::path> looked;
   if (!ec) {
     const fs::path dir = self.parent_path();
-    for (const fs::path& candidate : {dir / kRewardHostProgram, dir.parent_path() / kRewardHostProgram / kRewardHostProgram,
-                                      dir.parent_path().parent_path() / "apps" / kRewardHostProgram / kRewardHostProgram}) {
+    for (const fs::path& candidate :
+         {dir / kRewardHostProgram, dir.parent_path() / kRewardHostProgram / kRewardHostProgram,
+          dir.parent_path().parent_path() / "apps" / kRewardHostProgram / kRewardHostProgram}) {
       if (fs::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
       looked.push_back(candidate);
     }
   }
   std::string where;
   for (const auto& p : looked) where += (where.empty() ? "" : ", ") + p.string();
-  return make_error(ErrorCode::kNotFound, fmt::format("{} not found (looked at {}); build it with arlo, or set isolate: "
-                                                      "none to load the plugin into arlo itself",
-                                                      kRewardHostProgram, where.empty() ? "nothing: /proc/self/exe" : where));
+  return make_error(ErrorCode::kNotFound,
+                    fmt::format("{} not found (looked at {}); build it with arlo, or set isolate: "
+                                "none to load the plugin into arlo itself",
+                                kRewardHostProgram, where.empty() ? "nothing: /proc/self/exe" : where));
 }
 
 Result<std::unique_ptr<RewardModule>> load_isolated_reward_plugin(const std::string& path, const std::string& config,
@@ -538,7 +546,9 @@ Result<std::unique_ptr<RewardModule>> load_isolated_reward_plugin(const std::str
   std::string program = options.program;
   if (program.empty()) {
     auto found = find_reward_host();
-    if (!found) return std::unexpected(std::move(found).error().with_context(fmt::format("reward plugin {} (isolate: process)", path)));
+    if (!found)
+      return std::unexpected(
+          std::move(found).error().with_context(fmt::format("reward plugin {} (isolate: process)", path)));
     program = *found;
   }
   auto host = std::make_shared<RewardHost>(path, config, program, options);

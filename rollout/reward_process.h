@@ -42,7 +42,7 @@ inline constexpr std::size_t kMaxRewardFrameBytes = 64u << 20;
 inline constexpr const char* kRewardHostProgram = "arlo-reward-host";
 
 struct RewardHostOptions {
-  std::string program;  // the host binary; empty: find_reward_host()
+  std::string program;                                // the host binary; empty: find_reward_host()
   Duration call_timeout = std::chrono::seconds(30);   // a call past this kills the host
   Duration start_timeout = std::chrono::seconds(60);  // spawn + dlopen + create()
   int max_restarts = 5;                               // host deaths in a row before giving up

@@ -15,7 +15,8 @@ Result<FailurePolicy> parse_failure_policy(std::string_view name) {
   if (name == "assign") return FailurePolicy::kAssign;
   if (name == "drop") return FailurePolicy::kDrop;
   if (name == "fail") return FailurePolicy::kFail;
-  return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown reward failure policy '{}': use assign, drop or fail", name));
+  return make_error(ErrorCode::kInvalidArgument,
+                    fmt::format("unknown reward failure policy '{}': use assign, drop or fail", name));
 }
 
 namespace {
@@ -34,10 +35,12 @@ auto guarded(const std::string& name, F f) -> decltype(f()) {
 
 Status check_finite(const std::string& name, const Score& s) {
   if (!std::isfinite(s.reward))
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("reward module '{}' returned a non-finite reward ({})", name, s.reward));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("reward module '{}' returned a non-finite reward ({})", name, s.reward));
   for (const auto& [k, v] : s.metrics)
     if (!std::isfinite(v))
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("reward module '{}' returned non-finite metric '{}' ({})", name, k, v));
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("reward module '{}' returned non-finite metric '{}' ({})", name, k, v));
   return ok();
 }
 
@@ -66,7 +69,8 @@ Status RewardScorer::handle_failure(Rollout& r, const Error& e) {
     case FailurePolicy::kDrop:
       ++stats_.dropped;
       r.reward.reset();
-      ARLO_WARN_EVERY(10.0, "reward for task {} sample {} failed, sample dropped: {}", r.task_id, r.sample_index, e.what());
+      ARLO_WARN_EVERY(10.0, "reward for task {} sample {} failed, sample dropped: {}", r.task_id, r.sample_index,
+                      e.what());
       return ok();
     case FailurePolicy::kFail:
       break;
@@ -89,7 +93,8 @@ Status RewardScorer::apply(std::vector<Rollout>& group, std::vector<Result<Score
       r.timings.scoring_s = scoring_s;
     }
     Error lost = results[i].error();
-    lost.with_context(fmt::format("scoring task {} sample {} (the group is dropped)", group[i].task_id, group[i].sample_index));
+    lost.with_context(
+        fmt::format("scoring task {} sample {} (the group is dropped)", group[i].task_id, group[i].sample_index));
     return std::unexpected(std::move(lost));
   }
   // A module that cannot go on (kResourceExhausted: a plugin host past its restart bound) stops the run.

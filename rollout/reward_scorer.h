@@ -36,13 +36,13 @@ struct ScorerOptions {
 
 struct ScorerStats {
   std::uint64_t calls = 0;
-  std::uint64_t scored = 0;      // samples that got a module reward
-  std::uint64_t failed = 0;      // samples whose call failed (any reason)
+  std::uint64_t scored = 0;  // samples that got a module reward
+  std::uint64_t failed = 0;  // samples whose call failed (any reason)
   std::uint64_t timeouts = 0;
   std::uint64_t non_finite = 0;
-  std::uint64_t assigned = 0;    // failed samples given assign_value
-  std::uint64_t dropped = 0;     // failed samples left unscored
-  std::uint64_t groups_lost = 0; // groups failed whole: a call ended without a verdict (kCancelled)
+  std::uint64_t assigned = 0;     // failed samples given assign_value
+  std::uint64_t dropped = 0;      // failed samples left unscored
+  std::uint64_t groups_lost = 0;  // groups failed whole: a call ended without a verdict (kCancelled)
 };
 
 class RewardScorer {
@@ -60,7 +60,8 @@ class RewardScorer {
   boost::asio::awaitable<Status> score_whole_group(const Task& task, std::vector<Rollout>& group);
   Status handle_failure(Rollout& r, const Error& e);
   Status apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results, double scoring_s);
-  Status apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared, double scoring_s);
+  Status apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared,
+                      double scoring_s);
   Status apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores, double scoring_s);
 
   boost::asio::io_context& loop_;

@@ -35,13 +35,13 @@ using ::arlo::VersionSpan;
 // One request to an OpenAI-compatible server. Prompt precedence: prompt_token_ids, then messages
 // (chat endpoint), then prompt.
 struct CompletionRequest {
-  std::string model;                          // "" lets the server pick its only model
+  std::string model;  // "" lets the server pick its only model
   std::optional<std::string> prompt;
   std::vector<std::int32_t> prompt_token_ids;
-  std::vector<ChatMessage> messages;          // non-empty => /v1/chat/completions
+  std::vector<ChatMessage> messages;  // non-empty => /v1/chat/completions
   SamplingParams sampling;
-  std::string affinity_key;                   // requests with the same key go to the same server
-  Json extra = Json::object();                // merged into the request body (server-specific knobs)
+  std::string affinity_key;     // requests with the same key go to the same server
+  Json extra = Json::object();  // merged into the request body (server-specific knobs)
 
   bool is_chat() const { return !messages.empty() && prompt_token_ids.empty(); }
 };
@@ -50,24 +50,24 @@ struct CompletionChoice {
   int index = 0;
   std::string text;
   std::vector<std::int32_t> token_ids;
-  std::vector<float> logprobs;                // one per generated token when requested
+  std::vector<float> logprobs;  // one per generated token when requested
   FinishReason finish_reason = FinishReason::kUnknown;
-  std::vector<VersionSpan> version_spans;     // empty when the server does not report versions
+  std::vector<VersionSpan> version_spans;  // empty when the server does not report versions
 };
 
 struct Completion {
   std::string id;
   std::string model;
   std::vector<std::int32_t> prompt_token_ids;
-  std::vector<CompletionChoice> choices;      // sorted by index
-  std::string server;                         // base URL of the server that produced it
-  int attempts = 1;                           // servers tried (1 = first try succeeded)
+  std::vector<CompletionChoice> choices;  // sorted by index
+  std::string server;                     // base URL of the server that produced it
+  int attempts = 1;                       // servers tried (1 = first try succeeded)
 };
 
 struct Timings {
-  double queued_s = 0;      // waiting for a dispatch slot
-  double inference_s = 0;   // request sent -> completion received
-  double scoring_s = 0;     // reward computation
+  double queued_s = 0;     // waiting for a dispatch slot
+  double inference_s = 0;  // request sent -> completion received
+  double scoring_s = 0;    // reward computation
 };
 
 // One generated sample of a prompt group, as it travels to the trainer.
@@ -78,10 +78,10 @@ struct Rollout {
   std::vector<std::int32_t> prompt_tokens;
   std::vector<std::int32_t> completion_tokens;
   std::string completion_text;
-  std::vector<float> logprobs;                  // one per completion token
-  std::vector<VersionSpan> version_spans;       // sorted by first_token; first starts at 0
+  std::vector<float> logprobs;             // one per completion token
+  std::vector<VersionSpan> version_spans;  // sorted by first_token; first starts at 0
   FinishReason finish_reason = FinishReason::kUnknown;
-  std::optional<double> reward;                 // unset until scored (or when dropped)
+  std::optional<double> reward;  // unset until scored (or when dropped)
   std::map<std::string, double> metrics;
   Timings timings;
 };

@@ -19,13 +19,15 @@ std::string find_binary(const std::string& name) {
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     const fs::path dir = self.parent_path();
-    for (const fs::path& candidate : {dir / name, dir.parent_path() / name / name, dir.parent_path().parent_path() / "apps" / name / name})
+    for (const fs::path& candidate :
+         {dir / name, dir.parent_path() / name / name, dir.parent_path().parent_path() / "apps" / name / name})
       if (fs::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
   }
   return name;
 }
 
-RunChildren::RunChildren() : launcher_([this](const std::string& name, const std::string& line) { on_line(name, line); }) {}
+RunChildren::RunChildren()
+    : launcher_([this](const std::string& name, const std::string& line) { on_line(name, line); }) {}
 
 RunChildren::~RunChildren() { stop(); }
 
@@ -49,9 +51,12 @@ std::string RunChildren::tail(const std::string& name) const {
 }
 
 Status RunChildren::spawn(const orch::ChildSpec& spec) {
-  if (stopped_) return make_error(ErrorCode::kCancelled, fmt::format("not starting {}: the run is stopping", spec.name));
+  if (stopped_)
+    return make_error(ErrorCode::kCancelled, fmt::format("not starting {}: the run is stopping", spec.name));
   auto pid = launcher_.spawn(spec);
-  if (!pid) return std::unexpected(Error(pid.error()).with_context(fmt::format("starting {} ({})", spec.name, spec.argv.at(0))));
+  if (!pid)
+    return std::unexpected(
+        Error(pid.error()).with_context(fmt::format("starting {} ({})", spec.name, spec.argv.at(0))));
   specs_.insert_or_assign(spec.name, spec);
   return {};
 }
@@ -63,7 +68,8 @@ Status RunChildren::restart(const std::string& name, bool as_first_started) {
   if (!as_first_started && !spec.restart_argv.empty()) spec.argv = spec.restart_argv;
   if (stopped_) return make_error(ErrorCode::kCancelled, fmt::format("not restarting {}: the run is stopping", name));
   auto pid = launcher_.spawn(spec);
-  if (!pid) return std::unexpected(Error(pid.error()).with_context(fmt::format("restarting {} ({})", name, spec.argv.at(0))));
+  if (!pid)
+    return std::unexpected(Error(pid.error()).with_context(fmt::format("restarting {} ({})", name, spec.argv.at(0))));
   return {};
 }
 
@@ -79,8 +85,8 @@ std::string RunChildren::describe(const orch::ChildExit& e) const {
 }
 
 Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
-                                                  const std::vector<std::pair<std::string, std::string>>& workers,
-                                                  std::chrono::steady_clock::time_point deadline) {
+                                            const std::vector<std::pair<std::string, std::string>>& workers,
+                                            std::chrono::steady_clock::time_point deadline) {
   http::ClientOptions co;
   co.retry.max_attempts = 1;
   http::Client client(io, co);
@@ -98,10 +104,11 @@ Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
     if (std::chrono::steady_clock::now() >= deadline) {
       for (std::size_t i = 0; i < workers.size(); ++i)
         if (!ready[i])
-          co_return make_error(ErrorCode::kTimeout,
-                               fmt::format("{} at {} did not answer /health in time{}", workers[i].first, workers[i].second,
-                                           tail(workers[i].first).empty() ? std::string(" (is it started?)")
-                                                                          : "; its last lines:\n" + tail(workers[i].first)));
+          co_return make_error(
+              ErrorCode::kTimeout,
+              fmt::format("{} at {} did not answer /health in time{}", workers[i].first, workers[i].second,
+                          tail(workers[i].first).empty() ? std::string(" (is it started?)")
+                                                         : "; its last lines:\n" + tail(workers[i].first)));
     }
     timer.expires_after(std::chrono::milliseconds(100));
     co_await timer.async_wait(boost::asio::use_awaitable);

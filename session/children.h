@@ -47,8 +47,9 @@ class RunChildren {
   std::string describe(const orch::ChildExit& e) const;
   // Polls GET <url>/health of every worker until each answers 200; fails at `deadline` (naming the
   // worker that is not ready and its last lines). Exits are the caller's to watch (next_exit()).
-  Awaitable<Status> wait_healthy(boost::asio::io_context& io, const std::vector<std::pair<std::string, std::string>>& workers,
-                                       std::chrono::steady_clock::time_point deadline);
+  Awaitable<Status> wait_healthy(boost::asio::io_context& io,
+                                 const std::vector<std::pair<std::string, std::string>>& workers,
+                                 std::chrono::steady_clock::time_point deadline);
   // SIGTERM, grace, SIGKILL; idempotent.
   void stop();
   std::string tail(const std::string& name) const;

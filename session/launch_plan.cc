@@ -29,11 +29,15 @@ std::string payload_name(const config::Config& cfg) {
 }
 
 std::vector<std::string> model_flags(const config::Config& cfg) {
-  return {"--layers", std::to_string(cfg.integer("model.layers")), "--hidden", std::to_string(cfg.integer("model.hidden")),
-          "--heads", std::to_string(cfg.integer("model.heads")), "--context", std::to_string(cfg.integer("model.context"))};
+  return {"--layers",  std::to_string(cfg.integer("model.layers")),
+          "--hidden",  std::to_string(cfg.integer("model.hidden")),
+          "--heads",   std::to_string(cfg.integer("model.heads")),
+          "--context", std::to_string(cfg.integer("model.context"))};
 }
 
-void append(std::vector<std::string>& to, const std::vector<std::string>& more) { to.insert(to.end(), more.begin(), more.end()); }
+void append(std::vector<std::string>& to, const std::vector<std::string>& more) {
+  to.insert(to.end(), more.begin(), more.end());
+}
 
 std::string num(double v) { return fmt::format("{}", v); }
 
@@ -64,8 +68,9 @@ ChainRole chain_role(std::size_t worker, const std::vector<bool>& receiving, boo
   return role;
 }
 
-rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t version, const rollout::ServerCapabilities& server,
-                                              const nlohmann::json& announced, std::optional<ChainRole> role) const {
+rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t version,
+                                               const rollout::ServerCapabilities& server,
+                                               const nlohmann::json& announced, std::optional<ChainRole> role) const {
   rollout::WeightUpdate u;
   u.version = version;
   if (collective) {
@@ -77,8 +82,11 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t 
   nlohmann::json endpoint = block;  // no announcement: the planned block names the endpoint
   if (announced.contains("weight_sync")) {
     auto a = weight_sync::parse_announcement(announced["weight_sync"]);
-    if (a) endpoint = a->endpoint;
-    else ARLO_WARN("arlo run: the trainer's announcement of v{}: {}; using the planned endpoint", version, a.error().what());
+    if (a)
+      endpoint = a->endpoint;
+    else
+      ARLO_WARN("arlo run: the trainer's announcement of v{}: {}; using the planned endpoint", version,
+                a.error().what());
   }
   ChainRole part;
   if (chain && worker < relays.size()) {
@@ -96,8 +104,7 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t 
   }
   u.weight_sync = receiver;
   // Such servers (vLLM, SGLang) load a version from its directory of Hugging Face-compatible shards.
-  if (server.takes_model_path && d && (*d)->version_path)
-    u.extra["model_path"] = (*d)->version_path(endpoint, version);
+  if (server.takes_model_path && d && (*d)->version_path) u.extra["model_path"] = (*d)->version_path(endpoint, version);
   return u;
 }
 
@@ -123,9 +130,15 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
     if (!o.config) continue;
     const std::string key = "weight_sync." + o.key;
     switch (o.type) {
-      case weight_sync::OptionSpec::Type::kBool: b[o.key] = cfg.boolean(key); break;
-      case weight_sync::OptionSpec::Type::kInt: b[o.key] = cfg.integer(key); break;
-      case weight_sync::OptionSpec::Type::kFloat: b[o.key] = cfg.number(key); break;
+      case weight_sync::OptionSpec::Type::kBool:
+        b[o.key] = cfg.boolean(key);
+        break;
+      case weight_sync::OptionSpec::Type::kInt:
+        b[o.key] = cfg.integer(key);
+        break;
+      case weight_sync::OptionSpec::Type::kFloat:
+        b[o.key] = cfg.number(key);
+        break;
       case weight_sync::OptionSpec::Type::kString: {
         const auto& v = cfg.string(key);
         b[o.key] = o.path && !v.empty() ? std::filesystem::absolute(v).string() : v;  // the same for every process
@@ -149,7 +162,9 @@ Result<WeightSyncPlan> plan_weight_sync(const config::Config& cfg, const std::st
                                         const weight_sync::TransportDescriptor& d) {
   WeightSyncPlan ws;
   const std::string dir = cfg.string("weight_sync.dir");
-  ws.weights_dir = std::filesystem::absolute(dir.empty() ? std::filesystem::path(run_dir) / "weights" : std::filesystem::path(dir)).string();
+  ws.weights_dir =
+      std::filesystem::absolute(dir.empty() ? std::filesystem::path(run_dir) / "weights" : std::filesystem::path(dir))
+          .string();
   ARLO_ASSIGN_OR_RETURN(ws.block, block_from_config(cfg, d));
   ws.chain = cfg.string("weight_sync.topology") == "chain";
   if (ws.chain && !d.capabilities.relays)
@@ -160,7 +175,8 @@ Result<WeightSyncPlan> plan_weight_sync(const config::Config& cfg, const std::st
   const bool embedded = cfg.string("inference.launch") == "embedded";
   if (d.capabilities.collective) {
     orch::adapters::CollectiveSessionOptions o;
-    o.expected = embedded ? static_cast<std::size_t>(cfg.integer("inference.num_workers")) : cfg.strings("inference.urls").size();
+    o.expected = embedded ? static_cast<std::size_t>(cfg.integer("inference.num_workers"))
+                          : cfg.strings("inference.urls").size();
     ARLO_ASSIGN_OR_RETURN(const auto* dialect, rollout::find_admin_dialect(cfg.string("inference.kind")));
     o.flavor = rollout::to_string(dialect->completions);  // the family whose rendezvous its servers expect
     o.timeout = std::chrono::milliseconds(ws.block["timeout_ms"].get<std::int64_t>());
@@ -220,11 +236,21 @@ Status plan_embedded_workers(const config::Config& cfg, const weight_sync::Trans
     ARLO_ASSIGN_OR_RETURN(auto port, orch::free_loopback_port());
     orch::ChildSpec spec;
     spec.name = fmt::format("worker-{}", i);
-    spec.argv = {find_binary("arlo-worker"), "--bind", "127.0.0.1", "--port", std::to_string(port),
-                 "--init-seed", std::to_string(cfg.integer("model.seed")), "--seed",
-                 std::to_string(cfg.integer("run.seed") * 1000 + i), "--threads", threads, "--max-batch",
+    spec.argv = {find_binary("arlo-worker"),
+                 "--bind",
+                 "127.0.0.1",
+                 "--port",
+                 std::to_string(port),
+                 "--init-seed",
+                 std::to_string(cfg.integer("model.seed")),
+                 "--seed",
+                 std::to_string(cfg.integer("run.seed") * 1000 + i),
+                 "--threads",
+                 threads,
+                 "--max-batch",
                  std::to_string(std::max<std::int64_t>(64, cfg.integer("orchestrator.max_inflight"))),
-                 "--log-level", cfg.string("log.level")};
+                 "--log-level",
+                 cfg.string("log.level")};
     append(spec.argv, model_flags(cfg));
     nlohmann::json own = {{"transport", d.name}, {"peer_name", spec.name}, {"timeout_ms", ws.block["timeout_ms"]}};
     if (ws.chain && i + 1 < n) {  // relays to the next worker
@@ -272,22 +298,46 @@ std::int64_t trainer_ckpt_interval(const config::Config& cfg) {
   return own > 0 ? own : cfg.integer("ckpt.interval");
 }
 
-orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws, int num_workers,
-                             std::uint16_t bridge_port) {
+orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
+                             int num_workers, std::uint16_t bridge_port) {
   orch::ChildSpec spec;
   spec.name = "trainer";
   const auto threads = std::to_string(cfg.integer("trainer.threads"));
-  spec.argv = {find_binary("arlo-trainer"), "--run-dir", run_dir, "--bridge", cfg.string("bridge.transport"),
-               "--seed", std::to_string(cfg.integer("model.seed")), "--threads", threads,
-               "--lr", num(cfg.number("trainer.lr")), "--sft-lr", num(cfg.number("trainer.sft_lr")),
-               "--weight-decay", num(cfg.number("trainer.weight_decay")),
-               "--beta1", num(cfg.number("trainer.beta1")), "--beta2", num(cfg.number("trainer.beta2")),
-               "--max-grad-norm", num(cfg.number("trainer.max_grad_norm")),
-               "--is-correction", cfg.string("trainer.is_correction"), "--is-low", num(cfg.number("trainer.is_low")),
-               "--is-high", num(cfg.number("trainer.is_high")),
-               "--temperature", num(cfg.number("sampling.temperature")),
-               "--checkpoint-every", std::to_string(trainer_ckpt_interval(cfg)),
-               "--weight-sync", ws.trainer_block(num_workers).dump(), "--log-level", cfg.string("log.level")};
+  spec.argv = {find_binary("arlo-trainer"),
+               "--run-dir",
+               run_dir,
+               "--bridge",
+               cfg.string("bridge.transport"),
+               "--seed",
+               std::to_string(cfg.integer("model.seed")),
+               "--threads",
+               threads,
+               "--lr",
+               num(cfg.number("trainer.lr")),
+               "--sft-lr",
+               num(cfg.number("trainer.sft_lr")),
+               "--weight-decay",
+               num(cfg.number("trainer.weight_decay")),
+               "--beta1",
+               num(cfg.number("trainer.beta1")),
+               "--beta2",
+               num(cfg.number("trainer.beta2")),
+               "--max-grad-norm",
+               num(cfg.number("trainer.max_grad_norm")),
+               "--is-correction",
+               cfg.string("trainer.is_correction"),
+               "--is-low",
+               num(cfg.number("trainer.is_low")),
+               "--is-high",
+               num(cfg.number("trainer.is_high")),
+               "--temperature",
+               num(cfg.number("sampling.temperature")),
+               "--checkpoint-every",
+               std::to_string(trainer_ckpt_interval(cfg)),
+               "--weight-sync",
+               ws.trainer_block(num_workers).dump(),
+               "--log-level",
+               cfg.string("log.level")};
   if (cfg.string("bridge.transport") == "socket")
     append(spec.argv, {"--bridge-host", "127.0.0.1", "--bridge-port", std::to_string(bridge_port)});
   append(spec.argv, model_flags(cfg));
@@ -309,9 +359,11 @@ Result<std::string> run_token(const config::Config& cfg, const std::string& run_
     const auto path = std::filesystem::path(run_dir) / "token";
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     const std::string line = *token + "\n";
-    if (fd < 0 || ::fchmod(fd, 0600) != 0 || ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    if (fd < 0 || ::fchmod(fd, 0600) != 0 ||
+        ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
       if (fd >= 0) ::close(fd);
-      return make_error(ErrorCode::kIo, fmt::format("writing the run's token to {}: {}", path.string(), std::strerror(errno)));
+      return make_error(ErrorCode::kIo,
+                        fmt::format("writing the run's token to {}: {}", path.string(), std::strerror(errno)));
     }
     ::close(fd);
   }

@@ -38,9 +38,9 @@ ChainRole chain_role(std::size_t worker, const std::vector<bool>& receiving, boo
 // The run's weight-sync blocks (weight_sync/wire.h), derived from the weight_sync config section and
 // the transport's descriptor; nothing here knows a transport by name.
 struct WeightSyncPlan {
-  nlohmann::json block;      // shared keys and the transport's config keys
-  std::string weights_dir;   // weight_sync.dir, absolute (what a new run claims)
-  bool chain = false;        // weight_sync.topology chain: each worker relays to the next
+  nlohmann::json block;     // shared keys and the transport's config keys
+  std::string weights_dir;  // weight_sync.dir, absolute (what a new run claims)
+  bool chain = false;       // weight_sync.topology chain: each worker relays to the next
   // In a chain, per worker (plan order): the params that make it relay (the transport's relay_at:
   // embedded workers on a free loopback port, external ones on weight_sync.relay_port + k of their
   // URL's host) and the endpoint the next worker then pulls from. Whether a worker relays and whom
@@ -53,9 +53,9 @@ struct WeightSyncPlan {
   // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version` on
   // servers that can take what `server` says (inference.kind's dialect): {version, weight_sync: the
   // receiver block}, plus extra.model_path for a durable transport when the server takes_model_path;
-  // a collective transport: the session. `announced` is the trainer's newest announcement info ({"weight_sync": ...}); without
-  // one, the planned block is used as is. In a chain, `role` is the worker's part in this round
-  // (none: the whole chain receives; worker k pulls from worker k-1 and relays unless it is last).
+  // a collective transport: the session. `announced` is the trainer's newest announcement info ({"weight_sync": ...});
+  // without one, the planned block is used as is. In a chain, `role` is the worker's part in this round (none: the
+  // whole chain receives; worker k pulls from worker k-1 and relays unless it is last).
   rollout::WeightUpdate describe(std::size_t worker, std::int64_t version, const rollout::ServerCapabilities& server,
                                  const nlohmann::json& announced = nlohmann::json::object(),
                                  std::optional<ChainRole> role = std::nullopt) const;

@@ -19,11 +19,21 @@ nlohmann::json environment_options(const config::Config& cfg, const rollout::Env
     const std::string key = "env." + o.key;
     if (!o.config_key || !cfg.has(key)) continue;
     switch (o.type) {
-      case Type::kBool: options[o.key] = cfg.boolean(key); break;
-      case Type::kInt: options[o.key] = cfg.integer(key); break;
-      case Type::kFloat: options[o.key] = cfg.number(key); break;
-      case Type::kString: options[o.key] = cfg.string(key); break;
-      case Type::kAny: options[o.key] = cfg.map(key); break;
+      case Type::kBool:
+        options[o.key] = cfg.boolean(key);
+        break;
+      case Type::kInt:
+        options[o.key] = cfg.integer(key);
+        break;
+      case Type::kFloat:
+        options[o.key] = cfg.number(key);
+        break;
+      case Type::kString:
+        options[o.key] = cfg.string(key);
+        break;
+      case Type::kAny:
+        options[o.key] = cfg.map(key);
+        break;
     }
   }
   return options;
@@ -32,8 +42,8 @@ nlohmann::json environment_options(const config::Config& cfg, const rollout::Env
 // A task source of the registered environment kind `kind` (env.kind, or eval.env_kind), built by
 // its registry entry (rollout/environments/).
 Result<std::shared_ptr<const rollout::TaskSet>> make_source(const config::Config& cfg, const std::string& kind,
-                                                               std::uint64_t seed, std::size_t size,
-                                                               const std::string& path) {
+                                                            std::uint64_t seed, std::size_t size,
+                                                            const std::string& path) {
   ARLO_ASSIGN_OR_RETURN(const rollout::EnvironmentKind* k, rollout::find_environment_kind(kind));
   rollout::EnvironmentSpec spec;
   spec.seed = seed;
@@ -59,7 +69,8 @@ Result<std::shared_ptr<rollout::RewardModule>> make_reward(const config::Config&
     }
     auto module = rollout::make_reward_module(spec);
     if (!module)
-      return std::unexpected(Error(module.error()).with_context(fmt::format("reward.modules[{}] ({})", i, m.where("kind"))));
+      return std::unexpected(
+          Error(module.error()).with_context(fmt::format("reward.modules[{}] ({})", i, m.where("kind"))));
     parts.push_back({std::move(*module), m.number("weight")});
   }
   // Always the weighted sum, even of one module: it reports each module's reward as "<module>".
@@ -104,7 +115,8 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
   const auto env_kind = cfg.string("env.kind");
   auto source = make_source(cfg, env_kind, static_cast<std::uint64_t>(cfg.integer("env.seed")),
                             static_cast<std::size_t>(cfg.integer("env.size")), cfg.string("env.path"));
-  if (!source) return std::unexpected(Error(source.error()).with_context(fmt::format("env ({})", cfg.where("env.kind"))));
+  if (!source)
+    return std::unexpected(Error(source.error()).with_context(fmt::format("env ({})", cfg.where("env.kind"))));
   rollout::TaskStream::Options so;
   so.seed = static_cast<std::uint64_t>(cfg.integer("env.seed"));
   so.shuffle = cfg.boolean("env.shuffle");
@@ -118,16 +130,18 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
                                   "reference answers as token ids, which arlo has only for arlo-worker; with "
                                   "inference.kind {} set orchestrator.sft_warmup_steps: 0 (warm the model up before "
                                   "serving it)",
-                                  cfg.integer("orchestrator.sft_warmup_steps"), cfg.where("orchestrator.sft_warmup_steps"),
-                                  cfg.string("inference.kind")));
+                                  cfg.integer("orchestrator.sft_warmup_steps"),
+                                  cfg.where("orchestrator.sft_warmup_steps"), cfg.string("inference.kind")));
 
   if (cfg.integer("eval.interval") > 0) {
     const auto eval_kind = cfg.string("eval.env_kind") == "same" ? env_kind : cfg.string("eval.env_kind");
     const auto eval_path = cfg.string("eval.env_kind") == "same" ? cfg.string("env.path") : cfg.string("eval.env_path");
     const auto size = static_cast<std::size_t>(cfg.integer("eval.size"));
-    auto eval_source = make_source(cfg, eval_kind, static_cast<std::uint64_t>(cfg.integer("eval.seed")), size, eval_path);
+    auto eval_source =
+        make_source(cfg, eval_kind, static_cast<std::uint64_t>(cfg.integer("eval.seed")), size, eval_path);
     if (!eval_source)
-      return std::unexpected(Error(eval_source.error()).with_context(fmt::format("eval ({})", cfg.where("eval.env_kind"))));
+      return std::unexpected(
+          Error(eval_source.error()).with_context(fmt::format("eval ({})", cfg.where("eval.env_kind"))));
     const RunTasks preparer(parts.stream, parts.tokenize);
     const auto n = std::min(size, (*eval_source)->size());
     for (std::size_t i = 0; i < n; ++i) parts.eval_tasks.push_back(preparer.prepare((*eval_source)->at(i)));

@@ -44,7 +44,7 @@ void tokenize_task(orch::Task& task);
 
 struct RolloutParts {
   std::shared_ptr<rollout::TaskStream> stream;
-  bool tokenize = true;  // uses_builtin_tokenizer(): how RunTasks prepares the stream's tasks
+  bool tokenize = true;                // uses_builtin_tokenizer(): how RunTasks prepares the stream's tasks
   std::vector<orch::Task> eval_tasks;  // empty when eval.interval is 0
   std::shared_ptr<rollout::RewardModule> reward;
 };

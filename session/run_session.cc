@@ -51,7 +51,9 @@ constexpr auto kChildPoll = std::chrono::milliseconds(200);
 // kExitBadConfig): a child that exits with it would fail the same way if restarted.
 constexpr int kChildUsageError = 2;
 
-rollout::Duration seconds(double s) { return std::chrono::duration_cast<rollout::Duration>(std::chrono::duration<double>(s)); }
+rollout::Duration seconds(double s) {
+  return std::chrono::duration_cast<rollout::Duration>(std::chrono::duration<double>(s));
+}
 
 // Everything one run needs, built from the configuration before the event loop starts.
 struct Setup {
@@ -63,7 +65,7 @@ struct Setup {
 };
 
 // What a run leaves in its directory (and the weights directory): a new run must not mix with it.
-constexpr const char* kRunEntries[] = {"orchestrator", "checkpoints", "rollouts", "weights",
+constexpr const char* kRunEntries[] = {"orchestrator",  "checkpoints",           "rollouts",    "weights",
                                        "metrics.jsonl", "trainer_metrics.jsonl", "summary.json"};
 
 // Without --resume, a directory holding a previous run is refused (its trainer checkpoint and
@@ -79,12 +81,12 @@ Status claim_run_dir(const fs::path& run_dir, const fs::path& weights_dir, bool 
       if (it->path().filename().string().starts_with("v") && it->is_directory()) found.push_back(it->path());
   if (found.empty()) return ok();
   if (!overwrite)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("run.dir {} holds a previous run ({}{}; {}): pass --resume to continue it, "
-                                  "--overwrite to start over, or choose another run.dir",
-                                  run_dir.string(), found.front().string(),
-                                  found.size() > 1 ? fmt::format(" and {} more", found.size() - 1) : "",
-                                  cfg.where("run.dir")));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("run.dir {} holds a previous run ({}{}; {}): pass --resume to continue it, "
+                    "--overwrite to start over, or choose another run.dir",
+                    run_dir.string(), found.front().string(),
+                    found.size() > 1 ? fmt::format(" and {} more", found.size() - 1) : "", cfg.where("run.dir")));
   ARLO_WARN("arlo run: --overwrite: removing the previous run in {}", run_dir.string());
   for (const auto& p : found) {
     fs::remove_all(p, ec);
@@ -101,8 +103,8 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   s.run_dir = fs::absolute(s.options.run_dir).lexically_normal().string();
   fs::create_directories(s.run_dir, ec);
   if (ec)
-    return make_error(ErrorCode::kIo,
-                      fmt::format("creating the run directory {}: {} ({})", s.run_dir, ec.message(), cfg.where("run.dir")));
+    return make_error(ErrorCode::kIo, fmt::format("creating the run directory {}: {} ({})", s.run_dir, ec.message(),
+                                                  cfg.where("run.dir")));
   s.options.run_dir = s.run_dir;
   // With a streaming transport a version reaches the workers only through an update the
   // orchestrator asks for: start from no version, so v0 (announced by the trainer; seeded workers
@@ -314,11 +316,13 @@ class RunSession::Impl {
   // Workers healthy, then the orchestrator, the bridge and the trainer, in that order (see the top
   // of this file); then waits for the end and stops everything.
   Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::HttpInferencePool& pool, IoThread& network,
-                              bridge::BridgeServer& server, asio::signal_set& signals) {
+                        bridge::BridgeServer& server, asio::signal_set& signals) {
     spawn_child_watch(orchestrator);  // from the start: a worker that dies while starting is restarted too
     {  // embedded or external: every worker answers /health before anything is sent to it
-      if (!embedded_inference()) ARLO_INFO("arlo run: waiting for {} server(s) to answer /health", s_.plan.workers.size());
-      auto st = co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
+      if (!embedded_inference())
+        ARLO_INFO("arlo run: waiting for {} server(s) to answer /health", s_.plan.workers.size());
+      auto st =
+          co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
       if (!st) {
         finish_early(st.error().what());
         co_return;
@@ -365,8 +369,8 @@ class RunSession::Impl {
                 transport == "socket" ? fmt::format("port {}", server.port()) : s_.run_dir + "/rollouts");
       return;
     }
-    const auto spec = trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync, static_cast<int>(s_.plan.workers.size()),
-                                   server.port());
+    const auto spec =
+        trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync, static_cast<int>(s_.plan.workers.size()), server.port());
     if (auto st = children_.spawn(spec); !st) {
       error_ = st.error().what();
       orchestrator.request_stop(error_);
@@ -416,10 +420,10 @@ class RunSession::Impl {
       why = fmt::format("{} (a usage error: not restarted); its last lines:\n{}", e.describe(), children_.tail(e.name));
     } else if (auto delay = policy->second.on_exit(std::chrono::steady_clock::now())) {
       const auto& limits = policy->second.limits();
-      ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (restart {} of {} within {} s); its last lines:\n{}", e.describe(),
-                std::chrono::duration<double>(*delay).count(), policy->second.recent(std::chrono::steady_clock::now()),
-                limits.max_restarts, std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(),
-                children_.tail(e.name));
+      ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (restart {} of {} within {} s); its last lines:\n{}",
+                e.describe(), std::chrono::duration<double>(*delay).count(),
+                policy->second.recent(std::chrono::steady_clock::now()), limits.max_restarts,
+                std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(), children_.tail(e.name));
       if (started_)  // the end of the run waits (bounded) for a worker coming back
         for (const auto& [n, u] : s_.plan.workers)
           if (n == e.name) orchestrator.weight_watcher().restarting(u);
@@ -427,9 +431,10 @@ class RunSession::Impl {
       return true;
     } else {
       const auto& limits = policy->second.limits();
-      why = fmt::format("{}, after {} restarts within {} s (the bound): not restarted again; its last lines:\n{}",
-                        e.describe(), limits.max_restarts,
-                        std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(), children_.tail(e.name));
+      why =
+          fmt::format("{}, after {} restarts within {} s (the bound): not restarted again; its last lines:\n{}",
+                      e.describe(), limits.max_restarts,
+                      std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(), children_.tail(e.name));
     }
     ARLO_ERROR("arlo run: {}", why);
     if (!started_) {
@@ -487,7 +492,8 @@ class RunSession::Impl {
       ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s (before the run started)", name, url, took);
       co_return;
     }
-    ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", name, url, took);
+    ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", name, url,
+              took);
     orchestrator.weight_watcher().restarted(url);
   }
 
@@ -513,10 +519,9 @@ class RunSession::Impl {
   std::string error_;
   std::string stop_reason_;
   std::map<std::string, orch::RestartPolicy> restart_policies_;  // the supervised children, by name
-  std::map<std::string, int> lives_;                              // deaths so far, by name
-  const orch::WeightWatcher* watcher_ = nullptr;  // the orchestrator's, while it runs
+  std::map<std::string, int> lives_;                             // deaths so far, by name
+  const orch::WeightWatcher* watcher_ = nullptr;                 // the orchestrator's, while it runs
 };
-
 
 Result<std::unique_ptr<RunSession>> RunSession::create(const config::Config& cfg, const SessionOptions& options) {
   ARLO_ASSIGN_OR_RETURN(auto setup, prepare(cfg, options.resume, options.overwrite));

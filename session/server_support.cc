@@ -29,16 +29,18 @@ std::string refusal(const rollout::ServerCapabilities& server, const ws::Capabil
     return "this arlo was built without NCCL, so it cannot join an NCCL group (rebuild where CUDA and NCCL are "
            "installed: cmake -DARLO_WITH_NCCL=ON finds them under CUDA_HOME or /usr/local/cuda)";
   if (collective(c) && !server.joins_collective)
-    return fmt::format("{} does not join a collective weight-transfer group (its admin dialect takes arlo's own "
-                       "streams and files)",
-                       server.title);
+    return fmt::format(
+        "{} does not join a collective weight-transfer group (its admin dialect takes arlo's own "
+        "streams and files)",
+        server.title);
   if (server.host_memory && !moves(c, ws::Device::Kind::kCpu))
     return fmt::format("{} holds its weights in host memory, which this transport does not move (it moves GPU memory)",
                        server.title);
   if (c.durable && !server.loads_durable)
-    return fmt::format("{} has no admin route that loads a version from its directory into a running server, so "
-                       "it would keep serving its first weights",
-                       server.title);
+    return fmt::format(
+        "{} has no admin route that loads a version from its directory into a running server, so "
+        "it would keep serving its first weights",
+        server.title);
   if (!c.durable && !collective(c) && !server.streams)
     return fmt::format("{} cannot receive arlo's own weight stream (only arlo-worker speaks it)", server.title);
   return {};
@@ -58,9 +60,10 @@ Status check_inference_support(const config::Config& cfg, const BuildSupport& bu
   const std::string& kind = cfg.string("inference.kind");
   auto dialect = rollout::find_admin_dialect(kind);
   if (!dialect)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("inference.kind {} ({}): not a server arlo drives; use {}", kind, cfg.where("inference.kind"),
-                                  rollout::join_names(rollout::entry_names(rollout::admin_dialects()))));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("inference.kind {} ({}): not a server arlo drives; use {}", kind, cfg.where("inference.kind"),
+                    rollout::join_names(rollout::entry_names(rollout::admin_dialects()))));
   const rollout::ServerCapabilities* server = &(*dialect)->server;
   ARLO_ASSIGN_OR_RETURN(const auto* d, ws::find_transport(cfg.string("weight_sync.transport")));
   const std::string servers_of = fmt::format("inference.kind {} ({})", kind, cfg.where("inference.kind"));
@@ -71,18 +74,21 @@ Status check_inference_support(const config::Config& cfg, const BuildSupport& bu
     problems += line;
   };
   if (const std::string why = refusal(*server, d->capabilities, build); !why.empty()) {
-    std::string use;         // the registered transports this server takes in this build
-    std::string with_nccl;   // ... and those it would take in a build with NCCL
+    std::string use;        // the registered transports this server takes in this build
+    std::string with_nccl;  // ... and those it would take in a build with NCCL
     for (const auto& t : ws::transports()) {
-      if (refusal(*server, t.capabilities, build).empty()) use += (use.empty() ? "" : " or ") + t.name;
-      else if (refusal(*server, t.capabilities, BuildSupport{true}).empty()) with_nccl += (with_nccl.empty() ? "" : " or ") + t.name;
+      if (refusal(*server, t.capabilities, build).empty())
+        use += (use.empty() ? "" : " or ") + t.name;
+      else if (refusal(*server, t.capabilities, BuildSupport{true}).empty())
+        with_nccl += (with_nccl.empty() ? "" : " or ") + t.name;
     }
     const std::string instead =
         !use.empty() ? "use weight_sync.transport " + use
         : !with_nccl.empty()
-            ? fmt::format("no transport of this build serves {}: rebuild with NCCL (cmake -DARLO_WITH_NCCL=ON) and "
-                          "use weight_sync.transport {}",
-                          server->title, with_nccl)
+            ? fmt::format(
+                  "no transport of this build serves {}: rebuild with NCCL (cmake -DARLO_WITH_NCCL=ON) and "
+                  "use weight_sync.transport {}",
+                  server->title, with_nccl)
             : fmt::format("no registered transport serves {}", server->title);
     add(fmt::format("weight_sync.transport {} ({}) with {}: {}; {}", d->name, cfg.where("weight_sync.transport"),
                     servers_of, why, instead));

@@ -24,8 +24,10 @@ orch::ChildSpec command_trainer_spec(const config::Config& cfg, const std::strin
   spec.name = "trainer";
   spec.argv = cfg.strings("trainer.command");
   const auto& transport = cfg.string("bridge.transport");
-  const nlohmann::json model = {{"layers", cfg.integer("model.layers")}, {"hidden", cfg.integer("model.hidden")},
-                                {"heads", cfg.integer("model.heads")},   {"context", cfg.integer("model.context")},
+  const nlohmann::json model = {{"layers", cfg.integer("model.layers")},
+                                {"hidden", cfg.integer("model.hidden")},
+                                {"heads", cfg.integer("model.heads")},
+                                {"context", cfg.integer("model.context")},
                                 {"seed", cfg.integer("model.seed")}};
   const auto threads = std::to_string(cfg.integer("trainer.threads"));
   spec.env = {{"ARLO_RUN_DIR", run_dir},

@@ -26,7 +26,9 @@ class LogCapture final : public spdlog::sinks::base_sink<std::mutex> {
   bool contains(std::string_view a, std::string_view b = {}) { return count(a, b) > 0; }
 
  protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override { lines_.emplace_back(msg.payload.data(), msg.payload.size()); }
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
   void flush_() override {}
 
  private:

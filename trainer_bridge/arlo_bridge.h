@@ -96,9 +96,9 @@ typedef struct arlo_batch {
   int32_t rows;
   int32_t seq_len;
   size_t num_tensors;
-  const arlo_tensor* tensors;  /* input_ids, position_ids, loss_mask, ... (batch.h) */
-  const char* metadata_json;   /* the batch metadata as a JSON object of strings */
-  void* internal_;             /* owned by the library */
+  const arlo_tensor* tensors; /* input_ids, position_ids, loss_mask, ... (batch.h) */
+  const char* metadata_json;  /* the batch metadata as a JSON object of strings */
+  void* internal_;            /* owned by the library */
 } arlo_batch;
 
 typedef struct arlo_bridge arlo_bridge;

@@ -22,9 +22,9 @@ struct Column {
   DType dtype;
 };
 constexpr Column kColumns[] = {
-    {"input_ids", DType::I32},      {"position_ids", DType::I32},       {"loss_mask", DType::U8},
-    {"advantages", DType::F32},     {"inference_logprobs", DType::F32}, {"token_versions", DType::I32},
-    {"seq_lens", DType::I32},       {"sample_ids", DType::I32},         {"ce_weights", DType::F32},
+    {"input_ids", DType::I32},  {"position_ids", DType::I32},       {"loss_mask", DType::U8},
+    {"advantages", DType::F32}, {"inference_logprobs", DType::F32}, {"token_versions", DType::I32},
+    {"seq_lens", DType::I32},   {"sample_ids", DType::I32},         {"ce_weights", DType::F32},
 };
 
 template <typename T>
@@ -42,8 +42,8 @@ Result<std::int64_t> parse_int(std::string_view text, std::string_view what) {
 }
 
 struct Placed {
-  std::size_t index;    // into the input samples
-  std::size_t length;   // tokens after truncation
+  std::size_t index;       // into the input samples
+  std::size_t length;      // tokens after truncation
   std::size_t completion;  // completion tokens kept
 };
 
@@ -204,7 +204,8 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
                       fmt::format("pack: seq_len must be in [2, {}], got {}", kMaxSeqLen, options.seq_len));
   }
   if (options.num_ranks < 1) {
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("pack: num_ranks must be >= 1, got {}", options.num_ranks));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("pack: num_ranks must be >= 1, got {}", options.num_ranks));
   }
   const std::size_t seq_len = static_cast<std::size_t>(options.seq_len);
   const int num_ranks = options.num_ranks;
@@ -212,7 +213,8 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
   StepBatch out;
   out.step = step;
   ARLO_ASSIGN_OR_RETURN(const auto items, place_samples(samples, seq_len, options.overlong, out.report));
-  const bool any_ce = std::any_of(items.begin(), items.end(), [&](const Placed& p) { return !samples[p.index].ce_weights.empty(); });
+  const bool any_ce =
+      std::any_of(items.begin(), items.end(), [&](const Placed& p) { return !samples[p.index].ce_weights.empty(); });
   const RankRows rows = assign_rows(items, num_ranks, seq_len);
   std::size_t max_rows = 1;
   for (const auto& rr : rows) max_rows = std::max(max_rows, rr.size());
@@ -246,9 +248,9 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
   out.report.samples = step_samples;
   out.report.tokens = step_tokens;
   out.report.loss_tokens = step_loss;
-  out.report.fill = out.report.rows > 0
-                        ? static_cast<double>(step_tokens) / (static_cast<double>(out.report.rows) * static_cast<double>(seq_len))
-                        : 0.0;
+  out.report.fill = out.report.rows > 0 ? static_cast<double>(step_tokens) /
+                                              (static_cast<double>(out.report.rows) * static_cast<double>(seq_len))
+                                        : 0.0;
   return out;
 }
 
@@ -268,8 +270,9 @@ Result<std::vector<safetensors::TensorData>> tensor_data(const RankBatch& b) {
     return ok();
   };
   if (b.rows < 1 || b.seq_len < 1 || b.max_segments < 1) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("batch step {} rank {}: rows, seq_len and max_segments must be >= 1", b.step, b.rank));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("batch step {} rank {}: rows, seq_len and max_segments must be >= 1", b.step, b.rank));
   }
   ARLO_TRY(check(b.input_ids.size(), n, "input_ids"));
   ARLO_TRY(check(b.position_ids.size(), n, "position_ids"));
@@ -277,7 +280,8 @@ Result<std::vector<safetensors::TensorData>> tensor_data(const RankBatch& b) {
   ARLO_TRY(check(b.advantages.size(), n, "advantages"));
   ARLO_TRY(check(b.inference_logprobs.size(), n, "inference_logprobs"));
   ARLO_TRY(check(b.token_versions.size(), n, "token_versions"));
-  ARLO_TRY(check(b.seq_lens.size(), static_cast<std::size_t>(b.rows) * static_cast<std::size_t>(b.max_segments), "seq_lens"));
+  ARLO_TRY(check(b.seq_lens.size(), static_cast<std::size_t>(b.rows) * static_cast<std::size_t>(b.max_segments),
+                 "seq_lens"));
   ARLO_TRY(check(b.sample_ids.size(), n, "sample_ids"));
   if (!b.ce_weights.empty()) ARLO_TRY(check(b.ce_weights.size(), n, "ce_weights"));
 
@@ -337,12 +341,12 @@ Status write_file(const std::filesystem::path& path, const RankBatch& batch, boo
 struct BatchView::Impl {
   // Exactly one of these holds the bytes.
   std::optional<safetensors::File> file;
-  std::string buffer;                       // from_bytes: the whole image
+  std::string buffer;                        // from_bytes: the whole image
   std::unique_ptr<std::uint64_t[]> aligned;  // copy of the data section when it was misaligned
 
-  safetensors::Header header_copy;          // from_bytes only (File keeps its own)
+  safetensors::Header header_copy;  // from_bytes only (File keeps its own)
   const safetensors::Header* header = nullptr;
-  const std::byte* data = nullptr;          // start of the data section
+  const std::byte* data = nullptr;  // start of the data section
   std::span<const std::byte> raw;
 
   std::int64_t step = 0;
@@ -392,7 +396,8 @@ Status BatchView::Impl::read_metadata() {
   }
   if (sv->second != std::to_string(kSchemaVersion)) {
     return make_error(ErrorCode::kMismatch, fmt::format("batch schema version {} is not the supported {}: upgrade the "
-                                                        "side that is older", sv->second, kSchemaVersion));
+                                                        "side that is older",
+                                                        sv->second, kSchemaVersion));
   }
   ARLO_ASSIGN_OR_RETURN(step, get("step"));
   ARLO_ASSIGN_OR_RETURN(auto r, get("rank"));
@@ -401,7 +406,8 @@ Status BatchView::Impl::read_metadata() {
   if (nr < 1 || nr > 1 << 20 || r < 0 || r >= nr) {
     return make_error(ErrorCode::kParse, fmt::format("batch metadata: rank {} of num_ranks {} is out of range", r, nr));
   }
-  if (sl < 1 || sl > kMaxSeqLen) return make_error(ErrorCode::kParse, fmt::format("batch metadata: seq_len {} is out of range", sl));
+  if (sl < 1 || sl > kMaxSeqLen)
+    return make_error(ErrorCode::kParse, fmt::format("batch metadata: seq_len {} is out of range", sl));
   rank = static_cast<int>(r);
   num_ranks = static_cast<int>(nr);
   seq_len = static_cast<int>(sl);
@@ -417,19 +423,21 @@ Status BatchView::Impl::find_columns() {
       return make_error(ErrorCode::kParse, fmt::format("batch lacks tensor '{}'", kColumns[c].name));
     }
     if (info->dtype != kColumns[c].dtype) {
-      return make_error(ErrorCode::kParse, fmt::format("batch tensor '{}' has dtype {}, expected {}", kColumns[c].name,
-                                                       safetensors::dtype_name(info->dtype),
-                                                       safetensors::dtype_name(kColumns[c].dtype)));
+      return make_error(ErrorCode::kParse,
+                        fmt::format("batch tensor '{}' has dtype {}, expected {}", kColumns[c].name,
+                                    safetensors::dtype_name(info->dtype), safetensors::dtype_name(kColumns[c].dtype)));
     }
     if (info->shape.size() != 2) {
-      return make_error(ErrorCode::kParse, fmt::format("batch tensor '{}' has rank {}, expected 2", kColumns[c].name, info->shape.size()));
+      return make_error(ErrorCode::kParse,
+                        fmt::format("batch tensor '{}' has rank {}, expected 2", kColumns[c].name, info->shape.size()));
     }
     col[c] = info;
   }
   const auto& ids_shape = col[0]->shape;
   if (ids_shape[1] != seq_len || ids_shape[0] < 1 || ids_shape[0] > (std::int64_t{1} << 24)) {
-    return make_error(ErrorCode::kParse, fmt::format("batch tensor 'input_ids' has shape [{}, {}], expected [rows >= 1, seq_len {}]",
-                                                     ids_shape[0], ids_shape[1], seq_len));
+    return make_error(ErrorCode::kParse,
+                      fmt::format("batch tensor 'input_ids' has shape [{}, {}], expected [rows >= 1, seq_len {}]",
+                                  ids_shape[0], ids_shape[1], seq_len));
   }
   rows = static_cast<int>(ids_shape[0]);
   for (std::size_t c = 0; c < std::size(kColumns); ++c) {
@@ -437,8 +445,9 @@ Status BatchView::Impl::find_columns() {
     const bool segs = std::string_view(kColumns[c].name) == "seq_lens";
     const auto& s = col[c]->shape;
     if (s[0] != rows || (segs ? (s[1] < 1 || s[1] > seq_len) : s[1] != seq_len)) {
-      return make_error(ErrorCode::kParse, fmt::format("batch tensor '{}' has shape [{}, {}], which does not match {} rows of {}",
-                                                       kColumns[c].name, s[0], s[1], rows, segs ? "segments" : "seq_len"));
+      return make_error(ErrorCode::kParse,
+                        fmt::format("batch tensor '{}' has shape [{}, {}], which does not match {} rows of {}",
+                                    kColumns[c].name, s[0], s[1], rows, segs ? "segments" : "seq_len"));
     }
     if (segs) max_segments = static_cast<int>(s[1]);
   }
@@ -448,7 +457,8 @@ Status BatchView::Impl::find_columns() {
 void BatchView::Impl::align_data() {
   bool misaligned = false;
   for (const auto* info : col) {
-    if (info != nullptr && reinterpret_cast<std::uintptr_t>(data + info->offset) % safetensors::dtype_size(info->dtype) != 0) {
+    if (info != nullptr &&
+        reinterpret_cast<std::uintptr_t>(data + info->offset) % safetensors::dtype_size(info->dtype) != 0) {
       misaligned = true;
     }
   }
@@ -473,20 +483,23 @@ Status BatchView::Impl::check_content() {
     for (int seg = 0; seg < max_segments; ++seg) {
       const std::int32_t len = seq_lens[static_cast<std::size_t>(row) * max_segments + seg];
       if (len < 0 || used + len > seq_len) {
-        return make_error(ErrorCode::kParse, fmt::format("batch seq_lens row {}: segment {} of length {} overruns seq_len {}",
-                                                         row, seg, len, seq_len));
+        return make_error(
+            ErrorCode::kParse,
+            fmt::format("batch seq_lens row {}: segment {} of length {} overruns seq_len {}", row, seg, len, seq_len));
       }
       for (std::int32_t k = 0; k < len; ++k, ++t) {
         if (positions[t] != k || sample_ids[t] < 0) {
           return make_error(ErrorCode::kParse, fmt::format("batch row {} segment {} token {}: position_ids/sample_ids "
-                                                           "disagree with seq_lens", row, seg, k));
+                                                           "disagree with seq_lens",
+                                                           row, seg, k));
         }
       }
       used += len;
     }
     for (; t < static_cast<std::size_t>(row + 1) * L; ++t) {
       if (mask[t] != 0 || sample_ids[t] != -1) {
-        return make_error(ErrorCode::kParse, fmt::format("batch row {}: padding position {} is not masked", row, t % L));
+        return make_error(ErrorCode::kParse,
+                          fmt::format("batch row {}: padding position {} is not masked", row, t % L));
       }
     }
   }
@@ -503,7 +516,8 @@ BatchView::~BatchView() = default;
 
 Result<BatchView> BatchView::open(const std::filesystem::path& path) {
   auto file = safetensors::File::open(path);
-  if (!file) return std::unexpected(std::move(file.error()).with_context(fmt::format("reading batch {}", path.string())));
+  if (!file)
+    return std::unexpected(std::move(file.error()).with_context(fmt::format("reading batch {}", path.string())));
   BatchView view;
   auto& impl = *view.impl_;
   impl.file.emplace(std::move(*file));
@@ -521,7 +535,8 @@ Result<BatchView> BatchView::open(const std::filesystem::path& path) {
     if (!ec && size >= end) impl.raw = {impl.data - (size - end), static_cast<std::size_t>(size)};
   }
   auto status = impl.validate();
-  if (!status) return std::unexpected(std::move(status.error()).with_context(fmt::format("reading batch {}", path.string())));
+  if (!status)
+    return std::unexpected(std::move(status.error()).with_context(fmt::format("reading batch {}", path.string())));
   return view;
 }
 
@@ -530,12 +545,15 @@ Result<BatchView> BatchView::from_bytes(std::string bytes) {
   auto& impl = *view.impl_;
   impl.buffer = std::move(bytes);
   const std::string& b = impl.buffer;
-  if (b.size() < 8) return make_error(ErrorCode::kParse, fmt::format("batch of {} bytes is shorter than the 8-byte header length", b.size()));
+  if (b.size() < 8)
+    return make_error(ErrorCode::kParse,
+                      fmt::format("batch of {} bytes is shorter than the 8-byte header length", b.size()));
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[i])) << (8 * i);
   safetensors::Limits limits;
   if (n > b.size() - 8 || n > limits.max_header_bytes) {
-    return make_error(ErrorCode::kParse, fmt::format("batch header length {} exceeds the {} bytes received", n, b.size() - 8));
+    return make_error(ErrorCode::kParse,
+                      fmt::format("batch header length {} exceeds the {} bytes received", n, b.size() - 8));
   }
   auto header = safetensors::parse_header(std::string_view(b).substr(8, n), b.size() - 8 - n, limits);
   if (!header) return std::unexpected(std::move(header.error()).with_context("reading received batch"));
@@ -577,8 +595,8 @@ std::span<const float> BatchView::ce_weights() const { return impl_->typed<float
 std::vector<TensorRef> BatchView::tensors() const {
   std::vector<TensorRef> out;
   for (const auto& info : impl_->header->tensors) {
-    out.push_back({info.name, info.dtype, info.shape,
-                   {impl_->data + info.offset, static_cast<std::size_t>(info.nbytes)}});
+    out.push_back(
+        {info.name, info.dtype, info.shape, {impl_->data + info.offset, static_cast<std::size_t>(info.nbytes)}});
   }
   return out;
 }

@@ -63,7 +63,7 @@ struct Sample {
   std::vector<float> completion_logprobs;    // one per completion token
   std::vector<std::int32_t> token_versions;  // one per completion token
   float advantage = 0.0f;
-  std::vector<float> ce_weights;             // empty, or one per completion token
+  std::vector<float> ce_weights;  // empty, or one per completion token
 
   std::size_t size() const { return prompt_tokens.size() + completion_tokens.size(); }
 };
@@ -94,10 +94,10 @@ struct RankBatch {
   int max_segments = 0;  // second dimension of seq_lens (at least 1)
 
   std::vector<std::int32_t> input_ids, position_ids, token_versions, sample_ids;  // rows*seq_len
-  std::vector<std::uint8_t> loss_mask;                                             // rows*seq_len
-  std::vector<float> advantages, inference_logprobs;                               // rows*seq_len
-  std::vector<float> ce_weights;                                                   // empty or rows*seq_len
-  std::vector<std::int32_t> seq_lens;                                              // rows*max_segments
+  std::vector<std::uint8_t> loss_mask;                                            // rows*seq_len
+  std::vector<float> advantages, inference_logprobs;                              // rows*seq_len
+  std::vector<float> ce_weights;                                                  // empty or rows*seq_len
+  std::vector<std::int32_t> seq_lens;                                             // rows*max_segments
 
   // Metadata (see the file comment).
   std::int64_t samples = 0, tokens = 0, loss_tokens = 0;
@@ -110,13 +110,13 @@ struct RankBatch {
 };
 
 struct PackReport {
-  std::int64_t samples = 0;     // accepted (possibly truncated)
-  std::int64_t tokens = 0;      // non-padding tokens packed
+  std::int64_t samples = 0;  // accepted (possibly truncated)
+  std::int64_t tokens = 0;   // non-padding tokens packed
   std::int64_t loss_tokens = 0;
   std::int64_t truncated = 0;
   std::int64_t rejected = 0;
-  std::int64_t rows = 0;        // over all ranks, padding rows included
-  double fill = 0.0;            // tokens / (rows * seq_len)
+  std::int64_t rows = 0;  // over all ranks, padding rows included
+  double fill = 0.0;      // tokens / (rows * seq_len)
 };
 
 struct StepBatch {

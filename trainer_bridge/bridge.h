@@ -80,19 +80,19 @@ using Duration = std::chrono::steady_clock::duration;
 
 // Trainer side.
 struct ClientOptions {
-  std::string transport = "dir";          // dir | socket
-  std::filesystem::path run_dir;          // dir: the run directory (rollouts/ lives under it)
-  std::string host = "127.0.0.1";         // socket: the orchestrator's IP address or host name
-  std::uint16_t port = 0;                 // socket
+  std::string transport = "dir";   // dir | socket
+  std::filesystem::path run_dir;   // dir: the run directory (rollouts/ lives under it)
+  std::string host = "127.0.0.1";  // socket: the orchestrator's IP address or host name
+  std::uint16_t port = 0;          // socket
   // socket: where `host` came from, named in errors ("--bridge-host", a config key, ...).
   std::string host_source = "the bridge client's host";
   int rank = 0;
-  std::int64_t start_after_step = 0;      // steps <= this are acked unseen (trainer's checkpoint)
-  Duration heartbeat_interval = std::chrono::seconds(1);   // socket: automatic heartbeats
-  Duration heartbeat_timeout = std::chrono::seconds(10);   // socket: silent server is dropped
+  std::int64_t start_after_step = 0;                      // steps <= this are acked unseen (trainer's checkpoint)
+  Duration heartbeat_interval = std::chrono::seconds(1);  // socket: automatic heartbeats
+  Duration heartbeat_timeout = std::chrono::seconds(10);  // socket: silent server is dropped
   Duration reconnect_backoff_max = std::chrono::seconds(1);
-  std::size_t max_frame_bytes = 1ull << 30;                // socket: larger frames are refused
-  std::string token;                      // socket: the run's token (empty: $ARLO_TOKEN / $ARLO_TOKEN_FILE)
+  std::size_t max_frame_bytes = 1ull << 30;  // socket: larger frames are refused
+  std::string token;                         // socket: the run's token (empty: $ARLO_TOKEN / $ARLO_TOKEN_FILE)
   // socket: the time heartbeats, the heartbeat timeout and the reconnect backoff run on
   // (common/async/clock.h). The client calls it from its own connection thread only, and its timer
   // callbacks do nothing but post back to that thread, so they may fire on any thread: a clock a
@@ -126,17 +126,17 @@ Result<std::unique_ptr<BridgeClient>> connect(const ClientOptions& options);
 
 // Orchestrator side.
 struct ServerOptions {
-  std::string transport = "dir";          // dir | socket
-  std::filesystem::path run_dir;          // dir
-  std::string bind = "127.0.0.1";         // socket: an IP address or a host name (resolved at start())
-  std::uint16_t port = 0;                 // socket; 0 picks a free port (see port())
+  std::string transport = "dir";   // dir | socket
+  std::filesystem::path run_dir;   // dir
+  std::string bind = "127.0.0.1";  // socket: an IP address or a host name (resolved at start())
+  std::uint16_t port = 0;          // socket; 0 picks a free port (see port())
   int num_ranks = 1;
-  std::size_t max_pending_batches = 2;    // steps sent and not yet acked by every rank
+  std::size_t max_pending_batches = 2;  // steps sent and not yet acked by every rank
   Duration heartbeat_interval = std::chrono::seconds(1);
   Duration heartbeat_timeout = std::chrono::seconds(10);
   std::size_t max_frame_bytes = 64ull << 20;  // socket: frames from trainers are small
-  std::string token;                      // socket: trainers must prove they hold it (empty: anyone)
-  bool fsync = false;                     // dir: sync batch files (durable against power loss)
+  std::string token;                          // socket: trainers must prove they hold it (empty: anyone)
+  bool fsync = false;                         // dir: sync batch files (durable against power loss)
   // The time heartbeats, the heartbeat timeout (socket) and wait_all_acked's timeout run on
   // (common/async/clock.h): a FakeClock in tests, used on the server's io_context thread. Not
   // owned; it must outlive the server. Null: the real clock.
@@ -145,13 +145,13 @@ struct ServerOptions {
 
 struct VersionEvent {
   std::int64_t version = 0;
-  nlohmann::json info;                    // what the trainer attached
+  nlohmann::json info;  // what the trainer attached
 };
 
 struct HeartbeatEvent {
   int rank = 0;
   std::int64_t last_acked_step = 0;
-  std::int64_t time_ms = 0;               // trainer's wall clock (ms since epoch)
+  std::int64_t time_ms = 0;  // trainer's wall clock (ms since epoch)
 };
 
 // Lives on one io_context; create, configure and use it from that context's thread only.
@@ -180,10 +180,10 @@ class BridgeServer {
   // Completes when every sent step is acknowledged, or kTimeout after `timeout`.
   virtual boost::asio::awaitable<Status> wait_all_acked(Duration timeout) = 0;
 
-  virtual std::size_t pending() const = 0;         // steps sent and not acked
+  virtual std::size_t pending() const = 0;  // steps sent and not acked
   virtual std::int64_t last_acked_step() const = 0;
-  virtual std::int64_t latest_version() const = 0; // -1 before the first
-  virtual std::uint16_t port() const = 0;          // socket: bound port; dir: 0
+  virtual std::int64_t latest_version() const = 0;  // -1 before the first
+  virtual std::uint16_t port() const = 0;           // socket: bound port; dir: 0
   // Stops watching/accepting, cancels waiting sends. Idempotent.
   virtual void stop() = 0;
 };

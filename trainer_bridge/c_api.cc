@@ -31,16 +31,26 @@ thread_local std::string g_last_error;
 
 arlo_status to_status(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return ARLO_INVALID_ARGUMENT;
-    case ErrorCode::kParse: return ARLO_PARSE;
-    case ErrorCode::kNotFound: return ARLO_NOT_FOUND;
-    case ErrorCode::kIo: return ARLO_IO;
-    case ErrorCode::kTimeout: return ARLO_TIMEOUT;
-    case ErrorCode::kCancelled: return ARLO_CANCELLED;
-    case ErrorCode::kMismatch: return ARLO_MISMATCH;
-    case ErrorCode::kUnavailable: return ARLO_UNAVAILABLE;
-    case ErrorCode::kResourceExhausted: return ARLO_RESOURCE_EXHAUSTED;
-    case ErrorCode::kInternal: return ARLO_INTERNAL;
+    case ErrorCode::kInvalidArgument:
+      return ARLO_INVALID_ARGUMENT;
+    case ErrorCode::kParse:
+      return ARLO_PARSE;
+    case ErrorCode::kNotFound:
+      return ARLO_NOT_FOUND;
+    case ErrorCode::kIo:
+      return ARLO_IO;
+    case ErrorCode::kTimeout:
+      return ARLO_TIMEOUT;
+    case ErrorCode::kCancelled:
+      return ARLO_CANCELLED;
+    case ErrorCode::kMismatch:
+      return ARLO_MISMATCH;
+    case ErrorCode::kUnavailable:
+      return ARLO_UNAVAILABLE;
+    case ErrorCode::kResourceExhausted:
+      return ARLO_RESOURCE_EXHAUSTED;
+    case ErrorCode::kInternal:
+      return ARLO_INTERNAL;
   }
   return ARLO_INTERNAL;
 }
@@ -85,10 +95,12 @@ class BorrowedSource final : public ws::WeightSource {
       : specs_(std::move(specs)), data_(std::move(data)) {}
   const std::vector<ws::TensorSpec>& specs() const override { return specs_; }
   arlo::Result<ws::TensorView> view(std::size_t index) const override {
-    if (index >= specs_.size()) return arlo::make_error(ErrorCode::kNotFound, fmt::format("tensor index {} out of range", index));
-    return ws::TensorView{&specs_[index],
-                          {static_cast<const std::byte*>(data_[index]), static_cast<std::size_t>(specs_[index].nbytes())},
-                          ws::Device::cpu()};
+    if (index >= specs_.size())
+      return arlo::make_error(ErrorCode::kNotFound, fmt::format("tensor index {} out of range", index));
+    return ws::TensorView{
+        &specs_[index],
+        {static_cast<const std::byte*>(data_[index]), static_cast<std::size_t>(specs_[index].nbytes())},
+        ws::Device::cpu()};
   }
 
  private:
@@ -158,13 +170,21 @@ const char* arlo_bridge_last_error(void) { return g_last_error.c_str(); }
 
 arlo_status arlo_bridge_connect(const char* config_json, arlo_bridge** out) {
   return guarded("arlo_bridge_connect", [&]() -> arlo_status {
-    if (config_json == nullptr || out == nullptr) return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_connect: config_json and out must not be NULL");
+    if (config_json == nullptr || out == nullptr)
+      return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_connect: config_json and out must not be NULL");
     *out = nullptr;
     json cfg = json::parse(config_json, nullptr, false);
     if (!cfg.is_object()) return fail(ARLO_PARSE, "arlo_bridge_connect: config is not a JSON object");
     arlo::bridge::ClientOptions o;
-    static const char* known[] = {"transport", "run_dir", "host", "port", "rank", "start_after_step",
-                                  "heartbeat_interval_ms", "heartbeat_timeout_ms", "weight_sync"};
+    static const char* known[] = {"transport",
+                                  "run_dir",
+                                  "host",
+                                  "port",
+                                  "rank",
+                                  "start_after_step",
+                                  "heartbeat_interval_ms",
+                                  "heartbeat_timeout_ms",
+                                  "weight_sync"};
     for (const auto& [key, value] : cfg.items()) {
       if (std::find(std::begin(known), std::end(known), key) == std::end(known)) {
         return fail(ARLO_INVALID_ARGUMENT, fmt::format("arlo_bridge_connect: unknown config key '{}'", key));
@@ -178,8 +198,10 @@ arlo_status arlo_bridge_connect(const char* config_json, arlo_bridge** out) {
       o.port = cfg.value("port", std::uint16_t{0});
       o.rank = cfg.value("rank", 0);
       o.start_after_step = cfg.value("start_after_step", int64_t{0});
-      if (cfg.contains("heartbeat_interval_ms")) o.heartbeat_interval = std::chrono::milliseconds(cfg.at("heartbeat_interval_ms").get<int64_t>());
-      if (cfg.contains("heartbeat_timeout_ms")) o.heartbeat_timeout = std::chrono::milliseconds(cfg.at("heartbeat_timeout_ms").get<int64_t>());
+      if (cfg.contains("heartbeat_interval_ms"))
+        o.heartbeat_interval = std::chrono::milliseconds(cfg.at("heartbeat_interval_ms").get<int64_t>());
+      if (cfg.contains("heartbeat_timeout_ms"))
+        o.heartbeat_timeout = std::chrono::milliseconds(cfg.at("heartbeat_timeout_ms").get<int64_t>());
     } catch (const json::exception& e) {
       return fail(ARLO_INVALID_ARGUMENT, fmt::format("arlo_bridge_connect: config: {}", e.what()));
     }
@@ -188,7 +210,8 @@ arlo_status arlo_bridge_connect(const char* config_json, arlo_bridge** out) {
     auto bridge = std::make_unique<arlo_bridge>();
     bridge->client = std::move(*client);
     if (cfg.contains("weight_sync")) {
-      if (!cfg["weight_sync"].is_object()) return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_connect: weight_sync must be an object");
+      if (!cfg["weight_sync"].is_object())
+        return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_connect: weight_sync must be an object");
       bridge->weight_sync_config = cfg["weight_sync"];
     }
     *out = bridge.release();
@@ -198,7 +221,8 @@ arlo_status arlo_bridge_connect(const char* config_json, arlo_bridge** out) {
 
 arlo_status arlo_bridge_next_batch(arlo_bridge* bridge, int64_t timeout_ms, arlo_batch** out) {
   return guarded("arlo_bridge_next_batch", [&]() -> arlo_status {
-    if (bridge == nullptr || out == nullptr) return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_next_batch: bridge and out must not be NULL");
+    if (bridge == nullptr || out == nullptr)
+      return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_next_batch: bridge and out must not be NULL");
     *out = nullptr;
     CallGuard call(bridge);
     auto view = bridge->client->next_batch(ms_or_forever(timeout_ms));
@@ -265,22 +289,25 @@ arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo
     if (version < 0) return fail(ARLO_INVALID_ARGUMENT, fmt::format("arlo_bridge_publish: version {} < 0", version));
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
     if (bridge->weight_sync_config.is_null()) {
-      return fail(ARLO_INVALID_ARGUMENT, "arlo_bridge_publish: the connect config has no \"weight_sync\" section; add one "
-                                         "(e.g. {\"transport\": \"filesystem\", \"dir\": \"<run_dir>/weights\"}) or use arlo_bridge_announce");
+      return fail(ARLO_INVALID_ARGUMENT,
+                  "arlo_bridge_publish: the connect config has no \"weight_sync\" section; add one "
+                  "(e.g. {\"transport\": \"filesystem\", \"dir\": \"<run_dir>/weights\"}) or use arlo_bridge_announce");
     }
     std::lock_guard lock(bridge->publish_mu);
     std::vector<ws::TensorSpec> specs;
     std::vector<const void*> data;
     for (std::size_t i = 0; i < num_tensors; ++i) {
       const arlo_tensor& t = tensors[i];
-      if (t.name == nullptr || t.dtype < ARLO_F64 || t.dtype > ARLO_BOOL || t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr) ||
-          (t.data == nullptr && t.nbytes > 0)) {
-        return fail(ARLO_INVALID_ARGUMENT, fmt::format("arlo_bridge_publish: tensor {} is malformed (name, dtype, ndim, shape, data)", i));
+      if (t.name == nullptr || t.dtype < ARLO_F64 || t.dtype > ARLO_BOOL || t.ndim < 0 ||
+          (t.ndim > 0 && t.shape == nullptr) || (t.data == nullptr && t.nbytes > 0)) {
+        return fail(ARLO_INVALID_ARGUMENT,
+                    fmt::format("arlo_bridge_publish: tensor {} is malformed (name, dtype, ndim, shape, data)", i));
       }
       ws::TensorSpec spec{t.name, static_cast<ws::DType>(t.dtype), std::vector<int64_t>(t.shape, t.shape + t.ndim)};
       if (spec.nbytes() != t.nbytes) {
-        return fail(ARLO_INVALID_ARGUMENT, fmt::format("arlo_bridge_publish: tensor '{}' has {} bytes, its dtype and shape need {}",
-                                                       spec.name, t.nbytes, spec.nbytes()));
+        return fail(ARLO_INVALID_ARGUMENT,
+                    fmt::format("arlo_bridge_publish: tensor '{}' has {} bytes, its dtype and shape need {}", spec.name,
+                                t.nbytes, spec.nbytes()));
       }
       specs.push_back(std::move(spec));
       data.push_back(t.data);

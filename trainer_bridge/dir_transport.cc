@@ -34,7 +34,9 @@ namespace fs = std::filesystem;
 
 namespace dir_layout {
 fs::path rollouts(const fs::path& run_dir) { return run_dir / "rollouts"; }
-fs::path step_dir(const fs::path& run_dir, std::int64_t step) { return rollouts(run_dir) / fmt::format("step_{}", step); }
+fs::path step_dir(const fs::path& run_dir, std::int64_t step) {
+  return rollouts(run_dir) / fmt::format("step_{}", step);
+}
 fs::path batch_file(const fs::path& run_dir, std::int64_t step, int rank) {
   return step_dir(run_dir, step) / fmt::format("rank_{}.safetensors", rank);
 }
@@ -72,7 +74,8 @@ Status make_layout(const fs::path& run_dir) {
   for (const char* sub : {"acks", "versions", "heartbeats"}) {
     fs::create_directories(dir_layout::rollouts(run_dir) / sub, ec);
     if (ec) {
-      return make_error(ErrorCode::kIo, fmt::format("creating {}: {}", (dir_layout::rollouts(run_dir) / sub).string(), ec.message()));
+      return make_error(ErrorCode::kIo,
+                        fmt::format("creating {}: {}", (dir_layout::rollouts(run_dir) / sub).string(), ec.message()));
     }
   }
   return ok();
@@ -119,7 +122,8 @@ struct DirServerState : std::enable_shared_from_this<DirServerState> {
   void scan_acks() {
     std::vector<fs::path> files;
     std::error_code ec;
-    for (fs::directory_iterator it(dir_layout::rollouts(run_dir()) / "acks", ec), end; !ec && it != end; it.increment(ec)) {
+    for (fs::directory_iterator it(dir_layout::rollouts(run_dir()) / "acks", ec), end; !ec && it != end;
+         it.increment(ec)) {
       auto parsed = parse_ack_name(it->path().filename().string());
       if (!parsed) continue;
       auto [step, rank] = *parsed;
@@ -206,7 +210,8 @@ struct DirServerState : std::enable_shared_from_this<DirServerState> {
     std::vector<char> buf(64 * 1024);
     for (;;) {
       boost::system::error_code ec;
-      const std::size_t n = co_await self->stream.async_read_some(asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
+      const std::size_t n =
+          co_await self->stream.async_read_some(asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
       if (self->stopped) co_return;
       if (ec) {
         ARLO_ERROR("bridge dir: inotify read failed ({}); acks and versions are no longer seen", ec.message());
@@ -249,7 +254,8 @@ class DirServer final : public BridgeServer {
     st.stream.assign(fd);
     auto add = [&](const fs::path& p) -> Result<int> {
       const int wd = ::inotify_add_watch(fd, p.c_str(), IN_MOVED_TO);
-      if (wd < 0) return make_error(ErrorCode::kIo, fmt::format("bridge dir: watching {}: {}", p.string(), std::strerror(errno)));
+      if (wd < 0)
+        return make_error(ErrorCode::kIo, fmt::format("bridge dir: watching {}: {}", p.string(), std::strerror(errno)));
       return wd;
     };
     ARLO_ASSIGN_OR_RETURN(st.wd_acks, add(root / "acks"));
@@ -284,8 +290,9 @@ class DirServer final : public BridgeServer {
     auto st = state_;
     if (!st->started) co_return make_error(ErrorCode::kInvalidArgument, "bridge dir: send() before start()");
     if (static_cast<int>(batch.ranks.size()) != st->opt.num_ranks) {
-      co_return make_error(ErrorCode::kInvalidArgument, fmt::format("bridge dir: step {} has {} rank parts, num_ranks is {}",
-                                                                    batch.step, batch.ranks.size(), st->opt.num_ranks));
+      co_return make_error(ErrorCode::kInvalidArgument,
+                           fmt::format("bridge dir: step {} has {} rank parts, num_ranks is {}", batch.step,
+                                       batch.ranks.size(), st->opt.num_ranks));
     }
     while (!st->stopped && st->pending.size() >= st->opt.max_pending_batches && batch.step > st->last_acked) {
       co_await st->changed.wait();
@@ -299,7 +306,8 @@ class DirServer final : public BridgeServer {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     fs::create_directory(tmp, ec);
-    if (ec) co_return make_error(ErrorCode::kIo, fmt::format("bridge dir: creating {}: {}", tmp.string(), ec.message()));
+    if (ec)
+      co_return make_error(ErrorCode::kIo, fmt::format("bridge dir: creating {}: {}", tmp.string(), ec.message()));
     for (const RankBatch& rb : batch.ranks) {
       auto s = write_file(tmp / fmt::format("rank_{}.safetensors", rb.rank), rb, st->opt.fsync);
       if (!s) {
@@ -311,7 +319,8 @@ class DirServer final : public BridgeServer {
     fs::rename(tmp, final_dir, ec);
     if (ec) {
       fs::remove_all(tmp, ec);
-      co_return make_error(ErrorCode::kIo, fmt::format("bridge dir: publishing {}: {}", final_dir.string(), ec.message()));
+      co_return make_error(ErrorCode::kIo,
+                           fmt::format("bridge dir: publishing {}: {}", final_dir.string(), ec.message()));
     }
     st->pending.insert(batch.step);
     co_return ok();
@@ -370,7 +379,8 @@ class DirClient final : public BridgeClient {
     const fs::path root = dir_layout::rollouts(opt_.run_dir);
     // Step directories and the watermark both arrive by rename into rollouts/.
     if (::inotify_add_watch(inotify_fd_, root.c_str(), IN_MOVED_TO) < 0) {
-      return make_error(ErrorCode::kIo, fmt::format("bridge dir client: watching {}: {}", root.string(), std::strerror(errno)));
+      return make_error(ErrorCode::kIo,
+                        fmt::format("bridge dir client: watching {}: {}", root.string(), std::strerror(errno)));
     }
     std::int64_t acked = std::max<std::int64_t>(0, read_watermark(opt_.run_dir));
     std::error_code ec;
@@ -392,8 +402,9 @@ class DirClient final : public BridgeClient {
       if (auto found = scan()) return std::move(*found);
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        return make_error(ErrorCode::kTimeout, fmt::format("bridge dir client: no batch for rank {} after step {} within the timeout",
-                                                           opt_.rank, last_acked_step()));
+        return make_error(ErrorCode::kTimeout,
+                          fmt::format("bridge dir client: no batch for rank {} after step {} within the timeout",
+                                      opt_.rank, last_acked_step()));
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
       pollfd fds[2] = {{inotify_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -473,9 +484,9 @@ class DirClient final : public BridgeClient {
       if (!fs::exists(file, ec)) continue;
       auto view = BatchView::open(file);
       if (view && (view->step() != step || view->rank() != opt_.rank)) {
-        return Result<BatchView>(make_error(ErrorCode::kMismatch,
-                                            fmt::format("bridge dir client: {} says step {} rank {}", file.string(),
-                                                        view->step(), view->rank())));
+        return Result<BatchView>(make_error(
+            ErrorCode::kMismatch,
+            fmt::format("bridge dir client: {} says step {} rank {}", file.string(), view->step(), view->rank())));
       }
       return view;
     }
@@ -496,7 +507,8 @@ class DirClient final : public BridgeClient {
 Result<std::unique_ptr<BridgeServer>> make_dir_server(asio::io_context& io, ServerOptions options) {
   if (options.run_dir.empty()) return make_error(ErrorCode::kInvalidArgument, "bridge dir: run_dir is empty");
   if (options.num_ranks < 1) return make_error(ErrorCode::kInvalidArgument, "bridge dir: num_ranks must be >= 1");
-  if (options.max_pending_batches < 1) return make_error(ErrorCode::kInvalidArgument, "bridge dir: max_pending_batches must be >= 1");
+  if (options.max_pending_batches < 1)
+    return make_error(ErrorCode::kInvalidArgument, "bridge dir: max_pending_batches must be >= 1");
   return std::unique_ptr<BridgeServer>(new DirServer(io, std::move(options)));
 }
 

@@ -20,7 +20,8 @@ Result<std::string> read_small_file(const std::filesystem::path& path, std::size
     in.read(buf, sizeof buf);
     out.append(buf, static_cast<std::size_t>(in.gcount()));
     if (out.size() > max_bytes) {
-      return make_error(ErrorCode::kResourceExhausted, fmt::format("{} is larger than {} bytes", path.string(), max_bytes));
+      return make_error(ErrorCode::kResourceExhausted,
+                        fmt::format("{} is larger than {} bytes", path.string(), max_bytes));
     }
   }
   return out;
@@ -50,7 +51,8 @@ std::optional<std::pair<std::int64_t, int>> parse_ack_name(std::string_view name
 }
 
 std::int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 Clock* pick_clock(Clock* given, boost::asio::any_io_executor ex, std::unique_ptr<Clock>& own) {

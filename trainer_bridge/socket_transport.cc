@@ -94,7 +94,8 @@ asio::awaitable<Result<std::pair<std::uint8_t, std::string>>> read_frame(tcp::so
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(head[1 + i]) << (8 * i);
   if (n > max_bytes) {
-    co_return make_error(ErrorCode::kResourceExhausted, fmt::format("frame of {} bytes exceeds the limit of {}", n, max_bytes));
+    co_return make_error(ErrorCode::kResourceExhausted,
+                         fmt::format("frame of {} bytes exceeds the limit of {}", n, max_bytes));
   }
   std::string payload(n, '\0');
   co_await asio::async_read(sock, asio::buffer(payload), asio::redirect_error(asio::use_awaitable, ec));
@@ -248,7 +249,8 @@ struct SocketServerState {
     s->send(make_frame(kChallenge, json{{"nonce", *challenge}, {"token_required", !st->opt.token.empty()}}));
     auto hello = co_await read_frame(*s->sock, std::min(st->opt.max_frame_bytes, kMaxHandshakeBytes));
     if (!hello || hello->first != kHello) {
-      if (hello) ARLO_WARN("bridge socket: first frame was type {}, expected HELLO; closing", hello->first);
+      if (hello)
+        ARLO_WARN("bridge socket: first frame was type {}, expected HELLO; closing", hello->first);
       else if (hello.error().code() == ErrorCode::kResourceExhausted)
         ARLO_WARN("bridge socket: refusing a connection: its first frame: {}", hello.error().message());
       s->close();
@@ -258,11 +260,13 @@ struct SocketServerState {
     const json h = parse_body(hello->second);
     if (!st->opt.token.empty()) {
       const auto it = h.is_object() ? h.find("proof") : h.end();
-      if (it == h.end() || !it->is_string() || !auth::verify_proof(st->opt.token, kAuthContext, *challenge, it->get<std::string>())) {
-        const std::string why = it == h.end() || !it->is_string()
-                                    ? "authentication failed: this orchestrator requires a token and the trainer sent none "
-                                      "(set $ARLO_TOKEN or $ARLO_TOKEN_FILE, or the bridge client's token)"
-                                    : "authentication failed: the trainer's token is not this run's";
+      if (it == h.end() || !it->is_string() ||
+          !auth::verify_proof(st->opt.token, kAuthContext, *challenge, it->get<std::string>())) {
+        const std::string why =
+            it == h.end() || !it->is_string()
+                ? "authentication failed: this orchestrator requires a token and the trainer sent none "
+                  "(set $ARLO_TOKEN or $ARLO_TOKEN_FILE, or the bridge client's token)"
+                : "authentication failed: the trainer's token is not this run's";
         ARLO_WARN("bridge socket: refusing a trainer: {}", why);
         s->send(make_frame(kError, json{{"message", why}}));
         co_return;  // the watchdog closes it after the error went out or the timeout passed
@@ -270,7 +274,8 @@ struct SocketServerState {
     }
     const std::int64_t rank = h.is_object() ? get_int(h, "rank", -1) : -1;
     if (rank < 0 || rank >= st->opt.num_ranks) {
-      const std::string why = fmt::format("rank {} is outside [0, {}) (num_ranks of the orchestrator)", rank, st->opt.num_ranks);
+      const std::string why =
+          fmt::format("rank {} is outside [0, {}) (num_ranks of the orchestrator)", rank, st->opt.num_ranks);
       ARLO_WARN("bridge socket: refusing a trainer: {}", why);
       s->send(make_frame(kError, json{{"message", why}}));
       co_return;  // the watchdog closes it after the error went out or the timeout passed
@@ -289,7 +294,8 @@ struct SocketServerState {
     for (;;) {
       auto frame = co_await read_frame(*s->sock, st->opt.max_frame_bytes);
       if (!frame) {
-        if (!s->closed && !st->stopped) ARLO_INFO("bridge socket: trainer rank {} disconnected: {}", s->rank, frame.error().what());
+        if (!s->closed && !st->stopped)
+          ARLO_INFO("bridge socket: trainer rank {} disconnected: {}", s->rank, frame.error().what());
         break;
       }
       s->last_rx = st->clock->now();
@@ -359,10 +365,11 @@ class SocketServer final : public BridgeServer {
       tcp::resolver::results_type results;
       if (!st.opt.bind.empty()) results = resolver.resolve(st.opt.bind, "0", ec);
       if (ec || results.empty())
-        return make_error(ErrorCode::kInvalidArgument,
-                          fmt::format("bridge socket: the bind host '{}' is neither an IP address nor a name that resolves "
-                                      "({}): give an address of this host (0.0.0.0 for all)",
-                                      st.opt.bind, ec ? ec.message() : std::string("no addresses")));
+        return make_error(
+            ErrorCode::kInvalidArgument,
+            fmt::format("bridge socket: the bind host '{}' is neither an IP address nor a name that resolves "
+                        "({}): give an address of this host (0.0.0.0 for all)",
+                        st.opt.bind, ec ? ec.message() : std::string("no addresses")));
       address = results.begin()->endpoint().address();
       ARLO_INFO("bridge socket: bind host '{}' resolves to {}", st.opt.bind, address.to_string());
     }
@@ -374,7 +381,8 @@ class SocketServer final : public BridgeServer {
     if (!ec) st.acceptor.bind(endpoint, ec);
     if (!ec) st.acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      return make_error(ErrorCode::kIo, fmt::format("bridge socket: listening on {}:{}: {}", st.opt.bind, st.opt.port, ec.message()));
+      return make_error(ErrorCode::kIo,
+                        fmt::format("bridge socket: listening on {}:{}: {}", st.opt.bind, st.opt.port, ec.message()));
     }
     st.bound_port = st.acceptor.local_endpoint().port();
     st.rank_acked.assign(static_cast<std::size_t>(st.opt.num_ranks), 0);
@@ -388,8 +396,9 @@ class SocketServer final : public BridgeServer {
     auto st = state_;
     if (!st->started) co_return make_error(ErrorCode::kInvalidArgument, "bridge socket: send() before start()");
     if (static_cast<int>(batch.ranks.size()) != st->opt.num_ranks) {
-      co_return make_error(ErrorCode::kInvalidArgument, fmt::format("bridge socket: step {} has {} rank parts, num_ranks is {}",
-                                                                    batch.step, batch.ranks.size(), st->opt.num_ranks));
+      co_return make_error(ErrorCode::kInvalidArgument,
+                           fmt::format("bridge socket: step {} has {} rank parts, num_ranks is {}", batch.step,
+                                       batch.ranks.size(), st->opt.num_ranks));
     }
     while (!st->stopped && st->pending.size() >= st->opt.max_pending_batches && batch.step > st->last_acked) {
       co_await st->changed.wait();
@@ -414,8 +423,9 @@ class SocketServer final : public BridgeServer {
     const auto deadline = st->clock->now() + timeout;
     while (!st->pending.empty() && !st->stopped) {
       if (!co_await st->changed.wait(*st->clock, deadline) && !st->pending.empty()) {
-        co_return make_error(ErrorCode::kTimeout, fmt::format("bridge socket: {} step(s) still unacknowledged (oldest {})",
-                                                              st->pending.size(), st->pending.begin()->first));
+        co_return make_error(ErrorCode::kTimeout,
+                             fmt::format("bridge socket: {} step(s) still unacknowledged (oldest {})",
+                                         st->pending.size(), st->pending.begin()->first));
       }
     }
     if (!st->pending.empty()) co_return make_error(ErrorCode::kCancelled, "bridge socket: stopped");
@@ -478,9 +488,9 @@ class SocketClient final : public BridgeClient {
     }
     if (ready_.empty()) {
       return make_error(ErrorCode::kTimeout,
-                        fmt::format("bridge socket client: no batch for rank {} after step {} within the timeout ({})", opt_.rank,
-                                    last_acked_,
-                                    connected_ ? std::string("connected")
+                        fmt::format("bridge socket client: no batch for rank {} after step {} within the timeout ({})",
+                                    opt_.rank, last_acked_,
+                                    connected_              ? std::string("connected")
                                     : last_failure_.empty() ? std::string("not connected")
                                                             : "not connected: " + last_failure_));
     }
@@ -549,7 +559,8 @@ class SocketClient final : public BridgeClient {
     if (sock_ && sock_->is_open()) enqueue(sock_, box_, std::move(f));
   }
   void send_heartbeat() {
-    if (hello_sent_) send_now(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}, {"last_acked_step", last_acked_step()}}));
+    if (hello_sent_)
+      send_now(make_frame(kHeartbeat, json{{"time_ms", wall_ms()}, {"last_acked_step", last_acked_step()}}));
   }
 
   asio::awaitable<void> flush_and_shutdown() {
@@ -557,7 +568,8 @@ class SocketClient final : public BridgeClient {
     backoff_timer_.cancel();
     asio::steady_timer timer(io_);
     const auto deadline = SteadyClock::now() + std::chrono::seconds(2);  // socket writes draining: real time
-    while (sock_ && sock_->is_open() && box_ && (box_->writing || !box_->frames.empty()) && SteadyClock::now() < deadline) {
+    while (sock_ && sock_->is_open() && box_ && (box_->writing || !box_->frames.empty()) &&
+           SteadyClock::now() < deadline) {
       timer.expires_after(std::chrono::milliseconds(2));
       co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
@@ -620,8 +632,8 @@ class SocketClient final : public BridgeClient {
     const auto results = co_await resolver.async_resolve(opt_.host, std::to_string(opt_.port),
                                                          asio::redirect_error(asio::use_awaitable, ec));
     if (ec || results.empty()) {
-      why = fmt::format("the orchestrator's host '{}' (from {}) does not resolve ({}); retrying until it does", opt_.host,
-                        opt_.host_source, ec ? ec.message() : std::string("no addresses"));
+      why = fmt::format("the orchestrator's host '{}' (from {}) does not resolve ({}); retrying until it does",
+                        opt_.host, opt_.host_source, ec ? ec.message() : std::string("no addresses"));
       co_return nullptr;
     }
     std::vector<std::string> tried;
@@ -746,8 +758,9 @@ class SocketClient final : public BridgeClient {
       if (!view) {
         batch_error_ = std::move(view.error()).with_context("bridge socket client: received batch refused");
       } else if (view->rank() != opt_.rank) {
-        batch_error_ = Error(ErrorCode::kMismatch, fmt::format("bridge socket client: received a batch for rank {}, this is rank {}",
-                                                               view->rank(), opt_.rank));
+        batch_error_ = Error(ErrorCode::kMismatch,
+                             fmt::format("bridge socket client: received a batch for rank {}, this is rank {}",
+                                         view->rank(), opt_.rank));
       } else if (view->step() <= last_acked_) {
         reack = last_acked_;  // resent after a reconnect; it is done, say so again
       } else {
@@ -785,8 +798,8 @@ class SocketClient final : public BridgeClient {
   std::shared_ptr<tcp::socket> sock_;
   std::shared_ptr<Outbox> box_;
   Clock::time_point last_rx_;  // on clock_
-  bool hello_sent_ = false;  // on this connection: heartbeats only after HELLO
-  std::string token_;        // set before start()
+  bool hello_sent_ = false;    // on this connection: heartbeats only after HELLO
+  std::string token_;          // set before start()
 
   // shared, under mu_
   mutable std::mutex mu_;
@@ -806,17 +819,21 @@ class SocketClient final : public BridgeClient {
 
 Result<std::unique_ptr<BridgeServer>> make_socket_server(asio::io_context& io, ServerOptions options) {
   if (options.num_ranks < 1) return make_error(ErrorCode::kInvalidArgument, "bridge socket: num_ranks must be >= 1");
-  if (options.max_pending_batches < 1) return make_error(ErrorCode::kInvalidArgument, "bridge socket: max_pending_batches must be >= 1");
+  if (options.max_pending_batches < 1)
+    return make_error(ErrorCode::kInvalidArgument, "bridge socket: max_pending_batches must be >= 1");
   return std::unique_ptr<BridgeServer>(new SocketServer(io, std::move(options)));
 }
 
 Result<std::unique_ptr<BridgeClient>> make_socket_client(const ClientOptions& options) {
-  if (options.port == 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: port is 0 (give the orchestrator's port)");
+  if (options.port == 0)
+    return make_error(ErrorCode::kInvalidArgument, "bridge socket client: port is 0 (give the orchestrator's port)");
   if (options.rank < 0) return make_error(ErrorCode::kInvalidArgument, "bridge socket client: rank must be >= 0");
   if (options.host.empty())
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("bridge socket client: the orchestrator's host (from {}) is empty: give its IP address or host name",
-                                  options.host_source));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format(
+            "bridge socket client: the orchestrator's host (from {}) is empty: give its IP address or host name",
+            options.host_source));
   auto token = auth::resolve_token(options.token, "");
   if (!token) return std::unexpected(Error(token.error()).with_context("bridge socket client: its token"));
   auto client = std::make_unique<SocketClient>(options);

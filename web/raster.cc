@@ -106,7 +106,8 @@ void chunk(std::string& out, const char type[4], std::string_view data) {
   const auto start = out.size();
   out.append(type, 4);
   out.append(data);
-  const auto crc = ::crc32(0L, reinterpret_cast<const Bytef*>(out.data() + start), static_cast<uInt>(out.size() - start));
+  const auto crc =
+      ::crc32(0L, reinterpret_cast<const Bytef*>(out.data() + start), static_cast<uInt>(out.size() - start));
   put_u32(out, static_cast<std::uint32_t>(crc));
 }
 
@@ -122,20 +123,23 @@ std::string tick_label(double v, double step) {
 }  // namespace
 
 Raster::Raster(int width, int height, Rgb background)
-    : width_(std::max(width, 1)), height_(std::max(height, 1)),
+    : width_(std::max(width, 1)),
+      height_(std::max(height, 1)),
       pixels_(static_cast<std::size_t>(width_) * static_cast<std::size_t>(height_) * 3) {
   fill_rect(0, 0, width_, height_, background);
 }
 
 Rgb Raster::at(int x, int y) const {
   if (x < 0 || y < 0 || x >= width_ || y >= height_) return {};
-  const auto* p = &pixels_[(static_cast<std::size_t>(y) * static_cast<std::size_t>(width_) + static_cast<std::size_t>(x)) * 3];
+  const auto* p =
+      &pixels_[(static_cast<std::size_t>(y) * static_cast<std::size_t>(width_) + static_cast<std::size_t>(x)) * 3];
   return {p[0], p[1], p[2]};
 }
 
 void Raster::set(int x, int y, Rgb c) {
   if (x < 0 || y < 0 || x >= width_ || y >= height_) return;
-  auto* p = &pixels_[(static_cast<std::size_t>(y) * static_cast<std::size_t>(width_) + static_cast<std::size_t>(x)) * 3];
+  auto* p =
+      &pixels_[(static_cast<std::size_t>(y) * static_cast<std::size_t>(width_) + static_cast<std::size_t>(x)) * 3];
   p[0] = c.r;
   p[1] = c.g;
   p[2] = c.b;
@@ -169,7 +173,8 @@ void Raster::text(int x, int y, std::string_view s, Rgb c, int scale) {
     const auto& g = glyph(ch);
     for (int row = 0; row < kGlyphH; ++row)
       for (int col = 0; col < kGlyphW; ++col)
-        if (g.rows[static_cast<std::size_t>(row)][col] == '#') fill_rect(x + col * scale, y + row * scale, scale, scale, c);
+        if (g.rows[static_cast<std::size_t>(row)][col] == '#')
+          fill_rect(x + col * scale, y + row * scale, scale, scale, c);
     x += kAdvance * scale;
   }
 }
@@ -288,8 +293,8 @@ Raster render_line_chart(const LineChart& chart) {
   }
   img.line(left, top, left, bottom, ink, 2);
   img.line(left, bottom, right, bottom, ink, 2);
-  img.text(left - 10 - Raster::text_width(chart.y_label, kText) / 4, top - Raster::text_height(kText) - 10, chart.y_label, muted,
-           kText);
+  img.text(left - 10 - Raster::text_width(chart.y_label, kText) / 4, top - Raster::text_height(kText) - 10,
+           chart.y_label, muted, kText);
   img.text((left + right) / 2 - Raster::text_width(chart.x_label, kText) / 2, bottom + 40, chart.x_label, muted, kText);
   if (empty) {
     img.text((left + right) / 2 - Raster::text_width("no data", 3) / 2, (top + bottom) / 2, "no data", muted, 3);

@@ -13,8 +13,9 @@ namespace arlo::web {
 namespace {
 
 // The first colors of web/page/charts.js's PALETTE: a run has the same color in the HTML and the PNGs.
-constexpr Rgb kPalette[] = {{0x1f, 0x77, 0xb4}, {0xd6, 0x27, 0x28}, {0x2c, 0xa0, 0x2c}, {0xff, 0x7f, 0x0e}, {0x94, 0x67, 0xbd},
-                            {0x8c, 0x56, 0x4b}, {0xe3, 0x77, 0xc2}, {0x17, 0xbe, 0xcf}, {0x7f, 0x7f, 0x7f}, {0xbc, 0xbd, 0x22}};
+constexpr Rgb kPalette[] = {{0x1f, 0x77, 0xb4}, {0xd6, 0x27, 0x28}, {0x2c, 0xa0, 0x2c}, {0xff, 0x7f, 0x0e},
+                            {0x94, 0x67, 0xbd}, {0x8c, 0x56, 0x4b}, {0xe3, 0x77, 0xc2}, {0x17, 0xbe, 0xcf},
+                            {0x7f, 0x7f, 0x7f}, {0xbc, 0xbd, 0x22}};
 
 Result<std::string> read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -91,8 +92,8 @@ Result<RunData> load_run(const std::filesystem::path& dir) {
   const auto metrics = dir / "metrics.jsonl";
   if (!std::filesystem::is_regular_file(metrics, ec))
     return make_error(ErrorCode::kNotFound,
-                      fmt::format("{}: missing: is {} a run dir (arlo run writes metrics.jsonl there)?", metrics.string(),
-                                  dir.string()));
+                      fmt::format("{}: missing: is {} a run dir (arlo run writes metrics.jsonl there)?",
+                                  metrics.string(), dir.string()));
   ARLO_ASSIGN_OR_RETURN(const auto text, read_text(metrics));
   std::size_t line_no = 0, pos = 0;
   while (pos < text.size()) {
@@ -104,9 +105,8 @@ Result<RunData> load_run(const std::filesystem::path& dir) {
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object())
-      return make_error(ErrorCode::kParse,
-                        fmt::format("{}:{}: not a JSON object (metrics.jsonl holds one a line): {}", metrics.string(), line_no,
-                                    line.substr(0, 80)));
+      return make_error(ErrorCode::kParse, fmt::format("{}:{}: not a JSON object (metrics.jsonl holds one a line): {}",
+                                                       metrics.string(), line_no, line.substr(0, 80)));
     run.records.push_back(std::move(j));
   }
   const auto summary = dir / "summary.json";
@@ -132,8 +132,10 @@ std::string report_html(const std::vector<RunData>& runs, std::string_view gener
   std::string inlined;
   inlined.reserve(json.size());
   for (const char c : json) {
-    if (c == '<') inlined += "\\u003c";
-    else inlined += c;
+    if (c == '<')
+      inlined += "\\u003c";
+    else
+      inlined += c;
   }
   std::string page(report_page());
   const auto at = page.find(kReportDataMarker);
@@ -168,8 +170,8 @@ std::vector<std::pair<std::string, LineChart>> report_charts(const std::vector<R
   return charts;
 }
 
-Result<std::vector<std::filesystem::path>> write_report(const std::vector<RunData>& runs, const std::filesystem::path& html,
-                                                        std::string_view generated) {
+Result<std::vector<std::filesystem::path>> write_report(const std::vector<RunData>& runs,
+                                                        const std::filesystem::path& html, std::string_view generated) {
   std::vector<std::filesystem::path> written;
   ARLO_TRY(write_file_atomically(html, report_html(runs, generated)));
   written.push_back(html);

@@ -16,7 +16,7 @@
 namespace arlo::web {
 
 struct RunData {
-  std::string name;                       // how the run is labelled: its dir as given
+  std::string name;  // how the run is labelled: its dir as given
   std::filesystem::path dir;
   std::vector<nlohmann::json> records;    // metrics.jsonl, in file order
   std::optional<nlohmann::json> summary;  // summary.json; absent when the run did not get to write it
@@ -36,7 +36,7 @@ std::vector<std::pair<std::string, LineChart>> report_charts(const std::vector<R
 
 // Writes report_html() to `html` and each chart of report_charts() to <html stem>-<name>.png in
 // the same directory; returns the paths written, the HTML first.
-Result<std::vector<std::filesystem::path>> write_report(const std::vector<RunData>& runs, const std::filesystem::path& html,
-                                                        std::string_view generated);
+Result<std::vector<std::filesystem::path>> write_report(const std::vector<RunData>& runs,
+                                                        const std::filesystem::path& html, std::string_view generated);
 
 }  // namespace arlo::web

@@ -28,11 +28,14 @@ std::uint64_t item_wire_capacity(const Manifest& m, const BucketItem& it) {
   const DType d = m.tensors[it.tensor].dtype;
   const std::uint64_t n = it.elem_count;
   switch (m.payload.kind) {
-    case PayloadKind::kFull: return n * esize(d);
-    case PayloadKind::kCastBf16: return casts(m.payload.kind, d) ? n * 2 : n * esize(d);
+    case PayloadKind::kFull:
+      return n * esize(d);
+    case PayloadKind::kCastBf16:
+      return casts(m.payload.kind, d) ? n * 2 : n * esize(d);
     case PayloadKind::kCastFp8:
       return casts(m.payload.kind, d) ? (n + kBlockElems - 1) / kBlockElems * 4 + n : n * esize(d);
-    case PayloadKind::kDelta: return kDeltaHeader + n * esize(d);
+    case PayloadKind::kDelta:
+      return kDeltaHeader + n * esize(d);
   }
   return 0;
 }
@@ -45,21 +48,53 @@ std::uint64_t bucket_plain_capacity(const Manifest& m, std::size_t i) {
 
 inline float load_float(const std::byte* p, DType d) {
   switch (d) {
-    case DType::F32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::F64: { double x; std::memcpy(&x, p, 8); return static_cast<float>(x); }
-    case DType::F16: { _Float16 h; std::memcpy(&h, p, 2); return static_cast<float>(h); }
-    case DType::BF16: { std::uint16_t b; std::memcpy(&b, p, 2); return bf16_to_f32(b); }
-    default: return 0.f;
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::F64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return static_cast<float>(x);
+    }
+    case DType::F16: {
+      _Float16 h;
+      std::memcpy(&h, p, 2);
+      return static_cast<float>(h);
+    }
+    case DType::BF16: {
+      std::uint16_t b;
+      std::memcpy(&b, p, 2);
+      return bf16_to_f32(b);
+    }
+    default:
+      return 0.f;
   }
 }
 
 inline void store_float(std::byte* p, DType d, float f) {
   switch (d) {
-    case DType::F32: std::memcpy(p, &f, 4); break;
-    case DType::F64: { double x = f; std::memcpy(p, &x, 8); break; }
-    case DType::F16: { _Float16 h = static_cast<_Float16>(f); std::memcpy(p, &h, 2); break; }
-    case DType::BF16: { std::uint16_t b = f32_to_bf16(f); std::memcpy(p, &b, 2); break; }
-    default: break;
+    case DType::F32:
+      std::memcpy(p, &f, 4);
+      break;
+    case DType::F64: {
+      double x = f;
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case DType::F16: {
+      _Float16 h = static_cast<_Float16>(f);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::BF16: {
+      std::uint16_t b = f32_to_bf16(f);
+      std::memcpy(p, &b, 2);
+      break;
+    }
+    default:
+      break;
   }
 }
 
@@ -69,9 +104,12 @@ const std::array<float, 256>& e4m3_table() {
     for (int v = 0; v < 256; ++v) {
       const int sign = v >> 7, exp = (v >> 3) & 15, man = v & 7;
       float f;
-      if (exp == 15 && man == 7) f = std::numeric_limits<float>::quiet_NaN();
-      else if (exp == 0) f = std::ldexp(static_cast<float>(man), -9);
-      else f = std::ldexp(1.f + man / 8.f, exp - 7);
+      if (exp == 15 && man == 7)
+        f = std::numeric_limits<float>::quiet_NaN();
+      else if (exp == 0)
+        f = std::ldexp(static_cast<float>(man), -9);
+      else
+        f = std::ldexp(1.f + man / 8.f, exp - 7);
       t[v] = sign ? -f : f;
     }
     return t;
@@ -85,12 +123,15 @@ std::uint64_t encode_cast(PayloadKind kind, DType d, const std::byte* src, std::
   if (kind == PayloadKind::kCastBf16) {
     if (d == DType::F32) {
       for (std::uint64_t k = 0; k < n; ++k) {
-        float f; std::memcpy(&f, src + 4 * k, 4);
-        std::uint16_t b = f32_to_bf16(f); std::memcpy(out + 2 * k, &b, 2);
+        float f;
+        std::memcpy(&f, src + 4 * k, 4);
+        std::uint16_t b = f32_to_bf16(f);
+        std::memcpy(out + 2 * k, &b, 2);
       }
     } else {
       for (std::uint64_t k = 0; k < n; ++k) {
-        std::uint16_t b = f32_to_bf16(load_float(src + es * k, d)); std::memcpy(out + 2 * k, &b, 2);
+        std::uint16_t b = f32_to_bf16(load_float(src + es * k, d));
+        std::memcpy(out + 2 * k, &b, 2);
       }
     }
     return 2 * n;
@@ -117,14 +158,15 @@ std::uint64_t encode_cast(PayloadKind kind, DType d, const std::byte* src, std::
   return blocks * 4 + n;
 }
 
-Status decode_cast(PayloadKind kind, DType d, const std::byte* in, std::uint64_t avail, std::uint64_t n,
-                   std::byte* dst, std::uint64_t& used) {
+Status decode_cast(PayloadKind kind, DType d, const std::byte* in, std::uint64_t avail, std::uint64_t n, std::byte* dst,
+                   std::uint64_t& used) {
   const std::uint64_t es = esize(d);
   if (kind == PayloadKind::kCastBf16) {
     used = 2 * n;
     if (avail < used) return make_error(ErrorCode::kParse, "bf16 item truncated");
     for (std::uint64_t k = 0; k < n; ++k) {
-      std::uint16_t b; std::memcpy(&b, in + 2 * k, 2);
+      std::uint16_t b;
+      std::memcpy(&b, in + 2 * k, 2);
       store_float(dst + es * k, d, bf16_to_f32(b));
     }
     return ok();
@@ -135,7 +177,8 @@ Status decode_cast(PayloadKind kind, DType d, const std::byte* in, std::uint64_t
   const auto& table = e4m3_table();
   const std::byte* q = in + blocks * 4;
   for (std::uint64_t b = 0; b < blocks; ++b) {
-    float scale; std::memcpy(&scale, in + 4 * b, 4);
+    float scale;
+    std::memcpy(&scale, in + 4 * b, 4);
     const std::uint64_t begin = b * kBlockElems, cnt = std::min(kBlockElems, n - begin);
     for (std::uint64_t k = 0; k < cnt; ++k)
       store_float(dst + es * (begin + k), d, table[static_cast<std::uint8_t>(q[begin + k])] * scale);
@@ -159,7 +202,10 @@ std::uint64_t encode_delta_t(const std::byte* cur, const std::byte* base, std::u
     for (std::uint64_t k = k0; k < k0 + c; ++k) {
       if (std::memcmp(cur + k * ES, base + k * ES, ES) == 0) continue;
       ++count;
-      if (count > limit_count || count * (4 + ES) >= dense_bytes) { sparse = false; break; }
+      if (count > limit_count || count * (4 + ES) >= dense_bytes) {
+        sparse = false;
+        break;
+      }
       const std::uint32_t idx = static_cast<std::uint32_t>(k);
       std::memcpy(p, &idx, 4);
       std::memcpy(p + 4, cur + k * ES, ES);
@@ -181,10 +227,14 @@ std::uint64_t encode_delta_t(const std::byte* cur, const std::byte* base, std::u
 std::uint64_t encode_delta(std::uint64_t es, const std::byte* cur, const std::byte* base, std::uint64_t n,
                            double threshold, std::byte* out) {
   switch (es) {
-    case 1: return encode_delta_t<1>(cur, base, n, threshold, out);
-    case 2: return encode_delta_t<2>(cur, base, n, threshold, out);
-    case 4: return encode_delta_t<4>(cur, base, n, threshold, out);
-    default: return encode_delta_t<8>(cur, base, n, threshold, out);
+    case 1:
+      return encode_delta_t<1>(cur, base, n, threshold, out);
+    case 2:
+      return encode_delta_t<2>(cur, base, n, threshold, out);
+    case 4:
+      return encode_delta_t<4>(cur, base, n, threshold, out);
+    default:
+      return encode_delta_t<8>(cur, base, n, threshold, out);
   }
 }
 
@@ -290,14 +340,14 @@ std::uint8_t f32_to_e4m3(float value) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(value);
   const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
   const std::uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return sign | 0x7F;          // NaN
-  if (a >= 0x43E00000u) return sign | 0x7E;         // >= 448 (and inf): saturate
-  if (a < 0x3C800000u) {                            // below 2^-6: subnormal steps of 2^-9
+  if (a > 0x7F800000u) return sign | 0x7F;                            // NaN
+  if (a >= 0x43E00000u) return sign | 0x7E;                           // >= 448 (and inf): saturate
+  if (a < 0x3C800000u) {                                              // below 2^-6: subnormal steps of 2^-9
     const float m = std::nearbyint(std::bit_cast<float>(a) * 512.f);  // RNE in the default mode
-    return sign | static_cast<std::uint8_t>(m);     // m == 8 is the smallest normal: same encoding
+    return sign | static_cast<std::uint8_t>(m);                       // m == 8 is the smallest normal: same encoding
   }
   std::uint32_t r = (a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;  // RNE to 3 mantissa bits
-  r -= 120u << 3;                                    // rebias exponent 127 -> 7
+  r -= 120u << 3;                                             // rebias exponent 127 -> 7
   if (r > 0x7Eu) r = 0x7Eu;
   return sign | static_cast<std::uint8_t>(r);
 }
@@ -313,8 +363,8 @@ Result<BucketEncoder> BucketEncoder::create(const Manifest& manifest, const Weig
   e.base_ = base;
   const auto& specs = source.specs();
   if (specs.size() != manifest.tensors.size())
-    return make_error(ErrorCode::kMismatch, "source has " + std::to_string(specs.size()) +
-                                                " tensors, manifest " + std::to_string(manifest.tensors.size()));
+    return make_error(ErrorCode::kMismatch, "source has " + std::to_string(specs.size()) + " tensors, manifest " +
+                                                std::to_string(manifest.tensors.size()));
   for (std::size_t t = 0; t < specs.size(); ++t) {
     ARLO_ASSIGN_OR_RETURN(auto v, source.view(t));
     if (!v.device.is_cpu())
@@ -374,8 +424,8 @@ Result<EncodedBucket> BucketEncoder::encode(std::size_t i, std::span<std::byte> 
     const std::uint64_t plain = encode_plain(m, i, views_, base_, scratch.get());
     const std::size_t z = ZSTD_compress(buffer.data(), buffer.size(), scratch.get(), plain, 1);
     if (ZSTD_isError(z))
-      return make_error(ErrorCode::kInternal, std::string("zstd compress bucket ") + std::to_string(i) + ": " +
-                                                  ZSTD_getErrorName(z));
+      return make_error(ErrorCode::kInternal,
+                        std::string("zstd compress bucket ") + std::to_string(i) + ": " + ZSTD_getErrorName(z));
     n = z;
   }
   out.parts.push_back(buffer.subspan(0, n));
@@ -436,14 +486,18 @@ Status decode_bucket(const Manifest& m, std::size_t i, std::span<const std::byte
     avail -= used;
   }
   if (avail != 0)
-    return make_error(ErrorCode::kParse, "bucket " + std::to_string(i) + ": " + std::to_string(avail) +
-                                             " trailing bytes");
+    return make_error(ErrorCode::kParse,
+                      "bucket " + std::to_string(i) + ": " + std::to_string(avail) + " trailing bytes");
   return ok();
 }
 
 BucketApplier::BucketApplier(const Manifest& manifest, std::vector<std::span<std::byte>> dest, ApplyMode mode)
-    : manifest_(&manifest), dest_(std::move(dest)), mode_(mode), verified_(manifest.buckets.size(), false),
-      kept_(manifest.buckets.size()), kept_size_(manifest.buckets.size(), 0) {}
+    : manifest_(&manifest),
+      dest_(std::move(dest)),
+      mode_(mode),
+      verified_(manifest.buckets.size(), false),
+      kept_(manifest.buckets.size()),
+      kept_size_(manifest.buckets.size(), 0) {}
 
 bool BucketApplier::direct() const {
   return mode_ == ApplyMode::kInPlace && manifest_->payload.kind == PayloadKind::kFull && !manifest_->payload.zstd;
@@ -465,15 +519,18 @@ Status BucketApplier::verify_direct(std::size_t i, std::uint64_t checksum) {
   std::vector<std::span<const std::byte>> parts(spans.begin(), spans.end());
   const std::uint64_t got = xxh3(parts);
   if (got != checksum)
-    return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+    return make_error(ErrorCode::kMismatch,
+                      "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
   verified_[i] = true;
   return ok();
 }
 
 Status BucketApplier::accept(std::size_t i, std::span<const std::byte> wire, std::uint64_t checksum) {
-  if (i >= verified_.size()) return make_error(ErrorCode::kParse, "bucket index " + std::to_string(i) + " out of range");
+  if (i >= verified_.size())
+    return make_error(ErrorCode::kParse, "bucket index " + std::to_string(i) + " out of range");
   const auto mismatch = [&] {
-    return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+    return make_error(ErrorCode::kMismatch,
+                      "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
   };
   const bool plain_full = manifest_->payload.kind == PayloadKind::kFull && !manifest_->payload.zstd;
   if (plain_full && mode_ == ApplyMode::kInPlace) {
@@ -482,7 +539,8 @@ Status BucketApplier::accept(std::size_t i, std::span<const std::byte> wire, std
     auto spans = direct_spans(i);
     std::uint64_t need = 0;
     for (const auto& s : spans) need += s.size();
-    if (need != wire.size()) return make_error(ErrorCode::kParse, "bucket " + std::to_string(i) + " has the wrong size");
+    if (need != wire.size())
+      return make_error(ErrorCode::kParse, "bucket " + std::to_string(i) + " has the wrong size");
     touched_ = true;
     if (scatter_and_hash(wire, spans) != checksum) return mismatch();
     verified_[i] = true;
@@ -493,7 +551,8 @@ Status BucketApplier::accept(std::size_t i, std::span<const std::byte> wire, std
 }
 
 Status BucketApplier::accept_verified(std::size_t i, std::span<const std::byte> wire) {
-  if (i >= verified_.size()) return make_error(ErrorCode::kParse, "bucket index " + std::to_string(i) + " out of range");
+  if (i >= verified_.size())
+    return make_error(ErrorCode::kParse, "bucket index " + std::to_string(i) + " out of range");
   if (mode_ == ApplyMode::kInPlace) {
     touched_ = true;
     ARLO_TRY(decode_bucket(*manifest_, i, wire, dest_));
@@ -522,7 +581,8 @@ std::span<const std::byte> BucketApplier::kept(std::size_t i) const {
 
 Status BucketApplier::finish() {
   if (!complete())
-    return make_error(ErrorCode::kInternal, "finish() before bucket " + std::to_string(verified_prefix()) + " verified");
+    return make_error(ErrorCode::kInternal,
+                      "finish() before bucket " + std::to_string(verified_prefix()) + " verified");
   if (mode_ == ApplyMode::kStaging) {
     touched_ = true;
     for (std::size_t i = 0; i < kept_.size(); ++i) {

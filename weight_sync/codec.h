@@ -29,9 +29,9 @@ std::uint64_t xxh3(std::span<const std::byte> bytes);
 std::uint64_t xxh3(const std::vector<std::span<const std::byte>>& parts);
 
 // Scalar conversions (exposed for tests and docs).
-std::uint16_t f32_to_bf16(float value);   // round to nearest even; NaN stays NaN
+std::uint16_t f32_to_bf16(float value);  // round to nearest even; NaN stays NaN
 float bf16_to_f32(std::uint16_t value);
-std::uint8_t f32_to_e4m3(float value);    // round to nearest even, saturating to +-448; NaN -> 0x7F
+std::uint8_t f32_to_e4m3(float value);  // round to nearest even, saturating to +-448; NaN -> 0x7F
 float e4m3_to_f32(std::uint8_t value);
 bool is_floating(DType dtype);
 

@@ -30,8 +30,8 @@
 namespace arlo::weight_sync {
 
 struct GroupMember {
-  std::string name;     // "worker-0"
-  int world_size = 1;   // the member's GPUs (ranks)
+  std::string name;    // "worker-0"
+  int world_size = 1;  // the member's GPUs (ranks)
   // What the member's runtime expects of the rendezvous: "vllm" (the pickled id, a warm-up
   // all-reduce, packed buckets), "sglang" (the raw id under its PrefixStore key, one broadcast per
   // tensor) or "arlo" (weight_sync's own receiver).

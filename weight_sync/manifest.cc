@@ -12,10 +12,14 @@ namespace arlo::weight_sync {
 
 std::string_view to_string(PayloadKind kind) {
   switch (kind) {
-    case PayloadKind::kFull: return "full";
-    case PayloadKind::kCastBf16: return "bf16";
-    case PayloadKind::kCastFp8: return "fp8";
-    case PayloadKind::kDelta: return "delta";
+    case PayloadKind::kFull:
+      return "full";
+    case PayloadKind::kCastBf16:
+      return "bf16";
+    case PayloadKind::kCastFp8:
+      return "fp8";
+    case PayloadKind::kDelta:
+      return "delta";
   }
   return "unknown";
 }
@@ -149,7 +153,8 @@ std::uint64_t unsigned_of(const nlohmann::json& v, const char* what) {
   return v.get<std::uint64_t>();
 }
 std::int64_t signed_of(const nlohmann::json& v, const char* what) {
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > std::numeric_limits<std::int64_t>::max()))
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<std::uint64_t>() > std::numeric_limits<std::int64_t>::max()))
     throw std::invalid_argument(std::string(what) + " must be an integer, not " + v.dump().substr(0, 40));
   return v.get<std::int64_t>();
 }
@@ -195,7 +200,8 @@ Result<Manifest> Manifest::from_json(const nlohmann::json& j) {
       Bucket bucket;
       for (const auto& it : b) {
         const auto tensor = unsigned_of(it.at(0), "a bucket item's tensor");
-        if (tensor > std::numeric_limits<std::uint32_t>::max()) return make_error(ErrorCode::kParse, "manifest: bucket item out of range");
+        if (tensor > std::numeric_limits<std::uint32_t>::max())
+          return make_error(ErrorCode::kParse, "manifest: bucket item out of range");
         BucketItem item{static_cast<std::uint32_t>(tensor), unsigned_of(it.at(1), "a bucket item's offset"),
                         unsigned_of(it.at(2), "a bucket item's count")};
         if (item.tensor >= m.tensors.size() || item.elem_offset + item.elem_count > m.tensors[item.tensor].numel() ||

@@ -23,7 +23,7 @@ inline constexpr std::uint64_t kBlockElems = 128;  // fp8 scale block
 
 // A contiguous element range of one tensor inside a bucket.
 struct BucketItem {
-  std::uint32_t tensor = 0;        // index into Manifest::tensors
+  std::uint32_t tensor = 0;  // index into Manifest::tensors
   std::uint64_t elem_offset = 0;
   std::uint64_t elem_count = 0;
   friend bool operator==(const BucketItem&, const BucketItem&) = default;
@@ -31,7 +31,7 @@ struct BucketItem {
 
 struct Bucket {
   std::vector<BucketItem> items;
-  std::uint64_t raw_bytes = 0;     // sum of item bytes in the source dtype
+  std::uint64_t raw_bytes = 0;  // sum of item bytes in the source dtype
 };
 
 struct Manifest {

@@ -39,7 +39,8 @@ Result<std::vector<TensorSpec>> model_layout(std::string_view model, DType dtype
   if (!(scale > 0)) return make_error(ErrorCode::kInvalidArgument, "scale must be > 0");
   if (model == "qwen3-0.6b") return qwen3_specs(qwen3_0_6b(), dtype, scale);
   if (model == "qwen3-1.7b") return qwen3_specs(qwen3_1_7b(), dtype, scale);
-  return make_error(ErrorCode::kInvalidArgument, "model '" + std::string(model) + "': expected qwen3-0.6b | qwen3-1.7b");
+  return make_error(ErrorCode::kInvalidArgument,
+                    "model '" + std::string(model) + "': expected qwen3-0.6b | qwen3-1.7b");
 }
 
 }  // namespace arlo::weight_sync

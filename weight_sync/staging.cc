@@ -51,9 +51,9 @@ constexpr auto kServePoll = 50ms;
 struct Slot {
   std::unique_ptr<HostWeights> weights;
   Version version = 0;
-  bool held = false;   // stage_held: its receivers hold it already
+  bool held = false;  // stage_held: its receivers hold it already
   bool copying = false;
-  int users = 0;       // the publisher thread works on it
+  int users = 0;  // the publisher thread works on it
 };
 
 class StagingPublisherImpl final : public StagingPublisher {
@@ -91,22 +91,22 @@ class StagingPublisherImpl final : public StagingPublisher {
     std::unique_lock l(mu_);
     if (!reserved_) return ok();
     const Version want = *reserved_;
-    auto settled = [&] {
-      return (announced_ && *announced_ >= want) || (failed_ && failed_->first >= want);
-    };
+    auto settled = [&] { return (announced_ && *announced_ >= want) || (failed_ && failed_->first >= want); };
     cv_.wait_until(l, deadline, settled);
     if (announced_ && *announced_ >= want) return ok();
     if (failed_ && failed_->first >= want) return std::unexpected(failed_->second);
-    return make_error(ErrorCode::kTimeout,
-                      fmt::format("weight_sync {}: version {} was not published before the deadline (last announced: {})",
-                                  name_, want, announced_ ? std::to_string(*announced_) : "none"));
+    return make_error(
+        ErrorCode::kTimeout,
+        fmt::format("weight_sync {}: version {} was not published before the deadline (last announced: {})", name_,
+                    want, announced_ ? std::to_string(*announced_) : "none"));
   }
 
   Status failure() const override {
     std::lock_guard l(mu_);
     if (!failed_) return ok();
-    return std::unexpected(Error(failed_->second).with_context(
-        fmt::format("weight_sync {}: version {} was not published", name_, failed_->first)));
+    return std::unexpected(
+        Error(failed_->second)
+            .with_context(fmt::format("weight_sync {}: version {} was not published", name_, failed_->first)));
   }
 
   nlohmann::json endpoint() const override { return endpoint_; }
@@ -127,11 +127,13 @@ class StagingPublisherImpl final : public StagingPublisher {
     for (std::size_t t = 0; t < specs.size(); ++t) {
       ARLO_ASSIGN_OR_RETURN(auto v, source.view(t));
       if (!v.device.is_cpu())
-        return make_error(ErrorCode::kInvalidArgument, fmt::format("stage({}): tensor '{}' is on {}; staging copies host memory",
-                                                                   version, specs[t].name, v.device.str()));
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("stage({}): tensor '{}' is on {}; staging copies host memory", version,
+                                      specs[t].name, v.device.str()));
       if (v.bytes.size() != specs[t].nbytes())
-        return make_error(ErrorCode::kInvalidArgument, fmt::format("stage({}): tensor '{}' has {} bytes, its spec says {}",
-                                                                   version, specs[t].name, v.bytes.size(), specs[t].nbytes()));
+        return make_error(ErrorCode::kInvalidArgument,
+                          fmt::format("stage({}): tensor '{}' has {} bytes, its spec says {}", version, specs[t].name,
+                                      v.bytes.size(), specs[t].nbytes()));
       views.push_back(v.bytes);
       bytes += v.bytes.size();
     }
@@ -185,8 +187,10 @@ class StagingPublisherImpl final : public StagingPublisher {
   // Under mu_: frees extra slots beyond keep_last.
   void trim() {
     for (auto it = slots_.begin(); it != slots_.end() && slots_.size() > state_.options.keep_last;) {
-      if (is_free(**it) && it->get() != newest_) it = slots_.erase(it);
-      else ++it;
+      if (is_free(**it) && it->get() != newest_)
+        it = slots_.erase(it);
+      else
+        ++it;
     }
   }
 
@@ -326,8 +330,10 @@ class StagingPublisherImpl final : public StagingPublisher {
     }
     bool delivered = false;
     for (const auto& p : r->peers) {
-      if (p.ok) delivered = true;
-      else ARLO_WARN("weight_sync {}: version {} not delivered to {}: {}", name_, s.version, p.peer, p.error);
+      if (p.ok)
+        delivered = true;
+      else
+        ARLO_WARN("weight_sync {}: version {} not delivered to {}: {}", name_, s.version, p.peer, p.error);
     }
     if (delivered && state_.last_version != s.version) keep_base(s);
     std::lock_guard l(mu_);
@@ -374,15 +380,15 @@ class StagingPublisherImpl final : public StagingPublisher {
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<std::unique_ptr<Slot>> slots_;
-  Slot* newest_ = nullptr;            // the newest staged version (complete)
-  std::optional<Version> reserved_;   // the newest version stage() accepted (maybe still copying)
+  Slot* newest_ = nullptr;           // the newest staged version (complete)
+  std::optional<Version> reserved_;  // the newest version stage() accepted (maybe still copying)
   std::optional<Version> announced_;
   std::optional<std::pair<Version, Error>> failed_;
   std::optional<PublishReport> last_report_;
-  Slot* serving_ = nullptr;           // streaming: the newest version handed to the server (holds a users ref)
-  const Slot* server_on_ = nullptr;   // the version of the server's current attempt
-  bool serve_pause_ = false;          // the last serve attempt failed oddly: wait a poll before the next
-  std::thread announcer_, server_;    // last: start after everything above exists
+  Slot* serving_ = nullptr;          // streaming: the newest version handed to the server (holds a users ref)
+  const Slot* server_on_ = nullptr;  // the version of the server's current attempt
+  bool serve_pause_ = false;         // the last serve attempt failed oddly: wait a poll before the next
+  std::thread announcer_, server_;   // last: start after everything above exists
 };
 
 }  // namespace

@@ -82,20 +82,28 @@ namespace {
 
 bool has_type(const nlohmann::json& v, OptionSpec::Type t) {
   switch (t) {
-    case OptionSpec::Type::kBool: return v.is_boolean();
-    case OptionSpec::Type::kInt: return v.is_number_integer();
-    case OptionSpec::Type::kFloat: return v.is_number();
-    case OptionSpec::Type::kString: return v.is_string();
+    case OptionSpec::Type::kBool:
+      return v.is_boolean();
+    case OptionSpec::Type::kInt:
+      return v.is_number_integer();
+    case OptionSpec::Type::kFloat:
+      return v.is_number();
+    case OptionSpec::Type::kString:
+      return v.is_string();
   }
   return false;
 }
 
 std::string_view type_word(OptionSpec::Type t) {
   switch (t) {
-    case OptionSpec::Type::kBool: return "a boolean";
-    case OptionSpec::Type::kInt: return "an integer";
-    case OptionSpec::Type::kFloat: return "a number";
-    case OptionSpec::Type::kString: return "a string";
+    case OptionSpec::Type::kBool:
+      return "a boolean";
+    case OptionSpec::Type::kInt:
+      return "an integer";
+    case OptionSpec::Type::kFloat:
+      return "a number";
+    case OptionSpec::Type::kString:
+      return "a string";
   }
   return "?";
 }
@@ -144,7 +152,8 @@ Result<nlohmann::json> resolve_params(const TransportDescriptor& d, const nlohma
 Result<std::unique_ptr<CollectiveControl>> CollectiveControl::connect(const Announcement& a, Deadline deadline) {
   ARLO_ASSIGN_OR_RETURN(const auto* d, find_transport(a.transport));
   if (!d->capabilities.collective || !d->control)
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("weight_sync: transport {} is not collective", a.transport));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("weight_sync: transport {} is not collective", a.transport));
   return d->control(a.endpoint, deadline);
 }
 

@@ -34,7 +34,7 @@ struct OptionSpec {
   enum class Type { kBool, kInt, kFloat, kString };
   std::string key;
   Type type = Type::kString;
-  nlohmann::json default_value;      // of the library; a config default may differ (config_default)
+  nlohmann::json default_value;  // of the library; a config default may differ (config_default)
   std::string doc;
   std::vector<std::string> choices;  // kString: the allowed values (empty: any)
   std::optional<double> min, max;    // kInt / kFloat: inclusive bounds
@@ -68,7 +68,7 @@ struct Faults {
 // State the Publisher keeps across versions and lends to its transport.
 struct SenderState {
   Options options;
-  nlohmann::json params;                // options.params with the descriptor's defaults filled in
+  nlohmann::json params;  // options.params with the descriptor's defaults filled in
   Faults faults;
   std::optional<Version> last_version;  // last version published (the delta base)
   std::unique_ptr<HostWeights> base;    // snapshot of last_version; kept only for the delta payload
@@ -79,8 +79,8 @@ struct ReceiverState {
   Options options;
   nlohmann::json params;
   Faults faults;
-  std::optional<Version> version;       // what the sink holds
-  std::vector<TensorSpec> specs;        // tensors of the last applied manifest
+  std::optional<Version> version;  // what the sink holds
+  std::vector<TensorSpec> specs;   // tensors of the last applied manifest
 };
 
 class SenderTransport {
@@ -108,8 +108,8 @@ using SenderFactory = std::function<Result<std::unique_ptr<SenderTransport>>(con
 using ReceiverFactory = std::function<Result<std::unique_ptr<ReceiverTransport>>(const ReceiverState&)>;
 
 struct TransportDescriptor {
-  std::string name;        // the value of weight_sync.transport
-  std::string doc;         // one line for docs/configuration.md
+  std::string name;  // the value of weight_sync.transport
+  std::string doc;   // one line for docs/configuration.md
   Capabilities capabilities;
   std::vector<OptionSpec> options;
   SenderFactory sender;

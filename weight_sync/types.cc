@@ -10,9 +10,7 @@
 
 namespace arlo::weight_sync {
 
-std::string Device::str() const {
-  return kind == Kind::kCpu ? std::string("cpu") : "cuda:" + std::to_string(index);
-}
+std::string Device::str() const { return kind == Kind::kCpu ? std::string("cpu") : "cuda:" + std::to_string(index); }
 
 Result<Device> Device::parse(std::string_view text) {
   if (text == "cpu") return Device::cpu();
@@ -24,8 +22,7 @@ Result<Device> Device::parse(std::string_view text) {
       if (ec == std::errc() && p == text.data() + text.size() && index >= 0) return Device::cuda(index);
     }
   }
-  return make_error(ErrorCode::kInvalidArgument,
-                    "device '" + std::string(text) + "': expected cpu or cuda:N");
+  return make_error(ErrorCode::kInvalidArgument, "device '" + std::string(text) + "': expected cpu or cuda:N");
 }
 
 std::uint64_t TensorSpec::numel() const {
@@ -57,8 +54,12 @@ HostWeights::HostWeights(std::vector<TensorSpec> specs) : specs_(std::move(specs
 }
 
 HostWeights::HostWeights(HostWeights&& o) noexcept
-    : specs_(std::move(o.specs_)), offsets_(std::move(o.offsets_)), data_(std::exchange(o.data_, nullptr)),
-      total_(std::exchange(o.total_, 0)), mapped_(std::exchange(o.mapped_, 0)), committed_(o.committed_) {}
+    : specs_(std::move(o.specs_)),
+      offsets_(std::move(o.offsets_)),
+      data_(std::exchange(o.data_, nullptr)),
+      total_(std::exchange(o.total_, 0)),
+      mapped_(std::exchange(o.mapped_, 0)),
+      committed_(o.committed_) {}
 
 HostWeights& HostWeights::operator=(HostWeights&& o) noexcept {
   if (this != &o) {
@@ -77,9 +78,7 @@ HostWeights::~HostWeights() {
   if (data_) ::munmap(data_, mapped_);
 }
 
-std::span<std::byte> HostWeights::bytes(std::size_t index) {
-  return {data_ + offsets_[index], specs_[index].nbytes()};
-}
+std::span<std::byte> HostWeights::bytes(std::size_t index) { return {data_ + offsets_[index], specs_[index].nbytes()}; }
 std::span<const std::byte> HostWeights::bytes(std::size_t index) const {
   return {data_ + offsets_[index], specs_[index].nbytes()};
 }

@@ -36,7 +36,7 @@ struct Device {
   static Device cpu() { return {}; }
   static Device cuda(int index) { return {Kind::kCuda, index}; }
   bool is_cpu() const { return kind == Kind::kCpu; }
-  std::string str() const;                      // "cpu" | "cuda:N"
+  std::string str() const;  // "cpu" | "cuda:N"
   static Result<Device> parse(std::string_view text);
   friend bool operator==(const Device&, const Device&) = default;
 };

@@ -37,7 +37,8 @@ Status validate(const Options& o) {
   if (o.keep_last < 2) return make_error(ErrorCode::kInvalidArgument, "weight_sync.keep_last must be >= 2");
   if (o.bucket_timeout.count() <= 0 || o.timeout.count() <= 0)
     return make_error(ErrorCode::kInvalidArgument, "weight_sync bucket_timeout and timeout must be > 0");
-  if (o.expected_receivers < 1) return make_error(ErrorCode::kInvalidArgument, "weight_sync expected_receivers must be >= 1");
+  if (o.expected_receivers < 1)
+    return make_error(ErrorCode::kInvalidArgument, "weight_sync expected_receivers must be >= 1");
   return ok();
 }
 
@@ -53,7 +54,8 @@ Result<const TransportDescriptor*> descriptor_for(const Options& o) {
 
 class PublisherImpl final : public Publisher {
  public:
-  PublisherImpl(std::unique_ptr<SenderTransport> t, SenderState state) : transport_(std::move(t)), state_(std::move(state)) {}
+  PublisherImpl(std::unique_ptr<SenderTransport> t, SenderState state)
+      : transport_(std::move(t)), state_(std::move(state)) {}
 
   Result<PublishReport> publish(Version version, const WeightSource& source, Deadline deadline) override {
     if (state_.last_version && version <= *state_.last_version)
@@ -86,7 +88,8 @@ class PublisherImpl final : public Publisher {
 
 class SubscriberImpl final : public Subscriber {
  public:
-  SubscriberImpl(std::unique_ptr<ReceiverTransport> t, ReceiverState state) : transport_(std::move(t)), state_(std::move(state)) {}
+  SubscriberImpl(std::unique_ptr<ReceiverTransport> t, ReceiverState state)
+      : transport_(std::move(t)), state_(std::move(state)) {}
   Result<ReceiveReport> receive(WeightSink& sink, Deadline deadline) override {
     return transport_->receive(sink, state_, deadline);
   }

@@ -69,7 +69,7 @@ Result<PayloadKind> parse_payload(std::string_view text);  // full | bf16 | fp8 
 
 struct PayloadOptions {
   PayloadKind kind = PayloadKind::kFull;
-  bool zstd = false;                     // zstd level 1 on top of any payload
+  bool zstd = false;                      // zstd level 1 on top of any payload
   double delta_density_threshold = 0.25;  // per bucket item: above this changed fraction, send dense
 };
 
@@ -82,34 +82,34 @@ enum class ApplyMode {
 // ...) are `params`, a JSON object checked against the transport's descriptor (transport.h: its
 // keys, types and defaults); wire.h has the one JSON form of the whole block.
 struct Options {
-  std::string transport = "tcp";        // a registered transport (transport.h: transports())
+  std::string transport = "tcp";  // a registered transport (transport.h: transports())
   PayloadOptions payload;
   std::uint64_t bucket_bytes = 256ull << 20;
   ApplyMode apply_mode = ApplyMode::kStaging;
   std::chrono::milliseconds bucket_timeout{30000};  // deadline for each bucket (and each handshake)
   std::chrono::milliseconds timeout{120000};        // deadline for moving one version
-  std::size_t keep_last = 2;             // versions a publisher keeps (staged, or on disk); >= 2
-  std::size_t expected_receivers = 1;    // publisher: direct downstream links (star: the workers; chain: 1)
+  std::size_t keep_last = 2;                        // versions a publisher keeps (staged, or on disk); >= 2
+  std::size_t expected_receivers = 1;               // publisher: direct downstream links (star: the workers; chain: 1)
   // Publisher: once the first receiver of a transfer came, how long it waits for the other expected
   // ones before it streams to those present (a late one gets the next transfer).
   std::chrono::milliseconds gather_window{50};
-  bool relay = false;                    // receiver in a chain: serve the next one (transports that relay)
-  std::string peer_name;                 // how this side is named in reports ("worker-0")
+  bool relay = false;                                // receiver in a chain: serve the next one (transports that relay)
+  std::string peer_name;                             // how this side is named in reports ("worker-0")
   nlohmann::json params = nlohmann::json::object();  // the transport's own options
 };
 
 struct PeerReport {
   std::string peer;
   bool ok = false;
-  std::string error;            // empty when ok
-  std::uint64_t wire_bytes = 0; // bytes sent to this peer
+  std::string error;             // empty when ok
+  std::uint64_t wire_bytes = 0;  // bytes sent to this peer
 };
 
 struct PublishReport {
   Version version = 0;
   PayloadKind payload = PayloadKind::kFull;  // what was actually sent (delta may fall back to full)
-  std::uint64_t raw_bytes = 0;   // model bytes
-  std::uint64_t wire_bytes = 0;  // encoded bytes of one copy of the stream
+  std::uint64_t raw_bytes = 0;               // model bytes
+  std::uint64_t wire_bytes = 0;              // encoded bytes of one copy of the stream
   std::size_t buckets = 0;
   double seconds = 0;
   std::vector<PeerReport> peers;

@@ -47,9 +47,10 @@ Status read_ms(const json& block, std::string_view key, std::chrono::millisecond
 constexpr std::string_view kDeltaThreshold = "delta_density_threshold";
 constexpr std::string_view kDeltaThresholdOld = "delta_dense_threshold";  // read for one release
 
-constexpr std::string_view kShared[] = {"transport", "payload", "zstd", kDeltaThreshold, kDeltaThresholdOld,
-                                        "bucket_mb", "bucket_timeout_ms", "timeout_ms", "keep_last",
-                                        "expected_receivers", "gather_window_ms", "relay", "apply_mode", "peer_name"};
+constexpr std::string_view kShared[] = {
+    "transport",         "payload",    "zstd",      kDeltaThreshold,      kDeltaThresholdOld, "bucket_mb",
+    "bucket_timeout_ms", "timeout_ms", "keep_last", "expected_receivers", "gather_window_ms", "relay",
+    "apply_mode",        "peer_name"};
 
 bool is_shared(std::string_view key) {
   for (auto k : kShared)
@@ -101,7 +102,8 @@ Result<Options> options_from_json(const json& block, const Options& base) {
   ARLO_TRY(read(block, "relay", o.relay));
   std::string apply = o.apply_mode == ApplyMode::kInPlace ? "in_place" : "staging";
   ARLO_TRY(read(block, "apply_mode", apply));
-  if (apply != "staging" && apply != "in_place") return bad_key("apply_mode", "use staging or in_place, not '" + apply + "'");
+  if (apply != "staging" && apply != "in_place")
+    return bad_key("apply_mode", "use staging or in_place, not '" + apply + "'");
   o.apply_mode = apply == "in_place" ? ApplyMode::kInPlace : ApplyMode::kStaging;
   ARLO_TRY(read(block, "peer_name", o.peer_name));
   json params = o.params.is_object() ? o.params : json::object();
@@ -118,14 +120,15 @@ Result<std::optional<double>> delta_density_threshold_of(const json& j, std::str
     const auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
     if (!it->is_number())
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: '{}' must be a number, got {}", where, key, it->dump()));
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("{}: '{}' must be a number, got {}", where, key, it->dump()));
     *out = it->get<double>();
   }
   if (!old) return value;
   if (value && *value != *old)
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("{}: '{}' {} and its old name '{}' {} disagree: give '{}' only", where, kDeltaThreshold,
-                                  *value, kDeltaThresholdOld, *old, kDeltaThreshold));
+                      fmt::format("{}: '{}' {} and its old name '{}' {} disagree: give '{}' only", where,
+                                  kDeltaThreshold, *value, kDeltaThresholdOld, *old, kDeltaThreshold));
   ARLO_WARN("{}: '{}' is the old name of '{}' and is read for one release only; write '{}'", where, kDeltaThresholdOld,
             kDeltaThreshold, kDeltaThreshold);
   return old;
@@ -136,8 +139,8 @@ Result<Version> version_from_json(const json& value, std::string_view what) {
     return static_cast<Version>(value.get<std::uint64_t>());
   if (value.is_number_integer() && !value.is_number_unsigned() && value.get<std::int64_t>() >= 0)
     return value.get<std::int64_t>();
-  return make_error(ErrorCode::kParse, fmt::format("{}: a version must be a non-negative integer below 2^63, not {}", what,
-                                                   value.dump().substr(0, 40)));
+  return make_error(ErrorCode::kParse, fmt::format("{}: a version must be a non-negative integer below 2^63, not {}",
+                                                   what, value.dump().substr(0, 40)));
 }
 
 Result<Version> version_from_text(std::string_view text, std::string_view what) {
@@ -146,29 +149,31 @@ Result<Version> version_from_text(std::string_view text, std::string_view what) 
   // from_chars would take a leading '-': digits only, and out of range is refused rather than wrapped.
   const bool digits = !text.empty() && text.front() >= '0' && text.front() <= '9';
   if (auto r = std::from_chars(text.data(), end, v); !digits || r.ec != std::errc() || r.ptr != end)
-    return make_error(ErrorCode::kParse, fmt::format("{}: a version must be a non-negative integer below 2^63 in decimal digits, not '{}'", what,
-                                                     text.substr(0, 40)));
+    return make_error(ErrorCode::kParse,
+                      fmt::format("{}: a version must be a non-negative integer below 2^63 in decimal digits, not '{}'",
+                                  what, text.substr(0, 40)));
   return v;
 }
 
 std::string checksum_hex(std::uint64_t checksum) { return fmt::format("{:016x}", checksum); }
 
 json to_json(const Announcement& a) {
-  json j = {{"version", a.version},         {"transport", a.transport}, {"endpoint", a.endpoint},
-            {"payload", to_string(a.payload)}, {"tensors", a.tensors},    {"bytes", a.bytes}};
+  json j = {{"version", a.version},   {"transport", a.transport},
+            {"endpoint", a.endpoint}, {"payload", to_string(a.payload)},
+            {"tensors", a.tensors},   {"bytes", a.bytes}};
   if (a.checksum) j["checksum"] = checksum_hex(*a.checksum);
   return j;
 }
 
 Result<Announcement> parse_announcement(const json& j) {
-  auto bad = [](const std::string& why) {
-    return make_error(ErrorCode::kParse, "weight_sync announcement: " + why);
-  };
+  auto bad = [](const std::string& why) { return make_error(ErrorCode::kParse, "weight_sync announcement: " + why); };
   if (!j.is_object()) return bad("must be a JSON object, got " + j.dump());
   Announcement a;
   if (!j.contains("version")) return bad("'version' (a non-negative integer) is required");
-  if (auto v = version_from_json(j["version"], "'version'")) a.version = *v;
-  else return bad(v.error().message());
+  if (auto v = version_from_json(j["version"], "'version'"))
+    a.version = *v;
+  else
+    return bad(v.error().message());
   if (!j.contains("transport") || !j["transport"].is_string()) return bad("'transport' (a string) is required");
   a.transport = j["transport"].get<std::string>();
   ARLO_ASSIGN_OR_RETURN(const auto* d, find_transport(a.transport));

@@ -1,7 +1,8 @@
 // arlo-trainer: the built-in trainer (see trainer.h).
 //
 //   arlo-trainer --run-dir runs/x --weight-sync '{"transport": "filesystem", "dir": "runs/x/weights"}' --max-steps 100
-//   arlo-trainer --run-dir runs/x --weight-sync '{"transport": "tcp", "address": "127.0.0.1:29500", "expected_receivers": 2}' 
+//   arlo-trainer --run-dir runs/x --weight-sync '{"transport": "tcp", "address": "127.0.0.1:29500",
+//   "expected_receivers": 2}'
 //
 // Logs loss, grad norm, mismatch KL, lr and step time per step (console and
 // <run_dir>/trainer_metrics.jsonl). SIGINT/SIGTERM stop it after the current step.
@@ -97,7 +98,8 @@ int main(int argc, char** argv) {
   int batch_timeout_ms = 1000, idle_exit_ms = 0;
   app.add_option("--run-dir", run_dir, "run directory (batches arrive under rollouts/)")->required();
   app.add_option("--bridge", o.bridge_transport, "batch transport: dir | socket");
-  app.add_option("--bridge-host", o.bridge_host, "socket bridge: the orchestrator's IP address or host name (resolved on every connection attempt)");
+  app.add_option("--bridge-host", o.bridge_host,
+                 "socket bridge: the orchestrator's IP address or host name (resolved on every connection attempt)");
   app.add_option("--bridge-port", o.bridge_port);
   app.add_option("--rank", o.rank);
   app.add_option("--layers", o.model.layers);
@@ -117,7 +119,8 @@ int main(int argc, char** argv) {
   app.add_option("--is-correction", o.is_correction,
                  "importance-sampling correction (trainer.is_correction): none | token_tis | seq_tis | token_mis");
   app.add_option("--is-low", o.is_low, "lower importance-ratio bound, token_mis (trainer.is_low)");
-  app.add_option("--is-high", o.is_high, "upper importance-ratio bound: the cap, or the top of token_mis's band (trainer.is_high)");
+  app.add_option("--is-high", o.is_high,
+                 "upper importance-ratio bound: the cap, or the top of token_mis's band (trainer.is_high)");
   add_renamed_flags(app, o);
   app.add_option("--ce-coef", o.ce_coef);
   app.add_option("--temperature", o.temperature, "sampling temperature of the rollouts");
@@ -149,9 +152,10 @@ int main(int argc, char** argv) {
   o.run_dir = run_dir;
   o.checkpoint_dir = ckpt_dir;
   auto block = nlohmann::json::parse(weight_sync_block, nullptr, false);
-  auto ws = block.is_discarded() ? arlo::Result<arlo::weight_sync::Options>(arlo::make_error(
-                                       arlo::ErrorCode::kParse, "--weight-sync is not valid JSON: " + weight_sync_block))
-                                 : arlo::weight_sync::options_from_json(block);
+  auto ws = block.is_discarded()
+                ? arlo::Result<arlo::weight_sync::Options>(arlo::make_error(
+                      arlo::ErrorCode::kParse, "--weight-sync is not valid JSON: " + weight_sync_block))
+                : arlo::weight_sync::options_from_json(block);
   if (!ws) {
     std::cerr << "arlo-trainer: --weight-sync: " << ws.error().what() << "\n";
     return 2;

@@ -34,9 +34,12 @@ using Clock = std::chrono::steady_clock;
 template <typename T>
 at::Tensor to_tensor(std::span<const T> data, std::int64_t rows, std::int64_t cols, at::ScalarType as) {
   at::ScalarType src;
-  if constexpr (std::is_same_v<T, std::int32_t>) src = at::kInt;
-  else if constexpr (std::is_same_v<T, std::uint8_t>) src = at::kByte;
-  else src = at::kFloat;
+  if constexpr (std::is_same_v<T, std::int32_t>)
+    src = at::kInt;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    src = at::kByte;
+  else
+    src = at::kFloat;
   return at::from_blob(const_cast<T*>(data.data()), {rows, cols}, src).to(as).clone();
 }
 
@@ -110,8 +113,8 @@ Status save_checkpoint(const std::filesystem::path& root, std::int64_t step, con
   ARLO_TRY(opt.save(dir / "optimizer.safetensors"));
   // Durable before `latest` names them (the writers rename into place but do not sync).
   for (const char* name : {"model.safetensors", "optimizer.safetensors"}) ARLO_TRY(sync_path(dir / name));
-  ARLO_TRY(write_file_atomically(
-      dir / "state.json", json{{"step", step}, {"optimizer_steps", opt.steps()}, {"lineage", lineage}}.dump()));
+  ARLO_TRY(write_file_atomically(dir / "state.json",
+                                 json{{"step", step}, {"optimizer_steps", opt.steps()}, {"lineage", lineage}}.dump()));
   ARLO_TRY(write_file_atomically(root / "latest", std::to_string(step)));
   drop_kept_batches(root, step);
   // Keep the two newest checkpoints.
@@ -119,7 +122,11 @@ Status save_checkpoint(const std::filesystem::path& root, std::int64_t step, con
     auto name = entry.path().filename().string();
     if (name.rfind("step_", 0) != 0) continue;
     std::int64_t s = -1;
-    try { s = std::stoll(name.substr(5)); } catch (...) { continue; }
+    try {
+      s = std::stoll(name.substr(5));
+    } catch (...) {
+      continue;
+    }
     if (s >= 0 && s < step - static_cast<std::int64_t>(1) && s != step) {
       std::error_code rm;
       std::filesystem::remove_all(entry.path(), rm);
@@ -133,7 +140,8 @@ Status save_checkpoint(const std::filesystem::path& root, std::int64_t step, con
 std::vector<std::string> checkpoint_lineage(const std::filesystem::path& dir) {
   std::ifstream state(dir / "state.json");
   const auto j = json::parse(state, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("lineage") && j["lineage"].is_array()) return j["lineage"].get<std::vector<std::string>>();
+  if (j.is_object() && j.contains("lineage") && j["lineage"].is_array())
+    return j["lineage"].get<std::vector<std::string>>();
   return {};
 }
 
@@ -141,10 +149,11 @@ std::vector<std::string> checkpoint_lineage(const std::filesystem::path& dir) {
 Result<reference::LossOptions> loss_options(const TrainerOptions& o) {
   auto is_correction = reference::parse_is_correction(o.is_correction);
   if (!is_correction)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("trainer: unknown is_correction '{}' (--is-correction): use none, token_tis, seq_tis or "
-                                  "token_mis",
-                                  o.is_correction));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("trainer: unknown is_correction '{}' (--is-correction): use none, token_tis, seq_tis or "
+                    "token_mis",
+                    o.is_correction));
   reference::LossOptions lo;
   lo.is_correction = *is_correction;
   lo.is_low = o.is_low;
@@ -245,8 +254,12 @@ Result<std::unique_ptr<Trainer>> Trainer::resume(const TrainerOptions& o, refere
     ARLO_ASSIGN_OR_RETURN(t->model_, reference::Model::init(o.model, o.seed));
   }
   t->model_->impl().set_requires_grad(true);
-  t->opt_.emplace(*t->model_, reference::AdamWOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
-                                                      .weight_decay = o.weight_decay, .max_grad_norm = o.max_grad_norm});
+  t->opt_.emplace(*t->model_, reference::AdamWOptions{.lr = o.lr,
+                                                      .beta1 = o.beta1,
+                                                      .beta2 = o.beta2,
+                                                      .eps = o.eps,
+                                                      .weight_decay = o.weight_decay,
+                                                      .max_grad_norm = o.max_grad_norm});
   if (ckpt) {
     ARLO_TRY(t->opt_->load(ckpt->dir / "optimizer.safetensors"));
     ARLO_INFO("resumed from {} at step {}", ckpt->dir.string(), t->step_);
@@ -261,8 +274,9 @@ Status Trainer::open_metrics_log() {
   ARLO_TRY(with_context(drop_partial_last_line(metrics_path_), "trainer"));
   metrics_log_.open(metrics_path_, std::ios::app);
   if (!metrics_log_)
-    return make_error(ErrorCode::kIo, fmt::format("trainer: cannot open {} for appending: {} (--run-dir)", metrics_path_.string(),
-                                                  dir_ec ? dir_ec.message() : std::strerror(errno)));
+    return make_error(ErrorCode::kIo,
+                      fmt::format("trainer: cannot open {} for appending: {} (--run-dir)", metrics_path_.string(),
+                                  dir_ec ? dir_ec.message() : std::strerror(errno)));
   return ok();
 }
 
@@ -270,7 +284,8 @@ Status Trainer::log_metrics(const json& m) {
   metrics_log_ << m.dump() << "\n";
   metrics_log_.flush();
   if (!metrics_log_)
-    return make_error(ErrorCode::kIo, fmt::format("trainer: writing {}: {}", metrics_path_.string(), std::strerror(errno)));
+    return make_error(ErrorCode::kIo,
+                      fmt::format("trainer: writing {}: {}", metrics_path_.string(), std::strerror(errno)));
   return {};
 }
 
@@ -280,7 +295,8 @@ Result<json> Trainer::train(const bridge::BatchView& b) {
   reference::LossOutput out;
   double grad_norm = 0;
   const double base_lr = b.has_ce_weights() && o_.sft_lr > 0 ? o_.sft_lr : o_.lr;
-  const double lr = o_.warmup_steps > 0 ? base_lr * std::min(1.0, static_cast<double>(step_ + 1) / o_.warmup_steps) : base_lr;
+  const double lr =
+      o_.warmup_steps > 0 ? base_lr * std::min(1.0, static_cast<double>(step_ + 1) / o_.warmup_steps) : base_lr;
   try {
     auto ids = to_tensor(b.input_ids(), rows, cols, at::kLong);
     auto pos = to_tensor(b.position_ids(), rows, cols, at::kLong);
@@ -319,8 +335,9 @@ Result<json> Trainer::train(const bridge::BatchView& b) {
 }
 
 Status Trainer::checkpoint() {
-  ARLO_TRY(with_context(save_checkpoint(ckpt_root_, step_, *model_, *opt_, lineage_),
-                        fmt::format("trainer: checkpoint of step {} (the previous one, step {}, is kept)", step_, saved_step_)));
+  ARLO_TRY(with_context(
+      save_checkpoint(ckpt_root_, step_, *model_, *opt_, lineage_),
+      fmt::format("trainer: checkpoint of step {} (the previous one, step {}, is kept)", step_, saved_step_)));
   saved_step_ = step_;
   return ok();
 }
@@ -329,9 +346,10 @@ Status Trainer::replay_kept_batches() {
   for (const auto& [s, path] : kept_batches(ckpt_root_)) {
     if (s <= step_) continue;
     if (s != step_ + 1)
-      return make_error(ErrorCode::kMismatch, fmt::format("trainer: replaying kept batches: {} follows step {} (a "
-                                                          "step is missing; the checkpoint under {} cannot be continued)",
-                                                          path.string(), step_, ckpt_root_.string()));
+      return make_error(ErrorCode::kMismatch,
+                        fmt::format("trainer: replaying kept batches: {} follows step {} (a "
+                                    "step is missing; the checkpoint under {} cannot be continued)",
+                                    path.string(), step_, ckpt_root_.string()));
     ARLO_ASSIGN_OR_RETURN(auto view, bridge::BatchView::open(path));
     ARLO_ASSIGN_OR_RETURN(auto m, train(view));
     m["replayed"] = true;
@@ -405,7 +423,8 @@ Status Trainer::train_until_stopped(const std::atomic<bool>& stop) {
         continue;
       }
       if (got.error().code() == ErrorCode::kCancelled) break;
-      return std::unexpected(std::move(got).error().with_context(fmt::format("trainer: waiting for step {}", step_ + 1)));
+      return std::unexpected(
+          std::move(got).error().with_context(fmt::format("trainer: waiting for step {}", step_ + 1)));
     }
     idle_since = Clock::now();
     ARLO_TRY(take_batch(*got));
@@ -416,8 +435,9 @@ Status Trainer::train_until_stopped(const std::atomic<bool>& stop) {
 Status Trainer::take_batch(const bridge::BatchView& b) {
   if (b.step() <= step_) return client_->ack(b.step());  // trained before a restart
   if (b.step() != step_ + 1)
-    return make_error(ErrorCode::kMismatch,
-                      fmt::format("trainer: the bridge delivered step {} after step {}: a step would be skipped", b.step(), step_));
+    return make_error(
+        ErrorCode::kMismatch,
+        fmt::format("trainer: the bridge delivered step {} after step {}: a step would be skipped", b.step(), step_));
   ARLO_ASSIGN_OR_RETURN(auto m, train(b));
   ARLO_TRY(make_durable(b));
   ARLO_TRY(client_->ack(step_));
@@ -427,11 +447,12 @@ Status Trainer::take_batch(const bridge::BatchView& b) {
   }
   ARLO_ASSIGN_OR_RETURN(m["stage_seconds"], stage(step_, false));  // in trainer_metrics.jsonl
   ARLO_TRY(log_metrics(m));
-  ARLO_INFO("step {} loss {:.4f} (pg {:.4f} ce {:.4f}) grad_norm {:.3f} mismatch_kl {:.2e} clipped {:.3f} "
-            "entropy {:.3f} lr {:.2e} {:.3f}s",
-            step_, m["loss"].get<double>(), m["pg_loss"].get<double>(), m["ce_loss"].get<double>(),
-            m["grad_norm"].get<double>(), m["mismatch_kl"].get<double>(), m["clipped_fraction"].get<double>(),
-            m["entropy"].get<double>(), m["lr"].get<double>(), m["step_seconds"].get<double>());
+  ARLO_INFO(
+      "step {} loss {:.4f} (pg {:.4f} ce {:.4f}) grad_norm {:.3f} mismatch_kl {:.2e} clipped {:.3f} "
+      "entropy {:.3f} lr {:.2e} {:.3f}s",
+      step_, m["loss"].get<double>(), m["pg_loss"].get<double>(), m["ce_loss"].get<double>(),
+      m["grad_norm"].get<double>(), m["mismatch_kl"].get<double>(), m["clipped_fraction"].get<double>(),
+      m["entropy"].get<double>(), m["lr"].get<double>(), m["step_seconds"].get<double>());
   return ok();
 }
 
@@ -442,9 +463,10 @@ Status Trainer::make_durable(const bridge::BatchView& b) {
     crash_point("trainer.after_checkpoint", step_);
     return ok();
   }
-  return with_context(write_file_atomically(kept_batch(ckpt_root_, step_),
-                                            std::string_view(reinterpret_cast<const char*>(b.raw().data()), b.raw().size())),
-                      fmt::format("trainer: keeping the batch of step {} until the next checkpoint", step_));
+  return with_context(
+      write_file_atomically(kept_batch(ckpt_root_, step_),
+                            std::string_view(reinterpret_cast<const char*>(b.raw().data()), b.raw().size())),
+      fmt::format("trainer: keeping the batch of step {} until the next checkpoint", step_));
 }
 
 Result<std::int64_t> Trainer::finish() {

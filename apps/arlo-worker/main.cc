@@ -144,8 +144,8 @@ arlo::Result<arlo::worker::WorkerOptions> worker_options(const Flags& f) {
   wo.engine.threads = f.threads;
   wo.engine.seed = f.seed;
   const auto block = nlohmann::json::parse(f.weight_sync, nullptr, false);
-  auto ws = block.is_discarded() ? arlo::Result<arlo::weight_sync::Options>(arlo::make_error(
-                                       arlo::ErrorCode::kParse, "not valid JSON: " + f.weight_sync))
+  auto ws = block.is_discarded() ? arlo::Result<arlo::weight_sync::Options>(
+                                       arlo::make_error(arlo::ErrorCode::kParse, "not valid JSON: " + f.weight_sync))
                                  : arlo::weight_sync::options_from_json(block);
   if (!ws) return std::unexpected(std::move(ws).error().with_context("--weight-sync"));
   wo.weight_sync = *ws;

@@ -43,12 +43,12 @@ std::vector<int> byte_list(const std::string& s) {
   return out;
 }
 
-
 // A chat request's prompt: its 'messages' (string content, or a list of text parts) through the
 // chat template.
 std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body, const Tokenizer& tok) {
   auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) return bad("'messages' must be a non-empty array", "messages");
+  if (it == body.end() || !it->is_array() || it->empty())
+    return bad("'messages' must be a non-empty array", "messages");
   std::vector<Tokenizer::Message> messages;
   for (const auto& m : *it) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
@@ -59,7 +59,8 @@ std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body,
       msg.content = content.get<std::string>();
     } else if (content.is_array()) {
       for (const auto& part : content) {
-        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string())
           return bad("message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
         msg.content += part["text"].get<std::string>();
       }
@@ -103,7 +104,8 @@ std::optional<ApiError> completion_prompts(const json& body, const Tokenizer& to
   } else {
     return malformed;
   }
-  if (body.contains("echo") && body["echo"] == true) return ApiError{400, "'echo' is not supported by arlo-worker", "echo"};
+  if (body.contains("echo") && body["echo"] == true)
+    return ApiError{400, "'echo' is not supported by arlo-worker", "echo"};
   if (body.contains("suffix") && !body["suffix"].is_null())
     return ApiError{400, "'suffix' is not supported by arlo-worker", "suffix"};
   return std::nullopt;
@@ -118,12 +120,14 @@ std::optional<ApiError> read_sampling_numbers(const json& body, bool chat, int r
   if (auto e = read_number(body, "max_tokens", s.max_tokens)) return e;
   if (chat)
     if (auto e = read_number(body, "max_completion_tokens", s.max_tokens)) return e;
-  if (s.max_tokens < 1) return ApiError{400, fmt::format("'max_tokens' must be >= 1, got {}", s.max_tokens), "max_tokens"};
+  if (s.max_tokens < 1)
+    return ApiError{400, fmt::format("'max_tokens' must be >= 1, got {}", s.max_tokens), "max_tokens"};
   if (auto e = read_number(body, "temperature", s.temperature)) return e;
   if (s.temperature < 0 || s.temperature > 2)
     return ApiError{400, fmt::format("'temperature' must be in [0, 2], got {}", s.temperature), "temperature"};
   if (auto e = read_number(body, "top_p", s.top_p)) return e;
-  if (!(s.top_p > 0 && s.top_p <= 1)) return ApiError{400, fmt::format("'top_p' must be in (0, 1], got {}", s.top_p), "top_p"};
+  if (!(s.top_p > 0 && s.top_p <= 1))
+    return ApiError{400, fmt::format("'top_p' must be in (0, 1], got {}", s.top_p), "top_p"};
   if (auto e = read_number(body, "n", job.n)) return e;
   if (job.n < 1 || job.n > 128) return ApiError{400, fmt::format("'n' must be in [1, 128], got {}", job.n), "n"};
   if (!chat && body.contains("best_of") && !body["best_of"].is_null()) {
@@ -169,7 +173,8 @@ std::optional<ApiError> read_logprobs(const json& body, bool chat, CompletionJob
     if (auto e = read_number(body, "top_logprobs", job.top_logprobs)) return e;
     if (job.top_logprobs < 0 || job.top_logprobs > 20)
       return ApiError{400, "'top_logprobs' must be in [0, 20]", "top_logprobs"};
-    if (job.top_logprobs > 0 && !job.logprobs) return ApiError{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
+    if (job.top_logprobs > 0 && !job.logprobs)
+      return ApiError{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"};
   } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     int k = 0;
     if (auto e = read_number(body, "logprobs", k)) return e;
@@ -193,7 +198,8 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const json& body
   if (!body.is_object()) return bad("the request body must be a JSON object");
   CompletionJob job;
   job.chat = chat;
-  if (body.contains("stream") && body["stream"] == true) return bad("streaming is not supported by arlo-worker", "stream");
+  if (body.contains("stream") && body["stream"] == true)
+    return bad("streaming is not supported by arlo-worker", "stream");
   if (chat) {
     auto ids = chat_prompt(body, tok);
     if (!ids) return std::unexpected(ids.error());
@@ -245,7 +251,8 @@ json completion_response(const CompletionJob& job, const std::vector<reference::
               const std::string tp = tok.piece(tid, true);
               top.push_back({{"token", tp}, {"logprob", tlp}, {"bytes", byte_list(tp)}});
             }
-          content.push_back({{"token", piece}, {"logprob", g.logprobs[t]}, {"bytes", byte_list(piece)}, {"top_logprobs", top}});
+          content.push_back(
+              {{"token", piece}, {"logprob", g.logprobs[t]}, {"bytes", byte_list(piece)}, {"top_logprobs", top}});
         }
         lp = {{"content", content}, {"refusal", nullptr}};
       } else {

@@ -131,27 +131,31 @@ std::optional<std::string> refused_source(const json& block, const weight_sync::
   }
   for (const auto& spec : (*d)->options) {
     // What the request names (defaults are this worker's own).
-    if (spec.type != weight_sync::OptionSpec::Type::kString || !block.contains(spec.key) || !o.params.contains(spec.key))
+    if (spec.type != weight_sync::OptionSpec::Type::kString || !block.contains(spec.key) ||
+        !o.params.contains(spec.key))
       continue;
     const auto& v = o.params[spec.key];
     if (!v.is_string() || v.get_ref<const std::string&>().empty()) continue;
     const std::string value = v.get<std::string>();
     if (own.contains(spec.key) && own[spec.key] == v) continue;  // what the worker was started with
-    if (spec.path || value.find('/') != std::string::npos) {  // a file or directory (a library to load, too)
+    if (spec.path || value.find('/') != std::string::npos) {     // a file or directory (a library to load, too)
       const auto p = resolved(value);
       if (std::none_of(dirs.begin(), dirs.end(), [&](const auto& dir) { return p == dir || inside(p, dir); }))
-        return fmt::format("'{}' {} is outside the directories this worker loads weights from ({}); start it with "
-                           "--allow-weights-from DIR to allow one",
-                           spec.key, value, dirs.empty() ? std::string("none allowed") : fmt::format("{}", fmt::join(dir_names, ", ")));
+        return fmt::format(
+            "'{}' {} is outside the directories this worker loads weights from ({}); start it with "
+            "--allow-weights-from DIR to allow one",
+            spec.key, value,
+            dirs.empty() ? std::string("none allowed") : fmt::format("{}", fmt::join(dir_names, ", ")));
     } else if (is_address_key(spec.key)) {
       const std::string host = auth::host_of(value);
       const bool listed = std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) {
         return h == value || (auth::host_of(h) == h && h == host);
       });
       if (!listed && !(hosts.empty() && auth::is_loopback(host)))
-        return fmt::format("'{}' {} is not a host this worker loads weights from ({}); start it with "
-                           "--allow-weights-from HOST[:PORT] to allow one",
-                           spec.key, value, hosts.empty() ? std::string("loopback only") : fmt::format("{}", fmt::join(hosts, ", ")));
+        return fmt::format(
+            "'{}' {} is not a host this worker loads weights from ({}); start it with "
+            "--allow-weights-from HOST[:PORT] to allow one",
+            spec.key, value, hosts.empty() ? std::string("loopback only") : fmt::format("{}", fmt::join(hosts, ", ")));
     }
   }
   return std::nullopt;
@@ -195,7 +199,10 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
   std::string subscriber_key;
 
   Impl(asio::io_context& io_, http::ServerOptions http_options, WorkerOptions options_)
-      : io(io_), options(std::move(options_)), server(io_, std::move(http_options)), engine(options.model, options.engine) {}
+      : io(io_),
+        options(std::move(options_)),
+        server(io_, std::move(http_options)),
+        engine(options.model, options.engine) {}
 
   ~Impl() {
     if (transfer_thread.joinable()) transfer_thread.join();
@@ -213,7 +220,9 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
       registry.counter("worker/requests/rejected").inc();
       co_return api_error(job.error());
     }
-    if (!version) co_return api_error(503, "this worker holds no weights yet; it serves after its first weight update", "server_error");
+    if (!version)
+      co_return api_error(503, "this worker holds no weights yet; it serves after its first weight update",
+                          "server_error");
     using Results = std::vector<std::optional<Result<Generation>>>;
     struct Gather {
       std::mutex mu;
@@ -252,9 +261,8 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
       gens.push_back(std::move(**r));
     }
     for (const auto& g : gens) registry.counter("worker/tokens/generated").inc(static_cast<double>(g.tokens.size()));
-    co_return http::Response::json(
-        200, completion_response(*job, gens, options.model_name, engine.tokenizer(),
-                                 random_id(chat ? "chatcmpl-" : "cmpl-"), unix_now()));
+    co_return http::Response::json(200, completion_response(*job, gens, options.model_name, engine.tokenizer(),
+                                                            random_id(chat ? "chatcmpl-" : "cmpl-"), unix_now()));
   }
 
   http::Response health() const {
@@ -264,7 +272,10 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
 
   http::Response models() const {
     json data = json::array();
-    data.push_back({{"id", options.model_name}, {"object", "model"}, {"created", started}, {"owned_by", "arlo"},
+    data.push_back({{"id", options.model_name},
+                    {"object", "model"},
+                    {"created", started},
+                    {"owned_by", "arlo"},
                     {"max_model_len", options.model.context}});
     return http::Response::json(200, {{"object", "list"}, {"data", data}});
   }
@@ -286,7 +297,9 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     auto self = shared_from_this();
     const std::string mode_text = req.query_param("mode").value_or("keep");
     auto mode = reference::parse_pause_mode(mode_text);
-    if (!mode) co_return api_error(400, fmt::format("unknown pause mode '{}': use keep, wait or abort", mode_text), "invalid_request_error", "mode");
+    if (!mode)
+      co_return api_error(400, fmt::format("unknown pause mode '{}': use keep, wait or abort", mode_text),
+                          "invalid_request_error", "mode");
     auto paused = wait_for<bool>(io, [this, m = *mode](auto resume) { engine.pause(m, [resume] { resume(true); }); });
     co_await std::move(paused);
     ARLO_INFO("paused (mode {})", mode_text);
@@ -308,10 +321,11 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
 
   // The weight_sync options of one update: the body's "weight_sync" block (wire.h: the trainer's
   // announcement turned into a receiver block) over this worker's own block (--weight-sync).
-  static std::expected<weight_sync::Options, ApiError> transfer_options(const json& body, const weight_sync::Options& base) {
+  static std::expected<weight_sync::Options, ApiError> transfer_options(const json& body,
+                                                                        const weight_sync::Options& base) {
     if (!body.contains("weight_sync") || !body["weight_sync"].is_object())
-      return std::unexpected(ApiError{400, "'weight_sync' (an object: the weight-sync block, docs/weight-sync.md) is required",
-                                      "weight_sync"});
+      return std::unexpected(ApiError{
+          400, "'weight_sync' (an object: the weight-sync block, docs/weight-sync.md) is required", "weight_sync"});
     auto o = weight_sync::options_from_json(body["weight_sync"], base);
     if (!o) return std::unexpected(ApiError{400, o.error().message(), "weight_sync"});
     o->apply_mode = weight_sync::ApplyMode::kStaging;
@@ -328,12 +342,12 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     const std::int64_t requested = (*body)["version"].get<std::int64_t>();
     if (transfer && !transfer->done) {
       if (transfer->requested == requested) co_return preparing_response(requested, false);
-      co_return api_error(409, fmt::format("a transfer of version {} is in progress", transfer->requested), "conflict_error");
+      co_return api_error(409, fmt::format("a transfer of version {} is in progress", transfer->requested),
+                          "conflict_error");
     }
     // Already there, or past it (a durable transport hands out the newest version, so an update
     // asked for v may have brought v+1): nothing to move; the commit reports what is held.
-    if (version && *version >= requested && !transfer)
-      co_return preparing_response(*version, true);
+    if (version && *version >= requested && !transfer) co_return preparing_response(*version, true);
     auto opts = transfer_options(*body, options.weight_sync);
     if (!opts) co_return api_error(opts.error());
     if (auto why = refused_source((*body)["weight_sync"], *opts, options)) {
@@ -413,11 +427,11 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
   // The answer to a commit of a transfer that failed: the pull's own reason (what the orchestrator
   // logs and records for this worker).
   http::Response transfer_failed(const Transfer& t) const {
-    return api_error(500,
-                     fmt::format("weight update to v{} failed: receiving over {}: {}; still serving {}", t.requested, t.source,
-                                 t.error->what(),
-                                 version ? fmt::format("v{}", *version) : std::string("nothing")),
-                     "server_error");
+    return api_error(
+        500,
+        fmt::format("weight update to v{} failed: receiving over {}: {}; still serving {}", t.requested, t.source,
+                    t.error->what(), version ? fmt::format("v{}", *version) : std::string("nothing")),
+        "server_error");
   }
 
   asio::awaitable<http::Response> commit(http::Request req) {
@@ -438,7 +452,8 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     }
     auto t = transfer;
     if (requested && *requested != t->requested)
-      co_return api_error(409, fmt::format("version {} was prepared, not {}", t->requested, *requested), "conflict_error");
+      co_return api_error(409, fmt::format("version {} was prepared, not {}", t->requested, *requested),
+                          "conflict_error");
     if (!t->done) {
       auto received = wait_for<bool>(io, [t](auto resume) { t->waiters.push_back([resume] { resume(true); }); });
       co_await std::move(received);
@@ -450,7 +465,8 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
       co_return transfer_failed(*t);
     }
     if (t->received < t->requested)
-      co_return api_error(500, fmt::format("received v{} but v{} was prepared", t->received, t->requested), "server_error");
+      co_return api_error(500, fmt::format("received v{} but v{} was prepared", t->received, t->requested),
+                          "server_error");
     Status st = ok();
     auto applied = wait_for<bool>(io, [this, t, &st](auto resume) {
       st = engine.set_model(t->staged, t->received, [resume] { resume(true); });
@@ -470,8 +486,10 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
   void routes() {
     Impl* self = this;
     using http::Verb;
-    server.route(Verb::post, "/v1/completions", [self](http::Request r) { return self->completions(std::move(r), false); });
-    server.route(Verb::post, "/v1/chat/completions", [self](http::Request r) { return self->completions(std::move(r), true); });
+    server.route(Verb::post, "/v1/completions",
+                 [self](http::Request r) { return self->completions(std::move(r), false); });
+    server.route(Verb::post, "/v1/chat/completions",
+                 [self](http::Request r) { return self->completions(std::move(r), true); });
     // Handlers that answer at once: computed eagerly, handed back as a ready awaitable.
     auto sync = [self](auto fn) { return [self, fn](http::Request r) { return ready(fn(*self, r)); }; };
     server.route(Verb::get, "/health", sync([](Impl& s, const http::Request&) { return s.health(); }));

@@ -10,9 +10,9 @@
 namespace arlo::cli {
 
 constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;       // something went wrong while doing the work
-constexpr int kExitBadConfig = 2;     // the configuration (or a usage) is invalid; every problem printed
-constexpr int kExitUnavailable = 3;   // the command exists but is not available in this build
+constexpr int kExitFailure = 1;      // something went wrong while doing the work
+constexpr int kExitBadConfig = 2;    // the configuration (or a usage) is invalid; every problem printed
+constexpr int kExitUnavailable = 3;  // the command exists but is not available in this build
 
 struct ConfigArgs {
   std::string file;

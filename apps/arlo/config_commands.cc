@@ -14,7 +14,8 @@ std::optional<config::Config> load_config_or_report(const std::string& command, 
   config::LoadOptions options;
   options.overrides = overrides;
   config::Resolution resolution = config::resolve_file(file, options);
-  for (const auto& w : resolution.warnings) std::fprintf(stderr, "%s: warning: %s\n", command.c_str(), w.text().c_str());
+  for (const auto& w : resolution.warnings)
+    std::fprintf(stderr, "%s: warning: %s\n", command.c_str(), w.text().c_str());
   if (!resolution.config) {
     for (const auto& d : resolution.diagnostics) std::fprintf(stderr, "%s\n", d.text().c_str());
     std::fprintf(stderr, "%s: %zu problem(s) in %s%s\n", command.c_str(), resolution.diagnostics.size(), file.c_str(),

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   arlo::cli::ConfigArgs check;
-  auto* check_cmd = app.add_subcommand("check-config", "Validate a config; print it resolved, or every problem (exit 2)");
+  auto* check_cmd =
+      app.add_subcommand("check-config", "Validate a config; print it resolved, or every problem (exit 2)");
   check_cmd->add_option("file", check.file, "YAML config file")->required();
   check_cmd->add_option("--set", check.overrides, "Override a key: section.key=value (repeatable)");
 
@@ -24,7 +25,8 @@ int main(int argc, char** argv) {
   doc_cmd->add_option("--output,-o", doc_output, "Write to this file instead of stdout");
 
   std::string bench_name;
-  auto* bench_cmd = app.add_subcommand("bench", "Run the benchmark binary arlo-bench-NAME with the remaining arguments");
+  auto* bench_cmd =
+      app.add_subcommand("bench", "Run the benchmark binary arlo-bench-NAME with the remaining arguments");
   bench_cmd->add_option("name", bench_name, "Benchmark name (e.g. weight-sync)")->required();
   bench_cmd->prefix_command();
 
@@ -33,9 +35,10 @@ int main(int argc, char** argv) {
   run_cmd->add_option("config", run.config, "YAML config file")->required();
   run_cmd->add_option("--set", run.overrides, "Override a key: section.key=value (repeatable)");
   run_cmd->add_flag("--resume", run.resume, "Continue from the run directory's last checkpoint");
-  run_cmd->add_flag("--overwrite", run.overwrite,
-                    "Start over in a run directory that holds a previous run (removes its checkpoints, batches, "
-                    "weights and metrics)")
+  run_cmd
+      ->add_flag("--overwrite", run.overwrite,
+                 "Start over in a run directory that holds a previous run (removes its checkpoints, batches, "
+                 "weights and metrics)")
       ->excludes("--resume");
 
   arlo::cli::ReportArgs report;

@@ -25,7 +25,8 @@ int report(const ReportArgs& args) {
     runs.push_back(std::move(*run));
   }
   if (problems > 0) {
-    std::fprintf(stderr, "report: %d of %zu run dir(s) cannot be read; nothing written\n", problems, args.run_dirs.size());
+    std::fprintf(stderr, "report: %d of %zu run dir(s) cannot be read; nothing written\n", problems,
+                 args.run_dirs.size());
     return kExitBadConfig;
   }
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());

@@ -73,8 +73,9 @@ http::Response complete(const http::Request& req) {
                        {"logprobs", {{"token_logprobs", lps}}},
                        {"finish_reason", "length"}});
   }
-  return http::Response::json(200, {{"id", "cmpl"}, {"object", "text_completion"}, {"choices", choices},
-                                    {"prompt_token_ids", (*body)["prompt"]}});
+  return http::Response::json(
+      200,
+      {{"id", "cmpl"}, {"object", "text_completion"}, {"choices", choices}, {"prompt_token_ids", (*body)["prompt"]}});
 }
 
 class SyntheticTasks final : public TaskSource {
@@ -201,7 +202,8 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
 std::optional<Figures> run_python(std::uint16_t port, int inflight, long rollouts, int max_tokens) {
   // Debian's interpreter carries python3-httpx; another python3 first on PATH may not.
   const char* python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-  const auto cmd = fmt::format("{} {} {} {} {} {}", python, ARLO_BENCH_DISPATCH_PY, port, inflight, rollouts, max_tokens);
+  const auto cmd =
+      fmt::format("{} {} {} {} {} {}", python, ARLO_BENCH_DISPATCH_PY, port, inflight, rollouts, max_tokens);
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string out;
@@ -251,13 +253,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--rollouts") rollouts = std::stol(val());
-    else if (a == "--inflight") levels = parse_list(val());
-    else if (a == "--max-tokens") max_tokens = std::stoi(val());
-    else if (a == "--no-python") python = false;
-    else if (a == "--gen-ms") gen_ms = std::stoi(val());
+    if (a == "--rollouts")
+      rollouts = std::stol(val());
+    else if (a == "--inflight")
+      levels = parse_list(val());
+    else if (a == "--max-tokens")
+      max_tokens = std::stoi(val());
+    else if (a == "--no-python")
+      python = false;
+    else if (a == "--gen-ms")
+      gen_ms = std::stoi(val());
     else {
-      std::fprintf(stderr, "usage: arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--gen-ms MS] [--no-python]\n");
+      std::fprintf(stderr,
+                   "usage: arlo-bench-dispatch [--rollouts N] [--inflight 256,4096] [--max-tokens T] [--gen-ms MS] "
+                   "[--no-python]\n");
       return 2;
     }
   }
@@ -270,20 +279,23 @@ int main(int argc, char** argv) {
   http::ServerOptions so;
   so.stop_grace = std::chrono::milliseconds(std::max(5000, 2 * gen_ms));
   http::Server server(server_io, so);
-  server.route(http::Verb::post, "/v1/completions", [&server_io, gen_ms](http::Request req) -> asio::awaitable<http::Response> {
-    if (gen_ms > 0) {  // simulated generation time: the loop is then not saturated by a free server
-      // Spread over [0.5, 1.5] x gen_ms (fixed by the request's seed) so completions do not arrive
-      // in lockstep waves, as generations of different lengths would not.
-      auto body = req.json();
-      const auto seed = body ? body->value("seed", std::uint64_t{0}) : 0;
-      const double spread = 0.5 + static_cast<double>((seed * 0x9E3779B97F4A7C15ull) >> 11) / 9007199254740992.0;
-      asio::steady_timer t(server_io, std::chrono::microseconds(static_cast<long>(gen_ms * 1000 * spread)));
-      co_await t.async_wait(asio::use_awaitable);
-    }
-    co_return complete(req);
-  });
+  server.route(
+      http::Verb::post, "/v1/completions", [&server_io, gen_ms](http::Request req) -> asio::awaitable<http::Response> {
+        if (gen_ms > 0) {  // simulated generation time: the loop is then not saturated by a free server
+          // Spread over [0.5, 1.5] x gen_ms (fixed by the request's seed) so completions do not arrive
+          // in lockstep waves, as generations of different lengths would not.
+          auto body = req.json();
+          const auto seed = body ? body->value("seed", std::uint64_t{0}) : 0;
+          const double spread = 0.5 + static_cast<double>((seed * 0x9E3779B97F4A7C15ull) >> 11) / 9007199254740992.0;
+          asio::steady_timer t(server_io, std::chrono::microseconds(static_cast<long>(gen_ms * 1000 * spread)));
+          co_await t.async_wait(asio::use_awaitable);
+        }
+        co_return complete(req);
+      });
   // What the pool's health checks and the arlo admin client call: answered at once.
-  auto accept = [](http::Request) -> asio::awaitable<http::Response> { co_return http::Response::json(200, {{"ok", true}}); };
+  auto accept = [](http::Request) -> asio::awaitable<http::Response> {
+    co_return http::Response::json(200, {{"ok", true}});
+  };
   server.route(http::Verb::get, "/health", accept);
   for (const char* path : {"/pause", "/resume", "/weights/prepare", "/weights/commit"})
     server.route(http::Verb::post, path, accept);
@@ -300,8 +312,10 @@ int main(int argc, char** argv) {
     server_io.run();
   });
 
-  std::printf("arlo-bench-dispatch: whole orchestrator loop vs Python asyncio+httpx, same server, %d tokens per "
-              "completion, server answers after %d ms\n", max_tokens, gen_ms);
+  std::printf(
+      "arlo-bench-dispatch: whole orchestrator loop vs Python asyncio+httpx, same server, %d tokens per "
+      "completion, server answers after %d ms\n",
+      max_tokens, gen_ms);
   std::printf("%-9s %-8s %9s %12s %14s %12s %12s %7s\n", "inflight", "client", "rollouts", "rollouts/s",
               "cpu us/rollout", "lag p50 ms", "lag p99 ms", "errors");
   for (int level : levels) {
@@ -314,11 +328,11 @@ int main(int argc, char** argv) {
     if (!py) continue;
     std::printf("%-9d %-8s %9ld %12.0f %14.1f %12.2f %12.2f %7ld\n", level, "python", py->rollouts, py->per_s(),
                 py->cpu_us_per_rollout(), py->lag_p50_s * 1e3, py->lag_p99_s * 1e3, py->errors);
-    std::printf("%-9d ratios: rollouts/s arlo/python %.2fx | CPU per rollout python/arlo %.1fx | lag p99 python/arlo "
-                "%.1fx\n",
-                level, c.per_s() / std::max(py->per_s(), 1e-9),
-                py->cpu_us_per_rollout() / std::max(c.cpu_us_per_rollout(), 1e-9),
-                py->lag_p99_s / std::max(c.lag_p99_s, 1e-9));
+    std::printf(
+        "%-9d ratios: rollouts/s arlo/python %.2fx | CPU per rollout python/arlo %.1fx | lag p99 python/arlo "
+        "%.1fx\n",
+        level, c.per_s() / std::max(py->per_s(), 1e-9),
+        py->cpu_us_per_rollout() / std::max(c.cpu_us_per_rollout(), 1e-9), py->lag_p99_s / std::max(c.lag_p99_s, 1e-9));
   }
   // Graceful stop on the server's own thread: simulated generations still running for requests
   // the orchestrator cancelled at its drain finish first (within the grace period).

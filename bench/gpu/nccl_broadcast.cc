@@ -101,8 +101,8 @@ double time_memcpy(nccl::Backend& b, void* dst, const void* src, std::uint64_t b
 
 std::unique_ptr<nccl::Group> one_rank_group(const std::string& library) {
   auto id = must(nccl::new_unique_id(library), "ncclGetUniqueId");
-  nccl::GroupConfig config{.library_path = library, .world_size = 1, .rank = 0, .device = 0,
-                           .collective_timeout = 120s};
+  nccl::GroupConfig config{
+      .library_path = library, .world_size = 1, .rank = 0, .device = 0, .collective_timeout = 120s};
   auto group = must(nccl::Group::start(config, id), "start a 1-rank group");
   auto start = ws::Clock::now();
   must(group->wait_ready(ws::deadline_in(120s)), "init");
@@ -119,8 +119,8 @@ int smoke(const std::string& library, nccl::Backend& backend) {
   const std::uint64_t bytes = payload(specs);
   auto* base = static_cast<std::byte*>(must(backend.device_alloc(bytes), "device buffer"));
   DeviceSource source(specs, base);
-  for (const nccl::Layout& layout : {nccl::Layout{.packed = true, .packed_buffer_bytes = 8u << 20},
-                                     nccl::Layout{.packed = false}}) {
+  for (const nccl::Layout& layout :
+       {nccl::Layout{.packed = true, .packed_buffer_bytes = 8u << 20}, nccl::Layout{.packed = false}}) {
     auto report = must(group->send(source, layout, ws::deadline_in(120s)), "broadcast");
     std::printf("smoke broadcast %-10s %zu tensors, %zu broadcasts, %.1f MB, %.3f ms\n",
                 layout.packed ? "packed" : "per-tensor", specs.size(), report.collectives,
@@ -131,8 +131,7 @@ int smoke(const std::string& library, nccl::Backend& backend) {
 
   // A 2-rank group whose second rank never joins: the init must be aborted at its deadline.
   auto id = must(nccl::new_unique_id(library), "ncclGetUniqueId");
-  nccl::GroupConfig two{.library_path = library, .world_size = 2, .rank = 0, .device = 0,
-                        .collective_timeout = 30s};
+  nccl::GroupConfig two{.library_path = library, .world_size = 2, .rank = 0, .device = 0, .collective_timeout = 30s};
   auto pending = must(nccl::Group::start(two, id), "start a 2-rank group");
   auto start = ws::Clock::now();
   auto ready = pending->wait_ready(ws::deadline_in(3s));

@@ -71,18 +71,21 @@ RunResult run_arlo(const std::string& url, long total, int concurrency) {
     long issued = 0;
     int workers_left = concurrency;
     for (int w = 0; w < concurrency; ++w) {
-      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-        while (issued < count) {
-          ++issued;
-          ClientRequest req;
-          req.method = Verb::post;
-          req.url = url;
-          req.body = kRequestBody;
-          auto r = co_await client.request(std::move(req));
-          if (!r || r->status != 200) ++errors;
-        }
-        --workers_left;
-      }, asio::detached);
+      asio::co_spawn(
+          io,
+          [&]() -> asio::awaitable<void> {
+            while (issued < count) {
+              ++issued;
+              ClientRequest req;
+              req.method = Verb::post;
+              req.url = url;
+              req.body = kRequestBody;
+              auto r = co_await client.request(std::move(req));
+              if (!r || r->status != 200) ++errors;
+            }
+            --workers_left;
+          },
+          asio::detached);
     }
     io.restart();
     io.run();
@@ -103,7 +106,7 @@ RunResult run_arlo(const std::string& url, long total, int concurrency) {
 
 // Runs a Python client script; it prints "<cpu seconds> <requests> <errors>" for its measured loop.
 std::optional<RunResult> run_python(const std::string& python, const std::string& script, const std::string& args,
-                                   int concurrency) {
+                                    int concurrency) {
   const std::string cmd = fmt::format("{} -c '{}' {} 2>/dev/null", python, script, args);
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) return std::nullopt;
@@ -167,8 +170,10 @@ asyncio.run(main())
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
@@ -197,7 +202,8 @@ int main(int argc, char** argv) {
       std::stringstream list(argv[i + 1]);
       for (std::string item; std::getline(list, item, ',');) concurrency.push_back(std::atoi(item.c_str()));
     } else {
-      fmt::print(stderr, "usage: arlo-bench-http [--requests N] [--concurrency 1,64,1024,4096] [--python-requests N]\n");
+      fmt::print(stderr,
+                 "usage: arlo-bench-http [--requests N] [--concurrency 1,64,1024,4096] [--python-requests N]\n");
       return 2;
     }
   }
@@ -242,7 +248,8 @@ int main(int argc, char** argv) {
     RunResult r = run_arlo(url, requests, c);
     const double server_cpu = thread_cpu_seconds(server_clock) - s0;  // includes the warm-up batch
     const double warm = static_cast<double>(std::max<long>(c, 1000));
-    print_row("arlo::http::Client", r, server_cpu * static_cast<double>(r.requests) / (static_cast<double>(r.requests) + warm));
+    print_row("arlo::http::Client", r,
+              server_cpu * static_cast<double>(r.requests) / (static_cast<double>(r.requests) + warm));
     arlo_runs.push_back(r);
   }
 
@@ -269,8 +276,9 @@ int main(int argc, char** argv) {
       break;
     }
   }
-  const auto stdlib = run_python(python, kHttpClientScript,
-                                 fmt::format("127.0.0.1 {} {} {} {}", *port, path, python_requests, shell_quote(kRequestBody)), 1);
+  const auto stdlib =
+      run_python(python, kHttpClientScript,
+                 fmt::format("127.0.0.1 {} {} {} {}", *port, path, python_requests, shell_quote(kRequestBody)), 1);
   if (stdlib) {
     print_row("python http.client", *stdlib, -1);
   } else {

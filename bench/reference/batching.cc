@@ -26,7 +26,8 @@ struct Run {
 std::vector<std::vector<std::int32_t>> prompts(int n) {
   Tokenizer tok;
   std::vector<std::vector<std::int32_t>> out;
-  for (int i = 0; i < n; ++i) out.push_back(tok.encode_prompt(std::to_string(i % 50) + "+" + std::to_string(i * 7 % 50) + "="));
+  for (int i = 0; i < n; ++i)
+    out.push_back(tok.encode_prompt(std::to_string(i % 50) + "+" + std::to_string(i * 7 % 50) + "="));
   return out;
 }
 

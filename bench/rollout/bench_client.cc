@@ -63,11 +63,12 @@ double cpu_seconds_self() {
                                      {"finish_reason", "stop"}}})},
            {"prompt_token_ids", Json::array({50, 51, 43, 52, 53, 61})}}
           .dump();
-  server.route(arlo::http::Verb::post, "/v1/completions", [&](arlo::http::Request) -> asio::awaitable<arlo::http::Response> {
-    arlo::http::Response r;
-    r.body = answer;
-    co_return r;
-  });
+  server.route(arlo::http::Verb::post, "/v1/completions",
+               [&](arlo::http::Request) -> asio::awaitable<arlo::http::Response> {
+                 arlo::http::Response r;
+                 r.body = answer;
+                 co_return r;
+               });
   server.route(arlo::http::Verb::get, "/health", [](arlo::http::Request) -> asio::awaitable<arlo::http::Response> {
     co_return arlo::http::Response::json(200, {{"status", "ok"}});
   });
@@ -104,16 +105,19 @@ RunResult run_arlo(const std::string& url, std::size_t concurrency, std::size_t 
   const double cpu0 = cpu_seconds_self();
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t w = 0; w < concurrency; ++w) {
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      while (remaining > 0) {
-        --remaining;
-        arlo::rollout::CompletionRequest req;
-        req.prompt = "23+45=";
-        req.sampling.max_tokens = 8;
-        auto r = co_await pool.submit(std::move(req), std::chrono::seconds(120));
-        if (!r || r->choices.empty() || r->choices[0].text.empty()) ++result.errors;
-      }
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          while (remaining > 0) {
+            --remaining;
+            arlo::rollout::CompletionRequest req;
+            req.prompt = "23+45=";
+            req.sampling.max_tokens = 8;
+            auto r = co_await pool.submit(std::move(req), std::chrono::seconds(120));
+            if (!r || r->choices.empty() || r->choices[0].text.empty()) ++result.errors;
+          }
+        },
+        asio::detached);
   }
   io.run();
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -129,8 +133,8 @@ std::optional<RunResult> run_python(const std::string& python, const std::string
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::vector<std::string> args = {python, script, "--url", url, "--concurrency", std::to_string(concurrency),
-                                   "--requests", std::to_string(total)};
+  std::vector<std::string> args = {
+      python, script, "--url", url, "--concurrency", std::to_string(concurrency), "--requests", std::to_string(total)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -230,9 +234,10 @@ int main(int argc, char** argv) {
     print_row("python", c, *p);
     const double arlo_cpu = a.cpu_s / static_cast<double>(a.requests);
     const double py_cpu = p->cpu_s / static_cast<double>(p->requests);
-    std::printf("ratio    %6zu   python/arlo CPU per request = %.1fx (target >= 10x)   throughput arlo/python = %.1fx\n",
-                c, py_cpu / arlo_cpu,
-                (static_cast<double>(a.requests) / a.wall_s) / (static_cast<double>(p->requests) / p->wall_s));
+    std::printf(
+        "ratio    %6zu   python/arlo CPU per request = %.1fx (target >= 10x)   throughput arlo/python = %.1fx\n", c,
+        py_cpu / arlo_cpu,
+        (static_cast<double>(a.requests) / a.wall_s) / (static_cast<double>(p->requests) / p->wall_s));
   }
   kill(server_pid, SIGTERM);
   waitpid(server_pid, nullptr, 0);

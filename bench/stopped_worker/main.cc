@@ -42,7 +42,7 @@ struct RunResult {
   double stage_s = 0;         // median stage_seconds
   std::size_t steps = 0;
   int syncs = 0;
-  int syncs_live_ok = 0;      // syncs a live worker took
+  int syncs_live_ok = 0;  // syncs a live worker took
 };
 
 double median(std::vector<double> v) {
@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.trainer_step_s < b.trainer_step_s; });
     return v[v.size() / 2];
   };
-  std::printf("arlo run configs/quickstart.yaml, tcp, 2 workers, %d steps (%d warm-up), %d run(s) each\n", steps, warmup,
-              repeat);
+  std::printf("arlo run configs/quickstart.yaml, tcp, 2 workers, %d steps (%d warm-up), %d run(s) each\n", steps,
+              warmup, repeat);
   std::printf("%-22s %10s %16s %14s %12s %18s\n", "run", "wall s", "trainer step ms", "of it stage ms", "syncs",
               "live worker took");
   for (const auto* set : {&base, &stopped}) {
@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
         std::printf("%-22s FAILED: %s\n", name.c_str(), r.error.c_str());
         continue;
       }
-      std::printf("%-22s %10.1f %16.2f %14.3f %12d %18d\n", name.c_str(), r.wall_s, r.trainer_step_s * 1e3, r.stage_s * 1e3,
-                  r.syncs, r.syncs_live_ok);
+      std::printf("%-22s %10.1f %16.2f %14.3f %12d %18d\n", name.c_str(), r.wall_s, r.trainer_step_s * 1e3,
+                  r.stage_s * 1e3, r.syncs, r.syncs_live_ok);
     }
   }
   for (const auto* set : {&base, &stopped})
@@ -155,7 +155,8 @@ int main(int argc, char** argv) {
       if (!r.ok) return 1;
   const auto b = median(base), s = median(stopped);
   const double ratio = s.trainer_step_s / b.trainer_step_s;
-  std::printf("trainer step time, stopped / both: %.3fx (target <= 1.10x: %s)\n", ratio, ratio <= 1.10 ? "PASS" : "MISS");
+  std::printf("trainer step time, stopped / both: %.3fx (target <= 1.10x: %s)\n", ratio,
+              ratio <= 1.10 ? "PASS" : "MISS");
   std::printf("the live worker took %d of %d versions moved with worker-1 stopped: %s\n", s.syncs_live_ok, s.syncs,
               s.syncs_live_ok == s.syncs ? "every one" : "MISSED some");
   std::printf("run wall time, stopped / both: %.2fx (the first update waits out the stopped worker once)\n",

@@ -91,9 +91,10 @@ Result_ run_transport(const std::string& transport, const fs::path& run_dir, con
   so.max_pending_batches = 2;
   std::unique_ptr<BridgeServer> server;
   asio::post(io, asio::use_future([&] {
-    server = std::move(*BridgeServer::create(io, so));
-    if (auto s = server->start(); !s) std::fprintf(stderr, "%s\n", s.error().what().c_str());
-  })).get();
+               server = std::move(*BridgeServer::create(io, so));
+               if (auto s = server->start(); !s) std::fprintf(stderr, "%s\n", s.error().what().c_str());
+             }))
+      .get();
   ClientOptions co;
   co.transport = transport;
   co.run_dir = run_dir;
@@ -129,7 +130,11 @@ Result_ run_transport(const std::string& transport, const fs::path& run_dir, con
   if (!producer.get()) std::exit(1);
   r.seconds = seconds_since(t0);
   client->close();
-  asio::post(io, asio::use_future([&] { server->stop(); server.reset(); })).get();
+  asio::post(io, asio::use_future([&] {
+               server->stop();
+               server.reset();
+             }))
+      .get();
   work.reset();
   loop.join();
   if (sink == 42) std::puts("");  // keep the reads
@@ -210,10 +215,14 @@ int main(int argc, char** argv) {
   fs::path base = fs::temp_directory_path();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--tokens") tokens = std::stoll(argv[i + 1]);
-    else if (k == "--seq-len") seq_len = std::stoi(argv[i + 1]);
-    else if (k == "--reps") reps = std::stoi(argv[i + 1]);
-    else if (k == "--dir") base = argv[i + 1];
+    if (k == "--tokens")
+      tokens = std::stoll(argv[i + 1]);
+    else if (k == "--seq-len")
+      seq_len = std::stoi(argv[i + 1]);
+    else if (k == "--reps")
+      reps = std::stoi(argv[i + 1]);
+    else if (k == "--dir")
+      base = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: %s [--tokens N] [--seq-len L] [--reps R] [--dir D]\n", argv[0]);
       return 2;

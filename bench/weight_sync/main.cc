@@ -85,15 +85,15 @@ struct Args {
   std::string shm_read = "default";  // shm: default | direct (process_vm_readv) | channel (ring or slots)
   bool gloo = true;
   bool baselines = true;
-  bool transfer = true;  // the Publisher table (star, chain)
-  bool stall = true;     // the StagingPublisher table
-  bool arlo_run = true;  // star vs chain in `arlo run` with 3 embedded arlo-workers
-  int versions = 5;     // stall table: versions the trainer stages
-  int step_ms = 500;    // stall table: the trainer's step (one stage() per step)
-  int repeat = 3;  // timed repetitions; the best is reported (the machine is shared)
-  bool cluster = false;                    // the shaped-link table between simulated hosts
-  double link_mbit = 2000;                 // --cluster: every host's link, each direction
-  double link_delay_ms = 0.5;              // --cluster: one way (needs the kernel's sch_netem)
+  bool transfer = true;                     // the Publisher table (star, chain)
+  bool stall = true;                        // the StagingPublisher table
+  bool arlo_run = true;                     // star vs chain in `arlo run` with 3 embedded arlo-workers
+  int versions = 5;                         // stall table: versions the trainer stages
+  int step_ms = 500;                        // stall table: the trainer's step (one stage() per step)
+  int repeat = 3;                           // timed repetitions; the best is reported (the machine is shared)
+  bool cluster = false;                     // the shaped-link table between simulated hosts
+  double link_mbit = 2000;                  // --cluster: every host's link, each direction
+  double link_delay_ms = 0.5;               // --cluster: one way (needs the kernel's sch_netem)
   std::string cluster_receivers = "1,2,4";  // --cluster: receiver counts
 };
 int g_repeat = 3;
@@ -144,7 +144,8 @@ double now_s() { return std::chrono::duration<double>(Clock::now().time_since_ep
 double cpu_seconds() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 std::uint64_t peak_rss_bytes() {
@@ -376,23 +377,23 @@ nlohmann::json baseline_fs(std::uint64_t bytes, const std::filesystem::path& dir
     const auto path = dir / "baseline.bin";
     double best = 1e30;
     for (int r = 0; r < g_repeat; ++r) {
-    const double t0 = now_s();
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    for (std::uint64_t off = 0; off < bytes;) {
-      ssize_t n = ::write(fd, a.data() + off, std::min<std::uint64_t>(bytes - off, 64 << 20));
-      if (n <= 0) return 2;
-      off += static_cast<std::uint64_t>(n);
-    }
-    ::close(fd);
-    fd = ::open(path.c_str(), O_RDONLY);
-    for (std::uint64_t off = 0; off < bytes;) {
-      ssize_t n = ::read(fd, b.data() + off, std::min<std::uint64_t>(bytes - off, 64 << 20));
-      if (n <= 0) return 2;
-      off += static_cast<std::uint64_t>(n);
-    }
-    ::close(fd);
-    best = std::min(best, now_s() - t0);
-    std::filesystem::remove(path);
+      const double t0 = now_s();
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      for (std::uint64_t off = 0; off < bytes;) {
+        ssize_t n = ::write(fd, a.data() + off, std::min<std::uint64_t>(bytes - off, 64 << 20));
+        if (n <= 0) return 2;
+        off += static_cast<std::uint64_t>(n);
+      }
+      ::close(fd);
+      fd = ::open(path.c_str(), O_RDONLY);
+      for (std::uint64_t off = 0; off < bytes;) {
+        ssize_t n = ::read(fd, b.data() + off, std::min<std::uint64_t>(bytes - off, 64 << 20));
+        if (n <= 0) return 2;
+        off += static_cast<std::uint64_t>(n);
+      }
+      ::close(fd);
+      best = std::min(best, now_s() - t0);
+      std::filesystem::remove(path);
     }
     emit({{"seconds", best}});
     return 0;
@@ -423,7 +424,8 @@ nlohmann::json baseline_gloo(std::uint64_t bytes, int receivers, std::uint64_t b
       }
       if (!g_hosts.empty()) ::setenv("GLOO_SOCKET_IFNAME", link_interface().c_str(), 1);
       const std::string a_rank = std::to_string(rank), a_world = std::to_string(receivers + 1),
-                        a_bytes = std::to_string(bytes), a_bucket = std::to_string(bucket), a_port = std::to_string(port);
+                        a_bytes = std::to_string(bytes), a_bucket = std::to_string(bucket),
+                        a_port = std::to_string(port);
       ::setenv("OMP_NUM_THREADS", "1", 1);
       const std::string master = g_hosts.empty() ? "127.0.0.1" : g_hosts[0].address;
       ::execl("/usr/bin/python3", "python3", script.c_str(), "--rank", a_rank.c_str(), "--world", a_world.c_str(),
@@ -500,8 +502,8 @@ struct Pipe {
 // descriptor has the key; endpoints are not set: senders listen where their defaults say and
 // receivers get the sender's endpoint object).
 struct BenchParams {
-  std::filesystem::path dir;    // "dir": a fresh directory per run
-  std::string shm_read;         // "direct_read": default | direct | channel
+  std::filesystem::path dir;                                  // "dir": a fresh directory per run
+  std::string shm_read;                                       // "direct_read": default | direct | channel
   std::vector<std::pair<std::string, nlohmann::json>> extra;  // --param key=value
 };
 BenchParams g_params;
@@ -610,9 +612,14 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
         }
         last = *r2;
       }
-      emit({{"role", "receiver"}, {"t_end", t_end}, {"wire", last.wire_bytes}, {"rss", peak_rss_bytes()},
-            {"cpu", (cpu_seconds() - cpu0) / g_repeat}, {"path", last.path},
-            {"payload", std::string(ws::to_string(last.payload))}, {"checksum", *(*sub)->checksum(sink)}});
+      emit({{"role", "receiver"},
+            {"t_end", t_end},
+            {"wire", last.wire_bytes},
+            {"rss", peak_rss_bytes()},
+            {"cpu", (cpu_seconds() - cpu0) / g_repeat},
+            {"path", last.path},
+            {"payload", std::string(ws::to_string(last.payload))},
+            {"checksum", *(*sub)->checksum(sink)}});
       return 0;
     }));
   }
@@ -628,7 +635,8 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
       emit({{"role", "sender"}, {"error", pub.error().what()}});
       return 2;
     }
-    for (int k = 0; k < (chain ? 1 : args.receivers); ++k) write_line(where[static_cast<std::size_t>(k)].w, (*pub)->endpoint());
+    for (int k = 0; k < (chain ? 1 : args.receivers); ++k)
+      write_line(where[static_cast<std::size_t>(k)].w, (*pub)->endpoint());
     ws::HostWeights w(specs);
     fill_model(w, 42);
     auto r1 = (*pub)->publish(1, w, Clock::now() + 600s);
@@ -656,9 +664,13 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
       }
       last = *r2;
     }
-    emit({{"role", "sender"}, {"t0", t0s}, {"wire", last.wire_bytes}, {"rss", peak_rss_bytes()},
+    emit({{"role", "sender"},
+          {"t0", t0s},
+          {"wire", last.wire_bytes},
+          {"rss", peak_rss_bytes()},
           {"cpu", (cpu_seconds() - cpu0) / g_repeat},
-          {"payload", std::string(ws::to_string(last.payload))}, {"checksum", *ws::weights_checksum(w)}});
+          {"payload", std::string(ws::to_string(last.payload))},
+          {"checksum", *ws::weights_checksum(w)}});
     return 0;
   }));
   ::close(fds[1]);
@@ -704,7 +716,8 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
   }
   if (out.contains("error")) return out;
   for (auto s : recv_sums) checksums_ok &= sender_sum && s == *sender_sum;
-  if (static_cast<int>(recv_sums.size()) != args.receivers) return {{"transport", d.name}, {"error", "missing results"}};
+  if (static_cast<int>(recv_sums.size()) != args.receivers)
+    return {{"transport", d.name}, {"error", "missing results"}};
   double best = 1e30;
   std::vector<double> each;
   for (std::size_t k = 0; k < t0.size() && k < t_end.size(); ++k) {
@@ -836,7 +849,8 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
     {
       ws::HostWeights fresh(specs);
       const double f0 = now_s();
-      for (std::size_t t = 0; t < specs.size(); ++t) std::memcpy(fresh.bytes(t).data(), w.bytes(t).data(), w.bytes(t).size());
+      for (std::size_t t = 0; t < specs.size(); ++t)
+        std::memcpy(fresh.bytes(t).data(), w.bytes(t).data(), w.bytes(t).size());
       fresh_s = now_s() - f0;
     }
     nlohmann::json rows = nlohmann::json::array();
@@ -858,8 +872,12 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
         off += b.size();
       }
       const double memcpy_s = now_s() - m0;
-      rows.push_back({{"version", v}, {"t0", t0}, {"stall", stall}, {"copy", r->copy_seconds},
-                      {"memcpy", memcpy_s}, {"bytes", r->bytes}});
+      rows.push_back({{"version", v},
+                      {"t0", t0},
+                      {"stall", stall},
+                      {"copy", r->copy_seconds},
+                      {"memcpy", memcpy_s},
+                      {"bytes", r->bytes}});
       std::this_thread::sleep_until(step_start + std::chrono::milliseconds(args.step_ms));  // the rest of the step
     }
     auto flushed = (*pub)->flush(Clock::now() + 600s);
@@ -867,7 +885,8 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
     // all of them are gone).
     char c;
     for (int got = 0; got < n && ::read(done.r, &c, 1) == 1;) ++got;
-    nlohmann::json out = {{"role", "sender"}, {"rows", rows}, {"fresh_memcpy", fresh_s}, {"checksum", *ws::weights_checksum(w)}};
+    nlohmann::json out = {
+        {"role", "sender"}, {"rows", rows}, {"fresh_memcpy", fresh_s}, {"checksum", *ws::weights_checksum(w)}};
     if (!flushed) out["flush_error"] = flushed.error().what();
     {
       std::lock_guard lock(mu);
@@ -897,8 +916,10 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
       out["error"] = j.value("role", "?") + ": " + j["error"].get<std::string>();
       return out;
     }
-    if (j["role"] == "sender") sender = j;
-    else receivers.push_back(j);
+    if (j["role"] == "sender")
+      sender = j;
+    else
+      receivers.push_back(j);
   }
   if (sender.is_null() || static_cast<int>(receivers.size()) != n) {
     out["error"] = "missing results (sender " + std::string(sender.is_null() ? "none" : "ok") + ", receivers " +
@@ -955,13 +976,14 @@ void print_staging(const nlohmann::json& r, int receivers) {
   }
   char e2e_s[64] = "-";
   if (!e2e.empty()) std::snprintf(e2e_s, sizeof e2e_s, "%.3f / %.3f", median(e2e), max_of(e2e));
-  std::printf("%-12s %7.4f / %7.4f %8.4f %8.4f %6.2fx / %5.2fx %6.2fx / %6.2fx   %-15s %d/%zu\n", name.c_str(), median(stall),
-              max_of(stall), median(copy), median(mcpy), median(ratio), max_of(ratio), median(vs_memcpy), max_of(vs_memcpy),
-              e2e_s, complete, stall.size());
-  std::printf("%-12s target stall <= 1.2x copy, every version: %s; stall <= 1.2x memcpy, every version: %s "
-              "(memcpy into untouched memory, once: %.4f s); %s\n",
-              "", max_of(ratio) <= 1.2 ? "PASS" : "MISS", max_of(vs_memcpy) <= 1.2 ? "PASS" : "MISS",
-              r.value("fresh_memcpy", 0.0), r["weights_match"].get<bool>() ? "weights match" : "WEIGHTS DIFFER");
+  std::printf("%-12s %7.4f / %7.4f %8.4f %8.4f %6.2fx / %5.2fx %6.2fx / %6.2fx   %-15s %d/%zu\n", name.c_str(),
+              median(stall), max_of(stall), median(copy), median(mcpy), median(ratio), max_of(ratio), median(vs_memcpy),
+              max_of(vs_memcpy), e2e_s, complete, stall.size());
+  std::printf(
+      "%-12s target stall <= 1.2x copy, every version: %s; stall <= 1.2x memcpy, every version: %s "
+      "(memcpy into untouched memory, once: %.4f s); %s\n",
+      "", max_of(ratio) <= 1.2 ? "PASS" : "MISS", max_of(vs_memcpy) <= 1.2 ? "PASS" : "MISS",
+      r.value("fresh_memcpy", 0.0), r["weights_match"].get<bool>() ? "weights match" : "WEIGHTS DIFFER");
   std::string detail;
   for (const auto& row : r["rows"]) {
     char s[160];
@@ -972,11 +994,14 @@ void print_staging(const nlohmann::json& r, int receivers) {
       std::snprintf(s, sizeof s, " ann %.3f", row["announce"].get<double>());
       detail += s;
     }
-    if (row.contains("e2e")) std::snprintf(s, sizeof s, " e2e %.3f", row["e2e"].get<double>());
-    else std::snprintf(s, sizeof s, " held by %d/%d", row["held_by"].get<int>(), receivers);
+    if (row.contains("e2e"))
+      std::snprintf(s, sizeof s, " e2e %.3f", row["e2e"].get<double>());
+    else
+      std::snprintf(s, sizeof s, " held by %d/%d", row["held_by"].get<int>(), receivers);
     detail += s;
   }
-  std::printf("%-12s per version stall/copy/memcpy, announced, e2e s: %s; path %s\n", "", detail.c_str(), r.value("path", std::string("?")).c_str());
+  std::printf("%-12s per version stall/copy/memcpy, announced, e2e s: %s; path %s\n", "", detail.c_str(),
+              r.value("path", std::string("?")).c_str());
   if (r.contains("flush_error")) std::printf("%-12s flush: %s\n", "", r["flush_error"].get<std::string>().c_str());
 }
 
@@ -1058,14 +1083,18 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
   }
   std::vector<const ws::TransportDescriptor*> relaying;
   for (const auto* d : chosen) {
-    if (d->capabilities.relays) relaying.push_back(d);
+    if (d->capabilities.relays)
+      relaying.push_back(d);
     else if (!args.transports.empty())
-      std::printf("weight_sync %s: skipped, its descriptor does not relay (the shaped-link table runs the transports "
-                  "that move bytes host to host)\n", d->name.c_str());
+      std::printf(
+          "weight_sync %s: skipped, its descriptor does not relay (the shaped-link table runs the transports "
+          "that move bytes host to host)\n",
+          d->name.c_str());
   }
   // A publisher listening off loopback wants the run's token; the bench makes one for its
   // processes, as `arlo run` does, unless one is set.
-  if (!std::getenv(std::string(arlo::auth::kTokenEnv).c_str()) && !std::getenv(std::string(arlo::auth::kTokenFileEnv).c_str())) {
+  if (!std::getenv(std::string(arlo::auth::kTokenEnv).c_str()) &&
+      !std::getenv(std::string(arlo::auth::kTokenFileEnv).c_str())) {
     auto token = arlo::auth::generate_token();
     if (!token) {
       std::fprintf(stderr, "--cluster: %s\n", token.error().what().c_str());
@@ -1092,7 +1121,7 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
   }
   if (latency.empty()) latency = std::to_string(args.link_delay_ms) + " ms one way (netem)";
   for (int i = 0; i < hosts; ++i) g_hosts.push_back({"/var/run/netns/" + (*cluster)->netns(i), (*cluster)->address(i)});
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_interrupt;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
@@ -1100,10 +1129,11 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
   const double link_bytes_per_s = args.link_mbit * 1e6 / 8;
   const double limit = static_cast<double>(bytes) / link_bytes_per_s;
   const std::uint64_t bucket = args.bucket_mb << 20;
-  std::printf("weight-sync bench --cluster: %s x%.3g %s, %zu tensors, %.3f GB; payload %s%s; bucket %llu MiB; mode %s; "
-              "best of %d\n",
-              args.model.c_str(), args.scale, args.dtype.c_str(), specs.size(), bytes / 1e9, args.payload.c_str(),
-              args.zstd ? "+zstd" : "", static_cast<unsigned long long>(args.bucket_mb), args.mode.c_str(), args.repeat);
+  std::printf(
+      "weight-sync bench --cluster: %s x%.3g %s, %zu tensors, %.3f GB; payload %s%s; bucket %llu MiB; mode %s; "
+      "best of %d\n",
+      args.model.c_str(), args.scale, args.dtype.c_str(), specs.size(), bytes / 1e9, args.payload.c_str(),
+      args.zstd ? "+zstd" : "", static_cast<unsigned long long>(args.bucket_mb), args.mode.c_str(), args.repeat);
   std::printf("hosts: %d network namespaces on one bridge, every host's link %g Mbit/s each way (tbf); latency: %s\n",
               hosts, args.link_mbit, latency.c_str());
   std::printf("link limit = model bytes / link rate = %.3f s; load average %s\n", limit, loadavg().c_str());
@@ -1127,11 +1157,12 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
     a.receivers = n;
     if (args.gloo) {
       auto g = baseline_gloo(bytes, n, bucket);
-      if (!g.contains("seconds") && !g_interrupted) g = baseline_gloo(bytes, n, bucket);  // once more, as the main table does
+      if (!g.contains("seconds") && !g_interrupted)
+        g = baseline_gloo(bytes, n, bucket);  // once more, as the main table does
       if (g.contains("seconds")) {
         gloo[n] = g["seconds"];
-        std::printf("%-28s %4d %9.3f %9s %13.3f %14s %9s %18s  %s\n", "peer torch gloo broadcast", n, gloo[n], "-", limit,
-                    fmt_ratio(limit / gloo[n]).c_str(), "1.00x", "-", "-");
+        std::printf("%-28s %4d %9.3f %9s %13.3f %14s %9s %18s  %s\n", "peer torch gloo broadcast", n, gloo[n], "-",
+                    limit, fmt_ratio(limit / gloo[n]).c_str(), "1.00x", "-", "-");
       } else {
         gloo_error = g.is_object() ? g.value("error", std::string("no result")) : std::string("no result");
         std::printf("%-28s %4d unavailable: %s (needs /usr/bin/python3 with torch)\n", "peer torch gloo broadcast", n,
@@ -1185,8 +1216,8 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
       continue;
     }
     const double vs_limit = limit / *hi_s;
-    std::printf("target: %s at %d receivers >= 0.80x the link limit: %.2fx (%.3f s against %.3f s)  %s\n", label.c_str(),
-                hi, vs_limit, *hi_s, limit, vs_limit >= 0.8 ? "PASS" : "MISS");
+    std::printf("target: %s at %d receivers >= 0.80x the link limit: %.2fx (%.3f s against %.3f s)  %s\n",
+                label.c_str(), hi, vs_limit, *hi_s, limit, vs_limit >= 0.8 ? "PASS" : "MISS");
     if (gloo.count(hi)) {
       const double vs_gloo = gloo[hi] / *hi_s;
       std::printf("target: %s at %d receivers >= 3x faster than gloo: %.2fx (gloo %.3f s)  %s\n", label.c_str(), hi,
@@ -1197,12 +1228,12 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
     }
     if (lo_s && lo < hi) {
       const double growth = *hi_s / *lo_s - 1;
-      std::printf("target: %s time grows <= 10%% from %d to %d receivers: %+.1f%% (%.3f -> %.3f s)  %s\n", label.c_str(),
-                  lo, hi, 100 * growth, *lo_s, *hi_s, growth <= 0.10 ? "PASS" : "MISS");
+      std::printf("target: %s time grows <= 10%% from %d to %d receivers: %+.1f%% (%.3f -> %.3f s)  %s\n",
+                  label.c_str(), lo, hi, 100 * growth, *lo_s, *hi_s, growth <= 0.10 ? "PASS" : "MISS");
     }
   }
-  std::printf("weights: %s; load average after: %s\n", all_match ? "every receiver holds the sender's checksum" : "SOME DIFFER",
-              loadavg().c_str());
+  std::printf("weights: %s; load average after: %s\n",
+              all_match ? "every receiver holds the sender's checksum" : "SOME DIFFER", loadavg().c_str());
   g_hosts.clear();
   return all_match ? 0 : 1;
 }
@@ -1218,13 +1249,13 @@ struct ArloRunSyncs {
   std::vector<double> seconds;  // per version: the whole update, all workers
   std::vector<double> update;   // per version: the slowest worker's transfer (update_s)
   int workers_ok = 0, workers = 0;
-  std::string checksums;        // "all equal" or what differed
+  std::string checksums;  // "all equal" or what differed
 };
 
 ArloRunSyncs arlo_run_syncs(const std::string& transport, const std::string& topology, int steps) {
   ArloRunSyncs r;
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("arlo-bench-ws-run-" + topology + "-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("arlo-bench-ws-run-" + topology + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir.parent_path());
   const auto log = dir.string() + ".log";
@@ -1256,9 +1287,10 @@ ArloRunSyncs arlo_run_syncs(const std::string& transport, const std::string& top
   }
   const auto summary = nlohmann::json::parse(arlo::e2e::read_text(dir / "summary.json"), nullptr, false);
   std::set<std::string> sums;
-  const auto workers = summary.is_object() ? summary.value("workers", nlohmann::json::object()) : nlohmann::json::object();
+  const auto workers =
+      summary.is_object() ? summary.value("workers", nlohmann::json::object()) : nlohmann::json::object();
   for (const auto& [name, w] : workers.items())
-      sums.insert(w.is_object() ? w.value("checksum", std::string("?")) : std::string("?"));
+    sums.insert(w.is_object() ? w.value("checksum", std::string("?")) : std::string("?"));
   const auto trainer_it = summary.is_object() ? summary.find("trainer") : summary.end();
   const std::string trainer =
       trainer_it != summary.end() && trainer_it->is_object() ? trainer_it->value("checksum", std::string()) : "";
@@ -1269,8 +1301,10 @@ ArloRunSyncs arlo_run_syncs(const std::string& transport, const std::string& top
 }
 
 void print_arlo_run(const std::vector<const ws::TransportDescriptor*>& chosen, int steps) {
-  std::printf("\n== arlo run: configs/quickstart.yaml, 3 embedded arlo-workers, %d steps, each version the orchestrator "
-              "moves ==\n", steps);
+  std::printf(
+      "\n== arlo run: configs/quickstart.yaml, 3 embedded arlo-workers, %d steps, each version the orchestrator "
+      "moves ==\n",
+      steps);
   std::printf("%-26s %9s %18s %18s %12s   %s\n", "run", "versions", "update med / max s", "transfer med / max",
               "workers ok", "checksums");
   for (const auto* d : chosen) {
@@ -1283,8 +1317,8 @@ void print_arlo_run(const std::vector<const ws::TransportDescriptor*>& chosen, i
         continue;
       }
       std::printf("%-26s %9zu %8.3f / %7.3f %8.3f / %7.3f %5d / %-5d   %s\n", label.c_str(), r.seconds.size(),
-                  median(r.seconds), max_of(r.seconds), median(r.update), max_of(r.update),
-                  r.workers_ok, r.workers, r.checksums.c_str());
+                  median(r.seconds), max_of(r.seconds), median(r.update), max_of(r.update), r.workers_ok, r.workers,
+                  r.checksums.c_str());
       std::fflush(stdout);
     }
   }
@@ -1295,21 +1329,23 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{"arlo weight_sync benchmark (bench/weight_sync/README.md describes the output)"};
   app.add_option("--model", args.model, "qwen3-0.6b | qwen3-1.7b");
-  app.add_option("--scale", args.scale, "multiplies layers and vocabulary (model bytes; qwen3-0.6b x0.1 is ~130 MB, x1 1.2 GB)");
+  app.add_option("--scale", args.scale,
+                 "multiplies layers and vocabulary (model bytes; qwen3-0.6b x0.1 is ~130 MB, x1 1.2 GB)");
   app.add_option("--dtype", args.dtype, "bf16 | f32 | f16");
-  app.add_option("--transport", args.transports,
-                 "comma list of registered transports (default: all, in registration order); the first gives ratio_vs_baseline");
+  app.add_option(
+      "--transport", args.transports,
+      "comma list of registered transports (default: all, in registration order); the first gives ratio_vs_baseline");
   app.add_option("--receivers", args.receivers, "receiver processes")->check(CLI::Range(1, 8));
   app.add_option("--payload", args.payload, "full | bf16 | fp8 | delta");
   app.add_flag("--zstd", args.zstd, "zstd level 1 on top of the payload");
   app.add_option("--bucket-mb", args.bucket_mb, "bucket size in MiB");
   app.add_option("--delta-density", args.delta_density, "fraction of elements changed between versions (delta)");
-  app.add_option("--topology", args.topology,
-                 "star | chain | both (chain: only transports whose descriptor relays)")
+  app.add_option("--topology", args.topology, "star | chain | both (chain: only transports whose descriptor relays)")
       ->check(CLI::IsMember({"star", "chain", "both"}));
   app.add_option("--mode", args.mode, "in_place | staging")->check(CLI::IsMember({"in_place", "staging"}));
-  app.add_option("--shm-read", args.shm_read,
-                 "transports with a direct_read option (shm): default | direct (process_vm_readv) | channel (ring/slots)")
+  app.add_option(
+         "--shm-read", args.shm_read,
+         "transports with a direct_read option (shm): default | direct (process_vm_readv) | channel (ring/slots)")
       ->check(CLI::IsMember({"default", "direct", "channel"}));
   std::vector<std::string> params;
   app.add_option("--param", params, "KEY=JSON for every transport whose descriptor has KEY (repeatable)");
@@ -1325,7 +1361,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 600000));
   std::uint64_t blast_kb = 4096;
   app.add_option("--blast-chunk-kb", blast_kb, "raw socket baseline: bytes per send/recv call");
-  app.add_option("--repeat", args.repeat, "timed repetitions per measurement; the best is reported")->check(CLI::Range(1, 20));
+  app.add_option("--repeat", args.repeat, "timed repetitions per measurement; the best is reported")
+      ->check(CLI::Range(1, 20));
   app.add_flag("--cluster", args.cluster,
                "only the shaped-link table: sender and receivers in simulated hosts (network namespaces; needs root), "
                "star, chain and gloo at --cluster-receivers against the link limit");
@@ -1355,8 +1392,10 @@ int main(int argc, char** argv) {
   // (weight_sync/collective.h); this bench has no orchestrator, so its publisher would wait forever.
   std::erase_if(*chosen, [](const ws::TransportDescriptor* d) {
     if (!d->capabilities.collective) return false;
-    std::printf("weight_sync %s: skipped, a collective transport (its groups are formed by the orchestrator, which "
-                "this bench does not run)\n", d->name.c_str());
+    std::printf(
+        "weight_sync %s: skipped, a collective transport (its groups are formed by the orchestrator, which "
+        "this bench does not run)\n",
+        d->name.c_str());
     return true;
   });
   if (chosen->empty()) {
@@ -1385,17 +1424,19 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(dir, cluster_ec);
     return rc;
 #else
-    std::fprintf(stderr, "--cluster: this build has no simulated hosts (configure with -DARLO_BUILD_TESTS=ON; they come "
-                         "from tests/cluster)\n");
+    std::fprintf(stderr,
+                 "--cluster: this build has no simulated hosts (configure with -DARLO_BUILD_TESTS=ON; they come "
+                 "from tests/cluster)\n");
     return 2;
 #endif
   }
 
-  std::printf("weight-sync bench: %s x%.3g %s, %zu tensors, %.3f GB; transports %s; receivers %d; payload %s%s; "
-              "bucket %llu MiB; topology %s; mode %s; best of %d\n",
-              args.model.c_str(), args.scale, args.dtype.c_str(), specs->size(), bytes / 1e9, names.c_str(),
-              args.receivers, args.payload.c_str(), args.zstd ? "+zstd" : "",
-              static_cast<unsigned long long>(args.bucket_mb), args.topology.c_str(), args.mode.c_str(), args.repeat);
+  std::printf(
+      "weight-sync bench: %s x%.3g %s, %zu tensors, %.3f GB; transports %s; receivers %d; payload %s%s; "
+      "bucket %llu MiB; topology %s; mode %s; best of %d\n",
+      args.model.c_str(), args.scale, args.dtype.c_str(), specs->size(), bytes / 1e9, names.c_str(), args.receivers,
+      args.payload.c_str(), args.zstd ? "+zstd" : "", static_cast<unsigned long long>(args.bucket_mb),
+      args.topology.c_str(), args.mode.c_str(), args.repeat);
   std::fflush(stdout);
 
   std::map<std::string, double> base_s;
@@ -1414,8 +1455,9 @@ int main(int argc, char** argv) {
   const std::uint64_t bound = bytes + 2 * bucket + (64ull << 20);
   bool rss_ok = true;
   if (args.transfer) {
-    std::printf("\n== transfer: Publisher::publish, %d receiver(s), sender start to last receiver holding the version ==\n",
-                args.receivers);
+    std::printf(
+        "\n== transfer: Publisher::publish, %d receiver(s), sender start to last receiver holding the version ==\n",
+        args.receivers);
     std::printf("%-26s %9s %8s %10s %12s %10s   %s\n", "run", "seconds", "GB/s", "send_rss_MB", "recv_rss_MB",
                 "wire_MB", "ratio vs memcpy | socket | fs+read");
     for (const auto& [name, label] : std::vector<std::pair<std::string, std::string>>{
@@ -1428,7 +1470,8 @@ int main(int argc, char** argv) {
       std::vector<bool> topologies;  // false: star, true: chain
       if (args.topology != "chain") topologies.push_back(false);
       if (args.topology != "star") {
-        if (d->capabilities.relays) topologies.push_back(true);
+        if (d->capabilities.relays)
+          topologies.push_back(true);
         else if (args.topology == "chain")
           std::printf("%-26s skipped: its descriptor does not relay\n", ("weight_sync " + d->name + " chain").c_str());
       }
@@ -1442,12 +1485,13 @@ int main(int argc, char** argv) {
         const double s = r["seconds"];
         transport_s[label] = s;
         const std::uint64_t rrss = r["receiver_rss"];
-        std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s   payload %s, weights match: %s\n", label.c_str(), s,
-                    bytes / 1e9 / s, mb(r["sender_rss"]).c_str(), mb(rrss).c_str(), mb(r["wire"]).c_str(),
+        std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s   payload %s, weights match: %s\n", label.c_str(),
+                    s, bytes / 1e9 / s, mb(r["sender_rss"]).c_str(), mb(rrss).c_str(), mb(r["wire"]).c_str(),
                     ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str(),
                     r["payload"].get<std::string>().c_str(), r["weights_match"].dump().c_str());
         std::printf("%-26s path: %s; cpu seconds per version: sender %.3f, busiest receiver %.3f\n", "",
-                    r.value("path", std::string("?")).c_str(), r.value("sender_cpu", 0.0), r.value("receiver_cpu", 0.0));
+                    r.value("path", std::string("?")).c_str(), r.value("sender_cpu", 0.0),
+                    r.value("receiver_cpu", 0.0));
         if (rrss > bound) rss_ok = false;
         if (!first_ratio) {
           // Durable transports against writing and reading a file, streaming ones against the socket blast.
@@ -1470,8 +1514,8 @@ int main(int argc, char** argv) {
       }
       if (g.contains("seconds")) {
         const double s = g["seconds"];
-        std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s\n", "peer torch gloo broadcast", s, bytes / 1e9 / s,
-                    mb(g["sender_rss"]).c_str(), mb(g["receiver_rss"]).c_str(), mb(bytes).c_str(),
+        std::printf("%-26s %9.3f %8.2f %10s %12s %10s   %s | %s | %s\n", "peer torch gloo broadcast", s,
+                    bytes / 1e9 / s, mb(g["sender_rss"]).c_str(), mb(g["receiver_rss"]).c_str(), mb(bytes).c_str(),
                     ratio("memcpy", s).c_str(), ratio("socket", s).c_str(), ratio("fs", s).c_str());
         for (const auto& [t, ts] : transport_s) std::printf("%-26s %.2fx faster than gloo\n", t.c_str(), s / ts);
       } else {
@@ -1483,8 +1527,10 @@ int main(int argc, char** argv) {
                 rss_ok ? "within" : "EXCEEDED");
   }
   if (args.stall) {
-    std::printf("\n== stall: StagingPublisher::stage, %d versions, one per %d ms trainer step, %d receiver(s) pulling each "
-                "announced version ==\n", args.versions, args.step_ms, args.receivers);
+    std::printf(
+        "\n== stall: StagingPublisher::stage, %d versions, one per %d ms trainer step, %d receiver(s) pulling each "
+        "announced version ==\n",
+        args.versions, args.step_ms, args.receivers);
     std::printf("%-12s %17s %8s %8s %16s %17s   %-15s %s\n", "transport", "stall med / max", "copy", "memcpy",
                 "stall/copy m/max", "stall/mcpy m/max", "e2e med / max", "all");
     for (const auto* d : *chosen) {
@@ -1500,8 +1546,10 @@ int main(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   if (args.transfer) {
-    if (first_ratio) std::printf("ratio_vs_baseline=%.3f\n", *first_ratio);
-    else std::printf("ratio_vs_baseline=0\n");
+    if (first_ratio)
+      std::printf("ratio_vs_baseline=%.3f\n", *first_ratio);
+    else
+      std::printf("ratio_vs_baseline=0\n");
   }
   return 0;
 }

@@ -6,8 +6,7 @@
 
 namespace arlo {
 
-AbandonableExecutor::AbandonableExecutor(Options options)
-    : shared_(std::make_shared<Shared>()), clock_(options.clock) {
+AbandonableExecutor::AbandonableExecutor(Options options) : shared_(std::make_shared<Shared>()), clock_(options.clock) {
   shared_->max_abandoned = options.max_abandoned;
   const std::size_t n = options.threads == 0 ? 1 : options.threads;
   for (std::size_t i = 0; i < n; ++i) start_worker(shared_);
@@ -88,9 +87,10 @@ Status AbandonableExecutor::enqueue(std::shared_ptr<Job> job) {
     std::lock_guard lk(shared_->mu);
     if (shared_->stopping) return make_error(ErrorCode::kCancelled, "executor is shutting down");
     if (shared_->abandoned >= shared_->max_abandoned)
-      return make_error(ErrorCode::kResourceExhausted,
-                        fmt::format("{} calls are stuck past their timeout; refusing new work (the module appears hung)",
-                                    shared_->abandoned));
+      return make_error(
+          ErrorCode::kResourceExhausted,
+          fmt::format("{} calls are stuck past their timeout; refusing new work (the module appears hung)",
+                      shared_->abandoned));
     shared_->queue.push_back(std::move(job));
   }
   shared_->cv.notify_one();

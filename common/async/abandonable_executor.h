@@ -11,9 +11,9 @@
 // Timeouts run on Options::clock when one is given (a FakeClock in tests: a call is abandoned when the
 // test advances time past its timeout), else on real time (steady timers on run()'s io_context).
 //
-// Contract: the io_context passed to run() (and the clock, if any) must outlive this executor. Whatever the work closure
-// captures (e.g. a shared_ptr to a plugin) stays alive until the call really returns.
-// Thread-safety: run() is called from the loop's thread; everything else is internal.
+// Contract: the io_context passed to run() (and the clock, if any) must outlive this executor. Whatever the work
+// closure captures (e.g. a shared_ptr to a plugin) stays alive until the call really returns. Thread-safety: run() is
+// called from the loop's thread; everything else is internal.
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/io_context.hpp>
@@ -55,7 +55,8 @@ class AbandonableExecutor {
   // coroutine body: GCC 12 mis-destroys the frame of a coroutine that directly co_awaits this
   // async_initiate-based operation with a non-trivial result (seen as a double free).
   template <typename R, typename F>
-  boost::asio::awaitable<Result<R>> run(boost::asio::io_context& loop, F fn, std::chrono::steady_clock::duration timeout);
+  boost::asio::awaitable<Result<R>> run(boost::asio::io_context& loop, F fn,
+                                        std::chrono::steady_clock::duration timeout);
 
   // Calls currently stuck past their timeout (threads written off and not yet returned).
   std::size_t abandoned() const;
@@ -94,7 +95,7 @@ class AbandonableExecutor {
 
 template <typename R, typename F>
 boost::asio::awaitable<Result<R>> AbandonableExecutor::run(boost::asio::io_context& loop, F fn,
-                                                            std::chrono::steady_clock::duration timeout) {
+                                                           std::chrono::steady_clock::duration timeout) {
   namespace asio = boost::asio;
   auto initiate = [this, &loop, timeout](auto handler, F fn) {
     using H = decltype(handler);
@@ -139,14 +140,13 @@ boost::asio::awaitable<Result<R>> AbandonableExecutor::run(boost::asio::io_conte
     waiter->timer = clock.schedule(clock.now() + timeout, [waiter, job, shared = shared_, timeout] {
       if (waiter->finished) return;
       on_timeout(shared, job);
-      waiter->finish(make_error(
-          ErrorCode::kTimeout,
-          fmt::format("call did not finish within {} ms; abandoned (its thread is written off)",
-                      std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count())));
+      waiter->finish(make_error(ErrorCode::kTimeout,
+                                fmt::format("call did not finish within {} ms; abandoned (its thread is written off)",
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count())));
     });
   };
   return asio::async_initiate<decltype(asio::use_awaitable), void(Result<R>)>(std::move(initiate), asio::use_awaitable,
-                                                                             std::move(fn));
+                                                                              std::move(fn));
 }
 
 }  // namespace arlo

@@ -18,9 +18,10 @@ class SteadyTimerHandle final : public Timer {
   }
   void arm(Clock::time_point at, std::function<void()> fn) {
     timer_->expires_at(at);
-    timer_->async_wait([timer = timer_, cancelled = cancelled_, fn = std::move(fn)](const boost::system::error_code& ec) {
-      if (!ec && !*cancelled) fn();
-    });
+    timer_->async_wait(
+        [timer = timer_, cancelled = cancelled_, fn = std::move(fn)](const boost::system::error_code& ec) {
+          if (!ec && !*cancelled) fn();
+        });
   }
 
  private:

@@ -184,9 +184,10 @@ Awaitable<Result<T>> with_deadline(boost::asio::any_io_executor ex, Clock& clock
     done.set(std::move(r));
   };
   if (cancel) {
-    boost::asio::co_spawn(ex, std::move(body), boost::asio::bind_cancellation_slot(cancel->slot(), [](std::exception_ptr e) {
-                     if (e) std::rethrow_exception(e);
-                   }));
+    boost::asio::co_spawn(ex, std::move(body),
+                          boost::asio::bind_cancellation_slot(cancel->slot(), [](std::exception_ptr e) {
+                            if (e) std::rethrow_exception(e);
+                          }));
   } else {
     spawn(ex, std::move(body));
   }

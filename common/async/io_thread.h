@@ -25,7 +25,8 @@ class IoThread {
  public:
   // `nice` > 0 lowers this thread's scheduling priority (Linux: per thread) so that, on a
   // saturated machine, the thread that owns the event loop runs first when both are ready.
-  explicit IoThread(int nice = 0) : nice_(nice), guard_(boost::asio::make_work_guard(io_)), thread_([this] { run(); }) {}
+  explicit IoThread(int nice = 0)
+      : nice_(nice), guard_(boost::asio::make_work_guard(io_)), thread_([this] { run(); }) {}
   ~IoThread() { stop(); }
   IoThread(const IoThread&) = delete;
   IoThread& operator=(const IoThread&) = delete;

@@ -35,19 +35,18 @@ class ThreadPool {
   template <typename Work, typename Done>
   void run_then(boost::asio::io_context& loop, Work work, Done done) {
     auto guard = boost::asio::make_work_guard(loop);
-    boost::asio::post(pool_, [&loop, guard = std::move(guard), work = std::move(work),
-                              done = std::move(done)]() mutable {
-      if constexpr (std::is_void_v<std::invoke_result_t<Work&>>) {
-        work();
-        boost::asio::post(loop, [done = std::move(done)]() mutable { done(); });
-      } else {
-        auto result = work();
-        boost::asio::post(loop, [done = std::move(done), result = std::move(result)]() mutable {
-          done(std::move(result));
+    boost::asio::post(
+        pool_, [&loop, guard = std::move(guard), work = std::move(work), done = std::move(done)]() mutable {
+          if constexpr (std::is_void_v<std::invoke_result_t<Work&>>) {
+            work();
+            boost::asio::post(loop, [done = std::move(done)]() mutable { done(); });
+          } else {
+            auto result = work();
+            boost::asio::post(
+                loop, [done = std::move(done), result = std::move(result)]() mutable { done(std::move(result)); });
+          }
+          guard.reset();  // the posted completion now keeps `loop` busy
         });
-      }
-      guard.reset();  // the posted completion now keeps `loop` busy
-    });
   }
 
   // Coroutine form: `auto r = co_await pool.run(loop, [] { return heavy(); });`
@@ -58,9 +57,8 @@ class ThreadPool {
     static_assert(!std::is_void_v<R>, "ThreadPool::run needs work that returns a value");
     return boost::asio::async_initiate<decltype(boost::asio::use_awaitable), void(R)>(
         [this, &loop](auto handler, Work w) mutable {
-          run_then(loop, std::move(w), [handler = std::move(handler)](R r) mutable {
-            std::move(handler)(std::move(r));
-          });
+          run_then(loop, std::move(w),
+                   [handler = std::move(handler)](R r) mutable { std::move(handler)(std::move(r)); });
         },
         boost::asio::use_awaitable, std::move(work));
   }

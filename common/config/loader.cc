@@ -41,11 +41,16 @@ bool is_quoted(const YAML::Node& node) { return node.Tag() == "!" || node.Tag() 
 
 std::string_view kind_of(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Null: return "nothing (null)";
-    case YAML::NodeType::Scalar: return "a scalar";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a mapping";
-    case YAML::NodeType::Undefined: return "nothing";
+    case YAML::NodeType::Null:
+      return "nothing (null)";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Undefined:
+      return "nothing";
   }
   return "something else";
 }
@@ -232,7 +237,8 @@ class Resolver {
       if (documents == 2) {
         const YAML::Mark& second = counter.starts[1];
         if (second.pos == counter.starts[0].pos) {
-          const char c = second.pos >= 0 && static_cast<std::size_t>(second.pos) < owned.size() ? owned[second.pos] : '?';
+          const char c =
+              second.pos >= 0 && static_cast<std::size_t>(second.pos) < owned.size() ? owned[second.pos] : '?';
           add(where_of(source_, second), std::string("malformed YAML: unexpected '") + c + "'");
         } else {
           add(where_of(source_, second), "only one YAML document is allowed (remove the '---' separating documents)");
@@ -333,7 +339,8 @@ class Resolver {
     for (const auto& k : section.keys) names.push_back(k.name);
     if (auto best = nearest(name, names)) return " (did you mean '" + *best + "'?)";
     for (const auto& other : schema_.sections()) {
-      if (other.find(name)) return " (did you mean '" + other.name + "." + name + "'? it belongs to section " + other.name + ")";
+      if (other.find(name))
+        return " (did you mean '" + other.name + "." + name + "'? it belongs to section " + other.name + ")";
     }
     return " (keys of " + section.name + ": " + join(names, ", ") + ")";
   }
@@ -459,7 +466,7 @@ class Resolver {
 
   // A bool, int or float: an unquoted scalar (a quoted one is refused: the user wrote a string).
   std::optional<Value> convert_scalar(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
-                                    const std::string& at) {
+                                      const std::string& at) {
     const bool null = node.IsNull();
     if (null) {
       add(at, path + ": needs a value (" + std::string(type_name(key.type)) + ")");
@@ -472,8 +479,8 @@ class Resolver {
     auto text = scalar_text(raw, node, path);
     if (!text) return std::nullopt;
     if (is_quoted(node)) {
-      add(at, path + ": expected " + std::string(type_name(key.type)) + ", got the quoted string \"" +
-                  shorten(*text) + "\" (remove the quotes)");
+      add(at, path + ": expected " + std::string(type_name(key.type)) + ", got the quoted string \"" + shorten(*text) +
+                  "\" (remove the quotes)");
       return std::nullopt;
     }
     return convert_number_or_bool(key, path, at, *text);
@@ -481,7 +488,7 @@ class Resolver {
 
   // A string (null is the empty string), one of key.choices when it lists any.
   std::optional<Value> convert_string(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
-                                    const std::string& at) {
+                                      const std::string& at) {
     Value value;
     value.type = key.type;
     const bool null = node.IsNull();
@@ -505,8 +512,8 @@ class Resolver {
   }
 
   // A sequence of scalar strings (null is empty), each element's error reported on its own line.
-  std::optional<Value> convert_string_list(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
-                                    const std::string& at) {
+  std::optional<Value> convert_string_list(const Key& key, const std::string& path, const Raw& raw,
+                                           const YAML::Node& node, const std::string& at) {
     Value value;
     value.type = key.type;
     const bool null = node.IsNull();
@@ -542,7 +549,7 @@ class Resolver {
 
   // A mapping, kept as JSON (null is empty).
   std::optional<Value> convert_map(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
-                                    const std::string& at) {
+                                   const std::string& at) {
     Value value;
     value.type = key.type;
     const bool null = node.IsNull();
@@ -562,8 +569,8 @@ class Resolver {
   }
 
   // A sequence of mappings, each converted against key's item schema (null is empty).
-  std::optional<Value> convert_object_list(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
-                                    const std::string& at) {
+  std::optional<Value> convert_object_list(const Key& key, const std::string& path, const Raw& raw,
+                                           const YAML::Node& node, const std::string& at) {
     Value value;
     value.type = key.type;
     const bool null = node.IsNull();
@@ -606,7 +613,8 @@ class Resolver {
     if (key.type == Type::kInt) {
       std::int64_t n = 0;
       switch (parse_int(text, n)) {
-        case IntParse::kOk: break;
+        case IntParse::kOk:
+          break;
         case IntParse::kOutOfRange:
           add(at, path + ": integer '" + shorten(text) + "' is out of range (must fit in 64 bits)");
           return std::nullopt;
@@ -620,7 +628,8 @@ class Resolver {
     }
     double d = 0;
     switch (parse_float(text, d)) {
-      case FloatParse::kOk: break;
+      case FloatParse::kOk:
+        break;
       case FloatParse::kOutOfRange:
         add(at, path + ": number '" + shorten(text) + "' is out of range");
         return std::nullopt;
@@ -641,7 +650,8 @@ class Resolver {
     const bool high = key.max && v > *key.max;
     if (!low && !high) return true;
     if (key.min && key.max) {
-      add(at, path + ": must be between " + format_bound(*key.min) + " and " + format_bound(*key.max) + ", got " + shown);
+      add(at,
+          path + ": must be between " + format_bound(*key.min) + " and " + format_bound(*key.max) + ", got " + shown);
     } else if (low) {
       add(at, path + ": must be >= " + format_bound(*key.min) + ", got " + shown);
     } else {
@@ -672,7 +682,8 @@ class Resolver {
     if (!spend(at, path)) return std::nullopt;
     switch (node.Type()) {
       case YAML::NodeType::Null:
-      case YAML::NodeType::Undefined: return nlohmann::json(nullptr);
+      case YAML::NodeType::Undefined:
+        return nlohmann::json(nullptr);
       case YAML::NodeType::Scalar: {
         auto text = scalar_text(raw, node, path);
         if (!text) return std::nullopt;
@@ -697,7 +708,8 @@ class Resolver {
         nlohmann::json object = nlohmann::json::object();
         for (const auto& entry : node) {
           if (!entry.first.IsScalar()) {
-            add(where_value(raw, entry.first), path + ": map keys must be scalars, got " + std::string(kind_of(entry.first)));
+            add(where_value(raw, entry.first),
+                path + ": map keys must be scalars, got " + std::string(kind_of(entry.first)));
             return std::nullopt;
           }
           const std::string name = entry.first.Scalar();

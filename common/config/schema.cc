@@ -18,13 +18,20 @@ namespace arlo::config {
 
 std::string_view type_name(Type type) {
   switch (type) {
-    case Type::kBool: return "bool";
-    case Type::kInt: return "int";
-    case Type::kFloat: return "float";
-    case Type::kString: return "string";
-    case Type::kStringList: return "list of strings";
-    case Type::kMap: return "map";
-    case Type::kObjectList: return "list of objects";
+    case Type::kBool:
+      return "bool";
+    case Type::kInt:
+      return "int";
+    case Type::kFloat:
+      return "float";
+    case Type::kString:
+      return "string";
+    case Type::kStringList:
+      return "list of strings";
+    case Type::kMap:
+      return "map";
+    case Type::kObjectList:
+      return "list of objects";
   }
   return "unknown";
 }
@@ -62,7 +69,9 @@ Key make(std::string name, Type type, Default def, std::string doc) {
 }
 }  // namespace
 
-Key bool_key(std::string name, bool def, std::string doc) { return make(std::move(name), Type::kBool, def, std::move(doc)); }
+Key bool_key(std::string name, bool def, std::string doc) {
+  return make(std::move(name), Type::kBool, def, std::move(doc));
+}
 Key int_key(std::string name, std::int64_t def, std::string doc) {
   return make(std::move(name), Type::kInt, def, std::move(doc));
 }
@@ -123,10 +132,18 @@ Key key_from_option(const weight_sync::TransportDescriptor& d, const weight_sync
   std::string doc = d.name + " transport: " + o.doc + ".";
   Key k;
   switch (o.type) {
-    case weight_sync::OptionSpec::Type::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
-    case weight_sync::OptionSpec::Type::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
-    case weight_sync::OptionSpec::Type::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
-    case weight_sync::OptionSpec::Type::kString: k = string_key(o.key, def.get<std::string>(), doc); break;
+    case weight_sync::OptionSpec::Type::kBool:
+      k = bool_key(o.key, def.get<bool>(), doc);
+      break;
+    case weight_sync::OptionSpec::Type::kInt:
+      k = int_key(o.key, def.get<std::int64_t>(), doc);
+      break;
+    case weight_sync::OptionSpec::Type::kFloat:
+      k = float_key(o.key, def.get<double>(), doc);
+      break;
+    case weight_sync::OptionSpec::Type::kString:
+      k = string_key(o.key, def.get<std::string>(), doc);
+      break;
   }
   if (o.min) k.min = o.min;
   if (o.max) k.max = o.max;
@@ -142,51 +159,56 @@ Section weight_sync_section() {
     names.push_back(d.name);
     kinds += (kinds.empty() ? "" : "; ") + d.name + ": " + d.doc;
   }
-  Section s{"weight_sync", "How new weights move from the trainer to every worker (docs/weight-sync.md).",
-            {
-                string_key("transport", "filesystem", kinds + ".").one_of(names),
-                string_key("payload", "full", "full (as trained), cast (to cast_dtype), delta (changed elements only).")
-                    .one_of({"full", "cast", "delta"}),
-                string_key("cast_dtype", "bf16", "cast payload: bf16, or fp8_e4m3 with one fp32 scale per 128 elements.")
-                    .one_of({"bf16", "fp8_e4m3"}),
-                bool_key("zstd", false, "Compress each bucket with zstd (level 1)."),
-                int_key("bucket_mb", 256, "Bucket size in MiB; memory on each side stays within model + 2 buckets.")
-                    .range(1, 65536),
-                float_key("delta_density_threshold", 0.25,
-                          "delta payload: above this fraction of changed elements a bucket is sent dense.")
-                    .range(0.0, 1.0),
-                int_key("keep_last", 2,
-                        "Versions the trainer's publisher keeps staged (durable transports: on disk), at least 2.")
-                    .range(2, 1 << 20),
-                string_key("topology", "star",
-                           "star (the trainer serves every worker) or chain (each worker relays to the next, so every "
-                           "link carries the stream once; transports that relay).")
-                    .one_of({"chain", "star"}),
-                int_key("relay_port", 0,
-                        "chain with external workers (inference.launch external): worker k of inference.urls relays on "
-                        "port relay_port + k of its URL's host (0: external workers do not relay; a chain needs it).")
-                    .range(0, 65535),
-                float_key("timeout_s", 120.0, "Deadline for moving one version to a worker.").range(0.001, 86400.0),
-                int_key("gather_window_ms", 50,
-                        "Streaming transports: once the first worker came for a version, how long the trainer's "
-                        "publisher waits for the others before it streams to those present (a late or stopped "
-                        "worker gets a later transfer and holds nobody).")
-                    .range(0, 600000),
-            }};
+  Section s{
+      "weight_sync",
+      "How new weights move from the trainer to every worker (docs/weight-sync.md).",
+      {
+          string_key("transport", "filesystem", kinds + ".").one_of(names),
+          string_key("payload", "full", "full (as trained), cast (to cast_dtype), delta (changed elements only).")
+              .one_of({"full", "cast", "delta"}),
+          string_key("cast_dtype", "bf16", "cast payload: bf16, or fp8_e4m3 with one fp32 scale per 128 elements.")
+              .one_of({"bf16", "fp8_e4m3"}),
+          bool_key("zstd", false, "Compress each bucket with zstd (level 1)."),
+          int_key("bucket_mb", 256, "Bucket size in MiB; memory on each side stays within model + 2 buckets.")
+              .range(1, 65536),
+          float_key("delta_density_threshold", 0.25,
+                    "delta payload: above this fraction of changed elements a bucket is sent dense.")
+              .range(0.0, 1.0),
+          int_key("keep_last", 2,
+                  "Versions the trainer's publisher keeps staged (durable transports: on disk), at least 2.")
+              .range(2, 1 << 20),
+          string_key("topology", "star",
+                     "star (the trainer serves every worker) or chain (each worker relays to the next, so every "
+                     "link carries the stream once; transports that relay).")
+              .one_of({"chain", "star"}),
+          int_key("relay_port", 0,
+                  "chain with external workers (inference.launch external): worker k of inference.urls relays on "
+                  "port relay_port + k of its URL's host (0: external workers do not relay; a chain needs it).")
+              .range(0, 65535),
+          float_key("timeout_s", 120.0, "Deadline for moving one version to a worker.").range(0.001, 86400.0),
+          int_key("gather_window_ms", 50,
+                  "Streaming transports: once the first worker came for a version, how long the trainer's "
+                  "publisher waits for the others before it streams to those present (a late or stopped "
+                  "worker gets a later transfer and holds nobody).")
+              .range(0, 600000),
+      }};
   for (const auto& d : weight_sync::transports())
     for (const auto& o : d.options) {
       if (!o.config) continue;
       Key k = key_from_option(d, o);
       // A key two transports share (tcp's and nccl's `address`) is one config key, documented for both.
       auto same = std::find_if(s.keys.begin(), s.keys.end(), [&](const Key& e) { return e.name == k.name; });
-      if (same == s.keys.end()) s.keys.push_back(std::move(k));
-      else same->doc += " " + k.doc;
+      if (same == s.keys.end())
+        s.keys.push_back(std::move(k));
+      else
+        same->doc += " " + k.doc;
     }
   return s;
 }
 
 Section run_section() {
-  return {"run", "What this run is called, where it writes, how long it lasts.",
+  return {"run",
+          "What this run is called, where it writes, how long it lasts.",
           {
               string_key("name", "quickstart", "Name of the run; shown in logs and used in the default run directory."),
               string_key("dir", "runs/{run.name}",
@@ -199,55 +221,56 @@ Section run_section() {
 }
 
 Section orchestrator_section() {
-  return {"orchestrator", "The asynchronous main loop: batches, groups, in-flight work and the staleness bound.",
-          {
-              int_key("batch_size", 32, "Samples per training step (a whole number of groups).").range(1, 1 << 20),
-              int_key("group_size", 8, "Samples per prompt (one group); advantages are computed within a group.")
-                  .range(1, 4096),
-              int_key("max_inflight", 64, "Most sample requests in flight across all inference workers at once.")
-                  .range(1, 1 << 20),
-              int_key("max_async_level", 1,
-                      "How many policy versions rollouts may run ahead of the trainer: rollouts for step s are "
-                      "dispatched only while (s - 1) - current_version <= max_async_level. 0 is synchronous RL.")
-                  .range(0, 1024),
-              int_key("max_off_policy_steps", 2,
-                      "When the batch for step s is cut, samples whose oldest token came from a version below "
-                      "s - 1 - max_off_policy_steps are dropped (time spent queued counts).")
-                  .range(0, 1 << 20),
-              int_key("sft_warmup_steps", 0,
-                      "Supervised steps on the tasks' reference answers before RL starts (they count toward "
-                      "run.max_steps).")
-                  .at_least(0),
-              int_key("seq_len", 256, "Length in tokens of one packed training sequence.").range(8, 1 << 20),
-              int_key("queue_capacity", 256, "Most finished rollouts waiting to be packed into a batch.")
-                  .range(1, 1 << 24),
-              string_key("weight_update_mode", "keep",
-                         "How workers take a new version: keep (pause, swap, resume in-flight requests; a "
-                         "completion may span versions), wait (let in-flight requests finish, then swap), abort "
-                         "(abort in-flight requests and continue them on the new version).")
-                  .one_of({"keep", "wait", "abort"}),
-              string_key("advantage", "grpo",
-                         "Advantage estimator within a group: grpo (mean and std), dr_grpo (mean only), rloo "
-                         "(leave-one-out mean).")
-                  .one_of({"grpo", "dr_grpo", "rloo"}),
-              bool_key("filter_equal_reward_groups", true,
-                       "Drop groups whose rewards are all equal (they carry no learning signal)."),
-              int_key("max_filtered_groups_per_step", 0,
-                      "Bound on the equal-reward groups dropped (and replaced by new rollouts) for one step; past "
-                      "it they are trained on with zero advantage, so a policy that solves (or fails) every task "
-                      "still makes progress. 0: 4 x batch_size/group_size.")
-                  .at_least(0),
-              string_key("overlong", "keep",
-                         "Completions cut off by sampling.max_tokens: keep (train on them), drop (discard the "
-                         "sample), mask (keep it but exclude its tokens from the loss).")
-                  .one_of({"keep", "drop", "mask"}),
-              float_key("length_penalty", 0.0,
-                        "Reward subtracted per generated token (0 disables).").range(0.0, 1.0),
-          }};
+  return {
+      "orchestrator",
+      "The asynchronous main loop: batches, groups, in-flight work and the staleness bound.",
+      {
+          int_key("batch_size", 32, "Samples per training step (a whole number of groups).").range(1, 1 << 20),
+          int_key("group_size", 8, "Samples per prompt (one group); advantages are computed within a group.")
+              .range(1, 4096),
+          int_key("max_inflight", 64, "Most sample requests in flight across all inference workers at once.")
+              .range(1, 1 << 20),
+          int_key("max_async_level", 1,
+                  "How many policy versions rollouts may run ahead of the trainer: rollouts for step s are "
+                  "dispatched only while (s - 1) - current_version <= max_async_level. 0 is synchronous RL.")
+              .range(0, 1024),
+          int_key("max_off_policy_steps", 2,
+                  "When the batch for step s is cut, samples whose oldest token came from a version below "
+                  "s - 1 - max_off_policy_steps are dropped (time spent queued counts).")
+              .range(0, 1 << 20),
+          int_key("sft_warmup_steps", 0,
+                  "Supervised steps on the tasks' reference answers before RL starts (they count toward "
+                  "run.max_steps).")
+              .at_least(0),
+          int_key("seq_len", 256, "Length in tokens of one packed training sequence.").range(8, 1 << 20),
+          int_key("queue_capacity", 256, "Most finished rollouts waiting to be packed into a batch.").range(1, 1 << 24),
+          string_key("weight_update_mode", "keep",
+                     "How workers take a new version: keep (pause, swap, resume in-flight requests; a "
+                     "completion may span versions), wait (let in-flight requests finish, then swap), abort "
+                     "(abort in-flight requests and continue them on the new version).")
+              .one_of({"keep", "wait", "abort"}),
+          string_key("advantage", "grpo",
+                     "Advantage estimator within a group: grpo (mean and std), dr_grpo (mean only), rloo "
+                     "(leave-one-out mean).")
+              .one_of({"grpo", "dr_grpo", "rloo"}),
+          bool_key("filter_equal_reward_groups", true,
+                   "Drop groups whose rewards are all equal (they carry no learning signal)."),
+          int_key("max_filtered_groups_per_step", 0,
+                  "Bound on the equal-reward groups dropped (and replaced by new rollouts) for one step; past "
+                  "it they are trained on with zero advantage, so a policy that solves (or fails) every task "
+                  "still makes progress. 0: 4 x batch_size/group_size.")
+              .at_least(0),
+          string_key("overlong", "keep",
+                     "Completions cut off by sampling.max_tokens: keep (train on them), drop (discard the "
+                     "sample), mask (keep it but exclude its tokens from the loss).")
+              .one_of({"keep", "drop", "mask"}),
+          float_key("length_penalty", 0.0, "Reward subtracted per generated token (0 disables).").range(0.0, 1.0),
+      }};
 }
 
 Section sampling_section() {
-  return {"sampling", "How training rollouts are sampled.",
+  return {"sampling",
+          "How training rollouts are sampled.",
           {
               float_key("temperature", 1.0, "Sampling temperature (0 is greedy).").range(0.0, 10.0),
               float_key("top_p", 1.0, "Nucleus sampling: keep the smallest set of tokens with this total probability.")
@@ -267,11 +290,21 @@ Key key_from_extension(const rollout::ExtensionOption& o, const std::string& doc
   const std::string doc = doc_prefix + o.doc;
   Key k;
   switch (o.type) {
-    case T::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
-    case T::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
-    case T::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
-    case T::kString: k = string_key(o.key, def.is_null() ? "" : def.get<std::string>(), doc); break;
-    case T::kAny: k = map_key(o.key, "{}", doc); break;
+    case T::kBool:
+      k = bool_key(o.key, def.get<bool>(), doc);
+      break;
+    case T::kInt:
+      k = int_key(o.key, def.get<std::int64_t>(), doc);
+      break;
+    case T::kFloat:
+      k = float_key(o.key, def.get<double>(), doc);
+      break;
+    case T::kString:
+      k = string_key(o.key, def.is_null() ? "" : def.get<std::string>(), doc);
+      break;
+    case T::kAny:
+      k = map_key(o.key, "{}", doc);
+      break;
   }
   if (o.min) k.min = o.min;
   if (o.max) k.max = o.max;
@@ -287,8 +320,10 @@ void add_extension_keys(std::vector<Key>& keys, const std::vector<rollout::Exten
     if (!o.config_key) continue;
     Key k = key_from_extension(o, name + ": ");
     auto same = std::find_if(keys.begin(), keys.end(), [&](const Key& e) { return e.name == k.name; });
-    if (same == keys.end()) keys.push_back(std::move(k));
-    else same->doc += " " + k.doc;
+    if (same == keys.end())
+      keys.push_back(std::move(k));
+    else
+      same->doc += " " + k.doc;
   }
 }
 
@@ -309,17 +344,19 @@ std::string path_kinds() {
 }
 
 Section env_section() {
-  Section s{"env", "Where training tasks come from.",
-            {
-                string_key("kind", "arithmetic", "Task source: " + names_with_docs(rollout::environment_kinds()) + ".")
-                    .one_of(rollout::entry_names(rollout::environment_kinds())),
-                string_key("path", "",
-                           path_kinds() + " only: the dataset (one object per line with prompt or messages, answer, info)."),
-                int_key("seed", 1, "Seed for generating and shuffling tasks.").at_least(0),
-                int_key("size", 10000, "Number of tasks generated (procedural kinds) or used (jsonl; 0 means all).")
-                    .at_least(0),
-                bool_key("shuffle", true, "Shuffle the tasks each epoch."),
-            }};
+  Section s{
+      "env",
+      "Where training tasks come from.",
+      {
+          string_key("kind", "arithmetic", "Task source: " + names_with_docs(rollout::environment_kinds()) + ".")
+              .one_of(rollout::entry_names(rollout::environment_kinds())),
+          string_key("path", "",
+                     path_kinds() + " only: the dataset (one object per line with prompt or messages, answer, info)."),
+          int_key("seed", 1, "Seed for generating and shuffling tasks.").at_least(0),
+          int_key("size", 10000, "Number of tasks generated (procedural kinds) or used (jsonl; 0 means all).")
+              .at_least(0),
+          bool_key("shuffle", true, "Shuffle the tasks each epoch."),
+      }};
   for (const auto& k : rollout::environment_kinds()) add_extension_keys(s.keys, k.options, k.name);
   return s;
 }
@@ -332,22 +369,24 @@ std::vector<std::string> eval_env_kinds() {
 }
 
 Section eval_section() {
-  return {"eval", "Periodic evaluation on held-out tasks: avg@k and pass@k.",
-          {
-              int_key("interval", 10, "Evaluate at start and every this many steps (0 disables).").at_least(0),
-              int_key("k", 4, "Samples per eval task (pass@k, avg@k).").range(1, 1024),
-              strings_key("pass_k", {}, "The k of each pass@k reported, e.g. [1, 4]; each in 1..eval.k (empty: 1 and eval.k)."),
-              float_key("correct_threshold", 1.0, "A sample with reward >= this counts as correct for pass@k."),
-              int_key("size", 64, "Number of eval tasks.").range(1, 1 << 20),
-              float_key("temperature", 1.0, "Sampling temperature for eval.").range(0.0, 10.0),
-              string_key("env_kind", "same",
-                         "Eval task source: same (the training kind and settings with eval.seed), or one of " +
-                             rollout::join_names(rollout::entry_names(rollout::environment_kinds()), ", ") + ".")
-                  .one_of(eval_env_kinds()),
-              string_key("env_path", "", path_kinds() + " eval only: the dataset."),
-              int_key("seed", 7, "Seed for the eval tasks (differs from env.seed so eval tasks are held out).")
-                  .at_least(0),
-          }};
+  return {
+      "eval",
+      "Periodic evaluation on held-out tasks: avg@k and pass@k.",
+      {
+          int_key("interval", 10, "Evaluate at start and every this many steps (0 disables).").at_least(0),
+          int_key("k", 4, "Samples per eval task (pass@k, avg@k).").range(1, 1024),
+          strings_key("pass_k", {},
+                      "The k of each pass@k reported, e.g. [1, 4]; each in 1..eval.k (empty: 1 and eval.k)."),
+          float_key("correct_threshold", 1.0, "A sample with reward >= this counts as correct for pass@k."),
+          int_key("size", 64, "Number of eval tasks.").range(1, 1 << 20),
+          float_key("temperature", 1.0, "Sampling temperature for eval.").range(0.0, 10.0),
+          string_key("env_kind", "same",
+                     "Eval task source: same (the training kind and settings with eval.seed), or one of " +
+                         rollout::join_names(rollout::entry_names(rollout::environment_kinds()), ", ") + ".")
+              .one_of(eval_env_kinds()),
+          string_key("env_path", "", path_kinds() + " eval only: the dataset."),
+          int_key("seed", 7, "Seed for the eval tasks (differs from env.seed so eval tasks are held out).").at_least(0),
+      }};
 }
 
 // reward.modules[]: kind and weight, the registered kinds' own keys (path, url, pattern, ...), config.
@@ -363,8 +402,8 @@ std::vector<Key> reward_module_keys() {
     std::string own;
     for (const auto& o : k.options)
       if (!o.config_key)
-        own += (own.empty() ? "" : ", ") + o.key + " (" + std::string(rollout::type_name(o.type)) + ", " + o.default_value.dump() +
-               ": " + o.doc + ")";
+        own += (own.empty() ? "" : ", ") + o.key + " (" + std::string(rollout::type_name(o.type)) + ", " +
+               o.default_value.dump() + ": " + o.doc + ")";
     if (!own.empty()) options_doc += (options_doc.empty() ? "" : "; ") + k.name + ": " + own;
   }
   std::vector<Key> keys = {
@@ -380,7 +419,8 @@ std::vector<Key> reward_module_keys() {
 }
 
 Section reward_section() {
-  return {"reward", "How rollouts are scored: a weighted sum of reward modules.",
+  return {"reward",
+          "How rollouts are scored: a weighted sum of reward modules.",
           {
               objects_key("modules", reward_module_keys(), "[{kind: exact_match, weight: 1.0}]",
                           "Reward modules; the reward is sum(weight * score).")
@@ -395,37 +435,41 @@ Section reward_section() {
 }
 
 Section inference_section() {
-  Section s{"inference", "The inference workers that generate rollouts.",
-          {
-              string_key("launch", "embedded",
-                         "embedded: arlo starts arlo-worker processes on free loopback ports; external: connect to "
-                         "inference.urls.")
-                  .one_of({"embedded", "external"}),
-              string_key("kind", "arlo", "Server dialect for admin calls: " + names_with_docs(rollout::admin_dialects()) + ".")
-                  .one_of(rollout::entry_names(rollout::admin_dialects())),
-              int_key("num_workers", 2, "embedded: number of arlo-worker processes.").range(1, 1024),
-              strings_key("urls", {}, "external: base URLs of the servers (http://host:port)."),
-              float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
-              float_key("admin_timeout_s", 30.0, "Deadline for one admin call (pause, weights, resume).")
-                  .range(0.001, 3600.0),
-              float_key("health_timeout_s", 2.0,
-                        "Deadline for one health check of a server (GET /health, every 2 s); a check that gets no "
-                        "answer in it counts as a failure.")
-                  .range(0.01, 600.0),
-              bool_key("failover_on_silence", true,
-                       "A health check that gets no answer at all (not a refusal or an error status) while the server "
-                       "holds requests, none of them answered since the check started, opens its circuit at once: its "
-                       "requests move to other servers and weight updates leave it out until it answers (a dark link "
-                       "or a hung host). false: only failed checks in a row do (3, each waiting out "
-                       "health_timeout_s). A slow server that answers its requests is never cut off by this."),
-              int_key("threads", 1, "embedded: compute threads per worker.").range(1, 1024),
-          }};
+  Section s{
+      "inference",
+      "The inference workers that generate rollouts.",
+      {
+          string_key("launch", "embedded",
+                     "embedded: arlo starts arlo-worker processes on free loopback ports; external: connect to "
+                     "inference.urls.")
+              .one_of({"embedded", "external"}),
+          string_key("kind", "arlo",
+                     "Server dialect for admin calls: " + names_with_docs(rollout::admin_dialects()) + ".")
+              .one_of(rollout::entry_names(rollout::admin_dialects())),
+          int_key("num_workers", 2, "embedded: number of arlo-worker processes.").range(1, 1024),
+          strings_key("urls", {}, "external: base URLs of the servers (http://host:port)."),
+          float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
+          float_key("admin_timeout_s", 30.0, "Deadline for one admin call (pause, weights, resume).")
+              .range(0.001, 3600.0),
+          float_key("health_timeout_s", 2.0,
+                    "Deadline for one health check of a server (GET /health, every 2 s); a check that gets no "
+                    "answer in it counts as a failure.")
+              .range(0.01, 600.0),
+          bool_key("failover_on_silence", true,
+                   "A health check that gets no answer at all (not a refusal or an error status) while the server "
+                   "holds requests, none of them answered since the check started, opens its circuit at once: its "
+                   "requests move to other servers and weight updates leave it out until it answers (a dark link "
+                   "or a hung host). false: only failed checks in a row do (3, each waiting out "
+                   "health_timeout_s). A slow server that answers its requests is never cut off by this."),
+          int_key("threads", 1, "embedded: compute threads per worker.").range(1, 1024),
+      }};
   for (const auto& d : rollout::admin_dialects()) add_extension_keys(s.keys, d.options, d.name);
   return s;
 }
 
 Section model_section() {
-  return {"model", "The built-in policy (arlo-worker, arlo-trainer). The vocabulary comes from the tokenizer.",
+  return {"model",
+          "The built-in policy (arlo-worker, arlo-trainer). The vocabulary comes from the tokenizer.",
           {
               int_key("layers", 2, "Transformer layers.").range(1, 256),
               int_key("hidden", 64, "Model width.").range(8, 65536),
@@ -436,72 +480,78 @@ Section model_section() {
 }
 
 Section trainer_section() {
-  return {"trainer", "The trainer that learns from rollouts and publishes new weights.",
-          {
-              string_key("launch", "embedded",
-                         "embedded: arlo starts arlo-trainer; external: a trainer you start connects through the "
-                         "bridge; command: arlo starts trainer.command (your trainer) with the bridge address, run "
-                         "dir, weight-sync block and model shape in its environment (docs/bring-your-own-trainer.md).")
-                  .one_of({"embedded", "external", "command"}),
-              strings_key("command", {},
-                          "command: the argv of your trainer, e.g. [/usr/bin/python3, examples/pytorch_trainer/train.py]; "
-                          "started in the directory arlo run is started in (relative paths are relative to it), "
-                          "stopped with SIGTERM when the run ends."),
-              float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
-              float_key("sft_lr", 0.0,
-                        "Learning rate on the supervised warm-up batches (orchestrator.sft_warmup_steps); 0 uses lr. "
-                        "Supervised steps tolerate a rate that makes policy-gradient steps diverge.")
-                  .range(0.0, 10.0),
-              float_key("weight_decay", 0.0, "AdamW weight decay.").range(0.0, 10.0),
-              float_key("beta1", 0.9, "AdamW beta1.").range(0.0, 0.999999),
-              float_key("beta2", 0.999, "AdamW beta2.").range(0.0, 0.999999),
-              float_key("max_grad_norm", 1.0, "Clip the gradient norm to this (0 disables).").range(0.0, 1e6),
-              string_key("is_correction", "token_tis",
-                         "Importance-sampling correction for the mismatch between inference and trainer logprobs: "
-                         "none, token_tis (per-token ratio truncated at is_high), seq_tis (per-sequence), token_mis "
-                         "(mask tokens whose ratio is outside [is_low, is_high]).")
-                  .one_of({"none", "token_tis", "seq_tis", "token_mis"}),
-              float_key("is_low", 0.5, "Lower importance-ratio bound (token_mis).").range(0.0, 1e6),
-              float_key("is_high", 2.0, "Upper importance-ratio bound (truncation or mask).").range(0.0, 1e6),
-              float_key("accept_timeout_s", 3600.0,
-                        "Deadline for the trainer to accept one batch (back-pressure included); past it the run stops "
-                        "with an error naming the step. 0: no deadline.")
-                  .range(0.0, 1e7),
-              float_key("alarm_s", 60.0,
-                        "While the trainer has not accepted a batch, or has not been heard from (silence_timeout_s), "
-                        "a warning every this many seconds. 0: none.")
-                  .range(0.0, 1e7),
-              float_key("silence_timeout_s", 600.0,
-                        "How long the run waits for a trainer it has not heard from (it heartbeats every second over "
-                        "the socket bridge; silence: its host is unreachable, or it is stopped or gone), once it was "
-                        "heard from; past it the run stops with an error naming the trainer and this key. 0: wait for "
-                        "it as long as it takes (a warning every alarm_s). A dir bridge trainer that writes no "
-                        "heartbeats is never timed.")
-                  .range(0.0, 1e7),
-              int_key("ckpt_interval", 0,
-                      "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "
-                      "`arlo run --resume` finds the trainer at the orchestrator's step. The trainer also "
-                      "checkpoints when it stops.")
-                  .at_least(0),
-              int_key("threads", 1, "Compute threads of the built-in trainer.").range(1, 1024),
-          }};
+  return {
+      "trainer",
+      "The trainer that learns from rollouts and publishes new weights.",
+      {
+          string_key("launch", "embedded",
+                     "embedded: arlo starts arlo-trainer; external: a trainer you start connects through the "
+                     "bridge; command: arlo starts trainer.command (your trainer) with the bridge address, run "
+                     "dir, weight-sync block and model shape in its environment (docs/bring-your-own-trainer.md).")
+              .one_of({"embedded", "external", "command"}),
+          strings_key("command", {},
+                      "command: the argv of your trainer, e.g. [/usr/bin/python3, examples/pytorch_trainer/train.py]; "
+                      "started in the directory arlo run is started in (relative paths are relative to it), "
+                      "stopped with SIGTERM when the run ends."),
+          float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
+          float_key("sft_lr", 0.0,
+                    "Learning rate on the supervised warm-up batches (orchestrator.sft_warmup_steps); 0 uses lr. "
+                    "Supervised steps tolerate a rate that makes policy-gradient steps diverge.")
+              .range(0.0, 10.0),
+          float_key("weight_decay", 0.0, "AdamW weight decay.").range(0.0, 10.0),
+          float_key("beta1", 0.9, "AdamW beta1.").range(0.0, 0.999999),
+          float_key("beta2", 0.999, "AdamW beta2.").range(0.0, 0.999999),
+          float_key("max_grad_norm", 1.0, "Clip the gradient norm to this (0 disables).").range(0.0, 1e6),
+          string_key("is_correction", "token_tis",
+                     "Importance-sampling correction for the mismatch between inference and trainer logprobs: "
+                     "none, token_tis (per-token ratio truncated at is_high), seq_tis (per-sequence), token_mis "
+                     "(mask tokens whose ratio is outside [is_low, is_high]).")
+              .one_of({"none", "token_tis", "seq_tis", "token_mis"}),
+          float_key("is_low", 0.5, "Lower importance-ratio bound (token_mis).").range(0.0, 1e6),
+          float_key("is_high", 2.0, "Upper importance-ratio bound (truncation or mask).").range(0.0, 1e6),
+          float_key("accept_timeout_s", 3600.0,
+                    "Deadline for the trainer to accept one batch (back-pressure included); past it the run stops "
+                    "with an error naming the step. 0: no deadline.")
+              .range(0.0, 1e7),
+          float_key("alarm_s", 60.0,
+                    "While the trainer has not accepted a batch, or has not been heard from (silence_timeout_s), "
+                    "a warning every this many seconds. 0: none.")
+              .range(0.0, 1e7),
+          float_key("silence_timeout_s", 600.0,
+                    "How long the run waits for a trainer it has not heard from (it heartbeats every second over "
+                    "the socket bridge; silence: its host is unreachable, or it is stopped or gone), once it was "
+                    "heard from; past it the run stops with an error naming the trainer and this key. 0: wait for "
+                    "it as long as it takes (a warning every alarm_s). A dir bridge trainer that writes no "
+                    "heartbeats is never timed.")
+              .range(0.0, 1e7),
+          int_key("ckpt_interval", 0,
+                  "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "
+                  "`arlo run --resume` finds the trainer at the orchestrator's step. The trainer also "
+                  "checkpoints when it stops.")
+              .at_least(0),
+          int_key("threads", 1, "Compute threads of the built-in trainer.").range(1, 1024),
+      }};
 }
 
 Section bridge_section() {
-  return {"bridge", "How batches travel from the orchestrator to the trainer.",
-          {
-              string_key("transport", "dir",
-                         "dir: safetensors files under <run.dir>/rollouts/ (written then renamed); socket: streamed with "
-                         "acknowledgement and back-pressure.")
-                  .one_of({"dir", "socket"}),
-              string_key("address", "127.0.0.1:0", "socket transport: host:port the orchestrator listens on (port 0: any free port)."),
-              int_key("max_pending_batches", 2, "Batches handed over but not yet acknowledged before the sink waits.")
-                  .range(1, 1024),
-          }};
+  return {
+      "bridge",
+      "How batches travel from the orchestrator to the trainer.",
+      {
+          string_key("transport", "dir",
+                     "dir: safetensors files under <run.dir>/rollouts/ (written then renamed); socket: streamed with "
+                     "acknowledgement and back-pressure.")
+              .one_of({"dir", "socket"}),
+          string_key("address", "127.0.0.1:0",
+                     "socket transport: host:port the orchestrator listens on (port 0: any free port)."),
+          int_key("max_pending_batches", 2, "Batches handed over but not yet acknowledged before the sink waits.")
+              .range(1, 1024),
+      }};
 }
 
 Section log_section() {
-  return {"log", "Console and file logging.",
+  return {"log",
+          "Console and file logging.",
           {
               string_key("level", "info", "Log level.").one_of({"trace", "debug", "info", "warn", "error", "off"}),
               string_key("file", "", "Also append logs to this file (empty: console only)."),
@@ -516,14 +566,16 @@ Section log_section() {
 }
 
 Section ckpt_section() {
-  return {"ckpt", "Orchestrator checkpoints for `arlo run --resume`.",
+  return {"ckpt",
+          "Orchestrator checkpoints for `arlo run --resume`.",
           {
               int_key("interval", 50, "Steps between orchestrator checkpoints (0 disables).").at_least(0),
           }};
 }
 
 Section status_section() {
-  return {"status", "The status server: the live run page at /, Prometheus /metrics, /api/records, /api/status.",
+  return {"status",
+          "The status server: the live run page at /, Prometheus /metrics, /api/records, /api/status.",
           {
               string_key("bind", "127.0.0.1", "Address the status server listens on."),
               int_key("port", 0, "Port of the status server (0: any free port, logged at start).").range(0, 65535),
@@ -535,8 +587,9 @@ Section status_section() {
 }
 
 Section security_section() {
-  return {"security", "The run's token (docs/reliability.md, Security model). Without one `arlo run` makes one per run "
-                      "(written to <run.dir>/token, mode 0600) and gives it to the workers and the trainer it starts.",
+  return {"security",
+          "The run's token (docs/reliability.md, Security model). Without one `arlo run` makes one per run "
+          "(written to <run.dir>/token, mode 0600) and gives it to the workers and the trainer it starts.",
           {
               string_key("token", "",
                          "The token every plane of the run wants (bearer on HTTP, challenge-response on the bridge and "
@@ -547,7 +600,9 @@ Section security_section() {
 
 // Every section, in the order of docs/configuration.md.
 std::vector<Section> product_sections() {
-  return {run_section(), orchestrator_section(), sampling_section(), env_section(), eval_section(), reward_section(), inference_section(), model_section(), trainer_section(), bridge_section(), weight_sync_section(), log_section(), ckpt_section(), status_section(), security_section()};
+  return {run_section(),         orchestrator_section(), sampling_section(), env_section(),     eval_section(),
+          reward_section(),      inference_section(),    model_section(),    trainer_section(), bridge_section(),
+          weight_sync_section(), log_section(),          ckpt_section(),     status_section(),  security_section()};
 }
 
 // --- Rules between keys ---------------------------------------------------------------------------
@@ -556,9 +611,9 @@ void batch_is_whole_groups(const Config& c, std::vector<Violation>& out) {
   const auto batch = c.integer("orchestrator.batch_size");
   const auto group = c.integer("orchestrator.group_size");
   if (batch % group != 0) {
-    out.push_back({c.where("orchestrator.batch_size"),
-                   "orchestrator.batch_size (" + std::to_string(batch) + ") must be a multiple of orchestrator.group_size (" +
-                       std::to_string(group) + ")"});
+    out.push_back({c.where("orchestrator.batch_size"), "orchestrator.batch_size (" + std::to_string(batch) +
+                                                           ") must be a multiple of orchestrator.group_size (" +
+                                                           std::to_string(group) + ")"});
   }
 }
 
@@ -578,7 +633,8 @@ void pass_k_within_samples(const Config& c, std::vector<Violation>& out) {
     char* end = nullptr;
     const long long v = std::strtoll(k.c_str(), &end, 10);
     if (k.empty() || *end != '\0' || v < 1 || v > n) {
-      out.push_back({c.where("eval.pass_k"), "eval.pass_k: '" + k + "' is not an integer in 1..eval.k (" + std::to_string(n) + ")"});
+      out.push_back({c.where("eval.pass_k"),
+                     "eval.pass_k: '" + k + "' is not an integer in 1..eval.k (" + std::to_string(n) + ")"});
     }
   }
 }
@@ -587,11 +643,16 @@ void pass_k_within_samples(const Config& c, std::vector<Violation>& out) {
 nlohmann::json extension_value(const Config& c, const std::string& dotted, rollout::ExtensionOption::Type type) {
   using T = rollout::ExtensionOption::Type;
   switch (type) {
-    case T::kBool: return c.boolean(dotted);
-    case T::kInt: return c.integer(dotted);
-    case T::kFloat: return c.number(dotted);
-    case T::kString: return c.string(dotted);
-    case T::kAny: return c.map(dotted);
+    case T::kBool:
+      return c.boolean(dotted);
+    case T::kInt:
+      return c.integer(dotted);
+    case T::kFloat:
+      return c.number(dotted);
+    case T::kString:
+      return c.string(dotted);
+    case T::kAny:
+      return c.map(dotted);
   }
   return nullptr;
 }
@@ -610,11 +671,13 @@ void environment_checks(const Config& c, std::vector<Violation>& out) {
 void external_inference_needs_urls(const Config& c, std::vector<Violation>& out) {
   const bool external = c.string("inference.launch") == "external";
   if (external && c.strings("inference.urls").empty()) {
-    out.push_back({c.where("inference.launch"), "inference.urls must list the servers when inference.launch is external"});
+    out.push_back(
+        {c.where("inference.launch"), "inference.urls must list the servers when inference.launch is external"});
   }
   if (!external && c.string("inference.kind") != "arlo") {
-    out.push_back({c.where("inference.kind"),
-                   "inference.kind " + c.string("inference.kind") + " needs inference.launch: external (arlo only launches arlo-worker)"});
+    out.push_back(
+        {c.where("inference.kind"), "inference.kind " + c.string("inference.kind") +
+                                        " needs inference.launch: external (arlo only launches arlo-worker)"});
   }
 }
 
@@ -632,9 +695,10 @@ void is_bounds_ordered(const Config& c, std::vector<Violation>& out) {
 
 void command_trainer_needs_command(const Config& c, std::vector<Violation>& out) {
   if (c.string("trainer.launch") == "command" && c.strings("trainer.command").empty()) {
-    out.push_back({c.where("trainer.launch"),
-                   "trainer.command must give the trainer's argv (e.g. [/usr/bin/python3, train.py]) when trainer.launch "
-                   "is command"});
+    out.push_back(
+        {c.where("trainer.launch"),
+         "trainer.command must give the trainer's argv (e.g. [/usr/bin/python3, train.py]) when trainer.launch "
+         "is command"});
   }
 }
 

@@ -19,8 +19,8 @@ namespace arlo::config {
 
 enum class Type {
   kBool,
-  kInt,         // 64-bit signed integer
-  kFloat,       // double; integers are accepted
+  kInt,    // 64-bit signed integer
+  kFloat,  // double; integers are accepted
   kString,
   kStringList,  // list of strings
   kMap,         // free-form mapping (scalars, lists, nested maps), handed on as JSON

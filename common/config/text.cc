@@ -72,16 +72,17 @@ Result<std::string> expand_env(std::string_view text, const EnvLookup& env) {
     bool valid = !name.empty();
     for (std::size_t k = 0; k < name.size() && valid; ++k) valid = is_name_char(name[k], k == 0);
     if (!valid) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "'${" + std::string(body) + "}' is not a valid environment reference (use ${NAME} or ${NAME:-fallback})");
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          "'${" + std::string(body) + "}' is not a valid environment reference (use ${NAME} or ${NAME:-fallback})");
     }
     std::optional<std::string> value = env ? env(name) : std::nullopt;
     if (sep != std::string_view::npos) {
       if (!value || value->empty()) value = std::string(body.substr(sep + 2));
     } else if (!value) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "environment variable " + std::string(name) + " is not set (use ${" + std::string(name) +
-                            ":-default} for a fallback)");
+      return make_error(ErrorCode::kInvalidArgument, "environment variable " + std::string(name) +
+                                                         " is not set (use ${" + std::string(name) +
+                                                         ":-default} for a fallback)");
     }
     out += *value;
     i = close + 1;

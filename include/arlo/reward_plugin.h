@@ -40,16 +40,16 @@ extern "C" {
 
 /* One finished sample and the task it answers. Pointers are valid only during the call. */
 typedef struct arlo_reward_input {
-  uint32_t struct_size;              /* sizeof(arlo_reward_input) as the host knows it */
+  uint32_t struct_size; /* sizeof(arlo_reward_input) as the host knows it */
   const char* task_id;
-  const char* prompt;                /* the prompt text (chat messages rendered "role: content") */
-  const char* answer;                /* reference answer, "" when none */
-  const char* info_json;             /* the task's free-form info, as a JSON object */
-  const char* completion;            /* the generated text */
-  const int32_t* completion_tokens;  /* generated token ids */
+  const char* prompt;               /* the prompt text (chat messages rendered "role: content") */
+  const char* answer;               /* reference answer, "" when none */
+  const char* info_json;            /* the task's free-form info, as a JSON object */
+  const char* completion;           /* the generated text */
+  const int32_t* completion_tokens; /* generated token ids */
   size_t num_completion_tokens;
-  const char* finish_reason;         /* "stop" | "length" | "abort" | "error" | "unknown" */
-  int32_t sample_index;              /* index within its prompt group */
+  const char* finish_reason; /* "stop" | "length" | "abort" | "error" | "unknown" */
+  int32_t sample_index;      /* index within its prompt group */
 } arlo_reward_input;
 
 typedef struct arlo_reward_metric {
@@ -60,15 +60,15 @@ typedef struct arlo_reward_metric {
 /* Zero-initialised by the host before each call. */
 typedef struct arlo_reward_output {
   double reward;
-  uint32_t num_metrics;                               /* <= ARLO_REWARD_MAX_METRICS */
+  uint32_t num_metrics; /* <= ARLO_REWARD_MAX_METRICS */
   arlo_reward_metric metrics[ARLO_REWARD_MAX_METRICS];
-  char error[ARLO_REWARD_ERROR_SIZE];                 /* message when score() returns nonzero */
+  char error[ARLO_REWARD_ERROR_SIZE]; /* message when score() returns nonzero */
 } arlo_reward_output;
 
 typedef struct arlo_reward_plugin {
-  uint32_t abi_version;   /* must be ARLO_REWARD_PLUGIN_ABI_VERSION from the header you built with */
-  uint32_t struct_size;   /* sizeof(arlo_reward_plugin) */
-  const char* name;       /* short name used in metrics: "<name>/<metric>" */
+  uint32_t abi_version; /* must be ARLO_REWARD_PLUGIN_ABI_VERSION from the header you built with */
+  uint32_t struct_size; /* sizeof(arlo_reward_plugin) */
+  const char* name;     /* short name used in metrics: "<name>/<metric>" */
   void* (*create)(const char* config, char* error, size_t error_size);
   void (*destroy)(void* instance);
   /* 0 on success; nonzero on failure with a message in out->error. */

@@ -15,7 +15,8 @@ void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
     // The announcement carries where the weights are under "weight_sync" (weight_sync/wire.h) and
     // the step's trainer metrics under "metrics" (arlo-trainer: loss, grad_norm, mismatch_kl, ...).
     VersionNotice notice{e.version};
-    if (e.info.is_object() && e.info.contains("metrics") && e.info["metrics"].is_object()) notice.metrics = e.info["metrics"];
+    if (e.info.is_object() && e.info.contains("metrics") && e.info["metrics"].is_object())
+      notice.metrics = e.info["metrics"];
     if (e.info.is_object() && e.info.contains("weight_sync") && e.info["weight_sync"].is_object())
       notice.weight_sync = e.info["weight_sync"];
     cb(std::move(notice));

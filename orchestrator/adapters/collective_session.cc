@@ -94,7 +94,8 @@ std::shared_ptr<TrainerCollective> TrainerCollective::create(CollectiveSessionOp
   return std::shared_ptr<TrainerCollective>(new TrainerCollective(std::move(options)));
 }
 
-TrainerCollective::TrainerCollective(CollectiveSessionOptions options) : st_(std::make_unique<State>(std::move(options))) {}
+TrainerCollective::TrainerCollective(CollectiveSessionOptions options)
+    : st_(std::make_unique<State>(std::move(options))) {}
 TrainerCollective::~TrainerCollective() = default;
 
 void TrainerCollective::announce(const nlohmann::json& announcement) {
@@ -172,7 +173,8 @@ Result<nlohmann::json> TrainerCollective::group_blocking(const std::string& work
 asio::awaitable<Result<nlohmann::json>> TrainerCollective::group(std::string worker, int world_size) {
   auto self = shared_from_this();
   auto ex = co_await asio::this_coro::executor;
-  auto done = off_thread<Result<nlohmann::json>>(ex, [self, worker, world_size] { return self->group_blocking(worker, world_size); });
+  auto done = off_thread<Result<nlohmann::json>>(
+      ex, [self, worker, world_size] { return self->group_blocking(worker, world_size); });
   co_return co_await result(done);
 }
 

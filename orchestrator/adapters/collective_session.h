@@ -22,10 +22,10 @@
 namespace arlo::orch::adapters {
 
 struct CollectiveSessionOptions {
-  std::size_t expected = 1;                  // workers that take part (a group forms once all asked)
-  std::string flavor = "arlo";               // what the servers expect of the rendezvous: vllm | sglang | arlo
-  std::chrono::milliseconds gather{2000};    // how long a forming group waits for the others
-  std::chrono::milliseconds timeout{120000}; // each control call (a group's init, a version's broadcast)
+  std::size_t expected = 1;                   // workers that take part (a group forms once all asked)
+  std::string flavor = "arlo";                // what the servers expect of the rendezvous: vllm | sglang | arlo
+  std::chrono::milliseconds gather{2000};     // how long a forming group waits for the others
+  std::chrono::milliseconds timeout{120000};  // each control call (a group's init, a version's broadcast)
 };
 
 // Thread-safety: every method may be called from any thread (the adapters' executors).

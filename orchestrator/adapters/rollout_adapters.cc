@@ -8,9 +8,10 @@
 
 namespace arlo::orch::adapters {
 
-RolloutInference::RolloutInference(rollout::InferencePool& pool, std::vector<std::unique_ptr<rollout::AdminClient>> admins,
-                                   DescribeUpdate describe, std::string model,
-                                   std::optional<asio::any_io_executor> network, rollout::AdminDialect server)
+RolloutInference::RolloutInference(rollout::InferencePool& pool,
+                                   std::vector<std::unique_ptr<rollout::AdminClient>> admins, DescribeUpdate describe,
+                                   std::string model, std::optional<asio::any_io_executor> network,
+                                   rollout::AdminDialect server)
     : pool_(pool),
       describe_(std::move(describe)),
       model_(std::move(model)),
@@ -30,7 +31,8 @@ std::vector<std::string> RolloutInference::workers() const {
 
 Result<rollout::AdminClient*> RolloutInference::admin(const std::string& worker) {
   auto it = admins_.find(worker);
-  if (it == admins_.end()) return make_error(ErrorCode::kNotFound, fmt::format("no admin client for worker {}", worker));
+  if (it == admins_.end())
+    return make_error(ErrorCode::kNotFound, fmt::format("no admin client for worker {}", worker));
   return it->second.get();
 }
 
@@ -45,9 +47,8 @@ Awaitable<T> RolloutInference::on_pool_thread(Make make) {
 }
 
 Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest request) {
-  auto op = on_pool_thread<Result<GenerateResult>>([this, request = std::move(request)]() mutable {
-    return generate_here(std::move(request));
-  });
+  auto op = on_pool_thread<Result<GenerateResult>>(
+      [this, request = std::move(request)]() mutable { return generate_here(std::move(request)); });
   auto result = co_await std::move(op);
   // kMismatch from generate_here: the server's responses lack token data (check_token_data).
   if (!result && result.error().code() == ErrorCode::kMismatch && on_unusable_ && !unusable_reported_) {
@@ -78,7 +79,8 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
   const auto budget = std::max<Duration>(Duration::zero(), req.deadline - Clock_::now());
   auto completion = co_await pool_.submit(std::move(cr), budget);
   if (!completion) co_return std::unexpected(std::move(completion).error());
-  if (auto st = rollout::check_token_data(*completion, chat, logprobs, server_); !st) co_return std::unexpected(st.error());
+  if (auto st = rollout::check_token_data(*completion, chat, logprobs, server_); !st)
+    co_return std::unexpected(st.error());
   GenerateResult out;
   out.prompt_tokens = std::move(completion->prompt_token_ids);
   out.worker = completion->server;
@@ -95,7 +97,7 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
 }
 
 Awaitable<Status> RolloutInference::admin_call_here(std::string worker,
-                                                   std::function<Awaitable<Status>(rollout::AdminClient&)> call) {
+                                                    std::function<Awaitable<Status>(rollout::AdminClient&)> call) {
   auto a = admin(worker);
   if (!a) co_return std::unexpected(std::move(a).error());
   auto op = call(**a);
@@ -103,7 +105,7 @@ Awaitable<Status> RolloutInference::admin_call_here(std::string worker,
 }
 
 Awaitable<Status> RolloutInference::admin_call(std::string worker,
-                                              std::function<Awaitable<Status>(rollout::AdminClient&)> call) {
+                                               std::function<Awaitable<Status>(rollout::AdminClient&)> call) {
   auto op = on_pool_thread<Status>([this, worker = std::move(worker), call = std::move(call)]() mutable {
     return admin_call_here(std::move(worker), std::move(call));
   });
@@ -145,9 +147,8 @@ Awaitable<Status> RolloutInference::resume(std::string worker, TimePoint) {
 }
 
 Awaitable<Result<WorkerWeights>> RolloutInference::weights(std::string worker, TimePoint) {
-  auto op = on_pool_thread<Result<WorkerWeights>>([this, worker = std::move(worker)]() mutable {
-    return weights_here(std::move(worker));
-  });
+  auto op = on_pool_thread<Result<WorkerWeights>>(
+      [this, worker = std::move(worker)]() mutable { return weights_here(std::move(worker)); });
   co_return co_await std::move(op);
 }
 
@@ -204,7 +205,8 @@ Result<Task> RolloutTasks::next() {
 nlohmann::json RolloutTasks::cursor() const { return {{"stream", stream_->cursor()}, {"seq", served_}}; }
 
 Status RolloutTasks::restore(const nlohmann::json& cursor) {
-  if (!cursor.is_object() || !cursor.contains("stream") || !cursor.contains("seq") || !cursor["seq"].is_number_unsigned())
+  if (!cursor.is_object() || !cursor.contains("stream") || !cursor.contains("seq") ||
+      !cursor["seq"].is_number_unsigned())
     return make_error(ErrorCode::kParse, "task cursor: expected {\"stream\": ..., \"seq\": N}");
   ARLO_TRY(stream_->restore(cursor["stream"]));
   served_ = cursor["seq"].get<std::uint64_t>();

@@ -48,7 +48,9 @@ class AdminBase : public AdminClient {
     return c;
   }
   // A weight-transfer call: sent once, under transfer_timeout.
-  static Call transfer(std::string target, std::optional<Json> body) { return post(std::move(target), std::move(body), false, true); }
+  static Call transfer(std::string target, std::optional<Json> body) {
+    return post(std::move(target), std::move(body), false, true);
+  }
   static Call get(std::string target) {
     Call c;
     c.method = http::Verb::get;
@@ -67,7 +69,8 @@ class AdminBase : public AdminClient {
     r.timeout = c.transfer ? options_.transfer_timeout : options_.call_timeout;
     r.idempotent = c.repeatable;
     r.retry = c.repeatable ? options_.retry : http::RetryPolicy{1, {}, {}};
-    const std::string what = fmt::format("{} admin {} {}", to_string(dialect()), c.method == http::Verb::get ? "GET" : "POST", r.url);
+    const std::string what =
+        fmt::format("{} admin {} {}", to_string(dialect()), c.method == http::Verb::get ? "GET" : "POST", r.url);
     auto resp = co_await client_.request(std::move(r));
     if (!resp) co_return std::unexpected(std::move(resp).error().with_context(what));
     auto j = resp->body.empty() ? Result<Json>(Json::object()) : resp->parse_json();
@@ -75,14 +78,14 @@ class AdminBase : public AdminClient {
       co_return make_error(ErrorCode::kUnavailable, fmt::format("{}: refused (HTTP {}): {}", what, resp->status,
                                                                 j->value("message", resp->body.substr(0, 500))));
     if (resp->status < 200 || resp->status >= 300) {
-      const auto code = resp->status == 404  ? ErrorCode::kNotFound
+      const auto code = resp->status == 404   ? ErrorCode::kNotFound
                         : resp->status >= 500 ? ErrorCode::kUnavailable
                                               : ErrorCode::kInvalidArgument;
       // An OpenAI-style error body ({"error": {"message"}}, arlo-worker's): its message, whole
       // enough to carry a failed weight pull's reason.
       std::string said = resp->body.substr(0, 500);
-      if (j && j->is_object() && j->contains("error") && (*j)["error"].is_object() && (*j)["error"].contains("message") &&
-          (*j)["error"]["message"].is_string())
+      if (j && j->is_object() && j->contains("error") && (*j)["error"].is_object() &&
+          (*j)["error"].contains("message") && (*j)["error"]["message"].is_string())
         said = (*j)["error"]["message"].get<std::string>().substr(0, 2000);
       co_return make_error(code, fmt::format("{}: HTTP {}: {}", what, resp->status, said));
     }
@@ -116,26 +119,30 @@ class AdminBase : public AdminClient {
     };
     auto ex = co_await asio::this_coro::executor;
     auto flight = std::make_shared<Flight>(ex);
-    asio::co_spawn(ex, std::move(metadata), [flight, session, worker = url_, generation](std::exception_ptr e, Status st) {
-      if (e) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& x) {
-          st = make_error(ErrorCode::kInternal, fmt::format("admin {}: the metadata call threw: {}", worker, x.what()));
-        }
-      }
-      if (!st) session->failed(worker, generation, st.error().what());
-      flight->result = std::move(st);
-      flight->done.cancel();
-    });
+    asio::co_spawn(ex, std::move(metadata),
+                   [flight, session, worker = url_, generation](std::exception_ptr e, Status st) {
+                     if (e) {
+                       try {
+                         std::rethrow_exception(e);
+                       } catch (const std::exception& x) {
+                         st = make_error(ErrorCode::kInternal,
+                                         fmt::format("admin {}: the metadata call threw: {}", worker, x.what()));
+                       }
+                     }
+                     if (!st) session->failed(worker, generation, st.error().what());
+                     flight->result = std::move(st);
+                     flight->done.cancel();
+                   });
     auto sent = co_await session->receiving(url_, generation, version);
     if (!flight->result) {
       boost::system::error_code ec;
       co_await flight->done.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     if (!sent) {  // the session's failure is the cause; the server's answer follows from it
-      std::string why = fmt::format("{} admin {}: receiving v{}: {}", to_string(dialect()), url_, version, sent.error().what());
-      if (!*flight->result) why += fmt::format(" (the server's metadata call then failed: {})", flight->result->error().what());
+      std::string why =
+          fmt::format("{} admin {}: receiving v{}: {}", to_string(dialect()), url_, version, sent.error().what());
+      if (!*flight->result)
+        why += fmt::format(" (the server's metadata call then failed: {})", flight->result->error().what());
       co_return std::unexpected(Error(sent.error().code(), std::move(why)));
     }
     if (!*flight->result) co_return std::unexpected(flight->result->error());

@@ -31,7 +31,8 @@ class ArloAdmin final : public AdminBase {
     if (!r) co_return std::unexpected(std::move(r).error());
     WeightsInfo info;
     if (r->is_object()) {
-      if (r->contains("version") && (*r)["version"].is_number_integer()) info.version = (*r)["version"].get<std::int64_t>();
+      if (r->contains("version") && (*r)["version"].is_number_integer())
+        info.version = (*r)["version"].get<std::int64_t>();
       if (r->contains("checksum") && (*r)["checksum"].is_string()) info.checksum = (*r)["checksum"].get<std::string>();
     }
     co_return info;
@@ -41,9 +42,15 @@ class ArloAdmin final : public AdminBase {
 }  // namespace
 
 AdminDialectInfo arlo_admin_dialect() {
-  return {"arlo", "arlo-worker", AdminDialect::kArlo,
+  return {"arlo",
+          "arlo-worker",
+          AdminDialect::kArlo,
           // /weights/prepare hands the worker's Subscriber the receiver block (tcp, shm, files).
-          {.title = "arlo-worker", .streams = true, .loads_durable = true, .relays = true, .host_memory = true,
+          {.title = "arlo-worker",
+           .streams = true,
+           .loads_durable = true,
+           .relays = true,
+           .host_memory = true,
            .builtin_tokenizer = true},
           {},
           [](http::Client& client, std::string base_url, AdminOptions options) -> std::unique_ptr<AdminClient> {

@@ -61,9 +61,13 @@ class SglangAdmin final : public AdminBase {
   asio::awaitable<Status> prepare_weights(const WeightUpdate& u) override {
     if (!u.collective) {
       if (!u.extra.contains("model_path") || !u.extra["model_path"].is_string())
-        co_return here(ErrorCode::kInvalidArgument,
-                       fmt::format("v{}: the update has neither a collective session (transport nccl) nor extra.model_path (a string)", u.version));
-      co_return co_await call_status(transfer("/update_weights_from_disk", sglang_disk_body(u.extra, idle_, u.version)));
+        co_return here(
+            ErrorCode::kInvalidArgument,
+            fmt::format(
+                "v{}: the update has neither a collective session (transport nccl) nor extra.model_path (a string)",
+                u.version));
+      co_return co_await call_status(
+          transfer("/update_weights_from_disk", sglang_disk_body(u.extra, idle_, u.version)));
     }
     auto& session = u.collective;
     if (!tp_) {
@@ -73,7 +77,9 @@ class SglangAdmin final : public AdminBase {
     }
     // Every update asks: the session may have formed a new group (another worker rejoined).
     auto g = co_await session->group(url_, *tp_);
-    if (!g) co_return std::unexpected(std::move(g).error().with_context(fmt::format("sglang admin {}: joining the weight-update group", url_)));
+    if (!g)
+      co_return std::unexpected(
+          std::move(g).error().with_context(fmt::format("sglang admin {}: joining the weight-update group", url_)));
     auto joined = group_generation(*g);
     if (!joined) co_return std::unexpected(std::move(joined).error());
     if (generation_ != *joined) {
@@ -96,7 +102,8 @@ class SglangAdmin final : public AdminBase {
     }
     const std::int64_t gen = *generation_;
     auto tensors = co_await session->tensors();
-    Result<TensorLists> lists = tensors ? tensor_lists(*tensors) : Result<TensorLists>(std::unexpected(tensors.error()));
+    Result<TensorLists> lists =
+        tensors ? tensor_lists(*tensors) : Result<TensorLists>(std::unexpected(tensors.error()));
     if (!lists) {
       session->failed(url_, gen, lists.error().what());
       generation_.reset();
@@ -104,7 +111,8 @@ class SglangAdmin final : public AdminBase {
     }
     auto sent = co_await transfer_collective(
         session, gen, u.version,
-        call_status(transfer("/update_weights_from_distributed", sglang_distributed_body(*lists, group_name_, idle_, u.version))));
+        call_status(transfer("/update_weights_from_distributed",
+                             sglang_distributed_body(*lists, group_name_, idle_, u.version))));
     if (!sent) {
       generation_.reset();
       co_return std::unexpected(std::move(sent).error());
@@ -135,17 +143,24 @@ class SglangAdmin final : public AdminBase {
     };
     const int tp = number("tp_size", 0);
     if (tp < 1) co_return here(ErrorCode::kParse, "the server info has no tp_size >= 1");
-    const bool dp_attention = r->is_object() && r->contains("enable_dp_attention") && (*r)["enable_dp_attention"].is_boolean() &&
-                              (*r)["enable_dp_attention"].get<bool>();
+    const bool dp_attention = r->is_object() && r->contains("enable_dp_attention") &&
+                              (*r)["enable_dp_attention"].is_boolean() && (*r)["enable_dp_attention"].get<bool>();
     if (number("dp_size", 1) > 1 && !dp_attention)
-      co_return here(ErrorCode::kInvalidArgument, fmt::format("dp_size {} without DP attention: SGLang's distributed weight update needs dp_size 1; run one server per replica", number("dp_size", 1)));
+      co_return here(ErrorCode::kInvalidArgument,
+                     fmt::format("dp_size {} without DP attention: SGLang's distributed weight update needs dp_size 1; "
+                                 "run one server per replica",
+                                 number("dp_size", 1)));
     if (number("pp_size", 1) > 1)
-      co_return here(ErrorCode::kInvalidArgument, fmt::format("pp_size {}: SGLang's distributed weight update gives pipeline stages no ranks; use tensor parallelism", number("pp_size", 1)));
+      co_return here(
+          ErrorCode::kInvalidArgument,
+          fmt::format(
+              "pp_size {}: SGLang's distributed weight update gives pipeline stages no ranks; use tensor parallelism",
+              number("pp_size", 1)));
     co_return tp;
   }
 
   std::optional<int> tp_;  // the server's tensor-parallel size (its ranks), asked once
-  bool idle_ = false;  // nothing runs: the last pause aborted or followed a drain
+  bool idle_ = false;      // nothing runs: the last pause aborted or followed a drain
   std::optional<std::int64_t> generation_;
   std::string group_name_ = "weight_update_group";
   bool joined_once_ = false;  // a group was initialised on the server (destroyed before the next)
@@ -154,7 +169,9 @@ class SglangAdmin final : public AdminBase {
 }  // namespace
 
 AdminDialectInfo sglang_admin_dialect() {
-  return {"sglang", "", AdminDialect::kSglang,
+  return {"sglang",
+          "",
+          AdminDialect::kSglang,
           // /update_weights_from_distributed (NCCL) or /update_weights_from_disk (extra.model_path).
           {.title = "SGLang", .loads_durable = true, .joins_collective = true, .takes_model_path = true},
           {},

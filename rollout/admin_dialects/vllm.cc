@@ -49,17 +49,20 @@ constexpr ServerVersion kVllmUniqueIdInit{0, 29, 0};
 
 Json vllm_init_info(const Json& group, ServerVersion v, Status& status) {
   Json info = Json::object();
-  const bool uid = v >= kVllmUniqueIdInit && group.contains("nccl_unique_id_b64") && group["nccl_unique_id_b64"].is_string();
+  const bool uid =
+      v >= kVllmUniqueIdInit && group.contains("nccl_unique_id_b64") && group["nccl_unique_id_b64"].is_string();
   status = uid ? copy_keys(group, {"nccl_unique_id_b64", "rank_offset", "world_size"}, info)
                : copy_keys(group, {"master_address", "master_port", "rank_offset", "world_size"}, info);
-  if (status && v >= kVllmPackedInInit) status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
+  if (status && v >= kVllmPackedInInit)
+    status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
   return Json{{"init_info", std::move(info)}};
 }
 
 Json vllm_update_info(const TensorLists& t, const Json& group, ServerVersion v, Status& status) {
   Json info = {{"names", t.names}, {"dtype_names", t.dtypes}, {"shapes", t.shapes}};
   status = ok();
-  if (v < kVllmPackedInInit) status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
+  if (v < kVllmPackedInInit)
+    status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
   return Json{{"update_info", std::move(info)}};
 }
 
@@ -90,23 +93,30 @@ class VllmAdmin final : public AdminBase {
   }
   asio::awaitable<Status> prepare_weights(const WeightUpdate& u) override {
     if (!u.collective)
-      co_return here(ErrorCode::kInvalidArgument,
-                     fmt::format("v{}: vLLM's HTTP API has no route that loads weights from a directory{} (its shared-disk "
-                                 "weight-transfer backend, vllm PR #52152, is not released); use weight_sync.transport: nccl",
-                                 u.version, u.extra.contains("model_path") ? fmt::format(" such as {}", u.extra["model_path"].dump()) : ""));
+      co_return here(
+          ErrorCode::kInvalidArgument,
+          fmt::format("v{}: vLLM's HTTP API has no route that loads weights from a directory{} (its shared-disk "
+                      "weight-transfer backend, vllm PR #52152, is not released); use weight_sync.transport: nccl",
+                      u.version,
+                      u.extra.contains("model_path") ? fmt::format(" such as {}", u.extra["model_path"].dump()) : ""));
     auto version = co_await server_version();
     if (!version) co_return std::unexpected(std::move(version).error());
     auto& session = u.collective;
     if (!world_size_) {
       auto w = co_await call(get("/get_world_size"));
       if (!w) co_return std::unexpected(std::move(w).error());
-      if (!w->is_object() || !w->contains("world_size") || !(*w)["world_size"].is_number_integer() || (*w)["world_size"].get<int>() < 1)
-        co_return here(ErrorCode::kParse, fmt::format("GET /get_world_size answered {} (want {{\"world_size\": n >= 1}})", w->dump().substr(0, 200)));
+      if (!w->is_object() || !w->contains("world_size") || !(*w)["world_size"].is_number_integer() ||
+          (*w)["world_size"].get<int>() < 1)
+        co_return here(
+            ErrorCode::kParse,
+            fmt::format("GET /get_world_size answered {} (want {{\"world_size\": n >= 1}})", w->dump().substr(0, 200)));
       world_size_ = (*w)["world_size"].get<int>();
     }
     // Every update asks: the session may have formed a new group (another worker rejoined).
     auto g = co_await session->group(url_, *world_size_);
-    if (!g) co_return std::unexpected(std::move(g).error().with_context(fmt::format("vllm admin {}: joining the weight-transfer group", url_)));
+    if (!g)
+      co_return std::unexpected(
+          std::move(g).error().with_context(fmt::format("vllm admin {}: joining the weight-transfer group", url_)));
     auto joined = group_generation(*g);
     if (!joined) co_return std::unexpected(std::move(joined).error());
     if (generation_ != *joined) {
@@ -137,7 +147,8 @@ class VllmAdmin final : public AdminBase {
     if (!built) co_return fail(built.error());
     auto started = co_await call(transfer("/start_weight_update", vllm_start_body(*version)));
     if (!started) co_return fail(started.error());
-    auto sent = co_await transfer_collective(session, gen, u.version, call_status(transfer("/update_weights", std::move(update_body))));
+    auto sent = co_await transfer_collective(session, gen, u.version,
+                                             call_status(transfer("/update_weights", std::move(update_body))));
     if (!sent) {
       generation_.reset();
       co_return std::unexpected(std::move(sent).error());
@@ -179,14 +190,19 @@ class VllmAdmin final : public AdminBase {
       auto r = co_await call(get("/version"));
       if (!r) co_return std::unexpected(std::move(r).error());
       if (!r->is_object() || !r->contains("version") || !(*r)["version"].is_string())
-        co_return here(ErrorCode::kParse, fmt::format("GET /version answered {} (want {{\"version\": \"x.y.z\"}})", r->dump().substr(0, 200)));
+        co_return here(ErrorCode::kParse, fmt::format("GET /version answered {} (want {{\"version\": \"x.y.z\"}})",
+                                                      r->dump().substr(0, 200)));
       text = (*r)["version"].get<std::string>();
     }
     auto v = parse_server_version(text);
-    if (!v) co_return std::unexpected(std::move(v).error().with_context(fmt::format("vllm admin {}: server version", url_)));
+    if (!v)
+      co_return std::unexpected(std::move(v).error().with_context(fmt::format("vllm admin {}: server version", url_)));
     if (*v < kVllmStartFinish)
-      co_return here(ErrorCode::kInvalidArgument,
-                     fmt::format("vLLM {} lacks /start_weight_update and /finish_weight_update (added in 0.22.0); run vLLM >= 0.22", text));
+      co_return here(
+          ErrorCode::kInvalidArgument,
+          fmt::format(
+              "vLLM {} lacks /start_weight_update and /finish_weight_update (added in 0.22.0); run vLLM >= 0.22",
+              text));
     version_ = *v;
     co_return *v;
   }
@@ -199,13 +215,18 @@ class VllmAdmin final : public AdminBase {
       if (!r->is_object() || !r->contains("match") || !(*r)["match"].is_boolean())
         co_return here(ErrorCode::kParse, fmt::format("/weight_checker compare answered {}", r->dump().substr(0, 200)));
       if (!(*r)["match"].get<bool>())
-        co_return here(ErrorCode::kMismatch, fmt::format("v{}: /weight_checker: the weights differ from the baseline in {}", version,
-                                                         r->value("mismatches", Json::array()).dump().substr(0, 500)));
-      ARLO_INFO("vllm admin {}: v{} matches the baseline's {} parameter checksums", url_, version, options_.verify_baseline.size());
+        co_return here(ErrorCode::kMismatch,
+                       fmt::format("v{}: /weight_checker: the weights differ from the baseline in {}", version,
+                                   r->value("mismatches", Json::array()).dump().substr(0, 500)));
+      ARLO_INFO("vllm admin {}: v{} matches the baseline's {} parameter checksums", url_, version,
+                options_.verify_baseline.size());
       checksum_ = fmt::format("match:{}", options_.verify_baseline.size());
     } else {
-      const std::size_t n = r->is_object() && r->contains("checksums") && (*r)["checksums"].is_object() ? (*r)["checksums"].size() : 0;
-      if (n == 0) co_return here(ErrorCode::kMismatch, fmt::format("v{}: /weight_checker reported no parameter checksums: {}", version, r->dump().substr(0, 200)));
+      const std::size_t n =
+          r->is_object() && r->contains("checksums") && (*r)["checksums"].is_object() ? (*r)["checksums"].size() : 0;
+      if (n == 0)
+        co_return here(ErrorCode::kMismatch, fmt::format("v{}: /weight_checker reported no parameter checksums: {}",
+                                                         version, r->dump().substr(0, 200)));
       ARLO_INFO("vllm admin {}: v{}: /weight_checker reports {} parameter checksums", url_, version, n);
       checksum_ = fmt::format("checksums:{}", n);
     }
@@ -227,7 +248,9 @@ class VllmAdmin final : public AdminBase {
 }  // namespace
 
 AdminDialectInfo vllm_admin_dialect() {
-  return {"vllm", "", AdminDialect::kVllm,
+  return {"vllm",
+          "",
+          AdminDialect::kVllm,
           // Its admin API takes weights over NCCL (/init_weight_transfer_engine, /update_weights); no
           // released vLLM loads a directory of shards into a running server over HTTP.
           {.title = "vLLM", .joins_collective = true, .takes_model_path = true},

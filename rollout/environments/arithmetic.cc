@@ -10,11 +10,13 @@ namespace arlo::rollout {
 Result<std::shared_ptr<const TaskSet>> make_arithmetic(const ArithmeticOptions& o) {
   if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "arithmetic: size must be >= 1");
   if (o.num_terms < 1 || o.num_terms > 8)
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("arithmetic: num_terms must be in [1, 8], got {}", o.num_terms));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("arithmetic: num_terms must be in [1, 8], got {}", o.num_terms));
   const int min_value = o.min_value.value_or(std::min(10, o.max_value));
   if (min_value < 0 || o.max_value < min_value || o.max_value > 999999)
-    return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("arithmetic: need 0 <= min_value <= max_value <= 999999, got [{}, {}]", min_value, o.max_value));
+    return make_error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("arithmetic: need 0 <= min_value <= max_value <= 999999, got [{}, {}]", min_value, o.max_value));
   std::uint64_t state = o.seed ^ 0x61726974686d6574ULL;  // "arithmet"
   std::vector<Task> tasks;
   tasks.reserve(o.size);

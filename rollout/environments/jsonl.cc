@@ -7,7 +7,6 @@
 
 namespace arlo::rollout {
 
-
 EnvironmentKind jsonl_environment() {
   return {"jsonl",
           "a dataset file",

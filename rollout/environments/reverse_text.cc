@@ -11,12 +11,14 @@ Result<std::shared_ptr<const TaskSet>> make_reverse_text(const ReverseTextOption
   if (o.size == 0) return make_error(ErrorCode::kInvalidArgument, "reverse_text: size must be >= 1");
   if (o.min_length < 1 || o.max_length < o.min_length || o.max_length > 64)
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("reverse_text: need 1 <= min_length <= max_length <= 64, got [{}, {}]", o.min_length, o.max_length));
+                      fmt::format("reverse_text: need 1 <= min_length <= max_length <= 64, got [{}, {}]", o.min_length,
+                                  o.max_length));
   std::uint64_t state = o.seed ^ 0x7265766572736521ULL;  // "reverse!"
   std::vector<Task> tasks;
   tasks.reserve(o.size);
   for (std::size_t i = 0; i < o.size; ++i) {
-    const int len = o.min_length + static_cast<int>(uniform_below(state, static_cast<std::uint64_t>(o.max_length - o.min_length + 1)));
+    const int len = o.min_length +
+                    static_cast<int>(uniform_below(state, static_cast<std::uint64_t>(o.max_length - o.min_length + 1)));
     std::string s;
     for (int k = 0; k < len; ++k) s += static_cast<char>('a' + uniform_below(state, 26));
     Task t;
@@ -45,7 +47,8 @@ EnvironmentKind reverse_text_environment() {
             return make_reverse_text(o);
           },
           [](const Json& o) -> std::pair<std::string, std::string> {
-            if (o["min_len"].get<std::int64_t>() > o["max_len"].get<std::int64_t>()) return {"min_len", "must be <= env.max_len"};
+            if (o["min_len"].get<std::int64_t>() > o["max_len"].get<std::int64_t>())
+              return {"min_len", "must be <= env.max_len"};
             return {};
           },
           "env.min_len <= env.max_len."};

@@ -21,7 +21,8 @@ RewardKind http_reward() {
           {string_opt("url", "", "URL the rollouts are posted to.").as_config_key().must_be_given(),
            float_opt("timeout_s", 10.0, "deadline of one request"),
            bool_opt("group", false, "post each group once (ranking rewards) instead of each rollout")},
-          true, make};
+          true,
+          make};
 }
 
 }  // namespace arlo::rollout

@@ -16,8 +16,12 @@ class LcsRatio : public NamedModule {
 }  // namespace
 
 RewardKind lcs_ratio_reward() {
-  return {"lcs_ratio", "2*LCS/(|completion|+|answer|)", {}, true,
-          [](const RewardSpec& s) -> Result<std::unique_ptr<RewardModule>> { return std::make_unique<LcsRatio>(s.name); }};
+  return {
+      "lcs_ratio",
+      "2*LCS/(|completion|+|answer|)",
+      {},
+      true,
+      [](const RewardSpec& s) -> Result<std::unique_ptr<RewardModule>> { return std::make_unique<LcsRatio>(s.name); }};
 }
 
 }  // namespace arlo::rollout

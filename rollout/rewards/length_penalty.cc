@@ -34,7 +34,8 @@ RewardKind length_penalty_reward() {
           "a penalty growing from 0 at free_tokens to -coef at max_tokens (metric tokens)",
           {float_opt("max_tokens", 256.0, "tokens where the penalty is full"),
            float_opt("free_tokens", 0.0, "tokens without penalty"), float_opt("coef", 1.0, "the full penalty")},
-          true, make};
+          true,
+          make};
 }
 
 }  // namespace arlo::rollout

@@ -13,7 +13,8 @@ Result<std::unique_ptr<RewardModule>> make(const RewardSpec& s) {
     config = s.options["config"].is_string() ? s.options["config"].get<std::string>() : s.options["config"].dump();
   PluginOptions po;
   ARLO_ASSIGN_OR_RETURN(po.isolate, parse_plugin_isolation(s.options["isolate"].get<std::string>()));
-  po.host.call_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s.options["timeout_s"].get<double>()));
+  po.host.call_timeout =
+      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s.options["timeout_s"].get<double>()));
   return load_reward_plugin(path, config, s.named ? std::optional<std::string>(s.name) : std::nullopt, po);
 }
 }  // namespace
@@ -29,7 +30,8 @@ RewardKind plugin_reward() {
                .one_of({"none", "process"})
                .as_config_key("process"),
            float_opt("timeout_s", 30.0, "isolate process: deadline of one call (arlo run: reward.timeout_s)")},
-          true, make};
+          true,
+          make};
 }
 
 }  // namespace arlo::rollout

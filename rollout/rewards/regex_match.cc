@@ -41,12 +41,14 @@ std::string check_pattern(const Json& value) {
 }
 
 Result<std::unique_ptr<RewardModule>> make(const RewardSpec& s) {
-  if (!s.options.contains("pattern")) return make_error(ErrorCode::kInvalidArgument, "reward 'regex_match': needs 'pattern'");
+  if (!s.options.contains("pattern"))
+    return make_error(ErrorCode::kInvalidArgument, "reward 'regex_match': needs 'pattern'");
   const std::string pattern = s.options["pattern"].get<std::string>();
   try {
     return std::make_unique<RegexMatch>(s.name, std::regex(pattern), s.options["compare_answer"].get<bool>());
   } catch (const std::regex_error& e) {
-    return make_error(ErrorCode::kInvalidArgument, fmt::format("reward 'regex_match': bad pattern '{}': {}", pattern, e.what()));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("reward 'regex_match': bad pattern '{}': {}", pattern, e.what()));
   }
 }
 }  // namespace
@@ -59,7 +61,8 @@ RewardKind regex_match_reward() {
                .must_be_given()
                .checked_by(check_pattern),
            bool_opt("compare_answer", false, "the first capture (else the match) must equal the answer")},
-          true, make};
+          true,
+          make};
 }
 
 }  // namespace arlo::rollout

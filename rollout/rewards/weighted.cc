@@ -31,8 +31,8 @@ class Weighted : public NamedModule {
       auto scores = p.module->score_group(task, group);
       if (!scores) return std::unexpected(std::move(scores).error().with_context(p.module->name()));
       if (scores->size() != group.size())
-        return make_error(ErrorCode::kMismatch, fmt::format("{}: returned {} scores for a group of {}", p.module->name(),
-                                                            scores->size(), group.size()));
+        return make_error(ErrorCode::kMismatch, fmt::format("{}: returned {} scores for a group of {}",
+                                                            p.module->name(), scores->size(), group.size()));
       for (std::size_t i = 0; i < group.size(); ++i) add(out[i], p, (*scores)[i]);
     }
     return out;
@@ -77,7 +77,8 @@ RewardKind weighted_reward() {
   return {"weighted",
           "the weighted sum of its modules (reward.modules is one)",
           {any_opt("modules", "the parts: specs, each with an optional weight")},
-          false, make};
+          false,
+          make};
 }
 
 }  // namespace arlo::rollout

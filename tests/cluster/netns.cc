@@ -102,7 +102,8 @@ std::string rate(double mbit) { return fmt::format("{}kbit", static_cast<long lo
 // cap the rate; its queue holds 100 ms, so TCP sees queueing, not drops.
 std::vector<std::string> qdisc(LinkShape s) {
   if (s.delay_ms > 0) {
-    std::vector<std::string> q = {"netem", "delay", fmt::format("{}us", std::llround(s.delay_ms * 1000)), "limit", "100000"};
+    std::vector<std::string> q = {"netem", "delay", fmt::format("{}us", std::llround(s.delay_ms * 1000)), "limit",
+                                  "100000"};
     if (s.rate_mbit > 0) q.insert(q.end(), {"rate", rate(s.rate_mbit)});
     return q;
   }
@@ -124,7 +125,8 @@ std::string Cluster::unavailable() {
 }
 
 Result<std::unique_ptr<Cluster>> Cluster::create(int hosts, LinkShape shape) {
-  if (hosts < 1 || hosts > 200) return make_error(ErrorCode::kInvalidArgument, fmt::format("hosts must be 1-200, not {}", hosts));
+  if (hosts < 1 || hosts > 200)
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("hosts must be 1-200, not {}", hosts));
   if (const auto why = unavailable(); !why.empty()) return make_error(ErrorCode::kUnavailable, why);
   remove_leftovers();
   std::unique_ptr<Cluster> c(new Cluster());
@@ -135,7 +137,8 @@ Result<std::unique_ptr<Cluster>> Cluster::create(int hosts, LinkShape shape) {
   ARLO_TRY(must({"ip", "link", "add", c->bridge_, "type", "bridge"}));
   ARLO_TRY(must({"ip", "link", "set", c->bridge_, "up"}));
   for (int i = 0; i < hosts; ++i) {
-    Host h{fmt::format("{}h{}", c->prefix_, i), fmt::format("10.{}.{}.{}", 100 + c->subnet_ / 100, c->subnet_ % 100, i + 1),
+    Host h{fmt::format("{}h{}", c->prefix_, i),
+           fmt::format("10.{}.{}.{}", 100 + c->subnet_ / 100, c->subnet_ % 100, i + 1),
            fmt::format("{}v{}", c->prefix_, i)};
     c->hosts_.push_back(h);  // before it exists: the destructor removes what was made of it
     ARLO_TRY(must({"ip", "netns", "add", h.name}));
@@ -205,7 +208,8 @@ Result<pid_t> Cluster::spawn(int host, const std::vector<std::string>& argv, con
 Status Cluster::shape(int host, LinkShape s) {
   const auto& h = hosts_.at(static_cast<std::size_t>(host));
   // Into the host: the bridge side's egress; out of it: the host's own eth0.
-  for (auto dev : {std::vector<std::string>{"tc", "qdisc"}, std::vector<std::string>{"ip", "netns", "exec", h.name, "tc", "qdisc"}}) {
+  for (auto dev : {std::vector<std::string>{"tc", "qdisc"},
+                   std::vector<std::string>{"ip", "netns", "exec", h.name, "tc", "qdisc"}}) {
     const std::string name = dev.size() == 2 ? h.veth : "eth0";
     if (s.rate_mbit <= 0 && s.delay_ms <= 0) {
       auto del = dev;
@@ -217,8 +221,9 @@ Status Cluster::shape(int host, LinkShape s) {
     for (auto& a : qdisc(s)) dev.push_back(a);
     if (auto r = must(dev); !r) {
       if (s.delay_ms > 0)
-        return make_error(ErrorCode::kUnavailable,
-                          "a link delay needs the kernel's sch_netem, which this kernel lacks (" + r.error().what() + ")");
+        return make_error(
+            ErrorCode::kUnavailable,
+            "a link delay needs the kernel's sch_netem, which this kernel lacks (" + r.error().what() + ")");
       return r;
     }
   }
@@ -234,14 +239,20 @@ Status Cluster::shape(int host, LinkShape s) {
   }
   if (s.loss_pct > 0) {
     const auto p = fmt::format("{:.6f}", s.loss_pct / 100.0);
-    ARLO_TRY(must(with({"-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP"})));
-    ARLO_TRY(must(with({"-A", "OUTPUT", "-o", "eth0", "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP"})));
+    ARLO_TRY(must(
+        with({"-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP"})));
+    ARLO_TRY(must(
+        with({"-A", "OUTPUT", "-o", "eth0", "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP"})));
   }
   hosts_.at(static_cast<std::size_t>(host)).lossy = s.loss_pct > 0;
   return {};
 }
 
-Status Cluster::link_down(int host) { return must({"ip", "link", "set", hosts_.at(static_cast<std::size_t>(host)).veth, "down"}); }
-Status Cluster::link_up(int host) { return must({"ip", "link", "set", hosts_.at(static_cast<std::size_t>(host)).veth, "up"}); }
+Status Cluster::link_down(int host) {
+  return must({"ip", "link", "set", hosts_.at(static_cast<std::size_t>(host)).veth, "down"});
+}
+Status Cluster::link_up(int host) {
+  return must({"ip", "link", "set", hosts_.at(static_cast<std::size_t>(host)).veth, "up"});
+}
 
 }  // namespace arlo::cluster

@@ -25,9 +25,9 @@
 namespace arlo::cluster {
 
 struct LinkShape {
-  double rate_mbit = 0;   // per direction; 0 = unshaped
-  double delay_ms = 0;    // one way, each direction; needs sch_netem
-  double loss_pct = 0;    // packets dropped at random in each direction, 0-100
+  double rate_mbit = 0;  // per direction; 0 = unshaped
+  double delay_ms = 0;   // one way, each direction; needs sch_netem
+  double loss_pct = 0;   // packets dropped at random in each direction, 0-100
 };
 
 class Cluster {
@@ -43,8 +43,8 @@ class Cluster {
   Cluster& operator=(const Cluster&) = delete;
 
   int size() const { return static_cast<int>(hosts_.size()); }
-  const std::string& address(int host) const;   // "10.s.0.(host+1)"
-  const std::string& netns(int host) const;     // the namespace's name
+  const std::string& address(int host) const;  // "10.s.0.(host+1)"
+  const std::string& netns(int host) const;    // the namespace's name
   // argv prefix that runs a program inside the host: {"ip", "netns", "exec", name}.
   std::vector<std::string> exec_prefix(int host) const;
   // `argv` inside the host, stdout and stderr appended to `log`; the child's pid (ip netns exec

@@ -55,7 +55,8 @@ inline bool wait_for_text(const std::filesystem::path& log, const std::string& t
   while (std::chrono::steady_clock::now() < end) {
     if (read_text(log).find(text) != std::string::npos) return true;
     siginfo_t info{};
-    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) return false;
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid)
+      return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
@@ -104,6 +105,8 @@ inline int free_loopback_port() {
 }
 
 // The end of a log, for a failure message.
-inline std::string tail(const std::string& s, std::size_t n = 6000) { return s.size() > n ? s.substr(s.size() - n) : s; }
+inline std::string tail(const std::string& s, std::size_t n = 6000) {
+  return s.size() > n ? s.substr(s.size() - n) : s;
+}
 
 }  // namespace arlo::e2e

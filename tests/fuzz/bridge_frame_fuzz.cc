@@ -71,11 +71,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   server.on_heartbeat([&](HeartbeatEvent e) { check(e.rank >= 0 && e.rank < 2, "heartbeat from a known rank"); });
   check(server.start().has_value(), "start the server");
   bool sent = false;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    auto s = co_await server.send(one_step());
-    check(s.has_value(), "queue the step");
-    sent = true;
-  }, asio::detached);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto s = co_await server.send(one_step());
+        check(s.has_value(), "queue the step");
+        sent = true;
+      },
+      asio::detached);
   while (!sent) io.run_one();
 
   const std::string_view input(reinterpret_cast<const char*>(data), size);

@@ -91,7 +91,8 @@ inline std::string exchange(const char* target, std::uint16_t port, std::string_
       }
       if (n == 0 || (errno != EAGAIN && errno != EINTR)) break;  // closed (or reset) by the server
     }
-    if (std::chrono::steady_clock::now() > until) die(target, "the server neither closed nor read the connection in time");
+    if (std::chrono::steady_clock::now() > until)
+      die(target, "the server neither closed nor read the connection in time");
   }
   ::close(fd);
   return answer;

@@ -62,8 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const auto& it : b.items) {
       check(it.tensor < m->tensors.size(), "bucket item names a tensor", text);
       const auto& t = m->tensors[it.tensor];
-      check(static_cast<unsigned __int128>(it.elem_offset) + it.elem_count <= t.numel(), "bucket item inside its tensor",
-            text);
+      check(static_cast<unsigned __int128>(it.elem_offset) + it.elem_count <= t.numel(),
+            "bucket item inside its tensor", text);
       raw += static_cast<unsigned __int128>(it.elem_count) * arlo::safetensors::dtype_size(t.dtype);
     }
     check(raw == b.raw_bytes, "bucket raw_bytes is the sum of its items", text);

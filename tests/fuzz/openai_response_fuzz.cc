@@ -46,8 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check(ch.logprobs.empty() || ch.token_ids.empty() || ch.logprobs.size() == ch.token_ids.size(),
             "one logprob per token", response.body);
       for (std::size_t s = 1; s < ch.version_spans.size(); ++s)
-        check(ch.version_spans[s - 1].first_token <= ch.version_spans[s].first_token, "spans sorted",
-              response.body);
+        check(ch.version_spans[s - 1].first_token <= ch.version_spans[s].first_token, "spans sorted", response.body);
     }
     c->server = "http://fuzz:1";
     for (const auto dialect : {arlo::rollout::AdminDialect::kArlo, arlo::rollout::AdminDialect::kVllm,

@@ -53,8 +53,7 @@ void check_layout(const Layout& layout, std::span<const std::byte> file) {
   for (std::size_t i = 0; i < h.tensors.size(); ++i) {
     const TensorInfo& a = h.tensors[i];
     const TensorInfo& b = again->tensors[i];
-    check(a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.offset == b.offset &&
-              a.nbytes == b.nbytes,
+    check(a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.offset == b.offset && a.nbytes == b.nbytes,
           "tensor round-trips");
   }
 }

@@ -57,7 +57,7 @@ class Mapped {
     Mapped m;
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return io_error("open", path);
-    struct stat st{};
+    struct stat st {};
     ::fstat(fd, &st);
     m.size_ = static_cast<std::size_t>(st.st_size);
     if (m.size_ > 0) {
@@ -131,7 +131,8 @@ Result<std::vector<ShardRef>> parse_shards(const nlohmann::json& mj, std::size_t
       return bad(fmt::format("{}: file '{}' is not a plain file name in the version directory", at, r.file));
     for (const auto& t : j["tensors"]) {
       if (!t.is_number_unsigned() || t.get<std::size_t>() >= tensor_count)
-        return bad(fmt::format("{}: tensor index {} is not one of the manifest's {} tensors", at, t.dump(), tensor_count));
+        return bad(
+            fmt::format("{}: tensor index {} is not one of the manifest's {} tensors", at, t.dump(), tensor_count));
       r.tensors.push_back(t.get<std::size_t>());
     }
     out.push_back(std::move(r));
@@ -180,15 +181,16 @@ class FsSender final : public SenderTransport {
   explicit FsSender(const SenderState& s) : root_(s.params.at("dir").get<std::string>()) {}
   nlohmann::json endpoint() const override { return {{"dir", root_.string()}}; }
 
-  Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
-                                Deadline) override {
+  Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state, Deadline) override {
     const auto t0 = Clock::now();
     const Options& o = state.options;
     PayloadOptions payload = o.payload;
     std::optional<Version> base;
     if (payload.kind == PayloadKind::kDelta) {
-      if (state.base && state.last_version && state.base->specs() == source.specs()) base = state.last_version;
-      else payload.kind = PayloadKind::kFull;  // nothing to diff against yet
+      if (state.base && state.last_version && state.base->specs() == source.specs())
+        base = state.last_version;
+      else
+        payload.kind = PayloadKind::kFull;  // nothing to diff against yet
     }
     ARLO_ASSIGN_OR_RETURN(Manifest m, Manifest::plan(source.specs(), o.bucket_bytes, payload));
     m.version = version;
@@ -239,7 +241,7 @@ class FsSender final : public SenderTransport {
  private:
   struct Shards {
     nlohmann::json info = nlohmann::json::array();  // per shard: {"file", "tensors", "checksum"}
-    std::uint64_t wire = 0;                          // bytes written
+    std::uint64_t wire = 0;                         // bytes written
   };
 
   // Step 1: the HF shards and their index in `vdir`, written straight from the source views and
@@ -404,16 +406,17 @@ class FsReceiver final : public ReceiverTransport {
     auto mj = nlohmann::json::parse(text, nullptr, false);
     if (mj.is_discarded()) return make_error(ErrorCode::kParse, where + ": manifest.json is not valid JSON");
     ARLO_ASSIGN_OR_RETURN(Manifest m, with_context(Manifest::from_json(mj), where));
-    if (m.version != v) return make_error(ErrorCode::kMismatch, where + ": manifest names version " + std::to_string(m.version));
+    if (m.version != v)
+      return make_error(ErrorCode::kMismatch, where + ": manifest names version " + std::to_string(m.version));
     // Refuse a mismatched manifest before reading any tensor data.
     ARLO_ASSIGN_OR_RETURN(auto dest, with_context(bind_sink(m, sink), where));
 
     ReceiveReport report;
     report.version = v;
     report.path = "filesystem";
-    const bool payload_usable = mj.value("has_payload", false) &&
-                                (m.payload.kind != PayloadKind::kDelta || (state.version && m.base_version &&
-                                                                           *state.version == *m.base_version));
+    const bool payload_usable =
+        mj.value("has_payload", false) && (m.payload.kind != PayloadKind::kDelta ||
+                                           (state.version && m.base_version && *state.version == *m.base_version));
     if (payload_usable) {
       // Encoded stream: verify every bucket, then decode. Each file is mapped only while it is
       // used, so mapped page cache never adds more than one bucket to the reader's RSS.
@@ -422,7 +425,8 @@ class FsReceiver final : public ReceiverTransport {
         ARLO_ASSIGN_OR_RETURN(auto f, with_context(Mapped::open(bucket_path(i)), where));
         if (xxh3(f.bytes()) != m.checksums.at(i))
           return make_error(ErrorCode::kMismatch, where + ": bucket " + std::to_string(i) + " (" +
-                                                      bucket_path(i).string() + "): checksum mismatch; previous version kept");
+                                                      bucket_path(i).string() +
+                                                      "): checksum mismatch; previous version kept");
         report.wire_bytes += f.bytes().size();
       }
       for (std::size_t i = 0; i < m.buckets.size(); ++i) {
@@ -459,7 +463,8 @@ class FsReceiver final : public ReceiverTransport {
         }
         if (XXH3_64bits_digest(&st) != shards[k].checksum)
           return make_error(ErrorCode::kMismatch, where + ": shard " + std::to_string(k) + " (" +
-                                                      p.filename().string() + "): checksum mismatch; previous version kept");
+                                                      p.filename().string() +
+                                                      "): checksum mismatch; previous version kept");
       }
       // Every shard verified (and leased, so immutable): copy, one mapping at a time.
       for (const auto& shard : shards) {
@@ -500,7 +505,8 @@ class FsReceiver final : public ReceiverTransport {
 namespace {
 Status need_dir(const nlohmann::json& params) {
   if (params.at("dir").get<std::string>().empty())
-    return make_error(ErrorCode::kInvalidArgument, "weight_sync filesystem: 'dir' (where versions v<N>/ live) is required");
+    return make_error(ErrorCode::kInvalidArgument,
+                      "weight_sync filesystem: 'dir' (where versions v<N>/ live) is required");
   return ok();
 }
 }  // namespace

@@ -67,7 +67,7 @@ using detail::Parts;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
-constexpr std::size_t kChunk = 4u << 20;       // per send() call
+constexpr std::size_t kChunk = 4u << 20;      // per send() call
 constexpr std::size_t kRecvChunk = 4u << 20;  // per recv() call (hashed from L3 right after);
                                               // 1 MiB and 256 KiB calls cost the receiver more CPU
 // A cut-through relay passes bytes on in these steps: every hop of a chain delays the stream by one
@@ -185,7 +185,8 @@ Result<Received> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span
   std::uint64_t sum = 0;
   ARLO_TRY(c.read(asio::buffer(&sum, sizeof sum), deadline));
   if (sum != XXH3_64bits_digest(&st))
-    return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+    return make_error(ErrorCode::kMismatch,
+                      "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
   return Received{h.b, sum};
 }
 
@@ -223,9 +224,9 @@ class Server {
     std::unique_ptr<Conn> conn;
     Hello hello;
     Answer answer;
-    std::string error;        // set when the link failed for good
+    std::string error;  // set when the link failed for good
     std::uint64_t wire_bytes = 0;
-    nlohmann::json done;      // DONE body
+    nlohmann::json done;  // DONE body
     // Reconnection hand-over (acceptor thread -> serving thread).
     std::mutex mu;
     std::condition_variable cv;
@@ -285,11 +286,12 @@ class Server {
       auto s = p.conn->send_json(Frame::kManifest, body, deadline);
       nlohmann::json a;
       Result<FrameHeader> h = s ? p.conn->recv_frame(&a, deadline) : Result<FrameHeader>(std::unexpected(s.error()));
-      auto answer = h && static_cast<Frame>(h->type) == Frame::kAnswer ? detail::parse_answer(a, m.buckets.size())
-                                                                       : Result<Answer>(make_error(ErrorCode::kParse, "unexpected frame"));
+      auto answer = h && static_cast<Frame>(h->type) == Frame::kAnswer
+                        ? detail::parse_answer(a, m.buckets.size())
+                        : Result<Answer>(make_error(ErrorCode::kParse, "unexpected frame"));
       if (!answer) {
-        p.error = "handshake for version " + std::to_string(m.version) + " failed: " +
-                  (h ? answer.error().what() : h.error().what());
+        p.error = "handshake for version " + std::to_string(m.version) +
+                  " failed: " + (h ? answer.error().what() : h.error().what());
         return;
       }
       p.answer = std::move(*answer);
@@ -399,7 +401,8 @@ class Server {
         if (!parts) return fail(vb(m.version, i) + ": " + parts.error().what());
         if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
         bool corrupt = false;
-        if (fault_pending && faults_.corrupt_bucket && *faults_.corrupt_bucket == i) corrupt = fault_pending->exchange(false);
+        if (fault_pending && faults_.corrupt_bucket && *faults_.corrupt_bucket == i)
+          corrupt = fault_pending->exchange(false);
         s = send_bucket(*p.conn, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), corrupt, feed);
         if (s) {
           for (const auto& part : *parts) p.wire_bytes += part.size();
@@ -414,7 +417,8 @@ class Server {
           feed.remove_consumer(k);
           return;
         }
-        s = h ? Status(make_error(ErrorCode::kParse, "unexpected frame instead of DONE")) : Status(std::unexpected(h.error()));
+        s = h ? Status(make_error(ErrorCode::kParse, "unexpected frame instead of DONE"))
+              : Status(std::unexpected(h.error()));
       }
       // The link failed: the receiver may reconnect and resume.
       const std::string why = s.error().what();
@@ -495,7 +499,8 @@ void collect_reports(Server& server, const Manifest& m, std::vector<PeerReport>&
   for (auto& p : server.peers()) {
     const std::string name = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
     if (p->answer.state == "refused") {
-      out.push_back({name, false, "refused the manifest of version " + std::to_string(m.version) + ": " + p->answer.error, 0});
+      out.push_back(
+          {name, false, "refused the manifest of version " + std::to_string(m.version) + ": " + p->answer.error, 0});
       continue;
     }
     if (!p->error.empty() || p->done.is_null()) {
@@ -503,7 +508,8 @@ void collect_reports(Server& server, const Manifest& m, std::vector<PeerReport>&
       continue;
     }
     for (const auto& r : p->done.value("peers", nlohmann::json::array()))
-      out.push_back({r.value("peer", name), r.value("ok", false), r.value("error", ""), r.value("wire_bytes", std::uint64_t{0})});
+      out.push_back(
+          {r.value("peer", name), r.value("ok", false), r.value("error", ""), r.value("wire_bytes", std::uint64_t{0})});
   }
 }
 
@@ -568,9 +574,12 @@ class TcpSender final : public SenderTransport {
         wire += b.wire_bytes;
         feed.put(i, std::move(b.parts));
       }
-      server_->stream(m, feed, [](std::size_t i, auto&) -> Result<Parts> {
-        return make_error(ErrorCode::kInternal, "bucket " + std::to_string(i) + " missing");
-      }, o, deadline, &fault_pending);
+      server_->stream(
+          m, feed,
+          [](std::size_t i, auto&) -> Result<Parts> {
+            return make_error(ErrorCode::kInternal, "bucket " + std::to_string(i) + " missing");
+          },
+          o, deadline, &fault_pending);
     } else {
       // Double buffering: the encoder thread fills bucket i+1 while links send bucket i.
       const std::uint64_t cap = std::max<std::uint64_t>(enc.max_capacity(), 1);
@@ -586,11 +595,14 @@ class TcpSender final : public SenderTransport {
           feed.put(i, std::move(b->parts));
         }
       });
-      server_->stream(m, feed, [&](std::size_t i, std::unique_ptr<std::byte[]>& scratch) -> Result<Parts> {
-        if (!scratch) scratch.reset(new std::byte[cap]);
-        ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {scratch.get(), cap}, /*with_checksum=*/false));
-        return b.parts;
-      }, o, deadline, &fault_pending);
+      server_->stream(
+          m, feed,
+          [&](std::size_t i, std::unique_ptr<std::byte[]>& scratch) -> Result<Parts> {
+            if (!scratch) scratch.reset(new std::byte[cap]);
+            ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {scratch.get(), cap}, /*with_checksum=*/false));
+            return b.parts;
+          },
+          o, deadline, &fault_pending);
       feed.fail(Error(ErrorCode::kCancelled, "links finished"));
       encoder.join();
     }
@@ -690,11 +702,11 @@ class TcpReceiver final : public ReceiverTransport {
 
     const Manifest& m;
     BucketApplier applier;
-    const bool direct;        // buckets are received straight into the sink's spans
-    const bool staging;       // ApplyMode::kStaging: verified buckets are kept until finish()
-    const bool stable_parts;  // a verified bucket's bytes stay where they are until the end
-    const bool cut_through;   // relaying in place: downstream links send bytes as soon as they arrived
-    const std::uint64_t cap;  // largest bucket on the wire
+    const bool direct;                     // buckets are received straight into the sink's spans
+    const bool staging;                    // ApplyMode::kStaging: verified buckets are kept until finish()
+    const bool stable_parts;               // a verified bucket's bytes stay where they are until the end
+    const bool cut_through;                // relaying in place: downstream links send bytes as soon as they arrived
+    const std::uint64_t cap;               // largest bucket on the wire
     std::unique_ptr<std::byte[]> bufs[2];  // not direct: bucket i arrives in bufs[i % 2]
     Feed feed;                             // relays: the verified buckets, for the downstream links
     ReceiveReport report;
@@ -710,9 +722,11 @@ class TcpReceiver final : public ReceiverTransport {
     const Options& o = state.options;
     while (true) {
       nlohmann::json body;
-      ARLO_ASSIGN_OR_RETURN(auto h, with_context(conn.recv_frame(&body, deadline), "tcp " + address_ + ": waiting for a manifest"));
+      ARLO_ASSIGN_OR_RETURN(
+          auto h, with_context(conn.recv_frame(&body, deadline), "tcp " + address_ + ": waiting for a manifest"));
       if (static_cast<Frame>(h.type) == Frame::kRefused) return std::unexpected(refused(body));
-      if (static_cast<Frame>(h.type) != Frame::kManifest) return make_error(ErrorCode::kParse, "tcp: expected a manifest");
+      if (static_cast<Frame>(h.type) != Frame::kManifest)
+        return make_error(ErrorCode::kParse, "tcp: expected a manifest");
       auto parsed = Manifest::from_json(body);
       Answer mine{"accepted", "", 0};
       if (!parsed) {
@@ -720,8 +734,10 @@ class TcpReceiver final : public ReceiverTransport {
       } else {
         m = std::move(*parsed);
         auto bound = bind_sink(m, sink);
-        if (!bound) mine = {"refused", bound.error().what(), 0};
-        else dest = std::move(*bound);
+        if (!bound)
+          mine = {"refused", bound.error().what(), 0};
+        else
+          dest = std::move(*bound);
         if (bound && m.payload.kind == PayloadKind::kDelta &&
             (!state.version || !m.base_version || *state.version != *m.base_version))
           mine = {"need_full", "", 0};
@@ -752,16 +768,19 @@ class TcpReceiver final : public ReceiverTransport {
         return Parts(sp.begin(), sp.end());
       });
     return std::thread([this, &t, &o, deadline] {
-      relay_->stream(t.m, t.feed, [&t](std::size_t i, auto&) -> Result<Parts> {
-        if (t.direct && t.applier.verified(i)) {
-          auto s = t.applier.direct_spans(i);
-          return Parts(s.begin(), s.end());
-        }
-        if (t.applier.verified(i) && !t.applier.kept(i).empty()) return Parts{t.applier.kept(i)};
-        return make_error(ErrorCode::kUnavailable, "relay cannot replay bucket " + std::to_string(i) +
-                                                       " in in_place mode with payload " +
-                                                       std::string(to_string(t.m.payload.kind)));
-      }, o, deadline, nullptr);
+      relay_->stream(
+          t.m, t.feed,
+          [&t](std::size_t i, auto&) -> Result<Parts> {
+            if (t.direct && t.applier.verified(i)) {
+              auto s = t.applier.direct_spans(i);
+              return Parts(s.begin(), s.end());
+            }
+            if (t.applier.verified(i) && !t.applier.kept(i).empty()) return Parts{t.applier.kept(i)};
+            return make_error(ErrorCode::kUnavailable, "relay cannot replay bucket " + std::to_string(i) +
+                                                           " in in_place mode with payload " +
+                                                           std::string(to_string(t.m.payload.kind)));
+          },
+          o, deadline, nullptr);
     });
   }
 
@@ -777,7 +796,10 @@ class TcpReceiver final : public ReceiverTransport {
       std::span<std::byte> buf;
       if (!t.direct) {
         if (relay_ && !t.stable_parts) {
-          if (auto s = t.feed.wait_room(i, deadline); !s) { status = s; break; }
+          if (auto s = t.feed.wait_room(i, deadline); !s) {
+            status = s;
+            break;
+          }
         }
         buf = {t.bufs[i % 2].get(), t.cap};
       }
@@ -791,7 +813,8 @@ class TcpReceiver final : public ReceiverTransport {
       ARLO_WARN("weight_sync tcp {}: {} from {}: {}; resuming (retry {})", name_, vb(m.version, i), address_,
                 s.error().what(), retries);
       if (retries > 8 || Clock::now() >= deadline || s.error().code() == ErrorCode::kParse) {
-        status = make_error(s.error().code(), "tcp: " + vb(m.version, i) + ", peer " + address_ + ": " + s.error().what());
+        status =
+            make_error(s.error().code(), "tcp: " + vb(m.version, i) + ", peer " + address_ + ": " + s.error().what());
         break;
       }
       conn->close();
@@ -844,7 +867,8 @@ class TcpReceiver final : public ReceiverTransport {
     if (relay_) {
       std::vector<PeerReport> down;
       collect_reports(*relay_, t.m, down);
-      for (const auto& d : down) peers.push_back({{"peer", d.peer}, {"ok", d.ok}, {"error", d.error}, {"wire_bytes", d.wire_bytes}});
+      for (const auto& d : down)
+        peers.push_back({{"peer", d.peer}, {"ok", d.ok}, {"error", d.error}, {"wire_bytes", d.wire_bytes}});
       relay_->reset();
     }
     (void)conn.send_json(Frame::kDone, {{"peers", peers}}, std::min(deadline, Clock::now() + o.bucket_timeout));
@@ -894,9 +918,10 @@ class TcpReceiver final : public ReceiverTransport {
   }
 
   Error refused(const nlohmann::json& body) const {
-    return Error(ErrorCode::kInvalidArgument,
-                 "tcp " + address_ + ": the publisher refused this receiver: " +
-                     (body.is_object() ? body.value("error", std::string("no reason given")) : std::string("no reason given")));
+    return Error(
+        ErrorCode::kInvalidArgument,
+        "tcp " + address_ + ": the publisher refused this receiver: " +
+            (body.is_object() ? body.value("error", std::string("no reason given")) : std::string("no reason given")));
   }
 
   std::unique_ptr<Server> relay_;
@@ -936,11 +961,11 @@ TransportDescriptor tcp_transport() {
     const auto bound = auth::host_of(server->endpoint());
     if (advertise.empty() && (bound == "0.0.0.0" || bound == "::"))
       return make_error(ErrorCode::kInvalidArgument,
-                        "tcp: the publisher's address " + address + " listens on every interface, so it cannot announce "
-                        "where receivers reach it; set weight_sync.advertise_host to the address the workers reach "
-                        "this host on");
-    return std::unique_ptr<SenderTransport>(
-        new TcpSender(std::move(server), s.options.expected_receivers));
+                        "tcp: the publisher's address " + address +
+                            " listens on every interface, so it cannot announce "
+                            "where receivers reach it; set weight_sync.advertise_host to the address the workers reach "
+                            "this host on");
+    return std::unique_ptr<SenderTransport>(new TcpSender(std::move(server), s.options.expected_receivers));
   };
   d.receiver = [](const ReceiverState& s) -> Result<std::unique_ptr<ReceiverTransport>> {
     std::unique_ptr<Server> relay;
@@ -954,12 +979,13 @@ TransportDescriptor tcp_transport() {
   d.local_only = [](const nlohmann::json& params) -> std::string {
     const std::string address = params.value("address", std::string("127.0.0.1:0"));
     if (!params.value("advertise_host", std::string()).empty() || !auth::is_loopback(auth::host_of(address))) return "";
-    return "weight_sync.address " + address + " is a loopback address; set it to this host's address, or to "
+    return "weight_sync.address " + address +
+           " is a loopback address; set it to this host's address, or to "
            "0.0.0.0:<port> with weight_sync.advertise_host naming the address the workers reach this host on";
   };
   d.relay_at = [](const std::string& host, std::uint16_t port) {
-    const std::string at =
-        (host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    const std::string at = (host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host) +
+                           ":" + std::to_string(port);
     return std::pair{nlohmann::json{{"relay_listen", at}}, nlohmann::json{{"address", at}}};
   };
   return d;

@@ -31,8 +31,8 @@ Status Conn::run(Start start, Deadline deadline, const char* what) {
     return make_error(ErrorCode::kTimeout, std::string(what) + " timed out");
   }
   if (result) {
-    const bool closed = result == asio::error::eof || result == asio::error::connection_reset ||
-                        result == asio::error::broken_pipe;
+    const bool closed =
+        result == asio::error::eof || result == asio::error::connection_reset || result == asio::error::broken_pipe;
     return make_error(closed ? ErrorCode::kUnavailable : ErrorCode::kIo,
                       std::string(what) + ": " + (closed ? "connection closed by peer" : result.message()));
   }
@@ -144,8 +144,8 @@ Result<FrameHeader> Conn::recv_frame(nlohmann::json* body, Deadline deadline, st
   if (h.magic != FrameHeader{}.magic) return make_error(ErrorCode::kParse, "bad frame magic from " + peer);
   if (static_cast<Frame>(h.type) != Frame::kBucket) {
     if (h.a > max_json)
-      return make_error(ErrorCode::kResourceExhausted, "control frame of " + std::to_string(h.a) + " bytes from " + peer +
-                                                           " exceeds the limit of " + std::to_string(max_json));
+      return make_error(ErrorCode::kResourceExhausted, "control frame of " + std::to_string(h.a) + " bytes from " +
+                                                           peer + " exceeds the limit of " + std::to_string(max_json));
     std::string text(h.a, '\0');
     ARLO_TRY(read(asio::buffer(text), deadline));
     auto j = nlohmann::json::parse(text, nullptr, false);
@@ -248,8 +248,7 @@ Result<tcp::endpoint> resolve(const std::string& address) {
   asio::io_context ctx;
   tcp::resolver resolver(ctx);
   auto results = resolver.resolve(host, port, ec);
-  if (ec || results.empty())
-    return make_error(ErrorCode::kNotFound, "cannot resolve '" + host + "': " + ec.message());
+  if (ec || results.empty()) return make_error(ErrorCode::kNotFound, "cannot resolve '" + host + "': " + ec.message());
   return results.begin()->endpoint();
 }
 

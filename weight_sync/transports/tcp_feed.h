@@ -82,7 +82,8 @@ class Feed {
     const bool ok_ = cv_.wait_until(l, deadline, [&] { return failed_ || avail_[i] >= bytes; });
     if (avail_[i] >= bytes) return ok();
     if (failed_) return std::unexpected(*failed_);
-    if (!ok_) return make_error(ErrorCode::kTimeout, "bucket " + std::to_string(i) + " did not arrive upstream in time");
+    if (!ok_)
+      return make_error(ErrorCode::kTimeout, "bucket " + std::to_string(i) + " did not arrive upstream in time");
     return ok();
   }
 

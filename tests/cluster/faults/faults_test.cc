@@ -103,8 +103,8 @@ std::pair<int, std::string> http_get(const Cluster& c, int from, const std::stri
     ::inet_pton(AF_INET, address.c_str(), &a.sin_addr);
     std::string response;
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-      const std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nAuthorization: Bearer " + kToken +
-                                  "\r\nConnection: close\r\n\r\n";
+      const std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nAuthorization: Bearer " +
+                                  kToken + "\r\nConnection: close\r\n\r\n";
       if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
         char buf[4096];
         for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, static_cast<std::size_t>(n));
@@ -180,7 +180,8 @@ class Deployment {
 
   // The hosts (`shapes`: links shaped before anything starts) and every part; "" when they
   // started, else why not.
-  std::string start(const std::vector<std::string>& extra_sets, const std::vector<std::pair<int, LinkShape>>& shapes = {}) {
+  std::string start(const std::vector<std::string>& extra_sets,
+                    const std::vector<std::pair<int, LinkShape>>& shapes = {}) {
     const char* src = std::getenv("ARLO_SOURCE_DIR");
     if (!src) return "ARLO_SOURCE_DIR is not set";
     const std::string config = std::string(src) + "/configs/quickstart.yaml";
@@ -192,9 +193,9 @@ class Deployment {
     cluster = std::move(*hosts);
     for (const auto& [host, shape] : shapes)
       if (auto st = cluster->shape(host, shape); !st) return st.error().what();
-    const std::vector<std::string> model = {"--layers", std::to_string(cfg.integer("model.layers")),
-                                            "--hidden", std::to_string(cfg.integer("model.hidden")),
-                                            "--heads",  std::to_string(cfg.integer("model.heads")),
+    const std::vector<std::string> model = {"--layers",  std::to_string(cfg.integer("model.layers")),
+                                            "--hidden",  std::to_string(cfg.integer("model.hidden")),
+                                            "--heads",   std::to_string(cfg.integer("model.heads")),
                                             "--context", std::to_string(cfg.integer("model.context"))};
     const std::string seed = std::to_string(cfg.integer("model.seed"));
     const std::vector<std::pair<std::string, std::string>> env = {
@@ -203,11 +204,25 @@ class Deployment {
     std::string urls;
     for (int i = 0; i < kWorkers; ++i) {
       const int host = kFirstWorkerHost + i;
-      std::vector<std::string> w = {ARLO_WORKER_BINARY, "--bind", cluster->address(host), "--port", std::to_string(kWorkerPort),
-                                    "--init-seed", seed, "--seed", std::to_string(100 + i), "--threads", "1",
-                                    "--max-batch", "64", "--token-file", token_file.string(),
-                                    "--allow-weights-from", cluster->address(kTrainerHost),
-                                    "--weight-sync", nlohmann::json{{"transport", kTransport}, {"peer_name", worker(i)}}.dump()};
+      std::vector<std::string> w = {ARLO_WORKER_BINARY,
+                                    "--bind",
+                                    cluster->address(host),
+                                    "--port",
+                                    std::to_string(kWorkerPort),
+                                    "--init-seed",
+                                    seed,
+                                    "--seed",
+                                    std::to_string(100 + i),
+                                    "--threads",
+                                    "1",
+                                    "--max-batch",
+                                    "64",
+                                    "--token-file",
+                                    token_file.string(),
+                                    "--allow-weights-from",
+                                    cluster->address(kTrainerHost),
+                                    "--weight-sync",
+                                    nlohmann::json{{"transport", kTransport}, {"peer_name", worker(i)}}.dump()};
       w.insert(w.end(), model.begin(), model.end());
       auto pid = cluster->spawn(host, w, (dir / (worker(i) + ".log")).string(), env);
       if (!pid) return pid.error().what();
@@ -216,15 +231,23 @@ class Deployment {
     }
     urls += "]";
     // arlo run: its bridge on host 0's address; the trainer and the workers are the ones above.
-    std::vector<std::string> sets = {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0",
-                                     "run.max_steps=" + std::to_string(steps),
-                                     "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup), "eval.interval=0",
-                                     "log.step_interval_s=0", "inference.launch=external", "inference.urls=" + urls,
-                                     "trainer.launch=external", "bridge.transport=socket",
-                                     "bridge.address=" + cluster->address(kArloHost) + ":" + std::to_string(kBridgePort),
-                                     "security.token_file=" + token_file.string(),
-                                     std::string("weight_sync.transport=") + kTransport, "weight_sync.timeout_s=20",
-                                     "inference.admin_timeout_s=2"};
+    std::vector<std::string> sets = {
+        "run.dir=" + run_dir.string(),
+        "log.progress=false",
+        "status.port=0",
+        "run.max_steps=" + std::to_string(steps),
+        "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup),
+        "eval.interval=0",
+        "log.step_interval_s=0",
+        "inference.launch=external",
+        "inference.urls=" + urls,
+        "trainer.launch=external",
+        "bridge.transport=socket",
+        "bridge.address=" + cluster->address(kArloHost) + ":" + std::to_string(kBridgePort),
+        "security.token_file=" + token_file.string(),
+        std::string("weight_sync.transport=") + kTransport,
+        "weight_sync.timeout_s=20",
+        "inference.admin_timeout_s=2"};
     sets.insert(sets.end(), extra_sets.begin(), extra_sets.end());
     std::vector<std::string> args = {ARLO_BINARY, "run", config};
     for (const auto& s : sets) args.insert(args.end(), {"--set", s});
@@ -236,14 +259,31 @@ class Deployment {
     // its publisher's address, which the workers are told to fetch from.
     const nlohmann::json block = {{"transport", kTransport},
                                   {"address", cluster->address(kTrainerHost) + ":" + std::to_string(kWeightsPort)},
-                                  {"expected_receivers", kWorkers}, {"timeout_ms", 20000}};
-    std::vector<std::string> t = {ARLO_TRAINER_BINARY, "--run-dir", (dir / "trainer").string(), "--bridge", "socket",
-                                  "--bridge-host", cluster->address(kArloHost), "--bridge-port", std::to_string(kBridgePort),
-                                  "--seed", seed, "--threads", "1",
-                                  "--lr", fmt(cfg.number("trainer.lr")), "--sft-lr", fmt(cfg.number("trainer.sft_lr")),
-                                  "--beta2", fmt(cfg.number("trainer.beta2")),
-                                  "--temperature", fmt(cfg.number("sampling.temperature")),
-                                  "--weight-sync", block.dump()};
+                                  {"expected_receivers", kWorkers},
+                                  {"timeout_ms", 20000}};
+    std::vector<std::string> t = {ARLO_TRAINER_BINARY,
+                                  "--run-dir",
+                                  (dir / "trainer").string(),
+                                  "--bridge",
+                                  "socket",
+                                  "--bridge-host",
+                                  cluster->address(kArloHost),
+                                  "--bridge-port",
+                                  std::to_string(kBridgePort),
+                                  "--seed",
+                                  seed,
+                                  "--threads",
+                                  "1",
+                                  "--lr",
+                                  fmt(cfg.number("trainer.lr")),
+                                  "--sft-lr",
+                                  fmt(cfg.number("trainer.sft_lr")),
+                                  "--beta2",
+                                  fmt(cfg.number("trainer.beta2")),
+                                  "--temperature",
+                                  fmt(cfg.number("sampling.temperature")),
+                                  "--weight-sync",
+                                  block.dump()};
     t.insert(t.end(), model.begin(), model.end());
     pid = cluster->spawn(kTrainerHost, t, (dir / "trainer.log").string(), env);
     if (!pid) return pid.error().what();
@@ -312,7 +352,8 @@ class Deployment {
 // version with its checksum, every step trained exactly once by the trainer. Returns summary.json.
 nlohmann::json expect_finished(Deployment& d) {
   const int status = d.wait();
-  EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << d.outputs();
+  EXPECT_TRUE(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n"
+                                                                            << d.outputs();
   const auto summary = d.summary();
   if (!summary.contains("ledger")) {
     ADD_FAILURE() << "no summary.json\n" << d.outputs();
@@ -323,7 +364,8 @@ nlohmann::json expect_finished(Deployment& d) {
   const auto& ledger = summary.at("ledger");
   const auto completed = ledger.at("completed").get<std::uint64_t>();
   EXPECT_EQ(ledger.at("in_flight").get<std::uint64_t>(), 0u) << ledger.dump(2);
-  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(), completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
+  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(),
+            completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
       << ledger.dump(2);
   EXPECT_EQ(sum(ledger.at("dispositions")), completed) << ledger.dump(2);
   const auto& trainer = summary.at("trainer");
@@ -344,8 +386,10 @@ nlohmann::json expect_finished(Deployment& d) {
   // The trainer trained each step once, on one batch.
   std::map<int, std::set<std::string>> batches;
   for (const auto& j : read_jsonl(d.dir / "trainer" / "trainer_metrics.jsonl"))
-    if (j.contains("step") && j.contains("batch")) batches[j.at("step").get<int>()].insert(j.at("batch").get<std::string>());
-  for (int s = 1; s <= d.steps; ++s) EXPECT_EQ(batches[s].size(), 1u) << "step " << s << " trained on " << batches[s].size() << " batches";
+    if (j.contains("step") && j.contains("batch"))
+      batches[j.at("step").get<int>()].insert(j.at("batch").get<std::string>());
+  for (int s = 1; s <= d.steps; ++s)
+    EXPECT_EQ(batches[s].size(), 1u) << "step " << s << " trained on " << batches[s].size() << " batches";
   return summary;
 }
 
@@ -353,20 +397,22 @@ nlohmann::json expect_finished(Deployment& d) {
 void report_cost(const char* fault, const Deployment& d, const nlohmann::json& summary) {
   std::vector<double> seconds;
   for (const auto& j : read_jsonl(d.run_dir / "metrics.jsonl"))
-    if (j.value("kind", "") == "step" && !j.value("train/supervised", false)) seconds.push_back(j.value("time/step_seconds", 0.0));
+    if (j.value("kind", "") == "step" && !j.value("train/supervised", false))
+      seconds.push_back(j.value("time/step_seconds", 0.0));
   if (seconds.empty() || !summary.contains("ledger")) return;
   auto sorted = seconds;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2], longest = sorted.back();
   const auto& ledger = summary.at("ledger");
-  std::printf("cost of %s: longest RL step %.2f s vs median %.2f s; rollouts dispatched %llu, failed %s, cancelled %s; "
-              "run %.1f s\n",
-              fault, longest, median, static_cast<unsigned long long>(ledger.at("dispatched").get<std::uint64_t>()),
-              ledger.at("failed").dump().c_str(), ledger.at("cancelled").dump().c_str(), summary.value("seconds", 0.0));
+  std::printf(
+      "cost of %s: longest RL step %.2f s vs median %.2f s; rollouts dispatched %llu, failed %s, cancelled %s; "
+      "run %.1f s\n",
+      fault, longest, median, static_cast<unsigned long long>(ledger.at("dispatched").get<std::uint64_t>()),
+      ledger.at("failed").dump().c_str(), ledger.at("cancelled").dump().c_str(), summary.value("seconds", 0.0));
 }
 
-#define SKIP_WITHOUT_HOSTS()                                         \
-  do {                                                               \
+#define SKIP_WITHOUT_HOSTS()                                                        \
+  do {                                                                              \
     if (const auto why = Cluster::unavailable(); !why.empty()) GTEST_SKIP() << why; \
   } while (0)
 
@@ -387,7 +433,8 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
   const int cut = kFirstWorkerHost;  // worker-0
   // What worker-1 had generated when worker-0's link went down, and when it came back.
   auto served_by_other = [&] {
-    auto [status, body] = http_get(*d.cluster, kArloHost, d.cluster->address(kFirstWorkerHost + 1), kWorkerPort, "/metrics");
+    auto [status, body] =
+        http_get(*d.cluster, kArloHost, d.cluster->address(kFirstWorkerHost + 1), kWorkerPort, "/metrics");
     return status == 200 ? gauge(body, "arlo_worker_engine_requests_finished") : -1.0;
   };
   const double other_at_cut = served_by_other();
@@ -428,8 +475,10 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
     if (r.value("kind", "") != "weight_sync") continue;
     for (const auto& w : r.at("workers")) {
       if (w.value("worker", "") != d.url(0)) continue;
-      if (!w.value("ok", false)) ++failed_updates;
-      else if (failed_updates > 0) ++synced_after;
+      if (!w.value("ok", false))
+        ++failed_updates;
+      else if (failed_updates > 0)
+        ++synced_after;
     }
   }
   EXPECT_GE(failed_updates, 1) << "worker-0 never missed an update: was its link cut?";
@@ -442,11 +491,13 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
   auto [mstatus, metrics] = http_get(*d.cluster, kArloHost, d.cluster->address(cut), kWorkerPort, "/metrics");
   EXPECT_EQ(mstatus, 200);
   EXPECT_GT(gauge(metrics, "arlo_worker_engine_requests_finished"), served_at_up)
-      << "worker-0 generated nothing after its link came back\n" << d.outputs();
-  std::printf("worker-0's link down for %.1f s, during steps %d..%d (%d trained while it was down, %d in its second "
-              "half); worker-1 finished %.0f requests meanwhile\n",
-              link_down_s, step_at_cut, step_at_up, step_before_up - step_at_cut, step_before_up - step_at_half,
-              other_before_up - other_at_cut);
+      << "worker-0 generated nothing after its link came back\n"
+      << d.outputs();
+  std::printf(
+      "worker-0's link down for %.1f s, during steps %d..%d (%d trained while it was down, %d in its second "
+      "half); worker-1 finished %.0f requests meanwhile\n",
+      link_down_s, step_at_cut, step_at_up, step_before_up - step_at_cut, step_before_up - step_at_half,
+      other_before_up - other_at_cut);
   report_cost("a worker's link down for 10 s", d, summary);
 }
 
@@ -498,8 +549,10 @@ TEST(ClusterFaults, TheTrainersHostUnreachablePastTheDeadlineStopsTheRunWithTheR
   EXPECT_NE(error.find("trainer.silence_timeout_s (4 s)"), std::string::npos) << error;
   EXPECT_LT(summary.value("steps", 0), d.steps);
   EXPECT_NE(d.output().find(error), std::string::npos) << "the reason is in arlo's output too\n" << tail(d.output());
-  std::printf("the trainer's host unreachable: the run stopped %.1f s after its link went down "
-              "(trainer.silence_timeout_s 4)\n", stopped_after);
+  std::printf(
+      "the trainer's host unreachable: the run stopped %.1f s after its link went down "
+      "(trainer.silence_timeout_s 4)\n",
+      stopped_after);
 }
 
 // The same outage with trainer.silence_timeout_s 0 (and no accept deadline): the run waits. The

@@ -90,11 +90,13 @@ TEST(ClusterHarness, HostsTalkByAddressALinkGoesDownAndUpAndNothingIsLeft) {
 
     auto transfer = [&](const std::string& tag, double connect_s) {
       const fs::path ready = dir / (tag + ".ready"), out = dir / (tag + ".out");
-      auto server = cluster.spawn(1, {"python3", "-c", kServer, cluster.address(1), "7000", ready.string()}, out.string());
+      auto server =
+          cluster.spawn(1, {"python3", "-c", kServer, cluster.address(1), "7000", ready.string()}, out.string());
       EXPECT_TRUE(server.has_value());
       EXPECT_TRUE(wait_for_file(ready, std::chrono::seconds(30)));
-      auto client = cluster.spawn(0, {"python3", "-c", kClient, cluster.address(1), "7000", "5000000", std::to_string(connect_s)},
-                                  (dir / (tag + ".client")).string());
+      auto client =
+          cluster.spawn(0, {"python3", "-c", kClient, cluster.address(1), "7000", "5000000", std::to_string(connect_s)},
+                        (dir / (tag + ".client")).string());
       const int rc = wait_exit(*client);
       if (rc != 0) ::kill(*server, SIGKILL);
       wait_exit(*server);

@@ -52,7 +52,6 @@ std::string read_text(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-
 // Polls until pred() holds, `pid` exits (not reaped) or the deadline passes.
 template <typename Pred>
 bool wait_until(Pred pred, pid_t pid, std::chrono::seconds limit) {
@@ -92,9 +91,8 @@ class ClusterRun : public ::testing::Test {
     auto resolved = arlo::config::resolve_file(config_, {});
     ASSERT_TRUE(resolved.config.has_value());
     cfg_.emplace(*resolved.config);
-    dir_ = fs::temp_directory_path() /
-           ("arlo-cluster-run-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("arlo-cluster-run-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     // The run's token: every part off loopback needs it (the worker admin plane, the bridge, the
@@ -137,16 +135,27 @@ class ClusterRun : public ::testing::Test {
   std::string url(int host) const { return "http://" + cluster_->address(host) + ":" + std::to_string(kHttpPort); }
 
   std::vector<std::string> model_flags() const {
-    return {"--layers", std::to_string(cfg_->integer("model.layers")), "--hidden", std::to_string(cfg_->integer("model.hidden")),
-            "--heads", std::to_string(cfg_->integer("model.heads")), "--context", std::to_string(cfg_->integer("model.context"))};
+    return {"--layers",  std::to_string(cfg_->integer("model.layers")),
+            "--hidden",  std::to_string(cfg_->integer("model.hidden")),
+            "--heads",   std::to_string(cfg_->integer("model.heads")),
+            "--context", std::to_string(cfg_->integer("model.context"))};
   }
 
   // An arlo-worker in `host` on its own address, from seed 7 (its own v0 is not the trainer's),
   // taking weights from the hosts `sources` (the trainer's, and in a chain the other workers').
   pid_t start_worker(int host, int index, const std::vector<int>& sources) {
-    std::vector<std::string> argv = {ARLO_WORKER_BINARY, "--bind", cluster_->address(host), "--port",
-                                     std::to_string(kHttpPort), "--init-seed", "7", "--seed", std::to_string(100 + index),
-                                     "--threads", "1", "--weight-sync",
+    std::vector<std::string> argv = {ARLO_WORKER_BINARY,
+                                     "--bind",
+                                     cluster_->address(host),
+                                     "--port",
+                                     std::to_string(kHttpPort),
+                                     "--init-seed",
+                                     "7",
+                                     "--seed",
+                                     std::to_string(100 + index),
+                                     "--threads",
+                                     "1",
+                                     "--weight-sync",
                                      R"({"transport": "tcp", "peer_name": "worker-)" + std::to_string(index) + R"("})"};
     for (const auto& f : model_flags()) argv.push_back(f);
     for (int s : sources) argv.insert(argv.end(), {"--allow-weights-from", cluster_->address(s)});
@@ -159,9 +168,14 @@ class ClusterRun : public ::testing::Test {
     for (std::size_t i = 0; i < workers.size(); ++i) urls += (i ? ", \"" : "\"") + url(workers[i]) + "\"";
     urls += "]";
     std::vector<std::string> argv = {ARLO_BINARY, "run", config_};
-    std::vector<std::string> all = {"run.dir=" + (dir_ / "run").string(), "log.progress=false", "status.port=0",
-                                    "eval.interval=0", "weight_sync.transport=tcp", "inference.launch=external",
-                                    "inference.urls=" + urls, "security.token_file=" + token_file_.string()};
+    std::vector<std::string> all = {"run.dir=" + (dir_ / "run").string(),
+                                    "log.progress=false",
+                                    "status.port=0",
+                                    "eval.interval=0",
+                                    "weight_sync.transport=tcp",
+                                    "inference.launch=external",
+                                    "inference.urls=" + urls,
+                                    "security.token_file=" + token_file_.string()};
     all.insert(all.end(), sets.begin(), sets.end());
     for (const auto& s : all) argv.insert(argv.end(), {"--set", s});
     return spawn(0, argv, arlo_log());
@@ -176,7 +190,8 @@ class ClusterRun : public ::testing::Test {
     const int status = wait_exit(arlo, 300s);
     pids_.erase(std::remove(pids_.begin(), pids_.end(), arlo), pids_.end());
     const std::string output = read_text(arlo_log());
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "arlo run (status " << status << "):\n" << tail(output);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "arlo run (status " << status << "):\n"
+                                                               << tail(output);
     auto summary = nlohmann::json::parse(read_text(run_dir() / "summary.json"), nullptr, false);
     EXPECT_FALSE(summary.is_discarded()) << "no summary.json; output:\n" << tail(output);
     return summary;
@@ -224,8 +239,9 @@ TEST_F(ClusterRun, StarAcrossFourHostsLearnsAndEndsOnTheTrainersWeights) {
                "trainer.launch=external", "bridge.transport=socket",
                "bridge.address=" + orchestrator + ":" + std::to_string(kBridgePort)});
   ASSERT_GT(arlo, 0);
-  ASSERT_TRUE(wait_until([&] { return read_text(arlo_log()).find("waiting for a trainer on the bridge") != std::string::npos; },
-                         arlo, 120s))
+  ASSERT_TRUE(
+      wait_until([&] { return read_text(arlo_log()).find("waiting for a trainer on the bridge") != std::string::npos; },
+                 arlo, 120s))
       << tail(read_text(arlo_log()));
   // The trainer of its own host: the bridge on the orchestrator's address, its publisher on every
   // interface, announcing its host's address.
@@ -233,15 +249,35 @@ TEST_F(ClusterRun, StarAcrossFourHostsLearnsAndEndsOnTheTrainersWeights) {
                                 {"address", "0.0.0.0:" + std::to_string(kPublisherPort)},
                                 {"advertise_host", trainer_host},
                                 {"expected_receivers", 2}};
-  std::vector<std::string> trainer = {ARLO_TRAINER_BINARY, "--run-dir", (dir_ / "trainer").string(), "--bridge", "socket",
-                                      "--bridge-host", orchestrator, "--bridge-port", std::to_string(kBridgePort),
-                                      "--seed", std::to_string(cfg_->integer("model.seed")), "--threads", "1",
-                                      "--lr", fmt_num(cfg_->number("trainer.lr")), "--sft-lr", fmt_num(cfg_->number("trainer.sft_lr")),
-                                      "--beta1", fmt_num(cfg_->number("trainer.beta1")), "--beta2", fmt_num(cfg_->number("trainer.beta2")),
-                                      "--weight-decay", fmt_num(cfg_->number("trainer.weight_decay")),
-                                      "--max-grad-norm", fmt_num(cfg_->number("trainer.max_grad_norm")),
-                                      "--temperature", fmt_num(cfg_->number("sampling.temperature")),
-                                      "--weight-sync", block.dump()};
+  std::vector<std::string> trainer = {ARLO_TRAINER_BINARY,
+                                      "--run-dir",
+                                      (dir_ / "trainer").string(),
+                                      "--bridge",
+                                      "socket",
+                                      "--bridge-host",
+                                      orchestrator,
+                                      "--bridge-port",
+                                      std::to_string(kBridgePort),
+                                      "--seed",
+                                      std::to_string(cfg_->integer("model.seed")),
+                                      "--threads",
+                                      "1",
+                                      "--lr",
+                                      fmt_num(cfg_->number("trainer.lr")),
+                                      "--sft-lr",
+                                      fmt_num(cfg_->number("trainer.sft_lr")),
+                                      "--beta1",
+                                      fmt_num(cfg_->number("trainer.beta1")),
+                                      "--beta2",
+                                      fmt_num(cfg_->number("trainer.beta2")),
+                                      "--weight-decay",
+                                      fmt_num(cfg_->number("trainer.weight_decay")),
+                                      "--max-grad-norm",
+                                      fmt_num(cfg_->number("trainer.max_grad_norm")),
+                                      "--temperature",
+                                      fmt_num(cfg_->number("sampling.temperature")),
+                                      "--weight-sync",
+                                      block.dump()};
   for (const auto& f : model_flags()) trainer.push_back(f);
   fs::create_directories(dir_ / "trainer");
   ASSERT_GT(spawn(1, trainer, dir_ / "trainer.log"), 0);
@@ -317,7 +353,8 @@ TEST_F(ClusterRun, ChainOverThreeWorkersRelaysOnEveryLink) {
   // and each but the last relayed on its own host.
   const std::string relay0 = cluster_->address(1) + ":" + std::to_string(kRelayPort);
   const std::string relay1 = cluster_->address(2) + ":" + std::to_string(kRelayPort + 1);
-  EXPECT_NE(worker_log(0).find("from " + announced + ", relaying at " + relay0), std::string::npos) << tail(worker_log(0));
+  EXPECT_NE(worker_log(0).find("from " + announced + ", relaying at " + relay0), std::string::npos)
+      << tail(worker_log(0));
   EXPECT_NE(worker_log(1).find("from " + relay0 + ", relaying at " + relay1), std::string::npos) << tail(worker_log(1));
   EXPECT_NE(worker_log(2).find("from " + relay1 + "\n"), std::string::npos) << tail(worker_log(2));
   EXPECT_EQ(worker_log(2).find("relaying at"), std::string::npos) << "the end of the chain relays to nobody";
@@ -350,9 +387,12 @@ TEST_F(ClusterRun, ARelayKilledMidTransferIsSkippedAndTheNextWorkerKeepsUp) {
   const std::size_t middle_at = worker_log(1).size(), last_at = worker_log(2).size();
   // Both started the next version (the last one is connected to the middle one's relay, which
   // listens across versions).
-  ASSERT_TRUE(wait_until([&] { return worker_log(1).find("receiving weights v", middle_at) != std::string::npos &&
-                                      worker_log(2).find("receiving weights v", last_at) != std::string::npos; },
-                         arlo, 120s))
+  ASSERT_TRUE(wait_until(
+      [&] {
+        return worker_log(1).find("receiving weights v", middle_at) != std::string::npos &&
+               worker_log(2).find("receiving weights v", last_at) != std::string::npos;
+      },
+      arlo, 120s))
       << tail(read_text(arlo_log()));
   ASSERT_EQ(::kill(workers[1], SIGKILL), 0);
 

@@ -53,10 +53,18 @@ fs::path scratch(const std::string& name) {
 std::vector<std::string> run_args(const fs::path& run_dir, bool resume) {
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src ? src : ".") + "/configs/quickstart.yaml"};
-  const std::vector<std::string> sets = {
-      "run.dir=" + run_dir.string(), "log.progress=false", "status.port=0", "run.max_steps=" + std::to_string(kSteps),
-      "orchestrator.sft_warmup_steps=6", "eval.interval=0", "inference.num_workers=1", "orchestrator.max_async_level=0",
-      "orchestrator.max_inflight=8", "orchestrator.batch_size=16", "ckpt.interval=4", "weight_sync.transport=filesystem"};
+  const std::vector<std::string> sets = {"run.dir=" + run_dir.string(),
+                                         "log.progress=false",
+                                         "status.port=0",
+                                         "run.max_steps=" + std::to_string(kSteps),
+                                         "orchestrator.sft_warmup_steps=6",
+                                         "eval.interval=0",
+                                         "inference.num_workers=1",
+                                         "orchestrator.max_async_level=0",
+                                         "orchestrator.max_inflight=8",
+                                         "orchestrator.batch_size=16",
+                                         "ckpt.interval=4",
+                                         "weight_sync.transport=filesystem"};
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   if (resume) args.push_back("--resume");
   return args;
@@ -103,7 +111,8 @@ int finish(const Arlo& a, const fs::path& run_dir) {
       std::string cmd = read_file(p.path() / "cmdline");
       for (auto& c : cmd)
         if (c == '\0') c = ' ';
-      if (cmd.find(run_dir.string() + " ") != std::string::npos || cmd.find(run_dir.string() + "/") != std::string::npos)
+      if (cmd.find(run_dir.string() + " ") != std::string::npos ||
+          cmd.find(run_dir.string() + "/") != std::string::npos)
         found = true;
     }
     if (found) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -143,8 +152,9 @@ TrainerState trainer_state(const fs::path& run_dir) {
   TrainerState t;
   t.step = trainer_latest(run_dir);
   if (t.step < 0) return t;
-  const auto j = json::parse(read_file(run_dir / "checkpoints" / "trainer" / ("step_" + std::to_string(t.step)) / "state.json"),
-                             nullptr, false);
+  const auto j =
+      json::parse(read_file(run_dir / "checkpoints" / "trainer" / ("step_" + std::to_string(t.step)) / "state.json"),
+                  nullptr, false);
   if (j.is_object() && j.contains("lineage")) t.lineage = j["lineage"].get<std::vector<std::string>>();
   return t;
 }
@@ -194,7 +204,8 @@ int expect_same_as_reference(const fs::path& run_dir, const Reference& ref, cons
   // The supervised steps' batches depend only on the data position: they must be the reference's.
   // (The GRPO batches depend on sampling, which is not bit-for-bit repeatable across runs here.)
   EXPECT_EQ(state.lineage.size(), static_cast<std::size_t>(kSteps));
-  if (state.lineage.size() != static_cast<std::size_t>(kSteps) || ref.lineage.size() != static_cast<std::size_t>(kSteps))
+  if (state.lineage.size() != static_cast<std::size_t>(kSteps) ||
+      ref.lineage.size() != static_cast<std::size_t>(kSteps))
     return -1;
   for (int s = 0; s < kWarmup; ++s)
     EXPECT_EQ(state.lineage[static_cast<std::size_t>(s)], ref.lineage[static_cast<std::size_t>(s)])

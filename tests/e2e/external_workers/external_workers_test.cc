@@ -33,14 +33,16 @@ TEST(ExternalWorkersE2E, AreHealthWaitedGivenV0AndEndOnTheFinalVersion) {
   fs::remove_all(run_dir);
   fs::create_directories(run_dir.parent_path());
   const int ports[2] = {arlo::e2e::free_loopback_port(), arlo::e2e::free_loopback_port()};
-  const std::string urls = "[\"http://127.0.0.1:" + std::to_string(ports[0]) + "\", \"http://127.0.0.1:" + std::to_string(ports[1]) + "\"]";
+  const std::string urls =
+      "[\"http://127.0.0.1:" + std::to_string(ports[0]) + "\", \"http://127.0.0.1:" + std::to_string(ports[1]) + "\"]";
   const fs::path log = run_dir.string() + ".log";
   std::vector<std::string> args = {ARLO_BINARY, "run", config};
   const int steps = 8;
-  for (const std::string& s : {"run.dir=" + run_dir.string(), std::string("log.progress=false"), std::string("status.port=0"),
-                               "run.max_steps=" + std::to_string(steps), std::string("orchestrator.sft_warmup_steps=4"),
-                               std::string("eval.interval=0"), std::string("weight_sync.transport=tcp"),
-                               std::string("inference.launch=external"), "inference.urls=" + urls})
+  for (const std::string& s :
+       {"run.dir=" + run_dir.string(), std::string("log.progress=false"), std::string("status.port=0"),
+        "run.max_steps=" + std::to_string(steps), std::string("orchestrator.sft_warmup_steps=4"),
+        std::string("eval.interval=0"), std::string("weight_sync.transport=tcp"),
+        std::string("inference.launch=external"), "inference.urls=" + urls})
     args.insert(args.end(), {"--set", s});
   const pid_t arlo = arlo::e2e::spawn_logged(args, log);
   ASSERT_GT(arlo, 0);
@@ -48,11 +50,27 @@ TEST(ExternalWorkersE2E, AreHealthWaitedGivenV0AndEndOnTheFinalVersion) {
   // The workers start now, from seed 7: their own v0 is not the trainer's (model.seed).
   std::vector<pid_t> workers;
   for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> w = {ARLO_WORKER_BINARY, "--bind", "127.0.0.1", "--port", std::to_string(ports[i]), "--init-seed", "7",
-                                  "--seed", std::to_string(100 + i), "--threads", "1",
-                                  "--layers", std::to_string(cfg.integer("model.layers")), "--hidden", std::to_string(cfg.integer("model.hidden")),
-                                  "--heads", std::to_string(cfg.integer("model.heads")), "--context", std::to_string(cfg.integer("model.context")),
-                                  "--weight-sync", R"({"transport": "tcp", "peer_name": "external-)" + std::to_string(i) + R"("})"};
+    std::vector<std::string> w = {ARLO_WORKER_BINARY,
+                                  "--bind",
+                                  "127.0.0.1",
+                                  "--port",
+                                  std::to_string(ports[i]),
+                                  "--init-seed",
+                                  "7",
+                                  "--seed",
+                                  std::to_string(100 + i),
+                                  "--threads",
+                                  "1",
+                                  "--layers",
+                                  std::to_string(cfg.integer("model.layers")),
+                                  "--hidden",
+                                  std::to_string(cfg.integer("model.hidden")),
+                                  "--heads",
+                                  std::to_string(cfg.integer("model.heads")),
+                                  "--context",
+                                  std::to_string(cfg.integer("model.context")),
+                                  "--weight-sync",
+                                  R"({"transport": "tcp", "peer_name": "external-)" + std::to_string(i) + R"("})"};
     workers.push_back(arlo::e2e::spawn_logged(w, run_dir.string() + ".worker" + std::to_string(i) + ".log"));
     ASSERT_GT(workers.back(), 0);
   }
@@ -63,7 +81,8 @@ TEST(ExternalWorkersE2E, AreHealthWaitedGivenV0AndEndOnTheFinalVersion) {
     ::waitpid(w, nullptr, 0);
   }
   const std::string output = arlo::e2e::read_text(log);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output.substr(output.size() > 6000 ? output.size() - 6000 : 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << output.substr(output.size() > 6000 ? output.size() - 6000 : 0);
   // They were waited for, not tried and left out.
   EXPECT_NE(output.find("2 worker(s) healthy"), std::string::npos);
   EXPECT_EQ(output.find("left out of updates"), std::string::npos) << output;

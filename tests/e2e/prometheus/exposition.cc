@@ -83,7 +83,8 @@ std::expected<Sample, std::string> parse_sample(std::string_view line) {
       const std::string lname(line.substr(i, eq - i));
       if (!is_label_name(lname)) return std::unexpected("invalid label name '" + lname + "' in " + s.name);
       i = eq + 1;
-      if (i >= line.size() || line[i] != '"') return std::unexpected("label " + lname + " of " + s.name + ": value not quoted");
+      if (i >= line.size() || line[i] != '"')
+        return std::unexpected("label " + lname + " of " + s.name + ": value not quoted");
       ++i;
       std::string value;
       bool closed = false;
@@ -96,17 +97,22 @@ std::expected<Sample, std::string> parse_sample(std::string_view line) {
         if (c == '\\') {
           if (i >= line.size()) break;
           const char e = line[i++];
-          if (e == 'n') value += '\n';
-          else if (e == '\\' || e == '"') value += e;
-          else return std::unexpected("label " + lname + " of " + s.name + ": invalid escape \\" + std::string(1, e));
+          if (e == 'n')
+            value += '\n';
+          else if (e == '\\' || e == '"')
+            value += e;
+          else
+            return std::unexpected("label " + lname + " of " + s.name + ": invalid escape \\" + std::string(1, e));
           continue;
         }
         value += c;
       }
       if (!closed) return std::unexpected("label " + lname + " of " + s.name + ": unterminated value");
       if (!s.labels.emplace(lname, value).second) return std::unexpected("label " + lname + " twice in " + s.name);
-      if (i < line.size() && line[i] == ',') ++i;
-      else if (i >= line.size() || line[i] != '}') return std::unexpected("expected ',' or '}' after label " + lname + " of " + s.name);
+      if (i < line.size() && line[i] == ',')
+        ++i;
+      else if (i >= line.size() || line[i] != '}')
+        return std::unexpected("expected ',' or '}' after label " + lname + " of " + s.name);
     }
   }
   if (i >= line.size() || line[i] != ' ') return std::unexpected("expected a space before the value of " + s.name);
@@ -137,8 +143,7 @@ std::string check_histogram(const std::string& family, const std::vector<Sample>
     if (s.name == family + "_bucket") {
       const auto le = labels.find("le");
       double bound = 0;
-      if (le == labels.end() || !parse_value(le->second, bound))
-        return family + "_bucket without a numeric le label";
+      if (le == labels.end() || !parse_value(le->second, bound)) return family + "_bucket without a numeric le label";
       labels.erase("le");
       series[labels].buckets.emplace_back(bound, s.value);
     } else if (s.name == family + "_sum") {
@@ -179,9 +184,7 @@ std::expected<Exposition, std::string> parse_exposition(std::string_view text) {
   std::string current;  // the family whose samples come last
   std::size_t line_no = 0;
   std::size_t pos = 0;
-  auto fail = [&](const std::string& what) {
-    return std::unexpected("line " + std::to_string(line_no) + ": " + what);
-  };
+  auto fail = [&](const std::string& what) { return std::unexpected("line " + std::to_string(line_no) + ": " + what); };
   while (pos < text.size()) {
     const std::size_t nl = text.find('\n', pos);
     const std::string_view line = text.substr(pos, nl - pos);
@@ -194,8 +197,7 @@ std::expected<Exposition, std::string> parse_exposition(std::string_view text) {
       in >> hash >> keyword >> name;
       if (hash != "#" || (keyword != "HELP" && keyword != "TYPE")) continue;  // a comment
       if (!is_metric_name(name)) return fail("invalid metric name '" + name + "' in " + keyword);
-      if (families_done.contains(name) || current == name)
-        return fail(keyword + " " + name + " after its samples");
+      if (families_done.contains(name) || current == name) return fail(keyword + " " + name + " after its samples");
       if (keyword == "HELP") {
         if (!helped.insert(name).second) return fail("a second HELP for " + name);
         continue;
@@ -221,7 +223,8 @@ std::expected<Exposition, std::string> parse_exposition(std::string_view text) {
       return fail(sample->name + " in " + type->second + " family " + family);
     if (type != out.types.end() && type->second == "counter" && sample->value < 0)
       return fail("counter " + family + " is negative");
-    if (!series.insert(series_key(*sample)).second) return fail("series " + std::string(line.substr(0, line.rfind(' '))) + " twice");
+    if (!series.insert(series_key(*sample)).second)
+      return fail("series " + std::string(line.substr(0, line.rfind(' '))) + " twice");
     if (type != out.types.end() && type->second == "histogram") histogram_samples[family].push_back(*sample);
     out.samples.push_back(std::move(*sample));
   }

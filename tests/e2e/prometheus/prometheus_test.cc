@@ -54,12 +54,20 @@ constexpr const char* kPrometheus = "/usr/bin/prometheus";
 constexpr int kWorkers = 2;  // configs/quickstart.yaml's inference.num_workers
 
 // The names the issue and docs/architecture.md promise on /metrics (RL steps and evals have run).
-const std::vector<std::string> kRequired = {
-    "arlo_train_reward_mean",        "arlo_train_reward_exact_match_mean", "arlo_trainer_loss",
-    "arlo_trainer_mismatch_kl",      "arlo_trainer_grad_norm",             "arlo_trainer_lr",
-    "arlo_trainer_entropy",          "arlo_trainer_clipped_fraction",      "arlo_eval_arithmetic_pass_1",
-    "arlo_weight_sync_seconds",      "arlo_throughput_tokens_per_s",       "arlo_rollouts_completed",
-    "arlo_weight_sync_worker_seconds", "arlo_worker_version"};
+const std::vector<std::string> kRequired = {"arlo_train_reward_mean",
+                                            "arlo_train_reward_exact_match_mean",
+                                            "arlo_trainer_loss",
+                                            "arlo_trainer_mismatch_kl",
+                                            "arlo_trainer_grad_norm",
+                                            "arlo_trainer_lr",
+                                            "arlo_trainer_entropy",
+                                            "arlo_trainer_clipped_fraction",
+                                            "arlo_eval_arithmetic_pass_1",
+                                            "arlo_weight_sync_seconds",
+                                            "arlo_throughput_tokens_per_s",
+                                            "arlo_rollouts_completed",
+                                            "arlo_weight_sync_worker_seconds",
+                                            "arlo_worker_version"};
 // Those of kRequired with one series per worker, labelled worker="<admin url>".
 const std::vector<std::string> kPerWorker = {"arlo_weight_sync_worker_seconds", "arlo_worker_version"};
 
@@ -193,9 +201,7 @@ class PrometheusApi {
   std::string base_;
 };
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // The raw samples (value per scrape) of every series a range-vector query `expr[window]` returns.
 std::vector<double> raw_samples(const nlohmann::json& data) {
@@ -293,8 +299,10 @@ class PrometheusE2E : public ::testing::Test {
     std::string listing;
     for (const auto& p : left) listing += "\n  " + p;
     EXPECT_TRUE(left.empty()) << "processes left running:" << listing;
-    if (!HasFailure()) fs::remove_all(dir_);
-    else std::printf("kept for inspection: %s\n", dir_.c_str());
+    if (!HasFailure())
+      fs::remove_all(dir_);
+    else
+      std::printf("kept for inspection: %s\n", dir_.c_str());
   }
 
   void scrape_a_run();
@@ -338,30 +346,39 @@ void PrometheusE2E::scrape_a_run() {
       ready = r && r->status == 200;
       if (!ready) std::this_thread::sleep_for(200ms);
     }
-    ASSERT_TRUE(ready) << "prometheus did not become ready within 120 s (status " << prometheus.status()
-                       << "):\n" << tail(prometheus.output());
+    ASSERT_TRUE(ready) << "prometheus did not become ready within 120 s (status " << prometheus.status() << "):\n"
+                       << tail(prometheus.output());
   }
 
   // The quickstart, shortened: 20 supervised steps, then 280 GRPO steps (long enough for a dozen
   // 1-second scrapes on an idle machine), an eval at the start of RL and every 50 steps, a pipeline
   // view every second.
   const fs::path run_dir = dir_ / "run";
-  std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml",
-                                   "--set", "run.dir=" + run_dir.string(),
-                                   "--set", "run.max_steps=300",
-                                   "--set", "orchestrator.sft_warmup_steps=20",
-                                   "--set", "eval.interval=50",
-                                   "--set", "status.port=" + std::to_string(status_port),
-                                   "--set", "log.interval_s=1",
-                                   "--set", "log.progress=false",
+  std::vector<std::string> args = {ARLO_BINARY,
+                                   "run",
+                                   std::string(src) + "/configs/quickstart.yaml",
+                                   "--set",
+                                   "run.dir=" + run_dir.string(),
+                                   "--set",
+                                   "run.max_steps=300",
+                                   "--set",
+                                   "orchestrator.sft_warmup_steps=20",
+                                   "--set",
+                                   "eval.interval=50",
+                                   "--set",
+                                   "status.port=" + std::to_string(status_port),
+                                   "--set",
+                                   "log.interval_s=1",
+                                   "--set",
+                                   "log.progress=false",
                                    "--overwrite"};
   Process arlo(args, dir_ / "arlo.log");
 
   // Our own scrapes, as often as they come back, until the run ends.
   int scrapes = 0;
   std::optional<ScrapeFindings> last;
-  std::optional<ScrapeFindings> complete;  // the first scrape with every required name
-  std::string invalid;                     // the first invalid exposition, with the reason
+  std::optional<ScrapeFindings> complete;   // the first scrape with every required name
+  std::string invalid;                      // the first invalid exposition, with the reason
   std::optional<std::string> content_type;  // one that is not text/plain; version=0.0.4
   std::string last_text;                    // the last scrape, kept in the test's dir for inspection
   const auto run_deadline = Clock::now() + 480s;
@@ -450,8 +467,10 @@ void PrometheusE2E::scrape_a_run() {
     distinct.insert(v);
   }
   EXPECT_GE(distinct.size(), 2u) << "the reward series did not change between scrapes";
-  std::printf("prometheus e2e: %zu samples of arlo_train_reward_mean in Prometheus (%zu distinct), %zu steps "
-              "with a reward in metrics.jsonl\n", prom_rewards.size(), distinct.size(), rewards.size());
+  std::printf(
+      "prometheus e2e: %zu samples of arlo_train_reward_mean in Prometheus (%zu distinct), %zu steps "
+      "with a reward in metrics.jsonl\n",
+      prom_rewards.size(), distinct.size(), rewards.size());
 
   // Prometheus' own parser accepted arlo's exposition: `up` is 1 on several scrapes (a scrape whose
   // text it cannot parse sets it to 0, as does one that finds the status port closed).
@@ -506,13 +525,15 @@ void PrometheusE2E::scrape_a_run() {
       unknown.insert("__name__=~\"" + re + "\"");
   }
   EXPECT_TRUE(unknown.empty()) << "the dashboard queries metrics Prometheus does not have: " << join(unknown);
-  std::printf("prometheus e2e: dashboard: %d panels, %d queries, %zu metric names and %zu name patterns; "
-              "Prometheus has %zu names\n", panels, queries, queried.names.size(), queried.regexes.size(),
-              names.size());
+  std::printf(
+      "prometheus e2e: dashboard: %d panels, %d queries, %zu metric names and %zu name patterns; "
+      "Prometheus has %zu names\n",
+      panels, queries, queried.names.size(), queried.regexes.size(), names.size());
 
   const int prom_status = prometheus.stop(30s);
   EXPECT_TRUE(WIFEXITED(prom_status) && WEXITSTATUS(prom_status) == 0)
-      << "prometheus did not stop cleanly on SIGTERM (status " << prom_status << "):\n" << tail(prometheus.output());
+      << "prometheus did not stop cleanly on SIGTERM (status " << prom_status << "):\n"
+      << tail(prometheus.output());
 }
 
 // The exposition reader catches what Prometheus would reject (so the scrape checks above can fail).
@@ -541,7 +562,8 @@ TEST(Exposition, RejectsWhatPrometheusRejects) {
       {"arlo_a{x=v} 1\n", "not quoted"},
       {"arlo_a 1", "line feed"},
       {"# TYPE arlo_a gauges\narlo_a 1\n", "unknown type"},
-      {"# TYPE arlo_h histogram\narlo_h_bucket{le=\"1\"} 2\narlo_h_bucket{le=\"+Inf\"} 1\narlo_h_sum 1\narlo_h_count 1\n",
+      {"# TYPE arlo_h histogram\narlo_h_bucket{le=\"1\"} 2\narlo_h_bucket{le=\"+Inf\"} 1\narlo_h_sum 1\narlo_h_count "
+       "1\n",
        "cumulative"},
       {"# TYPE arlo_h histogram\narlo_h_bucket{le=\"+Inf\"} 2\narlo_h_sum 1\narlo_h_count 3\n", "differs from _count"},
   };

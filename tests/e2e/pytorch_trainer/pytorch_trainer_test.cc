@@ -64,14 +64,23 @@ TEST_P(PytorchTrainerE2E, EveryWorkerServesTheTrainersLastVersion) {
   // trainer.command's paths are relative to where arlo run starts: the top of the source tree.
   fs::current_path(src);
   ::setenv("ARLO_BRIDGE_LIB", ARLO_BRIDGE_LIBRARY, 1);  // the Python module loads this build's library
-  const std::vector<std::string> args = {ARLO_BINARY, "run", "configs/pytorch-trainer.yaml",
-                                         "--set", "weight_sync.transport=" + transport,
-                                         "--set", "run.dir=" + run_dir.string(),
-                                         "--set", "status.port=0",  // tests run side by side
-                                         "--set", "log.progress=false",
-                                         "--set", "run.max_steps=" + std::to_string(kSteps),
-                                         "--set", "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup),
-                                         "--set", "eval.interval=0"};
+  const std::vector<std::string> args = {ARLO_BINARY,
+                                         "run",
+                                         "configs/pytorch-trainer.yaml",
+                                         "--set",
+                                         "weight_sync.transport=" + transport,
+                                         "--set",
+                                         "run.dir=" + run_dir.string(),
+                                         "--set",
+                                         "status.port=0",  // tests run side by side
+                                         "--set",
+                                         "log.progress=false",
+                                         "--set",
+                                         "run.max_steps=" + std::to_string(kSteps),
+                                         "--set",
+                                         "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup),
+                                         "--set",
+                                         "eval.interval=0"};
   const fs::path log = run_dir.string() + ".log";
   const int status = run_process(args, log);
   const std::string output = read_file(log);
@@ -108,8 +117,9 @@ TEST_P(PytorchTrainerE2E, EveryWorkerServesTheTrainersLastVersion) {
   EXPECT_EQ(records, kSteps);
   // It published v0 from its own initialisation, and stopped by itself, cleanly, when the run ended.
   EXPECT_NE(output.find("[trainer] published v0"), std::string::npos) << tail;
-  EXPECT_NE(output.find("[trainer] trainer: stopped after step " + std::to_string(kSteps) + ": SIGTERM (arlo run ended)"),
-            std::string::npos)
+  EXPECT_NE(
+      output.find("[trainer] trainer: stopped after step " + std::to_string(kSteps) + ": SIGTERM (arlo run ended)"),
+      std::string::npos)
       << tail;
   fs::remove_all(run_dir);
 }

@@ -74,9 +74,15 @@ nlohmann::json run_quickstart(const fs::path& run_dir, const std::vector<std::st
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   EXPECT_NE(src, nullptr);
   if (src == nullptr) return {};
-  std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml",
-                                   "--set", "run.dir=" + run_dir.string(), "--set", "log.progress=false",
-                                   "--set", "status.port=0"};  // tests run side by side
+  std::vector<std::string> args = {ARLO_BINARY,
+                                   "run",
+                                   std::string(src) + "/configs/quickstart.yaml",
+                                   "--set",
+                                   "run.dir=" + run_dir.string(),
+                                   "--set",
+                                   "log.progress=false",
+                                   "--set",
+                                   "status.port=0"};  // tests run side by side
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   for (const auto& s : extra_sets()) args.insert(args.end(), {"--set", s});
   args.insert(args.end(), flags.begin(), flags.end());
@@ -105,7 +111,8 @@ void expect_workers_serve(const nlohmann::json& summary, std::int64_t version, s
     EXPECT_EQ(w.at("version").get<std::int64_t>(), version) << name;
     EXPECT_FALSE(w.at("checksum").get<std::string>().empty()) << name;
     if (checksum.empty()) checksum = w.at("checksum").get<std::string>();
-    EXPECT_EQ(w.at("checksum").get<std::string>(), checksum) << "the workers hold different weights: " << workers.dump(2);
+    EXPECT_EQ(w.at("checksum").get<std::string>(), checksum)
+        << "the workers hold different weights: " << workers.dump(2);
   }
 }
 
@@ -138,10 +145,9 @@ std::int64_t quickstart_warmup() {
 TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
   const fs::path run_dir = scratch("accounting");
   fs::remove_all(run_dir);
-  const auto summary =
-      run_quickstart(run_dir, {"run.max_steps=" + std::to_string(kSteps),
-                               "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup), "eval.interval=100",
-                               "ckpt.interval=10"});
+  const auto summary = run_quickstart(
+      run_dir, {"run.max_steps=" + std::to_string(kSteps), "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup),
+                "eval.interval=100", "ckpt.interval=10"});
   ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
   EXPECT_EQ(summary.at("steps").get<int>(), kSteps);
@@ -242,9 +248,9 @@ TEST(QuickstartE2E, WeightsMoveOverTcpAndSharedMemory) {
 TEST(QuickstartE2E, WeightsMoveDownAChainOfThreeWorkers) {
   const fs::path run_dir = scratch("ws_chain");
   fs::remove_all(run_dir);
-  const auto summary = run_quickstart(run_dir, {"run.max_steps=15", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
-                                                "weight_sync.transport=tcp", "weight_sync.topology=chain",
-                                                "inference.num_workers=3"});
+  const auto summary =
+      run_quickstart(run_dir, {"run.max_steps=15", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
+                               "weight_sync.transport=tcp", "weight_sync.topology=chain", "inference.num_workers=3"});
   ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
   expect_workers_serve(summary, 15, 3);
@@ -282,8 +288,8 @@ TEST(QuickstartE2E, GrpoRaisesTheTrainRewardAndEval) {
   fs::remove_all(run_dir);
   const std::int64_t warmup = quickstart_warmup();
   ASSERT_GT(warmup, 0) << "configs/quickstart.yaml has a supervised warm-up";
-  const auto summary = run_quickstart(
-      run_dir, {"run.max_steps=" + std::to_string(warmup + kRlSteps), "eval.interval=50"});
+  const auto summary =
+      run_quickstart(run_dir, {"run.max_steps=" + std::to_string(warmup + kRlSteps), "eval.interval=50"});
   ASSERT_FALSE(HasFailure());
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
 
@@ -301,15 +307,18 @@ TEST(QuickstartE2E, GrpoRaisesTheTrainRewardAndEval) {
   ASSERT_EQ(evals.front().first, warmup) << "the first eval is of the policy RL starts from";
   ASSERT_EQ(evals.back().first, warmup + kRlSteps) << "the last eval is of the final policy";
   const double eval_start = evals.front().second;
-  const double eval_end = (evals[evals.size() - 1].second + evals[evals.size() - 2].second + evals[evals.size() - 3].second) / 3;
+  const double eval_end =
+      (evals[evals.size() - 1].second + evals[evals.size() - 2].second + evals[evals.size() - 3].second) / 3;
 
-  std::printf("learning: eval pass@1 v%lld %.3f -> mean of last 3 evals %.3f (gain %+.3f, asserted %+.3f); "
-              "train reward first 20 RL steps %.3f -> last 20 %.3f (gain %+.3f, asserted %+.3f)\n",
-              static_cast<long long>(evals.front().first), eval_start, eval_end, eval_end - eval_start, kMinEvalGain,
-              train_first, train_last, train_last - train_first, kMinTrainGain);
+  std::printf(
+      "learning: eval pass@1 v%lld %.3f -> mean of last 3 evals %.3f (gain %+.3f, asserted %+.3f); "
+      "train reward first 20 RL steps %.3f -> last 20 %.3f (gain %+.3f, asserted %+.3f)\n",
+      static_cast<long long>(evals.front().first), eval_start, eval_end, eval_end - eval_start, kMinEvalGain,
+      train_first, train_last, train_last - train_first, kMinTrainGain);
   EXPECT_GE(eval_end - eval_start, kMinEvalGain) << "greedy eval pass@1: v" << evals.front().first << " " << eval_start
                                                  << ", mean of the last three evals " << eval_end;
-  EXPECT_GE(train_last - train_first, kMinTrainGain) << "first 20 RL steps " << train_first << ", last 20 " << train_last;
+  EXPECT_GE(train_last - train_first, kMinTrainGain)
+      << "first 20 RL steps " << train_first << ", last 20 " << train_last;
   fs::remove_all(run_dir);
 }
 
@@ -319,8 +328,8 @@ TEST(QuickstartE2E, GrpoRaisesTheTrainRewardAndEval) {
 TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
   const fs::path run_dir = scratch("resume");
   fs::remove_all(run_dir);
-  run_quickstart(run_dir, {"run.max_steps=20", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
-                           "ckpt.interval=10"});
+  run_quickstart(run_dir,
+                 {"run.max_steps=20", "orchestrator.sft_warmup_steps=10", "eval.interval=0", "ckpt.interval=10"});
   ASSERT_FALSE(HasFailure());
   const auto checkpoint = nlohmann::json::parse(read_file(run_dir / "orchestrator" / "checkpoint.json"));
   const std::string metrics_before = read_file(run_dir / "metrics.jsonl");
@@ -328,9 +337,9 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
   // (exit 2), and the previous run's files are left as they were.
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   const fs::path refused_log = run_dir.string() + ".refused.log";
-  const int refused = run_process({ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml", "--set",
-                                   "run.dir=" + run_dir.string()},
-                                  refused_log);
+  const int refused = run_process(
+      {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml", "--set", "run.dir=" + run_dir.string()},
+      refused_log);
   const std::string refusal = read_file(refused_log);
   fs::remove(refused_log);
   EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) == 2) << "status " << refused << ":\n" << refusal;
@@ -355,7 +364,8 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
   // The task stream continued where the checkpoint left it, not from the start.
   const auto resumed = nlohmann::json::parse(read_file(run_dir / "orchestrator" / "checkpoint.json"));
   const auto served = [](const nlohmann::json& c) { return c.at("task_cursor").at("seq").get<std::int64_t>(); };
-  EXPECT_GT(served(resumed), served(checkpoint)) << checkpoint.at("task_cursor") << " then " << resumed.at("task_cursor");
+  EXPECT_GT(served(resumed), served(checkpoint))
+      << checkpoint.at("task_cursor") << " then " << resumed.at("task_cursor");
   fs::remove_all(run_dir);
 }
 

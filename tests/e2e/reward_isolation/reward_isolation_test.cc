@@ -42,21 +42,35 @@ Run arlo_run(const std::string& name, const std::string& plugin_config, const st
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   EXPECT_NE(src, nullptr);
   if (src == nullptr) return out;
-  const fs::path run_dir = fs::temp_directory_path() / ("arlo_reward_isolation_" + name + "_" + std::to_string(::getpid()));
+  const fs::path run_dir =
+      fs::temp_directory_path() / ("arlo_reward_isolation_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(run_dir);
-  std::vector<std::string> args = {
-      ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml",
-      "--set", "run.dir=" + run_dir.string(),
-      "--set", "log.progress=false",
-      "--set", "status.port=0",
-      "--set", "run.max_steps=" + std::to_string(kSteps),
-      "--set", "orchestrator.sft_warmup_steps=2",
-      "--set", "orchestrator.batch_size=32",
-      "--set", "orchestrator.group_size=" + std::to_string(kGroupSize),
-      "--set", "orchestrator.max_inflight=32",
-      "--set", "eval.interval=100",
-      "--set", "eval.size=8",
-      "--set", "reward.modules=[{kind: plugin, path: " + std::string(ARLO_TEST_PLUGIN_PATH) + ", config: " + plugin_config + "}]"};
+  std::vector<std::string> args = {ARLO_BINARY,
+                                   "run",
+                                   std::string(src) + "/configs/quickstart.yaml",
+                                   "--set",
+                                   "run.dir=" + run_dir.string(),
+                                   "--set",
+                                   "log.progress=false",
+                                   "--set",
+                                   "status.port=0",
+                                   "--set",
+                                   "run.max_steps=" + std::to_string(kSteps),
+                                   "--set",
+                                   "orchestrator.sft_warmup_steps=2",
+                                   "--set",
+                                   "orchestrator.batch_size=32",
+                                   "--set",
+                                   "orchestrator.group_size=" + std::to_string(kGroupSize),
+                                   "--set",
+                                   "orchestrator.max_inflight=32",
+                                   "--set",
+                                   "eval.interval=100",
+                                   "--set",
+                                   "eval.size=8",
+                                   "--set",
+                                   "reward.modules=[{kind: plugin, path: " + std::string(ARLO_TEST_PLUGIN_PATH) +
+                                       ", config: " + plugin_config + "}]"};
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   const fs::path log = run_dir.string() + ".log";
   const auto t0 = std::chrono::steady_clock::now();
@@ -98,7 +112,8 @@ std::uint64_t expect_finished(const Run& r) {
   const auto& ledger = r.summary.at("ledger");
   const auto completed = ledger.at("completed").get<std::uint64_t>();
   EXPECT_EQ(ledger.at("in_flight").get<std::uint64_t>(), 0u);
-  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(), completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
+  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(),
+            completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
       << ledger.dump(2);
   EXPECT_EQ(sum(ledger.at("dispositions")), completed) << ledger.dump(2);
   const auto& d = ledger.at("dispositions");
@@ -133,7 +148,8 @@ TEST(RewardIsolation, PluginThatAlwaysCrashesStopsTheRunWithTheReason) {
   // Past the bound the run stops: at the 6th death in a row, or the 7th where two scorer threads'
   // calls were in flight when the 6th came.
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(its host process died (\d+) times in a row \(the bound is 5 restarts\); giving up)")))
+  ASSERT_TRUE(std::regex_search(
+      r.output, m, std::regex(R"(its host process died (\d+) times in a row \(the bound is 5 restarts\); giving up)")))
       << tail(r.output);
   EXPECT_GE(std::stoi(m[1]), 6);
   EXPECT_LE(std::stoi(m[1]), 7);

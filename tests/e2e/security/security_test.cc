@@ -38,8 +38,10 @@ constexpr const char* kToken = "e2e-security-token-3f9c";
 // Scoped $ARLO_TOKEN (children spawned meanwhile inherit it; parts created meanwhile read it).
 struct TokenEnv {
   explicit TokenEnv(const char* value) {
-    if (value) ::setenv("ARLO_TOKEN", value, 1);
-    else ::unsetenv("ARLO_TOKEN");
+    if (value)
+      ::setenv("ARLO_TOKEN", value, 1);
+    else
+      ::unsetenv("ARLO_TOKEN");
     ::unsetenv("ARLO_TOKEN_FILE");
   }
   ~TokenEnv() { ::unsetenv("ARLO_TOKEN"); }
@@ -58,7 +60,8 @@ Result<http::Response> call(http::Verb method, const std::string& url, const std
   if (!body.is_null()) req.body = body.dump();
   req.timeout = 30s;
   Result<http::Response> out = make_error(ErrorCode::kInternal, "not run");
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> { out = co_await client.request(std::move(req)); }, asio::detached);
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { out = co_await client.request(std::move(req)); }, asio::detached);
   io.run();
   return out;
 }
@@ -107,9 +110,13 @@ TEST(SecurityFault, WorkerHttpPlaneWantsTheBearerToken) {
   Worker w(dir, {"--allow-weights-from", (dir / "allowed").string()});
   ASSERT_FALSE(w.url().empty()) << w.log();
   // No token, a wrong one: 401 with a JSON error, on the admin and the OpenAI routes alike.
-  for (const auto& [verb, path] : std::vector<std::pair<http::Verb, std::string>>{
-           {http::Verb::post, "/pause"}, {http::Verb::post, "/weights/prepare"}, {http::Verb::get, "/weights"},
-           {http::Verb::get, "/v1/models"}, {http::Verb::post, "/v1/completions"}, {http::Verb::get, "/metrics"}}) {
+  for (const auto& [verb, path] :
+       std::vector<std::pair<http::Verb, std::string>>{{http::Verb::post, "/pause"},
+                                                       {http::Verb::post, "/weights/prepare"},
+                                                       {http::Verb::get, "/weights"},
+                                                       {http::Verb::get, "/v1/models"},
+                                                       {http::Verb::post, "/v1/completions"},
+                                                       {http::Verb::get, "/metrics"}}) {
     for (const std::string token : {"", "wrong-token"}) {
       auto r = call(verb, w.url() + path, token, verb == http::Verb::post ? json::object() : json());
       ASSERT_TRUE(r) << r.error().what();
@@ -135,7 +142,8 @@ TEST(SecurityFault, WorkerLoadsOnlyFromAllowedSources) {
   fs::create_directories(dir / "allowed");
   fs::create_directories(dir / "elsewhere");
   TokenEnv env(kToken);
-  Worker w(dir, {"--allow-weights-from", (dir / "allowed").string(), "--weight-sync", R"({"transport": "filesystem"})"});
+  Worker w(dir,
+           {"--allow-weights-from", (dir / "allowed").string(), "--weight-sync", R"({"transport": "filesystem"})"});
   ASSERT_FALSE(w.url().empty()) << w.log();
   auto prepare = [&](const json& block) {
     auto r = call(http::Verb::post, w.url() + "/weights/prepare", kToken, {{"version", 1}, {"weight_sync", block}});
@@ -147,7 +155,8 @@ TEST(SecurityFault, WorkerLoadsOnlyFromAllowedSources) {
                         std::string("/etc")}) {
     auto r = prepare({{"transport", "filesystem"}, {"dir", d}});
     EXPECT_EQ(r.status, 403) << d << " " << r.body;
-    EXPECT_NE(error_message(r).find("outside the directories this worker loads weights from"), std::string::npos) << r.body;
+    EXPECT_NE(error_message(r).find("outside the directories this worker loads weights from"), std::string::npos)
+        << r.body;
   }
   // Another transport than the worker's own block names: 403.
   auto tcp = prepare({{"transport", "tcp"}, {"address", "127.0.0.1:9"}});
@@ -177,7 +186,8 @@ TEST(SecurityFault, PlanesOffLoopbackRefuseToStartWithoutToken) {
   const auto dir = temp_dir("bind");
   TokenEnv env(nullptr);
   const auto log = dir / "w.log";
-  const pid_t pid = e2e::spawn_logged({ARLO_WORKER_BINARY, "--bind", "0.0.0.0", "--port", "0", "--init-seed", "1"}, log);
+  const pid_t pid =
+      e2e::spawn_logged({ARLO_WORKER_BINARY, "--bind", "0.0.0.0", "--port", "0", "--init-seed", "1"}, log);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
@@ -199,7 +209,8 @@ TEST(SecurityFault, PlanesOffLoopbackRefuseToStartWithoutToken) {
   po.params = {{"address", "0.0.0.0:0"}};
   auto pub = weight_sync::Publisher::create(po);
   ASSERT_FALSE(pub);
-  EXPECT_NE(pub.error().what().find("the tcp weight publisher would listen on"), std::string::npos) << pub.error().what();
+  EXPECT_NE(pub.error().what().find("the tcp weight publisher would listen on"), std::string::npos)
+      << pub.error().what();
   fs::remove_all(dir);
 }
 

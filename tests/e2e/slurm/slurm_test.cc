@@ -33,7 +33,6 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-
 bool port_is_free(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -68,7 +67,6 @@ std::string find_program(const std::string& name) {
   }
   return {};
 }
-
 
 struct Ran {
   int status = -1;  // the exit status, -1 if it did not exit normally
@@ -150,7 +148,8 @@ class Cluster {
       if (::waitpid(d.pid, &status, WNOHANG) == d.pid) {
         d.pid = -1;
         return d.name + " exited (" +
-               (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status)) : "signal " + std::to_string(WTERMSIG(status))) +
+               (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                                  : "signal " + std::to_string(WTERMSIG(status))) +
                "); its log (" + d.log.string() + "):\n" + arlo::e2e::tail(arlo::e2e::read_text(d.log), 3000);
       }
     }
@@ -158,7 +157,9 @@ class Cluster {
   }
   std::string logs() const {
     std::string out;
-    for (const auto& d : daemons_) out += "--- " + d.name + " (" + d.log.string() + ")\n" + arlo::e2e::tail(arlo::e2e::read_text(d.log), 2000) + "\n";
+    for (const auto& d : daemons_)
+      out +=
+          "--- " + d.name + " (" + d.log.string() + ")\n" + arlo::e2e::tail(arlo::e2e::read_text(d.log), 2000) + "\n";
     return out;
   }
 
@@ -208,7 +209,8 @@ std::string job_state(const Cluster& c, const std::string& job) {
 }
 
 bool terminal(const std::string& s) {
-  for (const char* t : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
+  for (const char* t : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                        "BOOT_FAIL", "DEADLINE"})
     if (s == t) return true;
   return false;
 }
@@ -216,7 +218,8 @@ bool terminal(const std::string& s) {
 TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   ASSERT_NE(src, nullptr);
-  if (::geteuid() != 0) GTEST_SKIP() << "the test cluster's slurmd must run as root to start job steps (CI runs as root)";
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "the test cluster's slurmd must run as root to start job steps (CI runs as root)";
   for (const char* p : {"munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "scancel", "srun"})
     if (find_program(p).empty())
       GTEST_SKIP() << p << " is not installed: scripts/bootstrap installs the slurm-wlm and munge packages";
@@ -242,9 +245,10 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
     fs::permissions(d / "munge.key", fs::perms::owner_read | fs::perms::owner_write);
   }
   const fs::path socket = d / "munge.socket";
-  ASSERT_TRUE(cluster.start("munged", {find_program("munged"), "--foreground", "--force", "--socket=" + socket.string(),
-                                       "--key-file=" + (d / "munge.key").string(), "--pid-file=" + (d / "munged.pid").string(),
-                                       "--seed-file=" + (d / "munged.seed").string(), "--num-threads=4"}));
+  ASSERT_TRUE(
+      cluster.start("munged", {find_program("munged"), "--foreground", "--force", "--socket=" + socket.string(),
+                               "--key-file=" + (d / "munge.key").string(), "--pid-file=" + (d / "munged.pid").string(),
+                               "--seed-file=" + (d / "munged.seed").string(), "--num-threads=4"}));
   for (const auto end = Clock::now() + 30s; !fs::exists(socket);) {
     if (auto why = cluster.exited(); !why.empty()) GTEST_SKIP() << "munged cannot start here: " << why;
     ASSERT_LT(Clock::now(), end) << "munged did not create " << socket << " within 30 s:\n" << cluster.logs();
@@ -272,20 +276,23 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
       << "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
       << "SchedulerType=sched/backfill\nSchedulerParameters=bf_interval=1\n"
       << "SlurmdParameters=config_overrides\nReturnToService=2\nKillWait=5\nMailProg=/bin/true\n"
-      << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
+      << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/"
+         "none\n"
       << "NodeName=n[1-3] NodeHostname=" << host << " NodeAddr=127.0.0.1 Port=[" << node_port << "-" << node_port + 2
       << "] CPUs=4 RealMemory=1000 State=UNKNOWN\n"
       << "PartitionName=test Nodes=ALL Default=YES MaxTime=30 State=UP\n";
   ASSERT_TRUE(cluster.start("slurmctld", {find_program("slurmctld"), "-D", "-i", "-f", cluster.conf().string()}));
   for (const char* node : {"n1", "n2", "n3"})
-    ASSERT_TRUE(cluster.start(std::string("slurmd-") + node, {find_program("slurmd"), "-D", "-N", node, "-f", cluster.conf().string()}));
+    ASSERT_TRUE(cluster.start(std::string("slurmd-") + node,
+                              {find_program("slurmd"), "-D", "-N", node, "-f", cluster.conf().string()}));
 
   // Up when sinfo shows the three nodes idle.
   for (const auto end = Clock::now() + 90s;;) {
     if (auto why = cluster.exited(); !why.empty()) GTEST_SKIP() << "the Slurm daemons cannot run here: " << why;
     const Ran r = cluster.query("sinfo", {"-h", "-o", "%T %D"});
     if (r.status == 0 && r.output.find("idle 3") != std::string::npos) break;
-    ASSERT_LT(Clock::now(), end) << "the three nodes were not idle within 90 s; sinfo: " << r.output << "\n" << cluster.logs();
+    ASSERT_LT(Clock::now(), end) << "the three nodes were not idle within 90 s; sinfo: " << r.output << "\n"
+                                 << cluster.logs();
     std::this_thread::sleep_for(200ms);
   }
 
@@ -297,21 +304,22 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
   ASSERT_GT(worker_port, 0);
   int bridge_port = arlo::e2e::free_loopback_port();
   while (bridge_port == worker_port || bridge_port == worker_port + 1) bridge_port = arlo::e2e::free_loopback_port();
-  std::vector<std::string> submit = {"/usr/bin/env",
-                                     "SLURM_CONF=" + cluster.conf().string(),
-                                     "ARLO_BIN=" + apps.string(),
-                                     "ARLO_RUN_DIR=" + run_dir.string(),
-                                     "ARLO_CONFIG=" + std::string(src) + "/configs/quickstart.yaml",
-                                     "ARLO_ARGS=--set run.max_steps=" + std::to_string(steps) +
-                                         " --set orchestrator.sft_warmup_steps=4 --set eval.interval=0 --set log.progress=false",
-                                     "ARLO_BRIDGE_PORT=" + std::to_string(bridge_port),
-                                     "ARLO_STATUS_PORT=0",
-                                     "ARLO_WORKER_PORT=" + std::to_string(worker_port),
-                                     find_program("sbatch"),
-                                     "--parsable",
-                                     "--output=" + job_out.string(),
-                                     "--chdir=" + d.string(),
-                                     std::string(src) + "/deploy/slurm/arlo.sbatch"};
+  std::vector<std::string> submit = {
+      "/usr/bin/env",
+      "SLURM_CONF=" + cluster.conf().string(),
+      "ARLO_BIN=" + apps.string(),
+      "ARLO_RUN_DIR=" + run_dir.string(),
+      "ARLO_CONFIG=" + std::string(src) + "/configs/quickstart.yaml",
+      "ARLO_ARGS=--set run.max_steps=" + std::to_string(steps) +
+          " --set orchestrator.sft_warmup_steps=4 --set eval.interval=0 --set log.progress=false",
+      "ARLO_BRIDGE_PORT=" + std::to_string(bridge_port),
+      "ARLO_STATUS_PORT=0",
+      "ARLO_WORKER_PORT=" + std::to_string(worker_port),
+      find_program("sbatch"),
+      "--parsable",
+      "--output=" + job_out.string(),
+      "--chdir=" + d.string(),
+      std::string(src) + "/deploy/slurm/arlo.sbatch"};
   const Ran sb = run(submit, d / "sbatch.log");
   ASSERT_EQ(sb.status, 0) << "sbatch: " << sb.output << "\n" << cluster.logs();
   const std::string job = sb.output.substr(0, sb.output.find_first_of(";\n"));
@@ -322,7 +330,8 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
     if (auto why = cluster.exited(); !why.empty()) FAIL() << "a daemon died during the job: " << why;
     if (Clock::now() > end) {
       FAIL() << "job " << job << " not done within 480 s (state " << state << "); its output:\n"
-             << arlo::e2e::tail(arlo::e2e::read_text(job_out)) << "\n" << cluster.logs();
+             << arlo::e2e::tail(arlo::e2e::read_text(job_out)) << "\n"
+             << cluster.logs();
     }
     std::this_thread::sleep_for(500ms);
   }
@@ -331,10 +340,14 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
     std::string out;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(run_dir / "logs", ec))
-      if (e.path().extension() == ".log") out += "--- " + e.path().filename().string() + "\n" + arlo::e2e::tail(arlo::e2e::read_text(e.path()), 2500) + "\n";
+      if (e.path().extension() == ".log")
+        out +=
+            "--- " + e.path().filename().string() + "\n" + arlo::e2e::tail(arlo::e2e::read_text(e.path()), 2500) + "\n";
     return out;
   };
-  ASSERT_EQ(state, "COMPLETED") << "job output:\n" << arlo::e2e::tail(output) << "\n" << logs_of_run() << cluster.logs();
+  ASSERT_EQ(state, "COMPLETED") << "job output:\n"
+                                << arlo::e2e::tail(output) << "\n"
+                                << logs_of_run() << cluster.logs();
 
   // The parts were placed by Slurm and addressed through what it set: the bridge on component 0's
   // node, the servers on component 1's node (NodeAddr, one port per task), the trainer on
@@ -351,7 +364,8 @@ TEST(SlurmE2E, HeterogeneousJobRunsTheBuiltInPolicyToTheEnd) {
 
   // The run: every step, and every server on the trainer's last version (its checksum).
   const auto summary = nlohmann::json::parse(arlo::e2e::read_text(run_dir / "summary.json"), nullptr, false);
-  ASSERT_FALSE(summary.is_discarded()) << "no summary.json in " << run_dir << "; job output:\n" << arlo::e2e::tail(output);
+  ASSERT_FALSE(summary.is_discarded()) << "no summary.json in " << run_dir << "; job output:\n"
+                                       << arlo::e2e::tail(output);
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
   EXPECT_EQ(summary.at("steps").get<int>(), steps) << summary.dump(2);
   const auto& trainer = summary.at("trainer");

@@ -85,9 +85,12 @@ struct ArloRun {
     fs::remove_all(run_dir);
     const char* src = std::getenv("ARLO_SOURCE_DIR");
     std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src ? src : ".") + "/configs/quickstart.yaml"};
-    std::vector<std::string> all = {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0",
+    std::vector<std::string> all = {"run.dir=" + run_dir.string(),
+                                    "log.progress=false",
+                                    "status.port=0",
                                     "run.max_steps=" + std::to_string(steps),
-                                    "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup), "eval.interval=0",
+                                    "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup),
+                                    "eval.interval=0",
                                     "log.step_interval_s=0"};
     all.insert(all.end(), sets.begin(), sets.end());
     for (const auto& s : all) args.insert(args.end(), {"--set", s});
@@ -193,11 +196,12 @@ void report_cost(const char* fault, const ArloRun& run, const nlohmann::json& su
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2], longest = sorted.back();
   const auto& ledger = summary.at("ledger");
-  std::printf("cost of %s: longest RL step %.2f s vs median %.2f s (about %.2f s lost); rollouts dispatched %llu, "
-              "failed %s, cancelled %s; run %.1f s\n",
-              fault, longest, median, longest - median,
-              static_cast<unsigned long long>(ledger.at("dispatched").get<std::uint64_t>()), ledger.at("failed").dump().c_str(),
-              ledger.at("cancelled").dump().c_str(), summary.value("seconds", 0.0));
+  std::printf(
+      "cost of %s: longest RL step %.2f s vs median %.2f s (about %.2f s lost); rollouts dispatched %llu, "
+      "failed %s, cancelled %s; run %.1f s\n",
+      fault, longest, median, longest - median,
+      static_cast<unsigned long long>(ledger.at("dispatched").get<std::uint64_t>()), ledger.at("failed").dump().c_str(),
+      ledger.at("cancelled").dump().c_str(), summary.value("seconds", 0.0));
 }
 
 // Each restart of worker-1 came back on its URL and was handed to the WeightWatcher. (It restarts
@@ -211,8 +215,7 @@ void expect_resynced(const ArloRun& run, std::size_t restarts) {
   for (std::string line; std::getline(lines, line);)
     if (line.starts_with("[worker-1] ") && line.find("no weights yet: serving after the first") != std::string::npos)
       ++empty_starts;
-  EXPECT_EQ(empty_starts, restarts)
-      << "each restarted worker-1 starts without weights:\n" << tail(out);
+  EXPECT_EQ(empty_starts, restarts) << "each restarted worker-1 starts without weights:\n" << tail(out);
 }
 
 // worker-1 killed once, after step 10.
@@ -225,8 +228,9 @@ void kill_a_worker_once(const std::string& name, const std::vector<std::string>&
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   const auto summary = expect_finished(run);
   expect_resynced(run, 1);
-  EXPECT_NE(run.output().find("worker-1 (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
-            std::string::npos)
+  EXPECT_NE(
+      run.output().find("worker-1 (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
+      std::string::npos)
       << tail(run.output());
   report_cost(fault, run, summary);
 }
@@ -321,9 +325,9 @@ TEST(Supervision, ATrainerKilledMidRunIsRestartedAndTrainsEveryStepOnce) {
   // Steps 1..N each trained exactly once into the final weights: the trainer's last checkpoint
   // applied N optimizer steps, one per step, each on the batch its step records name (a step the
   // dead trainer had trained since its previous checkpoint is replayed on the same batch).
-  const auto state = nlohmann::json::parse(read_text(run.run_dir / "checkpoints" / "trainer" /
-                                                     ("step_" + std::to_string(kSteps)) / "state.json"),
-                                           nullptr, false);
+  const auto state = nlohmann::json::parse(
+      read_text(run.run_dir / "checkpoints" / "trainer" / ("step_" + std::to_string(kSteps)) / "state.json"), nullptr,
+      false);
   ASSERT_TRUE(state.is_object()) << "no final trainer checkpoint";
   EXPECT_EQ(state.value("step", 0), kSteps) << state.dump();
   EXPECT_EQ(state.value("optimizer_steps", 0), kSteps) << state.dump();
@@ -331,7 +335,8 @@ TEST(Supervision, ATrainerKilledMidRunIsRestartedAndTrainsEveryStepOnce) {
   ASSERT_EQ(lineage.size(), static_cast<std::size_t>(kSteps)) << state.dump();
   std::map<int, std::set<std::string>> batches;
   for (const auto& j : read_jsonl(run.run_dir / "trainer_metrics.jsonl"))
-    if (j.contains("step") && j.contains("batch")) batches[j.at("step").get<int>()].insert(j.at("batch").get<std::string>());
+    if (j.contains("step") && j.contains("batch"))
+      batches[j.at("step").get<int>()].insert(j.at("batch").get<std::string>());
   for (int s = 1; s <= kSteps; ++s) {
     const auto& seen = batches[s];
     EXPECT_EQ(seen.size(), 1u) << "step " << s << " trained on " << seen.size() << " different batches";
@@ -366,8 +371,10 @@ TEST(Supervision, AWorkerThatKeepsDyingStopsTheRunAfterTheBound) {
             std::string::npos)
       << tail(out);
   EXPECT_NE(out.find("arlo run: worker-1 (pid " + std::to_string(previous) + ") killed by signal 9"), std::string::npos)
-      << "the reason names the last life:\n" << tail(out);
-  std::printf("a worker killed at every start: the run stopped %.1f s after the first kill (%d kills)\n", seconds, kills);
+      << "the reason names the last life:\n"
+      << tail(out);
+  std::printf("a worker killed at every start: the run stopped %.1f s after the first kill (%d kills)\n", seconds,
+              kills);
 }
 
 // One of two workers stopped (SIGSTOP) right after it became healthy, for the whole run: the run
@@ -382,9 +389,14 @@ TEST(Supervision, AStoppedWorkerHoldsNobody) {
   fs::remove_all(run_dir);
   const fs::path log = run_dir.string() + ".log";
   std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml"};
-  const std::vector<std::string> sets = {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0",
-                                         "run.max_steps=20", "orchestrator.sft_warmup_steps=10", "eval.interval=0",
-                                         "weight_sync.transport=tcp", "inference.admin_timeout_s=2"};
+  const std::vector<std::string> sets = {"run.dir=" + run_dir.string(),
+                                         "log.progress=false",
+                                         "status.port=0",
+                                         "run.max_steps=20",
+                                         "orchestrator.sft_warmup_steps=10",
+                                         "eval.interval=0",
+                                         "weight_sync.transport=tcp",
+                                         "inference.admin_timeout_s=2"};
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   const pid_t arlo = arlo::e2e::spawn_logged(args, log);
   ASSERT_GT(arlo, 0);
@@ -396,7 +408,8 @@ TEST(Supervision, AStoppedWorkerHoldsNobody) {
   ::waitpid(arlo, &status, 0);
   ::kill(stopped, SIGCONT);  // arlo stopped it with SIGTERM; let it see that
   const std::string output = read_text(log);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output.substr(output.size() > 6000 ? output.size() - 6000 : 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << output.substr(output.size() > 6000 ? output.size() - 6000 : 0);
   const auto summary = nlohmann::json::parse(read_text(run_dir / "summary.json"));
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
   // The live worker ends on the last version with the trainer's checksum; the stopped one answers nothing.

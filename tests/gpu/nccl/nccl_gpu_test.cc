@@ -23,10 +23,10 @@ std::string library() {
 }
 
 // The real backend with device 0 selected, or a skip that says why not.
-#define ARLO_REQUIRE_GPU(backend)                                                                     \
-  auto backend##_r = open_backend(library());                                                         \
-  ASSERT_TRUE(backend##_r) << backend##_r.error().what();                                             \
-  std::shared_ptr<Backend> backend = *backend##_r;                                                    \
+#define ARLO_REQUIRE_GPU(backend)                         \
+  auto backend##_r = open_backend(library());             \
+  ASSERT_TRUE(backend##_r) << backend##_r.error().what(); \
+  std::shared_ptr<Backend> backend = *backend##_r;        \
   if (auto s = backend->set_device(0); !s) GTEST_SKIP() << "no usable CUDA device: " << s.error().what()
 
 std::vector<TensorSpec> specs() {
@@ -85,10 +85,14 @@ class DeviceWeights final : public WeightSource {
     Deadline deadline = deadline_in(60s);
     while (s) {
       auto done = backend_.event_done(event);
-      if (!done) s = std::unexpected(done.error());
-      else if (*done) break;
-      else if (Clock::now() > deadline) s = make_error(ErrorCode::kTimeout, "copy did not finish in 60 s");
-      else backend_.pause(100us);
+      if (!done)
+        s = std::unexpected(done.error());
+      else if (*done)
+        break;
+      else if (Clock::now() > deadline)
+        s = make_error(ErrorCode::kTimeout, "copy did not finish in 60 s");
+      else
+        backend_.pause(100us);
     }
     if (s && kind == CopyKind::kDeviceToHost) std::memcpy(host, pinned, total_);
     backend_.event_destroy(event);
@@ -128,9 +132,9 @@ TEST(NcclGpu, OneRankInitWarmupAndBroadcastsInBothLayouts) {
   ASSERT_TRUE(weights.upload());
   std::uint64_t payload = 0;
   for (const TensorSpec& s : weights.specs()) payload += s.nbytes();
-  for (const Layout& layout : {Layout{.packed = true, .packed_buffer_bytes = 1u << 20, .packed_num_buffers = 2},
-                               Layout{.packed = true, .packed_buffer_bytes = 1u << 30, .packed_num_buffers = 1},
-                               Layout{.packed = false}}) {
+  for (const Layout& layout :
+       {Layout{.packed = true, .packed_buffer_bytes = 1u << 20, .packed_num_buffers = 2},
+        Layout{.packed = true, .packed_buffer_bytes = 1u << 30, .packed_num_buffers = 1}, Layout{.packed = false}}) {
     SCOPED_TRACE(layout.packed ? "packed " + std::to_string(layout.packed_buffer_bytes) : "per tensor");
     auto report = group.send(weights, layout, deadline_in(120s));
     ASSERT_TRUE(report) << report.error().what();

@@ -72,14 +72,16 @@ Ids server_completion_ids(const std::string& text, bool chat) {
   return ids;
 }
 // Logprob of token k of sample j: exact in float, so the trainer side can compare with ==.
-float server_logprob(std::size_t k, int j) { return -0.125f * static_cast<float>(k + 1) - 0.03125f * static_cast<float>(j); }
+float server_logprob(std::size_t k, int j) {
+  return -0.125f * static_cast<float>(k + 1) - 0.03125f * static_cast<float>(j);
+}
 
 // Which real server's response shapes the test server speaks.
 enum class Shape {
-  kVllm,              // vLLM >= 0.10.2 with return_token_ids
-  kVllmWithoutIds,    // vLLM before return_token_ids: text and logprobs only
-  kSglang,            // SGLang: completions with return_token_ids; chat as before return_token_ids
-                      // (return_prompt_token_ids, ids in meta_info via return_meta_info)
+  kVllm,            // vLLM >= 0.10.2 with return_token_ids
+  kVllmWithoutIds,  // vLLM before return_token_ids: text and logprobs only
+  kSglang,          // SGLang: completions with return_token_ids; chat as before return_token_ids
+                    // (return_prompt_token_ids, ids in meta_info via return_meta_info)
 };
 
 // Answers "...a+b=" with the sum for even samples and "0" for odd ones (so groups have reward
@@ -87,12 +89,10 @@ enum class Shape {
 class ExternalServer {
  public:
   ExternalServer(asio::io_context& io, Shape shape) : server_(io, http::ServerOptions{}), shape_(shape) {
-    server_.route(http::Verb::post, "/v1/completions", [this](http::Request r) -> asio::awaitable<http::Response> {
-      co_return answer(r, false);
-    });
-    server_.route(http::Verb::post, "/v1/chat/completions", [this](http::Request r) -> asio::awaitable<http::Response> {
-      co_return answer(r, true);
-    });
+    server_.route(http::Verb::post, "/v1/completions",
+                  [this](http::Request r) -> asio::awaitable<http::Response> { co_return answer(r, false); });
+    server_.route(http::Verb::post, "/v1/chat/completions",
+                  [this](http::Request r) -> asio::awaitable<http::Response> { co_return answer(r, true); });
     server_.route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
       co_return http::Response::json(200, {{"status", "ok"}, {"version", version_}});
     });
@@ -188,7 +188,8 @@ class ExternalServer {
     }
     json ch = {{"index", j},
                {"text", text},
-               {"logprobs", {{"text_offset", offsets}, {"token_logprobs", lps}, {"tokens", tokens}, {"top_logprobs", nullptr}}},
+               {"logprobs",
+                {{"text_offset", offsets}, {"token_logprobs", lps}, {"tokens", tokens}, {"top_logprobs", nullptr}}},
                {"finish_reason", "stop"}};
     switch (shape_) {
       case Shape::kVllm:
@@ -197,7 +198,9 @@ class ExternalServer {
         ch["prompt_token_ids"] = prompt_ids;  // vLLM's completions: on each choice
         ch["token_ids"] = ids;
         break;
-      case Shape::kVllmWithoutIds: ch["stop_reason"] = nullptr; break;
+      case Shape::kVllmWithoutIds:
+        ch["stop_reason"] = nullptr;
+        break;
       case Shape::kSglang:
         ch["matched_stop"] = kEndOfText;
         ch["token_ids"] = ids;
@@ -211,7 +214,10 @@ class ExternalServer {
     json content = json::array(), triples = json::array();
     for (std::size_t k = 0; k < ids.size(); ++k) {
       const std::string piece = k < text.size() ? text.substr(k, 1) : "<|im_end|>";
-      content.push_back({{"token", piece}, {"logprob", server_logprob(k, j)}, {"bytes", json::array()}, {"top_logprobs", json::array()}});
+      content.push_back({{"token", piece},
+                         {"logprob", server_logprob(k, j)},
+                         {"bytes", json::array()},
+                         {"top_logprobs", json::array()}});
       triples.push_back({server_logprob(k, j), ids[k], piece});
     }
     json ch = {{"index", j}, {"logprobs", {{"content", content}}}, {"finish_reason", "stop"}};
@@ -226,7 +232,8 @@ class ExternalServer {
         ch["stop_reason"] = nullptr;
         break;
       case Shape::kSglang:
-        ch["message"] = {{"role", "assistant"}, {"content", text}, {"reasoning_content", nullptr}, {"tool_calls", nullptr}};
+        ch["message"] = {
+            {"role", "assistant"}, {"content", text}, {"reasoning_content", nullptr}, {"tool_calls", nullptr}};
         ch["matched_stop"] = kImEnd;
         ch["prompt_token_ids"] = prompt_ids;
         ch["meta_info"] = {{"id", "r"},
@@ -274,10 +281,11 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
     for (int i = 0; i < 12; ++i) {
       const std::string q = fmt::format("{}+{}=", i + 2, 3 * i + 1);
       const std::string answer = std::to_string(i + 2 + 3 * i + 1);
-      const json line = chat ? json{{"messages", {{{"role", "system"}, {"content", "Add the numbers."}},
-                                                  {{"role", "user"}, {"content", q}}}},
-                                    {"answer", answer}}
-                             : json{{"prompt", "Q: " + q}, {"answer", answer}};
+      const json line =
+          chat ? json{{"messages",
+                       {{{"role", "system"}, {"content", "Add the numbers."}}, {{"role", "user"}, {"content", q}}}},
+                      {"answer", answer}}
+               : json{{"prompt", "Q: " + q}, {"answer", answer}};
       f << line.dump() << "\n";
     }
   }
@@ -287,8 +295,12 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   const std::string url = server.start();
 
   config::LoadOptions lo;
-  lo.overrides = {"inference.launch=external", "inference.kind=" + kind, "inference.urls=[\"" + url + "\"]",
-                  "env.kind=jsonl", "env.path=" + (dir / "tasks.jsonl").string(), "env.shuffle=false",
+  lo.overrides = {"inference.launch=external",
+                  "inference.kind=" + kind,
+                  "inference.urls=[\"" + url + "\"]",
+                  "env.kind=jsonl",
+                  "env.path=" + (dir / "tasks.jsonl").string(),
+                  "env.shuffle=false",
                   "eval.interval=0"};
   auto cfg = config::load_string("run:\n  name: external\n", "<test>", lo);
   EXPECT_TRUE(cfg) << cfg.error().what();
@@ -458,7 +470,8 @@ void expect_trained_on_server_ids(const Outcome& o, bool chat) {
     ASSERT_EQ(s.logprobs.size(), s.completion.size());
     const float j = -(s.logprobs[0] + 0.125f) / 0.03125f;  // the sample index the server used
     EXPECT_TRUE(j == 0 || j == 1 || j == 2 || j == 3) << s.logprobs[0];
-    for (std::size_t k = 0; k < s.logprobs.size(); ++k) EXPECT_EQ(s.logprobs[k], server_logprob(k, static_cast<int>(j)));
+    for (std::size_t k = 0; k < s.logprobs.size(); ++k)
+      EXPECT_EQ(s.logprobs[k], server_logprob(k, static_cast<int>(j)));
   }
 }
 
@@ -491,9 +504,10 @@ TEST(ExternalServer, ServerWithoutTokenIdsStopsTheRun) {
     const auto o = run(Shape::kVllmWithoutIds, "vllm", chat);
     ASSERT_TRUE(o.unusable.has_value()) << "chat " << chat;
     const auto what = o.unusable->what();
-    for (const std::string& part : {std::string("http://127.0.0.1:"), std::string(chat ? "/v1/chat/completions" : "/v1/completions"),
-                                   std::string("inference.kind vllm"), std::string("choices[0].token_ids"),
-                                   std::string("return_token_ids"), std::string("0.10.2")})
+    for (const std::string& part :
+         {std::string("http://127.0.0.1:"), std::string(chat ? "/v1/chat/completions" : "/v1/completions"),
+          std::string("inference.kind vllm"), std::string("choices[0].token_ids"), std::string("return_token_ids"),
+          std::string("0.10.2")})
       EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
     EXPECT_TRUE(o.trained.empty());
     EXPECT_TRUE(o.samples.empty());

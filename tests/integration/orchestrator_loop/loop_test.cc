@@ -31,9 +31,8 @@ namespace asio = boost::asio;
 class CompletionServer {
  public:
   explicit CompletionServer(asio::io_context& io) : server_(io, http::ServerOptions{}) {
-    server_.route(http::Verb::post, "/v1/completions", [this](http::Request r) -> asio::awaitable<http::Response> {
-      co_return complete(r);
-    });
+    server_.route(http::Verb::post, "/v1/completions",
+                  [this](http::Request r) -> asio::awaitable<http::Response> { co_return complete(r); });
     server_.route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
       co_return http::Response::json(200, {{"status", "ok"}, {"version", version_}});
     });

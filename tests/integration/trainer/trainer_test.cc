@@ -55,10 +55,23 @@ void write_step(const fs::path& run_dir, std::int64_t step) {
 }
 
 std::vector<std::string> trainer_args(const fs::path& run, std::int64_t max_steps) {
-  return {ARLO_TRAINER_BINARY, "--run-dir", run.string(), "--weight-sync",
-          nlohmann::json{{"transport", "filesystem"}, {"dir", (run / "weights").string()}}.dump(), "--max-steps",
-          std::to_string(max_steps), "--checkpoint-every", "1", "--batch-timeout-ms", "200", "--seed", "3",
-          "--log-level", "warn", "--threads", "1"};
+  return {ARLO_TRAINER_BINARY,
+          "--run-dir",
+          run.string(),
+          "--weight-sync",
+          nlohmann::json{{"transport", "filesystem"}, {"dir", (run / "weights").string()}}.dump(),
+          "--max-steps",
+          std::to_string(max_steps),
+          "--checkpoint-every",
+          "1",
+          "--batch-timeout-ms",
+          "200",
+          "--seed",
+          "3",
+          "--log-level",
+          "warn",
+          "--threads",
+          "1"};
 }
 
 json read_json(const fs::path& p) {
@@ -166,8 +179,10 @@ TEST(Trainer, RenamedImportanceSamplingFlagsStillWorkWithAWarningNamingTheNewOne
   auto old = run_to_exit(args);
   ASSERT_TRUE(old.status.has_value()) << old.output;
   EXPECT_TRUE(WIFEXITED(*old.status) && WEXITSTATUS(*old.status) == 0) << old.output;
-  for (const auto& [was, is] : {std::pair{"--correction", "--is-correction"}, {"--mis-low", "--is-low"},
-                                {"--tis-high", "--is-high"}, {"--mis-high", "--is-high"}})
+  for (const auto& [was, is] : {std::pair{"--correction", "--is-correction"},
+                                {"--mis-low", "--is-low"},
+                                {"--tis-high", "--is-high"},
+                                {"--mis-high", "--is-high"}})
     EXPECT_NE(old.output.find(fmt::format("{} is deprecated and goes in the next release: use {}", was, is)),
               std::string::npos)
         << was << ": " << old.output;
@@ -212,8 +227,9 @@ TEST(Trainer, RenamedImportanceSamplingFlagsAreCheckedLikeTheNewOnes) {
   auto clash = run_to_exit(args);
   ASSERT_TRUE(clash.status.has_value()) << clash.output;
   EXPECT_TRUE(WIFEXITED(*clash.status) && WEXITSTATUS(*clash.status) == 2) << clash.output;
-  EXPECT_NE(clash.output.find("--tis-high 2 and --mis-high 3 both set --is-high (trainer.is_high): give --is-high once"),
-            std::string::npos)
+  EXPECT_NE(
+      clash.output.find("--tis-high 2 and --mis-high 3 both set --is-high (trainer.is_high): give --is-high once"),
+      std::string::npos)
       << clash.output;
   fs::remove_all(run);
 }

@@ -29,14 +29,22 @@ int main(int argc, char** argv) {
   int steps = 1, batch_size = 4, seq_len = 64, timeout_s = 120;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--transport") o.transport = v;
-    else if (k == "--run-dir") o.run_dir = v;
-    else if (k == "--samples") samples_path = v;
-    else if (k == "--steps") steps = std::stoi(v);
-    else if (k == "--batch-size") batch_size = std::stoi(v);
-    else if (k == "--seq-len") seq_len = std::stoi(v);
-    else if (k == "--max-pending") o.max_pending_batches = std::stoul(v);
-    else if (k == "--timeout") timeout_s = std::stoi(v);
+    if (k == "--transport")
+      o.transport = v;
+    else if (k == "--run-dir")
+      o.run_dir = v;
+    else if (k == "--samples")
+      samples_path = v;
+    else if (k == "--steps")
+      steps = std::stoi(v);
+    else if (k == "--batch-size")
+      batch_size = std::stoi(v);
+    else if (k == "--seq-len")
+      seq_len = std::stoi(v);
+    else if (k == "--max-pending")
+      o.max_pending_batches = std::stoul(v);
+    else if (k == "--timeout")
+      timeout_s = std::stoi(v);
     else {
       std::cerr << "unknown flag " << k << "\n";
       return 2;
@@ -79,7 +87,10 @@ int main(int argc, char** argv) {
       io.stop();
     }
   };
-  (*server)->on_ack([](std::int64_t s) { std::printf("acked %lld\n", static_cast<long long>(s)); std::fflush(stdout); });
+  (*server)->on_ack([](std::int64_t s) {
+    std::printf("acked %lld\n", static_cast<long long>(s));
+    std::fflush(stdout);
+  });
   (*server)->on_version([&](VersionEvent v) {
     std::printf("version %lld\n", static_cast<long long>(v.version));
     std::fflush(stdout);
@@ -92,31 +103,34 @@ int main(int argc, char** argv) {
   }
   std::printf("port %u\n", (*server)->port());
   std::fflush(stdout);
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    std::size_t next = 0;
-    for (int step = 1; step <= steps; ++step) {
-      std::vector<Sample> chosen;
-      for (int i = 0; i < batch_size; ++i) chosen.push_back(samples[next++ % samples.size()]);
-      auto packed = pack(step, chosen, {.seq_len = seq_len});
-      if (!packed) {
-        std::cerr << packed.error().what() << "\n";
-        io.stop();
-        co_return;
-      }
-      if (auto s = co_await (*server)->send(std::move(*packed)); !s) {
-        std::cerr << s.error().what() << "\n";
-        io.stop();
-        co_return;
-      }
-    }
-    if (auto s = co_await (*server)->wait_all_acked(std::chrono::seconds(timeout_s)); !s) {
-      std::cerr << s.error().what() << "\n";
-      io.stop();
-      co_return;
-    }
-    all_acked = true;
-    finish_if_done();
-  }, asio::detached);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        std::size_t next = 0;
+        for (int step = 1; step <= steps; ++step) {
+          std::vector<Sample> chosen;
+          for (int i = 0; i < batch_size; ++i) chosen.push_back(samples[next++ % samples.size()]);
+          auto packed = pack(step, chosen, {.seq_len = seq_len});
+          if (!packed) {
+            std::cerr << packed.error().what() << "\n";
+            io.stop();
+            co_return;
+          }
+          if (auto s = co_await (*server)->send(std::move(*packed)); !s) {
+            std::cerr << s.error().what() << "\n";
+            io.stop();
+            co_return;
+          }
+        }
+        if (auto s = co_await (*server)->wait_all_acked(std::chrono::seconds(timeout_s)); !s) {
+          std::cerr << s.error().what() << "\n";
+          io.stop();
+          co_return;
+        }
+        all_acked = true;
+        finish_if_done();
+      },
+      asio::detached);
   asio::steady_timer deadline(io, std::chrono::seconds(timeout_s));
   deadline.async_wait([&](boost::system::error_code ec) {
     if (!ec) {

@@ -111,12 +111,17 @@ class Restart : public ::testing::TestWithParam<std::string> {
     });
   }
   void stop_server() {
-    if (server_) on_loop([&] { server_->stop(); server_.reset(); });
+    if (server_)
+      on_loop([&] {
+        server_->stop();
+        server_.reset();
+      });
   }
   Status send(std::int64_t step) { return asio::co_spawn(io_, server_->send(make_step(step)), asio::use_future).get(); }
   std::string config() const {
     return GetParam() == "dir" ? R"({"transport":"dir","run_dir":")" + run_dir_.string() + "\"}"
-                               : R"({"transport":"socket","port":)" + std::to_string(port_) + R"(,"heartbeat_interval_ms":100,"heartbeat_timeout_ms":60000})";
+                               : R"({"transport":"socket","port":)" + std::to_string(port_) +
+                                     R"(,"heartbeat_interval_ms":100,"heartbeat_timeout_ms":60000})";
   }
   bool wait_acked(std::int64_t step) {
     std::unique_lock lock(mu_);

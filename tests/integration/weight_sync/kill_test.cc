@@ -111,7 +111,7 @@ TEST_P(WeightSyncKillTest, StalledReceiversDoNotHoldTheOthers) {
   po.bucket_bytes = 128ull << 20;
   po.bucket_timeout = 120s;  // a survivor that waits for a stalled link waits far past the check below
   po.expected_receivers = 3;
-  po.gather_window = 10s;    // all three take part in the transfer
+  po.gather_window = 10s;  // all three take part in the transfer
   auto pub = Publisher::create(po).value();
   Options so = testing::reaching(po, pub->endpoint());
   auto receive = [&](const char* name, Faults faults) {

@@ -38,7 +38,8 @@ Result<http::Response> call(http::Verb verb, const std::string& url, const std::
   req.timeout = timeout;
   req.retry = http::RetryPolicy{1, {}, {}};
   std::optional<Result<http::Response>> out;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> { out = co_await client.request(std::move(req)); }, asio::detached);
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { out = co_await client.request(std::move(req)); }, asio::detached);
   io.run();
   return std::move(*out);
 }
@@ -73,12 +74,14 @@ class Worker {
   std::string url(const std::string& path) const { return url_ + path; }
   json post(const std::string& path, const json& body, int expect_status = 200) const {
     auto r = call(http::Verb::post, url(path), body);
-    EXPECT_TRUE(r && r->status == expect_status) << path << " -> " << (r ? std::to_string(r->status) + " " + r->body : r.error().what());
+    EXPECT_TRUE(r && r->status == expect_status)
+        << path << " -> " << (r ? std::to_string(r->status) + " " + r->body : r.error().what());
     return body_of(r);
   }
   json get(const std::string& path, int expect_status = 200) const {
     auto r = call(http::Verb::get, url(path));
-    EXPECT_TRUE(r && r->status == expect_status) << path << " -> " << (r ? std::to_string(r->status) + " " + r->body : r.error().what());
+    EXPECT_TRUE(r && r->status == expect_status)
+        << path << " -> " << (r ? std::to_string(r->status) + " " + r->body : r.error().what());
     return body_of(r);
   }
 
@@ -183,8 +186,9 @@ TEST(WorkerOpenAi, TokenIdPromptsSeedsAndErrors) {
   EXPECT_EQ(w.post("/v1/completions", {{"prompt", {1, 999}}}, 400)["error"]["param"], "prompt");
   EXPECT_EQ(w.post("/v1/completions", {{"prompt", "x"}, {"temperature", -1}}, 400)["error"]["param"], "temperature");
   EXPECT_EQ(w.post("/v1/completions", {{"prompt", std::string(80, 'x')}}, 400)["error"]["param"], "prompt");
-  EXPECT_EQ(w.post("/v1/chat/completions", {{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, 400)["error"]["type"],
-            "invalid_request_error");
+  EXPECT_EQ(
+      w.post("/v1/chat/completions", {{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, 400)["error"]["type"],
+      "invalid_request_error");
   auto raw = call(http::Verb::post, w.url("/v1/completions"), std::nullopt);
   ASSERT_TRUE(raw);
   EXPECT_EQ(raw->status, 400);
@@ -218,7 +222,8 @@ TEST(WorkerAdmin, BadWeightSyncBlocksAreRefused) {
   EXPECT_EQ(missing["error"]["param"], "weight_sync") << missing.dump();
   auto unknown = w.post("/weights/prepare", {{"version", 1}, {"weight_sync", {{"transport", "carrier-pigeon"}}}}, 400);
   EXPECT_NE(unknown["error"]["message"].get<std::string>().find("carrier-pigeon"), std::string::npos) << unknown.dump();
-  auto bad_key = w.post("/weights/prepare", {{"version", 1}, {"weight_sync", {{"transport", "tcp"}, {"dir", "/tmp"}}}}, 400);
+  auto bad_key =
+      w.post("/weights/prepare", {{"version", 1}, {"weight_sync", {{"transport", "tcp"}, {"dir", "/tmp"}}}}, 400);
   EXPECT_NE(bad_key["error"]["message"].get<std::string>().find("'dir'"), std::string::npos) << bad_key.dump();
   EXPECT_TRUE(w.get("/weights")["preparing"].is_null());
 }
@@ -275,14 +280,16 @@ json update_worker(const Worker& w, const Update& u, reference::Model& model, st
   block["timeout_ms"] = 60000;
   const json prepare = {{"version", version}, {"weight_sync", block}};
   if (d->capabilities.durable) {
-    auto rep = (*pub)->publish(static_cast<weight_sync::Version>(version), source, weight_sync::deadline_in(std::chrono::seconds(30)));
+    auto rep = (*pub)->publish(static_cast<weight_sync::Version>(version), source,
+                               weight_sync::deadline_in(std::chrono::seconds(30)));
     EXPECT_TRUE(rep) << (rep ? "" : rep.error().what());
     w.post("/weights/prepare", prepare);
     return w.post("/weights/commit", {{"version", version}}, expect_status);
   }
   w.post("/weights/prepare", prepare);
   auto publishing = std::async(std::launch::async, [&] {
-    return (*pub)->publish(static_cast<weight_sync::Version>(version), source, weight_sync::deadline_in(std::chrono::seconds(30)));
+    return (*pub)->publish(static_cast<weight_sync::Version>(version), source,
+                           weight_sync::deadline_in(std::chrono::seconds(30)));
   });
   json out = w.post("/weights/commit", {{"version", version}}, expect_status);
   auto rep = publishing.get();
@@ -313,7 +320,8 @@ TEST_P(WorkerWeights, UpdateChangesVersionChecksumAndCompletions) {
   ASSERT_TRUE(w.ok());
   auto before = w.get("/weights");
   EXPECT_EQ(before["version"], 0);
-  const json request = {{"prompt", "1+2="}, {"max_tokens", 8}, {"temperature", 0.8}, {"seed", 11}, {"ignore_eos", true}};
+  const json request = {
+      {"prompt", "1+2="}, {"max_tokens", 8}, {"temperature", 0.8}, {"seed", 11}, {"ignore_eos", true}};
   json old_completion = w.post("/v1/completions", request);
 
   auto next = reference::Model::init({}, 99);
@@ -338,7 +346,8 @@ TEST_P(WorkerWeights, UpdateChangesVersionChecksumAndCompletions) {
   p.seed = 11;
   p.ignore_eos = true;
   auto expect = local_generation(*next, p, "1+2=");
-  EXPECT_EQ(fresh["choices"][0]["token_ids"].get<std::vector<int>>(), std::vector<int>(expect.tokens.begin(), expect.tokens.end()));
+  EXPECT_EQ(fresh["choices"][0]["token_ids"].get<std::vector<int>>(),
+            std::vector<int>(expect.tokens.begin(), expect.tokens.end()));
   EXPECT_NE(fresh["choices"][0]["token_ids"], old_completion["choices"][0]["token_ids"]);
   // Asked for an older version than it holds (a durable transport handed it the newest one): it
   // answers at once that it holds v1, and the commit reports v1; nothing waits for a transfer.
@@ -408,13 +417,15 @@ TEST(WorkerAdmin, AFailedPullsReasonReachesTheAdminClient) {
   ASSERT_TRUE(committed);
   ASSERT_FALSE(*committed);
   const std::string what = committed->error().what();
-  EXPECT_NE(what.find("/weights/commit: HTTP 500: weight update to v1 failed: receiving over tcp from 127.0.0.1:1: cannot reach upstream"),
+  EXPECT_NE(what.find("/weights/commit: HTTP 500: weight update to v1 failed: receiving over tcp from 127.0.0.1:1: "
+                      "cannot reach upstream"),
             std::string::npos)
       << what;
   EXPECT_EQ(what.find("no weight transfer was prepared"), std::string::npos) << what;
   // A commit asked again (as a retry would) still names the reason; another version is a conflict.
   json again = w.post("/weights/commit", {{"version", 1}}, 500);
-  EXPECT_NE(again["error"]["message"].get<std::string>().find("cannot reach upstream"), std::string::npos) << again.dump();
+  EXPECT_NE(again["error"]["message"].get<std::string>().find("cannot reach upstream"), std::string::npos)
+      << again.dump();
   EXPECT_EQ(w.post("/weights/commit", {{"version", 2}}, 409)["error"]["type"], "conflict_error");
   EXPECT_EQ(w.get("/weights")["version"], 0);
 }

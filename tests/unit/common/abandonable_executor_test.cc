@@ -41,11 +41,10 @@ bool eventually(asio::io_context& io, const std::function<bool()>& cond) {
 template <typename F>
 void start(asio::io_context& io, AbandonableExecutor& executor, F fn, Clock::duration timeout,
            std::optional<Result<int>>& out) {
-  asio::co_spawn(io, executor.run<int>(io, std::move(fn), timeout),
-                 [&out](std::exception_ptr e, Result<int> r) {
-                   if (e) std::rethrow_exception(e);
-                   out.emplace(std::move(r));
-                 });
+  asio::co_spawn(io, executor.run<int>(io, std::move(fn), timeout), [&out](std::exception_ptr e, Result<int> r) {
+    if (e) std::rethrow_exception(e);
+    out.emplace(std::move(r));
+  });
 }
 
 TEST(AbandonableExecutor, ResultBeforeTheTimeoutIsDelivered) {
@@ -53,7 +52,8 @@ TEST(AbandonableExecutor, ResultBeforeTheTimeoutIsDelivered) {
   FakeClock clock;
   AbandonableExecutor executor({.threads = 1, .max_abandoned = 4, .clock = &clock});
   std::optional<Result<int>> out;
-  start(io, executor, [] { return Result<int>(7); }, 300ms, out);
+  start(
+      io, executor, [] { return Result<int>(7); }, 300ms, out);
   ASSERT_TRUE(eventually(io, [&] { return out.has_value(); }));
   ASSERT_TRUE(*out) << out->error().what();
   EXPECT_EQ(**out, 7);
@@ -69,11 +69,14 @@ TEST(AbandonableExecutor, HungCallIsAbandonedWhenTheClockPassesItsTimeout) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::optional<Result<int>> hung;
-  start(io, executor, [&inside, released] {
-    inside = true;
-    released.wait();
-    return Result<int>(1);
-  }, 300ms, hung);
+  start(
+      io, executor,
+      [&inside, released] {
+        inside = true;
+        released.wait();
+        return Result<int>(1);
+      },
+      300ms, hung);
   ASSERT_TRUE(eventually(io, [&] { return inside.load(); }));
 
   clock.advance(299ms);
@@ -90,7 +93,8 @@ TEST(AbandonableExecutor, HungCallIsAbandonedWhenTheClockPassesItsTimeout) {
 
   // The stuck thread was replaced: the one-thread executor still serves a call.
   std::optional<Result<int>> next;
-  start(io, executor, [] { return Result<int>(2); }, 300ms, next);
+  start(
+      io, executor, [] { return Result<int>(2); }, 300ms, next);
   ASSERT_TRUE(eventually(io, [&] { return next.has_value(); }));
   ASSERT_TRUE(*next) << next->error().what();
   EXPECT_EQ(**next, 2);
@@ -109,18 +113,22 @@ TEST(AbandonableExecutor, TooManyStuckCallsFailFast) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::optional<Result<int>> hung;
-  start(io, executor, [&inside, released] {
-    inside = true;
-    released.wait();
-    return Result<int>(1);
-  }, 1s, hung);
+  start(
+      io, executor,
+      [&inside, released] {
+        inside = true;
+        released.wait();
+        return Result<int>(1);
+      },
+      1s, hung);
   ASSERT_TRUE(eventually(io, [&] { return inside.load(); }));
   clock.advance(1s);
   ASSERT_TRUE(eventually(io, [&] { return hung.has_value(); }));
   ASSERT_EQ(executor.abandoned(), 1u);
 
   std::optional<Result<int>> refused;
-  start(io, executor, [] { return Result<int>(3); }, 1s, refused);
+  start(
+      io, executor, [] { return Result<int>(3); }, 1s, refused);
   ASSERT_TRUE(eventually(io, [&] { return refused.has_value(); }));
   ASSERT_FALSE(*refused);
   EXPECT_EQ(refused->error().code(), ErrorCode::kResourceExhausted) << refused->error().message();

@@ -112,7 +112,8 @@ TEST(ConfinedPath, NamesStayInTheirDirectory) {
   for (const char* bad : {"", "/etc/passwd", "../x", "a/../../x", "a//b", "./x", "a/.", "a\\b"}) {
     auto r = confined_path(dir, bad, "shard name in /run/w/v3/manifest.json");
     ASSERT_FALSE(r) << bad;
-    EXPECT_NE(r.error().message().find("shard name in /run/w/v3/manifest.json"), std::string::npos) << r.error().message();
+    EXPECT_NE(r.error().message().find("shard name in /run/w/v3/manifest.json"), std::string::npos)
+        << r.error().message();
     EXPECT_NE(r.error().message().find(std::string("'") + bad + "'"), std::string::npos) << r.error().message();
   }
   EXPECT_FALSE(confined_path(dir, std::string("a\0b", 3), "x"));

@@ -98,21 +98,15 @@ TEST_F(AtomicFile, APartialLastLineIsDroppedAndWholeLinesAreKept) {
   const fs::path p = dir_ / "log.jsonl";
   EXPECT_TRUE(arlo::drop_partial_last_line(p).has_value());  // no file: nothing to do
   EXPECT_FALSE(fs::exists(p));
-  {
-    std::ofstream(p) << "{\"step\": 1}\n{\"step\": 2}\n{\"ste";
-  }
+  { std::ofstream(p) << "{\"step\": 1}\n{\"step\": 2}\n{\"ste"; }
   ASSERT_TRUE(arlo::drop_partial_last_line(p).has_value());
   EXPECT_EQ(slurp(p), "{\"step\": 1}\n{\"step\": 2}\n");
   ASSERT_TRUE(arlo::drop_partial_last_line(p).has_value());  // whole lines: unchanged
   EXPECT_EQ(slurp(p), "{\"step\": 1}\n{\"step\": 2}\n");
-  {
-    std::ofstream(p, std::ios::trunc) << "{\"st";
-  }
+  { std::ofstream(p, std::ios::trunc) << "{\"st"; }
   ASSERT_TRUE(arlo::drop_partial_last_line(p).has_value());  // one partial line: empty
   EXPECT_EQ(slurp(p), "");
 }
 
-
 }  // namespace
 }  // namespace arlo
-

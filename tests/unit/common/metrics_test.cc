@@ -42,7 +42,7 @@ TEST(MetricsValues, HistogramBucketsSumCountAndReset) {
   Histogram h({1.0, 0.1, 10.0, 1.0, std::numeric_limits<double>::infinity()});  // unsorted, duplicate, inf
   EXPECT_EQ(h.bounds(), (std::vector<double>{0.1, 1.0, 10.0}));
   for (double v : {0.05, 0.1, 0.5, 1.0, 5.0, 50.0, 500.0}) h.observe(v);
-  h.observe(std::numeric_limits<double>::quiet_NaN());  // ignored
+  h.observe(std::numeric_limits<double>::quiet_NaN());                     // ignored
   EXPECT_EQ(h.bucket_counts(), (std::vector<std::uint64_t>{2, 2, 1, 2}));  // le semantics: 0.1 is in the first
   EXPECT_EQ(h.count(), 7u);
   EXPECT_DOUBLE_EQ(h.sum(), 556.65);
@@ -64,9 +64,9 @@ TEST(MetricsValues, HistogramQuantileInterpolates) {
   for (int i = 0; i < 50; ++i) g.observe(3);    // (2, 4]
   EXPECT_DOUBLE_EQ(g.quantile(0.25), 0.5);
   EXPECT_DOUBLE_EQ(g.quantile(0.75), 3.0);
-  g.observe(1000);                              // +Inf bucket reports the top finite bound
+  g.observe(1000);  // +Inf bucket reports the top finite bound
   EXPECT_DOUBLE_EQ(g.quantile(1.0), 4.0);
-  EXPECT_DOUBLE_EQ(g.quantile(7.0), 4.0);       // q is clamped
+  EXPECT_DOUBLE_EQ(g.quantile(7.0), 4.0);  // q is clamped
 }
 
 TEST(MetricsValues, ExponentialBounds) {
@@ -213,7 +213,7 @@ TEST(MetricsRegistry, ConcurrentUpdatesLoseNothing) {
       for (int i = 0; i < kPerThread; ++i) {
         c.inc();
         g.add(1);
-        h.observe(t % 2);  // 0 or 1
+        h.observe(t % 2);                         // 0 or 1
         if (i % 1000 == 0) (void)r.prometheus();  // readers race with writers
       }
     });

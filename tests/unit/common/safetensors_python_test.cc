@@ -29,13 +29,13 @@ struct Spec {
 };
 
 const std::vector<Spec> kSpecs = {
-    {"model.f64", DType::F64, {2, 3}},         {"model.f32", DType::F32, {3, 5, 2}},
-    {"model.f16", DType::F16, {17}},           {"model.bf16", DType::BF16, {4, 4}},
-    {"model.f8_e4m3", DType::F8_E4M3, {33}},   {"model.f8_e5m2", DType::F8_E5M2, {2, 2, 2, 2}},
-    {"model.i64", DType::I64, {5}},            {"model.i32", DType::I32, {1, 7}},
-    {"model.i16", DType::I16, {9}},            {"model.i8", DType::I8, {10, 3}},
-    {"model.u8", DType::U8, {255}},            {"model.bool", DType::BOOL, {13}},
-    {"empty", DType::F32, {0, 3}},             {"scalar", DType::I32, {}},
+    {"model.f64", DType::F64, {2, 3}},       {"model.f32", DType::F32, {3, 5, 2}},
+    {"model.f16", DType::F16, {17}},         {"model.bf16", DType::BF16, {4, 4}},
+    {"model.f8_e4m3", DType::F8_E4M3, {33}}, {"model.f8_e5m2", DType::F8_E5M2, {2, 2, 2, 2}},
+    {"model.i64", DType::I64, {5}},          {"model.i32", DType::I32, {1, 7}},
+    {"model.i16", DType::I16, {9}},          {"model.i8", DType::I8, {10, 3}},
+    {"model.u8", DType::U8, {255}},          {"model.bool", DType::BOOL, {13}},
+    {"empty", DType::F32, {0, 3}},           {"scalar", DType::I32, {}},
 };
 const std::map<std::string, std::string> kMetadata = {{"writer", "arlo"}, {"step", "3"}, {"unicode", "✓ é"}};
 
@@ -72,9 +72,15 @@ std::vector<std::byte> expected_bytes(DType dtype, std::size_t count) {
     const double f = static_cast<double>((i % 16) - 8) * 0.5;
     const std::int64_t k = (i * 37) % 251 - 125;
     switch (dtype) {
-      case DType::F64: append(out, f); break;
-      case DType::F32: append(out, static_cast<float>(f)); break;
-      case DType::F16: append(out, static_cast<std::uint16_t>(encode_small_float(f, 10, 15))); break;
+      case DType::F64:
+        append(out, f);
+        break;
+      case DType::F32:
+        append(out, static_cast<float>(f));
+        break;
+      case DType::F16:
+        append(out, static_cast<std::uint16_t>(encode_small_float(f, 10, 15)));
+        break;
       case DType::BF16: {
         const auto x = static_cast<float>(f);
         std::uint32_t bits;
@@ -82,14 +88,30 @@ std::vector<std::byte> expected_bytes(DType dtype, std::size_t count) {
         append(out, static_cast<std::uint16_t>(bits >> 16));
         break;
       }
-      case DType::F8_E4M3: append(out, static_cast<std::uint8_t>(encode_small_float(f, 3, 7))); break;
-      case DType::F8_E5M2: append(out, static_cast<std::uint8_t>(encode_small_float(f, 2, 15))); break;
-      case DType::I64: append(out, static_cast<std::int64_t>(k * 1000000007)); break;
-      case DType::I32: append(out, static_cast<std::int32_t>(k * 1000003)); break;
-      case DType::I16: append(out, static_cast<std::int16_t>(k * 211)); break;
-      case DType::I8: append(out, static_cast<std::int8_t>(k)); break;
-      case DType::U8: append(out, static_cast<std::uint8_t>((i * 37) % 251 + 2)); break;
-      case DType::BOOL: append(out, static_cast<std::uint8_t>(i % 3 == 0)); break;
+      case DType::F8_E4M3:
+        append(out, static_cast<std::uint8_t>(encode_small_float(f, 3, 7)));
+        break;
+      case DType::F8_E5M2:
+        append(out, static_cast<std::uint8_t>(encode_small_float(f, 2, 15)));
+        break;
+      case DType::I64:
+        append(out, static_cast<std::int64_t>(k * 1000000007));
+        break;
+      case DType::I32:
+        append(out, static_cast<std::int32_t>(k * 1000003));
+        break;
+      case DType::I16:
+        append(out, static_cast<std::int16_t>(k * 211));
+        break;
+      case DType::I8:
+        append(out, static_cast<std::int8_t>(k));
+        break;
+      case DType::U8:
+        append(out, static_cast<std::uint8_t>((i * 37) % 251 + 2));
+        break;
+      case DType::BOOL:
+        append(out, static_cast<std::uint8_t>(i % 3 == 0));
+        break;
     }
   }
   return out;
@@ -119,8 +141,8 @@ class SafetensorsPython : public ::testing::Test {
   // Runs the script in a child process; returns its exit status and fills `output`.
   int run_python(const std::string& mode, const fs::path& file, std::string& output) {
     const fs::path log = dir_ / "python.log";
-    const std::string cmd = std::string(ARLO_PYTHON3) + " '" + script_.string() + "' " + mode + " '" +
-                            file.string() + "' '" + spec_.string() + "' > '" + log.string() + "' 2>&1";
+    const std::string cmd = std::string(ARLO_PYTHON3) + " '" + script_.string() + "' " + mode + " '" + file.string() +
+                            "' '" + spec_.string() + "' > '" + log.string() + "' 2>&1";
     const int status = std::system(cmd.c_str());
     std::ifstream in(log);
     output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -156,8 +156,10 @@ TEST(SafetensorsRoundTrip, OddShapesAndZeroSizeTensors) {
   TempDir dir;
   const fs::path path = dir.path() / "odd.safetensors";
   const std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes = {
-      {"empty_first", {0}},   {"scalar", {}},        {"one", {1}},           {"seven", {7}},
-      {"ones", {1, 1, 1, 1}}, {"zero_mid", {3, 0, 5}}, {"odd", {3, 7, 11}},  {"rank16", std::vector<std::int64_t>(16, 1)},
+      {"empty_first", {0}},   {"scalar", {}},
+      {"one", {1}},           {"seven", {7}},
+      {"ones", {1, 1, 1, 1}}, {"zero_mid", {3, 0, 5}},
+      {"odd", {3, 7, 11}},    {"rank16", std::vector<std::int64_t>(16, 1)},
       {"empty_last", {0, 4}},
   };
   std::vector<std::vector<std::byte>> payloads;
@@ -396,12 +398,12 @@ TEST(SafetensorsWriter, RejectsBadDeclarations) {
   TempDir dir;
   const fs::path p = dir.path() / "bad";
   const std::vector<std::vector<TensorDecl>> cases = {
-      {{"a", DType::F32, {1}}, {"a", DType::F32, {1}}},                   // duplicate
-      {{"__metadata__", DType::F32, {1}}},                                 // reserved
-      {{"neg", DType::F32, {2, -1}}},                                      // negative dim
-      {{"huge", DType::F64, {1ll << 40, 1ll << 40}}},                      // byte size overflow
-      {{"rank", DType::U8, std::vector<std::int64_t>(17, 1)}},             // rank limit
-      {{std::string("bad\xff utf8"), DType::U8, {1}}},                     // name not UTF-8
+      {{"a", DType::F32, {1}}, {"a", DType::F32, {1}}},         // duplicate
+      {{"__metadata__", DType::F32, {1}}},                      // reserved
+      {{"neg", DType::F32, {2, -1}}},                           // negative dim
+      {{"huge", DType::F64, {1ll << 40, 1ll << 40}}},           // byte size overflow
+      {{"rank", DType::U8, std::vector<std::int64_t>(17, 1)}},  // rank limit
+      {{std::string("bad\xff utf8"), DType::U8, {1}}},          // name not UTF-8
   };
   for (const auto& decls : cases) {
     auto w = Writer::create(p, decls);
@@ -475,13 +477,17 @@ std::vector<Hostile> hostile_files() {
       {"encoded surrogate", image("{\"__metadata__\":{\"k\":\"\xed\xa0\x80\"}}"), "malformed JSON"},
       {"raw control character in a string", image("{\"__metadata__\":{\"k\":\"a\x01\"}}"), "malformed JSON"},
       {"deep array nesting", image(std::string(200000, '[') + std::string(200000, ']')), "JSON object"},
-      {"deep object nesting in metadata", image("{\"__metadata__\":" + [] {
-         std::string s;
-         for (int i = 0; i < 100000; ++i) s += "{\"a\":";
-         return s + "1" + std::string(100000, '}');
-       }() + "}"), "must be a string"},
-      {"deep nesting in a tensor", image("{\"w\":{\"shape\":" + std::string(100000, '[') + std::string(100000, ']') + "}}"),
-       "'w'"},
+      {"deep object nesting in metadata",
+       image("{\"__metadata__\":" +
+             [] {
+               std::string s;
+               for (int i = 0; i < 100000; ++i) s += "{\"a\":";
+               return s + "1" + std::string(100000, '}');
+             }() +
+             "}"),
+       "must be a string"},
+      {"deep nesting in a tensor",
+       image("{\"w\":{\"shape\":" + std::string(100000, '[') + std::string(100000, ']') + "}}"), "'w'"},
       {"metadata value is a number", image("{\"__metadata__\":{\"k\":1}}"), "must be a string"},
       {"metadata value is an object", image("{\"__metadata__\":{\"k\":{\"x\":\"y\"}}}"), "must be a string"},
       {"metadata value is null", image("{\"__metadata__\":{\"k\":null}}"), "must be a string"},
@@ -505,14 +511,14 @@ std::vector<Hostile> hostile_files() {
       {"dimension is a string", image("{" + tensor("w", "F32", "[\"1\"]", "[0,4]") + "}", "abcd"), "'w'"},
       {"nested shape", image("{" + tensor("w", "F32", "[[1]]", "[0,4]") + "}", "abcd"), "'w'"},
       {"shape is a number", image("{" + tensor("w", "F32", "1", "[0,4]") + "}", "abcd"), "must be an array"},
-      {"rank above the limit", image("{" + tensor("w", "U8", "[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "[0,1]") + "}", "a"),
-       "more than 16"},
+      {"rank above the limit",
+       image("{" + tensor("w", "U8", "[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "[0,1]") + "}", "a"), "more than 16"},
       {"element count overflow", image("{" + tensor("w", "I8", "[4294967296,4294967296,2]", "[0,4]") + "}", "abcd"),
        "overflows"},
       {"byte size overflow", image("{" + tensor("w", "F64", "[2305843009213693952]", "[0,4]") + "}", "abcd"),
        "overflows"},
-      {"product wraps to the right size", image("{" + tensor("w", "U8", "[4294967296,4294967296,4]", "[0,4]") + "}", "abcd"),
-       "overflows"},
+      {"product wraps to the right size",
+       image("{" + tensor("w", "U8", "[4294967296,4294967296,4]", "[0,4]") + "}", "abcd"), "overflows"},
       {"one data offset", image("{" + tensor("w", "F32", "[1]", "[0]") + "}", "abcd"), "[begin, end]"},
       {"three data offsets", image("{" + tensor("w", "F32", "[1]", "[0,4,8]") + "}", "abcd"), "[begin, end]"},
       {"no data offsets", image("{" + tensor("w", "F32", "[1]", "[]") + "}", "abcd"), "[begin, end]"},
@@ -522,28 +528,35 @@ std::vector<Hostile> hostile_files() {
       {"float data offset", image("{" + tensor("w", "F32", "[1]", "[0,4.0]") + "}", "abcd"), "not an integer"},
       {"begin after end", image("{" + tensor("w", "F32", "[0]", "[4,0]") + "}", "abcd"), "begin after end"},
       {"end past the data", image("{" + tensor("w", "F32", "[2]", "[0,8]") + "}", "abcd"), "past the data section"},
-      {"end at 2^64-1", image("{" + tensor("w", "F32", "[1]", "[18446744073709551611,18446744073709551615]") + "}", "abcd"),
+      {"end at 2^64-1",
+       image("{" + tensor("w", "F32", "[1]", "[18446744073709551611,18446744073709551615]") + "}", "abcd"),
        "past the data section"},
-      {"zero-size tensor past the data", image("{" + tensor("z", "F32", "[0]", "[10,10]") + "}"), "past the data section"},
-      {"byte size does not match shape", image("{" + tensor("w", "F32", "[2]", "[0,4]") + "}", "abcd"), "needs 8 bytes"},
+      {"zero-size tensor past the data", image("{" + tensor("z", "F32", "[0]", "[10,10]") + "}"),
+       "past the data section"},
+      {"byte size does not match shape", image("{" + tensor("w", "F32", "[2]", "[0,4]") + "}", "abcd"),
+       "needs 8 bytes"},
       {"shape zero but bytes present", image("{" + tensor("w", "F32", "[0]", "[0,4]") + "}", "abcd"), "needs 0 bytes"},
-      {"overlap", image("{" + tensor("a", "F32", "[2]", "[0,8]") + "," + tensor("b", "F32", "[2]", "[4,12]") + "}",
-                        std::string(12, 'x')),
+      {"overlap",
+       image("{" + tensor("a", "F32", "[2]", "[0,8]") + "," + tensor("b", "F32", "[2]", "[4,12]") + "}",
+             std::string(12, 'x')),
        "overlaps"},
-      {"identical ranges", image("{" + tensor("a", "F32", "[1]", "[0,4]") + "," + tensor("b", "F32", "[1]", "[0,4]") + "}",
-                                 "abcd"),
+      {"identical ranges",
+       image("{" + tensor("a", "F32", "[1]", "[0,4]") + "," + tensor("b", "F32", "[1]", "[0,4]") + "}", "abcd"),
        "overlaps"},
-      {"gap", image("{" + tensor("a", "F32", "[1]", "[0,4]") + "," + tensor("b", "F32", "[1]", "[8,12]") + "}",
-                    std::string(12, 'x')),
+      {"gap",
+       image("{" + tensor("a", "F32", "[1]", "[0,4]") + "," + tensor("b", "F32", "[1]", "[8,12]") + "}",
+             std::string(12, 'x')),
        "gap"},
       {"gap at the start", image("{" + tensor("a", "F32", "[1]", "[4,8]") + "}", std::string(8, 'x')), "gap"},
       {"trailing uncovered bytes", image("{" + tensor("a", "F32", "[1]", "[0,4]") + "}", std::string(8, 'x')),
        "cover only 4"},
       {"data but no tensors", image("{}", "abcd"), "cover only 0"},
-      {"duplicate tensor name", image("{" + tensor("a", "F32", "[1]", "[0,4]") + "," + tensor("a", "F32", "[1]", "[4,8]") + "}",
-                                      std::string(8, 'x')),
+      {"duplicate tensor name",
+       image("{" + tensor("a", "F32", "[1]", "[0,4]") + "," + tensor("a", "F32", "[1]", "[4,8]") + "}",
+             std::string(8, 'x')),
        "duplicate tensor name 'a'"},
-      {"repeated field", image("{\"w\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", "abcd"),
+      {"repeated field",
+       image("{\"w\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", "abcd"),
        "repeats field"},
       {"missing dtype", image("{\"w\":{\"shape\":[1],\"data_offsets\":[0,4]}}", "abcd"), "has no dtype"},
       {"missing shape", image("{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", "abcd"), "has no shape"},
@@ -629,10 +642,18 @@ TEST(SafetensorsHostile, RandomMutationsNeverEscapeTheBuffer) {
     for (int e = 0; e < edits; ++e) {
       const std::size_t pos = rng() % m.size();
       switch (rng() % 4) {
-        case 0: m[pos] = static_cast<char>(rng() & 0xff); break;
-        case 1: m.erase(pos, 1 + rng() % 8); break;
-        case 2: m.insert(pos, 1, "{}[],:\"0123456789-e."[rng() % 20]); break;
-        case 3: m.resize(pos); break;
+        case 0:
+          m[pos] = static_cast<char>(rng() & 0xff);
+          break;
+        case 1:
+          m.erase(pos, 1 + rng() % 8);
+          break;
+        case 2:
+          m.insert(pos, 1, "{}[],:\"0123456789-e."[rng() % 20]);
+          break;
+        case 3:
+          m.resize(pos);
+          break;
       }
       if (m.empty()) break;
     }

@@ -52,8 +52,10 @@ TEST(ThreadPool, VoidWorkAndMoveOnlyResults) {
   asio::io_context loop;
   bool void_done = false;
   std::unique_ptr<int> moved;
-  pool.run_then(loop, [] {}, [&] { void_done = true; });
-  pool.run_then(loop, [] { return std::make_unique<int>(7); }, [&](std::unique_ptr<int> p) { moved = std::move(p); });
+  pool.run_then(
+      loop, [] {}, [&] { void_done = true; });
+  pool.run_then(
+      loop, [] { return std::make_unique<int>(7); }, [&](std::unique_ptr<int> p) { moved = std::move(p); });
   loop.run();
   EXPECT_TRUE(void_done);
   ASSERT_NE(moved, nullptr);
@@ -102,9 +104,8 @@ TEST(ThreadPool, CoroutineRunResumesOnTheLoop) {
           results.push_back(r);
         }
         // Errors travel as values through the pool too.
-        Result<int> bad = co_await pool.run(loop, []() -> Result<int> {
-          return make_error(ErrorCode::kInvalidArgument, "bad input");
-        });
+        Result<int> bad = co_await pool.run(
+            loop, []() -> Result<int> { return make_error(ErrorCode::kInvalidArgument, "bad input"); });
         EXPECT_FALSE(bad);
         EXPECT_EQ(bad.error().message(), "bad input");
         auto owned = co_await pool.run(loop, [] { return std::make_unique<int>(5); });

@@ -20,8 +20,8 @@ TEST(Vocabulary, PauseModeRoundTrips) {
 }
 
 TEST(Vocabulary, FinishReasonRoundTripsAndAliases) {
-  for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError,
-                         FinishReason::kUnknown})
+  for (FinishReason r :
+       {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError, FinishReason::kUnknown})
     EXPECT_EQ(parse_finish_reason(to_string(r)), r) << to_string(r);
   EXPECT_EQ(parse_finish_reason("eos"), FinishReason::kStop);
   EXPECT_EQ(parse_finish_reason("end_turn"), FinishReason::kStop);

@@ -114,20 +114,21 @@ TEST(ConfigLoad, UnknownSectionAndMisplacedKeySuggestions) {
   const std::string text = all_text(r);
   EXPECT_THAT(text, HasSubstr("test.yaml:1:1: unknown section 'orchestrater' (did you mean 'orchestrator'?)"));
   EXPECT_THAT(text, HasSubstr("test.yaml:3:1: unknown section 'batch_size' (did you mean 'orchestrator.batch_size'?"));
-  EXPECT_THAT(text, HasSubstr("test.yaml:5:3: sampling.group_size: unknown key (did you mean 'orchestrator.group_size'?"));
+  EXPECT_THAT(text,
+              HasSubstr("test.yaml:5:3: sampling.group_size: unknown key (did you mean 'orchestrator.group_size'?"));
 }
 
 TEST(ConfigLoad, CollectsEveryErrorNotJustTheFirst) {
   Resolution r = load(
       "orchestrator:\n"
-      "  batch_size: many\n"        // not an integer
-      "  advantage: ppo\n"          // not an allowed choice
-      "  max_async_level: -1\n"     // out of range
+      "  batch_size: many\n"                 // not an integer
+      "  advantage: ppo\n"                   // not an allowed choice
+      "  max_async_level: -1\n"              // out of range
       "  filter_equal_reward_groups: yes\n"  // not a boolean
       "sampling:\n"
-      "  temperature: \"0.5\"\n"    // quoted number is a string
-      "  stop: END\n"               // not a list
-      "  top_p: [1]\n");            // not a scalar
+      "  temperature: \"0.5\"\n"  // quoted number is a string
+      "  stop: END\n"             // not a list
+      "  top_p: [1]\n");          // not a scalar
   ASSERT_FALSE(r.config);
   EXPECT_EQ(r.diagnostics.size(), 7u) << all_text(r);
   const std::string text = all_text(r);
@@ -141,8 +142,9 @@ TEST(ConfigLoad, CollectsEveryErrorNotJustTheFirst) {
 }
 
 TEST(ConfigLoad, MalformedYamlIsOneClearError) {
-  for (const std::string bad : {"orchestrator: [unclosed\n", "a: b: c\n", "orchestrator:\n  batch_size: 1\n \tx: 2\n",
-                                "key: \"unterminated\n", "- [\n", "{a: 1", "run: *undefined_alias\n", ", stray comma", "a: 1\n]\n"}) {
+  for (const std::string bad :
+       {"orchestrator: [unclosed\n", "a: b: c\n", "orchestrator:\n  batch_size: 1\n \tx: 2\n", "key: \"unterminated\n",
+        "- [\n", "{a: 1", "run: *undefined_alias\n", ", stray comma", "a: 1\n]\n"}) {
     Resolution r = load(bad);
     ASSERT_FALSE(r.config) << bad;
     ASSERT_FALSE(r.diagnostics.empty()) << bad;
@@ -178,8 +180,9 @@ TEST(ConfigLoad, DuplicateKeysAreErrors) {
 
 TEST(ConfigLoad, DeepNestingIsAnErrorNotACrash) {
   // Deep enough to hit yaml-cpp's own recursion guard.
-  const std::string deep_flow = "reward:\n  modules:\n    - kind: plugin\n      path: p\n      config: {a: " +
-                                std::string(5000, '[') + std::string(5000, ']') + "}\n";
+  const std::string deep_flow =
+      "reward:\n  modules:\n    - kind: plugin\n      path: p\n      config: {a: " + std::string(5000, '[') +
+      std::string(5000, ']') + "}\n";
   Resolution r = load(deep_flow);
   ASSERT_FALSE(r.config);
   EXPECT_FALSE(r.diagnostics.empty());
@@ -212,17 +215,16 @@ TEST(ConfigLoad, AliasBombIsBounded) {
     yaml += "]\n";
   }
   // 10^9 leaves if expanded; used as a free-form map value.
-  const std::string bomb = "reward:\n  modules:\n    - kind: plugin\n      path: p\n      config:\n" +
-                           [&] {
-                             std::string indented;
-                             std::size_t start = 0;
-                             while (start < yaml.size()) {
-                               const std::size_t end = yaml.find('\n', start);
-                               indented += "        " + yaml.substr(start, end - start + 1);
-                               start = end + 1;
-                             }
-                             return indented;
-                           }();
+  const std::string bomb = "reward:\n  modules:\n    - kind: plugin\n      path: p\n      config:\n" + [&] {
+    std::string indented;
+    std::size_t start = 0;
+    while (start < yaml.size()) {
+      const std::size_t end = yaml.find('\n', start);
+      indented += "        " + yaml.substr(start, end - start + 1);
+      start = end + 1;
+    }
+    return indented;
+  }();
   Resolution r = load(bomb);
   ASSERT_FALSE(r.config);
   EXPECT_THAT(all_text(r), HasSubstr("more than 100000 values"));
@@ -274,8 +276,8 @@ TEST(ConfigLoad, ObjectListItemsAreCheckedLikeSections) {
   EXPECT_THAT(text, HasSubstr("reward.modules[1]: missing required key 'kind'"));
   EXPECT_THAT(text, HasSubstr("reward.modules[4]: expected a mapping, got a scalar"));
   // Cross-key rules run once every key has a well-typed value.
-  Resolution rules = load(
-      "reward:\n  modules:\n    - kind: plugin\n    - kind: regex_match\n      pattern: '(['\n    - kind: http\n");
+  Resolution rules =
+      load("reward:\n  modules:\n    - kind: plugin\n    - kind: regex_match\n      pattern: '(['\n    - kind: http\n");
   const std::string rules_text = all_text(rules);
   EXPECT_THAT(rules_text, HasSubstr("test.yaml:3:7: reward.modules[0]: kind plugin needs 'path'"));
   EXPECT_THAT(rules_text, HasSubstr("test.yaml:5:7: reward.modules[1].pattern: not a valid regular expression"));
@@ -291,7 +293,8 @@ TEST(ConfigLoad, CrossKeyRules) {
       "model:\n  hidden: 64\n  heads: 5\n");
   ASSERT_FALSE(r.config);
   const std::string text = all_text(r);
-  EXPECT_THAT(text, HasSubstr("test.yaml:2:3: orchestrator.batch_size (30) must be a multiple of orchestrator.group_size (8)"));
+  EXPECT_THAT(
+      text, HasSubstr("test.yaml:2:3: orchestrator.batch_size (30) must be a multiple of orchestrator.group_size (8)"));
   EXPECT_THAT(text, HasSubstr("test.yaml:5:3: env.path is required when env.kind is jsonl"));
   EXPECT_THAT(text, HasSubstr("inference.urls must list the servers when inference.launch is external"));
   EXPECT_THAT(text, HasSubstr("model.heads must divide model.hidden"));
@@ -314,8 +317,10 @@ TEST(ConfigOverrides, BadOverridesCiteTheSetText) {
                            "sampling.temperature=[1", "weight_sync.keep_last=1"});
   ASSERT_FALSE(r.config);
   const std::string text = all_text(r);
-  EXPECT_THAT(text, HasSubstr("--set orchestrator.batch_size=big: orchestrator.batch_size: expected an integer, got 'big'"));
-  EXPECT_THAT(text, HasSubstr("--set orchestrator.batchsize=8: orchestrator.batchsize: unknown key (did you mean 'orchestrator.batch_size'?)"));
+  EXPECT_THAT(text,
+              HasSubstr("--set orchestrator.batch_size=big: orchestrator.batch_size: expected an integer, got 'big'"));
+  EXPECT_THAT(text, HasSubstr("--set orchestrator.batchsize=8: orchestrator.batchsize: unknown key (did you mean "
+                              "'orchestrator.batch_size'?)"));
   EXPECT_THAT(text, HasSubstr("--set no_equals_sign: expected --set section.key=value"));
   EXPECT_THAT(text, HasSubstr("--set sampling.temperature=[1: sampling.temperature: the value is not valid YAML"));
   EXPECT_THAT(text, HasSubstr("--set weight_sync.keep_last=1: weight_sync.keep_last: must be between 2 and"));
@@ -370,7 +375,8 @@ TEST(ConfigFile, LoadFileReportsMissingAndDirectories) {
   ASSERT_FALSE(dir);
   EXPECT_THAT(dir.error().message(), HasSubstr("is a directory"));
 
-  const auto path = std::filesystem::temp_directory_path() / ("arlo_config_test_" + std::to_string(::getpid()) + ".yaml");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("arlo_config_test_" + std::to_string(::getpid()) + ".yaml");
   {
     std::ofstream out(path);
     out << "orchestrator:\n  batchsize: 8\n  group_size: x\n";
@@ -387,7 +393,6 @@ TEST(ConfigAccess, MisuseAbortsWithTheKeyName) {
   EXPECT_DEATH(c.integer("orchestrator.no_such_key"), "orchestrator.no_such_key: not a declared configuration key");
   EXPECT_DEATH(c.string("orchestrator.batch_size"), "orchestrator.batch_size: is declared as int, read as string");
 }
-
 
 // Former keys (schema.h, FormerKey): for one release a config that uses one still loads, with a
 // warning that says what to write instead.

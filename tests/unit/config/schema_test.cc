@@ -79,13 +79,15 @@ TEST(ProductSchema, KindsAndTheirKeysComeFromTheRegistries) {
   ASSERT_TRUE(item("pattern"));
   EXPECT_EQ(item("pattern")->doc, "regex_match: ECMAScript regular expression to search for.");
   ASSERT_TRUE(item("isolate"));
-  EXPECT_EQ(std::get<std::string>(item("isolate")->default_value), "process");  // the config's default, not the library's
+  EXPECT_EQ(std::get<std::string>(item("isolate")->default_value),
+            "process");  // the config's default, not the library's
   EXPECT_EQ(item("isolate")->choices, (std::vector<std::string>{"none", "process"}));
   ASSERT_TRUE(item("config"));
   EXPECT_THAT(item("config")->doc, ::testing::HasSubstr("numeric_match: rel_tol (float, 1e-06: relative tolerance)"));
 
   EXPECT_EQ(schema.find_key("inference.kind")->choices, rollout::entry_names(rollout::admin_dialects()));
-  EXPECT_EQ(schema.find_key("inference.kind")->doc, "Server dialect for admin calls: arlo (arlo-worker), vllm, sglang.");
+  EXPECT_EQ(schema.find_key("inference.kind")->doc,
+            "Server dialect for admin calls: arlo (arlo-worker), vllm, sglang.");
   EXPECT_EQ(schema.find_key("env.kind")->choices, rollout::entry_names(rollout::environment_kinds()));
   EXPECT_THAT(schema.find_key("eval.env_kind")->choices, ::testing::Contains("reverse_text"));
   for (const auto& kind : rollout::environment_kinds())

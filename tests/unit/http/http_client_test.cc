@@ -69,9 +69,8 @@ class HttpClientTest : public ::testing::Test {
       co_await never.wait();  // released only by the server's close() cancelling the wait
       co_return Response::json(200, {});
     });
-    server->route(Verb::get, "/big", [](Request) -> asio::awaitable<Response> {
-      co_return Response::text(200, std::string(5000, 'b'));
-    });
+    server->route(Verb::get, "/big",
+                  [](Request) -> asio::awaitable<Response> { co_return Response::text(200, std::string(5000, 'b')); });
     auto port = server->start();
     ASSERT_TRUE(port) << port.error().what();
     base = fmt::format("http://127.0.0.1:{}", *port);
@@ -104,8 +103,8 @@ TEST_F(HttpClientTest, DeadlineExpiresAgainstHandlerThatNeverAnswers) {
   Client timed(io, options);
   std::optional<Result<Response>> r;
   run(io, [&]() -> asio::awaitable<void> {
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> { r = co_await timed.get(base + "/never", 300ms); },
-                   asio::detached);
+    asio::co_spawn(
+        io, [&]() -> asio::awaitable<void> { r = co_await timed.get(base + "/never", 300ms); }, asio::detached);
     co_await never_entered.wait();  // the request was written and reached the handler
     clock.advance(299ms);
     co_await settle_loop();
@@ -208,10 +207,13 @@ TEST_F(HttpClientTest, RetryNeverRunsPastTheDeadline) {
   std::optional<Result<Response>> out;
   bool done = false;
   run(io, [&]() -> asio::awaitable<void> {
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      out = co_await timed.request(r);
-      done = true;
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          out = co_await timed.request(r);
+          done = true;
+        },
+        asio::detached);
     co_await run_backoffs(clock, timed, done);
   }());
   ASSERT_TRUE(out.has_value());
@@ -279,13 +281,16 @@ TEST_F(HttpClientTest, ResponseOverLimitIsResourceExhausted) {
 TEST_F(HttpClientTest, MalformedResponseIsParseError) {
   tcp::acceptor liar(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
   const std::uint16_t port = liar.local_endpoint().port();
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    auto [ec, socket] = co_await liar.async_accept(kNoThrow);
-    if (ec) co_return;
-    beast::tcp_stream stream(std::move(socket));
-    co_await read_until(stream, "\r\n\r\n");
-    co_await write_raw(stream, "HTTP/1.1 abc this is not a status line\r\n\r\n");
-  }, asio::detached);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto [ec, socket] = co_await liar.async_accept(kNoThrow);
+        if (ec) co_return;
+        beast::tcp_stream stream(std::move(socket));
+        co_await read_until(stream, "\r\n\r\n");
+        co_await write_raw(stream, "HTTP/1.1 abc this is not a status line\r\n\r\n");
+      },
+      asio::detached);
   run(io, [&]() -> asio::awaitable<void> {
     ClientRequest r;
     r.url = fmt::format("http://127.0.0.1:{}/x", port);

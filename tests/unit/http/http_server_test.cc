@@ -190,8 +190,7 @@ TEST_F(HttpServerTest, SlowClientIsCutOffByHeaderTimeout) {
   start();
   run(io, [&]() -> asio::awaitable<void> {
     auto raw = co_await connect_raw(server->port());
-    const std::string request =
-        "GET /ok HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(200, 'p') + "\r\n\r\n";
+    const std::string request = "GET /ok HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(200, 'p') + "\r\n\r\n";
     // One byte every 20 ms would take over 4 s; the server must cut us off long before the end.
     std::size_t sent = 0;
     bool cut = false;
@@ -323,9 +322,8 @@ TEST_F(HttpServerTest, KeepAliveReusesOneConnection) {
 
 TEST_F(HttpServerTest, MalformedRequestGets400AndExpectContinueWorks) {
   make_server();
-  server->route(Verb::post, "/echo", [](Request r) -> asio::awaitable<Response> {
-    co_return Response::text(200, r.body);
-  });
+  server->route(Verb::post, "/echo",
+                [](Request r) -> asio::awaitable<Response> { co_return Response::text(200, r.body); });
   start();
   run(io, [&]() -> asio::awaitable<void> {
     auto raw = co_await connect_raw(server->port());
@@ -365,15 +363,21 @@ TEST_F(HttpServerTest, GracefulStopLetsInFlightRequestFinish) {
 
     std::optional<Result<Response>> slow;
     Event slow_done(io), stop_done(io);
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      slow = co_await client->get(base + "/slow");
-      slow_done.set();
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          slow = co_await client->get(base + "/slow");
+          slow_done.set();
+        },
+        asio::detached);
     co_await entered.wait();
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      co_await server->stop();
-      stop_done.set();
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          co_await server->stop();
+          stop_done.set();
+        },
+        asio::detached);
     // The listener is closed: new connections are refused.
     ClientRequest fresh;
     fresh.url = base + "/ok";
@@ -414,14 +418,17 @@ TEST_F(HttpServerTest, StopGraceExpiryClosesStuckRequests) {
   run(io, [&]() -> asio::awaitable<void> {
     std::optional<Result<Response>> stuck;
     Event stuck_done(io);
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      ClientRequest r;
-      r.url = base + "/stuck";
-      r.timeout = 30s;
-      r.retry = RetryPolicy{.max_attempts = 1};
-      stuck = co_await client->request(r);
-      stuck_done.set();
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          ClientRequest r;
+          r.url = base + "/stuck";
+          r.timeout = 30s;
+          r.retry = RetryPolicy{.max_attempts = 1};
+          stuck = co_await client->request(r);
+          stuck_done.set();
+        },
+        asio::detached);
     co_await entered.wait();
     co_await server->stop();
     EXPECT_EQ(server->stats().connections_open, 0u);
@@ -450,12 +457,15 @@ TEST_F(HttpServerTest, ManyConcurrentRequestsAllComplete) {
   run(io, [&]() -> asio::awaitable<void> {
     Event all_done(io);
     for (int i = 0; i < kRequests; ++i) {
-      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
-        nlohmann::json payload = {{"n", i}};
-        auto r = co_await client->post_json(base + "/work", payload, 60s);
-        if (r && r->status == 200 && r->parse_json().value()["n"] == i) ++good;
-        if (++completed == kRequests) all_done.set();
-      }, asio::detached);
+      asio::co_spawn(
+          io,
+          [&, i]() -> asio::awaitable<void> {
+            nlohmann::json payload = {{"n", i}};
+            auto r = co_await client->post_json(base + "/work", payload, 60s);
+            if (r && r->status == 200 && r->parse_json().value()["n"] == i) ++good;
+            if (++completed == kRequests) all_done.set();
+          },
+          asio::detached);
     }
     co_await all_done.wait();
   }());

@@ -20,14 +20,14 @@ using namespace std::chrono_literals;
 constexpr auto kGenerous = 20s;  // deadlines that must not expire on a loaded machine
 
 GroupConfig config(int rank = 0, int world = 2) {
-  return {.library_path = "fake-libnccl.so.2", .world_size = world, .rank = rank, .device = 0,
-          .collective_timeout = 200ms};
+  return {
+      .library_path = "fake-libnccl.so.2", .world_size = world, .rank = rank, .device = 0, .collective_timeout = 200ms};
 }
 
 std::vector<TensorSpec> specs() {
-  return {{"embed", DType::BF16, {64, 9}},  {"q.weight", DType::F32, {33}}, {"scalar", DType::F32, {}},
-          {"empty", DType::F16, {0, 4}},    {"big", DType::BF16, {700}},    {"i64", DType::I64, {5}},
-          {"u8", DType::U8, {301}},         {"f8", DType::F8_E4M3, {17}},   {"last", DType::F16, {3, 3}}};
+  return {{"embed", DType::BF16, {64, 9}}, {"q.weight", DType::F32, {33}}, {"scalar", DType::F32, {}},
+          {"empty", DType::F16, {0, 4}},   {"big", DType::BF16, {700}},    {"i64", DType::I64, {5}},
+          {"u8", DType::U8, {301}},        {"f8", DType::F8_E4M3, {17}},   {"last", DType::F16, {3, 3}}};
 }
 
 void fill(HostWeights& w, std::uint64_t seed) {
@@ -328,7 +328,7 @@ TEST(NcclGroup, PerTensorRefusesADtypeWithoutNcclTypeBeforeAnyBroadcast) {
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what().find("mask"), std::string::npos) << r.error().what();
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
-  EXPECT_FALSE(g->aborted());  // nothing was on the wire: the group stays usable
+  EXPECT_FALSE(g->aborted());                                 // nothing was on the wire: the group stays usable
   EXPECT_TRUE(g->send(w, Layout{}, deadline_in(kGenerous)));  // packed carries it as bytes
 }
 
@@ -440,8 +440,8 @@ TEST(NcclGroup, AbortFromAnotherThreadWhileSendIsBlocked) {
   ASSERT_TRUE(g);
   Result<TransferReport> r = make_error(ErrorCode::kInternal, "not run");
   std::thread sender([&] { r = g->send(w, Layout{.packed = true, .packed_buffer_bytes = 300}, deadline_in(60s)); });
-  ASSERT_TRUE(fake->wait_for([](const auto& c) { return !c.empty() && c.back().kind == Call::Kind::kBroadcast; },
-                             kGenerous));
+  ASSERT_TRUE(
+      fake->wait_for([](const auto& c) { return !c.empty() && c.back().kind == Call::Kind::kBroadcast; }, kGenerous));
   auto started = Clock::now();
   g->abort("vLLM /update_weights returned 500");
   g->abort("second reason is ignored");

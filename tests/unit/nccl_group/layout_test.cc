@@ -28,8 +28,7 @@ Layout packed(std::uint64_t buffer) { return {.packed = true, .packed_buffer_byt
 
 TEST(NcclLayout, ClosesTheBucketAfterTheTensorThatCrossesTheLimit) {
   // Running totals 4, 8 (== limit: stays open), 12 (> limit: closes after tensor 2), then 4, 8, 9.
-  EXPECT_EQ(plan_buckets(sized({4, 4, 4, 4, 4, 1}), packed(8)),
-            (std::vector<Bucket>{{0, 3, 12}, {3, 3, 9}}));
+  EXPECT_EQ(plan_buckets(sized({4, 4, 4, 4, 4, 1}), packed(8)), (std::vector<Bucket>{{0, 3, 12}, {3, 3, 9}}));
 }
 
 TEST(NcclLayout, ExactBoundaryDoesNotClose) {

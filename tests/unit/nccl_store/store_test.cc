@@ -10,7 +10,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -175,11 +174,11 @@ TEST_F(NcclStore, EveryCommand) {
   EXPECT_EQ(*c->check({}, soon()), true);
 
   // COMPARE_SET, torch's four cases.
-  EXPECT_EQ(*c->compare_set("/cs", "", "first", soon()), "first");        // missing + empty expected: set
-  EXPECT_EQ(*c->compare_set("/cs2", "x", "never", soon()), "x");          // missing + other: expected back
+  EXPECT_EQ(*c->compare_set("/cs", "", "first", soon()), "first");  // missing + empty expected: set
+  EXPECT_EQ(*c->compare_set("/cs2", "x", "never", soon()), "x");    // missing + other: expected back
   EXPECT_FALSE(server->get("/cs2"));
-  EXPECT_EQ(*c->compare_set("/cs", "first", "second", soon()), "second"); // match: replaced
-  EXPECT_EQ(*c->compare_set("/cs", "nope", "third", soon()), "second");   // mismatch: current value
+  EXPECT_EQ(*c->compare_set("/cs", "first", "second", soon()), "second");  // match: replaced
+  EXPECT_EQ(*c->compare_set("/cs", "nope", "third", soon()), "second");    // mismatch: current value
 
   const auto before = *c->num_keys(soon());
   EXPECT_EQ(before, 5);  // /a /bin /empty init/ /cs
@@ -217,7 +216,7 @@ TEST_F(NcclStore, WaitCompletesLaterFromAnotherClient) {
   EXPECT_EQ(waiter->recv(4), as_bytes(11));  // the WAIT is registered and not answered
   auto other = client();
   ASSERT_TRUE(other->set("/late", "1", soon()));
-  EXPECT_EQ(*other->ping(1, soon()), 1u);    // the SET is processed; the WAIT still lacks /later
+  EXPECT_EQ(*other->ping(1, soon()), 1u);  // the SET is processed; the WAIT still lacks /later
   waiter->send(ping(12));
   EXPECT_EQ(waiter->recv(4), as_bytes(12));  // nothing (no STOP_WAITING) before the echo
   ASSERT_TRUE(other->add("/later", 5, soon()));
@@ -567,7 +566,7 @@ TEST_F(NcclStore, OnChangeCallback) {
   ASSERT_TRUE(c->multi_set({{"/m1", "1"}, {"/m2", "2"}}, soon()));
   ASSERT_TRUE(c->compare_set("/cs", "", "v", soon()));
   ASSERT_TRUE(c->compare_set("/cs", "wrong", "w", soon()));  // no change: no callback
-  ASSERT_TRUE(c->get("/s", soon()));                        // reads: no callback
+  ASSERT_TRUE(c->get("/s", soon()));                         // reads: no callback
   ASSERT_TRUE(c->delete_key("/s", soon()));
   server->set("/ip", "v");
   server->add("/ipa", 2);
@@ -617,9 +616,9 @@ TEST(NcclRendezvous, Base64) {
     EXPECT_EQ(*back, id);
   }
   const std::string good = base64(seeded_id(3));
-  for (const auto& bad : {std::string(), good.substr(0, 171), good + "=", good.substr(0, 169) + "!A=",
-                          good.substr(0, 100) + "=" + good.substr(101), good.substr(0, 171) + "A",
-                          std::string(171, 'A') + "B" /* no padding */}) {
+  for (const auto& bad : {std::string(), good.substr(0, 171), good + "=",
+                          good.substr(0, 169) + "!A=", good.substr(0, 100) + "=" + good.substr(101),
+                          good.substr(0, 171) + "A", std::string(171, 'A') + "B" /* no padding */}) {
     auto r = unique_id_from_base64(bad);
     ASSERT_FALSE(r) << bad;
     EXPECT_EQ(r.error().code(), ErrorCode::kParse);

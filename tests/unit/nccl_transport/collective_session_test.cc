@@ -77,16 +77,18 @@ TEST(CollectiveSession, WorkersThatAskTogetherShareOneGroupAndOneBroadcast) {
   Rig rig(2);
   rig.stage(0);
   auto s = rig.session;
-  auto joins = rig.run<Result<nlohmann::json>>({[s] { return s->group("http://a", 2); }, [s] { return s->group("http://b", 1); }});
+  auto joins = rig.run<Result<nlohmann::json>>(
+      {[s] { return s->group("http://a", 2); }, [s] { return s->group("http://b", 1); }});
   ASSERT_TRUE(joins[0]) << joins[0].error().what();
   ASSERT_TRUE(joins[1]) << joins[1].error().what();
   EXPECT_EQ(joins[0]->at("generation"), joins[1]->at("generation"));
   EXPECT_EQ(joins[0]->at("world_size"), 4);
   std::set<int> offsets = {joins[0]->at("rank_offset").get<int>(), joins[1]->at("rank_offset").get<int>()};
-  EXPECT_TRUE(offsets == (std::set<int>{1, 3}) || offsets == (std::set<int>{1, 2})) << joins[0]->dump() << joins[1]->dump();
+  EXPECT_TRUE(offsets == (std::set<int>{1, 3}) || offsets == (std::set<int>{1, 2}))
+      << joins[0]->dump() << joins[1]->dump();
   const auto g = joins[0]->at("generation").get<std::int64_t>();
-  auto sent = rig.run<Result<std::int64_t>>({[s, g] { return s->receiving("http://a", g, 0); },
-                                             [s, g] { return s->receiving("http://b", g, 0); }});
+  auto sent = rig.run<Result<std::int64_t>>(
+      {[s, g] { return s->receiving("http://a", g, 0); }, [s, g] { return s->receiving("http://b", g, 0); }});
   ASSERT_TRUE(sent[0]) << sent[0].error().what();
   ASSERT_TRUE(sent[1]) << sent[1].error().what();
   EXPECT_EQ(rig.fake->count(Call::Kind::kBroadcast), 1u);  // one tensor, once for both
@@ -118,7 +120,8 @@ TEST(CollectiveSession, ARejoiningWorkerStartsANewGroupWithTheOthers) {
   rig.session = TrainerCollective::create({.expected = 2, .flavor = "sglang", .gather = 300ms, .timeout = 5s});
   auto s = rig.session;
   s->announce({{"weight_sync", rig.last}});
-  auto alone = rig.run<Result<nlohmann::json>>({[s] { return s->group("http://a", 1); }});  // b is down: the window passes
+  auto alone =
+      rig.run<Result<nlohmann::json>>({[s] { return s->group("http://a", 1); }});  // b is down: the window passes
   ASSERT_TRUE(alone[0]) << alone[0].error().what();
   const auto g = alone[0]->at("generation").get<std::int64_t>();
   EXPECT_EQ(alone[0]->at("world_size"), 2);
@@ -136,7 +139,8 @@ TEST(CollectiveSession, NoAnnouncementYetIsAClearError) {
   auto s = TrainerCollective::create({});
   asio::io_context io;
   std::optional<Result<nlohmann::json>> r;
-  asio::co_spawn(io, s->group("http://a", 1), [&](std::exception_ptr, Result<nlohmann::json> v) { r.emplace(std::move(v)); });
+  asio::co_spawn(io, s->group("http://a", 1),
+                 [&](std::exception_ptr, Result<nlohmann::json> v) { r.emplace(std::move(v)); });
   io.run();
   ASSERT_TRUE(r && !*r);
   EXPECT_NE(r->error().what().find("announced no version"), std::string::npos) << r->error().what();

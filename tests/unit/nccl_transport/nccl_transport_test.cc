@@ -121,17 +121,22 @@ TEST(NcclTransport, GroupPublishesTheIdInEveryFormAndRank0Inits) {
   EXPECT_EQ(store->get(fmt::format("/tcp://127.0.0.1:{}/{}//cuda//0", port, name), deadline_in(5s)).value(),
             raw);  // older SGLang's PrefixStore(init_method) form
   // Rank 0 of 4 started its (non-blocking) init.
-  ASSERT_TRUE(fake->wait_for([](const auto& calls) {
-    return std::any_of(calls.begin(), calls.end(), [](const Call& c) { return c.kind == Call::Kind::kInit; });
-  }, 5s));
+  ASSERT_TRUE(fake->wait_for(
+      [](const auto& calls) {
+        return std::any_of(calls.begin(), calls.end(), [](const Call& c) { return c.kind == Call::Kind::kInit; });
+      },
+      5s));
   const auto inits = fake->calls(Call::Kind::kInit);
   ASSERT_EQ(inits.size(), 1u);
   EXPECT_EQ(inits[0].rank, 0);
   EXPECT_EQ(inits[0].world_size, 4);
   // vLLM's workers all-reduce inside their init route, before any update: rank 0 joins that at once.
-  EXPECT_TRUE(fake->wait_for([](const auto& calls) {
-    return std::any_of(calls.begin(), calls.end(), [](const Call& c) { return c.kind == Call::Kind::kAllReduce && c.ran; });
-  }, 5s));
+  EXPECT_TRUE(fake->wait_for(
+      [](const auto& calls) {
+        return std::any_of(calls.begin(), calls.end(),
+                           [](const Call& c) { return c.kind == Call::Kind::kAllReduce && c.ran; });
+      },
+      5s));
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
 }
 
@@ -218,7 +223,8 @@ TEST(NcclTransport, BroadcastWaitsForEveryMemberAndSendsTheNewestStaged) {
   fill(w, 5);
   ASSERT_TRUE(t.pub->stage(1, w));
   t.announcement(1);
-  auto first = std::async(std::launch::async, [&] { return control->receiving(group.generation, 0, deadline_in(10s)); });
+  auto first =
+      std::async(std::launch::async, [&] { return control->receiving(group.generation, 0, deadline_in(10s)); });
   EXPECT_EQ(first.wait_for(300ms), std::future_status::timeout);  // w1 is not receiving yet
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
   auto second = control->receiving(group.generation, 0, deadline_in(10s));
@@ -272,9 +278,12 @@ TEST(NcclTransport, AMemberAbortStopsTheBroadcastInFlight) {
   auto control = t.control(0);
   auto group = control->open_group({{"w0", 1, "sglang"}}, deadline_in(5s)).value();
   auto sent = std::async(std::launch::async, [&] { return control->receiving(group.generation, 0, deadline_in(10s)); });
-  ASSERT_TRUE(fake->wait_for([](const auto& calls) {
-    return std::count_if(calls.begin(), calls.end(), [](const Call& c) { return c.kind == Call::Kind::kBroadcast; }) >= 2;
-  }, 5s));
+  ASSERT_TRUE(fake->wait_for(
+      [](const auto& calls) {
+        return std::count_if(calls.begin(), calls.end(),
+                             [](const Call& c) { return c.kind == Call::Kind::kBroadcast; }) >= 2;
+      },
+      5s));
   ASSERT_TRUE(control->abort(group.generation, "w0: HTTP 500 from /update_weights_from_distributed", deadline_in(5s)));
   auto r = sent.get();
   ASSERT_FALSE(r);

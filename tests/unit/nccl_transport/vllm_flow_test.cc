@@ -118,7 +118,7 @@ class Server {
     }
     ran_before_ = broadcasts_ran(fake_);
     fake_.hold_collectives_from(fake_.calls().size());  // the next version's wait for their request too
-    co_return broadcasts_ran(fake_) == ran_before_ && ran_before_ > 0;
+    co_return broadcasts_ran(fake_) == ran_before_&& ran_before_ > 0;
   }
 
   asio::io_context& io_;
@@ -137,19 +137,22 @@ class Vllm final : public Server {
     on(http::Verb::get, "/get_world_size", [](const json&) -> asio::awaitable<http::Response> {
       co_return http::Response::json(200, json{{"world_size", 2}});
     });
-    on(http::Verb::post, "/pause", [](const json&) -> asio::awaitable<http::Response> { co_return http::Response::json(200, json{}); });
-    on(http::Verb::post, "/resume", [](const json&) -> asio::awaitable<http::Response> { co_return http::Response::json(200, json{}); });
+    on(http::Verb::post, "/pause",
+       [](const json&) -> asio::awaitable<http::Response> { co_return http::Response::json(200, json{}); });
+    on(http::Verb::post, "/resume",
+       [](const json&) -> asio::awaitable<http::Response> { co_return http::Response::json(200, json{}); });
     on(http::Verb::post, "/init_weight_transfer_engine", [this](const json& b) -> asio::awaitable<http::Response> {
       const auto& info = b.at("init_info");
-      if (info.at("rank_offset") != 1 || info.at("world_size") != 3) co_return violation("init_info ranks: " + info.dump());
+      if (info.at("rank_offset") != 1 || info.at("world_size") != 3)
+        co_return violation("init_info ranks: " + info.dump());
       // vLLM's StatelessProcessGroup reads the pickled id; the warm-up all-reduce already ran on rank 0's side.
       const auto pickled = read_id(info, std::string(ws::nccl::kVllmUniqueIdKey));
-      if (pickled.size() < 200 || static_cast<unsigned char>(pickled[0]) != 0x80) co_return violation("no pickled id in the store");
+      if (pickled.size() < 200 || static_cast<unsigned char>(pickled[0]) != 0x80)
+        co_return violation("no pickled id in the store");
       co_return http::Response::json(200, json{{"message", "Weight transfer initialized"}});
     });
-    on(http::Verb::post, "/start_weight_update", [](const json&) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, json{});
-    });
+    on(http::Verb::post, "/start_weight_update",
+       [](const json&) -> asio::awaitable<http::Response> { co_return http::Response::json(200, json{}); });
     on(http::Verb::post, "/update_weights", [this](const json& b) -> asio::awaitable<http::Response> {
       const auto& info = b.at("update_info");
       if (info.at("names") != json::array({"model.embed_tokens.weight", "lm_head.weight"}) ||
@@ -173,12 +176,10 @@ class Sglang final : public Server {
     on(http::Verb::get, "/get_server_info", [](const json&) -> asio::awaitable<http::Response> {
       co_return http::Response::json(200, json{{"tp_size", 1}, {"dp_size", 1}, {"pp_size", 1}});
     });
-    on(http::Verb::post, "/pause_generation", [](const json&) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, json{});
-    });
-    on(http::Verb::post, "/continue_generation", [](const json&) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, json{});
-    });
+    on(http::Verb::post, "/pause_generation",
+       [](const json&) -> asio::awaitable<http::Response> { co_return http::Response::json(200, json{}); });
+    on(http::Verb::post, "/continue_generation",
+       [](const json&) -> asio::awaitable<http::Response> { co_return http::Response::json(200, json{}); });
     on(http::Verb::post, "/init_weights_update_group", [this](const json& b) -> asio::awaitable<http::Response> {
       // torch's ProcessGroupNCCL reads the raw id under its PrefixStore key.
       const auto raw = read_id(b, ws::nccl::sglang_unique_id_key(b.at("group_name").get<std::string>()));
@@ -203,7 +204,8 @@ void one_update(rollout::AdminDialect dialect, const char* flavor, std::size_t c
   Trainer trainer;
   asio::io_context io;
   Srv server(io, *fake);
-  auto session = orch::adapters::TrainerCollective::create({.expected = 1, .flavor = flavor, .gather = 2s, .timeout = 10s});
+  auto session =
+      orch::adapters::TrainerCollective::create({.expected = 1, .flavor = flavor, .gather = 2s, .timeout = 10s});
   session->announce({{"weight_sync", trainer.announced}});
   http::Client client(io);
   rollout::AdminOptions o;

@@ -102,9 +102,8 @@ TEST(Adapters, ScorerGivesRewardModulesTheEnvironmentsTask) {
     auto completions = std::make_shared<std::vector<Completion>>(2);
     (*completions)[0].text = "2";
     (*completions)[1].text = "3";
-    rollout::test::run(io, [&]() -> boost::asio::awaitable<void> {
-      scored = co_await scorer.score(task, completions);
-    }());
+    rollout::test::run(io,
+                       [&]() -> boost::asio::awaitable<void> { scored = co_await scorer.score(task, completions); }());
   }
   rollout::test::drain(io);
   ASSERT_TRUE(scored) << scored.error().what();

@@ -276,8 +276,7 @@ TEST(WeightUpdate, KeepModeRecordsTokenVersions) {
   h.inf.complete_all();  // tokens from the midpoint on come from v1
   h.settle();
   ASSERT_GE(h.trainer.batches.size(), 1u);
-  for (const auto& s : h.trainer.batches[0].samples)
-    EXPECT_EQ(s.token_versions, (std::vector<std::int32_t>{0, 1, 1}));
+  for (const auto& s : h.trainer.batches[0].samples) EXPECT_EQ(s.token_versions, (std::vector<std::int32_t>{0, 1, 1}));
   h.expect_ledger_adds_up();
 }
 
@@ -300,7 +299,7 @@ TEST(WeightUpdate, WaitModeDrainsBeforeSwapping) {
   for (const auto& b : h.trainer.batches)
     for (const auto& s : b.samples)
       for (auto v : s.token_versions) EXPECT_EQ(v, 0);  // no sample spans two versions
-  EXPECT_EQ(h.inf.requests().size(), 6u);  // step 3 after the swap
+  EXPECT_EQ(h.inf.requests().size(), 6u);               // step 3 after the swap
   for (std::size_t i = 4; i < 6; ++i) EXPECT_EQ(h.inf.pending()[i].version_at_submit, 1);
   h.expect_ledger_adds_up();
 }
@@ -378,9 +377,12 @@ TEST(WeightUpdate, AFailedWorkerIsLeftOutProbedAndRejoins) {
   EXPECT_EQ(std::count(h.inf.log.begin(), h.inf.log.end(), "update(v2) w0"), 1);
   // It comes back: a probe (GET its weights) succeeds and v2 is synced to it.
   h.inf.hang_pause.clear();
-  ASSERT_TRUE(h.run_until([&] {
-    return std::count(h.inf.log.begin(), h.inf.log.end(), "update(v2) w1") == 1 && !h.orch->weight_watcher().syncing();
-  }, 1000));
+  ASSERT_TRUE(h.run_until(
+      [&] {
+        return std::count(h.inf.log.begin(), h.inf.log.end(), "update(v2) w1") == 1 &&
+               !h.orch->weight_watcher().syncing();
+      },
+      1000));
   EXPECT_TRUE(h.orch->weight_watcher().left_out().empty());
   EXPECT_GE(std::count(h.inf.log.begin(), h.inf.log.end(), "weights w1"), 1);  // the probe
   EXPECT_EQ(h.orch->weight_watcher().synced(), 2);
@@ -500,7 +502,8 @@ TEST(WeightWatcherRestart, AWorkerThatWasNotLeftOutIsSyncedTheCurrentVersionAgai
   Harness r;
   r.start();
   r.trainer.publish(1);
-  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  ASSERT_TRUE(
+      r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
   ASSERT_EQ(r.count("update(v1) w1"), 1);
   ASSERT_TRUE(r.orch->weight_watcher().left_out().empty());
   r.orch->weight_watcher().restarted("w1");
@@ -523,8 +526,10 @@ TEST(WeightWatcherRestart, AWorkerRestartedWhileARoundRanIsSyncedNotLeftOut) {
   r.inf.on_update = [&](const std::string& w, Version) {
     if (w != "w1") return;
     if (++w1_updates == 1) r.orch->weight_watcher().restarted("w1");
-    if (w1_updates <= 2) r.inf.refuse_update = {"w1"};
-    else r.inf.refuse_update.clear();
+    if (w1_updates <= 2)
+      r.inf.refuse_update = {"w1"};
+    else
+      r.inf.refuse_update.clear();
   };
   r.start();
   r.trainer.publish(1);
@@ -540,7 +545,8 @@ TEST(WeightWatcherRestart, ALeftOutWorkerRejoinsAtOnceAndItsProbeEnds) {
   r.start();
   r.inf.hang_pause = {"w1"};  // dead: it answers nothing
   r.trainer.publish(1);
-  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  ASSERT_TRUE(
+      r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
   ASSERT_EQ(r.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
   // Restarted: it answers again and arlo run says so before any probe came.
   r.inf.hang_pause.clear();
@@ -571,7 +577,8 @@ TEST(WeightWatcherRestart, AWorkerKilledAtTheEndIsWaitedForAndEndsOnTheFinalVers
     for (Version v = 1; v <= 2; ++v) {
       ASSERT_TRUE(r.run_until([&] { return r.trainer.batches.size() >= static_cast<std::size_t>(v); }));
       r.trainer.publish(v);
-      ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == v && !r.orch->weight_watcher().syncing(); }));
+      ASSERT_TRUE(
+          r.run_until([&] { return r.orch->weight_watcher().synced() == v && !r.orch->weight_watcher().syncing(); }));
     }
     ASSERT_TRUE(r.run_until([&] { return r.trainer.batches.size() >= 3; }));  // the last step is trained
     r.inf.hang_pause = {"w1"};  // killed: it answers nothing until restarted
@@ -611,7 +618,8 @@ TEST(WeightWatcherRestart, ARestartedWorkerThePoolStillCallsSilentIsResynced) {
   Harness r;
   r.start();
   r.trainer.publish(1);
-  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  ASSERT_TRUE(
+      r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
   r.inf.silent = {"w1"};
   r.orch->weight_watcher().restarted("w1");
   ASSERT_TRUE(r.run_until([&] { return r.count("update(v1) w1") == 2 && !r.orch->weight_watcher().syncing(); }, 1000));
@@ -628,12 +636,13 @@ TEST(WeightWatcherRound, UpdatesKnowWhoReceivesAndWhoRetries) {
   std::vector<std::string> seen;  // "<worker> v<v>: receives w0 w1, retrying <worker>"
   r.inf.on_update = [&](const std::string& worker, Version v) {
     const auto& w = r.orch->weight_watcher();
-    seen.push_back(fmt::format("{} v{}: {}{}{}", worker, v, w.receives("w0") ? "w0 " : "", w.receives("w1") ? "w1 " : "",
-                               w.retrying(worker) ? "retrying" : "first"));
+    seen.push_back(fmt::format("{} v{}: {}{}{}", worker, v, w.receives("w0") ? "w0 " : "",
+                               w.receives("w1") ? "w1 " : "", w.retrying(worker) ? "retrying" : "first"));
   };
   r.inf.hang_pause = {"w1"};  // dead: it answers nothing
   r.trainer.publish(1);
-  ASSERT_TRUE(r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
+  ASSERT_TRUE(
+      r.run_until([&] { return r.orch->weight_watcher().synced() == 1 && !r.orch->weight_watcher().syncing(); }, 1000));
   // w0's update came only after w1's pause had failed: w1 is not in the round.
   EXPECT_EQ(seen, (std::vector<std::string>{"w0 v1: w0 first"}));
   EXPECT_FALSE(r.orch->weight_watcher().receives("w0")) << "between rounds nobody receives";
@@ -834,7 +843,8 @@ TEST(Checkpoint, PendingTasksRoundTrip) {
 TEST(Checkpoint, ReadsPendingTasksEarlierVersionsWrote) {
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("arlo_orch_ckpt_old_{}", ::getpid());
   std::filesystem::create_directories(dir / "orchestrator");
-  std::ofstream(checkpoint_path(dir)) << R"({"format": 1, "step": 2, "version": 2, "task_cursor": {"stream": {}, "seq": 10},
+  std::ofstream(checkpoint_path(dir))
+      << R"({"format": 1, "step": 2, "version": 2, "task_cursor": {"stream": {}, "seq": 10},
     "rng": "", "ledger": {}, "pending_tasks": [
       {"id": 7, "env": "arithmetic", "prompt": "2+3=", "messages": [], "prompt_tokens": [1, 50],
        "answer": "5", "answer_tokens": [53, 0], "info": {"task_id": "arithmetic-7", "level": 1}},
@@ -972,7 +982,8 @@ TEST(Records, TheLogKeepsItsNewestRecordsAndCountsOn) {
   ASSERT_EQ(tail.at("records").size(), 1u);
   EXPECT_EQ(tail.at("records")[0].at("i").get<int>(), 4);
   EXPECT_EQ(nlohmann::json::parse(log.since(5)).at("records").size(), 0u);
-  EXPECT_EQ(nlohmann::json::parse(log.since(9)).at("next").get<int>(), 9);  // a poller ahead of the log waits where it is
+  EXPECT_EQ(nlohmann::json::parse(log.since(9)).at("next").get<int>(),
+            9);  // a poller ahead of the log waits where it is
   auto page = nlohmann::json::parse(log.since(2, 2));
   EXPECT_EQ(page.at("records").size(), 2u);
   EXPECT_EQ(page.at("next").get<int>(), 4);

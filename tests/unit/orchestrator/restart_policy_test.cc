@@ -29,7 +29,9 @@ TEST(RestartPolicy, BackoffDoublesUpToTheCapAndStopsPastTheBound) {
 
 TEST(RestartPolicy, BackoffIsCappedAtTheMaximum) {
   FakeClock clock;
-  RestartPolicy policy({.max_restarts = 8, .window = std::chrono::hours(1), .initial_backoff = milliseconds(500),
+  RestartPolicy policy({.max_restarts = 8,
+                        .window = std::chrono::hours(1),
+                        .initial_backoff = milliseconds(500),
                         .max_backoff = seconds(10)});
   Duration last{};
   for (int i = 0; i < 8; ++i) {
@@ -44,8 +46,8 @@ TEST(RestartPolicy, BackoffIsCappedAtTheMaximum) {
 
 TEST(RestartPolicy, RestartsOlderThanTheWindowNoLongerCount) {
   FakeClock clock;
-  RestartPolicy policy({.max_restarts = 2, .window = seconds(60), .initial_backoff = milliseconds(500),
-                        .max_backoff = seconds(10)});
+  RestartPolicy policy(
+      {.max_restarts = 2, .window = seconds(60), .initial_backoff = milliseconds(500), .max_backoff = seconds(10)});
   EXPECT_EQ(policy.on_exit(clock.now()), Duration(milliseconds(500)));
   clock.advance(seconds(30));
   EXPECT_EQ(policy.on_exit(clock.now()), Duration(seconds(1)));

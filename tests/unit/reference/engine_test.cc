@@ -17,9 +17,8 @@ struct Submitted {
 
 Submitted submit(Engine& engine, std::vector<std::int32_t> prompt, SamplingParams params) {
   Submitted s;
-  auto id = engine.submit(std::move(prompt), std::move(params), [p = s.promise](Result<Generation> r) {
-    p->set_value(std::move(r));
-  });
+  auto id = engine.submit(std::move(prompt), std::move(params),
+                          [p = s.promise](Result<Generation> r) { p->set_value(std::move(r)); });
   EXPECT_TRUE(id.has_value());
   return s;
 }
@@ -240,7 +239,8 @@ TEST(Engine, CancelAndShutdown) {
   p.max_tokens = 5;
   // No model yet: the request waits; cancelling finishes it with "abort".
   Submitted s;
-  auto id = engine.submit(tok.encode_prompt("x"), p, [pr = s.promise](Result<Generation> r) { pr->set_value(std::move(r)); });
+  auto id =
+      engine.submit(tok.encode_prompt("x"), p, [pr = s.promise](Result<Generation> r) { pr->set_value(std::move(r)); });
   ASSERT_TRUE(id);
   engine.cancel(*id);
   auto r = s.future.get();
@@ -251,7 +251,8 @@ TEST(Engine, CancelAndShutdown) {
   Submitted pending;
   {
     Engine e2({}, {});
-    ASSERT_TRUE(e2.submit(tok.encode_prompt("y"), p, [pr = pending.promise](Result<Generation> r) { pr->set_value(std::move(r)); }));
+    ASSERT_TRUE(e2.submit(tok.encode_prompt("y"), p,
+                          [pr = pending.promise](Result<Generation> r) { pr->set_value(std::move(r)); }));
   }
   auto pr = pending.future.get();
   ASSERT_FALSE(pr);

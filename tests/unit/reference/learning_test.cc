@@ -42,8 +42,13 @@ TEST(Learning, SupervisedLossFallsWellBelowItsStart) {
     auto ids = at::tensor(id_data, at::kLong).view({B, T});
     auto pos = at::arange(T, at::kLong).unsqueeze(0).repeat({B, 1});
     auto ce = at::tensor(ce_data, at::kFloat).view({B, T});
-    LossInputs in{model.impl().forward(ids, pos), ids, pos, at::zeros({B, T}, at::kByte), at::zeros({B, T}),
-                  at::zeros({B, T}), ce};
+    LossInputs in{model.impl().forward(ids, pos),
+                  ids,
+                  pos,
+                  at::zeros({B, T}, at::kByte),
+                  at::zeros({B, T}),
+                  at::zeros({B, T}),
+                  ce};
     auto out = compute_loss(in, {});
     ASSERT_TRUE(out) << out.error().what();
     out->loss.backward();
@@ -66,8 +71,13 @@ TEST(Learning, OptimizerStateRoundTrips) {
   AdamW opt(model, {});
   auto ids = at::tensor({1, 20, 21, 22}, at::kLong).view({1, 4});
   auto pos = at::arange(4, at::kLong).view({1, 4});
-  LossInputs in{model.impl().forward(ids, pos), ids, pos, at::zeros({1, 4}, at::kByte), at::zeros({1, 4}),
-                at::zeros({1, 4}), at::ones({1, 4})};
+  LossInputs in{model.impl().forward(ids, pos),
+                ids,
+                pos,
+                at::zeros({1, 4}, at::kByte),
+                at::zeros({1, 4}),
+                at::zeros({1, 4}),
+                at::ones({1, 4})};
   compute_loss(in, {})->loss.backward();
   ASSERT_TRUE(opt.step());
   auto path = std::filesystem::temp_directory_path() / ("arlo_adamw_" + std::to_string(::getpid()) + ".safetensors");

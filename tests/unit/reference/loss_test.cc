@@ -18,14 +18,17 @@ struct Small {
   double a1 = 1.0, a2 = -0.5;
   LossInputs inputs(bool with_ce = false) const {
     LossInputs in;
-    in.logits = at::tensor({0.0f, static_cast<float>(std::log(3.0)), static_cast<float>(std::log(4.0)), 0.0f, 0.0f, 0.0f})
-                    .view({1, 3, 2})
-                    .set_requires_grad(true);
+    in.logits =
+        at::tensor({0.0f, static_cast<float>(std::log(3.0)), static_cast<float>(std::log(4.0)), 0.0f, 0.0f, 0.0f})
+            .view({1, 3, 2})
+            .set_requires_grad(true);
     in.input_ids = at::tensor({0, 1, 0}, at::kLong).view({1, 3});
     in.position_ids = at::tensor({0, 1, 2}, at::kLong).view({1, 3});
     in.loss_mask = at::tensor({0, 1, 1}, at::kByte).view({1, 3});
     in.advantages = at::tensor({5.0f, static_cast<float>(a1), static_cast<float>(a2)}).view({1, 3});
-    in.inference_logprobs = at::tensor({0.0f, static_cast<float>(std::log(p1 / rho1)), static_cast<float>(std::log(p2 / rho2))}).view({1, 3});
+    in.inference_logprobs =
+        at::tensor({0.0f, static_cast<float>(std::log(p1 / rho1)), static_cast<float>(std::log(p2 / rho2))})
+            .view({1, 3});
     if (with_ce) in.ce_weights = at::tensor({3.0f, 1.0f, 0.5f}).view({1, 3});
     return in;
   }
@@ -110,8 +113,9 @@ TEST(Loss, SequenceRatiosStayWithinTheirSequence) {
   in.advantages = at::ones({1, 5}, at::kFloat);
   const double half = std::log(0.5);
   // Seq A: rho = 1.2 and 1.5 (product 1.8, clipped to 1.6); seq B: rho = 0.5.
-  in.inference_logprobs = at::tensor({0.0f, float(half - std::log(1.2)), float(half - std::log(1.5)), 0.0f,
-                                      float(half - std::log(0.5))}).view({1, 5});
+  in.inference_logprobs =
+      at::tensor({0.0f, float(half - std::log(1.2)), float(half - std::log(1.5)), 0.0f, float(half - std::log(0.5))})
+          .view({1, 5});
   LossOptions o;
   o.is_correction = IsCorrection::kSeqTis;
   o.is_high = 1.6;

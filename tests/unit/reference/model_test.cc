@@ -70,9 +70,8 @@ TEST(Model, SaveLoadRoundTripThroughSafetensors) {
 TEST(Model, LoadRejectsAMissingTensor) {
   auto dir = temp_dir("missing");
   std::vector<float> w(104 * 64, 0.0f);
-  std::vector<safetensors::TensorData> data{
-      {{"model.embed_tokens.weight", safetensors::DType::F32, {104, 64}},
-       {reinterpret_cast<const std::byte*>(w.data()), w.size() * sizeof(float)}}};
+  std::vector<safetensors::TensorData> data{{{"model.embed_tokens.weight", safetensors::DType::F32, {104, 64}},
+                                             {reinterpret_cast<const std::byte*>(w.data()), w.size() * sizeof(float)}}};
   ASSERT_TRUE(safetensors::write_file(dir / "w.safetensors", data));
   auto back = Model::load(dir / "w.safetensors");
   ASSERT_FALSE(back);

@@ -91,7 +91,8 @@ class FakeSession final : public CollectiveSession {
     co_return make_group(generation, world_size, offer_uid);
   }
   asio::awaitable<Result<Json>> tensors() override { co_return tensor_list(); }
-  asio::awaitable<Result<std::int64_t>> receiving(std::string /*worker*/, std::int64_t gen, std::int64_t version) override {
+  asio::awaitable<Result<std::int64_t>> receiving(std::string /*worker*/, std::int64_t gen,
+                                                  std::int64_t version) override {
     log.push_back(fmt::format("receiving v{} g{}", version, gen));
     if (gen != generation) ADD_FAILURE() << "receiving in generation " << gen << " but the group is in " << generation;
     auto b = rv_->get();
@@ -104,7 +105,8 @@ class FakeSession final : public CollectiveSession {
     const auto end = std::chrono::steady_clock::now() + kWindow;
     while (!b->arrived.is_set() && !b->aborted.is_set()) {
       if (std::chrono::steady_clock::now() >= end) {
-        ADD_FAILURE() << "the broadcast of v" << version << " was asked for but the metadata request never reached the server";
+        ADD_FAILURE() << "the broadcast of v" << version
+                      << " was asked for but the metadata request never reached the server";
         co_return make_error(ErrorCode::kTimeout, "no metadata request");
       }
       auto arrival = b->arrived.wait(50ms);
@@ -193,7 +195,8 @@ class TestServer {
       co_await std::move(w);
     }
     rv_->current.reset();
-    if (!b->ended.is_set()) co_return http::Response::json(500, Json{{"error", "NCCL error: the communicator was aborted"}});
+    if (!b->ended.is_set())
+      co_return http::Response::json(500, Json{{"error", "NCCL error: the communicator was aborted"}});
     co_return std::nullopt;
   }
 
@@ -217,15 +220,17 @@ struct VllmShape {
 // refused) and the layerwise-reload session rules (start, update..., finish).
 class FakeVllm final : public TestServer {
  public:
-  FakeVllm(asio::io_context& io, std::shared_ptr<Rendezvous> rv, std::string version, int world_size, bool weight_info = true)
+  FakeVllm(asio::io_context& io, std::shared_ptr<Rendezvous> rv, std::string version, int world_size,
+           bool weight_info = true)
       : TestServer(io, std::move(rv)), version_(std::move(version)), world_size_(world_size) {
     minor_ = std::stoi(version_.substr(version_.find('.') + 1));
     on(http::Verb::get, "/version", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
       co_return http::Response::json(200, Json{{"version", version_}});
     });
-    on(http::Verb::get, "/get_world_size", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, Json{{"world_size", world_size_}});
-    });
+    on(http::Verb::get, "/get_world_size",
+       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
+         co_return http::Response::json(200, Json{{"world_size", world_size_}});
+       });
     on(http::Verb::post, "/pause", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
       paused = true;
       co_return http::Response::json(200, Json{{"status", "paused"}});
@@ -234,44 +239,49 @@ class FakeVllm final : public TestServer {
       paused = false;
       co_return http::Response::json(200, Json{{"status", "resumed"}});
     });
-    on(http::Verb::post, "/init_weight_transfer_engine", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      co_return init(b);
-    });
-    on(http::Verb::post, "/start_weight_update", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      co_return start_update(b);
-    });
-    on(http::Verb::post, "/update_weights", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      if (auto refused = check_update(b)) co_return *refused;
-      if (fail_update) co_return http::Response::json(500, Json{{"error", "CUDA out of memory while allocating the receive buffer"}});
-      auto held = co_await hold_for_broadcast();
-      if (held) co_return *held;
-      updated_since_start_ = true;
-      co_return http::Response::json(200, Json{{"message", "Weights updated"}});
-    });
-    on(http::Verb::post, "/finish_weight_update", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      if (!in_update_) co_return violation("/finish_weight_update without /start_weight_update");
-      if (!updated_since_start_) co_return violation("/finish_weight_update before /update_weights returned");
-      in_update_ = false;
-      if (!b.is_object() || !b.contains("weight_version") || !b["weight_version"].is_string())
-        co_return violation("/finish_weight_update without a string weight_version: " + b.dump());
-      weight_version = b["weight_version"].get<std::string>();
-      co_return http::Response::json(200, Json{{"message", "Weight update finished"}});
-    });
+    on(http::Verb::post, "/init_weight_transfer_engine",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> { co_return init(b); });
+    on(http::Verb::post, "/start_weight_update",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> { co_return start_update(b); });
+    on(http::Verb::post, "/update_weights",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         if (auto refused = check_update(b)) co_return *refused;
+         if (fail_update)
+           co_return http::Response::json(500,
+                                          Json{{"error", "CUDA out of memory while allocating the receive buffer"}});
+         auto held = co_await hold_for_broadcast();
+         if (held) co_return *held;
+         updated_since_start_ = true;
+         co_return http::Response::json(200, Json{{"message", "Weights updated"}});
+       });
+    on(http::Verb::post, "/finish_weight_update",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         if (!in_update_) co_return violation("/finish_weight_update without /start_weight_update");
+         if (!updated_since_start_) co_return violation("/finish_weight_update before /update_weights returned");
+         in_update_ = false;
+         if (!b.is_object() || !b.contains("weight_version") || !b["weight_version"].is_string())
+           co_return violation("/finish_weight_update without a string weight_version: " + b.dump());
+         weight_version = b["weight_version"].get<std::string>();
+         co_return http::Response::json(200, Json{{"message", "Weight update finished"}});
+       });
     if (weight_info)
       on(http::Verb::get, "/weight_info", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-        co_return http::Response::json(200, Json{{"weight_version", weight_version.empty() ? Json() : Json(weight_version)}});
+        co_return http::Response::json(
+            200, Json{{"weight_version", weight_version.empty() ? Json() : Json(weight_version)}});
       });
-    on(http::Verb::post, "/weight_checker", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      if (paused) co_return http::Response::json(409, Json{{"detail", "weight_checker requires an awake, unpaused engine"}});
-      if (b.value("action", "") == "checksum") co_return http::Response::json(200, Json{{"checksums", checksums}});
-      if (b.value("action", "") == "compare") {
-        Json mismatches = Json::array();
-        for (const auto& [name, hex] : checksums.items())
-          if (b["baseline"].value(name, "") != hex) mismatches.push_back(name);
-        co_return http::Response::json(200, Json{{"match", mismatches.empty()}, {"mismatches", mismatches}});
-      }
-      co_return violation("/weight_checker action " + b.dump());
-    });
+    on(http::Verb::post, "/weight_checker",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         if (paused)
+           co_return http::Response::json(409, Json{{"detail", "weight_checker requires an awake, unpaused engine"}});
+         if (b.value("action", "") == "checksum") co_return http::Response::json(200, Json{{"checksums", checksums}});
+         if (b.value("action", "") == "compare") {
+           Json mismatches = Json::array();
+           for (const auto& [name, hex] : checksums.items())
+             if (b["baseline"].value(name, "") != hex) mismatches.push_back(name);
+           co_return http::Response::json(200, Json{{"match", mismatches.empty()}, {"mismatches", mismatches}});
+         }
+         co_return violation("/weight_checker action " + b.dump());
+       });
     start();
   }
 
@@ -288,7 +298,8 @@ class FakeVllm final : public TestServer {
     std::set<std::string> want = {"rank_offset", "world_size"};
     if (info.contains("nccl_unique_id_b64")) {
       if (minor_ < 29) return violation("nccl_unique_id_b64 sent to vLLM " + version_);
-      if (info.contains("master_address") || info.contains("master_port")) return violation("both rendezvous modes in init_info");
+      if (info.contains("master_address") || info.contains("master_port"))
+        return violation("both rendezvous modes in init_info");
       want.insert("nccl_unique_id_b64");
     } else {
       want.insert({"master_address", "master_port"});
@@ -306,8 +317,10 @@ class FakeVllm final : public TestServer {
   http::Response start_update(const Json& b) {
     if (!engine_ready_) return violation("/start_weight_update before /init_weight_transfer_engine");
     if (in_update_) return violation("/start_weight_update while an update is open");
-    if (minor_ >= 28 && !b.is_null()) return violation("a /start_weight_update body for vLLM " + version_ + ": " + b.dump());
-    if (minor_ < 28 && b != Json{{"is_checkpoint_format", true}}) return violation("/start_weight_update body " + b.dump());
+    if (minor_ >= 28 && !b.is_null())
+      return violation("a /start_weight_update body for vLLM " + version_ + ": " + b.dump());
+    if (minor_ < 28 && b != Json{{"is_checkpoint_format", true}})
+      return violation("/start_weight_update body " + b.dump());
     in_update_ = true;
     updated_since_start_ = false;
     return http::Response::json(200, Json{{"message", "Weight update started"}});
@@ -339,57 +352,82 @@ class FakeSglang final : public TestServer {
  public:
   FakeSglang(asio::io_context& io, std::shared_ptr<Rendezvous> rv, int tp_size)
       : TestServer(io, std::move(rv)), tp_size_(tp_size) {
-    on(http::Verb::get, "/get_server_info", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, Json{{"tp_size", tp_size_}, {"dp_size", dp_size}, {"pp_size", 1}, {"version", "0.5.9"}});
-    });
-    on(http::Verb::post, "/pause_generation", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      const std::string mode = b.value("mode", "");
-      if (mode == "abort") running = 0;
-      else if (mode != "in_place") co_return violation("pause mode " + b.dump());
-      paused = true;
-      co_return http::Response::json(200, Json{{"message", "paused"}});
-    });
-    on(http::Verb::post, "/continue_generation", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-      paused = false;
-      co_return http::Response::json(200, Json{{"message", "continued"}});
-    });
-    on(http::Verb::post, "/destroy_weights_update_group", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      if (!groups_.erase(b.value("group_name", ""))) co_return violation("destroy of an unknown group " + b.dump());
-      co_return http::Response::json(200, Json{{"success", true}, {"message", "destroyed"}});
-    });
-    on(http::Verb::post, "/init_weights_update_group", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      const std::set<std::string> want = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"};
-      if (keys(b) != want || b.value("backend", "") != "nccl") co_return violation("init_weights_update_group body " + b.dump());
-      if (groups_.count(b["group_name"].get<std::string>())) co_return violation("a second init of group " + b["group_name"].dump());
-      groups_.insert(b["group_name"].get<std::string>());
-      co_return http::Response::json(200, Json{{"success", true}, {"message", "Succeeded to initialize custom process group."}});
-    });
-    on(http::Verb::post, "/update_weights_from_distributed", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      if (!groups_.count(b.value("group_name", ""))) co_return violation("update for an unknown group " + b.value("group_name", ""));
-      if (b["names"] != Json::array({"model.embed_tokens.weight", "lm_head.weight"}) || b["dtypes"] != Json::array({"bfloat16", "float32"}))
-        co_return violation("update lists other tensors: " + b.dump());
-      if (b.value("flush_cache", true) && running > 0) co_return violation("flush_cache with running requests (SGLang asserts)");
-      if (refuse_update)
-        co_return http::Response::json(200, Json{{"success", false}, {"message", "Failed to update parameter online: shape mismatch"}});
-      auto held = co_await hold_for_broadcast();
-      if (held) co_return *held;
-      weight_version = b.value("weight_version", "");
-      co_return http::Response::json(200, Json{{"success", true}, {"message", "Succeeded to update parameter online."}});
-    });
-    on(http::Verb::post, "/update_weights_from_disk", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      if (b.value("flush_cache", true) && running > 0) co_return violation("flush_cache with running requests (SGLang asserts)");
-      if (b.value("model_path", "") != "/runs/x/weights/v8")
-        co_return http::Response::json(400, Json{{"success", false}, {"message", "model_path does not exist"}, {"num_paused_requests", 0}});
-      weight_version = b.value("weight_version", "");
-      co_return http::Response::json(200, Json{{"success", true}, {"message", "Succeeded to update model weights."}, {"num_paused_requests", 0}});
-    });
-    on(http::Verb::post, "/update_weight_version", [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-      weight_version = b.value("new_version", "");
-      co_return http::Response::json(200, Json{{"success", true}, {"new_version", weight_version}});
-    });
-    on(http::Verb::get, "/get_weight_version", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, Json{{"weight_version", weight_version}});
-    });
+    on(http::Verb::get, "/get_server_info",
+       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
+         co_return http::Response::json(
+             200, Json{{"tp_size", tp_size_}, {"dp_size", dp_size}, {"pp_size", 1}, {"version", "0.5.9"}});
+       });
+    on(http::Verb::post, "/pause_generation",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         const std::string mode = b.value("mode", "");
+         if (mode == "abort")
+           running = 0;
+         else if (mode != "in_place")
+           co_return violation("pause mode " + b.dump());
+         paused = true;
+         co_return http::Response::json(200, Json{{"message", "paused"}});
+       });
+    on(http::Verb::post, "/continue_generation",
+       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
+         paused = false;
+         co_return http::Response::json(200, Json{{"message", "continued"}});
+       });
+    on(http::Verb::post, "/destroy_weights_update_group",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         if (!groups_.erase(b.value("group_name", ""))) co_return violation("destroy of an unknown group " + b.dump());
+         co_return http::Response::json(200, Json{{"success", true}, {"message", "destroyed"}});
+       });
+    on(http::Verb::post, "/init_weights_update_group",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         const std::set<std::string> want = {"master_address", "master_port", "rank_offset",
+                                             "world_size",     "group_name",  "backend"};
+         if (keys(b) != want || b.value("backend", "") != "nccl")
+           co_return violation("init_weights_update_group body " + b.dump());
+         if (groups_.count(b["group_name"].get<std::string>()))
+           co_return violation("a second init of group " + b["group_name"].dump());
+         groups_.insert(b["group_name"].get<std::string>());
+         co_return http::Response::json(
+             200, Json{{"success", true}, {"message", "Succeeded to initialize custom process group."}});
+       });
+    on(http::Verb::post, "/update_weights_from_distributed",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         if (!groups_.count(b.value("group_name", "")))
+           co_return violation("update for an unknown group " + b.value("group_name", ""));
+         if (b["names"] != Json::array({"model.embed_tokens.weight", "lm_head.weight"}) ||
+             b["dtypes"] != Json::array({"bfloat16", "float32"}))
+           co_return violation("update lists other tensors: " + b.dump());
+         if (b.value("flush_cache", true) && running > 0)
+           co_return violation("flush_cache with running requests (SGLang asserts)");
+         if (refuse_update)
+           co_return http::Response::json(
+               200, Json{{"success", false}, {"message", "Failed to update parameter online: shape mismatch"}});
+         auto held = co_await hold_for_broadcast();
+         if (held) co_return *held;
+         weight_version = b.value("weight_version", "");
+         co_return http::Response::json(200,
+                                        Json{{"success", true}, {"message", "Succeeded to update parameter online."}});
+       });
+    on(http::Verb::post, "/update_weights_from_disk",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         if (b.value("flush_cache", true) && running > 0)
+           co_return violation("flush_cache with running requests (SGLang asserts)");
+         if (b.value("model_path", "") != "/runs/x/weights/v8")
+           co_return http::Response::json(
+               400, Json{{"success", false}, {"message", "model_path does not exist"}, {"num_paused_requests", 0}});
+         weight_version = b.value("weight_version", "");
+         co_return http::Response::json(
+             200,
+             Json{{"success", true}, {"message", "Succeeded to update model weights."}, {"num_paused_requests", 0}});
+       });
+    on(http::Verb::post, "/update_weight_version",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         weight_version = b.value("new_version", "");
+         co_return http::Response::json(200, Json{{"success", true}, {"new_version", weight_version}});
+       });
+    on(http::Verb::get, "/get_weight_version",
+       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
+         co_return http::Response::json(200, Json{{"weight_version", weight_version}});
+       });
     start();
   }
 
@@ -453,8 +491,9 @@ void vllm_two_updates(Rig& rig, FakeVllm& srv, int world_size) {
   EXPECT_EQ(srv.body_of("POST /finish_weight_update", 0), Json({{"weight_version", "1"}}));
   EXPECT_EQ(srv.body_of("POST /finish_weight_update", 1), Json({{"weight_version", "2"}}));
   // The group is asked for every update (it may be a new one) and joined once.
-  EXPECT_EQ(rig.session->log, (std::vector<std::string>{fmt::format("group W {}", world_size), "receiving v1 g0", "broadcast v1",
-                                                         fmt::format("group W {}", world_size), "receiving v2 g0", "broadcast v2"}));
+  EXPECT_EQ(rig.session->log,
+            (std::vector<std::string>{fmt::format("group W {}", world_size), "receiving v1 g0", "broadcast v1",
+                                      fmt::format("group W {}", world_size), "receiving v2 g0", "broadcast v2"}));
 }
 
 TEST(AdminVllmCollective, Version026SendsPackedFieldsWithTheUpdateAndACheckpointStart) {
@@ -462,16 +501,18 @@ TEST(AdminVllmCollective, Version026SendsPackedFieldsWithTheUpdateAndACheckpoint
   FakeVllm srv(rig.io, rig.rv, "0.26.0", 2);
   vllm_two_updates(rig, srv, 2);
   const Json init = srv.body_of("POST /init_weight_transfer_engine")["init_info"];
-  EXPECT_EQ(init, Json({{"master_address", "127.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1}, {"world_size", 3}}));
+  EXPECT_EQ(init,
+            Json({{"master_address", "127.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1}, {"world_size", 3}}));
   EXPECT_EQ(srv.body_of("POST /start_weight_update"), Json({{"is_checkpoint_format", true}}));
   const Json info = srv.body_of("POST /update_weights")["update_info"];
   EXPECT_EQ(info["packed"], true);
   EXPECT_EQ(info["packed_buffer_size_bytes"], 1024);
   EXPECT_EQ(info["shapes"][0], Json::array({32, 8}));
   const std::vector<std::string> first_cycle(srv.requests.begin(), srv.requests.begin() + 8);
-  EXPECT_EQ(first_cycle, (std::vector<std::string>{"POST /pause", "GET /version", "GET /get_world_size", "POST /init_weight_transfer_engine",
-                                                   "POST /start_weight_update", "POST /update_weights", "POST /finish_weight_update",
-                                                   "POST /resume"}));
+  EXPECT_EQ(first_cycle,
+            (std::vector<std::string>{"POST /pause", "GET /version", "GET /get_world_size",
+                                      "POST /init_weight_transfer_engine", "POST /start_weight_update",
+                                      "POST /update_weights", "POST /finish_weight_update", "POST /resume"}));
 }
 
 TEST(AdminVllmCollective, Version028MovesPackingIntoInitAndStartsWithoutBody) {
@@ -483,7 +524,8 @@ TEST(AdminVllmCollective, Version028MovesPackingIntoInitAndStartsWithoutBody) {
   EXPECT_EQ(init["master_port"], 29500);
   EXPECT_EQ(init["packed_num_buffers"], 2);
   EXPECT_TRUE(srv.body_of("POST /start_weight_update").is_null());
-  EXPECT_EQ(keys(srv.body_of("POST /update_weights")["update_info"]), (std::set<std::string>{"names", "dtype_names", "shapes"}));
+  EXPECT_EQ(keys(srv.body_of("POST /update_weights")["update_info"]),
+            (std::set<std::string>{"names", "dtype_names", "shapes"}));
 }
 
 TEST(AdminVllmCollective, MainBuildTakesTheUniqueIdInsteadOfTheStore) {
@@ -539,8 +581,9 @@ TEST(AdminVllmCollective, FailedUpdateCallAbortsTheGroupOnceAndTheNextUpdateJoin
   EXPECT_TRUE(srv.violations.empty());
   EXPECT_EQ(srv.count("POST /update_weights"), 2);  // not retried
   EXPECT_EQ(srv.init_ports, (std::vector<int>{29500, 29501}));
-  EXPECT_EQ(rig.session->log, (std::vector<std::string>{"group W 1", "receiving v1 g0", "failed W g0", "receiving aborted", "group W 1",
-                                                         "receiving v2 g1", "broadcast v2"}));
+  EXPECT_EQ(rig.session->log,
+            (std::vector<std::string>{"group W 1", "receiving v1 g0", "failed W g0", "receiving aborted", "group W 1",
+                                      "receiving v2 g1", "broadcast v2"}));
   EXPECT_NE(rig.session->last_failure.find("HTTP 500"), std::string::npos);
   EXPECT_EQ(srv.weight_version, "2");
 }
@@ -599,7 +642,9 @@ TEST(AdminVllmCollective, VerifyChecksumsEveryParameterOnceResumedAndComparesToA
     EXPECT_EQ(what(co_await baseline->prepare_weights(collective_update(2, rig.session))), "ok");
     EXPECT_EQ(what(co_await baseline->commit_weights(2)), "ok");
     auto r = co_await baseline->resume();
-    EXPECT_NE(what(r).find("v2: /weight_checker: the weights differ from the baseline in [\"lm_head.weight\"]"), std::string::npos) << what(r);
+    EXPECT_NE(what(r).find("v2: /weight_checker: the weights differ from the baseline in [\"lm_head.weight\"]"),
+              std::string::npos)
+        << what(r);
   }());
   EXPECT_TRUE(srv.violations.empty());
   EXPECT_EQ(srv.count("POST /weight_checker"), 2);
@@ -616,7 +661,9 @@ TEST(AdminVllmCollective, DurableTransportIsRefusedNamingNccl) {
   u.extra = {{"model_path", "/shared/weights/v4"}};
   run(rig.io, [&]() -> asio::awaitable<void> {
     auto r = co_await admin->prepare_weights(u);
-    EXPECT_NE(what(r).find("no route that loads weights from a directory such as \"/shared/weights/v4\""), std::string::npos) << what(r);
+    EXPECT_NE(what(r).find("no route that loads weights from a directory such as \"/shared/weights/v4\""),
+              std::string::npos)
+        << what(r);
     EXPECT_NE(what(r).find("use weight_sync.transport: nccl"), std::string::npos) << what(r);
   }());
   EXPECT_TRUE(srv.requests.empty());
@@ -650,14 +697,18 @@ TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
   EXPECT_TRUE(srv.violations.empty());
   EXPECT_EQ(srv.count("GET /get_server_info"), 1);
   EXPECT_EQ(srv.count("POST /init_weights_update_group"), 1);
-  EXPECT_EQ(srv.body_of("POST /init_weights_update_group"),
-            Json({{"master_address", "127.0.0.1"}, {"master_port", 29500}, {"rank_offset", 1}, {"world_size", 3},
-                  {"group_name", "arlo-g0"}, {"backend", "nccl"}}));
+  EXPECT_EQ(srv.body_of("POST /init_weights_update_group"), Json({{"master_address", "127.0.0.1"},
+                                                                  {"master_port", 29500},
+                                                                  {"rank_offset", 1},
+                                                                  {"world_size", 3},
+                                                                  {"group_name", "arlo-g0"},
+                                                                  {"backend", "nccl"}}));
   EXPECT_EQ(srv.body_of("POST /pause_generation", 0), Json({{"mode", "in_place"}}));
   EXPECT_EQ(srv.body_of("POST /pause_generation", 1), Json({{"mode", "abort"}}));
   EXPECT_EQ(srv.body_of("POST /pause_generation", 2), Json({{"mode", "in_place"}}));
   std::vector<bool> flush;
-  for (int i = 0; i < 4; ++i) flush.push_back(srv.body_of("POST /update_weights_from_distributed", i).value("flush_cache", true));
+  for (int i = 0; i < 4; ++i)
+    flush.push_back(srv.body_of("POST /update_weights_from_distributed", i).value("flush_cache", true));
   EXPECT_EQ(flush, (std::vector<bool>{false, true, true, false}));
   const Json upd = srv.body_of("POST /update_weights_from_distributed", 0);
   EXPECT_EQ(upd["group_name"], "arlo-g0");
@@ -674,8 +725,11 @@ TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoin
   run(rig.io, [&]() -> asio::awaitable<void> {
     srv.refuse_update = true;
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));
-    EXPECT_NE(what(r).find("POST " + srv.url() + "/update_weights_from_distributed: refused (HTTP 200): Failed to update parameter online: shape mismatch"),
-              std::string::npos)
+    EXPECT_NE(
+        what(r).find(
+            "POST " + srv.url() +
+            "/update_weights_from_distributed: refused (HTTP 200): Failed to update parameter online: shape mismatch"),
+        std::string::npos)
         << what(r);
     srv.refuse_update = false;
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(2, rig.session))), "ok");
@@ -685,8 +739,9 @@ TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoin
   EXPECT_EQ(srv.body_of("POST /init_weights_update_group", 1)["group_name"], "arlo-g1");
   // The aborted group's communicator is freed on the server before the new one is made.
   EXPECT_EQ(srv.body_of("POST /destroy_weights_update_group"), Json({{"group_name", "arlo-g0"}}));
-  EXPECT_EQ(rig.session->log, (std::vector<std::string>{"group W 1", "receiving v1 g0", "failed W g0", "receiving aborted", "group W 1",
-                                                         "receiving v2 g1", "broadcast v2"}));
+  EXPECT_EQ(rig.session->log,
+            (std::vector<std::string>{"group W 1", "receiving v1 g0", "failed W g0", "receiving aborted", "group W 1",
+                                      "receiving v2 g1", "broadcast v2"}));
 }
 
 TEST(AdminSglangCollective, ANewerVersionSentIsRelabelled) {
@@ -717,12 +772,16 @@ TEST(AdminSglangCollective, DiskUpdateFollowsTheFlushRuleAndReportsTheServersMes
     EXPECT_EQ(what(co_await admin->pause(PauseMode::kKeep)), "ok");
     EXPECT_EQ(what(co_await admin->prepare_weights(good)), "ok");
     auto r = co_await admin->prepare_weights(missing);
-    EXPECT_NE(what(r).find("/update_weights_from_disk: refused (HTTP 400): model_path does not exist"), std::string::npos) << what(r);
+    EXPECT_NE(what(r).find("/update_weights_from_disk: refused (HTTP 400): model_path does not exist"),
+              std::string::npos)
+        << what(r);
     EXPECT_FALSE(co_await admin->prepare_weights(neither));
   }());
   EXPECT_TRUE(srv.violations.empty());
-  EXPECT_EQ(srv.body_of("POST /update_weights_from_disk"),
-            Json({{"model_path", "/runs/x/weights/v8"}, {"load_format", "auto"}, {"flush_cache", false}, {"weight_version", "8"}}));
+  EXPECT_EQ(srv.body_of("POST /update_weights_from_disk"), Json({{"model_path", "/runs/x/weights/v8"},
+                                                                 {"load_format", "auto"},
+                                                                 {"flush_cache", false},
+                                                                 {"weight_version", "8"}}));
   EXPECT_EQ(srv.weight_version, "8");
 }
 

@@ -31,10 +31,11 @@ class TempDir {
 
 TEST(Jsonl, LoadsPromptAndMessagesWithAnswersAndInfo) {
   TempDir dir;
-  auto p = dir.write("d.jsonl",
-                     "{\"prompt\": \"1+1=\", \"answer\": \"2\", \"info\": {\"level\": 1}}\n"
-                     "\n"
-                     "{\"id\": \"chat-1\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": 7}\n");
+  auto p =
+      dir.write("d.jsonl",
+                "{\"prompt\": \"1+1=\", \"answer\": \"2\", \"info\": {\"level\": 1}}\n"
+                "\n"
+                "{\"id\": \"chat-1\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": 7}\n");
   auto src = load_jsonl(p.string(), "toy");
   ASSERT_TRUE(src) << src.error().what();
   ASSERT_EQ((*src)->size(), 2u);
@@ -165,7 +166,7 @@ TEST(TaskStream, RestoredCursorContinuesExactly) {
   ASSERT_TRUE(src);
   TaskStream a(*src, {.seed = 11, .shuffle = true, .epochs = std::nullopt});
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(a.next());  // into the second epoch
-  const Json saved = Json::parse(a.cursor().dump());  // through text, as a checkpoint would
+  const Json saved = Json::parse(a.cursor().dump());   // through text, as a checkpoint would
   std::vector<std::string> expected;
   for (int i = 0; i < 12; ++i) expected.push_back(a.next()->id);
 
@@ -218,7 +219,8 @@ TEST(Environments, RegistryBuildsEachKindFromItsCheckedOptions) {
   spec.options = {{"min_len", 3}};
   bad = make_task_source("arithmetic", spec);
   ASSERT_FALSE(bad);
-  EXPECT_EQ(bad.error().message(), "environment 'arithmetic': unknown option 'min_len' (known: max_operand, num_terms)");
+  EXPECT_EQ(bad.error().message(),
+            "environment 'arithmetic': unknown option 'min_len' (known: max_operand, num_terms)");
   bad = make_task_source("mnist", spec);
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().message(), "unknown environment kind 'mnist': use arithmetic, reverse_text or jsonl");

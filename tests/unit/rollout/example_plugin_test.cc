@@ -33,7 +33,8 @@ std::string slurp(const fs::path& p) {
 }
 
 TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
-  const std::string source = env("ARLO_SOURCE_DIR", ARLO_TEST_SOURCE_DIR), build = env("ARLO_BUILD_DIR", ARLO_TEST_BUILD_DIR);
+  const std::string source = env("ARLO_SOURCE_DIR", ARLO_TEST_SOURCE_DIR),
+                    build = env("ARLO_BUILD_DIR", ARLO_TEST_BUILD_DIR);
   ASSERT_FALSE(source.empty() || build.empty()) << "run through ctest (ARLO_SOURCE_DIR/ARLO_BUILD_DIR)";
   std::string tmpl = (fs::temp_directory_path() / "arlo_plugin_sdk_XXXXXX").string();
   const fs::path root = mkdtemp(tmpl.data());
@@ -69,8 +70,8 @@ TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
   EXPECT_EQ(s->metrics.at("chars"), 9.0);
 
   // The config schema's form: a mapping handed over as JSON text.
-  const Json schema_form = {{"kind", "plugin"}, {"weight", 1.0}, {"path", lib.string()}, {"url", ""}, {"pattern", ""},
-                            {"config", {{"keyword", ""}, {"bonus", 0.25}}}};
+  const Json schema_form = {{"kind", "plugin"}, {"weight", 1.0}, {"path", lib.string()},
+                            {"url", ""},        {"pattern", ""}, {"config", {{"keyword", ""}, {"bonus", 0.25}}}};
   auto from_schema = make_reward_module(Json::array({schema_form}));
   ASSERT_TRUE(from_schema) << from_schema.error().what();
   s = (*from_schema)->score(t, r);  // empty keyword: the task's answer "cba"

@@ -24,7 +24,8 @@ class RewardServer {
       if (!j) co_return http::Response::error(400, "bad json");
       const Json& r = (*j)["rollout"];
       const bool correct = r["completion_text"] == (*j)["task"]["answer"];
-      co_return http::Response::json(200, {{"reward", correct ? 1.0 : 0.0}, {"metrics", {{"chars", r["completion_text"].get<std::string>().size()}}}});
+      co_return http::Response::json(200, {{"reward", correct ? 1.0 : 0.0},
+                                           {"metrics", {{"chars", r["completion_text"].get<std::string>().size()}}}});
     });
     server_->route(http::Verb::post, "/group", [this](http::Request req) -> asio::awaitable<http::Response> {
       ++calls;
@@ -40,7 +41,10 @@ class RewardServer {
     thread_ = std::thread([this] { io_.run(); });
   }
   ~RewardServer() {
-    asio::post(io_, [this] { server_->close(); io_.stop(); });
+    asio::post(io_, [this] {
+      server_->close();
+      io_.stop();
+    });
     thread_.join();
   }
   std::string url(const std::string& path) const { return fmt::format("http://127.0.0.1:{}{}", port_, path); }
@@ -99,7 +103,11 @@ Status score(const Json& spec, std::vector<Rollout>& g, FailurePolicy policy = F
   Status st = ok();
   {
     RewardScorer scorer(io, std::shared_ptr<RewardModule>(std::move(*m)),
-                        {.timeout = std::chrono::seconds(10), .on_failure = policy, .assign_value = 0, .threads = 2, .max_abandoned = 4});
+                        {.timeout = std::chrono::seconds(10),
+                         .on_failure = policy,
+                         .assign_value = 0,
+                         .threads = 2,
+                         .max_abandoned = 4});
     test::run(io, [&]() -> asio::awaitable<void> { st = co_await scorer.score_group(task(), g); }());
   }
   test::drain(io);
@@ -134,7 +142,8 @@ TEST(HttpReward, BadAnswersAndDeadServersFollowThePolicy) {
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().what().find("reward"), std::string::npos);
   g = group();
-  ASSERT_TRUE(score({{"type", "http"}, {"url", "http://127.0.0.1:1/score"}, {"timeout_s", 2}}, g, FailurePolicy::kDrop));
+  ASSERT_TRUE(
+      score({{"type", "http"}, {"url", "http://127.0.0.1:1/score"}, {"timeout_s", 2}}, g, FailurePolicy::kDrop));
   EXPECT_FALSE(g[0].reward);
   EXPECT_FALSE(g[1].reward);
 }

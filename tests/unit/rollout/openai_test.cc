@@ -90,7 +90,9 @@ TEST(OpenAI, MalformedResponsesNameTheField) {
   r = parse_openai_response(Json::parse(R"({"choices": [{"text": "a", "version_spans": [[1, 5], [2, 0]]}]})"), false);
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what().find("sorted"), std::string::npos);
-  r = parse_openai_response(Json::parse(R"({"choices": [{"text": "ab", "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1]}}]})"), false);
+  r = parse_openai_response(
+      Json::parse(R"({"choices": [{"text": "ab", "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1]}}]})"),
+      false);
   ASSERT_FALSE(r);
   r = parse_openai_response(Json::parse(R"({"error": {"message": "model overloaded"}})"), false);
   ASSERT_FALSE(r);

@@ -74,7 +74,9 @@ Status score_with(const std::string& mode, FailurePolicy policy, std::vector<Rol
   boost::asio::io_context io;
   Status result = ok();
   {
-    RewardScorer scorer(io, load(mode), {.timeout = timeout, .on_failure = policy, .assign_value = -1.0, .threads = 2, .max_abandoned = 16});
+    RewardScorer scorer(
+        io, load(mode),
+        {.timeout = timeout, .on_failure = policy, .assign_value = -1.0, .threads = 2, .max_abandoned = 16});
     run(io, [&]() -> boost::asio::awaitable<void> { result = co_await scorer.score_group(task(), g); }());
     if (stats) *stats = scorer.stats();
   }
@@ -147,10 +149,13 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   // however slowly a starved machine starts them, and no real-time window is waited out.
   FakeClock clock;
   auto time_out_once_hung = [&](int n) {
-    boost::asio::co_spawn(io, [&, n]() -> boost::asio::awaitable<void> {
-      EXPECT_TRUE(co_await test::eventually([&] { return hung() >= n; }, std::chrono::seconds(30)));
-      boost::asio::post(io, [&] { clock.advance(std::chrono::milliseconds(300)); });
-    }, boost::asio::detached);
+    boost::asio::co_spawn(
+        io,
+        [&, n]() -> boost::asio::awaitable<void> {
+          EXPECT_TRUE(co_await test::eventually([&] { return hung() >= n; }, std::chrono::seconds(30)));
+          boost::asio::post(io, [&] { clock.advance(std::chrono::milliseconds(300)); });
+        },
+        boost::asio::detached);
   };
   int ticks = 0;  // proves the loop kept running while the plugin hung
   auto g = group({"68", "68"});
@@ -159,15 +164,22 @@ TEST(RewardScorer, HangingPluginTimesOutWithoutBlockingTheLoopOrShutdown) {
   std::size_t abandoned = 0;
   {
     RewardScorer scorer(io, load("hang"),
-                        {.timeout = std::chrono::milliseconds(300), .on_failure = FailurePolicy::kAssign,
-                         .assign_value = 0.25, .threads = 2, .max_abandoned = 16, .clock = &clock});
+                        {.timeout = std::chrono::milliseconds(300),
+                         .on_failure = FailurePolicy::kAssign,
+                         .assign_value = 0.25,
+                         .threads = 2,
+                         .max_abandoned = 16,
+                         .clock = &clock});
     run(io, [&]() -> boost::asio::awaitable<void> {
-      boost::asio::co_spawn(io, [&]() -> boost::asio::awaitable<void> {
-        for (int i = 0; i < 1000 && !st.calls; ++i) {
-          ++ticks;
-          co_await test::sleep_for(std::chrono::milliseconds(10));
-        }
-      }, boost::asio::detached);
+      boost::asio::co_spawn(
+          io,
+          [&]() -> boost::asio::awaitable<void> {
+            for (int i = 0; i < 1000 && !st.calls; ++i) {
+              ++ticks;
+              co_await test::sleep_for(std::chrono::milliseconds(10));
+            }
+          },
+          boost::asio::detached);
       time_out_once_hung(2);
       result = co_await scorer.score_group(task(), g);
       st = scorer.stats();

@@ -97,18 +97,24 @@ TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
   for (auto* s : {&a, &b, &c}) s->hold = true;
   Event all_held(io);
   int held = 0;
-  for (auto* s : {&a, &b, &c}) s->on_held = [&] { if (++held == 9) all_held.set(); };
+  for (auto* s : {&a, &b, &c})
+    s->on_held = [&] {
+      if (++held == 9) all_held.set();
+    };
   HttpInferencePool pool(io, fast_options());
   for (auto* s : {&a, &b, &c}) pool.add_server(s->url());
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
     int done = 0;
     for (int i = 0; i < 9; ++i)
-      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
-        auto r = co_await pool.submit(request("p" + std::to_string(i)), std::chrono::seconds(20));
-        EXPECT_TRUE(r);
-        ++done;
-      }, asio::detached);
+      asio::co_spawn(
+          io,
+          [&, i]() -> asio::awaitable<void> {
+            auto r = co_await pool.submit(request("p" + std::to_string(i)), std::chrono::seconds(20));
+            EXPECT_TRUE(r);
+            ++done;
+          },
+          asio::detached);
     co_await all_held.wait();
     // While all nine are outstanding, each server holds exactly three.
     EXPECT_EQ(a.held, 3);
@@ -206,13 +212,11 @@ asio::awaitable<bool> all_healthy(const HttpInferencePool& pool) {
 asio::awaitable<void> probe_dark_until_it_times_out(FakeClock& clock, const HttpInferencePool& pool,
                                                     const FakeOpenAIServer& dark, const PoolOptions& o) {
   // The health loop waits out its interval (the one timer besides the held requests' deadlines).
-  EXPECT_TRUE(co_await test::eventually(
-      [&] { return clock.pending() == static_cast<std::size_t>(dark.held) + 1; }));
+  EXPECT_TRUE(co_await test::eventually([&] { return clock.pending() == static_cast<std::size_t>(dark.held) + 1; }));
   const int calls = dark.health_calls;
   clock.advance(o.health_interval);
-  EXPECT_TRUE(co_await test::eventually([&] {
-    return dark.health_calls > calls && clock.pending() == static_cast<std::size_t>(dark.held) + 1;
-  }));
+  EXPECT_TRUE(co_await test::eventually(
+      [&] { return dark.health_calls > calls && clock.pending() == static_cast<std::size_t>(dark.held) + 1; }));
   const auto failed = status_of(pool.status(), dark.url()).failed;
   clock.advance(o.health_timeout);
   EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), dark.url()).failed > failed; }));
@@ -242,20 +246,23 @@ TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMo
   std::map<std::string, int> served_by;
   int finished = 0, attempts = 0;
   run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_TRUE(co_await all_healthy(pool));  // the health loop's first probes answered
-    dark.hold = true;                                 // its requests get no answer
-    dark.health_delay = std::chrono::seconds(60);     // nor its health checks
+    EXPECT_TRUE(co_await all_healthy(pool));       // the health loop's first probes answered
+    dark.hold = true;                              // its requests get no answer
+    dark.health_delay = std::chrono::seconds(60);  // nor its health checks
     for (int i = 0; i < kRequests; ++i)
-      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
-        auto r = co_await pool.submit(request("q-" + std::to_string(i)), std::chrono::seconds(60));
-        EXPECT_TRUE(r) << (r ? "" : r.error().what());
-        if (r) {
-          ++completions_per_request[i];
-          ++served_by[r->server];
-          attempts += r->attempts;
-        }
-        ++finished;
-      }, asio::detached);
+      asio::co_spawn(
+          io,
+          [&, i]() -> asio::awaitable<void> {
+            auto r = co_await pool.submit(request("q-" + std::to_string(i)), std::chrono::seconds(60));
+            EXPECT_TRUE(r) << (r ? "" : r.error().what());
+            if (r) {
+              ++completions_per_request[i];
+              ++served_by[r->server];
+              attempts += r->attempts;
+            }
+            ++finished;
+          },
+          asio::detached);
     // The good server answered its share; the dark one holds the rest.
     EXPECT_TRUE(co_await test::eventually([&] { return finished + dark.held == kRequests; }));
     EXPECT_GE(dark.held, 1);  // some went to it first
@@ -292,19 +299,22 @@ TEST(InferencePool, ASlowServerThatAnswersItsRequestsDoesNotFlap) {
   pool.start();
   int done = 0, moved = 0;
   run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_TRUE(co_await all_healthy(pool));  // the health loop's first probes answered
+    EXPECT_TRUE(co_await all_healthy(pool));              // the health loop's first probes answered
     slow.health_delay = std::chrono::milliseconds(2000);  // every probe times out (700 ms)
     slow.answer_delay = std::chrono::milliseconds(100);   // while its requests take 100 ms each
     bool stop = false;
     for (int k = 0; k < 4; ++k)
-      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-        while (!stop) {
-          auto r = co_await pool.submit(request("slow"), std::chrono::seconds(30));
-          EXPECT_TRUE(r) << (r ? "" : r.error().what());
-          if (r && r->attempts > 1) ++moved;
-          ++done;
-        }
-      }, asio::detached);
+      asio::co_spawn(
+          io,
+          [&]() -> asio::awaitable<void> {
+            while (!stop) {
+              auto r = co_await pool.submit(request("slow"), std::chrono::seconds(30));
+              EXPECT_TRUE(r) << (r ? "" : r.error().what());
+              if (r && r->attempts > 1) ++moved;
+              ++done;
+            }
+          },
+          asio::detached);
     // Until two probes timed out with requests in flight.
     EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), slow.url()).failed >= 2; }));
     stop = true;
@@ -336,10 +346,13 @@ TEST(InferencePool, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
     dark.hold = true;
     dark.health_delay = std::chrono::seconds(60);
     for (int i = 0; i < 4; ++i)
-      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
-        (void)co_await pool.submit(request("w-" + std::to_string(i)), std::chrono::seconds(60));
-        ++finished;
-      }, asio::detached);
+      asio::co_spawn(
+          io,
+          [&, i]() -> asio::awaitable<void> {
+            (void)co_await pool.submit(request("w-" + std::to_string(i)), std::chrono::seconds(60));
+            ++finished;
+          },
+          asio::detached);
     EXPECT_TRUE(co_await test::eventually([&] { return finished + dark.held == 4; }));
     EXPECT_GE(dark.held, 1);
     co_await probe_dark_until_it_times_out(clock, pool, dark, o);
@@ -376,10 +389,13 @@ TEST(InferencePool, ACancelledRequestEndsWithoutThrowing) {
     using namespace boost::asio::experimental::awaitable_operators;
     // The caller gives up 200 ms after it began; time moves once the request is parked.
     auto give_up = cancellable_sleep_until(io.get_executor(), clock, clock.now() + std::chrono::milliseconds(200));
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      co_await parked.wait();
-      clock.advance(std::chrono::milliseconds(200));
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          co_await parked.wait();
+          clock.advance(std::chrono::milliseconds(200));
+        },
+        asio::detached);
     auto raced = co_await (pool.submit(request("q"), std::chrono::seconds(300)) || std::move(give_up));
     EXPECT_EQ(raced.index(), 1u);  // the timer won; the submit was cancelled inside
     EXPECT_EQ(stuck.held, 1);
@@ -410,12 +426,15 @@ TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
     EXPECT_EQ(a.received, 1);
     a.fail_with_status = 0;
     a.hold = true;  // parked until the server closes: only the 300 ms deadline can end it
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      co_await parked.wait();
-      clock.advance(std::chrono::milliseconds(299));
-      EXPECT_EQ(clock.pending(), 1u);  // its deadline has not fired yet
-      clock.advance(std::chrono::milliseconds(1));
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          co_await parked.wait();
+          clock.advance(std::chrono::milliseconds(299));
+          EXPECT_EQ(clock.pending(), 1u);  // its deadline has not fired yet
+          clock.advance(std::chrono::milliseconds(1));
+        },
+        asio::detached);
     r = co_await pool.submit(request("y"), std::chrono::milliseconds(300));
     EXPECT_FALSE(r);
     if (!r) {
@@ -461,7 +480,9 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
   FakeOpenAIServer a(io), b(io), victim(io);
   victim.hold = true;  // requests that reach it stay in flight until it dies
   Event victim_busy(io);
-  victim.on_held = [&] { if (victim.held == 4) victim_busy.set(); };
+  victim.on_held = [&] {
+    if (victim.held == 4) victim_busy.set();
+  };
   HttpInferencePool pool(io, fast_options());
   for (auto* s : {&a, &b, &victim}) pool.add_server(s->url());
   pool.start();
@@ -472,21 +493,25 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
   int finished = 0;
   run(io, [&]() -> asio::awaitable<void> {
     EXPECT_TRUE(co_await test::eventually([&] {
-      for (const auto& s : pool.status()) if (!s.healthy) return false;
+      for (const auto& s : pool.status())
+        if (!s.healthy) return false;
       return true;
     }));
     for (int i = 0; i < kRequests; ++i)
-      asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
-        auto r = co_await pool.submit(request("req-" + std::to_string(i), "group-" + std::to_string(i % 10)),
-                                      std::chrono::seconds(30));
-        EXPECT_TRUE(r) << (r ? "" : r.error().what());
-        if (r) {
-          EXPECT_EQ(r->choices.at(0).text, "echo:req-" + std::to_string(i));  // its own answer
-          ++completions_per_request[i];
-          ++served_by[r->server];
-        }
-        ++finished;
-      }, asio::detached);
+      asio::co_spawn(
+          io,
+          [&, i]() -> asio::awaitable<void> {
+            auto r = co_await pool.submit(request("req-" + std::to_string(i), "group-" + std::to_string(i % 10)),
+                                          std::chrono::seconds(30));
+            EXPECT_TRUE(r) << (r ? "" : r.error().what());
+            if (r) {
+              EXPECT_EQ(r->choices.at(0).text, "echo:req-" + std::to_string(i));  // its own answer
+              ++completions_per_request[i];
+              ++served_by[r->server];
+            }
+            ++finished;
+          },
+          asio::detached);
     co_await victim_busy.wait();
     const std::uint16_t victim_port = victim.port();
     victim.close();  // killed mid-run with four requests in flight
@@ -497,7 +522,8 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
     EXPECT_EQ(served_by.count(victim.url()), 0u);
     EXPECT_EQ(a.answered + b.answered, kRequests);  // every answer produced once, by a survivor
     const auto st = pool.status();
-    EXPECT_EQ(status_of(st, a.url()).completed + status_of(st, b.url()).completed, static_cast<std::uint64_t>(kRequests));
+    EXPECT_EQ(status_of(st, a.url()).completed + status_of(st, b.url()).completed,
+              static_cast<std::uint64_t>(kRequests));
     EXPECT_FALSE(status_of(st, victim.url()).healthy);
 
     // Back on the same port: the pool probes it, closes the circuit and routes to it again.
@@ -505,7 +531,8 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
     victim.start(victim_port);
     EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), victim.url()).healthy; }));
     std::vector<asio::awaitable<Result<Completion>>> calls;
-    for (int i = 0; i < 9; ++i) calls.push_back(pool.submit(request("after-" + std::to_string(i)), std::chrono::seconds(10)));
+    for (int i = 0; i < 9; ++i)
+      calls.push_back(pool.submit(request("after-" + std::to_string(i)), std::chrono::seconds(10)));
     auto results = co_await when_all(std::move(calls));
     int on_victim = 0;
     for (auto& r : results) {

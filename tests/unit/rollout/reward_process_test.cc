@@ -115,7 +115,8 @@ TEST(RewardHost, ScoresAndReportsErrorsLikeInProcess) {
     auto g = group({"68"});
     auto r = score_with(scorer, io, g);
     ASSERT_FALSE(r.status);
-    EXPECT_NE(r.status.error().what().find("reward module 'test_plugin' returned a non-finite reward"), std::string::npos)
+    EXPECT_NE(r.status.error().what().find("reward module 'test_plugin' returned a non-finite reward"),
+              std::string::npos)
         << r.status.error().what();
   }
   EXPECT_TRUE(no_hosts_left());
@@ -133,7 +134,8 @@ TEST(RewardHost, ScoresAndReportsErrorsLikeInProcess) {
   EXPECT_EQ(bad.error().code(), ErrorCode::kNotFound);
   bad = load_reward_plugin(ARLO_TEST_PLUGIN_PATH, "segv_in_create", std::nullopt, isolated());
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().what().find("died while loading it: signal 11 (SIGSEGV"), std::string::npos) << bad.error().what();
+  EXPECT_NE(bad.error().what().find("died while loading it: signal 11 (SIGSEGV"), std::string::npos)
+      << bad.error().what();
   auto no_host = isolated();
   no_host.host.program = "/nonexistent/arlo-reward-host";
   bad = load_reward_plugin(ARLO_TEST_PLUGIN_PATH, "ok", std::nullopt, no_host);
@@ -148,8 +150,9 @@ TEST(RewardHost, CrashFailsTheGroupInFlightAndTheHostIsRestarted) {
     const char* mode;
     const char* reason;
   };
-  for (const Case c : {Case{"segv_on_crash", "crashed: signal 11 (SIGSEGV"}, Case{"abort_on_crash", "crashed: signal 6 (SIGABRT"},
-                       Case{"exit_on_crash", "crashed: exit status 3"}}) {
+  for (const Case c :
+       {Case{"segv_on_crash", "crashed: signal 11 (SIGSEGV"}, Case{"abort_on_crash", "crashed: signal 6 (SIGABRT"},
+        Case{"exit_on_crash", "crashed: exit status 3"}}) {
     SCOPED_TRACE(c.mode);
     boost::asio::io_context io;
     {
@@ -230,7 +233,8 @@ TEST(RewardHost, RestartsAreBoundedThenTheScorerReportsThatItCannotGoOn) {
     auto r = score_with(scorer, io, g);
     ASSERT_FALSE(r.status);
     EXPECT_EQ(r.status.error().code(), ErrorCode::kResourceExhausted) << r.status.error().what();
-    EXPECT_NE(r.status.error().what().find("died 3 times in a row (the bound is 2 restarts); giving up"), std::string::npos)
+    EXPECT_NE(r.status.error().what().find("died 3 times in a row (the bound is 2 restarts); giving up"),
+              std::string::npos)
         << r.status.error().what();
     EXPECT_NE(r.status.error().what().find("signal 11"), std::string::npos) << r.status.error().what();
     EXPECT_TRUE(hosts().empty()) << "no host is started past the bound";

@@ -138,17 +138,19 @@ TEST(Rewards, RegistryHoldsEachKindOnceAndItsErrorsListThem) {
     EXPECT_EQ(std::count(names.begin(), names.end(), k.name), 0) << k.name << " registered twice";
     names.push_back(k.name);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"exact_match", "numeric_match", "lcs_ratio", "regex_match", "length_penalty",
-                                             "plugin", "http", "weighted"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"exact_match", "numeric_match", "lcs_ratio", "regex_match",
+                                             "length_penalty", "plugin", "http", "weighted"}));
   // The messages users saw before the registry, word for word.
   auto r = make_reward_module({{"type", "nope"}});
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error().message(),
-            "unknown reward type 'nope': use exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin, "
-            "http or weighted");
+  EXPECT_EQ(
+      r.error().message(),
+      "unknown reward type 'nope': use exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin, "
+      "http or weighted");
   r = make_reward_module({{"type", "numeric_match"}, {"tol", 1}});
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error().message(), "reward 'numeric_match': unknown option 'tol' (known: type, name, weight, rel_tol, abs_tol)");
+  EXPECT_EQ(r.error().message(),
+            "reward 'numeric_match': unknown option 'tol' (known: type, name, weight, rel_tol, abs_tol)");
   r = make_reward_module({{"type", "lcs_ratio"}, {"x", 1}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message(), "reward 'lcs_ratio': unknown option 'x' (known: type, name, weight)");

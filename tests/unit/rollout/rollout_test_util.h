@@ -28,7 +28,8 @@ using namespace std::chrono_literals;
 
 // Runs `body` on `io` on this thread until it completes; a body still running after `limit` fails the
 // test instead of hanging it.
-inline void run(asio::io_context& io, asio::awaitable<void> body, std::chrono::seconds limit = std::chrono::seconds(60)) {
+inline void run(asio::io_context& io, asio::awaitable<void> body,
+                std::chrono::seconds limit = std::chrono::seconds(60)) {
   bool done = false;
   std::exception_ptr error;
   asio::co_spawn(io, std::move(body), [&](std::exception_ptr e) {
@@ -110,7 +111,8 @@ inline asio::awaitable<void> sleep_for(std::chrono::steady_clock::duration d) {
 
 // Polls `cond` on the loop every 5 ms until it holds or `limit` passes; returns whether it held.
 // Used where the awaited state change happens inside the code under test (e.g. a health probe).
-inline asio::awaitable<bool> eventually(std::function<bool()> cond, std::chrono::seconds limit = std::chrono::seconds(20)) {
+inline asio::awaitable<bool> eventually(std::function<bool()> cond,
+                                        std::chrono::seconds limit = std::chrono::seconds(20)) {
   const auto end = std::chrono::steady_clock::now() + limit;
   while (!cond()) {
     if (std::chrono::steady_clock::now() >= end) co_return false;
@@ -139,7 +141,8 @@ class FakeOpenAIServer {
         boost::system::error_code ec;
         co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       }
-      if (health_status != 200) co_return http::Response::error(health_status, "injected health failure", "server_error");
+      if (health_status != 200)
+        co_return http::Response::error(health_status, "injected health failure", "server_error");
       co_return http::Response::json(200, {{"status", "ok"}, {"version", version}});
     });
     auto completions = [this](http::Request req) -> asio::awaitable<http::Response> {
@@ -169,7 +172,8 @@ class FakeOpenAIServer {
   }
 
   Json answer(const Json& body) const {
-    std::string prompt = body.value("prompt", Json("")).is_string() ? body["prompt"].get<std::string>() : body["prompt"].dump();
+    std::string prompt =
+        body.value("prompt", Json("")).is_string() ? body["prompt"].get<std::string>() : body["prompt"].dump();
     const int n = body.value("n", 1);
     Json choices = Json::array();
     for (int i = 0; i < n; ++i) {
@@ -210,7 +214,7 @@ class FakeOpenAIServer {
   int health_calls = 0;
   bool hold = false;
   int fail_with_status = 0;
-  int health_status = 200;  // what GET /health answers
+  int health_status = 200;                    // what GET /health answers
   std::chrono::milliseconds health_delay{0};  // GET /health answers after this long
   std::chrono::milliseconds answer_delay{0};  // completions answer after this long
   std::int64_t version = 0;

@@ -68,7 +68,8 @@ std::string json_value(const std::string& json, const std::string& key) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return !suffix.empty() && s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return !suffix.empty() && s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 void* create(const char* config, char* error, size_t error_size) {
@@ -122,7 +123,8 @@ int score(void* p, const arlo_reward_input* in, arlo_reward_output* out) {
   return 0;
 }
 
-const arlo_reward_plugin kTable = {ARLO_TEST_PLUGIN_ABI, sizeof(arlo_reward_plugin), "test_plugin", create, destroy, score};
+const arlo_reward_plugin kTable = {
+    ARLO_TEST_PLUGIN_ABI, sizeof(arlo_reward_plugin), "test_plugin", create, destroy, score};
 
 }  // namespace
 

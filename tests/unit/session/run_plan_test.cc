@@ -27,7 +27,9 @@ std::string flag(const std::vector<std::string>& argv, const std::string& name) 
   return it == argv.end() || it + 1 == argv.end() ? std::string("<missing>") : *(it + 1);
 }
 
-nlohmann::json block_flag(const std::vector<std::string>& argv) { return nlohmann::json::parse(flag(argv, "--weight-sync")); }
+nlohmann::json block_flag(const std::vector<std::string>& argv) {
+  return nlohmann::json::parse(flag(argv, "--weight-sync"));
+}
 
 // What the registered dialect `kind` (inference.kind) says its servers take.
 const rollout::ServerCapabilities& servers(std::string_view kind) {
@@ -74,7 +76,8 @@ TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndTheTrainerBlock) {
   EXPECT_EQ(block.value("expected_receivers", 0), 3);
   EXPECT_TRUE(weight_sync::options_from_json(block)) << block.dump();
   // The trainer announces where it is; every worker is sent there.
-  const auto u = plan->weight_sync.describe(1, 7, servers("arlo"), announced(7, "shm", {{"shm_name", "arlo-weights-123"}}));
+  const auto u =
+      plan->weight_sync.describe(1, 7, servers("arlo"), announced(7, "shm", {{"shm_name", "arlo-weights-123"}}));
   EXPECT_EQ(u.version, 7);
   EXPECT_EQ(u.weight_sync.value("transport", ""), "shm");
   EXPECT_EQ(u.weight_sync.value("shm_name", ""), "arlo-weights-123");
@@ -102,7 +105,8 @@ TEST(ArloRunPlan, DurableUpdatesNameTheWeightsDirectory) {
 TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
   auto plan = plan_launch(load({"weight_sync.transport=tcp"}), "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
-  const auto u = plan->weight_sync.describe(0, 2, servers("arlo"), announced(2, "tcp", {{"address", "10.1.2.3:29500"}}));
+  const auto u =
+      plan->weight_sync.describe(0, 2, servers("arlo"), announced(2, "tcp", {{"address", "10.1.2.3:29500"}}));
   EXPECT_EQ(u.weight_sync.value("address", ""), "10.1.2.3:29500");
   // A malformed announcement does not reach the workers: the planned block is used (for tcp the
   // publisher's configured listen address; port 0 there reaches nobody: the update fails at the
@@ -112,8 +116,8 @@ TEST(ArloRunPlan, WhatTheTrainerAnnouncedWinsOverThePlan) {
 }
 
 TEST(ArloRunPlan, TheTrainersPublisherListensWhereTheConfigSays) {
-  const auto cfg = load({"weight_sync.transport=tcp", "weight_sync.address=0.0.0.0:29500",
-                         "weight_sync.advertise_host=10.1.2.3"});
+  const auto cfg =
+      load({"weight_sync.transport=tcp", "weight_sync.address=0.0.0.0:29500", "weight_sync.advertise_host=10.1.2.3"});
   auto plan = plan_launch(cfg, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
   const auto block = block_flag(trainer_spec(cfg, "/tmp/run", plan->weight_sync, 2, 0).argv);
@@ -132,11 +136,12 @@ TEST(ArloRunPlan, ATrainerItStartsMustBeReachableFromWorkersElsewhere) {
   EXPECT_TRUE(plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", elsewhere,
                                 "weight_sync.address=0.0.0.0:29500", "weight_sync.advertise_host=10.0.0.1"}),
                           "/tmp/run"));
-  EXPECT_TRUE(plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", elsewhere, "trainer.launch=external"}),
-                          "/tmp/run"));
-  EXPECT_TRUE(plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp",
-                                "inference.urls=[\"http://127.0.0.1:8000\"]"}),
-                          "/tmp/run"));
+  EXPECT_TRUE(plan_launch(
+      load({"inference.launch=external", "weight_sync.transport=tcp", elsewhere, "trainer.launch=external"}),
+      "/tmp/run"));
+  EXPECT_TRUE(plan_launch(
+      load({"inference.launch=external", "weight_sync.transport=tcp", "inference.urls=[\"http://127.0.0.1:8000\"]"}),
+      "/tmp/run"));
 }
 
 TEST(ArloRunPlan, ChainRoleSkipsWhatDoesNotReceive) {
@@ -179,9 +184,10 @@ TEST(ArloRunPlan, ChainUpdatesFollowTheRound) {
 }
 
 TEST(ArloRunPlan, ExternalWorkersRelayOnTheirOwnHosts) {
-  const auto cfg = load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
-                         "weight_sync.relay_port=29600", "weight_sync.address=10.0.0.1:0",
-                         "inference.urls=[\"http://10.0.0.2:8000/\", \"http://10.0.0.3:8000\", \"http://10.0.0.4:8000\"]"});
+  const auto cfg =
+      load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
+            "weight_sync.relay_port=29600", "weight_sync.address=10.0.0.1:0",
+            "inference.urls=[\"http://10.0.0.2:8000/\", \"http://10.0.0.3:8000\", \"http://10.0.0.4:8000\"]"});
   auto plan = plan_launch(cfg, "/tmp/run");
   ASSERT_TRUE(plan) << plan.error().what();
   const auto info = announced(1, "tcp", {{"address", "10.0.0.1:5000"}});
@@ -197,9 +203,10 @@ TEST(ArloRunPlan, ExternalWorkersRelayOnTheirOwnHosts) {
   EXPECT_FALSE(u2.weight_sync.value("relay", true));
   EXPECT_FALSE(u2.weight_sync.contains("relay_listen"));
   // Without a relay port the chain cannot be planned; the error says what to set.
-  auto no_port = plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
-                                   "weight_sync.address=10.0.0.1:0", "inference.urls=[\"http://10.0.0.2:8000\"]"}),
-                             "/tmp/run");
+  auto no_port =
+      plan_launch(load({"inference.launch=external", "weight_sync.transport=tcp", "weight_sync.topology=chain",
+                        "weight_sync.address=10.0.0.1:0", "inference.urls=[\"http://10.0.0.2:8000\"]"}),
+                  "/tmp/run");
   ASSERT_FALSE(no_port);
   EXPECT_NE(no_port.error().what().find("weight_sync.relay_port"), std::string::npos) << no_port.error().what();
 }
@@ -231,8 +238,7 @@ TEST(ArloRunPlan, ChainWorkersRelayEachToTheNext) {
   EXPECT_TRUE(w1.value("relay", false));
   EXPECT_FALSE(w2.value("relay", false));  // the end of the chain
   const auto info = announced(1, "tcp", {{"address", "127.0.0.1:4000"}});
-  EXPECT_EQ(plan->weight_sync.describe(0, 1, servers("arlo"), info).weight_sync.value("address", ""),
-            "127.0.0.1:4000");
+  EXPECT_EQ(plan->weight_sync.describe(0, 1, servers("arlo"), info).weight_sync.value("address", ""), "127.0.0.1:4000");
   EXPECT_EQ(plan->weight_sync.describe(1, 1, servers("arlo"), info).weight_sync.value("address", ""),
             w0.value("relay_listen", "?"));
   EXPECT_EQ(plan->weight_sync.describe(2, 1, servers("arlo"), info).weight_sync.value("address", ""),

@@ -55,8 +55,9 @@ TEST(ArloRunTasks, VllmAndSglangGetTextOnly) {
 }
 
 TEST(ArloRunTasks, WarmUpNeedsArloWorker) {
-  auto parts = build_rollout_parts(load({"inference.launch=external", "inference.kind=vllm",
-                                         "inference.urls=[\"http://127.0.0.1:8000\"]", "orchestrator.sft_warmup_steps=3"}));
+  auto parts =
+      build_rollout_parts(load({"inference.launch=external", "inference.kind=vllm",
+                                "inference.urls=[\"http://127.0.0.1:8000\"]", "orchestrator.sft_warmup_steps=3"}));
   ASSERT_FALSE(parts);
   EXPECT_NE(parts.error().what().find("orchestrator.sft_warmup_steps"), std::string::npos) << parts.error().what();
   EXPECT_NE(parts.error().what().find("inference.kind vllm"), std::string::npos) << parts.error().what();

@@ -104,7 +104,7 @@ TEST(ServerSupport, VllmAndSglangRefuseArloStreams) {
       contains(why, "inference.kind " + kind);
       contains(why, "cannot receive arlo's own weight stream");
       if (!collective().empty()) contains(why, collective());  // the collective one
-      if (kind == "sglang") contains(why, durable());                                        // or from disk
+      if (kind == "sglang") contains(why, durable());          // or from disk
       if (kind == "vllm" && collective().empty()) contains(why, "no registered transport serves vLLM");
     }
   }
@@ -119,8 +119,10 @@ TEST(ServerSupport, SglangLoadsADurableVersionVllmDoesNot) {
   // Without NCCL nothing serves vLLM: the message says so instead of naming a transport.
   const auto without = refused(external("vllm", durable()), kWithoutNccl);
   if (!collective().empty())
-    contains(without, "no transport of this build serves vLLM: rebuild with NCCL (cmake -DARLO_WITH_NCCL=ON) and use "
-                      "weight_sync.transport " + collective());
+    contains(without,
+             "no transport of this build serves vLLM: rebuild with NCCL (cmake -DARLO_WITH_NCCL=ON) and use "
+             "weight_sync.transport " +
+                 collective());
 }
 
 TEST(ServerSupport, SglangAlternativeToAStreamIsTheDurableTransport) {
@@ -150,8 +152,8 @@ TEST(ServerSupport, ArloWorkerRefusesADeviceOnlyTransport) {
 }
 
 TEST(ServerSupport, ServersDoNotRelayAChain) {
-  EXPECT_TRUE(check_inference_support(load({"weight_sync.transport=" + streaming(), "weight_sync.topology=chain"}),
-                                      kWithNccl));
+  EXPECT_TRUE(
+      check_inference_support(load({"weight_sync.transport=" + streaming(), "weight_sync.topology=chain"}), kWithNccl));
   for (const std::string kind : {"vllm", "sglang"}) {
     const auto cfg = collective().empty() ? external(kind, durable(), {"weight_sync.topology=chain"})
                                           : external(kind, collective(), {"weight_sync.topology=chain"});

@@ -65,7 +65,8 @@ void check_invariants(const std::vector<Sample>& samples, const StepBatch& step,
         const int len = b.seq_lens[static_cast<std::size_t>(row) * b.max_segments + seg];
         if (len == 0) {
           // Zero-filled tail: no later segment may be non-zero.
-          for (int k = seg; k < b.max_segments; ++k) EXPECT_EQ(b.seq_lens[static_cast<std::size_t>(row) * b.max_segments + k], 0);
+          for (int k = seg; k < b.max_segments; ++k)
+            EXPECT_EQ(b.seq_lens[static_cast<std::size_t>(row) * b.max_segments + k], 0);
           break;
         }
         const int id = b.sample_ids[t];
@@ -139,7 +140,8 @@ TEST(Packer, RandomizedInvariants) {
     const bool ce = trial % 5 == 0;
     const int n = std::uniform_int_distribution<int>(0, 60)(rng);
     std::vector<Sample> samples;
-    for (int i = 0; i < n; ++i) samples.push_back(random_sample(rng, opt.seq_len / 2 + 2, opt.seq_len, ce && i % 2 == 0));
+    for (int i = 0; i < n; ++i)
+      samples.push_back(random_sample(rng, opt.seq_len / 2 + 2, opt.seq_len, ce && i % 2 == 0));
     auto step = pack(trial + 1, samples, opt);
     ASSERT_TRUE(step) << step.error().what();
     SCOPED_TRACE("trial " + std::to_string(trial));
@@ -164,7 +166,8 @@ TEST(Packer, FirstFitDecreasingFillsRowsTightly) {
   const RankBatch& b = step->ranks[0];
   ASSERT_EQ(b.rows, 2);
   ASSERT_EQ(b.max_segments, 3);
-  EXPECT_EQ(std::vector<std::int32_t>(b.seq_lens.begin(), b.seq_lens.end()), (std::vector<std::int32_t>{6, 4, 0, 5, 3, 2}));
+  EXPECT_EQ(std::vector<std::int32_t>(b.seq_lens.begin(), b.seq_lens.end()),
+            (std::vector<std::int32_t>{6, 4, 0, 5, 3, 2}));
   EXPECT_DOUBLE_EQ(step->report.fill, 20.0 / 20.0);
   EXPECT_EQ(b.policy_version_min, 2);
   EXPECT_EQ(b.policy_version_max, 2);
@@ -278,7 +281,8 @@ TEST_F(BatchFiles, HostileBatchesAreRefused) {
     auto v = BatchView::from_bytes(bytes);
     EXPECT_FALSE(v);
     const fs::path p = dir_ / "hostile.safetensors";
-    std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     auto f = BatchView::open(p);
     EXPECT_FALSE(f);
     if (!f) {
@@ -314,9 +318,11 @@ TEST_F(BatchFiles, HostileBatchesAreRefused) {
     ASSERT_NE(pos, std::string::npos) << from;
     s.replace(pos, from.size(), to);
   };
-  refused(with_header([&](std::string& h) { replace(h, "\"arlo.schema_version\":\"1\"", "\"arlo.schema_version\":\"9\""); }),
+  refused(with_header(
+              [&](std::string& h) { replace(h, "\"arlo.schema_version\":\"1\"", "\"arlo.schema_version\":\"9\""); }),
           "future schema");
-  refused(with_header([&](std::string& h) { replace(h, "\"arlo.schema_version\":\"1\"", "\"arlo.schema_vers1on\":\"1\""); }),
+  refused(with_header(
+              [&](std::string& h) { replace(h, "\"arlo.schema_version\":\"1\"", "\"arlo.schema_vers1on\":\"1\""); }),
           "no schema");
   refused(with_header([&](std::string& h) { replace(h, "\"step\":\"5\"", "\"step\":\"five\""); }), "step not a number");
   refused(with_header([&](std::string& h) { replace(h, "\"rank\":\"0\"", "\"rank\":\"3\""); }), "rank out of range");

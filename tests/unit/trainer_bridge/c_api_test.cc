@@ -69,10 +69,11 @@ TEST(CApi, SocketHostLocalhostReachesTheOrchestrator) {
   o.transport = "socket";
   std::uint16_t port = 0;
   asio::post(io, asio::use_future([&] {
-    server = std::move(*BridgeServer::create(io, o));
-    ASSERT_TRUE(server->start());
-    port = server->port();
-  })).get();
+               server = std::move(*BridgeServer::create(io, o));
+               ASSERT_TRUE(server->start());
+               port = server->port();
+             }))
+      .get();
   ASSERT_NE(port, 0);
   arlo_bridge* b = nullptr;
   const std::string config = nlohmann::json{{"transport", "socket"}, {"host", "localhost"}, {"port", port}}.dump();
@@ -93,9 +94,10 @@ TEST(CApi, SocketHostLocalhostReachesTheOrchestrator) {
   EXPECT_TRUE(sent.get());
   EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
   asio::post(io, asio::use_future([&] {
-    server->stop();
-    server.reset();
-  })).get();
+               server->stop();
+               server.reset();
+             }))
+      .get();
   work.reset();
   loop.join();
 }
@@ -110,17 +112,22 @@ class CApiDir : public ::testing::Test {
     ServerOptions o;
     o.run_dir = run_dir_;
     asio::post(io_, asio::use_future([&] {
-      server_ = std::move(*BridgeServer::create(io_, o));
-      server_->on_version([this](VersionEvent v) {
-        std::lock_guard lock(mu_);
-        versions_.push_back(v);
-        cv_.notify_all();
-      });
-      ASSERT_TRUE(server_->start());
-    })).get();
+                 server_ = std::move(*BridgeServer::create(io_, o));
+                 server_->on_version([this](VersionEvent v) {
+                   std::lock_guard lock(mu_);
+                   versions_.push_back(v);
+                   cv_.notify_all();
+                 });
+                 ASSERT_TRUE(server_->start());
+               }))
+        .get();
   }
   void TearDown() override {
-    asio::post(io_, asio::use_future([&] { server_->stop(); server_.reset(); })).get();
+    asio::post(io_, asio::use_future([&] {
+                 server_->stop();
+                 server_.reset();
+               }))
+        .get();
     work_.reset();
     thread_.join();
     fs::remove_all(run_dir_);

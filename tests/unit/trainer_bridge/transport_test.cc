@@ -409,7 +409,8 @@ TEST_P(SocketHostNames, AnUnresolvableNameIsNamedAndRetriedNotFatal) {
   auto r = c->next_batch(0s);
   ASSERT_FALSE(r);
   ASSERT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();  // never fatal: it keeps retrying
-  EXPECT_NE(r.error().message().find("'no-such-host.invalid' (from the test's host) does not resolve"), std::string::npos)
+  EXPECT_NE(r.error().message().find("'no-such-host.invalid' (from the test's host) does not resolve"),
+            std::string::npos)
       << r.error().message();
   // Its backoff passing, it tries again, fails again and backs off again.
   client_clock_.advance(1s);
@@ -501,7 +502,8 @@ TEST(DirTransport, HostileBatchFileIsRefusedNotTrained) {
   // A step directory whose batch lies about its size.
   const fs::path tmp = dir_layout::rollouts(run_dir) / ".tmp_step";
   fs::create_directories(tmp);
-  std::ofstream(tmp / "rank_0.safetensors", std::ios::binary) << std::string("\xff\xff\xff\x00\x00\x00\x00\x00{\"a\":", 13);
+  std::ofstream(tmp / "rank_0.safetensors", std::ios::binary)
+      << std::string("\xff\xff\xff\x00\x00\x00\x00\x00{\"a\":", 13);
   fs::rename(tmp, dir_layout::step_dir(run_dir, 1));
   auto b = (*c)->next_batch(5s);
   ASSERT_FALSE(b);

@@ -41,12 +41,17 @@ class ReportTest : public ::testing::Test {
     fs::create_directories(run);
     std::ofstream out(run / "metrics.jsonl");
     for (int s = 1; s <= steps; ++s) {
-      nlohmann::json r = {{"kind", "step"}, {"step", s}, {"time", 1.7e9 + s}, {"train/supervised", false},
-                          {"train/reward/mean", offset + s / 1000.0}, {"trainer/loss", offset + 1.0 / s},
+      nlohmann::json r = {{"kind", "step"},
+                          {"step", s},
+                          {"time", 1.7e9 + s},
+                          {"train/supervised", false},
+                          {"train/reward/mean", offset + s / 1000.0},
+                          {"trainer/loss", offset + 1.0 / s},
                           {"off_policy/histogram", {3, 5}}};
       out << r.dump() << "\n";
       if (s % 10 == 0)
-        out << nlohmann::json({{"kind", "eval"}, {"step", s}, {"time", 1.7e9 + s}, {"eval/arithmetic/pass@1", offset + s / 100.0}})
+        out << nlohmann::json(
+                   {{"kind", "eval"}, {"step", s}, {"time", 1.7e9 + s}, {"eval/arithmetic/pass@1", offset + s / 100.0}})
                    .dump()
             << "\n";
     }
@@ -300,7 +305,8 @@ TEST_F(ReportTest, CliBadInputExits2AndNamesTheProblem) {
     EXPECT_NE(out.find((bad / "metrics.jsonl").string() + ":6: not a JSON object"), std::string::npos) << out;
   }
   {
-    const auto [code, out] = arlo_report({(dir_ / "missing").string(), (dir_ / "empty").string(), "-o", out_html.string()}, dir_);
+    const auto [code, out] =
+        arlo_report({(dir_ / "missing").string(), (dir_ / "empty").string(), "-o", out_html.string()}, dir_);
     EXPECT_EQ(code, 2) << out;
     EXPECT_NE(out.find((dir_ / "missing").string() + ": no such run directory"), std::string::npos) << out;
     EXPECT_NE(out.find((dir_ / "empty" / "metrics.jsonl").string() + ": missing"), std::string::npos) << out;

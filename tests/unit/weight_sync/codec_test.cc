@@ -35,7 +35,7 @@ TEST(WeightSyncE4m3, ExactValuesSaturationAndNaN) {
   EXPECT_EQ(f32_to_e4m3(1.f), 0x38);
   EXPECT_EQ(f32_to_e4m3(-1.f), 0xB8);
   EXPECT_EQ(f32_to_e4m3(448.f), 0x7E);
-  EXPECT_EQ(f32_to_e4m3(1e6f), 0x7E);   // saturates, never NaN
+  EXPECT_EQ(f32_to_e4m3(1e6f), 0x7E);  // saturates, never NaN
   EXPECT_EQ(f32_to_e4m3(-1e6f), 0xFE);
   EXPECT_EQ(f32_to_e4m3(std::numeric_limits<float>::infinity()), 0x7E);
   EXPECT_EQ(f32_to_e4m3(std::numeric_limits<float>::quiet_NaN()) & 0x7F, 0x7F);
@@ -47,7 +47,7 @@ TEST(WeightSyncE4m3, ExactValuesSaturationAndNaN) {
   EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3A);
   for (int v = 0; v < 256; ++v) {
     if ((v & 0x7F) == 0x7F) continue;
-    EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(static_cast<std::uint8_t>(v))) , v == 0x80 ? 0x80 : v) << v;
+    EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(static_cast<std::uint8_t>(v))), v == 0x80 ? 0x80 : v) << v;
   }
 }
 

@@ -47,7 +47,8 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     o.params = testing::isolated_params(GetParam(), shm_, dir_);
     return o;
   }
-  Options receiver(const nlohmann::json& endpoint, const std::string& name, PayloadKind kind = PayloadKind::kFull) const {
+  Options receiver(const nlohmann::json& endpoint, const std::string& name,
+                   PayloadKind kind = PayloadKind::kFull) const {
     Options o;
     o.transport = GetParam();
     o.bucket_bytes = testing::kTestBucket;

@@ -13,8 +13,12 @@ namespace {
 using nlohmann::json;
 
 json manifest_with_shape(json shape, std::uint64_t total) {
-  return {{"format", "arlo-weight-sync/1"}, {"version", 1},     {"payload", "full"},
-          {"zstd", false},                  {"bucket_bytes", 1 << 20}, {"total_bytes", total},
+  return {{"format", "arlo-weight-sync/1"},
+          {"version", 1},
+          {"payload", "full"},
+          {"zstd", false},
+          {"bucket_bytes", 1 << 20},
+          {"total_bytes", total},
           {"tensors", json::array({{{"name", "w"}, {"dtype", "F32"}, {"shape", shape}}})},
           {"buckets", json::array()}};
 }

@@ -29,8 +29,8 @@ using testing::fill;
 using testing::odd_specs;
 using testing::same_bytes;
 
-using testing::Side;
 using testing::ScopedFaults;
+using testing::Side;
 using testing::unique_name;
 
 struct Case {
@@ -273,8 +273,9 @@ TEST(WeightSyncShmPaths, RingDirectReadAndSlotsEachDeliver) {
     bool direct_read;
     const char* expect;
   };
-  for (const auto& pc : {PathCase{ApplyMode::kInPlace, false, "shm ring"}, PathCase{ApplyMode::kInPlace, true, "shm direct read"},
-                         PathCase{ApplyMode::kStaging, false, "shm slots"}, PathCase{ApplyMode::kStaging, true, "shm slots"}}) {
+  for (const auto& pc :
+       {PathCase{ApplyMode::kInPlace, false, "shm ring"}, PathCase{ApplyMode::kInPlace, true, "shm direct read"},
+        PathCase{ApplyMode::kStaging, false, "shm slots"}, PathCase{ApplyMode::kStaging, true, "shm slots"}}) {
     Channel ch("shm", {}, pc.mode);
     ch.base_.params["direct_read"] = pc.direct_read;
     auto pub = Publisher::create(ch.publisher_options()).value();
@@ -401,7 +402,8 @@ TEST(WeightSyncFilesystemFaults, ManifestShardsOutsideTheVersionOrOutOfRangeAreR
   fs::copy_file(ch.dir_ / "v1" / "model-00001-of-00002.safetensors", ch.dir_ / "outside.safetensors");
   const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> cases = {
       {"not a plain file name", [](nlohmann::json& m) { m["shards"][0]["file"] = "../outside.safetensors"; }},
-      {"not a plain file name", [&](nlohmann::json& m) { m["shards"][0]["file"] = (ch.dir_ / "outside.safetensors").string(); }},
+      {"not a plain file name",
+       [&](nlohmann::json& m) { m["shards"][0]["file"] = (ch.dir_ / "outside.safetensors").string(); }},
       {"not one of the manifest's", [](nlohmann::json& m) { m["shards"][0]["tensors"].push_back(999); }},
       {"\"shards\" is missing", [](nlohmann::json& m) { m.erase("shards"); }},
       {"expected {", [](nlohmann::json& m) { m["shards"][0].erase("checksum"); }},

@@ -55,12 +55,21 @@ inline void fill(HostWeights& w, std::uint64_t seed) {
     for (std::size_t k = 0; k < b.size() / es; ++k) {
       std::byte* p = b.data() + k * es;
       const float f = u(rng);
-      if (d == DType::F32) std::memcpy(p, &f, 4);
-      else if (d == DType::F64) { double x = f; std::memcpy(p, &x, 8); }
-      else if (d == DType::F16) { _Float16 h = static_cast<_Float16>(f); std::memcpy(p, &h, 2); }
-      else if (d == DType::BF16) { auto h = f32_to_bf16(f); std::memcpy(p, &h, 2); }
-      else if (d == DType::BOOL) *p = static_cast<std::byte>(rng() & 1);
-      else for (std::size_t j = 0; j < es; ++j) p[j] = static_cast<std::byte>(rng() & 0xFF);
+      if (d == DType::F32)
+        std::memcpy(p, &f, 4);
+      else if (d == DType::F64) {
+        double x = f;
+        std::memcpy(p, &x, 8);
+      } else if (d == DType::F16) {
+        _Float16 h = static_cast<_Float16>(f);
+        std::memcpy(p, &h, 2);
+      } else if (d == DType::BF16) {
+        auto h = f32_to_bf16(f);
+        std::memcpy(p, &h, 2);
+      } else if (d == DType::BOOL)
+        *p = static_cast<std::byte>(rng() & 1);
+      else
+        for (std::size_t j = 0; j < es; ++j) p[j] = static_cast<std::byte>(rng() & 0xFF);
     }
   }
 }

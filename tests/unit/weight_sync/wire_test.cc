@@ -37,7 +37,8 @@ constexpr Version kMax = std::numeric_limits<Version>::max();
 
 TEST(WeightSyncWire, VersionsInRangeAreReadWhetherParsedOrBuiltInProcess) {
   // Parsed text holds a non-negative integer as unsigned, a json built from a Version as signed.
-  for (const json& v : {json::parse("0"), json::parse("7"), json(Version{7}), json(kMax), json::parse("9223372036854775807")}) {
+  for (const json& v :
+       {json::parse("0"), json::parse("7"), json(Version{7}), json(kMax), json::parse("9223372036854775807")}) {
     auto got = version_from_json(v, "test");
     ASSERT_TRUE(got.has_value()) << v.dump() << ": " << got.error().what();
     EXPECT_EQ(*got, v.is_number_unsigned() ? static_cast<Version>(v.get<std::uint64_t>()) : v.get<Version>());
@@ -47,7 +48,8 @@ TEST(WeightSyncWire, VersionsInRangeAreReadWhetherParsedOrBuiltInProcess) {
 }
 
 TEST(WeightSyncWire, NegativeFractionalTextualAndOversizedVersionsAreRefusedNamingWhere) {
-  for (const char* text : {"-1", "1.5", "1e3", "\"3\"", "null", "true", "[1]", "9223372036854775808", "18446744073709551615"}) {
+  for (const char* text :
+       {"-1", "1.5", "1e3", "\"3\"", "null", "true", "[1]", "9223372036854775808", "18446744073709551615"}) {
     auto got = version_from_json(json::parse(text), "announcement 'version'");
     ASSERT_FALSE(got.has_value()) << text;
     EXPECT_EQ(got.error().code(), ErrorCode::kParse) << text;
@@ -84,8 +86,8 @@ TEST(WeightSyncWire, EveryVersionReaderRefusesANegativeVersion) {
     EXPECT_NE(m.error().what().find(std::string("manifest '") + key + "'"), std::string::npos) << m.error().what();
   }
 
-  for (const char* text : {R"({"version": -2})", R"({"resume": {"version": -1, "bucket": 0}})",
-                           R"({"version": 9223372036854775808})"}) {
+  for (const char* text :
+       {R"({"version": -2})", R"({"resume": {"version": -1, "bucket": 0}})", R"({"version": 9223372036854775808})"}) {
     auto h = detail::parse_hello(json::parse(text));
     ASSERT_FALSE(h.has_value()) << text;
     EXPECT_EQ(h.error().code(), ErrorCode::kParse) << text;
@@ -118,11 +120,13 @@ TEST(WeightSyncWire, BlockWithTheOldThresholdNameIsReadWithAWarningNamingTheNewO
   EXPECT_EQ(log_capture().count("delta_dense_threshold", "delta_density_threshold"), before + 1);
   EXPECT_FALSE(o->params.contains("delta_dense_threshold")) << o->params.dump();  // a shared key, not the transport's
 
-  auto same = options_from_json({{"transport", "tcp"}, {"delta_dense_threshold", 0.3}, {"delta_density_threshold", 0.3}});
+  auto same =
+      options_from_json({{"transport", "tcp"}, {"delta_dense_threshold", 0.3}, {"delta_density_threshold", 0.3}});
   ASSERT_TRUE(same.has_value()) << same.error().what();
   EXPECT_DOUBLE_EQ(same->payload.delta_density_threshold, 0.3);
 
-  auto both = options_from_json({{"transport", "tcp"}, {"delta_dense_threshold", 0.3}, {"delta_density_threshold", 0.1}});
+  auto both =
+      options_from_json({{"transport", "tcp"}, {"delta_dense_threshold", 0.3}, {"delta_density_threshold", 0.1}});
   ASSERT_FALSE(both.has_value());
   EXPECT_EQ(both.error().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(both.error().what().find("delta_dense_threshold"), std::string::npos) << both.error().what();

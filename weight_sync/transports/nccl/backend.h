@@ -27,19 +27,19 @@ class Backend {
   virtual ~Backend() = default;
 
   // --- NCCL library
-  virtual Result<std::string> version() = 0;   // "2.28.9"
-  virtual Result<UniqueId> unique_id() = 0;     // ncclGetUniqueId
+  virtual Result<std::string> version() = 0;  // "2.28.9"
+  virtual Result<UniqueId> unique_id() = 0;   // ncclGetUniqueId
 
   // --- communicator (non-blocking: ncclConfig_t.blocking = 0)
-  virtual Status set_device(int device) = 0;   // cudaSetDevice; also checks that the device exists
+  virtual Status set_device(int device) = 0;  // cudaSetDevice; also checks that the device exists
   // ncclCommInitRankConfig; returns at once with the handle while the init runs.
   virtual Result<CommHandle> comm_init(int world_size, int rank, const UniqueId& id) = 0;
   // ncclCommGetAsyncError: true when the last operation finished (ncclSuccess), false while it is
   // in progress, an error (NCCL's code name and last-error text) when it failed.
   virtual Result<bool> comm_poll(CommHandle comm) = 0;
   // ncclBroadcast (send is read on the root only; send == recv is in place).
-  virtual Status broadcast(CommHandle comm, const void* send, void* recv, std::size_t count, int nccl_dtype,
-                           int root, StreamHandle stream) = 0;
+  virtual Status broadcast(CommHandle comm, const void* send, void* recv, std::size_t count, int nccl_dtype, int root,
+                           StreamHandle stream) = 0;
   // ncclAllReduce with ncclSum.
   virtual Status all_reduce_sum(CommHandle comm, const void* send, void* recv, std::size_t count, int nccl_dtype,
                                 StreamHandle stream) = 0;
@@ -50,7 +50,7 @@ class Backend {
   // --- CUDA
   virtual Result<StreamHandle> stream_create() = 0;  // non-blocking stream
   virtual void stream_destroy(StreamHandle stream) = 0;
-  virtual Result<EventHandle> event_create() = 0;    // timing disabled
+  virtual Result<EventHandle> event_create() = 0;  // timing disabled
   virtual void event_destroy(EventHandle event) = 0;
   virtual Status event_record(EventHandle event, StreamHandle stream) = 0;
   virtual Result<bool> event_done(EventHandle event) = 0;  // cudaEventQuery: true once reached

@@ -65,9 +65,9 @@ class NcclBackend final : public Backend {
 
   Status broadcast(CommHandle comm, const void* send, void* recv, std::size_t count, int dtype, int root,
                    StreamHandle stream) override {
-    return check(nccl_->Broadcast(send, recv, count, static_cast<ncclDataType_t>(dtype), root, as_comm(comm),
-                                  as_stream(stream)),
-                 "ncclBroadcast");
+    return check(
+        nccl_->Broadcast(send, recv, count, static_cast<ncclDataType_t>(dtype), root, as_comm(comm), as_stream(stream)),
+        "ncclBroadcast");
   }
 
   Status all_reduce_sum(CommHandle comm, const void* send, void* recv, std::size_t count, int dtype,
@@ -77,7 +77,9 @@ class NcclBackend final : public Backend {
                  "ncclAllReduce");
   }
 
-  Status comm_finalize(CommHandle comm) override { return check(nccl_->CommFinalize(as_comm(comm)), "ncclCommFinalize"); }
+  Status comm_finalize(CommHandle comm) override {
+    return check(nccl_->CommFinalize(as_comm(comm)), "ncclCommFinalize");
+  }
   Status comm_destroy(CommHandle comm) override { return check(nccl_->CommDestroy(as_comm(comm)), "ncclCommDestroy"); }
   void comm_abort(CommHandle comm) override { nccl_->CommAbort(as_comm(comm)); }
 

@@ -103,8 +103,8 @@ class Group::Impl {
   std::atomic<bool> aborted{false};
 
   std::string who() const {
-    return "nccl rank " + std::to_string(config.rank) + " of " + std::to_string(config.world_size) + " (cuda:" +
-           std::to_string(config.device) + ")";
+    return "nccl rank " + std::to_string(config.rank) + " of " + std::to_string(config.world_size) +
+           " (cuda:" + std::to_string(config.device) + ")";
   }
 
   // ncclCommAbort once. Called with `mutex` held.
@@ -128,9 +128,9 @@ class Group::Impl {
   Status check_alive() {
     std::lock_guard lock(mutex);
     if (aborted) {
-      return make_error(ErrorCode::kUnavailable,
-                        who() + ": the group was aborted earlier (" + abort_why.value_or("unknown reason") +
-                            "); make a new group on a new rendezvous port");
+      return make_error(ErrorCode::kUnavailable, who() + ": the group was aborted earlier (" +
+                                                     abort_why.value_or("unknown reason") +
+                                                     "); make a new group on a new rendezvous port");
     }
     return ok();
   }
@@ -156,7 +156,8 @@ class Group::Impl {
         return fail(ErrorCode::kUnavailable, what + ": NCCL reported " + state.error().what());
       }
       if (cancelled && cancelled()) {
-        return fail(ErrorCode::kCancelled, what + ": cancelled by the caller (a receiver failed); communicator aborted");
+        return fail(ErrorCode::kCancelled,
+                    what + ": cancelled by the caller (a receiver failed); communicator aborted");
       }
       Clock::time_point now = Clock::now();
       if (now >= deadline) {
@@ -247,7 +248,8 @@ class Group::Impl {
   // The bucket on slot `s` is issued: its completion is the event recorded after it.
   Status issued(SlotState& s, std::size_t b, std::uint64_t bytes, TransferReport& report) {
     auto st = backend->event_record(s.event, s.stream);
-    if (!st) return fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
+    if (!st)
+      return fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
     s.pending = true;
     ++report.collectives;
     report.bytes += bytes;
@@ -306,8 +308,8 @@ class Group::Impl {
       std::uint64_t offset = 0;
       for (std::size_t i = bucket.first; st && i < bucket.first + bucket.count; ++i) {
         if (!dst[i].empty()) {
-          st = backend->copy_async(dst[i].data(), s.device + offset, dst[i].size(), CopyKind::kDeviceToDevice,
-                                   s.stream);
+          st =
+              backend->copy_async(dst[i].data(), s.device + offset, dst[i].size(), CopyKind::kDeviceToDevice, s.stream);
         }
         offset += dst[i].size();
       }
@@ -360,8 +362,8 @@ Result<std::unique_ptr<Group>> Group::start(const GroupConfig& config, const Uni
                       "nccl group: world_size must be >= 1, got " + std::to_string(config.world_size));
   }
   if (config.rank < 0 || config.rank >= config.world_size) {
-    return make_error(ErrorCode::kInvalidArgument, "nccl group: rank " + std::to_string(config.rank) +
-                                                       " outside [0, " + std::to_string(config.world_size) + ")");
+    return make_error(ErrorCode::kInvalidArgument, "nccl group: rank " + std::to_string(config.rank) + " outside [0, " +
+                                                       std::to_string(config.world_size) + ")");
   }
   if (config.device < 0) {
     return make_error(ErrorCode::kInvalidArgument,
@@ -394,8 +396,9 @@ Group::~Group() {
     // Finalize flushes what was issued; bounded, because a peer that went away can stall it.
     Deadline deadline = deadline_in(std::chrono::seconds(5));
     Status s = g.backend->comm_finalize(g.comm);
-    if (s) s = g.wait_until([&]() -> Result<bool> { return g.backend->comm_poll(g.comm); }, deadline, Clock::now(),
-                            "finalize", {});
+    if (s)
+      s = g.wait_until([&]() -> Result<bool> { return g.backend->comm_poll(g.comm); }, deadline, Clock::now(),
+                       "finalize", {});
     std::lock_guard lock(g.mutex);
     if (!g.comm_gone) {  // wait_until aborted it on failure
       if (s && g.backend->comm_destroy(g.comm)) {
@@ -436,8 +439,8 @@ Status Group::warmup(Deadline deadline) {
   if (Status st = g.backend->event_record(s.event, s.stream); !st) {
     return g.fail(ErrorCode::kUnavailable, "warm-up all-reduce: " + st.error().what());
   }
-  return g.wait_until([&]() -> Result<bool> { return g.backend->event_done(s.event); }, d, issued,
-                      "warm-up all-reduce", {});
+  return g.wait_until([&]() -> Result<bool> { return g.backend->event_done(s.event); }, d, issued, "warm-up all-reduce",
+                      {});
 }
 
 Result<TransferReport> Group::send(const WeightSource& source, const Layout& layout, Deadline deadline,
@@ -465,8 +468,8 @@ Result<TransferReport> Group::send(const WeightSource& source, const Layout& lay
     }
     if (!v->device.is_cpu() && v->device.index != g.config.device) {
       return make_error(ErrorCode::kInvalidArgument, g.who() + ": send: tensor " + specs[i].name + " lives on " +
-                                                         v->device.str() + ", the group on cuda:" +
-                                                         std::to_string(g.config.device));
+                                                         v->device.str() +
+                                                         ", the group on cuda:" + std::to_string(g.config.device));
     }
     if (!layout.packed) ARLO_TRY(with_context(nccl_data_type(specs[i].dtype), g.who() + ": tensor " + specs[i].name));
     if (v->device.is_cpu()) largest_host = std::max(largest_host, specs[i].nbytes());
@@ -532,7 +535,8 @@ Result<TransferReport> Group::send(const WeightSource& source, const Layout& lay
     s.bucket = b;
     // In place on the root (send == recv): NCCL does not write the root's buffer.
     st = g.backend->broadcast(g.comm, send_ptr, const_cast<void*>(send_ptr), count, dtype, 0, s.stream);
-    if (!st) return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
+    if (!st)
+      return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
     ARLO_TRY(g.settle("broadcast of bucket " + std::to_string(b), s.deadline, cancelled));
     ARLO_TRY(g.issued(s, b, bucket.bytes, report));
   }
@@ -576,8 +580,8 @@ Result<TransferReport> Group::receive(WeightSink& sink, const std::vector<Tensor
     SlotState& s = g.slots[b % nslots];
     ARLO_TRY(g.reap(s, cancelled, last_done));
     if (cancelled && cancelled()) {
-      return g.fail(ErrorCode::kCancelled, "receive cancelled by the caller before bucket " + std::to_string(b) +
-                                               "; communicator aborted");
+      return g.fail(ErrorCode::kCancelled,
+                    "receive cancelled by the caller before bucket " + std::to_string(b) + "; communicator aborted");
     }
     void* recv_ptr = nullptr;
     std::size_t count = 0;
@@ -594,7 +598,8 @@ Result<TransferReport> Group::receive(WeightSink& sink, const std::vector<Tensor
     s.deadline = std::min(deadline, s.issued + g.config.collective_timeout);
     s.bucket = b;
     Status st = g.backend->broadcast(g.comm, recv_ptr, recv_ptr, count, dtype, 0, s.stream);
-    if (!st) return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
+    if (!st)
+      return g.fail(ErrorCode::kUnavailable, "broadcast of bucket " + std::to_string(b) + ": " + st.error().what());
     ARLO_TRY(g.settle("broadcast of bucket " + std::to_string(b), s.deadline, cancelled));
     if ((layout.packed || host) && bucket.bytes > 0) ARLO_TRY(g.copy_out(s, b, bucket, dst, host));
     ARLO_TRY(g.issued(s, b, bucket.bytes, report));

@@ -41,7 +41,7 @@ struct GroupConfig {
   std::string library_path;  // empty: kDefaultLibraryPath
   int world_size = 0;
   int rank = 0;
-  int device = 0;  // CUDA ordinal (cudaSetDevice before init)
+  int device = 0;                                       // CUDA ordinal (cudaSetDevice before init)
   std::chrono::milliseconds collective_timeout{30000};  // deadline of each collective (each bucket)
 };
 

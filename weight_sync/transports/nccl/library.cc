@@ -59,7 +59,8 @@ Result<std::unique_ptr<NcclLibrary>> open_nccl(const std::string& path) {
     return make_error(ErrorCode::kInternal, "nccl: ncclGetVersion failed in " + path + ": " + lib->GetErrorString(r));
   }
   // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9.
-  lib->version = std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." + std::to_string(code % 100);
+  lib->version =
+      std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." + std::to_string(code % 100);
   return lib;  // the handle stays open for the life of the process
 }
 
@@ -104,8 +105,9 @@ Result<std::unique_ptr<CudaRuntime>> open_cudart(const std::string& nccl_path) {
     }
     return rt;
   }
-  return make_error(ErrorCode::kNotFound, "nccl: cannot load the CUDA runtime " + soname + "; tried:" + tried +
-                                              "\n(install the CUDA runtime or put its lib directory on LD_LIBRARY_PATH)");
+  return make_error(ErrorCode::kNotFound,
+                    "nccl: cannot load the CUDA runtime " + soname + "; tried:" + tried +
+                        "\n(install the CUDA runtime or put its lib directory on LD_LIBRARY_PATH)");
 }
 
 std::mutex& load_mutex() {

@@ -101,7 +101,8 @@ bool parse_group_key(std::string_view key, std::int64_t& g, std::string& what, s
 
 Result<json> parse_json_value(const std::string& text, std::string_view key) {
   auto j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) return make_error(ErrorCode::kParse, fmt::format("nccl control key {}: not JSON: {}", key, text.substr(0, 200)));
+  if (j.is_discarded())
+    return make_error(ErrorCode::kParse, fmt::format("nccl control key {}: not JSON: {}", key, text.substr(0, 200)));
   return j;
 }
 
@@ -131,7 +132,9 @@ Result<std::vector<TensorSpec>> specs_from_json(const json& j) {
         found = true;
       }
     }
-    if (!found) return make_error(ErrorCode::kParse, fmt::format("nccl: tensor '{}': unknown dtype '{}'", s.name, t["dtype"].dump()));
+    if (!found)
+      return make_error(ErrorCode::kParse,
+                        fmt::format("nccl: tensor '{}': unknown dtype '{}'", s.name, t["dtype"].dump()));
     s.shape = t["shape"].get<std::vector<std::int64_t>>();
     out.push_back(std::move(s));
   }
@@ -184,12 +187,12 @@ struct Generation {
   int world_size = 0;
   Layout layout;
   bool warmup = false;
-  bool checksum = false;                   // an arlo member verifies what it got
-  std::unique_ptr<StoreServer> rendezvous; // alive as long as the group (SGLang's heartbeat polls it)
+  bool checksum = false;                    // an arlo member verifies what it got
+  std::unique_ptr<StoreServer> rendezvous;  // alive as long as the group (SGLang's heartbeat polls it)
   std::unique_ptr<Group> group;
-  bool ready = false;                      // init finished (and warmed up)
-  bool warming = false;                    // vLLM: the control thread runs init and the warm-up
-  std::string dead;                        // why the group is gone ("" while usable)
+  bool ready = false;    // init finished (and warmed up)
+  bool warming = false;  // vLLM: the control thread runs init and the warm-up
+  std::string dead;      // why the group is gone ("" while usable)
 };
 
 class NcclSender final : public SenderTransport {
@@ -197,7 +200,8 @@ class NcclSender final : public SenderTransport {
   static Result<std::unique_ptr<SenderTransport>> create(const SenderState& s) {
     if (s.options.payload.kind != PayloadKind::kFull || s.options.payload.zstd)
       return make_error(ErrorCode::kInvalidArgument,
-                        "nccl: the weights travel as trained (weight_sync.payload full, no zstd): peers allocate from dtypes and shapes");
+                        "nccl: the weights travel as trained (weight_sync.payload full, no zstd): peers allocate from "
+                        "dtypes and shapes");
     default_nccl_environment();
     const auto& p = s.params;
     ARLO_ASSIGN_OR_RETURN(auto at, split_host_port(p.at("address").get<std::string>(), "address"));
@@ -207,11 +211,13 @@ class NcclSender final : public SenderTransport {
     std::string master = p.at("master_address").get<std::string>();
     if (master.empty()) master = at.host;
     if (master == "0.0.0.0" || master == "::")
-      return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("nccl: address {} listens on every interface; set weight_sync.master_address to the "
-                                    "address the workers reach this host on", at.host));
-    auto sender = std::unique_ptr<NcclSender>(new NcclSender(s, std::move(control), std::move(at.host), std::move(master),
-                                                             std::move(library), std::move(version)));
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("nccl: address {} listens on every interface; set weight_sync.master_address to the "
+                      "address the workers reach this host on",
+                      at.host));
+    auto sender = std::unique_ptr<NcclSender>(new NcclSender(
+        s, std::move(control), std::move(at.host), std::move(master), std::move(library), std::move(version)));
     sender->begin();
     return std::unique_ptr<SenderTransport>(std::move(sender));
   }
@@ -231,7 +237,8 @@ class NcclSender final : public SenderTransport {
     return {{"address", fmt::format("{}:{}", master_, control_->port())}, {"nccl_version", nccl_version_}};
   }
 
-  Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state, Deadline deadline) override {
+  Result<PublishReport> publish(Version version, const WeightSource& source, SenderState& state,
+                                Deadline deadline) override {
     (void)state;
     if (!tensors_set_) {
       ARLO_ASSIGN_OR_RETURN(auto t, tensors_json(source.specs()));
@@ -239,7 +246,8 @@ class NcclSender final : public SenderTransport {
       specs_ = source.specs();
       tensors_set_ = true;
     } else if (source.specs() != specs_) {
-      return make_error(ErrorCode::kMismatch, "nccl: the tensors changed between versions; peers allocate them once per run");
+      return make_error(ErrorCode::kMismatch,
+                        "nccl: the tensors changed between versions; peers allocate them once per run");
     }
     if (newest_ != version) {
       control_->set(std::string(kNewestKey), std::to_string(version));
@@ -293,7 +301,8 @@ class NcclSender final : public SenderTransport {
     if (!gen_ || !gen_->dead.empty() || gen_->warming) return out;
     const auto members = static_cast<std::int64_t>(gen_->members.size());
     for (const auto& [key, count] : wants_) {
-      if (key.first == gen_->id && key.second <= version && count >= members && !served_.count(key)) out.push_back(key.second);
+      if (key.first == gen_->id && key.second <= version && count >= members && !served_.count(key))
+        out.push_back(key.second);
     }
     return out;
   }
@@ -419,8 +428,10 @@ class NcclSender final : public SenderTransport {
   }
 
   Status parse_members(const json& request, Generation& gen) {
-    if (!request.is_object() || !request.contains("members") || !request["members"].is_array() || request["members"].empty())
-      return make_error(ErrorCode::kInvalidArgument, "nccl group request: expected {\"members\": [{name, world_size, flavor}, ...]}");
+    if (!request.is_object() || !request.contains("members") || !request["members"].is_array() ||
+        request["members"].empty())
+      return make_error(ErrorCode::kInvalidArgument,
+                        "nccl group request: expected {\"members\": [{name, world_size, flavor}, ...]}");
     bool vllm = false, sglang = false, arlo = false;
     gen.world_size = 1;
     for (const auto& m : request["members"]) {
@@ -431,20 +442,26 @@ class NcclSender final : public SenderTransport {
       member.world_size = m.value("world_size", 1);
       member.flavor = m.value("flavor", "arlo");
       if (member.world_size < 1)
-        return make_error(ErrorCode::kInvalidArgument, fmt::format("nccl group: member {} has world size {}", member.name, member.world_size));
-      if (member.flavor == "vllm") vllm = true;
-      else if (member.flavor == "sglang") sglang = true;
-      else if (member.flavor == "arlo") arlo = true;
-      else
         return make_error(ErrorCode::kInvalidArgument,
-                          fmt::format("nccl group: member {} has flavor '{}': use vllm, sglang or arlo", member.name, member.flavor));
+                          fmt::format("nccl group: member {} has world size {}", member.name, member.world_size));
+      if (member.flavor == "vllm")
+        vllm = true;
+      else if (member.flavor == "sglang")
+        sglang = true;
+      else if (member.flavor == "arlo")
+        arlo = true;
+      else
+        return make_error(
+            ErrorCode::kInvalidArgument,
+            fmt::format("nccl group: member {} has flavor '{}': use vllm, sglang or arlo", member.name, member.flavor));
       gen.world_size += member.world_size;
       gen.members.push_back(std::move(member));
     }
     if (vllm && sglang)
-      return make_error(ErrorCode::kInvalidArgument,
-                        "nccl group: vLLM and SGLang servers cannot share one group (vLLM's workers issue a warm-up "
-                        "all-reduce after init, SGLang's do not); run them with separate trainers or one kind of server");
+      return make_error(
+          ErrorCode::kInvalidArgument,
+          "nccl group: vLLM and SGLang servers cannot share one group (vLLM's workers issue a warm-up "
+          "all-reduce after init, SGLang's do not); run them with separate trainers or one kind of server");
     gen.warmup = vllm;
     gen.checksum = arlo;
     gen.layout.packed = sglang ? false : params_.at("packed").get<bool>();
@@ -514,8 +531,8 @@ class NcclSender final : public SenderTransport {
   const Options options_;
   const json params_;
   std::unique_ptr<StoreServer> control_;
-  const std::string host_;     // where the stores listen
-  const std::string master_;   // where members reach them
+  const std::string host_;    // where the stores listen
+  const std::string master_;  // where members reach them
   const std::string library_;
   const std::string nccl_version_;
   std::thread control_thread_;
@@ -546,14 +563,15 @@ class Control final : public CollectiveControl {
   Result<GroupInfo> open_group(const std::vector<GroupMember>& members, Deadline deadline) override {
     ARLO_ASSIGN_OR_RETURN(auto c, client(deadline));
     json request = {{"members", json::array()}};
-    for (const auto& m : members) request["members"].push_back({{"name", m.name}, {"world_size", m.world_size}, {"flavor", m.flavor}});
+    for (const auto& m : members)
+      request["members"].push_back({{"name", m.name}, {"world_size", m.world_size}, {"flavor", m.flavor}});
     ARLO_ASSIGN_OR_RETURN(auto g, c->add(std::string(kGenerationKey), 1, deadline));
     ARLO_TRY(c->set(group_key(g, "request"), request.dump(), deadline));
     ARLO_ASSIGN_OR_RETURN(auto text, c->get(group_key(g, "ready"), deadline));
     ARLO_ASSIGN_OR_RETURN(auto ready, parse_json_value(text, group_key(g, "ready")));
     if (ready.contains("error"))
-      return make_error(ErrorCode::kUnavailable, fmt::format("nccl publisher at {}:{} refused group {}: {}", at_.host, at_.port, g,
-                                                             ready["error"].get<std::string>()));
+      return make_error(ErrorCode::kUnavailable, fmt::format("nccl publisher at {}:{} refused group {}: {}", at_.host,
+                                                             at_.port, g, ready["error"].get<std::string>()));
     GroupInfo info;
     info.generation = g;
     for (const auto& [name, join] : ready.at("members").items()) info.join[name] = join;
@@ -582,13 +600,16 @@ class Control final : public CollectiveControl {
     ARLO_ASSIGN_OR_RETURN(auto text, c.get(sent_key(generation, version), deadline));
     ARLO_ASSIGN_OR_RETURN(auto sent, parse_json_value(text, sent_key(generation, version)));
     if (sent.contains("error"))
-      return make_error(ErrorCode::kUnavailable, fmt::format("nccl: v{} not sent: {}", version, sent["error"].get<std::string>()));
+      return make_error(ErrorCode::kUnavailable,
+                        fmt::format("nccl: v{} not sent: {}", version, sent["error"].get<std::string>()));
     return version_from_json(sent.at("version"), fmt::format("nccl control key {}", sent_key(generation, version)));
   }
 
   Result<std::unique_ptr<StoreClient>> client(Deadline deadline) const {
     auto c = StoreClient::connect(at_.host, at_.port, deadline);
-    if (!c) return std::unexpected(std::move(c).error().with_context(fmt::format("nccl control store {}:{}", at_.host, at_.port)));
+    if (!c)
+      return std::unexpected(
+          std::move(c).error().with_context(fmt::format("nccl control store {}:{}", at_.host, at_.port)));
     return c;
   }
 
@@ -602,10 +623,13 @@ class NcclReceiver final : public ReceiverTransport {
     default_nccl_environment();
     const auto& p = s.params;
     ARLO_ASSIGN_OR_RETURN(auto at, split_host_port(p.at("address").get<std::string>(), "address"));
-    if (at.port == 0) return make_error(ErrorCode::kInvalidArgument, "nccl receiver: address needs the publisher's port");
-    const std::string member = p.at("member").get<std::string>().empty() ? s.options.peer_name : p.at("member").get<std::string>();
+    if (at.port == 0)
+      return make_error(ErrorCode::kInvalidArgument, "nccl receiver: address needs the publisher's port");
+    const std::string member =
+        p.at("member").get<std::string>().empty() ? s.options.peer_name : p.at("member").get<std::string>();
     if (member.empty())
-      return make_error(ErrorCode::kInvalidArgument, "nccl receiver: name the group member (weight_sync params member, or peer_name)");
+      return make_error(ErrorCode::kInvalidArgument,
+                        "nccl receiver: name the group member (weight_sync params member, or peer_name)");
     ARLO_ASSIGN_OR_RETURN(auto version, library_version(p.at("nccl_library").get<std::string>()));
     return std::unique_ptr<ReceiverTransport>(new NcclReceiver(s, std::move(at), member, std::move(version)));
   }
@@ -618,28 +642,33 @@ class NcclReceiver final : public ReceiverTransport {
     ARLO_ASSIGN_OR_RETURN(auto join, parse_json_value(join_text, member_key(member_)));
     const auto theirs = join.value("nccl_version", "");
     if (theirs != nccl_version_)
-      return make_error(ErrorCode::kMismatch,
-                        fmt::format("nccl: the publisher runs NCCL {}, this receiver loaded NCCL {} ({}); NCCL refuses mixed "
-                                    "versions: load the same libnccl on both sides (weight_sync.nccl_library)",
-                                    theirs, nccl_version_, state.params.at("nccl_library").get<std::string>()));
+      return make_error(
+          ErrorCode::kMismatch,
+          fmt::format("nccl: the publisher runs NCCL {}, this receiver loaded NCCL {} ({}); NCCL refuses mixed "
+                      "versions: load the same libnccl on both sides (weight_sync.nccl_library)",
+                      theirs, nccl_version_, state.params.at("nccl_library").get<std::string>()));
     ARLO_ASSIGN_OR_RETURN(auto tensors_text, c->get(std::string(kTensorsKey), deadline));
     ARLO_ASSIGN_OR_RETURN(auto tensors, parse_json_value(tensors_text, kTensorsKey));
     ARLO_ASSIGN_OR_RETURN(auto specs, specs_from_json(tensors));
     for (const auto& spec : specs) {  // the sink refuses up front, before any collective
       auto buf = sink.buffer_for(spec);
-      if (!buf) return std::unexpected(std::move(buf).error().with_context(fmt::format("nccl: tensor '{}'", spec.name)));
+      if (!buf)
+        return std::unexpected(std::move(buf).error().with_context(fmt::format("nccl: tensor '{}'", spec.name)));
       if (buf->size() != spec.nbytes())
-        return make_error(ErrorCode::kMismatch, fmt::format("nccl: tensor '{}': the sink holds {} bytes, the publisher sends {}",
-                                                            spec.name, buf->size(), spec.nbytes()));
+        return make_error(ErrorCode::kMismatch,
+                          fmt::format("nccl: tensor '{}': the sink holds {} bytes, the publisher sends {}", spec.name,
+                                      buf->size(), spec.nbytes()));
     }
     const std::int64_t generation = join.at("generation").get<std::int64_t>();
     if (!group_ || generation_ != generation || group_->aborted()) ARLO_TRY(join_group(join, state, deadline));
     ARLO_ASSIGN_OR_RETURN(auto newest_text, c->get(std::string(kNewestKey), deadline));
-    ARLO_ASSIGN_OR_RETURN(const Version want, version_from_text(newest_text, fmt::format("nccl control key {}", kNewestKey)));
+    ARLO_ASSIGN_OR_RETURN(const Version want,
+                          version_from_text(newest_text, fmt::format("nccl control key {}", kNewestKey)));
     ARLO_TRY(c->add(want_key(generation, want), 1, deadline));
     auto got = group_->receive(sink, specs, layout_of(join), deadline);
     if (!got) {
-      (void)c->set(group_key(generation, "abort"), std::string("receiver ") + member_ + ": " + got.error().what(), deadline);
+      (void)c->set(group_key(generation, "abort"), std::string("receiver ") + member_ + ": " + got.error().what(),
+                   deadline);
       if (state.options.apply_mode == ApplyMode::kInPlace) {
         sink.discard(want, got.error());
         state.version.reset();
@@ -649,16 +678,19 @@ class NcclReceiver final : public ReceiverTransport {
     ARLO_ASSIGN_OR_RETURN(auto sent_text, c->get(sent_key(generation, want), deadline));
     ARLO_ASSIGN_OR_RETURN(auto sent, parse_json_value(sent_text, sent_key(generation, want)));
     if (sent.contains("error"))
-      return make_error(ErrorCode::kUnavailable, fmt::format("nccl: v{} not sent: {}", want, sent["error"].get<std::string>()));
-    ARLO_ASSIGN_OR_RETURN(const Version version,
-                          version_from_json(sent.at("version"), fmt::format("nccl control key {}", sent_key(generation, want))));
+      return make_error(ErrorCode::kUnavailable,
+                        fmt::format("nccl: v{} not sent: {}", want, sent["error"].get<std::string>()));
+    ARLO_ASSIGN_OR_RETURN(
+        const Version version,
+        version_from_json(sent.at("version"), fmt::format("nccl control key {}", sent_key(generation, want))));
     if (sent.contains("checksum") && sink.device().is_cpu()) {
       ARLO_ASSIGN_OR_RETURN(auto sum, weights_checksum(SinkView(sink, specs)));
       if (checksum_hex(sum) != sent["checksum"].get<std::string>()) {
         sink.discard(version, Error(ErrorCode::kMismatch, "checksum"));
         state.version.reset();
-        return make_error(ErrorCode::kMismatch, fmt::format("nccl: v{} arrived with checksum {}, the publisher sent {}", version,
-                                                            checksum_hex(sum), sent["checksum"].get<std::string>()));
+        return make_error(ErrorCode::kMismatch,
+                          fmt::format("nccl: v{} arrived with checksum {}, the publisher sent {}", version,
+                                      checksum_hex(sum), sent["checksum"].get<std::string>()));
       }
     }
     ARLO_TRY(sink.commit(version));
@@ -685,10 +717,12 @@ class NcclReceiver final : public ReceiverTransport {
     const auto master = join.at("master_address").get<std::string>();
     const auto port = join.at("master_port").get<std::uint16_t>();
     auto store = StoreClient::connect(master, port, deadline);
-    if (!store) return std::unexpected(std::move(store).error().with_context(fmt::format("nccl rendezvous {}:{}", master, port)));
+    if (!store)
+      return std::unexpected(std::move(store).error().with_context(fmt::format("nccl rendezvous {}:{}", master, port)));
     ARLO_ASSIGN_OR_RETURN(auto raw, (*store)->get(std::string(kArloUniqueIdKey), deadline));
     if (raw.size() != UniqueId{}.bytes.size())
-      return make_error(ErrorCode::kParse, fmt::format("nccl rendezvous {}:{}: the unique id has {} bytes, not 128", master, port, raw.size()));
+      return make_error(ErrorCode::kParse, fmt::format("nccl rendezvous {}:{}: the unique id has {} bytes, not 128",
+                                                       master, port, raw.size()));
     UniqueId id;
     std::memcpy(id.bytes.data(), raw.data(), raw.size());
     GroupConfig config;
@@ -717,12 +751,15 @@ class NcclReceiver final : public ReceiverTransport {
 TransportDescriptor nccl_transport() {
   TransportDescriptor d;
   d.name = "nccl";
-  d.doc = "GPU broadcast from trainer rank 0 to every worker GPU (vLLM, SGLang or arlo receivers), libnccl loaded at run time";
+  d.doc =
+      "GPU broadcast from trainer rank 0 to every worker GPU (vLLM, SGLang or arlo receivers), libnccl loaded at run "
+      "time";
   d.capabilities.collective = true;
   d.capabilities.devices = {Device::Kind::kCpu, Device::Kind::kCuda};
   d.options = {
-      string_option("address", "127.0.0.1:0",
-                    "publisher: where its control store listens (port 0: any free port; announced); receiver: the publisher's")
+      string_option(
+          "address", "127.0.0.1:0",
+          "publisher: where its control store listens (port 0: any free port; announced); receiver: the publisher's")
           .user_key(),
       string_option("master_address", "",
                     "publisher: the address members reach its stores on (empty: the host of address)")
@@ -732,10 +769,11 @@ TransportDescriptor nccl_transport() {
           .user_key()
           .is_path(),
       int_option("device", 0, "CUDA device of this side's rank (cudaSetDevice before init)", 0, 1024).user_key(),
-      bool_option("packed", true, "vLLM members: packed uint8 buckets (false: one broadcast per tensor); SGLang: per tensor")
+      bool_option("packed", true,
+                  "vLLM members: packed uint8 buckets (false: one broadcast per tensor); SGLang: per tensor")
           .user_key(),
-      int_option("packed_buffer_bytes", 1ll << 30, "packed layout: a bucket closes after the tensor that crosses this size",
-                 1, 1ll << 40)
+      int_option("packed_buffer_bytes", 1ll << 30,
+                 "packed layout: a bucket closes after the tensor that crosses this size", 1, 1ll << 40)
           .user_key(),
       int_option("packed_num_buffers", 2, "packed layout: device buffers (and streams) that overlap", 1, 8).user_key(),
       string_option("group_name", "weight_update_group",
@@ -748,7 +786,8 @@ TransportDescriptor nccl_transport() {
   d.receiver = &nccl::NcclReceiver::create;
   d.control = [](const nlohmann::json& endpoint, Deadline) -> Result<std::unique_ptr<CollectiveControl>> {
     if (!endpoint.is_object() || !endpoint.contains("address") || !endpoint["address"].is_string())
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("nccl endpoint {}: needs \"address\"", endpoint.dump()));
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("nccl endpoint {}: needs \"address\"", endpoint.dump()));
     ARLO_ASSIGN_OR_RETURN(auto at, nccl::split_host_port(endpoint["address"].get<std::string>(), "endpoint address"));
     return std::unique_ptr<CollectiveControl>(new nccl::Control(std::move(at)));
   };

@@ -9,21 +9,21 @@ namespace arlo::weight_sync::nccl {
 std::string vllm_unique_id_pickle(const UniqueId& id) {
   static_assert(sizeof(id.bytes) == 128, "SHORT_BINBYTES carries at most 255 bytes");
   std::string p;
-  p += "\x80\x03";                                     // PROTO 3
-  p += "c_ctypes\n_unpickle\n";                        // GLOBAL: the callable
-  p += 'c';                                            // GLOBAL: the class
+  p += "\x80\x03";               // PROTO 3
+  p += "c_ctypes\n_unpickle\n";  // GLOBAL: the callable
+  p += 'c';                      // GLOBAL: the class
   p += kVllmUniqueIdModule;
   p += '\n';
   p += kVllmUniqueIdClass;
   p += '\n';
-  p += '}';                                            // EMPTY_DICT: the instance __dict__
-  p += 'C';                                            // SHORT_BINBYTES: the 128 id bytes
+  p += '}';  // EMPTY_DICT: the instance __dict__
+  p += 'C';  // SHORT_BINBYTES: the 128 id bytes
   p += static_cast<char>(sizeof(id.bytes));
   p.append(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
-  p += '\x86';                                         // TUPLE2: (dict, bytes)
-  p += '\x86';                                         // TUPLE2: (cls, state)
-  p += 'R';                                            // REDUCE: _unpickle(cls, state)
-  p += '.';                                            // STOP
+  p += '\x86';  // TUPLE2: (dict, bytes)
+  p += '\x86';  // TUPLE2: (cls, state)
+  p += 'R';     // REDUCE: _unpickle(cls, state)
+  p += '.';     // STOP
   return p;
 }
 

@@ -33,31 +33,67 @@ namespace {
 
 // One name per command, independent of the dialect's numbering.
 enum class Cmd {
-  kValidate, kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kGetNumKeys, kDeleteKey, kAppend,
-  kMultiGet, kMultiSet, kCancelWait, kPing, kWatchKey, kQueuePush, kQueuePop, kQueueLen, kUnknown,
+  kValidate,
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kGetNumKeys,
+  kDeleteKey,
+  kAppend,
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kPing,
+  kWatchKey,
+  kQueuePush,
+  kQueuePop,
+  kQueueLen,
+  kUnknown,
 };
 
 const char* cmd_name(Cmd c) {
   switch (c) {
-    case Cmd::kValidate: return "VALIDATE";
-    case Cmd::kSet: return "SET";
-    case Cmd::kCompareSet: return "COMPARE_SET";
-    case Cmd::kGet: return "GET";
-    case Cmd::kAdd: return "ADD";
-    case Cmd::kCheck: return "CHECK";
-    case Cmd::kWait: return "WAIT";
-    case Cmd::kGetNumKeys: return "GETNUMKEYS";
-    case Cmd::kDeleteKey: return "DELETE_KEY";
-    case Cmd::kAppend: return "APPEND";
-    case Cmd::kMultiGet: return "MULTI_GET";
-    case Cmd::kMultiSet: return "MULTI_SET";
-    case Cmd::kCancelWait: return "CANCEL_WAIT";
-    case Cmd::kPing: return "PING";
-    case Cmd::kWatchKey: return "WATCH_KEY";
-    case Cmd::kQueuePush: return "QUEUE_PUSH";
-    case Cmd::kQueuePop: return "QUEUE_POP";
-    case Cmd::kQueueLen: return "QUEUE_LEN";
-    case Cmd::kUnknown: break;
+    case Cmd::kValidate:
+      return "VALIDATE";
+    case Cmd::kSet:
+      return "SET";
+    case Cmd::kCompareSet:
+      return "COMPARE_SET";
+    case Cmd::kGet:
+      return "GET";
+    case Cmd::kAdd:
+      return "ADD";
+    case Cmd::kCheck:
+      return "CHECK";
+    case Cmd::kWait:
+      return "WAIT";
+    case Cmd::kGetNumKeys:
+      return "GETNUMKEYS";
+    case Cmd::kDeleteKey:
+      return "DELETE_KEY";
+    case Cmd::kAppend:
+      return "APPEND";
+    case Cmd::kMultiGet:
+      return "MULTI_GET";
+    case Cmd::kMultiSet:
+      return "MULTI_SET";
+    case Cmd::kCancelWait:
+      return "CANCEL_WAIT";
+    case Cmd::kPing:
+      return "PING";
+    case Cmd::kWatchKey:
+      return "WATCH_KEY";
+    case Cmd::kQueuePush:
+      return "QUEUE_PUSH";
+    case Cmd::kQueuePop:
+      return "QUEUE_POP";
+    case Cmd::kQueueLen:
+      return "QUEUE_LEN";
+    case Cmd::kUnknown:
+      break;
   }
   return "unknown";
 }
@@ -66,20 +102,18 @@ enum class Dialect { kUnknown, kCurrent, kLegacy };
 
 // torch >= 2.2 numbering (TCPStoreBackend.hpp QueryType).
 Cmd current_cmd(std::uint8_t b) {
-  static constexpr Cmd kTable[] = {
-      Cmd::kValidate, Cmd::kSet,       Cmd::kCompareSet, Cmd::kGet,        Cmd::kAdd,
-      Cmd::kCheck,    Cmd::kWait,      Cmd::kGetNumKeys, Cmd::kDeleteKey,  Cmd::kAppend,
-      Cmd::kMultiGet, Cmd::kMultiSet,  Cmd::kCancelWait, Cmd::kPing,       Cmd::kQueuePush,
-      Cmd::kQueuePop, Cmd::kQueueLen};
+  static constexpr Cmd kTable[] = {Cmd::kValidate, Cmd::kSet,      Cmd::kCompareSet, Cmd::kGet,       Cmd::kAdd,
+                                   Cmd::kCheck,    Cmd::kWait,     Cmd::kGetNumKeys, Cmd::kDeleteKey, Cmd::kAppend,
+                                   Cmd::kMultiGet, Cmd::kMultiSet, Cmd::kCancelWait, Cmd::kPing,      Cmd::kQueuePush,
+                                   Cmd::kQueuePop, Cmd::kQueueLen};
   return b < std::size(kTable) ? kTable[b] : Cmd::kUnknown;
 }
 
 // torch < 2.2 numbering: no VALIDATE/PING, WATCH_KEY at 7.
 Cmd legacy_cmd(std::uint8_t b) {
-  static constexpr Cmd kTable[] = {
-      Cmd::kSet,        Cmd::kCompareSet, Cmd::kGet,      Cmd::kAdd,      Cmd::kCheck,
-      Cmd::kWait,       Cmd::kGetNumKeys, Cmd::kWatchKey, Cmd::kDeleteKey, Cmd::kAppend,
-      Cmd::kMultiGet,   Cmd::kMultiSet,   Cmd::kCancelWait};
+  static constexpr Cmd kTable[] = {Cmd::kSet,      Cmd::kCompareSet, Cmd::kGet,       Cmd::kAdd,       Cmd::kCheck,
+                                   Cmd::kWait,     Cmd::kGetNumKeys, Cmd::kWatchKey,  Cmd::kDeleteKey, Cmd::kAppend,
+                                   Cmd::kMultiGet, Cmd::kMultiSet,   Cmd::kCancelWait};
   return b < std::size(kTable) ? kTable[b] : Cmd::kUnknown;
 }
 
@@ -98,8 +132,10 @@ constexpr std::uint8_t kNotReady = 1;
 std::string show(std::string_view s) {
   std::string out;
   for (char c : s.substr(0, 80)) {
-    if (c >= 0x20 && c < 0x7f && c != '\'') out += c;
-    else out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    if (c >= 0x20 && c < 0x7f && c != '\'')
+      out += c;
+    else
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
   }
   if (s.size() > 80) out += fmt::format("...({} bytes)", s.size());
   return "'" + out + "'";
@@ -352,8 +388,8 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& host,
     break;
   }
   if (impl->listen_fd < 0)
-    return make_error(ErrorCode::kIo, fmt::format("rendezvous store: cannot listen on {}:{}: {}", host, port,
-                                                  last_error));
+    return make_error(ErrorCode::kIo,
+                      fmt::format("rendezvous store: cannot listen on {}:{}: {}", host, port, last_error));
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(impl->listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
@@ -361,8 +397,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& host,
                                            : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   impl->address = fmt::format("{}:{}", host, impl->port);
   impl->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (impl->wake_fd < 0)
-    return make_error(ErrorCode::kIo, "rendezvous store: eventfd: " + errno_text(errno));
+  if (impl->wake_fd < 0) return make_error(ErrorCode::kIo, "rendezvous store: eventfd: " + errno_text(errno));
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->run(); });
   ARLO_DEBUG("rendezvous store listening on {}", impl->address);
@@ -410,8 +445,8 @@ std::int64_t StoreServer::add(const std::string& key, std::int64_t delta) {
     if (it != impl_->data.end()) {
       auto old = parse_int(it->second);
       if (!old)
-        ARLO_WARN("rendezvous store {}: add({}) found {}, not an integer; counting from 0", impl_->address,
-                  show(key), show(it->second));
+        ARLO_WARN("rendezvous store {}: add({}) found {}, not an integer; counting from 0", impl_->address, show(key),
+                  show(it->second));
       sum = wrapping_add(old.value_or(0), delta);
     }
     impl_->data[key] = std::to_string(sum);
@@ -443,8 +478,7 @@ std::size_t StoreServer::waiting() const {
 
 void StoreServer::on_change(std::function<void(const std::string& key)> callback) {
   std::lock_guard lock(impl_->mu);
-  impl_->callback = callback ? std::make_shared<std::function<void(const std::string&)>>(std::move(callback))
-                             : nullptr;
+  impl_->callback = callback ? std::make_shared<std::function<void(const std::string&)>>(std::move(callback)) : nullptr;
 }
 
 std::size_t StoreServer::connections() const { return impl_->open.load(); }
@@ -489,8 +523,10 @@ void StoreServer::Impl::run() {
       Conn& c = it->second;
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_conn(id, c);
       if (c.out_pos < c.out.size()) flush(c);
-      if (!c.closing.empty()) close_conn(id, c);
-      else if (c.out.size() - c.out_pos < kMaxPendingOutput && c.in_pos < c.in.size()) process(id, c);
+      if (!c.closing.empty())
+        close_conn(id, c);
+      else if (c.out.size() - c.out_pos < kMaxPendingOutput && c.in_pos < c.in.size())
+        process(id, c);
     }
     // Requests may have closed or satisfied other connections; close what is marked.
     for (auto it = conns.begin(); it != conns.end();) {
@@ -546,8 +582,8 @@ void StoreServer::Impl::read_conn(std::uint64_t id, Conn& c) {
       if (c.in_pos < c.in.size() && c.closing.empty()) {
         const auto b = static_cast<std::uint8_t>(c.in[c.in_pos]);
         const Cmd cmd = c.dialect == Dialect::kLegacy ? legacy_cmd(b) : current_cmd(b);
-        ARLO_WARN("rendezvous store {}: truncated {} request from {} ({} bytes, then the connection closed)",
-                  address, cmd_name(cmd), c.peer, c.in.size() - c.in_pos);
+        ARLO_WARN("rendezvous store {}: truncated {} request from {} ({} bytes, then the connection closed)", address,
+                  cmd_name(cmd), c.peer, c.in.size() - c.in_pos);
       }
       refuse(c, "closed by the peer");
       return;
@@ -593,9 +629,10 @@ std::optional<bool> StoreServer::Impl::settle_dialect(Conn& c, Reader& r, std::u
     return true;
   }
   if (magic > kStoreMaxKeyBytes) {
-    ARLO_WARN("rendezvous store {}: VALIDATE from {} with wrong magic 0x{:08x} (expected 0x{:08x}); "
-              "closing the connection (not a torch TCPStore client, or an incompatible one)",
-              address, c.peer, magic, kStoreValidateMagic);
+    ARLO_WARN(
+        "rendezvous store {}: VALIDATE from {} with wrong magic 0x{:08x} (expected 0x{:08x}); "
+        "closing the connection (not a torch TCPStore client, or an incompatible one)",
+        address, c.peer, magic, kStoreValidateMagic);
     refuse(c, "bad magic");
     return false;
   }
@@ -681,8 +718,8 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
     case Cmd::kQueueLen:
       return fail(q, "queue commands (torch's libuv server only) are not supported by this store");
     case Cmd::kUnknown:
-      ARLO_WARN("rendezvous store {}: unknown command byte {} from {} ({} dialect); closing that connection",
-                address, byte, c.peer, c.dialect == Dialect::kCurrent ? "torch >= 2.2" : "torch < 2.2");
+      ARLO_WARN("rendezvous store {}: unknown command byte {} from {} ({} dialect); closing that connection", address,
+                byte, c.peer, c.dialect == Dialect::kCurrent ? "torch >= 2.2" : "torch < 2.2");
       refuse(c, "unknown command");
       return false;
   }
@@ -690,8 +727,8 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
 }
 
 bool StoreServer::Impl::fail(const Request& q, std::string why) {
-  ARLO_WARN("rendezvous store {}: {} request from {}: {}; closing that connection", address, cmd_name(q.cmd),
-            q.c.peer, why);
+  ARLO_WARN("rendezvous store {}: {} request from {}: {}; closing that connection", address, cmd_name(q.cmd), q.c.peer,
+            why);
   refuse(q.c, std::move(why));
   return false;
 }
@@ -751,9 +788,8 @@ bool StoreServer::Impl::keys_request(Request& q) {
   if (!q.r.ok()) return incomplete_or_bad(q);
   std::lock_guard lock(mu);
   if (q.cmd == Cmd::kCheck) {
-    const bool all = std::all_of(keys.begin(), keys.end(), [&](std::string_view k) {
-      return data.contains(std::string(k));
-    });
+    const bool all =
+        std::all_of(keys.begin(), keys.end(), [&](std::string_view k) { return data.contains(std::string(k)); });
     put<std::uint8_t>(q.c.out, all ? kReady : kNotReady);
   } else if (q.cmd == Cmd::kWait) {
     std::unordered_set<std::string> missing;
@@ -801,8 +837,7 @@ bool StoreServer::Impl::multi_set(Request& q) {
     const auto v = q.r.val();
     total += v.size();
     if (q.r.ok() && total > kStoreMaxValueBytes)
-      q.r.bad = fmt::format("values of {}+ bytes in one request are over the limit of {}", total,
-                            kStoreMaxValueBytes);
+      q.r.bad = fmt::format("values of {}+ bytes in one request are over the limit of {}", total, kStoreMaxValueBytes);
     items.emplace_back(k, v);
   }
   if (!q.r.ok()) return incomplete_or_bad(q);
@@ -910,8 +945,8 @@ struct StoreClient::Impl {
   }
 
   Error error(ErrorCode code, const char* cmd, std::string_view what, std::string detail) const {
-    return Error(code, fmt::format("rendezvous store {}: {}{}{}: {}", server, cmd, what.empty() ? "" : " ",
-                                   what, detail));
+    return Error(code,
+                 fmt::format("rendezvous store {}: {}{}{}: {}", server, cmd, what.empty() ? "" : " ", what, detail));
   }
 
   Error not_connected(const char* cmd, std::string_view what) const {
@@ -1031,8 +1066,7 @@ struct StoreClient::Impl {
     }
     if (first != kWaitCanceled) {
       close();
-      return std::unexpected(
-          error(ErrorCode::kParse, "CANCEL_WAIT", what, fmt::format("unexpected answer {}", first)));
+      return std::unexpected(error(ErrorCode::kParse, "CANCEL_WAIT", what, fmt::format("unexpected answer {}", first)));
     }
     return std::unexpected(error(ErrorCode::kTimeout, "WAIT", what, "deadline passed before every key existed"));
   }
@@ -1087,8 +1121,8 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& hos
   ARLO_TRY(impl->write(hello, deadline, "VALIDATE+PING", ""));
   ARLO_ASSIGN_OR_RETURN(auto echo, impl->read_value<std::uint32_t>(deadline, "PING", ""));
   if (echo != nonce)
-    return make_error(ErrorCode::kMismatch, fmt::format("rendezvous store {}: PING answered {} for nonce {}",
-                                                        impl->server, echo, nonce));
+    return make_error(ErrorCode::kMismatch,
+                      fmt::format("rendezvous store {}: PING answered {} for nonce {}", impl->server, echo, nonce));
   return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl)));
 }
 
@@ -1136,8 +1170,8 @@ Result<bool> StoreClient::check(const std::vector<std::string>& keys, Deadline d
   ARLO_ASSIGN_OR_RETURN(auto answer, impl_->read_value<std::uint8_t>(deadline, "CHECK", show_keys(keys)));
   if (answer != kReady && answer != kNotReady) {
     impl_->close();
-    return std::unexpected(impl_->error(ErrorCode::kParse, "CHECK", show_keys(keys),
-                                        fmt::format("unexpected answer {}", answer)));
+    return std::unexpected(
+        impl_->error(ErrorCode::kParse, "CHECK", show_keys(keys), fmt::format("unexpected answer {}", answer)));
   }
   return answer == kReady;
 }

@@ -89,8 +89,7 @@ class StoreClient {
  public:
   // Connects (retrying refused connections until deadline), sends VALIDATE and PING like torch's
   // client.
-  static Result<std::unique_ptr<StoreClient>> connect(const std::string& host, std::uint16_t port,
-                                                      Deadline deadline);
+  static Result<std::unique_ptr<StoreClient>> connect(const std::string& host, std::uint16_t port, Deadline deadline);
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
   ~StoreClient();
@@ -107,8 +106,8 @@ class StoreClient {
   // The rest of the protocol.
   // COMPARE_SET: sets `desired` when the value equals `expected` (a missing key matches an empty
   // `expected`); returns the value now stored (or `expected` for a missing key, as torch answers).
-  Result<std::string> compare_set(const std::string& key, std::string_view expected,
-                                  std::string_view desired, Deadline deadline);
+  Result<std::string> compare_set(const std::string& key, std::string_view expected, std::string_view desired,
+                                  Deadline deadline);
   Result<std::int64_t> num_keys(Deadline deadline);
   Result<bool> delete_key(const std::string& key, Deadline deadline);  // true if it existed
   Status append(const std::string& key, std::string_view value, Deadline deadline);

@@ -8,11 +8,24 @@ namespace {
 
 std::size_t dtype_bytes(int dtype) {
   switch (dtype) {
-    case 0: case 1: case 10: case 11: return 1;  // int8, uint8, fp8 e4m3/e5m2
-    case 6: case 9: return 2;                    // float16, bfloat16
-    case 2: case 3: case 7: return 4;            // int32, uint32, float32
-    case 4: case 5: case 8: return 8;            // int64, uint64, float64
-    default: return 0;
+    case 0:
+    case 1:
+    case 10:
+    case 11:
+      return 1;  // int8, uint8, fp8 e4m3/e5m2
+    case 6:
+    case 9:
+      return 2;  // float16, bfloat16
+    case 2:
+    case 3:
+    case 7:
+      return 4;  // int32, uint32, float32
+    case 4:
+    case 5:
+    case 8:
+      return 8;  // int64, uint64, float64
+    default:
+      return 0;
   }
 }
 
@@ -186,9 +199,9 @@ void FakeBackend::progress_locked() {
           } else if (incoming_.empty() || incoming_.front().size() != op.bytes) {
             note_misuse_locked("broadcast " + std::to_string(op.index) + " of " + std::to_string(op.bytes) +
                                " bytes on rank " + std::to_string(op.comm->rank) + ": " +
-                               (incoming_.empty() ? std::string("no incoming payload queued")
-                                                  : "the queued payload has " +
-                                                        std::to_string(incoming_.front().size()) + " bytes"));
+                               (incoming_.empty()
+                                    ? std::string("no incoming payload queued")
+                                    : "the queued payload has " + std::to_string(incoming_.front().size()) + " bytes"));
             if (!incoming_.empty()) incoming_.pop_front();
           } else {
             call.bytes = std::move(incoming_.front());
@@ -274,8 +287,8 @@ Status FakeBackend::all_reduce_sum(CommHandle comm, const void* send, void* recv
   return enqueue_collective_locked("ncclAllReduce", std::move(call), comm, send, recv, count, dtype, stream);
 }
 
-Status FakeBackend::enqueue_collective_locked(const char* name, Call call, CommHandle comm, const void* send, void* recv,
-                                              std::size_t count, int dtype, StreamHandle stream) {
+Status FakeBackend::enqueue_collective_locked(const char* name, Call call, CommHandle comm, const void* send,
+                                              void* recv, std::size_t count, int dtype, StreamHandle stream) {
   CommState* c = comm_locked(comm, name);
   auto* s = static_cast<Stream*>(stream);
   if (!c) return make_error(ErrorCode::kInternal, std::string("fake nccl: ") + name + " on a dead communicator");
@@ -474,9 +487,8 @@ void FakeBackend::pause(std::chrono::microseconds max) {
 
 ScopedBackend::ScopedBackend() : fake_(std::make_shared<FakeBackend>()) {
   std::shared_ptr<FakeBackend> fake = fake_;
-  previous_ = set_backend_factory([fake](const std::string&) -> Result<std::shared_ptr<Backend>> {
-    return std::shared_ptr<Backend>(fake);
-  });
+  previous_ = set_backend_factory(
+      [fake](const std::string&) -> Result<std::shared_ptr<Backend>> { return std::shared_ptr<Backend>(fake); });
 }
 
 ScopedBackend::~ScopedBackend() { set_backend_factory(std::move(previous_)); }

@@ -50,7 +50,7 @@ class FakeBackend final : public Backend {
   ~FakeBackend() override;
 
   // --- test controls (any thread)
-  void hold_init();     // comm_poll reports "in progress" after init until release_init()
+  void hold_init();  // comm_poll reports "in progress" after init until release_init()
   void release_init();
   // Collectives with an index (0-based, in issue order, broadcasts and all-reduces together) >= n
   // do not run until release_collectives(); n = 0 holds every one.

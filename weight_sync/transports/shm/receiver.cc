@@ -82,16 +82,17 @@ class ShmReceiver final : public ReceiverTransport {
       auto bound = bind_sink(*m, sink);
       if (!bound) {
         answer(kRefused, bound.error().what());
-        return make_error(ErrorCode::kMismatch, "shm " + name_ + ": version " + std::to_string(m->version) + ": " +
-                                                    bound.error().what());
+        return make_error(ErrorCode::kMismatch,
+                          "shm " + name_ + ": version " + std::to_string(m->version) + ": " + bound.error().what());
       }
-      if (m->payload.kind == PayloadKind::kDelta && (!state.version || !m->base_version || *state.version != *m->base_version)) {
+      if (m->payload.kind == PayloadKind::kDelta &&
+          (!state.version || !m->base_version || *state.version != *m->base_version)) {
         answer(kNeedFull, "");
         continue;  // the publisher restarts this version in full
       }
       dest = std::move(*bound);
-      const bool in_place_full = state.options.apply_mode == ApplyMode::kInPlace &&
-                                 m->payload.kind == PayloadKind::kFull && !m->payload.zstd;
+      const bool in_place_full =
+          state.options.apply_mode == ApplyMode::kInPlace && m->payload.kind == PayloadKind::kFull && !m->payload.zstd;
       std::uint32_t caps = in_place_full ? kCapInPlace : 0;
       if (in_place_full && direct_read_ && can_read_publisher(h)) caps |= kCapRead;
       me.caps.store(caps);
@@ -100,7 +101,8 @@ class ShmReceiver final : public ReceiverTransport {
       answer(kAccepted, "");
       // Admitted, or left out (joined too late): then wait for the next session.
       st = wait_for(
-          h, deadline, [&] { return me.admitted.load() == session || h->session.load() != session || h->phase.load() != kJoining; },
+          h, deadline,
+          [&] { return me.admitted.load() == session || h->session.load() != session || h->phase.load() != kJoining; },
           [] { return ok(); }, "admission");
       if (me.admitted.load() != session) continue;
       auto r = stream(*m, session, dest, sink, state, deadline);
@@ -161,9 +163,10 @@ class ShmReceiver final : public ReceiverTransport {
     probed_pid_ = pid;
     probe_ok_ = err == 0 && word == kMagic;
     if (!probe_ok_)
-      ARLO_WARN("weight_sync shm {}: cannot read publisher pid {}'s memory directly ({}); buckets will come through "
-                "the shared slots (two copies). Same user and Yama ptrace_scope <= 1 allow direct reads.",
-                name_, pid, err ? std::strerror(err) : "probe word differs");
+      ARLO_WARN(
+          "weight_sync shm {}: cannot read publisher pid {}'s memory directly ({}); buckets will come through "
+          "the shared slots (two copies). Same user and Yama ptrace_scope <= 1 allow direct reads.",
+          name_, pid, err ? std::strerror(err) : "probe word differs");
     else
       ARLO_INFO("weight_sync shm {}: reading buckets straight from publisher pid {} (process_vm_readv)", name_, pid);
     return probe_ok_;
@@ -186,9 +189,11 @@ class ShmReceiver final : public ReceiverTransport {
     for (const auto& d : dst) {
       for (std::size_t off = 0; off < d.size();) {
         std::uint64_t filled = 0;
-        ARLO_TRY(ring_wait(h, bd, [&] { return (filled = h->ring_filled.load()) > pos; }, me.ring_data_want,
-                           std::min(pos + kRingBatch, bucket_end), alive, "bucket " + std::to_string(i)));
-        const std::uint64_t n = std::min<std::uint64_t>({filled - pos, d.size() - off, ring_size - pos % ring_size, kPiece});
+        ARLO_TRY(ring_wait(
+            h, bd, [&] { return (filled = h->ring_filled.load()) > pos; }, me.ring_data_want,
+            std::min(pos + kRingBatch, bucket_end), alive, "bucket " + std::to_string(i)));
+        const std::uint64_t n =
+            std::min<std::uint64_t>({filled - pos, d.size() - off, ring_size - pos % ring_size, kPiece});
         const std::byte* src = ring + pos % ring_size;
         XXH3_64bits_update(&hs, src, n);
         stream_copy(d.data() + off, src, n);
@@ -199,10 +204,12 @@ class ShmReceiver final : public ReceiverTransport {
         if (const std::uint64_t w = h->ring_room_want.load(); w != 0 && pos >= w) futex_bump_and_wake(h->doorbell);
       }
     }
-    ARLO_TRY(wait_for(h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
-                      "the checksum of bucket " + std::to_string(i)));
+    ARLO_TRY(wait_for(
+        h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
+        "the checksum of bucket " + std::to_string(i)));
     if (XXH3_64bits_digest(&hs) != table.checksums[i])
-      return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+      return make_error(ErrorCode::kMismatch,
+                        "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
     applier.mark_direct_verified(i);
     wire = total;
     return ok();
@@ -217,7 +224,8 @@ class ShmReceiver final : public ReceiverTransport {
     for (const auto& d : dst) need += d.size();
     for (std::uint64_t k = table.first[i]; k < table.first[i + 1]; ++k) have += table.parts[k].len;
     if (need != have || table.head[0] <= i)
-      return make_error(ErrorCode::kParse, "bucket " + std::to_string(i) + ": direct-read table does not match the manifest");
+      return make_error(ErrorCode::kParse,
+                        "bucket " + std::to_string(i) + ": direct-read table does not match the manifest");
     applier.mark_touched();
     XXH3_state_t hs;
     XXH3_64bits_reset(&hs);
@@ -234,8 +242,10 @@ class ShmReceiver final : public ReceiverTransport {
       const std::uint64_t n = std::min({part.len - roff, dst[li].size() - loff, kDirectPiece});
       auto piece = dst[li].subspan(loff, n);
       if (const int err = detail::read_remote(publisher, piece, part.addr + roff); err != 0) {
-        if (err == ESRCH || !process_alive(publisher)) return make_error(ErrorCode::kUnavailable, "publisher process died");
-        return make_error(ErrorCode::kIo, "bucket " + std::to_string(i) + ": reading the publisher's memory: " + std::strerror(err));
+        if (err == ESRCH || !process_alive(publisher))
+          return make_error(ErrorCode::kUnavailable, "publisher process died");
+        return make_error(ErrorCode::kIo,
+                          "bucket " + std::to_string(i) + ": reading the publisher's memory: " + std::strerror(err));
       }
       XXH3_64bits_update(&hs, piece.data(), n);
       roff += n;
@@ -244,10 +254,12 @@ class ShmReceiver final : public ReceiverTransport {
         return make_error(ErrorCode::kCancelled, "publisher abandoned the version");
       if (Clock::now() >= bd) return make_error(ErrorCode::kTimeout, "timed out reading bucket " + std::to_string(i));
     }
-    ARLO_TRY(wait_for(h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
-                      "the checksum of bucket " + std::to_string(i)));
+    ARLO_TRY(wait_for(
+        h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
+        "the checksum of bucket " + std::to_string(i)));
     if (XXH3_64bits_digest(&hs) != table.checksums[i])
-      return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+      return make_error(ErrorCode::kMismatch,
+                        "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
     applier.mark_direct_verified(i);
     wire = need;
     return ok();
@@ -291,10 +303,14 @@ class ShmReceiver final : public ReceiverTransport {
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
       std::uint64_t wire = 0;
       Status st;
-      if (mode == kModeDirectRead) st = read_direct(h, table, i, applier, publisher, session, bd, alive, wire);
-      else if (mode == kModeRing) st = read_ring(h, table, i, applier, ring_pos, bd, alive, wire);
-      else if (applier.direct()) st = read_slot_in_place(h, i, applier, bd, alive, wire);
-      else st = read_slot(h, i, applier, bd, alive, wire);
+      if (mode == kModeDirectRead)
+        st = read_direct(h, table, i, applier, publisher, session, bd, alive, wire);
+      else if (mode == kModeRing)
+        st = read_ring(h, table, i, applier, ring_pos, bd, alive, wire);
+      else if (applier.direct())
+        st = read_slot_in_place(h, i, applier, bd, alive, wire);
+      else
+        st = read_slot(h, i, applier, bd, alive, wire);
       if (!st) return fail(bucket_error(m, i, publisher, st.error()));
       report.wire_bytes += wire;
       me.consumed.store(i + 1, std::memory_order_release);
@@ -316,7 +332,8 @@ class ShmReceiver final : public ReceiverTransport {
     const int k = static_cast<int>(i % 2);
     auto& slot = h->slots[k];
     const std::string what = "bucket " + std::to_string(i);
-    ARLO_TRY(wait_for(h, bd, [&] { return slot.index.load(std::memory_order_acquire) == i; }, alive, what));
+    ARLO_TRY(wait_for(
+        h, bd, [&] { return slot.index.load(std::memory_order_acquire) == i; }, alive, what));
     auto dst = applier.direct_spans(i);
     applier.mark_touched();
     XXH3_state_t hs;
@@ -327,8 +344,8 @@ class ShmReceiver final : public ReceiverTransport {
     const std::byte* src = seg_->slot(k);
     while (off < total) {
       std::uint64_t filled = 0;
-      ARLO_TRY(wait_for(h, bd, [&] { return (filled = slot.filled.load(std::memory_order_acquire)) > off; }, alive,
-                        what));
+      ARLO_TRY(wait_for(
+          h, bd, [&] { return (filled = slot.filled.load(std::memory_order_acquire)) > off; }, alive, what));
       while (off < filled) {
         const std::size_t n = std::min<std::uint64_t>({filled - off, dst[span].size() - span_off, kPiece});
         XXH3_64bits_update(&hs, src + off, n);
@@ -341,9 +358,11 @@ class ShmReceiver final : public ReceiverTransport {
         }
       }
     }
-    ARLO_TRY(wait_for(h, bd, [&] { return slot.sealed.load(std::memory_order_acquire) == 1; }, alive, what));
+    ARLO_TRY(wait_for(
+        h, bd, [&] { return slot.sealed.load(std::memory_order_acquire) == 1; }, alive, what));
     if (XXH3_64bits_digest(&hs) != slot.checksum)
-      return make_error(ErrorCode::kMismatch, "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
+      return make_error(ErrorCode::kMismatch,
+                        "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
     applier.mark_direct_verified(i);
     wire = total;
     return ok();

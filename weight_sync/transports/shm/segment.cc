@@ -16,7 +16,8 @@ namespace arlo::weight_sync::shm {
 
 std::string segment_name(const std::string& channel) {
   std::string out = "/arlo-ws-";
-  for (char c : channel) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  for (char c : channel)
+    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
   return out;
 }
 
@@ -49,8 +50,8 @@ Result<std::unique_ptr<Segment>> Segment::create(const std::string& name, std::u
   if (s->fd_ < 0) return make_error(ErrorCode::kIo, "shm_open " + name + ": " + std::strerror(errno));
   if (::ftruncate(s->fd_, static_cast<off_t>(total)) != 0) {
     ::shm_unlink(name.c_str());
-    return make_error(ErrorCode::kResourceExhausted, "ftruncate " + name + " to " + std::to_string(total) +
-                                                         " bytes: " + std::strerror(errno));
+    return make_error(ErrorCode::kResourceExhausted,
+                      "ftruncate " + name + " to " + std::to_string(total) + " bytes: " + std::strerror(errno));
   }
   ARLO_TRY(s->map(total));
   Header* h = new (s->base_) Header();
@@ -74,7 +75,7 @@ Result<std::unique_ptr<Segment>> Segment::open(const std::string& name) {
   s->name_ = name;
   s->fd_ = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (s->fd_ < 0) return make_error(ErrorCode::kNotFound, "shm segment " + name + " does not exist (yet)");
-  struct stat st{};
+  struct stat st {};
   ::fstat(s->fd_, &st);
   if (static_cast<std::uint64_t>(st.st_size) < sizeof(Header))
     return make_error(ErrorCode::kUnavailable, "shm segment " + name + " is being created");
@@ -99,7 +100,8 @@ Segment::~Segment() {
 void Segment::unlink_if_same() {
   int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0600);
   if (fd < 0) return;
-  struct stat a{}, b{};
+  struct stat a {
+  }, b{};
   ::fstat(fd, &a);
   ::fstat(fd_, &b);
   ::close(fd);

@@ -42,12 +42,12 @@ constexpr std::uint32_t kCapInPlace = 1, kCapRead = 2;
 struct alignas(64) ReaderSlot {
   std::atomic<std::uint32_t> pid;
   std::atomic<std::uint32_t> state;
-  std::atomic<std::uint64_t> session;   // last session this reader answered
-  std::atomic<std::uint64_t> admitted;  // session the publisher admitted it to
-  std::atomic<std::uint64_t> consumed;  // buckets of `session` it is done with
-  std::atomic<std::uint32_t> caps;           // its answer: kCapInPlace | kCapRead
-  std::atomic<std::uint64_t> ring_consumed;  // ring mode: stream bytes it has taken out of the ring
-  std::atomic<std::uint64_t> ring_data_want; // ring mode: asleep until ring_filled reaches this (0: awake)
+  std::atomic<std::uint64_t> session;         // last session this reader answered
+  std::atomic<std::uint64_t> admitted;        // session the publisher admitted it to
+  std::atomic<std::uint64_t> consumed;        // buckets of `session` it is done with
+  std::atomic<std::uint32_t> caps;            // its answer: kCapInPlace | kCapRead
+  std::atomic<std::uint64_t> ring_consumed;   // ring mode: stream bytes it has taken out of the ring
+  std::atomic<std::uint64_t> ring_data_want;  // ring mode: asleep until ring_filled reaches this (0: awake)
   char name[64];
   char error[448];
 };
@@ -62,9 +62,9 @@ struct alignas(64) SlotHeader {
   std::atomic<std::uint32_t> sealed;
 };
 
-constexpr std::uint64_t kStreamChunk = 1u << 20;  // published granularity
-constexpr std::uint64_t kPiece = 128u << 10;       // hash-then-copy granularity (stays in L2)
-constexpr std::uint64_t kDirectPiece = 256u << 10; // direct read: one process_vm_readv, then hashed in L2
+constexpr std::uint64_t kStreamChunk = 1u << 20;    // published granularity
+constexpr std::uint64_t kPiece = 128u << 10;        // hash-then-copy granularity (stays in L2)
+constexpr std::uint64_t kDirectPiece = 256u << 10;  // direct read: one process_vm_readv, then hashed in L2
 constexpr std::uint64_t kRingBytes = 16u << 20;     // ring mode: stays in the shared L3 cache
 constexpr std::uint64_t kRingBatch = 1u << 20;      // ring mode: a sleeping side is woken per this much
 
@@ -82,13 +82,13 @@ struct Header {
   std::atomic<std::uint64_t> session;
   std::atomic<std::uint64_t> manifest_len;
   std::atomic<std::uint64_t> published;
-  std::atomic<std::uint32_t> mode;    // Mode of this session
-  std::atomic<std::uint64_t> hashed;  // ring / direct: leading buckets whose checksum is in the table
-  std::atomic<std::uint64_t> ring_filled;  // ring: stream bytes the publisher has put in the ring
-  std::uint64_t ring_bytes;                // ring: size (in slot 0)
+  std::atomic<std::uint32_t> mode;            // Mode of this session
+  std::atomic<std::uint64_t> hashed;          // ring / direct: leading buckets whose checksum is in the table
+  std::atomic<std::uint64_t> ring_filled;     // ring: stream bytes the publisher has put in the ring
+  std::uint64_t ring_bytes;                   // ring: size (in slot 0)
   std::atomic<std::uint64_t> ring_room_want;  // ring: publisher asleep until every receiver consumed this (0: awake)
-  std::uint64_t table_offset;         // direct: segment offset of the session's DirectTable (0: none)
-  std::uint64_t probe_addr;           // publisher address of a word holding kMagic (read-permission probe)
+  std::uint64_t table_offset;                 // direct: segment offset of the session's DirectTable (0: none)
+  std::uint64_t probe_addr;                   // publisher address of a word holding kMagic (read-permission probe)
   SlotHeader slots[2];
   ReaderSlot readers[kMaxReaders];
 };
@@ -194,14 +194,15 @@ Status ring_wait(Header* h, Deadline deadline, Done done, std::atomic<std::uint6
   } while (Clock::now() < spin_until);
   want.store(want_value);
   auto next_check = Clock::now();
-  Status st = wait_for(h, deadline, done,
-                       [&]() -> Status {
-                         const auto now = Clock::now();
-                         if (now < next_check) return ok();
-                         next_check = now + kPoll;
-                         return check();
-                       },
-                       what);
+  Status st = wait_for(
+      h, deadline, done,
+      [&]() -> Status {
+        const auto now = Clock::now();
+        if (now < next_check) return ok();
+        next_check = now + kPoll;
+        return check();
+      },
+      what);
   want.store(0);
   return st;
 }

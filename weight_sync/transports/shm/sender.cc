@@ -18,13 +18,14 @@ class ShmSender final : public SenderTransport {
  public:
   explicit ShmSender(const SenderState& s)
       : channel_(s.params.at("shm_name").get<std::string>().empty() ? "arlo-weights-" + std::to_string(::getpid())
-                                                                     : s.params.at("shm_name").get<std::string>()),
+                                                                    : s.params.at("shm_name").get<std::string>()),
         name_(segment_name(channel_)),
         expected_(s.options.expected_receivers),
         direct_read_(s.params.at("direct_read").get<bool>()),
         faults_(s.faults),
         probe_(std::make_unique<std::uint64_t>(kMagic)) {
-    if (direct_read_) ARLO_INFO("weight_sync shm {}: direct reads by receivers: {}", name_, detail::allow_same_user_readers());
+    if (direct_read_)
+      ARLO_INFO("weight_sync shm {}: direct reads by receivers: {}", name_, detail::allow_same_user_readers());
   }
   nlohmann::json endpoint() const override { return {{"shm_name", channel_}}; }
 
@@ -63,7 +64,6 @@ class ShmSender final : public SenderTransport {
     return ok();
   }
 
-
   using BucketParts = std::vector<std::vector<std::span<const std::byte>>>;
 
   // One publish session on the segment: the receivers admitted to it (reader slot indices, while
@@ -72,7 +72,7 @@ class ShmSender final : public SenderTransport {
     Header* h = nullptr;
     std::uint64_t id = 0;
     PublishReport report;
-    std::vector<int> active;                                      // admitted, not dropped
+    std::vector<int> active;                                                      // admitted, not dropped
     std::vector<std::size_t> peer_of = std::vector<std::size_t>(kMaxReaders, 0);  // slot -> report.peers
 
     // Drops receiver k from the session; its peer report says why.
@@ -87,7 +87,8 @@ class ShmSender final : public SenderTransport {
         auto& r = h->readers[k];
         const auto state = r.state.load();
         if (state == kApplied) continue;
-        if (state == kFailed) drop(k, get_text(r.error, sizeof r.error));
+        if (state == kFailed)
+          drop(k, get_text(r.error, sizeof r.error));
         else if (!process_alive(static_cast<pid_t>(r.pid.load())))
           drop(k, "receiver process died during bucket " + std::to_string(bucket));
       }
@@ -212,11 +213,12 @@ class ShmSender final : public SenderTransport {
         if (r.pid.load() != 0 && r.session.load() == s.id && r.state.load() != kIdle) ++n;
       return n;
     };
-    (void)wait_for(h, deadline, [&] { return answered() >= 1; }, [] { return ok(); }, "a receiver to join");
+    (void)wait_for(
+        h, deadline, [&] { return answered() >= 1; }, [] { return ok(); }, "a receiver to join");
     if (answered() >= 1) {
       const auto window = std::min(o.bucket_timeout, o.gather_window);
-      (void)wait_for(h, Clock::now() + window, [&] { return answered() >= expected_; }, [] { return ok(); },
-                     "receivers to join");
+      (void)wait_for(
+          h, Clock::now() + window, [&] { return answered() >= expected_; }, [] { return ok(); }, "receivers to join");
       deadline = std::max(deadline, Clock::now() + o.timeout);
     }
     return deadline;
@@ -265,13 +267,16 @@ class ShmSender final : public SenderTransport {
       if (!(caps & kCapRead)) all_read = false;
     }
     const Mode mode = !why_slots.empty() ? kModeSlots : all_read ? kModeDirectRead : kModeRing;
-    const std::string path = mode == kModeSlots ? "slots (" + why_slots + ")" : mode == kModeRing ? "ring" : "direct read";
+    const std::string path = mode == kModeSlots  ? "slots (" + why_slots + ")"
+                             : mode == kModeRing ? "ring"
+                                                 : "direct read";
     if (path != last_path_) {
       ARLO_INFO("weight_sync shm {}: version {}: {}", name_, m.version,
-                mode == kModeDirectRead ? std::string("receivers copy straight from this process's memory (process_vm_readv)")
-                : mode == kModeRing     ? "buckets stream through a " + std::to_string(h->ring_bytes >> 20) +
-                                              " MiB ring (publisher and receivers copy concurrently)"
-                                        : "buckets are copied through the shared bucket slots: " + why_slots);
+                mode == kModeDirectRead
+                    ? std::string("receivers copy straight from this process's memory (process_vm_readv)")
+                : mode == kModeRing ? "buckets stream through a " + std::to_string(h->ring_bytes >> 20) +
+                                          " MiB ring (publisher and receivers copy concurrently)"
+                                    : "buckets are copied through the shared bucket slots: " + why_slots);
       last_path_ = path;
     }
     return mode;
@@ -324,8 +329,13 @@ class ShmSender final : public SenderTransport {
             return true;
           };
           const std::uint64_t want = std::min(pos, pos + n + kRingBatch - ring_size);
-          auto st_room = ring_wait(h, bd, room, h->ring_room_want, want, [&]() -> Status { s.prune(i); return ok(); },
-                                   "ring room");
+          auto st_room = ring_wait(
+              h, bd, room, h->ring_room_want, want,
+              [&]() -> Status {
+                s.prune(i);
+                return ok();
+              },
+              "ring room");
           if (!st_room)
             for (int k : std::vector<int>(s.active))
               if (h->readers[k].ring_consumed.load() + ring_size < pos + n)
@@ -355,7 +365,6 @@ class ShmSender final : public SenderTransport {
     }
     return pos;
   }
-
 
   // What a bucket slot holds once filled.
   struct Filled {
@@ -404,7 +413,11 @@ class ShmSender final : public SenderTransport {
               return false;
           return true;
         },
-        [&] { s.prune(i - 2); return ok(); }, "bucket " + std::to_string(i - 2));
+        [&] {
+          s.prune(i - 2);
+          return ok();
+        },
+        "bucket " + std::to_string(i - 2));
     s.prune(i - 2);
     if (!st)
       for (int k : std::vector<int>(s.active))
@@ -487,7 +500,11 @@ class ShmSender final : public SenderTransport {
               if (h->readers[k].state.load() != kApplied && h->readers[k].state.load() != kFailed) return false;
             return true;
           },
-          [&] { s.prune(m.buckets.size()); return ok(); }, "receivers to apply");
+          [&] {
+            s.prune(m.buckets.size());
+            return ok();
+          },
+          "receivers to apply");
       if (st || Clock::now() >= deadline) break;
       if (Clock::now() >= progress_at + o.bucket_timeout) {
         for (int k : std::vector<int>(s.active)) {

@@ -12,9 +12,9 @@
 // sink and answer accepted / refused / need_full), the publisher admits the accepted receivers and
 // moves to kStreaming, then kDone once every admitted receiver applied or failed. publish(v,
 // deadline) waits until `deadline` for the first answer, then at most min(bucket_timeout,
-// Options::gather_window) for the other expected receivers; one that does not come holds nobody (it joins a later session).
-// Once receivers came the session runs under Options::timeout even if `deadline` is nearer, so a
-// caller may poll for receivers with short deadlines. A receiver that holds v already sits out v.
+// Options::gather_window) for the other expected receivers; one that does not come holds nobody (it joins a later
+// session). Once receivers came the session runs under Options::timeout even if `deadline` is nearer, so a caller may
+// poll for receivers with short deadlines. A receiver that holds v already sits out v.
 //
 // Three data paths, chosen per session (Header::mode) and logged by the publisher when it changes:
 //  - ring (default for in_place `full` when every admitted receiver applies in place): the publisher
@@ -51,12 +51,11 @@ TransportDescriptor shm_transport() {
                   "instead of through the shared ring")
           .user_key(),
   };
-  d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
-    return shm::make_sender(s);
-  };
+  d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> { return shm::make_sender(s); };
   d.receiver = [](const ReceiverState& s) -> Result<std::unique_ptr<ReceiverTransport>> {
     if (s.params.at("shm_name").get<std::string>().empty())
-      return make_error(ErrorCode::kInvalidArgument, "weight_sync shm: a receiver needs 'shm_name' (the publisher announces it)");
+      return make_error(ErrorCode::kInvalidArgument,
+                        "weight_sync shm: a receiver needs 'shm_name' (the publisher announces it)");
     return shm::make_receiver(s);
   };
   return d;
