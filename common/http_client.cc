@@ -119,10 +119,8 @@ bool idempotent_by_method(Verb v) {
     case Verb::put:
     case Verb::delete_:
     case Verb::options:
-    case Verb::trace:
-      return true;
-    default:
-      return false;
+    case Verb::trace: return true;
+    default: return false;
   }
 }
 
@@ -486,9 +484,7 @@ Next Client::Impl::settle(Call& call, AttemptResult& r, int attempt, std::option
       outcome.emplace(
           call.fail(ErrorCode::kTimeout, fmt::format("deadline expired (attempt {}): {}", attempt, r.detail)));
       return Next::kDone;
-    case Failure::kCancelled:
-      outcome.emplace(call.fail(ErrorCode::kCancelled, "cancelled"));
-      return Next::kDone;
+    case Failure::kCancelled: outcome.emplace(call.fail(ErrorCode::kCancelled, "cancelled")); return Next::kDone;
     case Failure::kParse:
       outcome.emplace(call.fail(ErrorCode::kParse, fmt::format("malformed response: {}", r.detail)));
       return Next::kDone;

@@ -4,26 +4,16 @@ namespace arlo {
 
 std::string_view to_string(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument:
-      return "invalid_argument";
-    case ErrorCode::kParse:
-      return "parse";
-    case ErrorCode::kNotFound:
-      return "not_found";
-    case ErrorCode::kIo:
-      return "io";
-    case ErrorCode::kTimeout:
-      return "timeout";
-    case ErrorCode::kCancelled:
-      return "cancelled";
-    case ErrorCode::kMismatch:
-      return "mismatch";
-    case ErrorCode::kUnavailable:
-      return "unavailable";
-    case ErrorCode::kResourceExhausted:
-      return "resource_exhausted";
-    case ErrorCode::kInternal:
-      return "internal";
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kParse: return "parse";
+    case ErrorCode::kNotFound: return "not_found";
+    case ErrorCode::kIo: return "io";
+    case ErrorCode::kTimeout: return "timeout";
+    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kMismatch: return "mismatch";
+    case ErrorCode::kUnavailable: return "unavailable";
+    case ErrorCode::kResourceExhausted: return "resource_exhausted";
+    case ErrorCode::kInternal: return "internal";
   }
   return "unknown";
 }

@@ -100,21 +100,11 @@ void append_json_string(std::string& out, std::string_view s) {
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
       default:
         if (u < 0x20) {
           out += "\\u00";
@@ -279,8 +269,7 @@ class HeaderSax {
   // A value of the wrong kind at the current position.
   bool scalar(const char* what) {
     switch (depth_) {
-      case 0:
-        return fail(std::string("header must be a JSON object, found ") + what);
+      case 0: return fail(std::string("header must be a JSON object, found ") + what);
       case 1:
         if (top_key_ == "__metadata__") return fail(std::string("__metadata__ must be an object, found ") + what);
         return fail("entry " + q_name(top_key_) + " must be an object, found " + what);
@@ -289,8 +278,7 @@ class HeaderSax {
           return fail("__metadata__ value for " + q_name(pending_key_) + " must be a string, found " + what);
         }
         return fail(field_context() + " must be " + (field_ == kDType ? "a string" : "an array") + ", found " + what);
-      default:
-        return fail(field_context() + " must hold non-negative integers, found " + what);
+      default: return fail(field_context() + " must hold non-negative integers, found " + what);
     }
   }
   std::string field_context() const {
@@ -397,51 +385,35 @@ Status validate_decls(const std::vector<TensorDecl>& tensors, const std::map<std
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::F64:
-    case DType::I64:
-      return 8;
+    case DType::I64: return 8;
     case DType::F32:
-    case DType::I32:
-      return 4;
+    case DType::I32: return 4;
     case DType::F16:
     case DType::BF16:
-    case DType::I16:
-      return 2;
+    case DType::I16: return 2;
     case DType::F8_E4M3:
     case DType::F8_E5M2:
     case DType::I8:
     case DType::U8:
-    case DType::BOOL:
-      return 1;
+    case DType::BOOL: return 1;
   }
   return 1;
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F64:
-      return "F64";
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::BF16:
-      return "BF16";
-    case DType::F8_E4M3:
-      return "F8_E4M3";
-    case DType::F8_E5M2:
-      return "F8_E5M2";
-    case DType::I64:
-      return "I64";
-    case DType::I32:
-      return "I32";
-    case DType::I16:
-      return "I16";
-    case DType::I8:
-      return "I8";
-    case DType::U8:
-      return "U8";
-    case DType::BOOL:
-      return "BOOL";
+    case DType::F64: return "F64";
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F8_E5M2: return "F8_E5M2";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+    case DType::I16: return "I16";
+    case DType::I8: return "I8";
+    case DType::U8: return "U8";
+    case DType::BOOL: return "BOOL";
   }
   return "?";
 }

@@ -4,12 +4,9 @@ namespace arlo {
 
 std::string_view to_string(PauseMode mode) {
   switch (mode) {
-    case PauseMode::kKeep:
-      return "keep";
-    case PauseMode::kWait:
-      return "wait";
-    case PauseMode::kAbort:
-      return "abort";
+    case PauseMode::kKeep: return "keep";
+    case PauseMode::kWait: return "wait";
+    case PauseMode::kAbort: return "abort";
   }
   return "unknown";
 }
@@ -23,16 +20,11 @@ std::optional<PauseMode> parse_pause_mode(std::string_view text) {
 
 std::string_view to_string(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-    case FinishReason::kUnknown:
-      break;
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+    case FinishReason::kUnknown: break;
   }
   return "unknown";
 }

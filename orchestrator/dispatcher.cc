@@ -281,17 +281,10 @@ void RolloutDispatcher::end_sample(Record& rec, int sample, SampleState state, c
   --rec.open;
   --inflight_samples_;
   switch (state) {
-    case SampleState::kCompleted:
-      ledger_.completed();
-      break;
-    case SampleState::kFailed:
-      ledger_.failed(reason);
-      break;
-    case SampleState::kCancelled:
-      ledger_.cancelled(reason);
-      break;
-    default:
-      break;
+    case SampleState::kCompleted: ledger_.completed(); break;
+    case SampleState::kFailed: ledger_.failed(reason); break;
+    case SampleState::kCancelled: ledger_.cancelled(reason); break;
+    default: break;
   }
 }
 

@@ -14,14 +14,10 @@ std::optional<IsCorrection> parse_is_correction(std::string_view name) {
 
 std::string_view to_string(IsCorrection c) {
   switch (c) {
-    case IsCorrection::kNone:
-      return "none";
-    case IsCorrection::kTokenTis:
-      return "token_tis";
-    case IsCorrection::kSeqTis:
-      return "seq_tis";
-    case IsCorrection::kTokenMis:
-      return "token_mis";
+    case IsCorrection::kNone: return "none";
+    case IsCorrection::kTokenTis: return "token_tis";
+    case IsCorrection::kSeqTis: return "seq_tis";
+    case IsCorrection::kTokenMis: return "token_mis";
   }
   return "unknown";
 }
@@ -78,9 +74,7 @@ Result<LossOutput> compute_loss(const LossInputs& in, const LossOptions& o) {
       at::Tensor low = at::zeros_like(rho, at::kBool);
       at::Tensor high = at::zeros_like(rho, at::kBool);
       switch (o.is_correction) {
-        case IsCorrection::kNone:
-          w = at::ones_like(rho);
-          break;
+        case IsCorrection::kNone: w = at::ones_like(rho); break;
         case IsCorrection::kTokenTis:
           w = rho.clamp_max(o.is_high);
           high = rho > o.is_high;

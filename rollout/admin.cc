@@ -36,12 +36,9 @@ Result<AdminDialect> parse_admin_dialect(std::string_view name) {
 
 std::string_view to_string(AdminDialect d) {
   switch (d) {
-    case AdminDialect::kArlo:
-      return "arlo";
-    case AdminDialect::kVllm:
-      return "vllm";
-    case AdminDialect::kSglang:
-      return "sglang";
+    case AdminDialect::kArlo: return "arlo";
+    case AdminDialect::kVllm: return "vllm";
+    case AdminDialect::kSglang: return "sglang";
   }
   return "?";
 }

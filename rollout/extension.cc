@@ -41,20 +41,11 @@ ExtensionOption option(std::string key, ExtensionOption::Type type, Json def, st
 bool readable_as(const Json& v, ExtensionOption::Type type) {
   try {
     switch (type) {
-      case ExtensionOption::Type::kBool:
-        (void)v.get<bool>();
-        break;
-      case ExtensionOption::Type::kInt:
-        (void)v.get<std::int64_t>();
-        break;
-      case ExtensionOption::Type::kFloat:
-        (void)v.get<double>();
-        break;
-      case ExtensionOption::Type::kString:
-        (void)v.get<std::string>();
-        break;
-      case ExtensionOption::Type::kAny:
-        break;
+      case ExtensionOption::Type::kBool: (void)v.get<bool>(); break;
+      case ExtensionOption::Type::kInt: (void)v.get<std::int64_t>(); break;
+      case ExtensionOption::Type::kFloat: (void)v.get<double>(); break;
+      case ExtensionOption::Type::kString: (void)v.get<std::string>(); break;
+      case ExtensionOption::Type::kAny: break;
     }
     return true;
   } catch (const nlohmann::json::exception&) {
@@ -81,16 +72,11 @@ ExtensionOption any_opt(std::string key, std::string doc) {
 
 std::string_view type_name(ExtensionOption::Type type) {
   switch (type) {
-    case ExtensionOption::Type::kBool:
-      return "bool";
-    case ExtensionOption::Type::kInt:
-      return "int";
-    case ExtensionOption::Type::kFloat:
-      return "float";
-    case ExtensionOption::Type::kString:
-      return "string";
-    case ExtensionOption::Type::kAny:
-      return "any";
+    case ExtensionOption::Type::kBool: return "bool";
+    case ExtensionOption::Type::kInt: return "int";
+    case ExtensionOption::Type::kFloat: return "float";
+    case ExtensionOption::Type::kString: return "string";
+    case ExtensionOption::Type::kAny: return "any";
   }
   return "?";
 }

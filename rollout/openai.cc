@@ -109,8 +109,7 @@ std::string enable_hint(AdminDialect server, bool chat, bool logprobs_missing) {
                     "true; an SGLang that answers none of them is too old: upgrade the server"
                   : "arlo asks with \"return_token_ids\": true; an SGLang whose /v1/completions ignores it is too "
                     "old: upgrade the server";
-    case AdminDialect::kArlo:
-      break;
+    case AdminDialect::kArlo: break;
   }
   return "arlo-worker always returns it: is this server an arlo-worker (inference.kind arlo)? Otherwise set "
          "inference.kind to vllm or sglang";

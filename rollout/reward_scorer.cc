@@ -72,8 +72,7 @@ Status RewardScorer::handle_failure(Rollout& r, const Error& e) {
       ARLO_WARN_EVERY(10.0, "reward for task {} sample {} failed, sample dropped: {}", r.task_id, r.sample_index,
                       e.what());
       return ok();
-    case FailurePolicy::kFail:
-      break;
+    case FailurePolicy::kFail: break;
   }
   Error out = e;
   out.with_context(fmt::format("scoring task {} sample {} (reward failure policy: fail)", r.task_id, r.sample_index));

@@ -130,15 +130,9 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
     if (!o.config) continue;
     const std::string key = "weight_sync." + o.key;
     switch (o.type) {
-      case weight_sync::OptionSpec::Type::kBool:
-        b[o.key] = cfg.boolean(key);
-        break;
-      case weight_sync::OptionSpec::Type::kInt:
-        b[o.key] = cfg.integer(key);
-        break;
-      case weight_sync::OptionSpec::Type::kFloat:
-        b[o.key] = cfg.number(key);
-        break;
+      case weight_sync::OptionSpec::Type::kBool: b[o.key] = cfg.boolean(key); break;
+      case weight_sync::OptionSpec::Type::kInt: b[o.key] = cfg.integer(key); break;
+      case weight_sync::OptionSpec::Type::kFloat: b[o.key] = cfg.number(key); break;
       case weight_sync::OptionSpec::Type::kString: {
         const auto& v = cfg.string(key);
         b[o.key] = o.path && !v.empty() ? std::filesystem::absolute(v).string() : v;  // the same for every process

@@ -19,21 +19,11 @@ nlohmann::json environment_options(const config::Config& cfg, const rollout::Env
     const std::string key = "env." + o.key;
     if (!o.config_key || !cfg.has(key)) continue;
     switch (o.type) {
-      case Type::kBool:
-        options[o.key] = cfg.boolean(key);
-        break;
-      case Type::kInt:
-        options[o.key] = cfg.integer(key);
-        break;
-      case Type::kFloat:
-        options[o.key] = cfg.number(key);
-        break;
-      case Type::kString:
-        options[o.key] = cfg.string(key);
-        break;
-      case Type::kAny:
-        options[o.key] = cfg.map(key);
-        break;
+      case Type::kBool: options[o.key] = cfg.boolean(key); break;
+      case Type::kInt: options[o.key] = cfg.integer(key); break;
+      case Type::kFloat: options[o.key] = cfg.number(key); break;
+      case Type::kString: options[o.key] = cfg.string(key); break;
+      case Type::kAny: options[o.key] = cfg.map(key); break;
     }
   }
   return options;

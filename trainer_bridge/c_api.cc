@@ -31,26 +31,16 @@ thread_local std::string g_last_error;
 
 arlo_status to_status(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument:
-      return ARLO_INVALID_ARGUMENT;
-    case ErrorCode::kParse:
-      return ARLO_PARSE;
-    case ErrorCode::kNotFound:
-      return ARLO_NOT_FOUND;
-    case ErrorCode::kIo:
-      return ARLO_IO;
-    case ErrorCode::kTimeout:
-      return ARLO_TIMEOUT;
-    case ErrorCode::kCancelled:
-      return ARLO_CANCELLED;
-    case ErrorCode::kMismatch:
-      return ARLO_MISMATCH;
-    case ErrorCode::kUnavailable:
-      return ARLO_UNAVAILABLE;
-    case ErrorCode::kResourceExhausted:
-      return ARLO_RESOURCE_EXHAUSTED;
-    case ErrorCode::kInternal:
-      return ARLO_INTERNAL;
+    case ErrorCode::kInvalidArgument: return ARLO_INVALID_ARGUMENT;
+    case ErrorCode::kParse: return ARLO_PARSE;
+    case ErrorCode::kNotFound: return ARLO_NOT_FOUND;
+    case ErrorCode::kIo: return ARLO_IO;
+    case ErrorCode::kTimeout: return ARLO_TIMEOUT;
+    case ErrorCode::kCancelled: return ARLO_CANCELLED;
+    case ErrorCode::kMismatch: return ARLO_MISMATCH;
+    case ErrorCode::kUnavailable: return ARLO_UNAVAILABLE;
+    case ErrorCode::kResourceExhausted: return ARLO_RESOURCE_EXHAUSTED;
+    case ErrorCode::kInternal: return ARLO_INTERNAL;
   }
   return ARLO_INTERNAL;
 }

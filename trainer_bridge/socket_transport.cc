@@ -305,19 +305,14 @@ struct SocketServerState {
         break;
       }
       switch (frame->first) {
-        case kAck:
-          st->handle_ack(s->rank, get_int(body, "step", 0));
-          break;
-        case kVersion:
-          st->handle_version(get_int(body, "version", -1), body.value("info", json::object()));
-          break;
+        case kAck: st->handle_ack(s->rank, get_int(body, "step", 0)); break;
+        case kVersion: st->handle_version(get_int(body, "version", -1), body.value("info", json::object())); break;
         case kHeartbeat:
           if (st->heartbeat_cb) {
             st->heartbeat_cb(HeartbeatEvent{s->rank, get_int(body, "last_acked_step", 0), get_int(body, "time_ms", 0)});
           }
           break;
-        default:
-          ARLO_WARN("bridge socket: trainer rank {} sent unknown frame type {}; ignored", s->rank, frame->first);
+        default: ARLO_WARN("bridge socket: trainer rank {} sent unknown frame type {}; ignored", s->rank, frame->first);
       }
     }
     s->close();

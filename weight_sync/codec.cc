@@ -28,14 +28,11 @@ std::uint64_t item_wire_capacity(const Manifest& m, const BucketItem& it) {
   const DType d = m.tensors[it.tensor].dtype;
   const std::uint64_t n = it.elem_count;
   switch (m.payload.kind) {
-    case PayloadKind::kFull:
-      return n * esize(d);
-    case PayloadKind::kCastBf16:
-      return casts(m.payload.kind, d) ? n * 2 : n * esize(d);
+    case PayloadKind::kFull: return n * esize(d);
+    case PayloadKind::kCastBf16: return casts(m.payload.kind, d) ? n * 2 : n * esize(d);
     case PayloadKind::kCastFp8:
       return casts(m.payload.kind, d) ? (n + kBlockElems - 1) / kBlockElems * 4 + n : n * esize(d);
-    case PayloadKind::kDelta:
-      return kDeltaHeader + n * esize(d);
+    case PayloadKind::kDelta: return kDeltaHeader + n * esize(d);
   }
   return 0;
 }
@@ -68,16 +65,13 @@ inline float load_float(const std::byte* p, DType d) {
       std::memcpy(&b, p, 2);
       return bf16_to_f32(b);
     }
-    default:
-      return 0.f;
+    default: return 0.f;
   }
 }
 
 inline void store_float(std::byte* p, DType d, float f) {
   switch (d) {
-    case DType::F32:
-      std::memcpy(p, &f, 4);
-      break;
+    case DType::F32: std::memcpy(p, &f, 4); break;
     case DType::F64: {
       double x = f;
       std::memcpy(p, &x, 8);
@@ -93,8 +87,7 @@ inline void store_float(std::byte* p, DType d, float f) {
       std::memcpy(p, &b, 2);
       break;
     }
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -227,14 +220,10 @@ std::uint64_t encode_delta_t(const std::byte* cur, const std::byte* base, std::u
 std::uint64_t encode_delta(std::uint64_t es, const std::byte* cur, const std::byte* base, std::uint64_t n,
                            double threshold, std::byte* out) {
   switch (es) {
-    case 1:
-      return encode_delta_t<1>(cur, base, n, threshold, out);
-    case 2:
-      return encode_delta_t<2>(cur, base, n, threshold, out);
-    case 4:
-      return encode_delta_t<4>(cur, base, n, threshold, out);
-    default:
-      return encode_delta_t<8>(cur, base, n, threshold, out);
+    case 1: return encode_delta_t<1>(cur, base, n, threshold, out);
+    case 2: return encode_delta_t<2>(cur, base, n, threshold, out);
+    case 4: return encode_delta_t<4>(cur, base, n, threshold, out);
+    default: return encode_delta_t<8>(cur, base, n, threshold, out);
   }
 }
 

@@ -12,14 +12,10 @@ namespace arlo::weight_sync {
 
 std::string_view to_string(PayloadKind kind) {
   switch (kind) {
-    case PayloadKind::kFull:
-      return "full";
-    case PayloadKind::kCastBf16:
-      return "bf16";
-    case PayloadKind::kCastFp8:
-      return "fp8";
-    case PayloadKind::kDelta:
-      return "delta";
+    case PayloadKind::kFull: return "full";
+    case PayloadKind::kCastBf16: return "bf16";
+    case PayloadKind::kCastFp8: return "fp8";
+    case PayloadKind::kDelta: return "delta";
   }
   return "unknown";
 }

@@ -82,28 +82,20 @@ namespace {
 
 bool has_type(const nlohmann::json& v, OptionSpec::Type t) {
   switch (t) {
-    case OptionSpec::Type::kBool:
-      return v.is_boolean();
-    case OptionSpec::Type::kInt:
-      return v.is_number_integer();
-    case OptionSpec::Type::kFloat:
-      return v.is_number();
-    case OptionSpec::Type::kString:
-      return v.is_string();
+    case OptionSpec::Type::kBool: return v.is_boolean();
+    case OptionSpec::Type::kInt: return v.is_number_integer();
+    case OptionSpec::Type::kFloat: return v.is_number();
+    case OptionSpec::Type::kString: return v.is_string();
   }
   return false;
 }
 
 std::string_view type_word(OptionSpec::Type t) {
   switch (t) {
-    case OptionSpec::Type::kBool:
-      return "a boolean";
-    case OptionSpec::Type::kInt:
-      return "an integer";
-    case OptionSpec::Type::kFloat:
-      return "a number";
-    case OptionSpec::Type::kString:
-      return "a string";
+    case OptionSpec::Type::kBool: return "a boolean";
+    case OptionSpec::Type::kInt: return "an integer";
+    case OptionSpec::Type::kFloat: return "a number";
+    case OptionSpec::Type::kString: return "a string";
   }
   return "?";
 }

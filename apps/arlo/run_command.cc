@@ -33,8 +33,7 @@ int report_outcome(const session::RunOutcome& o, const std::string& run_dir) {
       std::fprintf(stderr, "arlo run: stopped by %s after %lld step(s); run dir %s\n", o.stop_reason.c_str(),
                    static_cast<long long>(o.steps), run_dir.c_str());
       return kExitFailure;
-    case session::RunOutcome::End::kFailed:
-      break;
+    case session::RunOutcome::End::kFailed: break;
   }
   std::fprintf(stderr, "arlo run: %s\n", o.error.c_str());
   return kExitFailure;

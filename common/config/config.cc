@@ -68,24 +68,12 @@ void emit_string(YAML::Emitter& out, const std::string& s) {
 
 void emit_json(YAML::Emitter& out, const nlohmann::json& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null:
-      out << YAML::Null;
-      break;
-    case nlohmann::json::value_t::boolean:
-      out << j.get<bool>();
-      break;
-    case nlohmann::json::value_t::number_integer:
-      out << j.get<std::int64_t>();
-      break;
-    case nlohmann::json::value_t::number_unsigned:
-      out << j.get<std::uint64_t>();
-      break;
-    case nlohmann::json::value_t::number_float:
-      out << format_float(j.get<double>());
-      break;
-    case nlohmann::json::value_t::string:
-      emit_string(out, j.get<std::string>());
-      break;
+    case nlohmann::json::value_t::null: out << YAML::Null; break;
+    case nlohmann::json::value_t::boolean: out << j.get<bool>(); break;
+    case nlohmann::json::value_t::number_integer: out << j.get<std::int64_t>(); break;
+    case nlohmann::json::value_t::number_unsigned: out << j.get<std::uint64_t>(); break;
+    case nlohmann::json::value_t::number_float: out << format_float(j.get<double>()); break;
+    case nlohmann::json::value_t::string: emit_string(out, j.get<std::string>()); break;
     case nlohmann::json::value_t::array:
       out << YAML::BeginSeq;
       for (const auto& item : j) emit_json(out, item);
@@ -101,9 +89,7 @@ void emit_json(YAML::Emitter& out, const nlohmann::json& j) {
       }
       out << YAML::EndMap;
       break;
-    default:
-      out << YAML::Null;
-      break;
+    default: out << YAML::Null; break;
   }
 }
 
@@ -120,18 +106,10 @@ void emit_keys(YAML::Emitter& out, const Config::Impl& impl, const std::vector<K
 
 void emit_value(YAML::Emitter& out, const Value& value) {
   switch (value.type) {
-    case Type::kBool:
-      out << std::get<bool>(value.data);
-      break;
-    case Type::kInt:
-      out << std::get<std::int64_t>(value.data);
-      break;
-    case Type::kFloat:
-      out << format_float(std::get<double>(value.data));
-      break;
-    case Type::kString:
-      emit_string(out, std::get<std::string>(value.data));
-      break;
+    case Type::kBool: out << std::get<bool>(value.data); break;
+    case Type::kInt: out << std::get<std::int64_t>(value.data); break;
+    case Type::kFloat: out << format_float(std::get<double>(value.data)); break;
+    case Type::kString: emit_string(out, std::get<std::string>(value.data)); break;
     case Type::kStringList: {
       const auto& items = std::get<std::vector<std::string>>(value.data);
       out << YAML::Flow << YAML::BeginSeq;
@@ -139,9 +117,7 @@ void emit_value(YAML::Emitter& out, const Value& value) {
       out << YAML::EndSeq;
       break;
     }
-    case Type::kMap:
-      emit_json(out, std::get<nlohmann::json>(value.data));
-      break;
+    case Type::kMap: emit_json(out, std::get<nlohmann::json>(value.data)); break;
     case Type::kObjectList: {
       const auto& items = std::get<std::vector<Config>>(value.data);
       out << YAML::BeginSeq;

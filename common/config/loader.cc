@@ -41,16 +41,11 @@ bool is_quoted(const YAML::Node& node) { return node.Tag() == "!" || node.Tag() 
 
 std::string_view kind_of(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Null:
-      return "nothing (null)";
-    case YAML::NodeType::Scalar:
-      return "a scalar";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Undefined:
-      return "nothing";
+    case YAML::NodeType::Null: return "nothing (null)";
+    case YAML::NodeType::Scalar: return "a scalar";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Undefined: return "nothing";
   }
   return "something else";
 }
@@ -450,16 +445,11 @@ class Resolver {
     switch (key.type) {
       case Type::kBool:
       case Type::kInt:
-      case Type::kFloat:
-        return convert_scalar(key, path, raw, node, at);
-      case Type::kString:
-        return convert_string(key, path, raw, node, at);
-      case Type::kStringList:
-        return convert_string_list(key, path, raw, node, at);
-      case Type::kMap:
-        return convert_map(key, path, raw, node, at);
-      case Type::kObjectList:
-        return convert_object_list(key, path, raw, node, at);
+      case Type::kFloat: return convert_scalar(key, path, raw, node, at);
+      case Type::kString: return convert_string(key, path, raw, node, at);
+      case Type::kStringList: return convert_string_list(key, path, raw, node, at);
+      case Type::kMap: return convert_map(key, path, raw, node, at);
+      case Type::kObjectList: return convert_object_list(key, path, raw, node, at);
     }
     return std::nullopt;
   }
@@ -613,8 +603,7 @@ class Resolver {
     if (key.type == Type::kInt) {
       std::int64_t n = 0;
       switch (parse_int(text, n)) {
-        case IntParse::kOk:
-          break;
+        case IntParse::kOk: break;
         case IntParse::kOutOfRange:
           add(at, path + ": integer '" + shorten(text) + "' is out of range (must fit in 64 bits)");
           return std::nullopt;
@@ -628,8 +617,7 @@ class Resolver {
     }
     double d = 0;
     switch (parse_float(text, d)) {
-      case FloatParse::kOk:
-        break;
+      case FloatParse::kOk: break;
       case FloatParse::kOutOfRange:
         add(at, path + ": number '" + shorten(text) + "' is out of range");
         return std::nullopt;
@@ -682,8 +670,7 @@ class Resolver {
     if (!spend(at, path)) return std::nullopt;
     switch (node.Type()) {
       case YAML::NodeType::Null:
-      case YAML::NodeType::Undefined:
-        return nlohmann::json(nullptr);
+      case YAML::NodeType::Undefined: return nlohmann::json(nullptr);
       case YAML::NodeType::Scalar: {
         auto text = scalar_text(raw, node, path);
         if (!text) return std::nullopt;

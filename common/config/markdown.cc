@@ -26,14 +26,10 @@ std::string code(const std::string& text) { return "`" + text + "`"; }
 std::string default_text(const Key& key) {
   if (key.required) return "(required)";
   switch (key.type) {
-    case Type::kBool:
-      return code(std::get<bool>(key.default_value) ? "true" : "false");
-    case Type::kInt:
-      return code(std::to_string(std::get<std::int64_t>(key.default_value)));
-    case Type::kFloat:
-      return code(format_float(std::get<double>(key.default_value)));
-    case Type::kString:
-      return code("\"" + std::get<std::string>(key.default_value) + "\"");
+    case Type::kBool: return code(std::get<bool>(key.default_value) ? "true" : "false");
+    case Type::kInt: return code(std::to_string(std::get<std::int64_t>(key.default_value)));
+    case Type::kFloat: return code(format_float(std::get<double>(key.default_value)));
+    case Type::kString: return code("\"" + std::get<std::string>(key.default_value) + "\"");
     case Type::kStringList: {
       std::string out = "[";
       const auto& items = std::get<std::vector<std::string>>(key.default_value);
@@ -41,8 +37,7 @@ std::string default_text(const Key& key) {
       return code(out + "]");
     }
     case Type::kMap:
-    case Type::kObjectList:
-      return code(std::get<std::string>(key.default_value));
+    case Type::kObjectList: return code(std::get<std::string>(key.default_value));
   }
   return "";
 }

@@ -18,20 +18,13 @@ namespace arlo::config {
 
 std::string_view type_name(Type type) {
   switch (type) {
-    case Type::kBool:
-      return "bool";
-    case Type::kInt:
-      return "int";
-    case Type::kFloat:
-      return "float";
-    case Type::kString:
-      return "string";
-    case Type::kStringList:
-      return "list of strings";
-    case Type::kMap:
-      return "map";
-    case Type::kObjectList:
-      return "list of objects";
+    case Type::kBool: return "bool";
+    case Type::kInt: return "int";
+    case Type::kFloat: return "float";
+    case Type::kString: return "string";
+    case Type::kStringList: return "list of strings";
+    case Type::kMap: return "map";
+    case Type::kObjectList: return "list of objects";
   }
   return "unknown";
 }
@@ -132,18 +125,10 @@ Key key_from_option(const weight_sync::TransportDescriptor& d, const weight_sync
   std::string doc = d.name + " transport: " + o.doc + ".";
   Key k;
   switch (o.type) {
-    case weight_sync::OptionSpec::Type::kBool:
-      k = bool_key(o.key, def.get<bool>(), doc);
-      break;
-    case weight_sync::OptionSpec::Type::kInt:
-      k = int_key(o.key, def.get<std::int64_t>(), doc);
-      break;
-    case weight_sync::OptionSpec::Type::kFloat:
-      k = float_key(o.key, def.get<double>(), doc);
-      break;
-    case weight_sync::OptionSpec::Type::kString:
-      k = string_key(o.key, def.get<std::string>(), doc);
-      break;
+    case weight_sync::OptionSpec::Type::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
+    case weight_sync::OptionSpec::Type::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
+    case weight_sync::OptionSpec::Type::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
+    case weight_sync::OptionSpec::Type::kString: k = string_key(o.key, def.get<std::string>(), doc); break;
   }
   if (o.min) k.min = o.min;
   if (o.max) k.max = o.max;
@@ -290,21 +275,11 @@ Key key_from_extension(const rollout::ExtensionOption& o, const std::string& doc
   const std::string doc = doc_prefix + o.doc;
   Key k;
   switch (o.type) {
-    case T::kBool:
-      k = bool_key(o.key, def.get<bool>(), doc);
-      break;
-    case T::kInt:
-      k = int_key(o.key, def.get<std::int64_t>(), doc);
-      break;
-    case T::kFloat:
-      k = float_key(o.key, def.get<double>(), doc);
-      break;
-    case T::kString:
-      k = string_key(o.key, def.is_null() ? "" : def.get<std::string>(), doc);
-      break;
-    case T::kAny:
-      k = map_key(o.key, "{}", doc);
-      break;
+    case T::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
+    case T::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
+    case T::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
+    case T::kString: k = string_key(o.key, def.is_null() ? "" : def.get<std::string>(), doc); break;
+    case T::kAny: k = map_key(o.key, "{}", doc); break;
   }
   if (o.min) k.min = o.min;
   if (o.max) k.max = o.max;
@@ -643,16 +618,11 @@ void pass_k_within_samples(const Config& c, std::vector<Violation>& out) {
 nlohmann::json extension_value(const Config& c, const std::string& dotted, rollout::ExtensionOption::Type type) {
   using T = rollout::ExtensionOption::Type;
   switch (type) {
-    case T::kBool:
-      return c.boolean(dotted);
-    case T::kInt:
-      return c.integer(dotted);
-    case T::kFloat:
-      return c.number(dotted);
-    case T::kString:
-      return c.string(dotted);
-    case T::kAny:
-      return c.map(dotted);
+    case T::kBool: return c.boolean(dotted);
+    case T::kInt: return c.integer(dotted);
+    case T::kFloat: return c.number(dotted);
+    case T::kString: return c.string(dotted);
+    case T::kAny: return c.map(dotted);
   }
   return nullptr;
 }

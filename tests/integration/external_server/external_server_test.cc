@@ -198,9 +198,7 @@ class ExternalServer {
         ch["prompt_token_ids"] = prompt_ids;  // vLLM's completions: on each choice
         ch["token_ids"] = ids;
         break;
-      case Shape::kVllmWithoutIds:
-        ch["stop_reason"] = nullptr;
-        break;
+      case Shape::kVllmWithoutIds: ch["stop_reason"] = nullptr; break;
       case Shape::kSglang:
         ch["matched_stop"] = kEndOfText;
         ch["token_ids"] = ids;

@@ -72,15 +72,9 @@ std::vector<std::byte> expected_bytes(DType dtype, std::size_t count) {
     const double f = static_cast<double>((i % 16) - 8) * 0.5;
     const std::int64_t k = (i * 37) % 251 - 125;
     switch (dtype) {
-      case DType::F64:
-        append(out, f);
-        break;
-      case DType::F32:
-        append(out, static_cast<float>(f));
-        break;
-      case DType::F16:
-        append(out, static_cast<std::uint16_t>(encode_small_float(f, 10, 15)));
-        break;
+      case DType::F64: append(out, f); break;
+      case DType::F32: append(out, static_cast<float>(f)); break;
+      case DType::F16: append(out, static_cast<std::uint16_t>(encode_small_float(f, 10, 15))); break;
       case DType::BF16: {
         const auto x = static_cast<float>(f);
         std::uint32_t bits;
@@ -88,30 +82,14 @@ std::vector<std::byte> expected_bytes(DType dtype, std::size_t count) {
         append(out, static_cast<std::uint16_t>(bits >> 16));
         break;
       }
-      case DType::F8_E4M3:
-        append(out, static_cast<std::uint8_t>(encode_small_float(f, 3, 7)));
-        break;
-      case DType::F8_E5M2:
-        append(out, static_cast<std::uint8_t>(encode_small_float(f, 2, 15)));
-        break;
-      case DType::I64:
-        append(out, static_cast<std::int64_t>(k * 1000000007));
-        break;
-      case DType::I32:
-        append(out, static_cast<std::int32_t>(k * 1000003));
-        break;
-      case DType::I16:
-        append(out, static_cast<std::int16_t>(k * 211));
-        break;
-      case DType::I8:
-        append(out, static_cast<std::int8_t>(k));
-        break;
-      case DType::U8:
-        append(out, static_cast<std::uint8_t>((i * 37) % 251 + 2));
-        break;
-      case DType::BOOL:
-        append(out, static_cast<std::uint8_t>(i % 3 == 0));
-        break;
+      case DType::F8_E4M3: append(out, static_cast<std::uint8_t>(encode_small_float(f, 3, 7))); break;
+      case DType::F8_E5M2: append(out, static_cast<std::uint8_t>(encode_small_float(f, 2, 15))); break;
+      case DType::I64: append(out, static_cast<std::int64_t>(k * 1000000007)); break;
+      case DType::I32: append(out, static_cast<std::int32_t>(k * 1000003)); break;
+      case DType::I16: append(out, static_cast<std::int16_t>(k * 211)); break;
+      case DType::I8: append(out, static_cast<std::int8_t>(k)); break;
+      case DType::U8: append(out, static_cast<std::uint8_t>((i * 37) % 251 + 2)); break;
+      case DType::BOOL: append(out, static_cast<std::uint8_t>(i % 3 == 0)); break;
     }
   }
   return out;

@@ -642,18 +642,10 @@ TEST(SafetensorsHostile, RandomMutationsNeverEscapeTheBuffer) {
     for (int e = 0; e < edits; ++e) {
       const std::size_t pos = rng() % m.size();
       switch (rng() % 4) {
-        case 0:
-          m[pos] = static_cast<char>(rng() & 0xff);
-          break;
-        case 1:
-          m.erase(pos, 1 + rng() % 8);
-          break;
-        case 2:
-          m.insert(pos, 1, "{}[],:\"0123456789-e."[rng() % 20]);
-          break;
-        case 3:
-          m.resize(pos);
-          break;
+        case 0: m[pos] = static_cast<char>(rng() & 0xff); break;
+        case 1: m.erase(pos, 1 + rng() % 8); break;
+        case 2: m.insert(pos, 1, "{}[],:\"0123456789-e."[rng() % 20]); break;
+        case 3: m.resize(pos); break;
       }
       if (m.empty()) break;
     }

@@ -45,30 +45,18 @@ Status validate(const Layout& layout) {
 
 Result<std::string> torch_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F64:
-      return std::string("float64");
-    case DType::F32:
-      return std::string("float32");
-    case DType::F16:
-      return std::string("float16");
-    case DType::BF16:
-      return std::string("bfloat16");
-    case DType::F8_E4M3:
-      return std::string("float8_e4m3fn");
-    case DType::F8_E5M2:
-      return std::string("float8_e5m2");
-    case DType::I64:
-      return std::string("int64");
-    case DType::I32:
-      return std::string("int32");
-    case DType::I16:
-      return std::string("int16");
-    case DType::I8:
-      return std::string("int8");
-    case DType::U8:
-      return std::string("uint8");
-    case DType::BOOL:
-      return std::string("bool");
+    case DType::F64: return std::string("float64");
+    case DType::F32: return std::string("float32");
+    case DType::F16: return std::string("float16");
+    case DType::BF16: return std::string("bfloat16");
+    case DType::F8_E4M3: return std::string("float8_e4m3fn");
+    case DType::F8_E5M2: return std::string("float8_e5m2");
+    case DType::I64: return std::string("int64");
+    case DType::I32: return std::string("int32");
+    case DType::I16: return std::string("int16");
+    case DType::I8: return std::string("int8");
+    case DType::U8: return std::string("uint8");
+    case DType::BOOL: return std::string("bool");
   }
   return make_error(ErrorCode::kInternal,
                     "torch_dtype_name: unknown dtype value " + std::to_string(static_cast<int>(dtype)));
@@ -76,29 +64,18 @@ Result<std::string> torch_dtype_name(DType dtype) {
 
 Result<int> nccl_data_type(DType dtype) {
   switch (dtype) {
-    case DType::I8:
-      return 0;
-    case DType::U8:
-      return 1;
-    case DType::I32:
-      return 2;
-    case DType::I64:
-      return 4;
-    case DType::F16:
-      return 6;
-    case DType::F32:
-      return 7;
-    case DType::F64:
-      return 8;
-    case DType::BF16:
-      return 9;
-    case DType::F8_E4M3:
-      return 10;
-    case DType::F8_E5M2:
-      return 11;
+    case DType::I8: return 0;
+    case DType::U8: return 1;
+    case DType::I32: return 2;
+    case DType::I64: return 4;
+    case DType::F16: return 6;
+    case DType::F32: return 7;
+    case DType::F64: return 8;
+    case DType::BF16: return 9;
+    case DType::F8_E4M3: return 10;
+    case DType::F8_E5M2: return 11;
     case DType::I16:
-    case DType::BOOL:
-      break;
+    case DType::BOOL: break;
   }
   return make_error(ErrorCode::kInvalidArgument,
                     "nccl: dtype " + std::string(safetensors::dtype_name(dtype)) +

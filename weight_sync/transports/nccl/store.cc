@@ -56,44 +56,25 @@ enum class Cmd {
 
 const char* cmd_name(Cmd c) {
   switch (c) {
-    case Cmd::kValidate:
-      return "VALIDATE";
-    case Cmd::kSet:
-      return "SET";
-    case Cmd::kCompareSet:
-      return "COMPARE_SET";
-    case Cmd::kGet:
-      return "GET";
-    case Cmd::kAdd:
-      return "ADD";
-    case Cmd::kCheck:
-      return "CHECK";
-    case Cmd::kWait:
-      return "WAIT";
-    case Cmd::kGetNumKeys:
-      return "GETNUMKEYS";
-    case Cmd::kDeleteKey:
-      return "DELETE_KEY";
-    case Cmd::kAppend:
-      return "APPEND";
-    case Cmd::kMultiGet:
-      return "MULTI_GET";
-    case Cmd::kMultiSet:
-      return "MULTI_SET";
-    case Cmd::kCancelWait:
-      return "CANCEL_WAIT";
-    case Cmd::kPing:
-      return "PING";
-    case Cmd::kWatchKey:
-      return "WATCH_KEY";
-    case Cmd::kQueuePush:
-      return "QUEUE_PUSH";
-    case Cmd::kQueuePop:
-      return "QUEUE_POP";
-    case Cmd::kQueueLen:
-      return "QUEUE_LEN";
-    case Cmd::kUnknown:
-      break;
+    case Cmd::kValidate: return "VALIDATE";
+    case Cmd::kSet: return "SET";
+    case Cmd::kCompareSet: return "COMPARE_SET";
+    case Cmd::kGet: return "GET";
+    case Cmd::kAdd: return "ADD";
+    case Cmd::kCheck: return "CHECK";
+    case Cmd::kWait: return "WAIT";
+    case Cmd::kGetNumKeys: return "GETNUMKEYS";
+    case Cmd::kDeleteKey: return "DELETE_KEY";
+    case Cmd::kAppend: return "APPEND";
+    case Cmd::kMultiGet: return "MULTI_GET";
+    case Cmd::kMultiSet: return "MULTI_SET";
+    case Cmd::kCancelWait: return "CANCEL_WAIT";
+    case Cmd::kPing: return "PING";
+    case Cmd::kWatchKey: return "WATCH_KEY";
+    case Cmd::kQueuePush: return "QUEUE_PUSH";
+    case Cmd::kQueuePop: return "QUEUE_POP";
+    case Cmd::kQueueLen: return "QUEUE_LEN";
+    case Cmd::kUnknown: break;
   }
   return "unknown";
 }
@@ -671,8 +652,7 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
       changed.emplace_back(key);
       return true;
     }
-    case Cmd::kCompareSet:
-      return compare_set(q);
+    case Cmd::kCompareSet: return compare_set(q);
     case Cmd::kGet: {
       const auto key = r.key();
       if (!r.ok()) return incomplete_or_bad(q);
@@ -685,12 +665,10 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
       put_bytes(c.out, it->second);
       return true;
     }
-    case Cmd::kAdd:
-      return add(q);
+    case Cmd::kAdd: return add(q);
     case Cmd::kCheck:
     case Cmd::kWait:
-    case Cmd::kMultiGet:
-      return keys_request(q);
+    case Cmd::kMultiGet: return keys_request(q);
     case Cmd::kGetNumKeys: {
       std::lock_guard lock(mu);
       put<std::int64_t>(c.out, static_cast<std::int64_t>(data.size()));
@@ -703,20 +681,16 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
       put<std::int64_t>(c.out, static_cast<std::int64_t>(data.erase(std::string(key))));
       return true;
     }
-    case Cmd::kAppend:
-      return append(q);
-    case Cmd::kMultiSet:
-      return multi_set(q);
+    case Cmd::kAppend: return append(q);
+    case Cmd::kMultiSet: return multi_set(q);
     case Cmd::kCancelWait:
       cancel_waits(id, c);
       put<std::uint8_t>(c.out, kWaitCanceled);
       return true;
-    case Cmd::kWatchKey:
-      return fail(q, "WATCH_KEY (torch < 2.2 key callbacks) is not supported by this store");
+    case Cmd::kWatchKey: return fail(q, "WATCH_KEY (torch < 2.2 key callbacks) is not supported by this store");
     case Cmd::kQueuePush:
     case Cmd::kQueuePop:
-    case Cmd::kQueueLen:
-      return fail(q, "queue commands (torch's libuv server only) are not supported by this store");
+    case Cmd::kQueueLen: return fail(q, "queue commands (torch's libuv server only) are not supported by this store");
     case Cmd::kUnknown:
       ARLO_WARN("rendezvous store {}: unknown command byte {} from {} ({} dialect); closing that connection", address,
                 byte, c.peer, c.dialect == Dialect::kCurrent ? "torch >= 2.2" : "torch < 2.2");

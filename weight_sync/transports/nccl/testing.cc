@@ -11,21 +11,16 @@ std::size_t dtype_bytes(int dtype) {
     case 0:
     case 1:
     case 10:
-    case 11:
-      return 1;  // int8, uint8, fp8 e4m3/e5m2
+    case 11: return 1;  // int8, uint8, fp8 e4m3/e5m2
     case 6:
-    case 9:
-      return 2;  // float16, bfloat16
+    case 9: return 2;  // float16, bfloat16
     case 2:
     case 3:
-    case 7:
-      return 4;  // int32, uint32, float32
+    case 7: return 4;  // int32, uint32, float32
     case 4:
     case 5:
-    case 8:
-      return 8;  // int64, uint64, float64
-    default:
-      return 0;
+    case 8: return 8;  // int64, uint64, float64
+    default: return 0;
   }
 }
 
