@@ -10,6 +10,19 @@ function(arlo_target_defaults target)
   arlo_pch_register(${target})   # ArloBuildSpeed.cmake
 endfunction()
 
+# arlo_add_subdirectories(<glob>...)
+# Adds each folder the globs match that has a CMakeLists.txt (one program, example or test suite per
+# folder; a folder without one has no code yet). The globs are checked again at build time, so a new
+# folder is picked up without a hand-run configure.
+function(arlo_add_subdirectories)
+  file(GLOB dirs LIST_DIRECTORIES true CONFIGURE_DEPENDS ${ARGN})
+  foreach(dir ${dirs})
+    if(IS_DIRECTORY ${dir} AND EXISTS ${dir}/CMakeLists.txt)
+      add_subdirectory(${dir})
+    endif()
+  endforeach()
+endfunction()
+
 # arlo_library(NAME SOURCES ... [PUBLIC_DEPS ...] [PRIVATE_DEPS ...])
 # One CMake target per module; headers are included from the repo root ("weight_sync/manifest.h").
 function(arlo_library name)
@@ -51,4 +64,37 @@ function(arlo_test name)
          "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\")\nendif()\n")
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${script}")
   endif()
+endfunction()
+
+# arlo_process_test(NAME PROGRAMS <target>... [REQUIRES <target>...] SOURCES ... [DEPS ...] [LABELS ...] [TIMEOUT s])
+# An arlo_test that drives the project's programs as real processes (tests/e2e, tests/cluster). Where a
+# program or a REQUIRES target is not part of this configuration, the test is not defined (there is
+# nothing to run it against); check with if(TARGET NAME) before adding to it. Otherwise the programs
+# are built before it, and it is told where each one is by a compile definition: ARLO_BINARY for arlo,
+# ARLO_<REST>_BINARY for arlo-<rest> (ARLO_WORKER_BINARY, ARLO_TRAINER_BINARY, ...), and
+# ARLO_<REST>_LIBRARY for a library target arlo_<rest> (arlo_bridge: ARLO_BRIDGE_LIBRARY).
+function(arlo_process_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;PROGRAMS;REQUIRES" ${ARGN})
+  foreach(target IN LISTS ARG_PROGRAMS ARG_REQUIRES)
+    if(NOT TARGET ${target})
+      return()
+    endif()
+  endforeach()
+  set(test_args SOURCES ${ARG_SOURCES} DEPS ${ARG_DEPS} LABELS ${ARG_LABELS})
+  if(ARG_TIMEOUT)
+    list(APPEND test_args TIMEOUT ${ARG_TIMEOUT})
+  endif()
+  arlo_test(${name} ${test_args})
+  add_dependencies(${name} ${ARG_PROGRAMS})
+  foreach(program IN LISTS ARG_PROGRAMS)
+    string(TOUPPER "${program}" define)
+    string(REPLACE "-" "_" define "${define}")
+    get_target_property(type ${program} TYPE)
+    if(type STREQUAL "EXECUTABLE")
+      string(APPEND define "_BINARY")
+    else()
+      string(APPEND define "_LIBRARY")
+    endif()
+    target_compile_definitions(${name} PRIVATE ${define}="$<TARGET_FILE:${program}>")
+  endforeach()
 endfunction()
