@@ -48,23 +48,17 @@ try:
 except ImportError:  # pragma: no cover
     sys.exit("check.py: the Kubernetes Python client is missing (Debian: apt-get install python3-kubernetes)")
 
-# apiVersion/kind -> the model class. Only kinds listed here are accepted: a kind under the wrong
+# apiVersion -> the kinds it serves. Only kinds listed here are accepted: a kind under the wrong
 # apiVersion (Deployment in v1) or one this checker does not know is an error, not a silent pass.
-KINDS = {
-    ("v1", "ConfigMap"): "V1ConfigMap",
-    ("v1", "Secret"): "V1Secret",
-    ("v1", "Service"): "V1Service",
-    ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
-    ("v1", "Pod"): "V1Pod",
-    ("v1", "ServiceAccount"): "V1ServiceAccount",
-    ("v1", "Namespace"): "V1Namespace",
-    ("apps/v1", "StatefulSet"): "V1StatefulSet",
-    ("apps/v1", "Deployment"): "V1Deployment",
-    ("apps/v1", "DaemonSet"): "V1DaemonSet",
-    ("batch/v1", "Job"): "V1Job",
-    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
-    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
+API_KINDS = {
+    "v1": ("ConfigMap", "Secret", "Service", "PersistentVolumeClaim", "Pod", "ServiceAccount", "Namespace"),
+    "apps/v1": ("StatefulSet", "Deployment", "DaemonSet"),
+    "batch/v1": ("Job",),
+    "policy/v1": ("PodDisruptionBudget",),
+    "networking.k8s.io/v1": ("NetworkPolicy",),
 }
+# apiVersion/kind -> the model class: the client names it by the version, V1Job for batch/v1 Job.
+KINDS = {(api, kind): api.rpartition("/")[2].capitalize() + kind for api, kinds in API_KINDS.items() for kind in kinds}
 
 # Fields of type resource.Quantity: the client types them as strings, the API takes numbers too.
 QUANTITIES = {
@@ -270,22 +264,13 @@ def join(path, field):
     return f"{path}.{field}" if path else field
 
 
+# What an error calls the type of a YAML value, first match wins: bool before int (a bool is an int).
+TYPE_NAMES = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"), (list, "a list"),
+              (dict, "an object"), (type(None), "nothing"))
+
+
 def type_name(v):
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, float):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "an object"
-    if v is None:
-        return "nothing"
-    return type(v).__name__
+    return next((name for t, name in TYPE_NAMES if isinstance(v, t)), type(v).__name__)
 
 
 def pod_templates(doc):

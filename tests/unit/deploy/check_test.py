@@ -70,6 +70,14 @@ class RealManifests(unittest.TestCase):
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text.replace(old, new, 1))
 
+    def fails_naming(self, *expected):
+        """check.py on the edited copy exits 1 and prints each of `expected`; returns what it printed."""
+        rc, out, _ = run_check(self.k8s)
+        self.assertEqual(rc, 1, out)
+        for text in expected:
+            self.assertIn(text, out)
+        return out
+
     def test_they_pass_as_they_are(self):
         rc, out, err = run_check(self.k8s)
         self.assertEqual(rc, 0, out + err)
@@ -77,38 +85,29 @@ class RealManifests(unittest.TestCase):
 
     def test_a_wrong_port_name_in_a_service_fails(self):
         self.edit("trainer.yaml", "targetPort: weights", "targetPort: weight")
-        rc, out, _ = run_check(self.k8s)
-        self.assertEqual(rc, 1, out)
-        self.assertRegex(out, r"trainer\.yaml: document 1 \(Service/arlo-trainer\): spec\.ports\[0\]\.targetPort: 'weight' "
-                              r"is not a container port name of the pods it selects \(Job/arlo-trainer: \['weights'\]\)")
+        self.assertRegex(self.fails_naming(),
+                         r"trainer\.yaml: document 1 \(Service/arlo-trainer\): spec\.ports\[0\]\.targetPort: 'weight' "
+                         r"is not a container port name of the pods it selects \(Job/arlo-trainer: \['weights'\]\)")
 
     def test_a_worker_service_that_is_not_headless_fails(self):
         self.edit("workers.yaml", "  clusterIP: None", "  type: ClusterIP")
-        rc, out, _ = run_check(self.k8s)
-        self.assertEqual(rc, 1, out)
-        self.assertIn("workers.yaml: document 2 (StatefulSet/arlo-worker): spec.serviceName: Service 'arlo-worker' is not headless", out)
+        self.fails_naming("workers.yaml: document 2 (StatefulSet/arlo-worker): spec.serviceName: Service 'arlo-worker' is not headless")
 
     def test_a_claim_or_a_secret_key_nobody_defines_fails(self):
         self.edit("orchestrator.yaml", "claimName: arlo-orchestrator-run", "claimName: arlo-run")
         self.edit("trainer.yaml", "items: [{key: token, path: token}]", "items: [{key: tokens, path: token}]")
-        rc, out, _ = run_check(self.k8s)
-        self.assertEqual(rc, 1, out)
-        self.assertIn("orchestrator.yaml: document 2 (Job/arlo-orchestrator): spec.template.spec.volumes[0]."
-                      "persistentVolumeClaim.claimName: no PersistentVolumeClaim 'arlo-run' in the manifests", out)
-        self.assertIn("trainer.yaml: document 2 (Job/arlo-trainer): spec.template.spec.volumes[1].secret: "
-                      "Secret 'arlo-token' has no key 'tokens' (it has: token)", out)
+        self.fails_naming("orchestrator.yaml: document 2 (Job/arlo-orchestrator): spec.template.spec.volumes[0]."
+                          "persistentVolumeClaim.claimName: no PersistentVolumeClaim 'arlo-run' in the manifests",
+                          "trainer.yaml: document 2 (Job/arlo-trainer): spec.template.spec.volumes[1].secret: "
+                          "Secret 'arlo-token' has no key 'tokens' (it has: token)")
 
     def test_a_manifest_left_out_of_the_kustomization_fails(self):
         self.edit("kustomization.yaml", "  - storage.yaml\n", "")
-        rc, out, _ = run_check(self.k8s)
-        self.assertEqual(rc, 1, out)
-        self.assertIn("resources: storage.yaml is not listed", out)
+        self.fails_naming("resources: storage.yaml is not listed")
 
     def test_an_unescaped_shell_substitution_fails(self):
         self.edit("trainer.yaml", "--run-dir /var/lib/arlo/run", "--run-dir $(pwd)/run")
-        rc, out, _ = run_check(self.k8s)
-        self.assertEqual(rc, 1, out)
-        self.assertIn("$(pwd) is not an env variable of this container", out)
+        self.fails_naming("$(pwd) is not an env variable of this container")
 
 
 if __name__ == "__main__":
