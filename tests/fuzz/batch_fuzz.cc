@@ -8,28 +8,18 @@
 //     image) and has the schema's size: rows * seq_len per token tensor, rows * max_segments for
 //     seq_lens; the loss mask holds 0/1;
 //   - an accepted batch copied out (to_rank_batch) encodes to an image that reads back equal.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "tests/fuzz/check.h"
 #include "trainer_bridge/batch.h"
 
 namespace {
 
 using arlo::bridge::BatchView;
 using arlo::bridge::RankBatch;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "batch_fuzz: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
+using arlo::fuzz::check;
 
 template <typename Span>
 unsigned touch(Span s) {
@@ -77,11 +67,6 @@ bool same_bits(const RankBatch& a, const RankBatch& b) {
          eq(a.seq_lens, b.seq_lens) && eq(a.sample_ids, b.sample_ids) && eq(a.ce_weights, b.ce_weights);
 }
 
-int memfd() {
-  static const int fd = ::memfd_create("batch_fuzz", MFD_CLOEXEC);
-  return fd;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -99,16 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(!view.error().what().empty(), "errors carry a message");
   }
 
-  const int fd = memfd();
-  check(fd >= 0, "memfd_create");
-  check(::ftruncate(fd, 0) == 0, "ftruncate");
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pwrite(fd, data + done, size - done, static_cast<off_t>(done));
-    check(n > 0, "pwrite");
-    done += static_cast<std::size_t>(n);
-  }
-  auto opened = BatchView::open("/proc/self/fd/" + std::to_string(fd));
+  auto opened = BatchView::open(arlo::fuzz::as_file(data, size));
   check(opened.has_value() == view.has_value(), "BatchView::open agrees with from_bytes");
   if (opened) {
     check_view(*opened);

@@ -13,10 +13,9 @@
 #include <boost/asio/io_context.hpp>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
+#include "tests/fuzz/check.h"
 #include "tests/fuzz/loopback.h"
 #include "trainer_bridge/batch.h"
 #include "trainer_bridge/bridge.h"
@@ -25,13 +24,7 @@ namespace {
 
 namespace asio = boost::asio;
 using namespace arlo::bridge;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "bridge_frame_fuzz: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
+using arlo::fuzz::check;
 
 StepBatch one_step() {
   std::vector<Sample> samples(3);

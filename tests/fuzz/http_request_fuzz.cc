@@ -19,23 +19,18 @@
 
 #include "common/http.h"
 #include "common/http_util.h"
+#include "tests/fuzz/check.h"
 #include "tests/fuzz/loopback.h"
 
 namespace {
 
 namespace asio = boost::asio;
+using arlo::fuzz::check;
 using arlo::http::Request;
 using arlo::http::Response;
 using arlo::http::Verb;
 
 constexpr std::size_t kMaxBody = 4096;
-
-void check(bool ok, const char* what, const std::string& detail) {
-  if (!ok) {
-    std::fprintf(stderr, "http_request_fuzz: invariant broken: %s\n%s\n", what, detail.c_str());
-    std::abort();
-  }
-}
 
 asio::awaitable<Response> echo(Request r) {
   for (const auto& [name, value] : r.headers) {

@@ -9,25 +9,17 @@
 //     receiver allocates from these numbers);
 //   - it prints (dump()) to text that parses again to the same text and fingerprint.
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <string>
 #include <string_view>
 
+#include "tests/fuzz/check.h"
 #include "weight_sync/manifest.h"
 
 namespace {
 
+using arlo::fuzz::check;
 using arlo::weight_sync::Manifest;
-
-void check(bool ok, const char* what, std::string_view input) {
-  if (!ok) {
-    std::fprintf(stderr, "manifest_fuzz: invariant broken: %s\ninput: %.*s\n", what, static_cast<int>(input.size()),
-                 input.data());
-    std::abort();
-  }
-}
 
 // numel * dtype size of a shape, or nullopt when a dimension is negative or the product overflows.
 std::optional<std::uint64_t> exact_bytes(const arlo::weight_sync::TensorSpec& t) {

@@ -10,25 +10,18 @@
 //     the context with ids inside the vocabulary, max_tokens >= 1, temperature in [0, 2], top_p in
 //     (0, 1], n in [1, 128], top_logprobs in [0, 20] and only with logprobs, non-empty stops.
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "apps/arlo-worker/openai_api.h"
 #include "common/http.h"
+#include "tests/fuzz/check.h"
 
 namespace {
 
+using arlo::fuzz::check;
 using arlo::worker::CompletionJob;
 
 constexpr int kContext = 256;
-
-void check(bool ok, const char* what, const std::string& input) {
-  if (!ok) {
-    std::fprintf(stderr, "openai_request_fuzz: invariant broken: %s\ninput: %s\n", what, input.c_str());
-    std::abort();
-  }
-}
 
 void check_job(const CompletionJob& job, bool chat, const std::string& input) {
   const arlo::reference::Tokenizer tok;
@@ -54,12 +47,8 @@ void check_job(const CompletionJob& job, bool chat, const std::string& input) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   arlo::http::Request request;
-  request.body.assign(reinterpret_cast<const char*>(data), size);
-  const auto body = request.json();
-  if (!body) {
-    check(!body.error().what().empty(), "a JSON error says why", request.body);
-    return 0;
-  }
+  const auto body = arlo::fuzz::json_body(request, &arlo::http::Request::json, data, size);
+  if (!body) return 0;
   const arlo::reference::Tokenizer tok;
   for (const bool chat : {false, true}) {
     auto job = arlo::worker::parse_completion_request(*body, chat, tok, kContext);

@@ -8,32 +8,22 @@
 //   - an accepted completion is what the trainer can use: choices sorted by index, per choice
 //     either no logprobs or one per token id, version spans sorted by first token.
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "common/http.h"
 #include "rollout/openai.h"
+#include "tests/fuzz/check.h"
 
 namespace {
 
-void check(bool ok, const char* what, const std::string& input) {
-  if (!ok) {
-    std::fprintf(stderr, "openai_response_fuzz: invariant broken: %s\ninput: %s\n", what, input.c_str());
-    std::abort();
-  }
-}
+using arlo::fuzz::check;
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   arlo::http::Response response;
-  response.body.assign(reinterpret_cast<const char*>(data), size);
-  const auto body = response.parse_json();
-  if (!body) {
-    check(!body.error().what().empty(), "a JSON error says why", response.body);
-    return 0;
-  }
+  const auto body = arlo::fuzz::json_body(response, &arlo::http::Response::parse_json, data, size);
+  if (!body) return 0;
   for (const bool chat : {false, true}) {
     auto c = arlo::rollout::parse_openai_response(*body, chat);
     if (!c) {

@@ -5,26 +5,16 @@
 // Any input must give an Error or a header whose invariants hold; the two paths must agree; and an
 // accepted header must survive serialize_header() -> parse_header() unchanged. A broken invariant
 // aborts, which libFuzzer reports as a crash.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "common/safetensors.h"
+#include "tests/fuzz/check.h"
 
 namespace {
 
 using namespace arlo::safetensors;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "safetensors_header_fuzz: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
+using arlo::fuzz::check;
 
 void check_layout(const Layout& layout, std::span<const std::byte> file) {
   const Header& h = layout.header;
@@ -58,11 +48,6 @@ void check_layout(const Layout& layout, std::span<const std::byte> file) {
   }
 }
 
-int memfd() {
-  static const int fd = ::memfd_create("safetensors_header_fuzz", MFD_CLOEXEC);
-  return fd;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -75,16 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
 
   // The full file path: the same bytes as a real file, opened, mapped and validated.
-  const int fd = memfd();
-  check(fd >= 0, "memfd_create");
-  check(::ftruncate(fd, 0) == 0, "ftruncate");
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pwrite(fd, data + done, size - done, static_cast<off_t>(done));
-    check(n > 0, "pwrite");
-    done += static_cast<std::size_t>(n);
-  }
-  auto opened = File::open("/proc/self/fd/" + std::to_string(fd));
+  auto opened = File::open(arlo::fuzz::as_file(data, size));
   check(opened.has_value() == layout.has_value(), "File::open agrees with parse_file_bytes");
   if (opened) {
     check(opened->header().tensors.size() == layout->header.tensors.size(), "same tensors");

@@ -14,25 +14,18 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "tests/fuzz/check.h"
 #include "weight_sync/manifest.h"
 #include "weight_sync/transports/tcp_conn.h"
 
 namespace {
 
 namespace ws = arlo::weight_sync;
+using arlo::fuzz::check;
 using ws::detail::Frame;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tcp_frame_fuzz: invariant broken: %s\n", what);
-    std::abort();
-  }
-}
 
 }  // namespace
 
