@@ -21,10 +21,7 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.max_off_policy_steps = static_cast<int>(cfg.integer("orchestrator.max_off_policy_steps"));
   o.sft_warmup_steps = static_cast<int>(cfg.integer("orchestrator.sft_warmup_steps"));
   o.max_steps = cfg.integer("run.max_steps");
-  // queue_capacity counts rollouts; the sink queues whole groups.
-  o.max_queued_groups =
-      std::max<int>(o.batch_size / std::max(1, o.group_size),
-                    static_cast<int>(cfg.integer("orchestrator.queue_capacity") / std::max(1, o.group_size)));
+  o.queue_capacity = static_cast<int>(cfg.integer("orchestrator.queue_capacity"));
   o.filter_equal_reward_groups = cfg.boolean("orchestrator.filter_equal_reward_groups");
   o.max_filtered_groups_per_step = static_cast<int>(cfg.integer("orchestrator.max_filtered_groups_per_step"));
   if (auto mode = parse_pause_mode(cfg.string("orchestrator.weight_update_mode"))) o.update_mode = *mode;

@@ -7,7 +7,8 @@
 namespace arlo::orch {
 
 int Options::queue_capacity_groups() const {
-  if (max_queued_groups > 0) return max_queued_groups;
+  // At least one batch: the sink queues whole groups.
+  if (queue_capacity > 0) return std::max(groups_per_step(), queue_capacity / std::max(1, group_size));
   // Enough for every step the gate lets run ahead, plus one to absorb filtering.
   return groups_per_step() * (max_async_level + 2);
 }
@@ -30,10 +31,11 @@ Status Options::validate() const {
   if (sft_warmup_steps < 0 || sft_warmup_steps >= max_steps)
     return bad(fmt::format("orchestrator.sft_warmup_steps: must be in [0, run.max_steps={}), got {}", max_steps,
                            sft_warmup_steps));
-  if (max_queued_groups != 0 && max_queued_groups < groups_per_step())
-    return bad(fmt::format(
-        "orchestrator.queue_capacity: must hold at least one batch ({} groups of group_size), got {} groups",
-        groups_per_step(), max_queued_groups));
+  if (queue_capacity < 0)
+    return bad(
+        fmt::format("orchestrator.queue_capacity: must be >= 0 (0: enough for every step the gate lets run "
+                    "ahead), got {}",
+                    queue_capacity));
   if (max_filtered_groups_per_step < 0) return bad("orchestrator.max_filtered_groups_per_step: must be >= 0");
   if (eval_samples < 1) return bad("eval.k: must be >= 1");
   for (int k : eval_pass_k)

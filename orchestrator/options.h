@@ -21,7 +21,7 @@ struct Options {
   int max_off_policy_steps = 2;            // drop when oldest token version < s-1-this at batch cut
   std::int64_t max_steps = 100;            // trainer steps in total, warm-up included
   int sft_warmup_steps = 0;                // steps 1..this are supervised batches from reference answers
-  int max_queued_groups = 0;               // bound on finished-but-unbatched groups; 0 = auto
+  int queue_capacity = 0;                  // finished rollouts awaiting a batch; 0 = auto
   bool filter_equal_reward_groups = true;  // drop groups whose rewards are all equal (no signal)
   int max_filtered_groups_per_step = 0;    // past this, equal-reward groups are kept; 0 = auto
   std::uint64_t seed = 0;                  // request seeds

@@ -104,6 +104,9 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
   const std::string what = op == AdminOp::kPause    ? fmt::format("pause({}) {}", to_string(mode), worker)
                            : op == AdminOp::kUpdate ? fmt::format("update_weights(v{}) {}", v, worker)
                                                     : fmt::format("resume {}", worker);
+  if (round_unanswering_.count(worker))
+    co_return make_error(ErrorCode::kUnavailable,
+                         fmt::format("{}: not asked, it answered nothing earlier in this round", what));
   auto backoff = opt_.admin_backoff;
   Status last = ok();
   for (int attempt = 1; attempt <= opt_.admin_attempts; ++attempt) {
@@ -116,11 +119,10 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
     if (op == AdminOp::kUpdate) round_retried_.insert(worker);  // its next attempt avoids a relay that failed it
     ARLO_WARN("weight sync: {} failed (attempt {}/{}): {}", what, attempt, opt_.admin_attempts, last.error().what());
     if (attempt < opt_.admin_attempts) {
-      // Its health probe got no answer meanwhile (a dark link, a hung host): another try would only
-      // wait out its deadline.
-      auto unreachable = co_await inference_.unreachable_workers();
-      if (std::find(unreachable.begin(), unreachable.end(), worker) != unreachable.end()) {
-        ARLO_WARN("weight sync: {}: not retried, the worker answers nothing (its health probe got no answer)", what);
+      // A dark link or a hung host: another try would only wait out its deadline.
+      if (co_await answers_nothing(worker, last)) {
+        ARLO_WARN("weight sync: {}: not retried, the worker answers nothing (nor its health probe)", what);
+        round_unanswering_.insert(worker);
         break;
       }
       const auto wake = clock_.now() + backoff;
@@ -129,6 +131,16 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
     }
   }
   co_return last;
+}
+
+Awaitable<bool> WeightWatcher::answers_nothing(const std::string& worker, const Status& failure) {
+  auto unreachable = co_await inference_.unreachable_workers();
+  if (std::find(unreachable.begin(), unreachable.end(), worker) != unreachable.end()) co_return true;
+  if (failure.error().code() != ErrorCode::kTimeout) co_return false;  // it answered, with an error
+  const auto deadline = clock_.now() + probe_interval(opt_);
+  auto query = inference_.weights(worker, deadline);
+  auto held = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "asking a worker");
+  co_return !held && held.error().code() == ErrorCode::kTimeout;
 }
 
 namespace {
@@ -302,6 +314,7 @@ Awaitable<void> WeightWatcher::update_round_workers(Version v, SyncReport& repor
   // All workers in parallel; the update is as slow as the slowest worker, not their sum.
   round_receivers_.clear();
   round_retried_.clear();
+  round_unanswering_.clear();
   for (const auto& w : report.workers) {
     const auto held = held_.find(w.worker);
     if (held == held_.end() || held->second < v) round_receivers_.insert(w.worker);

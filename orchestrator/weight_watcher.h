@@ -139,6 +139,10 @@ class WeightWatcher {
   Awaitable<void> each_worker(std::size_t n, std::function<Awaitable<void>(std::size_t)> body);
   enum class AdminOp { kPause, kUpdate, kResume };
   Awaitable<Status> admin(AdminOp op, std::string worker, Version v);
+  // Whether the worker of a failed admin call answers nothing: its last health probe got no answer,
+  // or the call ran out its deadline and a weights query gets no answer within a probe interval
+  // either (the probe may not have timed out yet). Such a worker is not asked again this round.
+  Awaitable<bool> answers_nothing(const std::string& worker, const Status& failure);
   Awaitable<void> probe(std::string worker);
 
   asio::any_io_executor ex_;
@@ -161,6 +165,7 @@ class WeightWatcher {
   std::map<std::string, Version> held_;        // the newest version each worker took
   std::set<std::string> round_receivers_;      // see receives()
   std::set<std::string> round_retried_;        // see retrying()
+  std::set<std::string> round_unanswering_;    // asked this round and answered nothing: asked no more
   std::set<std::string> round_silent_;         // left out of this round unasked: they answer nothing
   std::set<std::string> restarting_;           // see restarting()
   std::set<std::string> restarted_mid_round_;  // restarted() while a round ran: its failure there is not counted
