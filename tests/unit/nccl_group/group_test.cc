@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "weight_sync/transports/nccl/group.h"
@@ -81,14 +82,10 @@ class DeviceSink final : public WeightSink {
   HostWeights& w_;
 };
 
-std::unique_ptr<Group> ready_group(ScopedBackend& fake, GroupConfig c = config()) {
-  auto g = Group::start(c, UniqueId{});
-  EXPECT_TRUE(g) << g.error().what();
-  if (!g) return nullptr;
-  auto ready = (*g)->wait_ready(deadline_in(kGenerous));
-  EXPECT_TRUE(ready) << ready.error().what();
-  (void)fake;
-  return std::move(*g);
+// Expects `what` (an error's text) to say each of `parts`.
+void expect_says(const std::string& what, std::initializer_list<std::string_view> parts) {
+  for (std::string_view part : parts)
+    EXPECT_NE(what.find(part), std::string::npos) << "no \"" << part << "\" in: " << what;
 }
 
 std::size_t broadcasts(const std::vector<Call>& calls) {
@@ -97,14 +94,51 @@ std::size_t broadcasts(const std::vector<Call>& calls) {
   return n;
 }
 
-void expect_clean(ScopedBackend& fake) {
-  EXPECT_TRUE(fake->misuse().empty()) << fake->misuse().front();
-  EXPECT_EQ(fake->live_allocations(), 0u);
-  EXPECT_EQ(fake->live_handles(), 0u);
-}
+// Each test: the backend double, weights of specs() (zeros unless the test fills them) and `g`, the
+// group under test once a test started it.
+class NcclGroup : public ::testing::Test {
+ protected:
+  // A group started with `c` that is ready (null, and a test failure, where it did not get there).
+  std::unique_ptr<Group> ready_group(GroupConfig c = config()) {
+    auto started = Group::start(c, UniqueId{});
+    EXPECT_TRUE(started) << started.error().what();
+    if (!started) return nullptr;
+    auto ready = (*started)->wait_ready(deadline_in(kGenerous));
+    EXPECT_TRUE(ready) << ready.error().what();
+    return std::move(*started);
+  }
+  // Makes `g` a ready group started with `c`; false where it is not.
+  bool start_ready(GroupConfig c = config()) {
+    g = ready_group(c);
+    return g != nullptr;
+  }
+  // Makes `g` a ready group whose collectives are all held and time out only after 60 s, so that
+  // only the send's deadline, a cancellation or an abort ends a send.
+  bool start_ready_and_held() {
+    fake->hold_collectives_from(0);
+    GroupConfig c = config();
+    c.collective_timeout = 60s;
+    return start_ready(c);
+  }
+  // The double saw no misuse and holds no memory or handle (after the group was destroyed).
+  void expect_clean() {
+    EXPECT_TRUE(fake->misuse().empty()) << fake->misuse().front();
+    EXPECT_EQ(fake->live_allocations(), 0u);
+    EXPECT_EQ(fake->live_handles(), 0u);
+  }
+  void destroy_and_expect_clean() {
+    g.reset();
+    expect_clean();
+  }
+  void check_packed_send(bool mixed, int buffers);
+  void check_receive(const Layout& layout, bool device_sink);
 
-TEST(NcclGroup, StartRefusesBadConfig) {
   ScopedBackend fake;
+  HostWeights w{specs()};
+  std::unique_ptr<Group> g;
+};
+
+TEST_F(NcclGroup, StartRefusesBadConfig) {
   EXPECT_FALSE(Group::start(config(2, 2), UniqueId{}));
   EXPECT_FALSE(Group::start(config(0, 0), UniqueId{}));
   GroupConfig c = config();
@@ -113,11 +147,10 @@ TEST(NcclGroup, StartRefusesBadConfig) {
   EXPECT_EQ(fake->count(Call::Kind::kInit), 0u);
 }
 
-TEST(NcclGroup, InitPendingThenReadyAndCleanDestroy) {
-  ScopedBackend fake;
+TEST_F(NcclGroup, InitPendingThenReadyAndCleanDestroy) {
   fake->hold_init();
-  auto g = Group::start(config(), UniqueId{});
-  ASSERT_TRUE(g) << g.error().what();
+  auto group = Group::start(config(), UniqueId{});
+  ASSERT_TRUE(group) << group.error().what();
   auto calls = fake->calls();
   ASSERT_EQ(calls.size(), 2u);  // returns at once: set the device, then a non-blocking init
   EXPECT_EQ(calls[0].kind, Call::Kind::kSetDevice);
@@ -126,85 +159,72 @@ TEST(NcclGroup, InitPendingThenReadyAndCleanDestroy) {
   EXPECT_EQ(calls[1].world_size, 2);
   EXPECT_EQ(calls[1].rank, 0);
   std::thread peers([&] { fake->release_init(); });  // the peers join while wait_ready polls
-  auto ready = (*g)->wait_ready(deadline_in(kGenerous));
+  auto ready = (*group)->wait_ready(deadline_in(kGenerous));
   peers.join();
   ASSERT_TRUE(ready) << ready.error().what();
-  EXPECT_FALSE((*g)->aborted());
-  g->reset();
+  EXPECT_FALSE((*group)->aborted());
+  group->reset();
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 0u);
   EXPECT_EQ(fake->count(Call::Kind::kFinalize), 1u);
   EXPECT_EQ(fake->count(Call::Kind::kDestroy), 1u);
-  expect_clean(fake);
+  expect_clean();
 }
 
-TEST(NcclGroup, InitThatNeverCompletesAbortsAtTheDeadline) {
-  ScopedBackend fake;
+TEST_F(NcclGroup, InitThatNeverCompletesAbortsAtTheDeadline) {
   fake->hold_init();
-  auto g = Group::start(config(0, 3), UniqueId{});
-  ASSERT_TRUE(g);
+  auto group = Group::start(config(0, 3), UniqueId{});
+  ASSERT_TRUE(group);
   auto started = Clock::now();
-  auto ready = (*g)->wait_ready(deadline_in(200ms));
+  auto ready = (*group)->wait_ready(deadline_in(200ms));
   ASSERT_FALSE(ready);
   EXPECT_GE(Clock::now() - started, 200ms);
   EXPECT_EQ(ready.error().code(), ErrorCode::kTimeout);
-  const std::string what = ready.error().what();
-  EXPECT_NE(what.find("rank 0 of 3"), std::string::npos) << what;
-  EXPECT_NE(what.find("deadline"), std::string::npos) << what;
-  EXPECT_NE(what.find("init"), std::string::npos) << what;
+  expect_says(ready.error().what(), {"rank 0 of 3", "deadline", "init"});
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
-  EXPECT_TRUE((*g)->aborted());
+  EXPECT_TRUE((*group)->aborted());
   // Dead: every later call fails at once, without touching the communicator.
-  auto again = (*g)->warmup(deadline_in(kGenerous));
+  auto again = (*group)->warmup(deadline_in(kGenerous));
   ASSERT_FALSE(again);
   EXPECT_EQ(again.error().code(), ErrorCode::kUnavailable);
   EXPECT_NE(again.error().what().find("new rendezvous port"), std::string::npos) << again.error().what();
-  g->reset();
+  group->reset();
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
   EXPECT_EQ(fake->count(Call::Kind::kFinalize), 0u);
-  expect_clean(fake);
+  expect_clean();
 }
 
-TEST(NcclGroup, AsyncErrorDuringInitNamesRankWorldAndNcclsMessage) {
-  ScopedBackend fake;
+TEST_F(NcclGroup, AsyncErrorDuringInitNamesRankWorldAndNcclsMessage) {
   fake->hold_init();
   fake->inject_async_error("peer 2 closed the bootstrap socket");
-  auto g = Group::start(config(0, 3), UniqueId{});
-  ASSERT_TRUE(g);
-  auto ready = (*g)->wait_ready(deadline_in(kGenerous));
+  auto group = Group::start(config(0, 3), UniqueId{});
+  ASSERT_TRUE(group);
+  auto ready = (*group)->wait_ready(deadline_in(kGenerous));
   ASSERT_FALSE(ready);
   EXPECT_EQ(ready.error().code(), ErrorCode::kUnavailable);
-  const std::string what = ready.error().what();
-  EXPECT_NE(what.find("rank 0 of 3"), std::string::npos) << what;
-  EXPECT_NE(what.find("world size 3"), std::string::npos) << what;
-  EXPECT_NE(what.find("peer 2 closed the bootstrap socket"), std::string::npos) << what;
+  expect_says(ready.error().what(), {"rank 0 of 3", "world size 3", "peer 2 closed the bootstrap socket"});
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
 }
 
-TEST(NcclGroup, DestroyedDuringInitAborts) {
-  ScopedBackend fake;
+TEST_F(NcclGroup, DestroyedDuringInitAborts) {
   fake->hold_init();
-  auto g = Group::start(config(), UniqueId{});
-  ASSERT_TRUE(g);
-  g->reset();
+  auto group = Group::start(config(), UniqueId{});
+  ASSERT_TRUE(group);
+  group->reset();
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
   EXPECT_EQ(fake->count(Call::Kind::kFinalize), 0u);
-  expect_clean(fake);
+  expect_clean();
 }
 
-TEST(NcclGroup, SetDeviceFailureIsReported) {
-  ScopedBackend fake;
+TEST_F(NcclGroup, SetDeviceFailureIsReported) {
   fake->fail_set_device("cuda: no usable GPU (cudaGetDeviceCount: no CUDA-capable device is detected)");
-  auto g = Group::start(config(), UniqueId{});
-  ASSERT_FALSE(g);
-  EXPECT_NE(g.error().what().find("no CUDA-capable device"), std::string::npos);
-  EXPECT_NE(g.error().what().find("rank 0 of 2"), std::string::npos);
+  auto group = Group::start(config(), UniqueId{});
+  ASSERT_FALSE(group);
+  expect_says(group.error().what(), {"no CUDA-capable device", "rank 0 of 2"});
   EXPECT_EQ(fake->count(Call::Kind::kInit), 0u);
 }
 
-TEST(NcclGroup, WarmupIsOneFloat32SumAllReduceOfZero) {
-  ScopedBackend fake;
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+TEST_F(NcclGroup, WarmupIsOneFloat32SumAllReduceOfZero) {
+  ASSERT_TRUE(start_ready());
   ASSERT_TRUE(g->warmup(deadline_in(kGenerous)));
   auto reduces = fake->calls(Call::Kind::kAllReduce);
   ASSERT_EQ(reduces.size(), 1u);
@@ -216,34 +236,27 @@ TEST(NcclGroup, WarmupIsOneFloat32SumAllReduceOfZero) {
   std::memcpy(&value, reduces[0].bytes.data(), sizeof value);
   EXPECT_EQ(value, 0.0f);
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
-  g.reset();
-  expect_clean(fake);
+  destroy_and_expect_clean();
 }
 
-TEST(NcclGroup, WarmupThatNeverCompletesAborts) {
-  ScopedBackend fake;
+TEST_F(NcclGroup, WarmupThatNeverCompletesAborts) {
   fake->hold_collectives_from(0);
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
-  auto w = g->warmup(deadline_in(kGenerous));  // the collective timeout (200 ms) bounds it
-  ASSERT_FALSE(w);
-  EXPECT_EQ(w.error().code(), ErrorCode::kTimeout);
-  EXPECT_NE(w.error().what().find("warm-up"), std::string::npos) << w.error().what();
-  EXPECT_NE(w.error().what().find("200 ms"), std::string::npos) << w.error().what();
+  ASSERT_TRUE(start_ready());
+  auto warm = g->warmup(deadline_in(kGenerous));  // the collective timeout (200 ms) bounds it
+  ASSERT_FALSE(warm);
+  EXPECT_EQ(warm.error().code(), ErrorCode::kTimeout);
+  expect_says(warm.error().what(), {"warm-up", "200 ms"});
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
 }
 
 // Packed layout: exactly the planned uint8 broadcasts, in order, carrying the source's bytes; host
 // and device tensors mixed.
-void check_packed_send(bool mixed, int buffers) {
-  ScopedBackend fake;
-  HostWeights w(specs());
+void NcclGroup::check_packed_send(bool mixed, int buffers) {
   fill(w, 42);
   const Layout layout{.packed = true, .packed_buffer_bytes = 300, .packed_num_buffers = buffers};
   const auto plan = plan_buckets(w.specs(), layout);
   ASSERT_GE(plan.size(), 3u);
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+  ASSERT_TRUE(start_ready());
   MixedSource mixed_source(w);
   const WeightSource& source = mixed ? static_cast<const WeightSource&>(mixed_source) : w;
   auto report = g->send(source, layout, deadline_in(kGenerous));
@@ -262,25 +275,22 @@ void check_packed_send(bool mixed, int buffers) {
   }
   g.reset();
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 0u);
-  expect_clean(fake);
+  expect_clean();
 }
 
-TEST(NcclGroup, SendPackedHostTensors) { check_packed_send(false, 2); }
-TEST(NcclGroup, SendPackedMixedHostAndDeviceTensors) { check_packed_send(true, 2); }
-TEST(NcclGroup, SendPackedOneBuffer) { check_packed_send(true, 1); }
-TEST(NcclGroup, SendPackedThreeBuffers) { check_packed_send(false, 3); }
+TEST_F(NcclGroup, SendPackedHostTensors) { check_packed_send(false, 2); }
+TEST_F(NcclGroup, SendPackedMixedHostAndDeviceTensors) { check_packed_send(true, 2); }
+TEST_F(NcclGroup, SendPackedOneBuffer) { check_packed_send(true, 1); }
+TEST_F(NcclGroup, SendPackedThreeBuffers) { check_packed_send(false, 3); }
 
 // A held bucket keeps its slot busy: the group must not refill that slot's pinned buffer before
 // the bucket's event is reached (if it did, the held bucket would carry the next bucket's bytes).
-TEST(NcclGroup, SendPackedDoesNotReuseABufferBeforeItsBroadcastRan) {
-  ScopedBackend fake;
-  HostWeights w(specs());
+TEST_F(NcclGroup, SendPackedDoesNotReuseABufferBeforeItsBroadcastRan) {
   fill(w, 7);
   const Layout layout{.packed = true, .packed_buffer_bytes = 300, .packed_num_buffers = 2};
   const auto plan = plan_buckets(w.specs(), layout);
   fake->hold_collectives_from(0);
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+  ASSERT_TRUE(start_ready());
   Result<TransferReport> report = make_error(ErrorCode::kInternal, "not run");
   std::thread sender([&] { report = g->send(w, layout, deadline_in(kGenerous)); });
   // Two slots: the first two buckets are issued, the third waits for slot 0.
@@ -294,12 +304,9 @@ TEST(NcclGroup, SendPackedDoesNotReuseABufferBeforeItsBroadcastRan) {
   for (std::size_t b = 0; b < plan.size(); ++b) EXPECT_EQ(casts[b].bytes, concat(w, plan[b])) << "bucket " << b;
 }
 
-TEST(NcclGroup, SendPerTensorIsOneBroadcastPerTensorInItsDtype) {
-  ScopedBackend fake;
-  HostWeights w(specs());
+TEST_F(NcclGroup, SendPerTensorIsOneBroadcastPerTensorInItsDtype) {
   fill(w, 3);
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+  ASSERT_TRUE(start_ready());
   MixedSource source(w);
   auto report = g->send(source, Layout{.packed = false}, deadline_in(kGenerous));
   ASSERT_TRUE(report) << report.error().what();
@@ -315,30 +322,24 @@ TEST(NcclGroup, SendPerTensorIsOneBroadcastPerTensorInItsDtype) {
     auto bytes = w.bytes(i);
     EXPECT_EQ(casts[i].bytes, std::vector<std::byte>(bytes.begin(), bytes.end()));
   }
-  g.reset();
-  expect_clean(fake);
+  destroy_and_expect_clean();
 }
 
-TEST(NcclGroup, PerTensorRefusesADtypeWithoutNcclTypeBeforeAnyBroadcast) {
-  ScopedBackend fake;
-  HostWeights w({{"a", DType::F32, {4}}, {"mask", DType::BOOL, {3}}});
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
-  auto r = g->send(w, Layout{.packed = false}, deadline_in(kGenerous));
+TEST_F(NcclGroup, PerTensorRefusesADtypeWithoutNcclTypeBeforeAnyBroadcast) {
+  HostWeights with_bool({{"a", DType::F32, {4}}, {"mask", DType::BOOL, {3}}});
+  ASSERT_TRUE(start_ready());
+  auto r = g->send(with_bool, Layout{.packed = false}, deadline_in(kGenerous));
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what().find("mask"), std::string::npos) << r.error().what();
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
-  EXPECT_FALSE(g->aborted());                                 // nothing was on the wire: the group stays usable
-  EXPECT_TRUE(g->send(w, Layout{}, deadline_in(kGenerous)));  // packed carries it as bytes
+  EXPECT_FALSE(g->aborted());                                         // nothing was on the wire: the group stays usable
+  EXPECT_TRUE(g->send(with_bool, Layout{}, deadline_in(kGenerous)));  // packed carries it as bytes
 }
 
-TEST(NcclGroup, CollectiveThatNeverCompletesAbortsAndTheGroupIsDead) {
-  ScopedBackend fake;
-  HostWeights w(specs());
+TEST_F(NcclGroup, CollectiveThatNeverCompletesAbortsAndTheGroupIsDead) {
   fill(w, 5);
   fake->hold_collectives_from(1);  // bucket 0 runs, bucket 1 never does
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+  ASSERT_TRUE(start_ready());
   const Layout layout{.packed = true, .packed_buffer_bytes = 300};
   auto started = Clock::now();
   auto r = g->send(w, layout, deadline_in(kGenerous));
@@ -346,8 +347,7 @@ TEST(NcclGroup, CollectiveThatNeverCompletesAbortsAndTheGroupIsDead) {
   EXPECT_GE(Clock::now() - started, 200ms);
   EXPECT_LT(Clock::now() - started, kGenerous);
   EXPECT_EQ(r.error().code(), ErrorCode::kTimeout);
-  EXPECT_NE(r.error().what().find("bucket 1"), std::string::npos) << r.error().what();
-  EXPECT_NE(r.error().what().find("200 ms"), std::string::npos) << r.error().what();
+  expect_says(r.error().what(), {"bucket 1", "200 ms"});
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
   EXPECT_TRUE(g->aborted());
   const std::size_t issued = fake->count(Call::Kind::kBroadcast);
@@ -356,30 +356,20 @@ TEST(NcclGroup, CollectiveThatNeverCompletesAbortsAndTheGroupIsDead) {
   EXPECT_EQ(again.error().code(), ErrorCode::kUnavailable);
   EXPECT_NE(again.error().what().find("aborted earlier"), std::string::npos) << again.error().what();
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), issued);
-  g.reset();
-  expect_clean(fake);
+  destroy_and_expect_clean();
 }
 
-TEST(NcclGroup, OverallDeadlineBoundsEveryCollective) {
-  ScopedBackend fake;
-  HostWeights w(specs());
-  fake->hold_collectives_from(0);
-  GroupConfig c = config();
-  c.collective_timeout = 60s;
-  auto g = ready_group(fake, c);
-  ASSERT_TRUE(g);
+TEST_F(NcclGroup, OverallDeadlineBoundsEveryCollective) {
+  ASSERT_TRUE(start_ready_and_held());
   auto r = g->send(w, Layout{}, deadline_in(200ms));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), ErrorCode::kTimeout);
   EXPECT_TRUE(g->aborted());
 }
 
-TEST(NcclGroup, AsyncErrorMidTransferAborts) {
-  ScopedBackend fake;
-  HostWeights w(specs());
+TEST_F(NcclGroup, AsyncErrorMidTransferAborts) {
   fake->hold_collectives_from(1);
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+  ASSERT_TRUE(start_ready());
   std::thread peer([&] {
     fake->wait_for([](const auto& c) { return c.size() > 0 && c.back().kind == Call::Kind::kBroadcast; }, kGenerous);
     fake->inject_async_error("remote process exited");
@@ -391,14 +381,8 @@ TEST(NcclGroup, AsyncErrorMidTransferAborts) {
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
 }
 
-TEST(NcclGroup, CancelledDuringACollectiveAborts) {
-  ScopedBackend fake;
-  HostWeights w(specs());
-  fake->hold_collectives_from(0);
-  GroupConfig c = config();
-  c.collective_timeout = 60s;  // only cancellation can end this send
-  auto g = ready_group(fake, c);
-  ASSERT_TRUE(g);
+TEST_F(NcclGroup, CancelledDuringACollectiveAborts) {
+  ASSERT_TRUE(start_ready_and_held());  // only cancellation can end this send
   std::atomic<bool> failed{false};
   std::thread http([&] {  // a receiver's HTTP call fails while both buffers are on the wire
     fake->wait_for([](const auto& calls) { return broadcasts(calls) >= 2; }, kGenerous);
@@ -415,29 +399,19 @@ TEST(NcclGroup, CancelledDuringACollectiveAborts) {
   EXPECT_TRUE(g->aborted());
 }
 
-TEST(NcclGroup, CancelledBetweenBucketsStopsIssuing) {
-  ScopedBackend fake;
-  HostWeights w(specs());
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+TEST_F(NcclGroup, CancelledBetweenBucketsStopsIssuing) {
+  ASSERT_TRUE(start_ready());
   auto r = g->send(w, Layout{.packed = true, .packed_buffer_bytes = 300}, deadline_in(kGenerous),
                    [&] { return fake->count(Call::Kind::kBroadcast) >= 2; });
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), ErrorCode::kCancelled);
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 2u);
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
-  g.reset();
-  expect_clean(fake);
+  destroy_and_expect_clean();
 }
 
-TEST(NcclGroup, AbortFromAnotherThreadWhileSendIsBlocked) {
-  ScopedBackend fake;
-  HostWeights w(specs());
-  fake->hold_collectives_from(0);
-  GroupConfig c = config();
-  c.collective_timeout = 60s;
-  auto g = ready_group(fake, c);
-  ASSERT_TRUE(g);
+TEST_F(NcclGroup, AbortFromAnotherThreadWhileSendIsBlocked) {
+  ASSERT_TRUE(start_ready_and_held());
   Result<TransferReport> r = make_error(ErrorCode::kInternal, "not run");
   std::thread sender([&] { r = g->send(w, Layout{.packed = true, .packed_buffer_bytes = 300}, deadline_in(60s)); });
   ASSERT_TRUE(
@@ -454,29 +428,25 @@ TEST(NcclGroup, AbortFromAnotherThreadWhileSendIsBlocked) {
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
   g.reset();
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
-  expect_clean(fake);
+  expect_clean();
 }
 
-TEST(NcclGroup, AbortWhileIdleAbortsAtOnce) {
-  ScopedBackend fake;
-  auto g = ready_group(fake);
-  ASSERT_TRUE(g);
+TEST_F(NcclGroup, AbortWhileIdleAbortsAtOnce) {
+  ASSERT_TRUE(start_ready());
   g->abort("shutting down");
   EXPECT_EQ(fake->count(Call::Kind::kAbort), 1u);
-  auto w = g->warmup(deadline_in(kGenerous));
-  ASSERT_FALSE(w);
-  EXPECT_NE(w.error().what().find("shutting down"), std::string::npos);
+  auto warm = g->warmup(deadline_in(kGenerous));
+  ASSERT_FALSE(warm);
+  EXPECT_NE(warm.error().what().find("shutting down"), std::string::npos);
 }
 
 // Receiver: what the root broadcasts (per the plan) lands in the sink's buffers.
-void check_receive(const Layout& layout, bool device_sink) {
-  ScopedBackend fake;
+void NcclGroup::check_receive(const Layout& layout, bool device_sink) {
   HostWeights sent(specs());
   fill(sent, 11);
   const auto plan = plan_buckets(sent.specs(), layout);
   for (const Bucket& b : plan) fake->push_incoming(concat(sent, b));
-  auto g = ready_group(fake, config(1, 2));
-  ASSERT_TRUE(g);
+  ASSERT_TRUE(start_ready(config(1, 2)));
   HostWeights got(specs());
   DeviceSink device(got);
   WeightSink& sink = device_sink ? static_cast<WeightSink&>(device) : got;
@@ -500,19 +470,16 @@ void check_receive(const Layout& layout, bool device_sink) {
       EXPECT_EQ(casts[b].count, sent.specs()[b].numel());
     }
   }
-  g.reset();
-  expect_clean(fake);
+  destroy_and_expect_clean();
 }
 
-TEST(NcclGroup, ReceivePackedIntoHostSink) { check_receive({.packed = true, .packed_buffer_bytes = 300}, false); }
-TEST(NcclGroup, ReceivePerTensorIntoHostSink) { check_receive({.packed = false}, false); }
-TEST(NcclGroup, ReceivePackedIntoDeviceSink) { check_receive({.packed = true, .packed_buffer_bytes = 300}, true); }
-TEST(NcclGroup, ReceivePerTensorIntoDeviceSink) { check_receive({.packed = false}, true); }
+TEST_F(NcclGroup, ReceivePackedIntoHostSink) { check_receive({.packed = true, .packed_buffer_bytes = 300}, false); }
+TEST_F(NcclGroup, ReceivePerTensorIntoHostSink) { check_receive({.packed = false}, false); }
+TEST_F(NcclGroup, ReceivePackedIntoDeviceSink) { check_receive({.packed = true, .packed_buffer_bytes = 300}, true); }
+TEST_F(NcclGroup, ReceivePerTensorIntoDeviceSink) { check_receive({.packed = false}, true); }
 
-TEST(NcclGroup, ReceiveRefusesASinkThatLacksATensorBeforeAnyBroadcast) {
-  ScopedBackend fake;
-  auto g = ready_group(fake, config(1, 2));
-  ASSERT_TRUE(g);
+TEST_F(NcclGroup, ReceiveRefusesASinkThatLacksATensorBeforeAnyBroadcast) {
+  ASSERT_TRUE(start_ready(config(1, 2)));
   HostWeights got({{"embed", DType::BF16, {64, 9}}});
   auto r = g->receive(got, specs(), Layout{}, deadline_in(kGenerous));
   ASSERT_FALSE(r);
@@ -520,20 +487,17 @@ TEST(NcclGroup, ReceiveRefusesASinkThatLacksATensorBeforeAnyBroadcast) {
   EXPECT_FALSE(g->aborted());
 }
 
-TEST(NcclGroup, RolesAreChecked) {
-  ScopedBackend fake;
-  HostWeights w(specs());
-  auto root = ready_group(fake);
+TEST_F(NcclGroup, RolesAreChecked) {
+  auto root = ready_group();
   ASSERT_TRUE(root);
   EXPECT_FALSE(root->receive(w, w.specs(), Layout{}, deadline_in(kGenerous)));
-  auto peer = ready_group(fake, config(1, 2));
+  auto peer = ready_group(config(1, 2));
   ASSERT_TRUE(peer);
   EXPECT_FALSE(peer->send(w, Layout{}, deadline_in(kGenerous)));
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
 }
 
-TEST(NcclGroup, LibraryFunctionsUseTheInstalledBackend) {
-  ScopedBackend fake;
+TEST_F(NcclGroup, LibraryFunctionsUseTheInstalledBackend) {
   fake->set_version("2.28.9");
   auto v = library_version("any");
   ASSERT_TRUE(v);

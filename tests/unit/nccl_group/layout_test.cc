@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <regex>
+#include <string_view>
+#include <utility>
 
 #include "weight_sync/transports/nccl/group.h"
 #include "weight_sync/transports/nccl/layout.h"
@@ -75,31 +77,26 @@ TEST(NcclLayout, ValidateRefusesImpossibleLayouts) {
 }
 
 TEST(NcclLayout, TorchDtypeNames) {
-  EXPECT_EQ(*torch_dtype_name(DType::BF16), "bfloat16");
-  EXPECT_EQ(*torch_dtype_name(DType::F32), "float32");
-  EXPECT_EQ(*torch_dtype_name(DType::F16), "float16");
-  EXPECT_EQ(*torch_dtype_name(DType::F64), "float64");
-  EXPECT_EQ(*torch_dtype_name(DType::F8_E4M3), "float8_e4m3fn");
-  EXPECT_EQ(*torch_dtype_name(DType::F8_E5M2), "float8_e5m2");
-  EXPECT_EQ(*torch_dtype_name(DType::I64), "int64");
-  EXPECT_EQ(*torch_dtype_name(DType::I32), "int32");
-  EXPECT_EQ(*torch_dtype_name(DType::I16), "int16");
-  EXPECT_EQ(*torch_dtype_name(DType::I8), "int8");
-  EXPECT_EQ(*torch_dtype_name(DType::U8), "uint8");
-  EXPECT_EQ(*torch_dtype_name(DType::BOOL), "bool");
+  const std::pair<DType, std::string_view> names[] = {{DType::BF16, "bfloat16"},
+                                                      {DType::F32, "float32"},
+                                                      {DType::F16, "float16"},
+                                                      {DType::F64, "float64"},
+                                                      {DType::F8_E4M3, "float8_e4m3fn"},
+                                                      {DType::F8_E5M2, "float8_e5m2"},
+                                                      {DType::I64, "int64"},
+                                                      {DType::I32, "int32"},
+                                                      {DType::I16, "int16"},
+                                                      {DType::I8, "int8"},
+                                                      {DType::U8, "uint8"},
+                                                      {DType::BOOL, "bool"}};
+  for (const auto& [dtype, name] : names) EXPECT_EQ(*torch_dtype_name(dtype), name) << safetensors::dtype_name(dtype);
 }
 
 TEST(NcclLayout, NcclDataTypesArePynccls) {
-  EXPECT_EQ(*nccl_data_type(DType::I8), 0);
-  EXPECT_EQ(*nccl_data_type(DType::U8), 1);
-  EXPECT_EQ(*nccl_data_type(DType::I32), 2);
-  EXPECT_EQ(*nccl_data_type(DType::I64), 4);
-  EXPECT_EQ(*nccl_data_type(DType::F16), 6);
-  EXPECT_EQ(*nccl_data_type(DType::F32), 7);
-  EXPECT_EQ(*nccl_data_type(DType::F64), 8);
-  EXPECT_EQ(*nccl_data_type(DType::BF16), 9);
-  EXPECT_EQ(*nccl_data_type(DType::F8_E4M3), 10);
-  EXPECT_EQ(*nccl_data_type(DType::F8_E5M2), 11);
+  const std::pair<DType, int> types[] = {{DType::I8, 0},       {DType::U8, 1},      {DType::I32, 2}, {DType::I64, 4},
+                                         {DType::F16, 6},      {DType::F32, 7},     {DType::F64, 8}, {DType::BF16, 9},
+                                         {DType::F8_E4M3, 10}, {DType::F8_E5M2, 11}};
+  for (const auto& [dtype, type] : types) EXPECT_EQ(*nccl_data_type(dtype), type) << safetensors::dtype_name(dtype);
   EXPECT_EQ(kNcclUint8, 1);
   EXPECT_EQ(kNcclFloat32, 7);
   for (DType d : {DType::I16, DType::BOOL}) {

@@ -7,11 +7,8 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include <condition_variable>
-#include <mutex>
-
 #include "orchestrator/adapters/collective_session.h"
-#include "weight_sync/staging.h"
+#include "tests/unit/nccl_transport/nccl_trainer.h"
 #include "weight_sync/transports/nccl/testing.h"
 #include "weight_sync/wire.h"
 
@@ -26,15 +23,7 @@ using weight_sync::nccl::testing::ScopedBackend;
 class Rig {
  public:
   explicit Rig(std::size_t expected) {
-    weight_sync::Options o;
-    o.transport = "nccl";
-    o.timeout = 5s;
-    o.params = {{"address", "127.0.0.1:0"}};
-    pub = weight_sync::StagingPublisher::create(o, [this](const weight_sync::Announcement& a) {
-            std::lock_guard l(mu);
-            last = weight_sync::to_json(a);
-            cv.notify_all();
-          }).value();
+    trainer.start();
     CollectiveSessionOptions so;
     so.expected = expected;
     so.flavor = "sglang";
@@ -42,14 +31,13 @@ class Rig {
     so.timeout = 5s;
     session = TrainerCollective::create(so);
   }
-  ~Rig() { pub.reset(); }  // its announcer thread uses the members below
   void stage(weight_sync::Version v) {
     weight_sync::HostWeights w({{"model.w", weight_sync::DType::F32, {16}}});
-    ASSERT_TRUE(pub->stage(v, w));
-    std::unique_lock l(mu);
-    ASSERT_TRUE(cv.wait_for(l, 10s, [&] { return last.is_object() && last.at("version") == v; }));
-    session->announce({{"weight_sync", last}});
+    ASSERT_TRUE(trainer.pub->stage(v, w));
+    session->announce({{"weight_sync", announced(v)}});
   }
+  // The trainer's announcement of `v` (or later) as the session is handed it.
+  nlohmann::json announced(weight_sync::Version v) { return weight_sync::to_json(trainer.announcement(v)); }
   // Runs `tasks` on one io_context until all finished.
   template <typename T>
   std::vector<T> run(std::vector<std::function<asio::awaitable<T>()>> tasks) {
@@ -66,11 +54,8 @@ class Rig {
   }
 
   ScopedBackend fake;
-  std::unique_ptr<weight_sync::StagingPublisher> pub;
+  weight_sync::testing::NcclTrainer trainer{5s};
   std::shared_ptr<TrainerCollective> session;
-  std::mutex mu;
-  std::condition_variable cv;
-  nlohmann::json last;
 };
 
 TEST(CollectiveSession, WorkersThatAskTogetherShareOneGroupAndOneBroadcast) {
@@ -119,7 +104,7 @@ TEST(CollectiveSession, ARejoiningWorkerStartsANewGroupWithTheOthers) {
   rig.stage(0);
   rig.session = TrainerCollective::create({.expected = 2, .flavor = "sglang", .gather = 300ms, .timeout = 5s});
   auto s = rig.session;
-  s->announce({{"weight_sync", rig.last}});
+  s->announce({{"weight_sync", rig.announced(0)}});
   auto alone =
       rig.run<Result<nlohmann::json>>({[s] { return s->group("http://a", 1); }});  // b is down: the window passes
   ASSERT_TRUE(alone[0]) << alone[0].error().what();

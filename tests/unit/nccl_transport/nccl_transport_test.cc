@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/unit/nccl_transport/nccl_trainer.h"
 #include "weight_sync/collective.h"
 #include "weight_sync/staging.h"
 #include "weight_sync/transport.h"
@@ -51,52 +52,45 @@ std::vector<std::byte> concat(const HostWeights& w, std::size_t first, std::size
   return out;
 }
 
-// A trainer's StagingPublisher over nccl and what it announced.
-class Trainer {
- public:
-  explicit Trainer(std::int64_t packed_buffer_bytes = 1 << 20) {
-    options.transport = "nccl";
-    options.timeout = 5s;
-    options.bucket_timeout = 2s;
-    options.params = {{"address", "127.0.0.1:0"}, {"packed_buffer_bytes", packed_buffer_bytes}};
+// Each test: the communicator's double, a trainer over nccl (a packed buffer of 1 MiB unless a
+// test sets another) and the weights it stages.
+class NcclTransport : public ::testing::Test {
+ protected:
+  NcclTransport() {
+    t.options.bucket_timeout = 2s;
+    t.options.params["packed_buffer_bytes"] = 1 << 20;
   }
-  ~Trainer() { pub.reset(); }  // its announcer thread uses the members below
-  void start() {
-    pub = StagingPublisher::create(options, [this](const Announcement& a) {
-            std::lock_guard l(mu_);
-            announced_.push_back(a);
-            cv_.notify_all();
-          }).value();
+  // Starts the trainer, stages version 0 of the weights filled from `seed` and connects `control`.
+  void stage_and_connect(std::uint64_t seed) {
+    t.start();
+    fill(w, seed);
+    ASSERT_TRUE(t.pub->stage(0, w));
+    control = CollectiveControl::connect(t.announcement(0), deadline_in(5s)).value();
   }
-  Announcement announcement(Version v) {
-    std::unique_lock l(mu_);
-    EXPECT_TRUE(cv_.wait_for(l, 10s, [&] { return !announced_.empty() && announced_.back().version >= v; }));
-    return announced_.back();
+  // Waits (5 s) until the double recorded `n` or more calls that `pred` holds for.
+  bool recorded(const std::function<bool(const Call&)>& pred, std::ptrdiff_t n = 1) {
+    return fake->wait_for(
+        [&](const std::vector<Call>& calls) { return std::count_if(calls.begin(), calls.end(), pred) >= n; }, 5s);
   }
-  std::unique_ptr<CollectiveControl> control(Version v) {
-    return CollectiveControl::connect(announcement(v), deadline_in(5s)).value();
+  // Options of arlo's own receiver that joins as group member `member`.
+  Options receiver(const std::string& member) {
+    Options o;
+    o.transport = "nccl";
+    o.params = {{"address", t.announcement(0).endpoint.at("address")}, {"member", member}};
+    return o;
   }
 
-  Options options;
-  std::unique_ptr<StagingPublisher> pub;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Announcement> announced_;
+  ScopedBackend fake;
+  testing::NcclTrainer t{5s};
+  HostWeights w{specs()};
+  std::unique_ptr<CollectiveControl> control;
 };
 
-TEST(NcclTransport, GroupPublishesTheIdInEveryFormAndRank0Inits) {
-  ScopedBackend fake;
-  Trainer t;
-  t.start();
-  HostWeights w(specs());
-  fill(w, 1);
-  ASSERT_TRUE(t.pub->stage(0, w));
+TEST_F(NcclTransport, GroupPublishesTheIdInEveryFormAndRank0Inits) {
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(1));
   const auto a = t.announcement(0);
   EXPECT_EQ(a.transport, "nccl");
   EXPECT_EQ(a.endpoint.at("nccl_version"), "2.28.9");
-  auto control = t.control(0);
   auto group = control->open_group({{"w0", 2, "vllm"}, {"w1", 1, "vllm"}}, deadline_in(5s));
   ASSERT_TRUE(group) << group.error().what();
   ASSERT_EQ(group->join.size(), 2u);
@@ -121,33 +115,19 @@ TEST(NcclTransport, GroupPublishesTheIdInEveryFormAndRank0Inits) {
   EXPECT_EQ(store->get(fmt::format("/tcp://127.0.0.1:{}/{}//cuda//0", port, name), deadline_in(5s)).value(),
             raw);  // older SGLang's PrefixStore(init_method) form
   // Rank 0 of 4 started its (non-blocking) init.
-  ASSERT_TRUE(fake->wait_for(
-      [](const auto& calls) {
-        return std::any_of(calls.begin(), calls.end(), [](const Call& c) { return c.kind == Call::Kind::kInit; });
-      },
-      5s));
+  ASSERT_TRUE(recorded([](const Call& c) { return c.kind == Call::Kind::kInit; }));
   const auto inits = fake->calls(Call::Kind::kInit);
   ASSERT_EQ(inits.size(), 1u);
   EXPECT_EQ(inits[0].rank, 0);
   EXPECT_EQ(inits[0].world_size, 4);
   // vLLM's workers all-reduce inside their init route, before any update: rank 0 joins that at once.
-  EXPECT_TRUE(fake->wait_for(
-      [](const auto& calls) {
-        return std::any_of(calls.begin(), calls.end(),
-                           [](const Call& c) { return c.kind == Call::Kind::kAllReduce && c.ran; });
-      },
-      5s));
+  EXPECT_TRUE(recorded([](const Call& c) { return c.kind == Call::Kind::kAllReduce && c.ran; }));
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), 0u);
 }
 
-TEST(NcclTransport, VllmGroupWarmsUpThenBroadcastsPackedBucketsOfTheStagedBytes) {
-  ScopedBackend fake;
-  Trainer t(/*packed_buffer_bytes=*/4096);
-  t.start();
-  HostWeights w(specs());
-  fill(w, 2);
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto control = t.control(0);
+TEST_F(NcclTransport, VllmGroupWarmsUpThenBroadcastsPackedBucketsOfTheStagedBytes) {
+  t.options.params["packed_buffer_bytes"] = 4096;
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(2));
   auto group = control->open_group({{"w0", 1, "vllm"}}, deadline_in(5s)).value();
   auto tensors = control->tensors(deadline_in(5s)).value();
   ASSERT_EQ(tensors.size(), 4u);
@@ -176,14 +156,8 @@ TEST(NcclTransport, VllmGroupWarmsUpThenBroadcastsPackedBucketsOfTheStagedBytes)
   EXPECT_TRUE(fake->misuse().empty());
 }
 
-TEST(NcclTransport, SglangGroupBroadcastsEachTensorWithoutWarmUp) {
-  ScopedBackend fake;
-  Trainer t;
-  t.start();
-  HostWeights w(specs());
-  fill(w, 3);
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto control = t.control(0);
+TEST_F(NcclTransport, SglangGroupBroadcastsEachTensorWithoutWarmUp) {
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(3));
   auto group = control->open_group({{"w0", 2, "sglang"}}, deadline_in(5s)).value();
   EXPECT_FALSE(group.join.at("w0").at("packed").get<bool>());
   EXPECT_FALSE(group.join.at("w0").at("warmup").get<bool>());
@@ -198,27 +172,17 @@ TEST(NcclTransport, SglangGroupBroadcastsEachTensorWithoutWarmUp) {
   }
 }
 
-TEST(NcclTransport, VllmAndSglangCannotShareAGroup) {
-  ScopedBackend fake;
-  Trainer t;
-  t.start();
-  HostWeights w(specs());
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto group = t.control(0)->open_group({{"a", 1, "vllm"}, {"b", 1, "sglang"}}, deadline_in(5s));
+TEST_F(NcclTransport, VllmAndSglangCannotShareAGroup) {
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(7));
+  auto group = control->open_group({{"a", 1, "vllm"}, {"b", 1, "sglang"}}, deadline_in(5s));
   ASSERT_FALSE(group);
   EXPECT_NE(group.error().what().find("cannot share one group"), std::string::npos) << group.error().what();
 }
 
 // Every member of the group must be receiving before the broadcast starts; a superseded version
 // is answered with the newest staged one.
-TEST(NcclTransport, BroadcastWaitsForEveryMemberAndSendsTheNewestStaged) {
-  ScopedBackend fake;
-  Trainer t;
-  t.start();
-  HostWeights w(specs());
-  fill(w, 4);
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto control = t.control(0);
+TEST_F(NcclTransport, BroadcastWaitsForEveryMemberAndSendsTheNewestStaged) {
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(4));
   auto group = control->open_group({{"w0", 1, "sglang"}, {"w1", 1, "sglang"}}, deadline_in(5s)).value();
   fill(w, 5);
   ASSERT_TRUE(t.pub->stage(1, w));
@@ -239,15 +203,10 @@ TEST(NcclTransport, BroadcastWaitsForEveryMemberAndSendsTheNewestStaged) {
 // Init that never completes: the transfer fails at its deadline, the communicator is aborted, the
 // group is gone (later members are answered at once), and the next group is a new generation on a
 // new rendezvous port.
-TEST(NcclTransport, MissedInitDeadlineAbortsAndTheNextGroupIsNew) {
-  ScopedBackend fake;
+TEST_F(NcclTransport, MissedInitDeadlineAbortsAndTheNextGroupIsNew) {
   fake->hold_init();
-  Trainer t;
   t.options.timeout = 600ms;
-  t.start();
-  HostWeights w(specs());
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto control = t.control(0);
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(8));
   auto group = control->open_group({{"w0", 1, "vllm"}}, deadline_in(5s)).value();
   auto sent = control->receiving(group.generation, 0, deadline_in(10s));
   ASSERT_FALSE(sent);
@@ -268,22 +227,12 @@ TEST(NcclTransport, MissedInitDeadlineAbortsAndTheNextGroupIsNew) {
 }
 
 // A member's failure (its server refused the metadata call) aborts the broadcast in flight.
-TEST(NcclTransport, AMemberAbortStopsTheBroadcastInFlight) {
-  ScopedBackend fake;
+TEST_F(NcclTransport, AMemberAbortStopsTheBroadcastInFlight) {
   fake->hold_collectives_from(1);  // the first tensor goes, the second waits
-  Trainer t;
-  t.start();
-  HostWeights w(specs());
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto control = t.control(0);
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(9));
   auto group = control->open_group({{"w0", 1, "sglang"}}, deadline_in(5s)).value();
   auto sent = std::async(std::launch::async, [&] { return control->receiving(group.generation, 0, deadline_in(10s)); });
-  ASSERT_TRUE(fake->wait_for(
-      [](const auto& calls) {
-        return std::count_if(calls.begin(), calls.end(),
-                             [](const Call& c) { return c.kind == Call::Kind::kBroadcast; }) >= 2;
-      },
-      5s));
+  ASSERT_TRUE(recorded([](const Call& c) { return c.kind == Call::Kind::kBroadcast; }, 2));
   ASSERT_TRUE(control->abort(group.generation, "w0: HTTP 500 from /update_weights_from_distributed", deadline_in(5s)));
   auto r = sent.get();
   ASSERT_FALSE(r);
@@ -293,19 +242,11 @@ TEST(NcclTransport, AMemberAbortStopsTheBroadcastInFlight) {
 
 // arlo's own receiver joins from its member key, checks the tensors against its sink before any
 // collective, receives into it and verifies the checksum the publisher sent.
-TEST(NcclTransport, ArloReceiverJoinsReceivesAndVerifies) {
-  ScopedBackend fake;
-  Trainer t;
-  t.start();
-  HostWeights w(specs());
-  fill(w, 6);
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto control = t.control(0);
+TEST_F(NcclTransport, ArloReceiverJoinsReceivesAndVerifies) {
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(6));
   auto group = control->open_group({{"gpu-worker", 1, "arlo"}}, deadline_in(5s)).value();
-  Options ro;
-  ro.transport = "nccl";
+  Options ro = receiver("gpu-worker");
   ro.timeout = 5s;
-  ro.params = {{"address", t.announcement(0).endpoint.at("address")}, {"member", "gpu-worker"}};
   auto sub = Subscriber::create(ro).value();
   // The double's non-root broadcast delivers what a test queues: the bytes rank 0 sends.
   const auto buckets = nccl::plan_buckets(specs(), nccl::Layout{});
@@ -329,19 +270,11 @@ TEST(NcclTransport, ArloReceiverJoinsReceivesAndVerifies) {
   EXPECT_EQ(fake->count(Call::Kind::kBroadcast), collectives);
 }
 
-TEST(NcclTransport, AReceiverOnAnotherNcclVersionIsRefusedNamingBoth) {
-  ScopedBackend fake;
-  Trainer t;
-  t.start();
-  HostWeights w(specs());
-  ASSERT_TRUE(t.pub->stage(0, w));
-  auto control = t.control(0);
+TEST_F(NcclTransport, AReceiverOnAnotherNcclVersionIsRefusedNamingBoth) {
+  ASSERT_NO_FATAL_FAILURE(stage_and_connect(10));
   ASSERT_TRUE(control->open_group({{"gpu-worker", 1, "arlo"}}, deadline_in(5s)));
   fake->set_version("2.27.7");
-  Options ro;
-  ro.transport = "nccl";
-  ro.params = {{"address", t.announcement(0).endpoint.at("address")}, {"member", "gpu-worker"}};
-  auto sub = Subscriber::create(ro).value();
+  auto sub = Subscriber::create(receiver("gpu-worker")).value();
   HostWeights sink(specs());
   auto got = sub->receive(sink, deadline_in(5s));
   ASSERT_FALSE(got);
@@ -350,8 +283,7 @@ TEST(NcclTransport, AReceiverOnAnotherNcclVersionIsRefusedNamingBoth) {
   EXPECT_EQ(fake->count(Call::Kind::kInit), 1u);  // only rank 0's
 }
 
-TEST(NcclTransport, PayloadsOtherThanFullAreRefused) {
-  ScopedBackend fake;
+TEST_F(NcclTransport, PayloadsOtherThanFullAreRefused) {
   Options o;
   o.transport = "nccl";
   o.payload.kind = PayloadKind::kDelta;

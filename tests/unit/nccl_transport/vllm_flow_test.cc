@@ -8,11 +8,11 @@
 
 #include <boost/asio/steady_timer.hpp>
 
-#include <condition_variable>
 
 #include "common/http.h"
 #include "orchestrator/adapters/collective_session.h"
 #include "rollout/admin.h"
+#include "tests/unit/nccl_transport/nccl_trainer.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 #include "weight_sync/staging.h"
 #include "weight_sync/transports/nccl/rendezvous.h"
@@ -32,30 +32,6 @@ using ws::nccl::testing::Call;
 std::vector<ws::TensorSpec> specs() {
   return {{"model.embed_tokens.weight", ws::DType::BF16, {32, 8}}, {"lm_head.weight", ws::DType::F32, {32, 8}}};
 }
-
-// The trainer side: a StagingPublisher over nccl that staged v1, and its announcement.
-struct Trainer {
-  Trainer() {
-    ws::Options o;
-    o.transport = "nccl";
-    o.timeout = 10s;
-    o.params = {{"address", "127.0.0.1:0"}};
-    pub = ws::StagingPublisher::create(o, [this](const ws::Announcement& a) {
-            std::lock_guard l(mu);
-            announced = ws::to_json(a);
-            cv.notify_all();
-          }).value();
-    ws::HostWeights w(specs());
-    EXPECT_TRUE(pub->stage(1, w));
-    std::unique_lock l(mu);
-    EXPECT_TRUE(cv.wait_for(l, 10s, [&] { return announced.is_object(); }));
-  }
-  ~Trainer() { pub.reset(); }
-  std::unique_ptr<ws::StagingPublisher> pub;
-  std::mutex mu;
-  std::condition_variable cv;
-  json announced;
-};
 
 // Ran broadcasts the double recorded.
 std::size_t broadcasts_ran(const ws::nccl::testing::FakeBackend& fake) {
@@ -201,19 +177,22 @@ template <typename Srv>
 void one_update(rollout::AdminDialect dialect, const char* flavor, std::size_t collectives_before_update) {
   ws::nccl::testing::ScopedBackend fake;
   fake->hold_collectives_from(collectives_before_update);  // vLLM's warm-up may run; broadcasts wait
-  Trainer trainer;
+  ws::testing::NcclTrainer trainer(10s);                   // stages v1
+  trainer.start();
+  ws::HostWeights w(specs());
+  ASSERT_TRUE(trainer.pub->stage(1, w));
   asio::io_context io;
   Srv server(io, *fake);
   auto session =
       orch::adapters::TrainerCollective::create({.expected = 1, .flavor = flavor, .gather = 2s, .timeout = 10s});
-  session->announce({{"weight_sync", trainer.announced}});
+  session->announce({{"weight_sync", ws::to_json(trainer.announcement(1))}});
   http::Client client(io);
   rollout::AdminOptions o;
   o.call_timeout = 10s;
   o.transfer_timeout = 10s;
   auto admin = rollout::make_admin_client(dialect, client, server.url(), o);
   rollout::test::run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_EQ(what(co_await admin->pause(rollout::PauseMode::kAbort)), "ok");
+    EXPECT_EQ(what(co_await admin->pause(arlo::PauseMode::kAbort)), "ok");
     rollout::WeightUpdate u;
     u.version = 1;
     u.collective = session;
