@@ -15,6 +15,7 @@
 #include <future>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "common/async/fake_clock.h"
 #include "common/result.h"
@@ -47,94 +48,106 @@ void start(asio::io_context& io, AbandonableExecutor& executor, F fn, Clock::dur
   });
 }
 
-TEST(AbandonableExecutor, ResultBeforeTheTimeoutIsDelivered) {
+// A one-thread executor whose timeouts run on a FakeClock, driven from this thread's io_context.
+struct OneThread {
   asio::io_context io;
   FakeClock clock;
-  AbandonableExecutor executor({.threads = 1, .max_abandoned = 4, .clock = &clock});
+  AbandonableExecutor executor;
+  explicit OneThread(std::size_t max_abandoned)
+      : executor({.threads = 1, .max_abandoned = max_abandoned, .clock = &clock}) {}
+
+  // Runs a call that returns `value` at once: its result, or nullopt when none came within 30 s.
+  std::optional<Result<int>> call(int value, Clock::duration timeout) {
+    std::optional<Result<int>> out;
+    start(
+        io, executor, [value] { return Result<int>(value); }, timeout, out);
+    if (!eventually(io, [&] { return out.has_value(); })) return std::nullopt;
+    return out;
+  }
+};
+
+// A call that holds its executor thread until release(): hold() starts it and returns once it runs.
+// Released at the latest when it goes out of scope, so a failed assertion leaves no thread stuck.
+struct StuckCall {
+  std::atomic<bool> inside{false};
+  std::promise<void> releaser;
+  std::shared_future<void> released = releaser.get_future().share();
+  bool was_released = false;
   std::optional<Result<int>> out;
-  start(
-      io, executor, [] { return Result<int>(7); }, 300ms, out);
-  ASSERT_TRUE(eventually(io, [&] { return out.has_value(); }));
+
+  ~StuckCall() { release(); }
+
+  [[nodiscard]] bool hold(OneThread& t, Clock::duration timeout) {
+    start(
+        t.io, t.executor,
+        [&inside = inside, released = released] {
+          inside = true;
+          released.wait();
+          return Result<int>(1);
+        },
+        timeout, out);
+    return eventually(t.io, [this] { return inside.load(); });
+  }
+  void release() {
+    if (!std::exchange(was_released, true)) releaser.set_value();
+  }
+};
+
+TEST(AbandonableExecutor, ResultBeforeTheTimeoutIsDelivered) {
+  OneThread t(4);
+  const auto out = t.call(7, 300ms);
+  ASSERT_TRUE(out.has_value()) << "no result within 30 s";
   ASSERT_TRUE(*out) << out->error().what();
   EXPECT_EQ(**out, 7);
-  EXPECT_EQ(clock.pending(), 0u);  // the timeout was cancelled with the result
-  EXPECT_EQ(executor.timeouts(), 0u);
+  EXPECT_EQ(t.clock.pending(), 0u);  // the timeout was cancelled with the result
+  EXPECT_EQ(t.executor.timeouts(), 0u);
 }
 
 TEST(AbandonableExecutor, HungCallIsAbandonedWhenTheClockPassesItsTimeout) {
-  asio::io_context io;
-  FakeClock clock;
-  AbandonableExecutor executor({.threads = 1, .max_abandoned = 4, .clock = &clock});
-  std::atomic<bool> inside{false};
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::optional<Result<int>> hung;
-  start(
-      io, executor,
-      [&inside, released] {
-        inside = true;
-        released.wait();
-        return Result<int>(1);
-      },
-      300ms, hung);
-  ASSERT_TRUE(eventually(io, [&] { return inside.load(); }));
+  OneThread t(4);
+  StuckCall stuck;
+  ASSERT_TRUE(stuck.hold(t, 300ms));
+  const std::optional<Result<int>>& hung = stuck.out;
 
-  clock.advance(299ms);
-  io.poll();
-  io.restart();
+  t.clock.advance(299ms);
+  t.io.poll();
+  t.io.restart();
   EXPECT_FALSE(hung.has_value()) << "abandoned before its timeout";
-  clock.advance(1ms);
-  ASSERT_TRUE(eventually(io, [&] { return hung.has_value(); }));
+  t.clock.advance(1ms);
+  ASSERT_TRUE(eventually(t.io, [&] { return hung.has_value(); }));
   ASSERT_FALSE(*hung);
   EXPECT_EQ(hung->error().code(), ErrorCode::kTimeout);
   EXPECT_NE(hung->error().message().find("300 ms"), std::string::npos) << hung->error().message();
-  EXPECT_EQ(executor.abandoned(), 1u);
-  EXPECT_EQ(executor.timeouts(), 1u);
+  EXPECT_EQ(t.executor.abandoned(), 1u);
+  EXPECT_EQ(t.executor.timeouts(), 1u);
 
   // The stuck thread was replaced: the one-thread executor still serves a call.
-  std::optional<Result<int>> next;
-  start(
-      io, executor, [] { return Result<int>(2); }, 300ms, next);
-  ASSERT_TRUE(eventually(io, [&] { return next.has_value(); }));
+  const auto next = t.call(2, 300ms);
+  ASSERT_TRUE(next.has_value()) << "no result within 30 s";
   ASSERT_TRUE(*next) << next->error().what();
   EXPECT_EQ(**next, 2);
 
   // The stuck call returns late: its result is discarded and its thread leaves.
-  release.set_value();
-  ASSERT_TRUE(eventually(io, [&] { return executor.abandoned() == 0; }));
+  stuck.release();
+  ASSERT_TRUE(eventually(t.io, [&] { return t.executor.abandoned() == 0; }));
   EXPECT_EQ(hung->error().code(), ErrorCode::kTimeout);
 }
 
 TEST(AbandonableExecutor, TooManyStuckCallsFailFast) {
-  asio::io_context io;
-  FakeClock clock;
-  AbandonableExecutor executor({.threads = 1, .max_abandoned = 1, .clock = &clock});
-  std::atomic<bool> inside{false};
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::optional<Result<int>> hung;
-  start(
-      io, executor,
-      [&inside, released] {
-        inside = true;
-        released.wait();
-        return Result<int>(1);
-      },
-      1s, hung);
-  ASSERT_TRUE(eventually(io, [&] { return inside.load(); }));
-  clock.advance(1s);
-  ASSERT_TRUE(eventually(io, [&] { return hung.has_value(); }));
-  ASSERT_EQ(executor.abandoned(), 1u);
+  OneThread t(1);
+  StuckCall stuck;
+  ASSERT_TRUE(stuck.hold(t, 1s));
+  t.clock.advance(1s);
+  ASSERT_TRUE(eventually(t.io, [&] { return stuck.out.has_value(); }));
+  ASSERT_EQ(t.executor.abandoned(), 1u);
 
-  std::optional<Result<int>> refused;
-  start(
-      io, executor, [] { return Result<int>(3); }, 1s, refused);
-  ASSERT_TRUE(eventually(io, [&] { return refused.has_value(); }));
+  const auto refused = t.call(3, 1s);
+  ASSERT_TRUE(refused.has_value()) << "no answer within 30 s";
   ASSERT_FALSE(*refused);
   EXPECT_EQ(refused->error().code(), ErrorCode::kResourceExhausted) << refused->error().message();
 
-  release.set_value();
-  ASSERT_TRUE(eventually(io, [&] { return executor.abandoned() == 0; }));
+  stuck.release();
+  ASSERT_TRUE(eventually(t.io, [&] { return t.executor.abandoned() == 0; }));
 }
 
 }  // namespace

@@ -11,37 +11,20 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "tests/temp_dir.h"
 
 namespace arlo::safetensors {
 namespace {
 
 namespace fs = std::filesystem;
+using test_files::TempDir;
 using ::testing::HasSubstr;
 
 constexpr DType kAllDTypes[] = {DType::F64, DType::F32, DType::F16, DType::BF16, DType::F8_E4M3, DType::F8_E5M2,
                                 DType::I64, DType::I32, DType::I16, DType::I8,   DType::U8,      DType::BOOL};
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "arlo-st-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    return out;
-  }
-
- private:
-  fs::path path_;
-};
 
 std::vector<std::byte> random_bytes(std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -84,18 +67,10 @@ TEST(SafetensorsDType, NamesRoundTripAndSizes) {
     ASSERT_TRUE(parsed) << dtype_name(d);
     EXPECT_EQ(*parsed, d);
   }
-  EXPECT_EQ(dtype_size(DType::F64), 8u);
-  EXPECT_EQ(dtype_size(DType::I64), 8u);
-  EXPECT_EQ(dtype_size(DType::F32), 4u);
-  EXPECT_EQ(dtype_size(DType::I32), 4u);
-  EXPECT_EQ(dtype_size(DType::F16), 2u);
-  EXPECT_EQ(dtype_size(DType::BF16), 2u);
-  EXPECT_EQ(dtype_size(DType::I16), 2u);
-  EXPECT_EQ(dtype_size(DType::F8_E4M3), 1u);
-  EXPECT_EQ(dtype_size(DType::F8_E5M2), 1u);
-  EXPECT_EQ(dtype_size(DType::I8), 1u);
-  EXPECT_EQ(dtype_size(DType::U8), 1u);
-  EXPECT_EQ(dtype_size(DType::BOOL), 1u);
+  const std::pair<DType, std::size_t> sizes[] = {
+      {DType::F64, 8}, {DType::I64, 8},     {DType::F32, 4},     {DType::I32, 4}, {DType::F16, 2}, {DType::BF16, 2},
+      {DType::I16, 2}, {DType::F8_E4M3, 1}, {DType::F8_E5M2, 1}, {DType::I8, 1},  {DType::U8, 1},  {DType::BOOL, 1}};
+  for (const auto& [dtype, size] : sizes) EXPECT_EQ(dtype_size(dtype), size) << dtype_name(dtype);
   EXPECT_FALSE(parse_dtype("f32"));
   EXPECT_FALSE(parse_dtype("U16"));
   EXPECT_FALSE(parse_dtype(""));

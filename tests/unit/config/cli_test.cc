@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/config/config.h"
+#include "tests/temp_dir.h"
 
 namespace {
 
@@ -39,18 +40,13 @@ Outcome arlo(const std::string& args) {
 
 class CliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("arlo_cli_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string write(const std::string& name, const std::string& text) {
     const fs::path p = dir_ / name;
     std::ofstream(p) << text;
     return p.string();
   }
-  fs::path dir_;
+  const arlo::test_files::TempDir tmp_{"arlo_cli_test"};
+  const fs::path& dir_ = tmp_.path();
 };
 
 TEST_F(CliTest, Version) {

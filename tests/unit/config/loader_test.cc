@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
+#include <string_view>
 
 #include "common/config/config.h"
 
@@ -37,6 +39,15 @@ std::string all_text(const Resolution& r) {
   std::string out;
   for (const auto& d : r.diagnostics) out += d.text() + "\n";
   return out;
+}
+
+// Expects `r` to be refused with a diagnostic holding each of `expected`; returns all the diagnostics'
+// text for the test's further checks.
+std::string refused(const Resolution& r, std::initializer_list<std::string_view> expected) {
+  const std::string text = all_text(r);
+  EXPECT_FALSE(r.config) << "loaded although it should be refused";
+  for (const auto e : expected) EXPECT_THAT(text, HasSubstr(std::string(e)));
+  return text;
 }
 
 TEST(ConfigLoad, EmptyFileGivesAllDefaults) {
@@ -110,12 +121,9 @@ TEST(ConfigLoad, UnknownKeyCitesLineColumnAndSuggests) {
 
 TEST(ConfigLoad, UnknownSectionAndMisplacedKeySuggestions) {
   Resolution r = load("orchestrater:\n  batch_size: 8\nbatch_size: 8\nsampling:\n  group_size: 2\n");
-  ASSERT_FALSE(r.config);
-  const std::string text = all_text(r);
-  EXPECT_THAT(text, HasSubstr("test.yaml:1:1: unknown section 'orchestrater' (did you mean 'orchestrator'?)"));
-  EXPECT_THAT(text, HasSubstr("test.yaml:3:1: unknown section 'batch_size' (did you mean 'orchestrator.batch_size'?"));
-  EXPECT_THAT(text,
-              HasSubstr("test.yaml:5:3: sampling.group_size: unknown key (did you mean 'orchestrator.group_size'?"));
+  refused(r, {"test.yaml:1:1: unknown section 'orchestrater' (did you mean 'orchestrator'?)",
+              "test.yaml:3:1: unknown section 'batch_size' (did you mean 'orchestrator.batch_size'?",
+              "test.yaml:5:3: sampling.group_size: unknown key (did you mean 'orchestrator.group_size'?"});
 }
 
 TEST(ConfigLoad, CollectsEveryErrorNotJustTheFirst) {
@@ -129,16 +137,12 @@ TEST(ConfigLoad, CollectsEveryErrorNotJustTheFirst) {
       "  temperature: \"0.5\"\n"  // quoted number is a string
       "  stop: END\n"             // not a list
       "  top_p: [1]\n");          // not a scalar
-  ASSERT_FALSE(r.config);
   EXPECT_EQ(r.diagnostics.size(), 7u) << all_text(r);
-  const std::string text = all_text(r);
-  EXPECT_THAT(text, HasSubstr("test.yaml:2:15: orchestrator.batch_size: expected an integer, got 'many'"));
-  EXPECT_THAT(text, HasSubstr("test.yaml:3:14: orchestrator.advantage: must be one of grpo, dr_grpo, rloo; got 'ppo'"));
-  EXPECT_THAT(text, HasSubstr("orchestrator.max_async_level: must be between 0 and 1024, got -1"));
-  EXPECT_THAT(text, HasSubstr("expected true or false, got 'yes'"));
-  EXPECT_THAT(text, HasSubstr("sampling.temperature: expected float, got the quoted string \"0.5\""));
-  EXPECT_THAT(text, HasSubstr("sampling.stop: expected a list of strings, got a scalar"));
-  EXPECT_THAT(text, HasSubstr("sampling.top_p: expected float, got a list"));
+  refused(r, {"test.yaml:2:15: orchestrator.batch_size: expected an integer, got 'many'",
+              "test.yaml:3:14: orchestrator.advantage: must be one of grpo, dr_grpo, rloo; got 'ppo'",
+              "orchestrator.max_async_level: must be between 0 and 1024, got -1", "expected true or false, got 'yes'",
+              "sampling.temperature: expected float, got the quoted string \"0.5\"",
+              "sampling.stop: expected a list of strings, got a scalar", "sampling.top_p: expected float, got a list"});
 }
 
 TEST(ConfigLoad, MalformedYamlIsOneClearError) {
@@ -172,10 +176,8 @@ TEST(ConfigLoad, RootMustBeAMappingOfSections) {
 
 TEST(ConfigLoad, DuplicateKeysAreErrors) {
   Resolution r = load("orchestrator:\n  batch_size: 8\n  batch_size: 16\norchestrator: {}\n");
-  ASSERT_FALSE(r.config);
-  const std::string text = all_text(r);
-  EXPECT_THAT(text, HasSubstr("test.yaml:3:3: orchestrator.batch_size: key appears twice"));
-  EXPECT_THAT(text, HasSubstr("test.yaml:4:1: section 'orchestrator' appears twice"));
+  refused(r, {"test.yaml:3:3: orchestrator.batch_size: key appears twice",
+              "test.yaml:4:1: section 'orchestrator' appears twice"});
 }
 
 TEST(ConfigLoad, DeepNestingIsAnErrorNotACrash) {
@@ -191,8 +193,7 @@ TEST(ConfigLoad, DeepNestingIsAnErrorNotACrash) {
   std::string nested = "x";
   for (int i = 0; i < 60; ++i) nested = "{k: " + nested + "}";
   Resolution r2 = load("reward:\n  modules:\n    - kind: plugin\n      path: p\n      config: " + nested + "\n");
-  ASSERT_FALSE(r2.config);
-  EXPECT_THAT(all_text(r2), HasSubstr("nested deeper than 32 levels"));
+  refused(r2, {"nested deeper than 32 levels"});
 
   // A deep value where a scalar belongs is just the wrong type.
   Resolution r3 = load("orchestrator:\n  batch_size: " + std::string(100, '[') + std::string(100, ']') + "\n");
@@ -226,8 +227,7 @@ TEST(ConfigLoad, AliasBombIsBounded) {
     return indented;
   }();
   Resolution r = load(bomb);
-  ASSERT_FALSE(r.config);
-  EXPECT_THAT(all_text(r), HasSubstr("more than 100000 values"));
+  refused(r, {"more than 100000 values"});
 }
 
 TEST(ConfigLoad, HugeNumbers) {
@@ -240,12 +240,10 @@ TEST(ConfigLoad, HugeNumbers) {
       "  top_p: .nan\n"
       "orchestrator:\n"
       "  batch_size: -9223372036854775809\n");
-  ASSERT_FALSE(r.config);
-  const std::string text = all_text(r);
-  EXPECT_THAT(text, HasSubstr("run.seed: integer '99999999999999999999999' is out of range (must fit in 64 bits)"));
-  EXPECT_THAT(text, HasSubstr("sampling.temperature: number '1e999' is out of range"));
-  EXPECT_THAT(text, HasSubstr("sampling.top_p: must be a finite number, got '.nan'"));
-  EXPECT_THAT(text, HasSubstr("orchestrator.batch_size: integer '-9223372036854775809' is out of range"));
+  const std::string text = refused(
+      r, {"run.seed: integer '99999999999999999999999' is out of range (must fit in 64 bits)",
+          "sampling.temperature: number '1e999' is out of range", "sampling.top_p: must be a finite number, got '.nan'",
+          "orchestrator.batch_size: integer '-9223372036854775809' is out of range"});
   EXPECT_THAT(text, Not(HasSubstr("run.max_steps")));  // INT64_MAX fits and is >= 1
   EXPECT_EQ(r.diagnostics.size(), 4u) << text;
 }
@@ -256,7 +254,7 @@ TEST(ConfigLoad, NullMeansEmptyForStringsAndListsButIsAnErrorForNumbers) {
   EXPECT_EQ(r.config->string("log.file"), "");
   EXPECT_TRUE(r.config->strings("sampling.stop").empty());
   Resolution bad = load("orchestrator:\n  batch_size:\n");
-  EXPECT_THAT(all_text(bad), HasSubstr("orchestrator.batch_size: needs a value (int)"));
+  refused(bad, {"orchestrator.batch_size: needs a value (int)"});
 }
 
 TEST(ConfigLoad, ObjectListItemsAreCheckedLikeSections) {
@@ -270,18 +268,14 @@ TEST(ConfigLoad, ObjectListItemsAreCheckedLikeSections) {
       "    - kind: regex_match\n"
       "      pattern: '(['\n"
       "    - just a string\n");
-  ASSERT_FALSE(r.config);
-  const std::string text = all_text(r);
-  EXPECT_THAT(text, HasSubstr("test.yaml:4:7: reward.modules[0].wieght: unknown key (did you mean 'weight'?)"));
-  EXPECT_THAT(text, HasSubstr("reward.modules[1]: missing required key 'kind'"));
-  EXPECT_THAT(text, HasSubstr("reward.modules[4]: expected a mapping, got a scalar"));
+  refused(r, {"test.yaml:4:7: reward.modules[0].wieght: unknown key (did you mean 'weight'?)",
+              "reward.modules[1]: missing required key 'kind'", "reward.modules[4]: expected a mapping, got a scalar"});
   // Cross-key rules run once every key has a well-typed value.
   Resolution rules =
       load("reward:\n  modules:\n    - kind: plugin\n    - kind: regex_match\n      pattern: '(['\n    - kind: http\n");
-  const std::string rules_text = all_text(rules);
-  EXPECT_THAT(rules_text, HasSubstr("test.yaml:3:7: reward.modules[0]: kind plugin needs 'path'"));
-  EXPECT_THAT(rules_text, HasSubstr("test.yaml:5:7: reward.modules[1].pattern: not a valid regular expression"));
-  EXPECT_THAT(rules_text, HasSubstr("reward.modules[2]: kind http needs 'url'"));
+  refused(rules, {"test.yaml:3:7: reward.modules[0]: kind plugin needs 'path'",
+                  "test.yaml:5:7: reward.modules[1].pattern: not a valid regular expression",
+                  "reward.modules[2]: kind http needs 'url'"});
   EXPECT_THAT(all_text(load("reward:\n  modules: []\n")), HasSubstr("reward.modules: needs at least 1 item(s), got 0"));
 }
 
@@ -291,13 +285,10 @@ TEST(ConfigLoad, CrossKeyRules) {
       "env:\n  kind: jsonl\n"
       "inference:\n  launch: external\n"
       "model:\n  hidden: 64\n  heads: 5\n");
-  ASSERT_FALSE(r.config);
-  const std::string text = all_text(r);
-  EXPECT_THAT(
-      text, HasSubstr("test.yaml:2:3: orchestrator.batch_size (30) must be a multiple of orchestrator.group_size (8)"));
-  EXPECT_THAT(text, HasSubstr("test.yaml:5:3: env.path is required when env.kind is jsonl"));
-  EXPECT_THAT(text, HasSubstr("inference.urls must list the servers when inference.launch is external"));
-  EXPECT_THAT(text, HasSubstr("model.heads must divide model.hidden"));
+  refused(r, {"test.yaml:2:3: orchestrator.batch_size (30) must be a multiple of orchestrator.group_size (8)",
+              "test.yaml:5:3: env.path is required when env.kind is jsonl",
+              "inference.urls must list the servers when inference.launch is external",
+              "model.heads must divide model.hidden"});
 }
 
 TEST(ConfigOverrides, SetWinsOverFileAndIsTypeChecked) {
@@ -315,15 +306,13 @@ TEST(ConfigOverrides, SetWinsOverFileAndIsTypeChecked) {
 TEST(ConfigOverrides, BadOverridesCiteTheSetText) {
   Resolution r = load("", {"orchestrator.batch_size=big", "orchestrator.batchsize=8", "no_equals_sign",
                            "sampling.temperature=[1", "weight_sync.keep_last=1"});
-  ASSERT_FALSE(r.config);
-  const std::string text = all_text(r);
-  EXPECT_THAT(text,
-              HasSubstr("--set orchestrator.batch_size=big: orchestrator.batch_size: expected an integer, got 'big'"));
-  EXPECT_THAT(text, HasSubstr("--set orchestrator.batchsize=8: orchestrator.batchsize: unknown key (did you mean "
-                              "'orchestrator.batch_size'?)"));
-  EXPECT_THAT(text, HasSubstr("--set no_equals_sign: expected --set section.key=value"));
-  EXPECT_THAT(text, HasSubstr("--set sampling.temperature=[1: sampling.temperature: the value is not valid YAML"));
-  EXPECT_THAT(text, HasSubstr("--set weight_sync.keep_last=1: weight_sync.keep_last: must be between 2 and"));
+  const std::string text =
+      refused(r, {"--set orchestrator.batch_size=big: orchestrator.batch_size: expected an integer, got 'big'",
+                  "--set orchestrator.batchsize=8: orchestrator.batchsize: unknown key (did you mean "
+                  "'orchestrator.batch_size'?)",
+                  "--set no_equals_sign: expected --set section.key=value",
+                  "--set sampling.temperature=[1: sampling.temperature: the value is not valid YAML",
+                  "--set weight_sync.keep_last=1: weight_sync.keep_last: must be between 2 and"});
   EXPECT_EQ(r.diagnostics.size(), 5u) << text;
 }
 

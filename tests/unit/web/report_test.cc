@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/temp_dir.h"
 #include "web/raster.h"
 #include "web/report.h"
 
@@ -26,14 +27,6 @@ using arlo::web::Rgb;
 
 class ReportTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("arlo_web_report_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A run dir whose metrics.jsonl has `steps` step records (reward = offset + step / 1000, loss,
   // every 10th an eval record) and, when `summary`, a summary.json.
   fs::path make_run(const std::string& name, int steps, double offset, bool summary = true) {
@@ -59,7 +52,19 @@ class ReportTest : public ::testing::Test {
     return run;
   }
 
-  fs::path dir_;
+  // Two runs of 40 steps, "first" and "second", loaded.
+  std::vector<arlo::web::RunData> two_runs() {
+    std::vector<arlo::web::RunData> runs;
+    for (auto [name, offset] : {std::pair{"first", 0.25}, std::pair{"second", 0.5}}) {
+      auto r = arlo::web::load_run(make_run(name, 40, offset));
+      EXPECT_TRUE(r) << r.error().what();
+      if (r) runs.push_back(std::move(*r));
+    }
+    return runs;
+  }
+
+  const arlo::test_files::TempDir tmp_{"arlo_web_report_test"};
+  const fs::path& dir_ = tmp_.path();
 };
 
 std::string read(const fs::path& p) {
@@ -192,12 +197,8 @@ nlohmann::json inlined_data(const std::string& html) {
 }
 
 TEST_F(ReportTest, HtmlHoldsEveryRunAndNoUrl) {
-  std::vector<arlo::web::RunData> runs;
-  for (auto [name, offset] : {std::pair{"first", 0.25}, std::pair{"second", 0.5}}) {
-    auto r = arlo::web::load_run(make_run(name, 40, offset));
-    ASSERT_TRUE(r) << r.error().what();
-    runs.push_back(std::move(*r));
-  }
+  std::vector<arlo::web::RunData> runs = two_runs();
+  ASSERT_EQ(runs.size(), 2u);
   // A string that would end the data's <script> if it were inlined as it is.
   runs[1].records[0]["note"] = "</script><script>alert(1)</script> http://example.invalid/";
   const auto html = arlo::web::report_html(runs, "now");
@@ -219,12 +220,8 @@ TEST_F(ReportTest, HtmlHoldsEveryRunAndNoUrl) {
 }
 
 TEST_F(ReportTest, PngChartsDecodeWithEachRunsLine) {
-  std::vector<arlo::web::RunData> runs;
-  for (auto [name, offset] : {std::pair{"first", 0.25}, std::pair{"second", 0.5}}) {
-    auto r = arlo::web::load_run(make_run(name, 40, offset));
-    ASSERT_TRUE(r) << r.error().what();
-    runs.push_back(std::move(*r));
-  }
+  std::vector<arlo::web::RunData> runs = two_runs();
+  ASSERT_EQ(runs.size(), 2u);
   const auto html = dir_ / "out" / "cmp.html";
   auto written = arlo::web::write_report(runs, html, "now");
   ASSERT_TRUE(written) << written.error().what();
