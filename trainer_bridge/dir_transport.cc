@@ -19,9 +19,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <map>
 #include <mutex>
-#include <set>
 
 #include "common/file.h"
 #include "common/log.h"
@@ -95,29 +93,44 @@ std::vector<std::int64_t> list_steps(const fs::path& run_dir) {
 // ----------------------------------------------------------------------------------------------
 // Orchestrator side.
 
-struct DirServerState : std::enable_shared_from_this<DirServerState> {
-  DirServerState(asio::io_context& io, ServerOptions o)
-      : io(io), opt(std::move(o)), clock(pick_clock(opt.clock, io.get_executor(), own_clock)), stream(io) {}
+struct DirServerState : ServerCore {
+  DirServerState(asio::io_context& io, ServerOptions o) : ServerCore(io, std::move(o), "bridge dir"), stream(io) {}
 
-  asio::io_context& io;
-  ServerOptions opt;
-  std::unique_ptr<Clock> own_clock;  // the real clock, when opt.clock is null
-  Clock* clock;                      // wait_all_acked's timeout
   asio::posix::stream_descriptor stream;
   int wd_acks = -1, wd_versions = -1, wd_heartbeats = -1;
 
-  std::set<std::int64_t> pending;        // steps written and not acked by every rank
-  std::vector<std::int64_t> rank_acked;  // per rank: highest step acked (cumulative)
-  std::int64_t last_acked = 0;
-  std::int64_t latest_version = -1;
-  bool started = false, stopped = false;
-  Signal changed;
-
-  std::function<void(VersionEvent)> version_cb;
-  std::function<void(HeartbeatEvent)> heartbeat_cb;
-  std::function<void(std::int64_t)> ack_cb;
+  void close_io() {
+    boost::system::error_code ec;
+    stream.close(ec);
+  }
 
   const fs::path& run_dir() const { return opt.run_dir; }
+
+  // Writes the step's rank files into a temporary directory and renames it into place.
+  Status deliver(const StepBatch& batch) {
+    const fs::path root = dir_layout::rollouts(run_dir());
+    const fs::path tmp = root / fmt::format(".step_{}.tmp", batch.step);
+    const fs::path final_dir = dir_layout::step_dir(run_dir(), batch.step);
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directory(tmp, ec);
+    if (ec) return make_error(ErrorCode::kIo, fmt::format("bridge dir: creating {}: {}", tmp.string(), ec.message()));
+    for (const RankBatch& rb : batch.ranks) {
+      auto s = write_file(tmp / fmt::format("rank_{}.safetensors", rb.rank), rb, opt.fsync);
+      if (!s) {
+        fs::remove_all(tmp, ec);
+        return std::unexpected(std::move(s.error()));
+      }
+    }
+    fs::remove_all(final_dir, ec);  // a stale copy from before a crash; never one that is pending
+    fs::rename(tmp, final_dir, ec);
+    if (ec) {
+      fs::remove_all(tmp, ec);
+      return make_error(ErrorCode::kIo, fmt::format("bridge dir: publishing {}: {}", final_dir.string(), ec.message()));
+    }
+    pending.try_emplace(batch.step);
+    return ok();
+  }
 
   void scan_acks() {
     std::vector<fs::path> files;
@@ -142,8 +155,8 @@ struct DirServerState : std::enable_shared_from_this<DirServerState> {
       ARLO_WARN("bridge dir: {}", s.error().what());
     }
     std::vector<std::int64_t> done;
-    while (!pending.empty() && *pending.begin() <= all) {
-      done.push_back(*pending.begin());
+    while (!pending.empty() && pending.begin()->first <= all) {
+      done.push_back(pending.begin()->first);
       pending.erase(pending.begin());
     }
     for (std::int64_t step : list_steps(run_dir())) {
@@ -155,7 +168,7 @@ struct DirServerState : std::enable_shared_from_this<DirServerState> {
     for (std::int64_t step : done) {
       if (ack_cb) asio::post(io, [cb = ack_cb, step] { cb(step); });
     }
-    changed.notify_all();
+    changed.notify();
   }
 
   void scan_versions() {
@@ -185,7 +198,7 @@ struct DirServerState : std::enable_shared_from_this<DirServerState> {
     for (std::int64_t v : versions) {
       if (v < latest_version) fs::remove(dir_layout::version_file(run_dir(), v), ec);
     }
-    changed.notify_all();
+    changed.notify();
   }
 
   void read_heartbeat(std::string_view name) {
@@ -231,21 +244,9 @@ struct DirServerState : std::enable_shared_from_this<DirServerState> {
       if (versions) self->scan_versions();
     }
   }
-};
-
-class DirServer final : public BridgeServer {
- public:
-  DirServer(asio::io_context& io, ServerOptions options)
-      : state_(std::make_shared<DirServerState>(io, std::move(options))) {}
-  ~DirServer() override { stop(); }
-
-  void on_version(std::function<void(VersionEvent)> cb) override { state_->version_cb = std::move(cb); }
-  void on_heartbeat(std::function<void(HeartbeatEvent)> cb) override { state_->heartbeat_cb = std::move(cb); }
-  void on_ack(std::function<void(std::int64_t)> cb) override { state_->ack_cb = std::move(cb); }
-
-  Status start() override {
-    auto& st = *state_;
-    if (st.started) return make_error(ErrorCode::kInvalidArgument, "bridge dir: start() called twice");
+  // BridgeServer::start(); `self` is this state, for the coroutines it starts.
+  static Status start(const std::shared_ptr<DirServerState>& self) {
+    auto& st = *self;
     ARLO_TRY(make_layout(st.run_dir()));
     const fs::path root = dir_layout::rollouts(st.run_dir());
     st.dir = root / "heartbeats";
@@ -274,87 +275,19 @@ class DirServer final : public BridgeServer {
       if (step <= st.last_acked) {
         fs::remove_all(dir_layout::step_dir(st.run_dir(), step), ec);
       } else {
-        st.pending.insert(step);
+        st.pending.try_emplace(step);
       }
     }
     st.started = true;
     st.scan_acks();
     st.scan_versions();
-    asio::co_spawn(st.io, DirServerState::watch(state_), asio::detached);
+    asio::co_spawn(st.io, DirServerState::watch(self), asio::detached);
     ARLO_INFO("bridge dir: serving {} rank(s) under {} ({} step(s) pending, last acked step {}, latest version {})",
               st.opt.num_ranks, root.string(), st.pending.size(), st.last_acked, st.latest_version);
     return ok();
   }
 
-  asio::awaitable<Status> send(StepBatch batch) override {
-    auto st = state_;
-    if (!st->started) co_return make_error(ErrorCode::kInvalidArgument, "bridge dir: send() before start()");
-    if (static_cast<int>(batch.ranks.size()) != st->opt.num_ranks) {
-      co_return make_error(ErrorCode::kInvalidArgument,
-                           fmt::format("bridge dir: step {} has {} rank parts, num_ranks is {}", batch.step,
-                                       batch.ranks.size(), st->opt.num_ranks));
-    }
-    while (!st->stopped && st->pending.size() >= st->opt.max_pending_batches && batch.step > st->last_acked) {
-      co_await st->changed.wait();
-    }
-    if (st->stopped) co_return make_error(ErrorCode::kCancelled, "bridge dir: stopped");
-    if (batch.step <= st->last_acked || st->pending.contains(batch.step)) co_return ok();
-
-    const fs::path root = dir_layout::rollouts(st->run_dir());
-    const fs::path tmp = root / fmt::format(".step_{}.tmp", batch.step);
-    const fs::path final_dir = dir_layout::step_dir(st->run_dir(), batch.step);
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directory(tmp, ec);
-    if (ec)
-      co_return make_error(ErrorCode::kIo, fmt::format("bridge dir: creating {}: {}", tmp.string(), ec.message()));
-    for (const RankBatch& rb : batch.ranks) {
-      auto s = write_file(tmp / fmt::format("rank_{}.safetensors", rb.rank), rb, st->opt.fsync);
-      if (!s) {
-        fs::remove_all(tmp, ec);
-        co_return std::unexpected(std::move(s.error()));
-      }
-    }
-    fs::remove_all(final_dir, ec);  // a stale copy from before a crash; never one that is pending
-    fs::rename(tmp, final_dir, ec);
-    if (ec) {
-      fs::remove_all(tmp, ec);
-      co_return make_error(ErrorCode::kIo,
-                           fmt::format("bridge dir: publishing {}: {}", final_dir.string(), ec.message()));
-    }
-    st->pending.insert(batch.step);
-    co_return ok();
-  }
-
-  asio::awaitable<Status> wait_all_acked(Duration timeout) override {
-    auto st = state_;
-    const auto deadline = st->clock->now() + timeout;
-    while (!st->pending.empty() && !st->stopped) {
-      if (!co_await st->changed.wait(*st->clock, deadline) && !st->pending.empty()) {
-        co_return make_error(ErrorCode::kTimeout, fmt::format("bridge dir: {} step(s) still unacknowledged (oldest {})",
-                                                              st->pending.size(), *st->pending.begin()));
-      }
-    }
-    if (!st->pending.empty()) co_return make_error(ErrorCode::kCancelled, "bridge dir: stopped");
-    co_return ok();
-  }
-
-  std::size_t pending() const override { return state_->pending.size(); }
-  std::int64_t last_acked_step() const override { return state_->last_acked; }
-  std::int64_t latest_version() const override { return state_->latest_version; }
-  std::uint16_t port() const override { return 0; }
-
-  void stop() override {
-    auto& st = *state_;
-    if (st.stopped) return;
-    st.stopped = true;
-    boost::system::error_code ec;
-    st.stream.close(ec);
-    st.changed.notify_all();
-  }
-
- private:
-  std::shared_ptr<DirServerState> state_;
+  std::uint16_t port() const { return 0; }
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -509,7 +442,7 @@ Result<std::unique_ptr<BridgeServer>> make_dir_server(asio::io_context& io, Serv
   if (options.num_ranks < 1) return make_error(ErrorCode::kInvalidArgument, "bridge dir: num_ranks must be >= 1");
   if (options.max_pending_batches < 1)
     return make_error(ErrorCode::kInvalidArgument, "bridge dir: max_pending_batches must be >= 1");
-  return std::unique_ptr<BridgeServer>(new DirServer(io, std::move(options)));
+  return std::unique_ptr<BridgeServer>(new Server<DirServerState>(io, std::move(options)));
 }
 
 Result<std::unique_ptr<BridgeClient>> make_dir_client(const ClientOptions& options) {

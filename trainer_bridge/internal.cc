@@ -1,8 +1,5 @@
 #include "trainer_bridge/internal.h"
 
-#include <boost/asio/redirect_error.hpp>
-#include <boost/asio/this_coro.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <fmt/format.h>
 
 #include <charconv>
@@ -61,35 +58,37 @@ Clock* pick_clock(Clock* given, boost::asio::any_io_executor ex, std::unique_ptr
   return own.get();
 }
 
-boost::asio::awaitable<void> Signal::wait() {
-  auto executor = co_await boost::asio::this_coro::executor;
-  boost::asio::steady_timer timer(executor, boost::asio::steady_timer::time_point::max());
-  waiters_.insert(&timer);
-  boost::system::error_code ec;
-  co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
-  waiters_.erase(&timer);
+ServerCore::ServerCore(boost::asio::io_context& io, ServerOptions o, std::string_view name)
+    : io(io),
+      opt(std::move(o)),
+      name(name),
+      clock(pick_clock(opt.clock, io.get_executor(), own_clock)),
+      changed(io.get_executor()) {}
+
+boost::asio::awaitable<Result<bool>> admit(ServerCore& st, const StepBatch& batch) {
+  if (!st.started) co_return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: send() before start()", st.name));
+  if (static_cast<int>(batch.ranks.size()) != st.opt.num_ranks) {
+    co_return make_error(ErrorCode::kInvalidArgument,
+                         fmt::format("{}: step {} has {} rank parts, num_ranks is {}", st.name, batch.step,
+                                     batch.ranks.size(), st.opt.num_ranks));
+  }
+  while (!st.stopped && st.pending.size() >= st.opt.max_pending_batches && batch.step > st.last_acked) {
+    co_await st.changed.wait();
+  }
+  if (st.stopped) co_return make_error(ErrorCode::kCancelled, fmt::format("{}: stopped", st.name));
+  co_return batch.step > st.last_acked && !st.pending.contains(batch.step);
 }
 
-// The wait itself is an asio timer that never expires: notify_all() or the clock's timer at the
-// deadline cancels it. A notify that lands in the same turn as the deadline reads as the deadline;
-// callers check their condition again either way.
-boost::asio::awaitable<bool> Signal::wait(Clock& clock, Clock::time_point deadline) {
-  auto executor = co_await boost::asio::this_coro::executor;
-  boost::asio::steady_timer timer(executor, boost::asio::steady_timer::time_point::max());
-  waiters_.insert(&timer);
-  bool due = false;
-  auto at_deadline = clock.schedule(deadline, [&] {
-    due = true;
-    timer.cancel();
-  });
-  boost::system::error_code ec;
-  co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
-  waiters_.erase(&timer);
-  co_return !due;
-}
-
-void Signal::notify_all() {
-  for (auto* timer : waiters_) timer->cancel();
+boost::asio::awaitable<Status> wait_until_all_acked(std::shared_ptr<ServerCore> st, Duration timeout) {
+  const auto deadline = st->clock->now() + timeout;
+  while (!st->pending.empty() && !st->stopped) {
+    if (!co_await st->changed.wait_until(*st->clock, deadline) && !st->pending.empty()) {
+      co_return make_error(ErrorCode::kTimeout, fmt::format("{}: {} step(s) still unacknowledged (oldest {})", st->name,
+                                                            st->pending.size(), st->pending.begin()->first));
+    }
+  }
+  if (!st->pending.empty()) co_return make_error(ErrorCode::kCancelled, fmt::format("{}: stopped", st->name));
+  co_return ok();
 }
 
 }  // namespace arlo::bridge::internal

@@ -169,28 +169,23 @@ struct Session {
   }
 };
 
-struct SocketServerState {
+struct SocketServerState : ServerCore {
   SocketServerState(asio::io_context& io, ServerOptions o)
-      : io(io), opt(std::move(o)), clock(pick_clock(opt.clock, io.get_executor(), own_clock)), acceptor(io) {}
+      : ServerCore(io, std::move(o), "bridge socket"), acceptor(io) {}
 
-  asio::io_context& io;
-  ServerOptions opt;
-  std::unique_ptr<Clock> own_clock;  // the real clock, when opt.clock is null
-  Clock* clock;                      // heartbeats, the heartbeat timeout, wait_all_acked's timeout
   tcp::acceptor acceptor;
   std::uint16_t bound_port = 0;
   std::map<int, std::shared_ptr<Session>> sessions;  // by rank, after HELLO
   std::vector<std::weak_ptr<Session>> connections;   // every accepted connection: stop() closes them
-  std::map<std::int64_t, std::vector<std::shared_ptr<const std::string>>> pending;  // step -> per-rank image
-  std::vector<std::int64_t> rank_acked;
-  std::int64_t last_acked = 0;
-  std::int64_t latest_version = -1;
-  bool started = false, stopped = false;
-  Signal changed;
 
-  std::function<void(VersionEvent)> version_cb;
-  std::function<void(HeartbeatEvent)> heartbeat_cb;
-  std::function<void(std::int64_t)> ack_cb;
+  void close_io() {
+    boost::system::error_code ec;
+    acceptor.close(ec);
+    for (auto& weak : connections)
+      if (auto s = weak.lock()) s->close();
+    connections.clear();
+    sessions.clear();
+  }
 
   void handle_ack(int rank, std::int64_t step) {
     rank_acked[rank] = std::max(rank_acked[rank], step);
@@ -202,13 +197,29 @@ struct SocketServerState {
       pending.erase(pending.begin());
       if (ack_cb) ack_cb(s);
     }
-    changed.notify_all();
+    changed.notify();
   }
 
   void handle_version(std::int64_t version, json info) {
     if (version <= latest_version) return;
     latest_version = version;
     if (version_cb) version_cb(VersionEvent{version, info.is_object() ? std::move(info) : json::object()});
+  }
+
+  // Encodes every rank's part, streams each to its rank when connected, and keeps them until acked
+  // (a rank that connects later, or again, gets them on its HELLO).
+  Status deliver(const StepBatch& batch) {
+    std::vector<std::shared_ptr<const std::string>> images;
+    for (const RankBatch& rb : batch.ranks) {
+      auto image = encode(rb);
+      if (!image) return std::unexpected(std::move(image.error()));
+      images.push_back(std::make_shared<const std::string>(std::move(*image)));
+    }
+    for (auto& [rank, session] : sessions) {
+      if (batch.step > rank_acked[rank]) send_batch(*session, batch.step, images[rank]);
+    }
+    pending.emplace(batch.step, std::move(images));
+    return ok();
   }
 
   void send_batch(Session& s, std::int64_t step, const std::shared_ptr<const std::string>& image) {
@@ -336,21 +347,9 @@ struct SocketServerState {
       asio::co_spawn(st->io, serve(st, std::move(session)), asio::detached);
     }
   }
-};
-
-class SocketServer final : public BridgeServer {
- public:
-  SocketServer(asio::io_context& io, ServerOptions options)
-      : state_(std::make_shared<SocketServerState>(io, std::move(options))) {}
-  ~SocketServer() override { stop(); }
-
-  void on_version(std::function<void(VersionEvent)> cb) override { state_->version_cb = std::move(cb); }
-  void on_heartbeat(std::function<void(HeartbeatEvent)> cb) override { state_->heartbeat_cb = std::move(cb); }
-  void on_ack(std::function<void(std::int64_t)> cb) override { state_->ack_cb = std::move(cb); }
-
-  Status start() override {
-    auto& st = *state_;
-    if (st.started) return make_error(ErrorCode::kInvalidArgument, "bridge socket: start() called twice");
+  // BridgeServer::start(); `self` is this state, for the coroutines it starts.
+  static Status start(const std::shared_ptr<SocketServerState>& self) {
+    auto& st = *self;
     boost::system::error_code ec;
     auto address = asio::ip::make_address(st.opt.bind, ec);
     if (ec) {
@@ -382,71 +381,12 @@ class SocketServer final : public BridgeServer {
     st.bound_port = st.acceptor.local_endpoint().port();
     st.rank_acked.assign(static_cast<std::size_t>(st.opt.num_ranks), 0);
     st.started = true;
-    asio::co_spawn(st.io, SocketServerState::accept_loop(state_), asio::detached);
+    asio::co_spawn(st.io, SocketServerState::accept_loop(self), asio::detached);
     ARLO_INFO("bridge socket: listening on {}:{} for {} rank(s)", st.opt.bind, st.bound_port, st.opt.num_ranks);
     return ok();
   }
 
-  asio::awaitable<Status> send(StepBatch batch) override {
-    auto st = state_;
-    if (!st->started) co_return make_error(ErrorCode::kInvalidArgument, "bridge socket: send() before start()");
-    if (static_cast<int>(batch.ranks.size()) != st->opt.num_ranks) {
-      co_return make_error(ErrorCode::kInvalidArgument,
-                           fmt::format("bridge socket: step {} has {} rank parts, num_ranks is {}", batch.step,
-                                       batch.ranks.size(), st->opt.num_ranks));
-    }
-    while (!st->stopped && st->pending.size() >= st->opt.max_pending_batches && batch.step > st->last_acked) {
-      co_await st->changed.wait();
-    }
-    if (st->stopped) co_return make_error(ErrorCode::kCancelled, "bridge socket: stopped");
-    if (batch.step <= st->last_acked || st->pending.contains(batch.step)) co_return ok();
-    std::vector<std::shared_ptr<const std::string>> images;
-    for (const RankBatch& rb : batch.ranks) {
-      auto image = encode(rb);
-      if (!image) co_return std::unexpected(std::move(image.error()));
-      images.push_back(std::make_shared<const std::string>(std::move(*image)));
-    }
-    for (auto& [rank, session] : st->sessions) {
-      if (batch.step > st->rank_acked[rank]) st->send_batch(*session, batch.step, images[rank]);
-    }
-    st->pending.emplace(batch.step, std::move(images));
-    co_return ok();
-  }
-
-  asio::awaitable<Status> wait_all_acked(Duration timeout) override {
-    auto st = state_;
-    const auto deadline = st->clock->now() + timeout;
-    while (!st->pending.empty() && !st->stopped) {
-      if (!co_await st->changed.wait(*st->clock, deadline) && !st->pending.empty()) {
-        co_return make_error(ErrorCode::kTimeout,
-                             fmt::format("bridge socket: {} step(s) still unacknowledged (oldest {})",
-                                         st->pending.size(), st->pending.begin()->first));
-      }
-    }
-    if (!st->pending.empty()) co_return make_error(ErrorCode::kCancelled, "bridge socket: stopped");
-    co_return ok();
-  }
-
-  std::size_t pending() const override { return state_->pending.size(); }
-  std::int64_t last_acked_step() const override { return state_->last_acked; }
-  std::int64_t latest_version() const override { return state_->latest_version; }
-  std::uint16_t port() const override { return state_->bound_port; }
-
-  void stop() override {
-    auto& st = *state_;
-    if (st.stopped) return;
-    st.stopped = true;
-    boost::system::error_code ec;
-    st.acceptor.close(ec);
-    for (auto& weak : st.connections)
-      if (auto s = weak.lock()) s->close();
-    st.connections.clear();
-    st.sessions.clear();
-    st.changed.notify_all();
-  }
-
- private:
-  std::shared_ptr<SocketServerState> state_;
+  std::uint16_t port() const { return bound_port; }
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -688,11 +628,7 @@ class SocketClient final : public BridgeClient {
       auto challenge = co_await read_frame(*sock, std::min(opt_.max_frame_bytes, kMaxHandshakeBytes));
       if (!challenge || challenge->first != kChallenge) {
         if (challenge && challenge->first == kError) {
-          const json body = parse_body(challenge->second);
-          set_fatal(Error(ErrorCode::kInvalidArgument,
-                          fmt::format("bridge socket client: orchestrator refused rank {}: {}", opt_.rank,
-                                      body.is_object() ? body.value("message", std::string("?")) : std::string("?"))));
-          sock->close(ec);
+          refused(challenge->second, *sock);
           co_return;
         }
         if (!is_closed())
@@ -731,11 +667,7 @@ class SocketClient final : public BridgeClient {
         if (frame->first == kBatch) {
           on_batch(std::move(frame->second));
         } else if (frame->first == kError) {
-          const json body = parse_body(frame->second);
-          set_fatal(Error(ErrorCode::kInvalidArgument,
-                          fmt::format("bridge socket client: orchestrator refused rank {}: {}", opt_.rank,
-                                      body.is_object() ? body.value("message", std::string("?")) : std::string("?"))));
-          sock->close(ec);
+          refused(frame->second, *sock);
           co_return;
         }
         // WELCOME and HEARTBEAT only refresh last_rx_.
@@ -743,6 +675,17 @@ class SocketClient final : public BridgeClient {
       end_connection(sock);
       co_await wait_backoff(backoff);
     }
+  }
+
+  // The orchestrator's ERROR frame (`payload`): it refused this trainer, and that is final: every
+  // call fails from now on with its message. Closes `sock`.
+  void refused(const std::string& payload, tcp::socket& sock) {
+    const json body = parse_body(payload);
+    set_fatal(Error(ErrorCode::kInvalidArgument,
+                    fmt::format("bridge socket client: orchestrator refused rank {}: {}", opt_.rank,
+                                body.is_object() ? body.value("message", std::string("?")) : std::string("?"))));
+    boost::system::error_code ec;
+    sock.close(ec);
   }
 
   void on_batch(std::string image) {
@@ -816,7 +759,7 @@ Result<std::unique_ptr<BridgeServer>> make_socket_server(asio::io_context& io, S
   if (options.num_ranks < 1) return make_error(ErrorCode::kInvalidArgument, "bridge socket: num_ranks must be >= 1");
   if (options.max_pending_batches < 1)
     return make_error(ErrorCode::kInvalidArgument, "bridge socket: max_pending_batches must be >= 1");
-  return std::unique_ptr<BridgeServer>(new SocketServer(io, std::move(options)));
+  return std::unique_ptr<BridgeServer>(new Server<SocketServerState>(io, std::move(options)));
 }
 
 Result<std::unique_ptr<BridgeClient>> make_socket_client(const ClientOptions& options) {

@@ -15,9 +15,6 @@
 #include <unistd.h>
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/use_future.hpp>
 #include <fmt/format.h>
 
@@ -31,6 +28,7 @@
 
 #include "common/log.h"
 #include "trainer_bridge/bridge.h"
+#include "trainer_bridge/server_thread.h"
 
 namespace asio = boost::asio;
 namespace fs = std::filesystem;
@@ -82,29 +80,26 @@ struct Result_ {
 };
 
 Result_ run_transport(const std::string& transport, const fs::path& run_dir, const std::vector<StepBatch>& steps) {
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  std::thread loop([&] { io.run(); });
+  ServerThread loop;
   ServerOptions so;
   so.transport = transport;
   so.run_dir = run_dir;
   so.max_pending_batches = 2;
-  std::unique_ptr<BridgeServer> server;
-  asio::post(io, asio::use_future([&] {
-               server = std::move(*BridgeServer::create(io, so));
-               if (auto s = server->start(); !s) std::fprintf(stderr, "%s\n", s.error().what().c_str());
-             }))
-      .get();
+  if (auto s = loop.start(so); !s) {
+    std::fprintf(stderr, "%s: %s\n", transport.c_str(), s.error().what().c_str());
+    std::exit(1);
+  }
+  BridgeServer* server = loop.server();
   ClientOptions co;
   co.transport = transport;
   co.run_dir = run_dir;
-  co.port = server->port();
+  co.port = loop.port();
   auto client = std::move(*connect(co));
   // The orchestrator side sends every step as fast as back-pressure allows (max_pending_batches
   // = 2, so it writes step i+1 while the trainer reads step i); the trainer reads every byte and
   // acks. Step 1 warms up (connection, page cache); the clock runs from its ack to the last ack.
   auto producer = asio::co_spawn(
-      io,
+      loop.io(),
       [&]() -> asio::awaitable<arlo::Status> {
         for (const StepBatch& s : steps) {
           auto sent = co_await server->send(s);
@@ -130,13 +125,7 @@ Result_ run_transport(const std::string& transport, const fs::path& run_dir, con
   if (!producer.get()) std::exit(1);
   r.seconds = seconds_since(t0);
   client->close();
-  asio::post(io, asio::use_future([&] {
-               server->stop();
-               server.reset();
-             }))
-      .get();
-  work.reset();
-  loop.join();
+  loop.stop();
   if (sink == 42) std::puts("");  // keep the reads
   return r;
 }

@@ -114,6 +114,18 @@ class Signal {
     waiters_.push_back(p);
     co_await p.get();
   }
+  // As wait(), but gives up at `deadline` on `clock`: true when notified, false when the deadline
+  // came first.
+  Awaitable<bool> wait_until(Clock& clock, Clock::time_point deadline) {
+    Promise<bool> p(ex_);
+    waiters_.push_back(p);
+    auto timer = clock.schedule(deadline, [p]() mutable { p.set(false); });
+    const bool notified = co_await p.get();
+    // A waiter the deadline set is still listed until the next notify(): drop it (and any other the
+    // deadline set) now, so that timed waits without notifies do not pile up.
+    std::erase_if(waiters_, [](const Promise<bool>& w) { return w.is_set(); });
+    co_return notified;
+  }
   void notify() {
     auto waiters = std::move(waiters_);
     waiters_.clear();

@@ -5,25 +5,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/use_future.hpp>
-
 #include <algorithm>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <thread>
 
+#include "tests/temp_dir.h"
 #include "trainer_bridge/bridge.h"
+#include "trainer_bridge/server_thread.h"
 
 namespace arlo::bridge {
 namespace {
 
-namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
@@ -71,56 +65,31 @@ std::vector<std::int64_t> trained(const fs::path& log) {
 
 class Restart : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    run_dir_ = fs::temp_directory_path() / ("arlo_bridge_restart_" + std::to_string(::getpid()) + "_" + GetParam());
-    fs::remove_all(run_dir_);
-    fs::create_directories(run_dir_);
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  void TearDown() override {
-    stop_server();
-    work_.reset();
-    thread_.join();
-    fs::remove_all(run_dir_);
-  }
-  template <typename F>
-  auto on_loop(F f) {
-    return asio::post(io_, asio::use_future(std::move(f))).get();
-  }
   void start_server(std::uint16_t port = 0) {
     ServerOptions o;
     o.transport = GetParam();
-    o.run_dir = run_dir_;
+    o.run_dir = run_dir_.path();
     o.port = port;
     o.max_pending_batches = 4;
     o.heartbeat_timeout = 60s;  // a dead trainer closes its socket; slowness must never drop it
-    on_loop([&] {
-      server_ = std::move(*BridgeServer::create(io_, o));
-      server_->on_ack([this](std::int64_t step) {
+    auto started = loop_.start(o, [this](BridgeServer& server) {
+      server.on_ack([this](std::int64_t step) {
         std::lock_guard lock(mu_);
         acks_.push_back(step);
         cv_.notify_all();
       });
-      server_->on_version([this](VersionEvent v) {
+      server.on_version([this](VersionEvent v) {
         std::lock_guard lock(mu_);
         versions_.push_back(v.version);
         cv_.notify_all();
       });
-      ASSERT_TRUE(server_->start());
-      port_ = server_->port();
     });
+    ASSERT_TRUE(started) << started.error().what();
   }
-  void stop_server() {
-    if (server_)
-      on_loop([&] {
-        server_->stop();
-        server_.reset();
-      });
-  }
-  Status send(std::int64_t step) { return asio::co_spawn(io_, server_->send(make_step(step)), asio::use_future).get(); }
+  Status send(std::int64_t step) { return loop_.send(make_step(step)); }
   std::string config() const {
-    return GetParam() == "dir" ? R"({"transport":"dir","run_dir":")" + run_dir_.string() + "\"}"
-                               : R"({"transport":"socket","port":)" + std::to_string(port_) +
+    return GetParam() == "dir" ? R"({"transport":"dir","run_dir":")" + run_dir_.path().string() + "\"}"
+                               : R"({"transport":"socket","port":)" + std::to_string(loop_.port()) +
                                      R"(,"heartbeat_interval_ms":100,"heartbeat_timeout_ms":60000})";
   }
   bool wait_acked(std::int64_t step) {
@@ -128,21 +97,17 @@ class Restart : public ::testing::TestWithParam<std::string> {
     return cv_.wait_for(lock, 30s, [&] { return !acks_.empty() && acks_.back() >= step; });
   }
 
-  fs::path run_dir_;
-  asio::io_context io_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
-  std::thread thread_;
-  std::unique_ptr<BridgeServer> server_;
-  std::uint16_t port_ = 0;
+  test_files::TempDir run_dir_{"arlo_bridge_restart"};
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::int64_t> acks_, versions_;
+  ServerThread loop_;  // last: destroyed first, its server with it, before what the callbacks use
 };
 
 TEST_P(Restart, TrainerKilledMidBatchGetsItAgainAndTrainsItOnce) {
   start_server();
   for (int s = 1; s <= 4; ++s) ASSERT_TRUE(send(s));
-  const fs::path log = run_dir_ / "trainer.log";
+  const fs::path log = run_dir_.path() / "trainer.log";
   const int first = wait_status(spawn_trainer(config(), log, 4, /*die_at=*/2));
   ASSERT_TRUE(WIFSIGNALED(first) && WTERMSIG(first) == SIGKILL) << "status " << first;
   EXPECT_EQ(trained(log), (std::vector<std::int64_t>{1}));
@@ -159,12 +124,12 @@ TEST_P(Restart, TrainerKilledMidBatchGetsItAgainAndTrainsItOnce) {
 
 TEST_P(Restart, TrainerReconnectsAfterOrchestratorRestart) {
   start_server();
-  const fs::path log = run_dir_ / "trainer.log";
+  const fs::path log = run_dir_.path() / "trainer.log";
   const pid_t trainer = spawn_trainer(config(), log, 3);
   ASSERT_TRUE(send(1));
   ASSERT_TRUE(wait_acked(1));
-  const std::uint16_t port = port_;
-  stop_server();  // the orchestrator goes away (its in-memory state with it) and comes back
+  const std::uint16_t port = loop_.port();
+  loop_.stop();  // the orchestrator goes away (its in-memory state with it) and comes back
   {
     std::lock_guard lock(mu_);
     acks_.clear();
@@ -177,7 +142,7 @@ TEST_P(Restart, TrainerReconnectsAfterOrchestratorRestart) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   EXPECT_EQ(trained(log), (std::vector<std::int64_t>{1, 2, 3}));
   ASSERT_TRUE(wait_acked(3));
-  EXPECT_EQ(on_loop([&] { return server_->last_acked_step(); }), 3);
+  EXPECT_EQ(loop_.run([&] { return loop_.server()->last_acked_step(); }), 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, Restart, ::testing::Values("dir", "socket"));

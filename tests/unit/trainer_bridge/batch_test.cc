@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 
+#include "tests/temp_dir.h"
 #include "trainer_bridge/batch.h"
 
 namespace arlo::bridge {
@@ -239,12 +240,7 @@ void expect_same(const RankBatch& a, const RankBatch& b) {
 
 class BatchFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("arlo_batch_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  test_files::TempDir dir_{"arlo_batch_test"};
 };
 
 TEST_F(BatchFiles, RoundTripThroughFileAndBytes) {

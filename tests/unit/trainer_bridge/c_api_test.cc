@@ -2,27 +2,22 @@
 // weight_sync filesystem transport that a weight_sync subscriber then receives.
 #include <gtest/gtest.h>
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/use_future.hpp>
 #include <nlohmann/json.hpp>
 
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
-#include <thread>
 
+#include "tests/temp_dir.h"
 #include "trainer_bridge/arlo_bridge.h"
 #include "trainer_bridge/bridge.h"
+#include "trainer_bridge/server_thread.h"
 #include "weight_sync/weight_sync.h"
 #include "weight_sync/wire.h"
 
 namespace {
 
-namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using namespace arlo::bridge;
 using namespace std::chrono_literals;
@@ -61,19 +56,11 @@ TEST(CApi, SocketHostNameThatDoesNotResolveIsNamedAndRetried) {
 }
 
 TEST(CApi, SocketHostLocalhostReachesTheOrchestrator) {
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  std::thread loop([&] { io.run(); });
-  std::unique_ptr<BridgeServer> server;
+  ServerThread loop;
   ServerOptions o;
   o.transport = "socket";
-  std::uint16_t port = 0;
-  asio::post(io, asio::use_future([&] {
-               server = std::move(*BridgeServer::create(io, o));
-               ASSERT_TRUE(server->start());
-               port = server->port();
-             }))
-      .get();
+  ASSERT_TRUE(loop.start(o));
+  const std::uint16_t port = loop.port();
   ASSERT_NE(port, 0);
   arlo_bridge* b = nullptr;
   const std::string config = nlohmann::json{{"transport", "socket"}, {"host", "localhost"}, {"port", port}}.dump();
@@ -85,7 +72,7 @@ TEST(CApi, SocketHostLocalhostReachesTheOrchestrator) {
   samples[0].token_versions = {0, 0};
   auto packed = pack(1, samples, {.seq_len = 8});
   ASSERT_TRUE(packed) << packed.error().what();
-  auto sent = asio::co_spawn(io, server->send(std::move(*packed)), asio::use_future);
+  auto sent = loop.send_async(std::move(*packed));
   arlo_batch* batch = nullptr;
   ASSERT_EQ(arlo_bridge_next_batch(b, 20000, &batch), ARLO_OK) << arlo_bridge_last_error();
   EXPECT_EQ(batch->step, 1);
@@ -93,48 +80,25 @@ TEST(CApi, SocketHostLocalhostReachesTheOrchestrator) {
   arlo_batch_release(batch);
   EXPECT_TRUE(sent.get());
   EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
-  asio::post(io, asio::use_future([&] {
-               server->stop();
-               server.reset();
-             }))
-      .get();
-  work.reset();
-  loop.join();
 }
 
 class CApiDir : public ::testing::Test {
  protected:
   void SetUp() override {
-    run_dir_ = fs::temp_directory_path() / ("arlo_c_api_" + std::to_string(::getpid()));
-    fs::remove_all(run_dir_);
-    fs::create_directories(run_dir_);
-    thread_ = std::thread([this] { io_.run(); });
     ServerOptions o;
-    o.run_dir = run_dir_;
-    asio::post(io_, asio::use_future([&] {
-                 server_ = std::move(*BridgeServer::create(io_, o));
-                 server_->on_version([this](VersionEvent v) {
-                   std::lock_guard lock(mu_);
-                   versions_.push_back(v);
-                   cv_.notify_all();
-                 });
-                 ASSERT_TRUE(server_->start());
-               }))
-        .get();
-  }
-  void TearDown() override {
-    asio::post(io_, asio::use_future([&] {
-                 server_->stop();
-                 server_.reset();
-               }))
-        .get();
-    work_.reset();
-    thread_.join();
-    fs::remove_all(run_dir_);
+    o.run_dir = run_dir_.path();
+    auto started = loop_.start(o, [this](BridgeServer& server) {
+      server.on_version([this](VersionEvent v) {
+        std::lock_guard lock(mu_);
+        versions_.push_back(v);
+        cv_.notify_all();
+      });
+    });
+    ASSERT_TRUE(started) << started.error().what();
   }
   arlo_bridge* connect_c(const std::string& extra = "") {
     arlo_bridge* b = nullptr;
-    const std::string cfg = R"({"transport":"dir","run_dir":")" + run_dir_.string() + "\"" + extra + "}";
+    const std::string cfg = R"({"transport":"dir","run_dir":")" + run_dir_.path().string() + "\"" + extra + "}";
     EXPECT_EQ(arlo_bridge_connect(cfg.c_str(), &b), ARLO_OK) << arlo_bridge_last_error();
     return b;
   }
@@ -166,14 +130,11 @@ class CApiDir : public ::testing::Test {
     EXPECT_EQ(*(*sub)->checksum(sink), *a.checksum);
   }
 
-  fs::path run_dir_;
-  asio::io_context io_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
-  std::thread thread_;
-  std::unique_ptr<BridgeServer> server_;
+  arlo::test_files::TempDir run_dir_{"arlo_c_api"};
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<VersionEvent> versions_;
+  ServerThread loop_;  // last: destroyed first, its server with it, before what the callbacks use
 };
 
 TEST_F(CApiDir, BatchViewsAckAndAnnounce) {
@@ -186,7 +147,7 @@ TEST_F(CApiDir, BatchViewsAckAndAnnounce) {
     samples[i].ce_weights = {1.0f, 1.0f, 0.0f};
   }
   auto step = pack(1, samples, {.seq_len = 16});
-  ASSERT_TRUE(asio::co_spawn(io_, server_->send(*step), asio::use_future).get());
+  ASSERT_TRUE(loop_.send(*step));
   arlo_bridge* b = connect_c();
   arlo_batch* batch = nullptr;
   ASSERT_EQ(arlo_bridge_next_batch(b, 10000, &batch), ARLO_OK) << arlo_bridge_last_error();
@@ -221,7 +182,7 @@ TEST_F(CApiDir, BatchViewsAckAndAnnounce) {
 }
 
 TEST_F(CApiDir, PublishGoesThroughWeightSyncAndAnnounces) {
-  const fs::path weights = run_dir_ / "weights";
+  const fs::path weights = run_dir_.path() / "weights";
   arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
   std::vector<float> w1{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
   std::vector<std::int64_t> bias{7, 8};

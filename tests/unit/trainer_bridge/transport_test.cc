@@ -5,9 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/use_future.hpp>
 
 #include <algorithm>
@@ -20,7 +17,9 @@
 #include <thread>
 
 #include "common/async/fake_clock.h"
+#include "tests/temp_dir.h"
 #include "trainer_bridge/bridge.h"
+#include "trainer_bridge/server_thread.h"
 
 namespace arlo::bridge {
 namespace {
@@ -115,30 +114,10 @@ struct Events {
 
 class Transport : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::replace(name.begin(), name.end(), '/', '_');
-    run_dir_ = fs::temp_directory_path() / ("arlo_bridge_transport_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(run_dir_);
-    fs::create_directories(run_dir_);
-    thread_ = std::thread([this] { io_.run(); });
-  }
-  void TearDown() override {
-    stop_server();
-    work_.reset();
-    thread_.join();
-    fs::remove_all(run_dir_);
-  }
-
-  template <typename F>
-  auto on_loop(F f) {
-    return asio::post(io_, asio::use_future(std::move(f))).get();
-  }
-
   void start_server(int ranks, std::size_t max_pending, std::uint16_t port = 0) {
     ServerOptions o;
     o.transport = GetParam();
-    o.run_dir = run_dir_;
+    o.run_dir = run_dir_.path();
     o.bind = bind_;
     o.port = port;
     o.num_ranks = ranks;
@@ -146,48 +125,43 @@ class Transport : public ::testing::TestWithParam<std::string> {
     o.heartbeat_interval = 100ms;
     o.heartbeat_timeout = 60s;  // a peer is dropped only when it dies (EOF) or the test moves time
     o.clock = &server_clock_;
-    on_loop([&] {
-      auto s = BridgeServer::create(io_, o);
-      ASSERT_TRUE(s) << s.error().what();
-      server_ = std::move(*s);
-      server_->on_version([this](VersionEvent v) {
+    auto started = loop_.start(o, [this](BridgeServer& server) {
+      server.on_version([this](VersionEvent v) {
         std::lock_guard lock(events_.mu);
         events_.versions.push_back(v.version);
         events_.cv.notify_all();
       });
-      server_->on_ack([this](std::int64_t step) {
+      server.on_ack([this, &server](std::int64_t step) {
         std::lock_guard lock(events_.mu);
         events_.acks.push_back(step);
-        events_.max_pending_seen = std::max(events_.max_pending_seen, server_->pending());
+        events_.max_pending_seen = std::max(events_.max_pending_seen, server.pending());
         events_.cv.notify_all();
       });
-      server_->on_heartbeat([this](HeartbeatEvent h) {
+      server.on_heartbeat([this](HeartbeatEvent h) {
         std::lock_guard lock(events_.mu);
         events_.heartbeats.push_back(h);
         events_.cv.notify_all();
       });
-      auto started = server_->start();
-      ASSERT_TRUE(started) << started.error().what();
-      port_ = server_->port();
     });
+    ASSERT_TRUE(started) << started.error().what();
+    port_ = loop_.port();
   }
-  void stop_server() {
-    if (!server_) return;
-    on_loop([&] {
-      server_->stop();
-      server_.reset();
-    });
-  }
+  std::future<Status> send_async(StepBatch b) { return loop_.send_async(std::move(b)); }
+  Status send(std::int64_t step, int ranks) { return loop_.send(make_step(step, ranks)); }
 
-  std::future<Status> send_async(StepBatch b) {
-    return asio::co_spawn(io_, server_->send(std::move(b)), asio::use_future);
+  // The client receives `step`, acks it, and the orchestrator side reports the ack.
+  void receive_and_ack(BridgeClient& c, std::int64_t step) {
+    auto b = c.next_batch(20s);
+    ASSERT_TRUE(b) << b.error().what();
+    EXPECT_EQ(b->step(), step);
+    ASSERT_TRUE(c.ack(step));
+    ASSERT_TRUE(events_.wait([&] { return !events_.acks.empty() && events_.acks.back() == step; }));
   }
-  Status send(std::int64_t step, int ranks) { return send_async(make_step(step, ranks)).get(); }
 
   std::unique_ptr<BridgeClient> client(int rank, std::int64_t start_after = 0) {
     ClientOptions o;
     o.transport = GetParam();
-    o.run_dir = run_dir_;
+    o.run_dir = run_dir_.path();
     o.host = host_;
     o.host_source = "the test's host";
     o.port = port_;
@@ -203,16 +177,13 @@ class Transport : public ::testing::TestWithParam<std::string> {
   }
 
   // Declared before the server and clients, which hold its timers: destroyed after them.
-  FakeClock server_clock_;        // the server's: used on io_'s thread (on_loop)
+  FakeClock server_clock_;        // the server's: used on the loop's thread (loop_.run)
   SharedFakeClock client_clock_;  // every socket client's: advanced from the test thread
-  fs::path run_dir_;
-  asio::io_context io_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
-  std::thread thread_;
-  std::unique_ptr<BridgeServer> server_;
+  test_files::TempDir run_dir_{"arlo_bridge_transport"};
   std::uint16_t port_ = 0;
   std::string bind_ = "127.0.0.1", host_ = "127.0.0.1";  // socket: where the server listens, the client connects
   Events events_;
+  ServerThread loop_;  // last: destroyed first, its server with it, before what the callbacks use
 };
 
 TEST_P(Transport, DeliversEveryRankInOrderAndCountsAcks) {
@@ -241,14 +212,14 @@ TEST_P(Transport, DeliversEveryRankInOrderAndCountsAcks) {
   }
   ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 3; }));
   EXPECT_EQ(events_.acks, (std::vector<std::int64_t>{1, 2, 3}));
-  EXPECT_EQ(on_loop([&] { return server_->pending(); }), 0u);
-  EXPECT_TRUE(asio::co_spawn(io_, server_->wait_all_acked(20s), asio::use_future).get());
+  EXPECT_EQ(loop_.run([&] { return loop_.server()->pending(); }), 0u);
+  EXPECT_TRUE(asio::co_spawn(loop_.io(), loop_.server()->wait_all_acked(20s), asio::use_future).get());
   auto none = c0->next_batch(10ms);  // every step is acked and no more are sent: stays empty
   ASSERT_FALSE(none);
   EXPECT_EQ(none.error().code(), ErrorCode::kTimeout);
   if (GetParam() == "dir") {
     // Consumed batches are gone once every rank acked.
-    EXPECT_FALSE(fs::exists(dir_layout::step_dir(run_dir_, 1)));
+    EXPECT_FALSE(fs::exists(dir_layout::step_dir(run_dir_.path(), 1)));
   }
 }
 
@@ -258,7 +229,7 @@ TEST_P(Transport, BackPressureHoldsAtMaxPending) {
   ASSERT_TRUE(send(2, 1));
   auto third = send_async(make_step(3, 1));
   // Two steps are unacknowledged, so the third cannot have been sent (it waits on an ack).
-  EXPECT_EQ(on_loop([&] { return server_->pending(); }), 2u);
+  EXPECT_EQ(loop_.run([&] { return loop_.server()->pending(); }), 2u);
   EXPECT_EQ(third.wait_for(0s), std::future_status::timeout);
   auto c = client(0);
   auto b = c->next_batch(20s);
@@ -266,7 +237,7 @@ TEST_P(Transport, BackPressureHoldsAtMaxPending) {
   ASSERT_EQ(b->step(), 1);
   ASSERT_TRUE(c->ack(1));
   ASSERT_TRUE(third.get());
-  EXPECT_LE(on_loop([&] { return server_->pending(); }), 2u);
+  EXPECT_LE(loop_.run([&] { return loop_.server()->pending(); }), 2u);
   for (int s = 2; s <= 3; ++s) {
     auto next = c->next_batch(20s);
     ASSERT_TRUE(next);
@@ -275,6 +246,28 @@ TEST_P(Transport, BackPressureHoldsAtMaxPending) {
   }
   ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 3; }));
   EXPECT_LE(events_.max_pending_seen, 2u);
+}
+
+// wait_all_acked gives up at its timeout on the server's clock, naming what is unacknowledged; a
+// later wait ends when the ack comes.
+TEST_P(Transport, WaitAllAckedTimesOutOnTheClockAndEndsOnTheAck) {
+  start_server(1, 2);
+  ASSERT_TRUE(send(1, 1));
+  auto first = asio::co_spawn(loop_.io(), loop_.server()->wait_all_acked(30s), asio::use_future);
+  loop_.run([&] { server_clock_.advance(29s); });  // within the timeout
+  loop_.run([] {});                                // what the advance posted has run
+  EXPECT_EQ(first.wait_for(0s), std::future_status::timeout);
+  loop_.run([&] { server_clock_.advance(2s); });
+  auto r = first.get();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kTimeout);
+  EXPECT_NE(r.error().message().find("bridge " + GetParam() + ": 1 step(s) still unacknowledged (oldest 1)"),
+            std::string::npos)
+      << r.error().message();
+  auto second = asio::co_spawn(loop_.io(), loop_.server()->wait_all_acked(30s), asio::use_future);
+  auto c = client(0);
+  ASSERT_NO_FATAL_FAILURE(receive_and_ack(*c, 1));
+  EXPECT_TRUE(second.get());
 }
 
 TEST_P(Transport, VersionsOnceInOrderAndHeartbeats) {
@@ -288,7 +281,7 @@ TEST_P(Transport, VersionsOnceInOrderAndHeartbeats) {
   ASSERT_TRUE(events_.wait([&] { return events_.versions.back() == 3; }));
   EXPECT_TRUE(std::is_sorted(events_.versions.begin(), events_.versions.end()));
   EXPECT_EQ(std::count(events_.versions.begin(), events_.versions.end(), 1), 0);
-  EXPECT_EQ(on_loop([&] { return server_->latest_version(); }), 3);
+  EXPECT_EQ(loop_.run([&] { return loop_.server()->latest_version(); }), 3);
   ASSERT_TRUE(c->heartbeat());
   ASSERT_TRUE(events_.wait([&] { return !events_.heartbeats.empty(); }));
   EXPECT_EQ(events_.heartbeats.front().rank, 0);
@@ -344,7 +337,7 @@ TEST_P(Transport, TrainerContinuesAfterOrchestratorRestart) {
   ASSERT_TRUE(events_.wait([&] { return events_.acks.size() == 1 && events_.versions.size() == 2; }));
   const std::uint16_t port = port_;
   const std::size_t scheduled = client_clock_.scheduled();
-  stop_server();
+  loop_.stop();
   {
     std::lock_guard lock(events_.mu);
     events_.versions.clear();
@@ -363,12 +356,8 @@ TEST_P(Transport, TrainerContinuesAfterOrchestratorRestart) {
   // goes on with step 2, which the same trainer process receives.
   ASSERT_TRUE(send(1, 1));
   ASSERT_TRUE(send(2, 1));
-  auto b2 = c->next_batch(20s);
-  ASSERT_TRUE(b2) << b2.error().what();
-  EXPECT_EQ(b2->step(), 2);
-  ASSERT_TRUE(c->ack(2));
-  ASSERT_TRUE(events_.wait([&] { return !events_.acks.empty() && events_.acks.back() == 2; }));
-  EXPECT_EQ(on_loop([&] { return server_->last_acked_step(); }), 2);
+  ASSERT_NO_FATAL_FAILURE(receive_and_ack(*c, 2));
+  EXPECT_EQ(loop_.run([&] { return loop_.server()->last_acked_step(); }), 2);
 }
 
 TEST_P(Transport, CloseWakesAWaitingTrainer) {
@@ -393,11 +382,7 @@ TEST_P(SocketHostNames, BothSidesTakeAHostName) {
   host_ = "localhost";
   auto c = client(0);
   ASSERT_TRUE(send(1, 1));
-  auto b = c->next_batch(20s);
-  ASSERT_TRUE(b) << b.error().what();
-  EXPECT_EQ(b->step(), 1);
-  ASSERT_TRUE(c->ack(1));
-  ASSERT_TRUE(events_.wait([&] { return !events_.acks.empty() && events_.acks.back() == 1; }));
+  ASSERT_NO_FATAL_FAILURE(receive_and_ack(*c, 1));
 }
 
 TEST_P(SocketHostNames, AnUnresolvableNameIsNamedAndRetriedNotFatal) {
@@ -428,8 +413,8 @@ TEST_P(SocketHostNames, AnUnresolvableBindNameFailsStartNamingIt) {
   ServerOptions o;
   o.transport = "socket";
   o.bind = "no-such-host.invalid";
-  on_loop([&] {
-    auto s = BridgeServer::create(io_, o);
+  loop_.run([&] {
+    auto s = BridgeServer::create(loop_.io(), o);
     ASSERT_TRUE(s) << s.error().what();
     auto started = (*s)->start();
     ASSERT_FALSE(started);
@@ -461,10 +446,10 @@ TEST_P(SocketHeartbeats, TheOrchestratorDropsASilentTrainerWhichReconnects) {
   auto b = c->next_batch(20s);  // connected
   ASSERT_TRUE(b) << b.error().what();
   const std::size_t scheduled = client_clock_.scheduled();
-  on_loop([&] { server_clock_.advance(59s); });  // silent, within the timeout: kept
+  loop_.run([&] { server_clock_.advance(59s); });  // silent, within the timeout: kept
   ASSERT_TRUE(c->published(1));
   ASSERT_TRUE(events_.wait([&] { return !events_.versions.empty(); }));
-  on_loop([&] { server_clock_.advance(61s); });  // silent for longer than the timeout since then
+  loop_.run([&] { server_clock_.advance(61s); });  // silent for longer than the timeout since then
   // Dropped: the trainer sees its connection end and backs off.
   ASSERT_TRUE(client_clock_.wait_scheduled(scheduled + 1));
   ASSERT_TRUE(c->published(2));  // not connected: the next HELLO carries it
@@ -493,8 +478,8 @@ TEST_P(SocketHeartbeats, TheTrainerDropsASilentOrchestratorAndReconnects) {
 INSTANTIATE_TEST_SUITE_P(Socket, SocketHeartbeats, ::testing::Values("socket"));
 
 TEST(DirTransport, HostileBatchFileIsRefusedNotTrained) {
-  const fs::path run_dir = fs::temp_directory_path() / ("arlo_bridge_hostile_" + std::to_string(::getpid()));
-  fs::remove_all(run_dir);
+  const test_files::TempDir dir("arlo_bridge_hostile");
+  const fs::path& run_dir = dir.path();
   ClientOptions o;
   o.run_dir = run_dir;
   auto c = connect(o);
@@ -508,7 +493,6 @@ TEST(DirTransport, HostileBatchFileIsRefusedNotTrained) {
   auto b = (*c)->next_batch(5s);
   ASSERT_FALSE(b);
   EXPECT_EQ(b.error().code(), ErrorCode::kParse) << b.error().what();
-  fs::remove_all(run_dir);
 }
 
 }  // namespace
