@@ -1,40 +1,33 @@
 #include "common/vocabulary.h"
 
+#include "common/enum_names.h"
+
 namespace arlo {
 
-std::string_view to_string(PauseMode mode) {
-  switch (mode) {
-    case PauseMode::kKeep: return "keep";
-    case PauseMode::kWait: return "wait";
-    case PauseMode::kAbort: return "abort";
-  }
-  return "unknown";
-}
+namespace {
 
-std::optional<PauseMode> parse_pause_mode(std::string_view text) {
-  if (text == "keep") return PauseMode::kKeep;
-  if (text == "wait") return PauseMode::kWait;
-  if (text == "abort") return PauseMode::kAbort;
-  return std::nullopt;
-}
+constexpr EnumName<PauseMode> kPauseModes[] = {
+    {PauseMode::kKeep, "keep"}, {PauseMode::kWait, "wait"}, {PauseMode::kAbort, "abort"}};
 
-std::string_view to_string(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kError: return "error";
-    case FinishReason::kUnknown: break;
-  }
-  return "unknown";
-}
+// Each reason's name first; then the other servers' words for it (OpenAI, TGI, Anthropic-style).
+// kUnknown has no row: it prints as "unknown" and is what any other word parses to.
+constexpr EnumName<FinishReason> kFinishReasons[] = {
+    {FinishReason::kStop, "stop"},      {FinishReason::kLength, "length"},     {FinishReason::kAbort, "abort"},
+    {FinishReason::kError, "error"},    {FinishReason::kStop, "eos"},          {FinishReason::kStop, "stop_sequence"},
+    {FinishReason::kStop, "end_turn"},  {FinishReason::kLength, "max_tokens"}, {FinishReason::kAbort, "cancelled"},
+    {FinishReason::kAbort, "canceled"},
+};
+
+}  // namespace
+
+std::string_view to_string(PauseMode mode) { return enum_name(kPauseModes, mode); }
+
+std::optional<PauseMode> parse_pause_mode(std::string_view text) { return enum_value(kPauseModes, text); }
+
+std::string_view to_string(FinishReason reason) { return enum_name(kFinishReasons, reason); }
 
 FinishReason parse_finish_reason(std::string_view text) {
-  if (text == "stop" || text == "eos" || text == "stop_sequence" || text == "end_turn") return FinishReason::kStop;
-  if (text == "length" || text == "max_tokens") return FinishReason::kLength;
-  if (text == "abort" || text == "cancelled" || text == "canceled") return FinishReason::kAbort;
-  if (text == "error") return FinishReason::kError;
-  return FinishReason::kUnknown;
+  return enum_value(kFinishReasons, text).value_or(FinishReason::kUnknown);
 }
 
 std::string Task::prompt_text() const {

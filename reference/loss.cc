@@ -2,25 +2,20 @@
 
 #include <fmt/format.h>
 
+#include "common/enum_names.h"
+
 namespace arlo::reference {
 
-std::optional<IsCorrection> parse_is_correction(std::string_view name) {
-  if (name == "none") return IsCorrection::kNone;
-  if (name == "token_tis") return IsCorrection::kTokenTis;
-  if (name == "seq_tis") return IsCorrection::kSeqTis;
-  if (name == "token_mis") return IsCorrection::kTokenMis;
-  return std::nullopt;
-}
+namespace {
+constexpr EnumName<IsCorrection> kIsCorrections[] = {{IsCorrection::kNone, "none"},
+                                                     {IsCorrection::kTokenTis, "token_tis"},
+                                                     {IsCorrection::kSeqTis, "seq_tis"},
+                                                     {IsCorrection::kTokenMis, "token_mis"}};
+}  // namespace
 
-std::string_view to_string(IsCorrection c) {
-  switch (c) {
-    case IsCorrection::kNone: return "none";
-    case IsCorrection::kTokenTis: return "token_tis";
-    case IsCorrection::kSeqTis: return "seq_tis";
-    case IsCorrection::kTokenMis: return "token_mis";
-  }
-  return "unknown";
-}
+std::optional<IsCorrection> parse_is_correction(std::string_view name) { return enum_value(kIsCorrections, name); }
+
+std::string_view to_string(IsCorrection c) { return enum_name(kIsCorrections, c); }
 
 TokenLogprobs token_logprobs(const at::Tensor& logits, const at::Tensor& input_ids, const at::Tensor& position_ids,
                              double temperature) {

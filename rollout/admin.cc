@@ -4,29 +4,18 @@
 
 #include <fmt/format.h>
 
+#include "common/enum_names.h"
 #include "rollout/admin_dialects/admin_base.h"
 
 namespace arlo::rollout {
 
 // The registered dialects: one function per dialect (admin_dialects/<name>.cc), listed in
 // admin_dialects/registry.inc.
-#define ARLO_ADMIN_DIALECT(x) AdminDialectInfo x##_admin_dialect();
+const ExtensionRegistry<AdminDialectInfo>& admin_dialects() {
+  static const ExtensionRegistry<AdminDialectInfo> dialects = {
 #include "rollout/admin_dialects/registry.inc"
-#undef ARLO_ADMIN_DIALECT
-
-const std::vector<AdminDialectInfo>& admin_dialects() {
-  static const std::vector<AdminDialectInfo> dialects = {
-#define ARLO_ADMIN_DIALECT(x) x##_admin_dialect(),
-#include "rollout/admin_dialects/registry.inc"
-#undef ARLO_ADMIN_DIALECT
   };
   return dialects;
-}
-
-Result<const AdminDialectInfo*> find_admin_dialect(std::string_view name) {
-  if (const AdminDialectInfo* d = find_entry(admin_dialects(), name)) return d;
-  return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown inference.kind '{}': use {}", name,
-                                                             join_names(entry_names(admin_dialects()))));
 }
 
 Result<AdminDialect> parse_admin_dialect(std::string_view name) {
@@ -35,12 +24,9 @@ Result<AdminDialect> parse_admin_dialect(std::string_view name) {
 }
 
 std::string_view to_string(AdminDialect d) {
-  switch (d) {
-    case AdminDialect::kArlo: return "arlo";
-    case AdminDialect::kVllm: return "vllm";
-    case AdminDialect::kSglang: return "sglang";
-  }
-  return "?";
+  static constexpr EnumName<AdminDialect> kNames[] = {
+      {AdminDialect::kArlo, "arlo"}, {AdminDialect::kVllm, "vllm"}, {AdminDialect::kSglang, "sglang"}};
+  return enum_name(kNames, d, "?");
 }
 
 std::unique_ptr<AdminClient> make_admin_client(AdminDialect dialect, http::Client& client, std::string base_url,

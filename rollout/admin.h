@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "common/http.h"
+#include "common/registry.h"
 #include "common/result.h"
 #include "rollout/extension.h"
 #include "rollout/types.h"
@@ -172,6 +173,8 @@ struct ServerCapabilities {
 // inference.kind's allowed values and docs come from the registered dialects; so do what its
 // servers can take (`arlo check-config`) and the adapter `arlo run` drives them with.
 struct AdminDialectInfo {
+  // What a config calls a name, in errors: "unknown inference.kind 'x': use ...".
+  static constexpr const char* kWhat = "inference.kind";
   std::string name;  // the value of inference.kind
   std::string doc;   // a few words for docs/configuration.md ("" when the name says it)
   // The family its completions follow (rollout/openai.h) and its servers expect of a collective
@@ -183,9 +186,9 @@ struct AdminDialectInfo {
   std::function<std::unique_ptr<AdminClient>(http::Client& client, std::string base_url, AdminOptions options)> make;
 };
 // Every registered dialect, in registration order (rollout/admin_dialects/registry.inc).
-const std::vector<AdminDialectInfo>& admin_dialects();
+const ExtensionRegistry<AdminDialectInfo>& admin_dialects();
 // The dialect named `name`; the error lists the registered names.
-Result<const AdminDialectInfo*> find_admin_dialect(std::string_view name);
+inline Result<const AdminDialectInfo*> find_admin_dialect(std::string_view name) { return admin_dialects().find(name); }
 
 // `client` must outlive the adapter. base_url: "http://host:port".
 std::unique_ptr<AdminClient> make_admin_client(AdminDialect dialect, http::Client& client, std::string base_url,

@@ -87,6 +87,17 @@ Result<std::shared_ptr<const TaskSet>> load_jsonl(const std::string& path, std::
   return std::shared_ptr<const TaskSet>(std::make_shared<VectorTaskSet>(std::move(name), std::move(tasks)));
 }
 
+std::shared_ptr<const TaskSet> generated_tasks(std::string env, std::size_t size,
+                                               const std::function<void(Task&)>& fill) {
+  std::vector<Task> tasks(size);
+  for (std::size_t i = 0; i < size; ++i) {
+    tasks[i].id = fmt::format("{}-{}", env, i);
+    tasks[i].env = env;
+    fill(tasks[i]);
+  }
+  return std::make_shared<VectorTaskSet>(std::move(env), std::move(tasks));
+}
+
 Result<SplitSources> split_eval(std::shared_ptr<const TaskSet> source, std::size_t eval_size, std::uint64_t seed) {
   if (!source) return make_error(ErrorCode::kInvalidArgument, "split_eval: no source");
   if (eval_size >= source->size())
@@ -176,23 +187,11 @@ Status TaskStream::restore(const Json& c) {
 
 // The registered kinds: one function per kind (environments/<name>.cc), listed in
 // environments/registry.inc.
-#define ARLO_ENVIRONMENT(x) EnvironmentKind x##_environment();
+const ExtensionRegistry<EnvironmentKind>& environment_kinds() {
+  static const ExtensionRegistry<EnvironmentKind> kinds = {
 #include "rollout/environments/registry.inc"
-#undef ARLO_ENVIRONMENT
-
-const std::vector<EnvironmentKind>& environment_kinds() {
-  static const std::vector<EnvironmentKind> kinds = {
-#define ARLO_ENVIRONMENT(x) x##_environment(),
-#include "rollout/environments/registry.inc"
-#undef ARLO_ENVIRONMENT
   };
   return kinds;
-}
-
-Result<const EnvironmentKind*> find_environment_kind(std::string_view name) {
-  if (const EnvironmentKind* k = find_entry(environment_kinds(), name)) return k;
-  return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown environment kind '{}': use {}", name,
-                                                             join_names(entry_names(environment_kinds()))));
 }
 
 Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/registry.h"
 #include "common/result.h"
 #include "rollout/extension.h"
 #include "rollout/types.h"
@@ -48,6 +49,12 @@ class VectorTaskSet : public TaskSet {
 // max_tasks tasks (env.size), 0 keeps all.
 Result<std::shared_ptr<const TaskSet>> load_jsonl(const std::string& path, std::string name, std::size_t max_tasks = 0);
 
+// The procedural kinds' task set: `size` tasks of environment `env`, task i with id "<env>-<i>" and
+// env `env`, and the rest (prompt, answer, info) set by `fill`, called for i = 0, 1, ... in order (so
+// a seeded generator that `fill` draws from gives the same tasks every time).
+std::shared_ptr<const TaskSet> generated_tasks(std::string env, std::size_t size,
+                                               const std::function<void(Task&)>& fill);
+
 struct ArithmeticOptions {
   std::uint64_t seed = 0;
   std::size_t size = 1000;
@@ -77,6 +84,8 @@ struct EnvironmentSpec {
   Json options = Json::object();  // the kind's own options (make_task_source checks and defaults them)
 };
 struct EnvironmentKind {
+  // What a config calls a name, in errors: "unknown environment kind 'x': use ...".
+  static constexpr const char* kWhat = "environment kind";
   std::string name;  // the value of env.kind
   std::string doc;   // a few words for docs/configuration.md
   // Its own options; each is a key of the env section (env.max_operand, ...).
@@ -90,9 +99,11 @@ struct EnvironmentKind {
   std::string check_doc;  // the check in words, for docs/configuration.md ("env.min_len <= env.max_len.")
 };
 // Every registered kind, in registration order (rollout/environments/registry.inc).
-const std::vector<EnvironmentKind>& environment_kinds();
+const ExtensionRegistry<EnvironmentKind>& environment_kinds();
 // The kind named `name`; the error lists the registered names.
-Result<const EnvironmentKind*> find_environment_kind(std::string_view name);
+inline Result<const EnvironmentKind*> find_environment_kind(std::string_view name) {
+  return environment_kinds().find(name);
+}
 // A source of kind `kind` (its options checked, defaults filled in).
 Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec);
 

@@ -81,15 +81,6 @@ std::string_view type_name(ExtensionOption::Type type) {
   return "?";
 }
 
-std::string join_names(const std::vector<std::string>& names, std::string_view last_sep) {
-  std::string out;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (i > 0) out += i + 1 == names.size() ? std::string(last_sep) : std::string(", ");
-    out += names[i];
-  }
-  return out;
-}
-
 Result<Json> resolve_options(std::string_view who, const std::vector<ExtensionOption>& declared, const Json& options,
                              const std::vector<std::string>& keys_ok) {
   Json out = options.is_object() ? options : Json::object();

@@ -1,6 +1,7 @@
 #pragma once
-// What the rollout extension registries share: the options an extension declares, and lookup by
-// name. Each kind of extension has one registry, one file per entry and one line per entry in its
+// What the rollout extension registries share: the options an extension declares (the registry
+// itself, lookup by name included, is common/registry.h, which weight_sync's transports use too).
+// Each kind of extension has one registry, one file per entry and one line per entry in its
 // registry.inc:
 //
 //   reward modules       rollout/rewards/        RewardKind          (rollout/reward.h)
@@ -18,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "common/registry.h"
 #include "common/result.h"
 #include "rollout/types.h"
 
@@ -64,23 +66,5 @@ std::string_view type_name(ExtensionOption::Type type);
 //   "<who>: option 'x' has the wrong type (<value>)"
 Result<Json> resolve_options(std::string_view who, const std::vector<ExtensionOption>& declared, const Json& options,
                              const std::vector<std::string>& keys_ok);
-
-// "a, b or c".
-std::string join_names(const std::vector<std::string>& names, std::string_view last_sep = " or ");
-
-// The entry of `registry` named `name`, or nullptr.
-template <typename Entry>
-const Entry* find_entry(const std::vector<Entry>& registry, std::string_view name) {
-  for (const auto& e : registry)
-    if (e.name == name) return &e;
-  return nullptr;
-}
-
-template <typename Entry>
-std::vector<std::string> entry_names(const std::vector<Entry>& registry) {
-  std::vector<std::string> names;
-  for (const auto& e : registry) names.push_back(e.name);
-  return names;
-}
 
 }  // namespace arlo::rollout

@@ -53,23 +53,11 @@ std::size_t lcs_length(std::string_view a, std::string_view b) {
 }
 
 // The registered kinds: one function per kind (rewards/<kind>.cc), listed in rewards/registry.inc.
-#define ARLO_REWARD(x) RewardKind x##_reward();
+const ExtensionRegistry<RewardKind>& reward_kinds() {
+  static const ExtensionRegistry<RewardKind> kinds = {
 #include "rollout/rewards/registry.inc"
-#undef ARLO_REWARD
-
-const std::vector<RewardKind>& reward_kinds() {
-  static const std::vector<RewardKind> kinds = {
-#define ARLO_REWARD(x) x##_reward(),
-#include "rollout/rewards/registry.inc"
-#undef ARLO_REWARD
   };
   return kinds;
-}
-
-Result<const RewardKind*> find_reward_kind(std::string_view name) {
-  if (const RewardKind* k = find_entry(reward_kinds(), name)) return k;
-  return make_error(ErrorCode::kInvalidArgument,
-                    fmt::format("unknown reward type '{}': use {}", name, join_names(entry_names(reward_kinds()))));
 }
 
 namespace {

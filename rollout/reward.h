@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/registry.h"
 #include "common/result.h"
 #include "rollout/extension.h"
 #include "rollout/types.h"
@@ -69,6 +70,8 @@ struct RewardSpec {
 
 // One registered kind of reward module.
 struct RewardKind {
+  // What a config calls a name, in errors: "unknown reward type 'x': use ...".
+  static constexpr const char* kWhat = "reward type";
   std::string name;  // the spec's "type" and reward.modules[].kind
   std::string doc;   // one line for docs/configuration.md
   // Options: those marked config_key are keys of a reward.modules item (path, url, pattern); the
@@ -79,9 +82,9 @@ struct RewardKind {
 };
 
 // Every registered kind, in registration order (rollout/rewards/registry.inc).
-const std::vector<RewardKind>& reward_kinds();
+const ExtensionRegistry<RewardKind>& reward_kinds();
 // The kind named `name`; the error lists the registered names.
-Result<const RewardKind*> find_reward_kind(std::string_view name);
+inline Result<const RewardKind*> find_reward_kind(std::string_view name) { return reward_kinds().find(name); }
 
 // Pieces the factory uses, exposed for tests and for composing in code.
 std::string trim(std::string_view s);

@@ -60,10 +60,9 @@ Status check_inference_support(const config::Config& cfg, const BuildSupport& bu
   const std::string& kind = cfg.string("inference.kind");
   auto dialect = rollout::find_admin_dialect(kind);
   if (!dialect)
-    return make_error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("inference.kind {} ({}): not a server arlo drives; use {}", kind, cfg.where("inference.kind"),
-                    rollout::join_names(rollout::entry_names(rollout::admin_dialects()))));
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("inference.kind {} ({}): not a server arlo drives; use {}", kind,
+                                  cfg.where("inference.kind"), join_names(entry_names(rollout::admin_dialects()))));
   const rollout::ServerCapabilities* server = &(*dialect)->server;
   ARLO_ASSIGN_OR_RETURN(const auto* d, ws::find_transport(cfg.string("weight_sync.transport")));
   const std::string servers_of = fmt::format("inference.kind {} ({})", kind, cfg.where("inference.kind"));

@@ -9,15 +9,11 @@
 
 namespace arlo::weight_sync {
 
-#define ARLO_TRANSPORT(x) TransportDescriptor x##_transport();
+// The registered transports: one function per transport (transports/<name>.cc or transports/<name>/),
+// listed in transports/registry.inc.
+const ExtensionRegistry<TransportDescriptor>& transports() {
+  static const ExtensionRegistry<TransportDescriptor> all = {
 #include "weight_sync/transports/registry.inc"
-#undef ARLO_TRANSPORT
-
-const std::vector<TransportDescriptor>& transports() {
-  static const std::vector<TransportDescriptor> all = {
-#define ARLO_TRANSPORT(x) x##_transport(),
-#include "weight_sync/transports/registry.inc"
-#undef ARLO_TRANSPORT
   };
   return all;
 }
@@ -66,16 +62,6 @@ const OptionSpec* TransportDescriptor::option(std::string_view key) const {
   for (const auto& o : options)
     if (o.key == key) return &o;
   return nullptr;
-}
-
-Result<const TransportDescriptor*> find_transport(std::string_view name) {
-  std::string known;
-  for (const auto& d : transports()) {
-    if (d.name == name) return &d;
-    known += (known.empty() ? "" : " | ") + d.name;
-  }
-  return make_error(ErrorCode::kInvalidArgument,
-                    fmt::format("weight_sync transport '{}' is not available; known: {}", name, known));
 }
 
 namespace {

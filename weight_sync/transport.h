@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/registry.h"
 #include "common/result.h"
 #include "weight_sync/types.h"
 #include "weight_sync/weight_sync.h"
@@ -108,6 +109,8 @@ using SenderFactory = std::function<Result<std::unique_ptr<SenderTransport>>(con
 using ReceiverFactory = std::function<Result<std::unique_ptr<ReceiverTransport>>(const ReceiverState&)>;
 
 struct TransportDescriptor {
+  // What a config calls a name, in errors: "unknown weight_sync transport 'x': use ...".
+  static constexpr const char* kWhat = "weight_sync transport";
   std::string name;  // the value of weight_sync.transport
   std::string doc;   // one line for docs/configuration.md
   Capabilities capabilities;
@@ -130,9 +133,9 @@ struct TransportDescriptor {
 };
 
 // Every registered transport, in registration order (transports/registry.inc).
-const std::vector<TransportDescriptor>& transports();
+const ExtensionRegistry<TransportDescriptor>& transports();
 // The descriptor of `name`; the error lists the registered names.
-Result<const TransportDescriptor*> find_transport(std::string_view name);
+inline Result<const TransportDescriptor*> find_transport(std::string_view name) { return transports().find(name); }
 // `params` checked against `d` (unknown keys and wrong types are errors naming the key) with the
 // descriptor's defaults filled in for absent keys.
 Result<nlohmann::json> resolve_params(const TransportDescriptor& d, const nlohmann::json& params);

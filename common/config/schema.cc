@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "common/config/config.h"
+#include "common/registry.h"
 #include "rollout/admin.h"
 #include "rollout/environment.h"
 #include "rollout/reward.h"
@@ -303,8 +304,8 @@ void add_extension_keys(std::vector<Key>& keys, const std::vector<rollout::Exten
 }
 
 // "a (doc a), b, c (doc c)": each registered name with its doc when it has one.
-template <typename Entry>
-std::string names_with_docs(const std::vector<Entry>& entries) {
+template <typename Registry>
+std::string names_with_docs(const Registry& entries) {
   std::string out;
   for (const auto& e : entries) out += (out.empty() ? "" : ", ") + e.name + (e.doc.empty() ? "" : " (" + e.doc + ")");
   return out;
@@ -315,7 +316,7 @@ std::string path_kinds() {
   std::vector<std::string> names;
   for (const auto& k : rollout::environment_kinds())
     if (k.needs_path) names.push_back(k.name);
-  return rollout::join_names(names);
+  return join_names(names);
 }
 
 Section env_section() {
@@ -324,7 +325,7 @@ Section env_section() {
       "Where training tasks come from.",
       {
           string_key("kind", "arithmetic", "Task source: " + names_with_docs(rollout::environment_kinds()) + ".")
-              .one_of(rollout::entry_names(rollout::environment_kinds())),
+              .one_of(entry_names(rollout::environment_kinds())),
           string_key("path", "",
                      path_kinds() + " only: the dataset (one object per line with prompt or messages, answer, info)."),
           int_key("seed", 1, "Seed for generating and shuffling tasks.").at_least(0),
@@ -357,7 +358,7 @@ Section eval_section() {
           float_key("temperature", 1.0, "Sampling temperature for eval.").range(0.0, 10.0),
           string_key("env_kind", "same",
                      "Eval task source: same (the training kind and settings with eval.seed), or one of " +
-                         rollout::join_names(rollout::entry_names(rollout::environment_kinds()), ", ") + ".")
+                         join_names(entry_names(rollout::environment_kinds()), ", ") + ".")
               .one_of(eval_env_kinds()),
           string_key("env_path", "", path_kinds() + " eval only: the dataset."),
           int_key("seed", 7, "Seed for the eval tasks (differs from env.seed so eval tasks are held out).").at_least(0),
@@ -420,7 +421,7 @@ Section inference_section() {
               .one_of({"embedded", "external"}),
           string_key("kind", "arlo",
                      "Server dialect for admin calls: " + names_with_docs(rollout::admin_dialects()) + ".")
-              .one_of(rollout::entry_names(rollout::admin_dialects())),
+              .one_of(entry_names(rollout::admin_dialects())),
           int_key("num_workers", 2, "embedded: number of arlo-worker processes.").range(1, 1024),
           strings_key("urls", {}, "external: base URLs of the servers (http://host:port)."),
           float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
@@ -679,7 +680,7 @@ void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
     const Config& m = modules[i];
     const std::string name = "reward.modules[" + std::to_string(i) + "]";
     const std::string& kind_name = m.string("kind");
-    const rollout::RewardKind* kind = rollout::find_entry(rollout::reward_kinds(), kind_name);
+    const rollout::RewardKind* kind = find_entry(rollout::reward_kinds(), kind_name);
     if (!kind) continue;  // the loader already refused it (not one of kind's choices)
     for (const auto& o : kind->options) {
       if (!o.config_key || o.type != rollout::ExtensionOption::Type::kString) continue;

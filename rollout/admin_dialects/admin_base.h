@@ -13,6 +13,7 @@
 #include <exception>
 #include <initializer_list>
 #include <optional>
+#include <string_view>
 
 #include "common/log.h"
 #include "rollout/admin.h"
@@ -20,6 +21,21 @@
 namespace arlo::rollout::admin_detail {
 
 namespace asio = boost::asio;
+
+// ---- helpers shared by the vllm and sglang adapters (plain functions: bodies are built outside
+// coroutines; defined in rollout/admin.cc) ----
+
+// {"names", "dtypes", "shapes"} lists from CollectiveSession::tensors().
+struct TensorLists {
+  Json names = Json::array(), dtypes = Json::array(), shapes = Json::array();
+};
+Result<TensorLists> tensor_lists(const Json& tensors);
+// The generation of a CollectiveSession::group() answer.
+Result<std::int64_t> group_generation(const Json& g);
+// Copies `keys` from the session's group into `out`; every key must be there.
+Status copy_keys(const Json& group, std::initializer_list<const char*> keys, Json& out);
+// A version label as the servers keep it ("7") back to a number; nullopt when it is not one.
+std::optional<std::int64_t> version_number(const Json& v);
 
 // Shared plumbing: one admin call with deadline, retry policy and error mapping.
 class AdminBase : public AdminClient {
@@ -149,24 +165,41 @@ class AdminBase : public AdminClient {
     co_return *sent;
   }
 
+  // The collective dialects ask on every update where this server joins (the session may have
+  // formed a new group: another worker rejoined). Ok: the group when it is of a generation this
+  // server has not joined (join_group next), nullopt when it is joined already. `group_word` names
+  // the group in the error ("weight-transfer group").
+  asio::awaitable<Result<std::optional<Json>>> new_group(CollectiveSession& session, int world_size,
+                                                         std::string_view group_word) {
+    auto g = co_await session.group(url_, world_size);
+    if (!g)
+      co_return std::unexpected(std::move(g).error().with_context(
+          fmt::format("{} admin {}: joining the {}", to_string(dialect()), url_, group_word)));
+    auto joined = group_generation(*g);
+    if (!joined) co_return std::unexpected(std::move(joined).error());
+    if (generation_ == *joined) co_return std::optional<Json>();
+    co_return std::optional<Json>(std::move(*g));
+  }
+  // Sends `init`, the server's call that joins `group` (from new_group); a failure tells the session
+  // at once (failed()), so that its publisher does not wait for this server. Ok: generation_ is the
+  // group's.
+  asio::awaitable<Status> join_group(CollectiveSession& session, const Json& group, Call init) {
+    const std::int64_t generation = group["generation"].get<std::int64_t>();
+    auto r = co_await call(std::move(init));
+    if (!r) {
+      session.failed(url_, generation, r.error().what());
+      co_return std::unexpected(std::move(r).error());
+    }
+    generation_ = generation;
+    co_return ok();
+  }
+
   http::Client& client_;
   std::string url_;
   AdminOptions options_;
+  // The collective dialects: the session generation this server joined (reset when a transfer
+  // fails: the group is aborted, the next update joins a new generation).
+  std::optional<std::int64_t> generation_;
 };
-
-// ---- helpers shared by the vllm and sglang adapters (plain functions: bodies are built outside
-// coroutines; defined in rollout/admin.cc) ----
-
-// {"names", "dtypes", "shapes"} lists from CollectiveSession::tensors().
-struct TensorLists {
-  Json names = Json::array(), dtypes = Json::array(), shapes = Json::array();
-};
-Result<TensorLists> tensor_lists(const Json& tensors);
-// The generation of a CollectiveSession::group() answer.
-Result<std::int64_t> group_generation(const Json& g);
-// Copies `keys` from the session's group into `out`; every key must be there.
-Status copy_keys(const Json& group, std::initializer_list<const char*> keys, Json& out);
-// A version label as the servers keep it ("7") back to a number; nullopt when it is not one.
-std::optional<std::int64_t> version_number(const Json& v);
 
 }  // namespace arlo::rollout::admin_detail

@@ -11,9 +11,9 @@ using namespace admin_detail;
 
 // ---- SGLang ----
 
-Json sglang_group_body(const Json& group, Status& status) {
+Result<Json> sglang_group_body(const Json& group) {
   Json body = Json::object();
-  status = copy_keys(group, {"master_address", "master_port", "rank_offset", "world_size", "group_name"}, body);
+  ARLO_TRY(copy_keys(group, {"master_address", "master_port", "rank_offset", "world_size", "group_name"}, body));
   body["backend"] = "nccl";
   return body;
 }
@@ -75,30 +75,20 @@ class SglangAdmin final : public AdminBase {
       if (!world) co_return std::unexpected(std::move(world).error());
       tp_ = *world;
     }
-    // Every update asks: the session may have formed a new group (another worker rejoined).
-    auto g = co_await session->group(url_, *tp_);
-    if (!g)
-      co_return std::unexpected(
-          std::move(g).error().with_context(fmt::format("sglang admin {}: joining the weight-update group", url_)));
-    auto joined = group_generation(*g);
-    if (!joined) co_return std::unexpected(std::move(joined).error());
-    if (generation_ != *joined) {
-      const auto gen = joined;
-      Status built;
-      Json body = sglang_group_body(*g, built);
-      if (!built) co_return std::unexpected(std::move(built).error());
+    auto fresh = co_await new_group(*session, *tp_, "weight-update group");
+    if (!fresh) co_return std::unexpected(std::move(fresh).error());
+    if (*fresh) {
+      auto body = sglang_group_body(**fresh);
+      if (!body) co_return std::unexpected(std::move(body).error());
       if (joined_once_) {  // the previous group's communicator holds GPU memory on the server: free it
         auto gone = co_await call(post("/destroy_weights_update_group", sglang_destroy_body(group_name_), false));
         if (!gone) ARLO_WARN("sglang admin {}: destroying group {}: {}", url_, group_name_, gone.error().what());
       }
-      auto init = co_await call(transfer("/init_weights_update_group", body));
-      if (!init) {
-        session->failed(url_, *gen, init.error().what());
-        co_return std::unexpected(std::move(init).error());
-      }
-      group_name_ = body["group_name"].is_string() ? body["group_name"].get<std::string>() : "weight_update_group";
+      auto init = co_await join_group(*session, **fresh, transfer("/init_weights_update_group", *body));
+      if (!init) co_return init;
+      group_name_ =
+          (*body)["group_name"].is_string() ? (*body)["group_name"].get<std::string>() : "weight_update_group";
       joined_once_ = true;
-      generation_ = *gen;
     }
     const std::int64_t gen = *generation_;
     auto tensors = co_await session->tensors();
@@ -161,7 +151,6 @@ class SglangAdmin final : public AdminBase {
 
   std::optional<int> tp_;  // the server's tensor-parallel size (its ranks), asked once
   bool idle_ = false;      // nothing runs: the last pause aborted or followed a drain
-  std::optional<std::int64_t> generation_;
   std::string group_name_ = "weight_update_group";
   bool joined_once_ = false;  // a group was initialised on the server (destroyed before the next)
 };

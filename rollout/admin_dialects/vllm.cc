@@ -47,22 +47,21 @@ constexpr ServerVersion kVllmStartFinish{0, 22, 0};
 constexpr ServerVersion kVllmPackedInInit{0, 28, 0};
 constexpr ServerVersion kVllmUniqueIdInit{0, 29, 0};
 
-Json vllm_init_info(const Json& group, ServerVersion v, Status& status) {
+Result<Json> vllm_init_info(const Json& group, ServerVersion v) {
   Json info = Json::object();
   const bool uid =
       v >= kVllmUniqueIdInit && group.contains("nccl_unique_id_b64") && group["nccl_unique_id_b64"].is_string();
-  status = uid ? copy_keys(group, {"nccl_unique_id_b64", "rank_offset", "world_size"}, info)
-               : copy_keys(group, {"master_address", "master_port", "rank_offset", "world_size"}, info);
-  if (status && v >= kVllmPackedInInit)
-    status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
+  ARLO_TRY(uid ? copy_keys(group, {"nccl_unique_id_b64", "rank_offset", "world_size"}, info)
+               : copy_keys(group, {"master_address", "master_port", "rank_offset", "world_size"}, info));
+  if (v >= kVllmPackedInInit)
+    ARLO_TRY(copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info));
   return Json{{"init_info", std::move(info)}};
 }
 
-Json vllm_update_info(const TensorLists& t, const Json& group, ServerVersion v, Status& status) {
+Result<Json> vllm_update_info(const TensorLists& t, const Json& group, ServerVersion v) {
   Json info = {{"names", t.names}, {"dtype_names", t.dtypes}, {"shapes", t.shapes}};
-  status = ok();
   if (v < kVllmPackedInInit)
-    status = copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info);
+    ARLO_TRY(copy_keys(group, {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}, info));
   return Json{{"update_info", std::move(info)}};
 }
 
@@ -112,25 +111,14 @@ class VllmAdmin final : public AdminBase {
             fmt::format("GET /get_world_size answered {} (want {{\"world_size\": n >= 1}})", w->dump().substr(0, 200)));
       world_size_ = (*w)["world_size"].get<int>();
     }
-    // Every update asks: the session may have formed a new group (another worker rejoined).
-    auto g = co_await session->group(url_, *world_size_);
-    if (!g)
-      co_return std::unexpected(
-          std::move(g).error().with_context(fmt::format("vllm admin {}: joining the weight-transfer group", url_)));
-    auto joined = group_generation(*g);
-    if (!joined) co_return std::unexpected(std::move(joined).error());
-    if (generation_ != *joined) {
-      const auto gen = joined;
-      Status built;
-      Json body = vllm_init_info(*g, *version, built);
-      if (!built) co_return std::unexpected(std::move(built).error());
-      auto init = co_await call(transfer("/init_weight_transfer_engine", std::move(body)));
-      if (!init) {
-        session->failed(url_, *gen, init.error().what());
-        co_return std::unexpected(std::move(init).error());
-      }
-      group_ = std::move(*g);
-      generation_ = *gen;
+    auto fresh = co_await new_group(*session, *world_size_, "weight-transfer group");
+    if (!fresh) co_return std::unexpected(std::move(fresh).error());
+    if (*fresh) {
+      auto body = vllm_init_info(**fresh, *version);
+      if (!body) co_return std::unexpected(std::move(body).error());
+      auto init = co_await join_group(*session, **fresh, transfer("/init_weight_transfer_engine", std::move(*body)));
+      if (!init) co_return init;
+      group_ = std::move(**fresh);
     }
     const std::int64_t gen = *generation_;
     auto fail = [&](const Error& e) {
@@ -142,13 +130,12 @@ class VllmAdmin final : public AdminBase {
     if (!tensors) co_return fail(tensors.error());
     auto lists = tensor_lists(*tensors);
     if (!lists) co_return fail(lists.error());
-    Status built;
-    Json update_body = vllm_update_info(*lists, group_, *version, built);
-    if (!built) co_return fail(built.error());
+    auto update_body = vllm_update_info(*lists, group_, *version);
+    if (!update_body) co_return fail(update_body.error());
     auto started = co_await call(transfer("/start_weight_update", vllm_start_body(*version)));
     if (!started) co_return fail(started.error());
     auto sent = co_await transfer_collective(session, gen, u.version,
-                                             call_status(transfer("/update_weights", std::move(update_body))));
+                                             call_status(transfer("/update_weights", std::move(*update_body))));
     if (!sent) {
       generation_.reset();
       co_return std::unexpected(std::move(sent).error());
@@ -236,8 +223,7 @@ class VllmAdmin final : public AdminBase {
 
   std::optional<ServerVersion> version_;
   std::optional<int> world_size_;
-  std::optional<std::int64_t> generation_;  // the session generation the server joined
-  Json group_ = Json::object();             // that generation's group
+  Json group_ = Json::object();  // that generation's group
   std::optional<std::int64_t> pending_version_;
   std::optional<std::int64_t> committed_version_;
   std::optional<std::int64_t> unverified_;  // committed, not yet checked (verify_weights)

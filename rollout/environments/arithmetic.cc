@@ -18,13 +18,8 @@ Result<std::shared_ptr<const TaskSet>> make_arithmetic(const ArithmeticOptions& 
         ErrorCode::kInvalidArgument,
         fmt::format("arithmetic: need 0 <= min_value <= max_value <= 999999, got [{}, {}]", min_value, o.max_value));
   std::uint64_t state = o.seed ^ 0x61726974686d6574ULL;  // "arithmet"
-  std::vector<Task> tasks;
-  tasks.reserve(o.size);
   const auto span = static_cast<std::uint64_t>(o.max_value - min_value + 1);
-  for (std::size_t i = 0; i < o.size; ++i) {
-    Task t;
-    t.id = fmt::format("arithmetic-{}", i);
-    t.env = "arithmetic";
+  return generated_tasks("arithmetic", o.size, [&](Task& t) {
     std::string prompt;
     long long sum = 0;
     Json terms = Json::array();
@@ -39,9 +34,7 @@ Result<std::shared_ptr<const TaskSet>> make_arithmetic(const ArithmeticOptions& 
     t.prompt = std::move(prompt);
     t.answer = std::to_string(sum);
     t.info = {{"terms", terms}};
-    tasks.push_back(std::move(t));
-  }
-  return std::shared_ptr<const TaskSet>(std::make_shared<VectorTaskSet>("arithmetic", std::move(tasks)));
+  });
 }
 
 EnvironmentKind arithmetic_environment() {

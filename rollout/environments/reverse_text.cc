@@ -14,22 +14,15 @@ Result<std::shared_ptr<const TaskSet>> make_reverse_text(const ReverseTextOption
                       fmt::format("reverse_text: need 1 <= min_length <= max_length <= 64, got [{}, {}]", o.min_length,
                                   o.max_length));
   std::uint64_t state = o.seed ^ 0x7265766572736521ULL;  // "reverse!"
-  std::vector<Task> tasks;
-  tasks.reserve(o.size);
-  for (std::size_t i = 0; i < o.size; ++i) {
+  return generated_tasks("reverse_text", o.size, [&](Task& t) {
     const int len = o.min_length +
                     static_cast<int>(uniform_below(state, static_cast<std::uint64_t>(o.max_length - o.min_length + 1)));
     std::string s;
     for (int k = 0; k < len; ++k) s += static_cast<char>('a' + uniform_below(state, 26));
-    Task t;
-    t.id = fmt::format("reverse_text-{}", i);
-    t.env = "reverse_text";
     t.prompt = "reverse " + s + ":";
     t.answer = std::string(s.rbegin(), s.rend());
     t.info = {{"text", s}};
-    tasks.push_back(std::move(t));
-  }
-  return std::shared_ptr<const TaskSet>(std::make_shared<VectorTaskSet>("reverse_text", std::move(tasks)));
+  });
 }
 
 EnvironmentKind reverse_text_environment() {

@@ -85,10 +85,10 @@ TEST(ProductSchema, KindsAndTheirKeysComeFromTheRegistries) {
   ASSERT_TRUE(item("config"));
   EXPECT_THAT(item("config")->doc, ::testing::HasSubstr("numeric_match: rel_tol (float, 1e-06: relative tolerance)"));
 
-  EXPECT_EQ(schema.find_key("inference.kind")->choices, rollout::entry_names(rollout::admin_dialects()));
+  EXPECT_EQ(schema.find_key("inference.kind")->choices, entry_names(rollout::admin_dialects()));
   EXPECT_EQ(schema.find_key("inference.kind")->doc,
             "Server dialect for admin calls: arlo (arlo-worker), vllm, sglang.");
-  EXPECT_EQ(schema.find_key("env.kind")->choices, rollout::entry_names(rollout::environment_kinds()));
+  EXPECT_EQ(schema.find_key("env.kind")->choices, entry_names(rollout::environment_kinds()));
   EXPECT_THAT(schema.find_key("eval.env_kind")->choices, ::testing::Contains("reverse_text"));
   for (const auto& kind : rollout::environment_kinds())
     for (const auto& o : kind.options) {
