@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/safetensors.h"
+#include "tests/temp_dir.h"
 
 namespace arlo::safetensors {
 namespace {
@@ -98,8 +99,6 @@ std::vector<std::byte> expected_bytes(DType dtype, std::size_t count) {
 class SafetensorsPython : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "arlo-stpy-XXXXXX").string();
-    dir_ = ::mkdtemp(tmpl.data());
     const char* src = std::getenv("ARLO_SOURCE_DIR");
     ASSERT_NE(src, nullptr) << "ARLO_SOURCE_DIR is set by ctest";
     script_ = fs::path(src) / "tests/unit/common/python/read_safetensors.py";
@@ -110,10 +109,6 @@ class SafetensorsPython : public ::testing::Test {
     }
     spec_ = dir_ / "spec.json";
     std::ofstream(spec_) << spec.dump();
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
   }
 
   // Runs the script in a child process; returns its exit status and fills `output`.
@@ -127,7 +122,9 @@ class SafetensorsPython : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 
-  fs::path dir_, script_, spec_;
+  const test_files::TempDir tmp_{"arlo-stpy"};
+  const fs::path& dir_ = tmp_.path();
+  fs::path script_, spec_;
 };
 
 TEST_F(SafetensorsPython, PythonReaderVerifiesWhatArloWrote) {

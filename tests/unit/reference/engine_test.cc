@@ -35,6 +35,11 @@ void install(Engine& engine, std::shared_ptr<Model> m, std::int64_t version) {
   applied.get_future().wait();
 }
 
+// Sampling of exactly `max_tokens` tokens (EOS ignored) from the random stream `seed`.
+SamplingParams exactly(std::int64_t max_tokens, std::uint64_t seed) {
+  return {.max_tokens = max_tokens, .seed = seed, .ignore_eos = true};
+}
+
 struct Case {
   std::string prompt;
   SamplingParams params;
@@ -120,10 +125,7 @@ TEST(Engine, StopStringsMaxTokensAndContext) {
   Tokenizer tok;
   Engine engine({}, {});
   install(engine, model(23), 0);
-  SamplingParams p;
-  p.seed = 1;
-  p.max_tokens = 30;
-  p.ignore_eos = true;
+  const SamplingParams p = exactly(30, 1);
   auto base = submit(engine, tok.encode_prompt("a"), p).future.get();
   ASSERT_TRUE(base);
   ASSERT_EQ(base->tokens.size(), 30u);
@@ -155,29 +157,29 @@ TEST(Engine, StopStringsMaxTokensAndContext) {
   EXPECT_FALSE(engine.submit({1}, bad, [](Result<Generation>) {}));
 }
 
-// An engine whose observer pauses (in `mode`) once `after` tokens have been generated.
+// An engine serving `m` as version 0 whose observer pauses (in `mode`) once `after` tokens have been
+// generated.
 struct PausingEngine {
   std::promise<void> paused;
   std::atomic<bool> fired{false};
   std::unique_ptr<Engine> engine;
-  PausingEngine(PauseMode mode, std::uint64_t after) {
+  PausingEngine(PauseMode mode, std::uint64_t after, std::shared_ptr<Model> m) {
     EngineOptions o;
     o.on_step = [this, mode, after](const EngineStats& s) {
       if (s.tokens_generated >= after && !fired.exchange(true)) engine->pause(mode, [this] { paused.set_value(); });
     };
     engine = std::make_unique<Engine>(ModelConfig{}, o);
+    install(*engine, std::move(m), 0);
   }
+  Submitted submit(const std::string& prompt, SamplingParams params) {
+    return reference::submit(*engine, tok.encode_prompt(prompt), std::move(params));
+  }
+  Tokenizer tok;
 };
 
 TEST(Engine, PauseKeepContinuesOnTheNewWeightsAndRecordsSpans) {
-  Tokenizer tok;
-  PausingEngine pe(PauseMode::kKeep, 5);
-  install(*pe.engine, model(24), 0);
-  SamplingParams p;
-  p.seed = 3;
-  p.max_tokens = 12;
-  p.ignore_eos = true;
-  auto s = submit(*pe.engine, tok.encode_prompt("1+1="), p);
+  PausingEngine pe(PauseMode::kKeep, 5, model(24));
+  auto s = pe.submit("1+1=", exactly(12, 3));
   pe.paused.get_future().wait();
   EXPECT_TRUE(pe.engine->paused());
   EXPECT_EQ(pe.engine->stats().active, 1u);
@@ -191,21 +193,16 @@ TEST(Engine, PauseKeepContinuesOnTheNewWeightsAndRecordsSpans) {
 }
 
 TEST(Engine, PauseAbortFinishesInFlightRequests) {
-  Tokenizer tok;
-  PausingEngine pe(PauseMode::kAbort, 3);
-  install(*pe.engine, model(26), 0);
-  SamplingParams p;
-  p.seed = 4;
-  p.max_tokens = 20;
-  p.ignore_eos = true;
-  auto s = submit(*pe.engine, tok.encode_prompt("2+2="), p);
+  PausingEngine pe(PauseMode::kAbort, 3, model(26));
+  const SamplingParams p = exactly(20, 4);
+  auto s = pe.submit("2+2=", p);
   auto r = s.future.get();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->finish, FinishReason::kAbort);
   EXPECT_EQ(r->tokens.size(), 3u);
   pe.paused.get_future().wait();
   // Paused: a new request queues until resume.
-  auto later = submit(*pe.engine, tok.encode_prompt("3+3="), p);
+  auto later = pe.submit("3+3=", p);
   EXPECT_EQ(later.future.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
   pe.engine->resume();
   auto lr = later.future.get();
@@ -214,14 +211,8 @@ TEST(Engine, PauseAbortFinishesInFlightRequests) {
 }
 
 TEST(Engine, PauseWaitLetsInFlightRequestsFinish) {
-  Tokenizer tok;
-  PausingEngine pe(PauseMode::kWait, 2);
-  install(*pe.engine, model(27), 0);
-  SamplingParams p;
-  p.seed = 5;
-  p.max_tokens = 9;
-  p.ignore_eos = true;
-  auto s = submit(*pe.engine, tok.encode_prompt("4+4="), p);
+  PausingEngine pe(PauseMode::kWait, 2, model(27));
+  auto s = pe.submit("4+4=", exactly(9, 5));
   pe.paused.get_future().wait();
   // The pause completed only after the request did.
   ASSERT_EQ(s.future.wait_for(std::chrono::milliseconds(0)), std::future_status::ready);
