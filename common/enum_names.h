@@ -10,7 +10,14 @@
 // that only parsing accepts ("eos" for FinishReason::kStop).
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/registry.h"
+#include "common/result.h"
 
 namespace arlo {
 
@@ -34,6 +41,17 @@ constexpr std::optional<E> enum_value(const EnumName<E> (&table)[N], std::string
   for (const auto& row : table)
     if (row.name == name) return row.value;
   return std::nullopt;
+}
+
+// The value a row of `table` names `name`; otherwise kInvalidArgument listing each value's name
+// (not the aliases): "unknown <what> 'x': use a, b or c".
+template <typename E, std::size_t N>
+Result<E> parse_enum(const EnumName<E> (&table)[N], std::string_view what, std::string_view name) {
+  if (auto value = enum_value(table, name)) return *value;
+  std::vector<std::string> names;
+  for (const auto& row : table)
+    if (enum_name(table, row.value) == row.name) names.emplace_back(row.name);
+  return make_error(ErrorCode::kInvalidArgument, fmt::format("unknown {} '{}': use {}", what, name, join_names(names)));
 }
 
 }  // namespace arlo

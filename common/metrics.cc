@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "common/escape.h"
 #include "common/log.h"
 
 namespace arlo::metrics {
@@ -19,19 +20,7 @@ std::string format_value(double v) {
 }
 
 // HELP text escaping (format 0.0.4): backslash and line feed.
-std::string escape_help(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
+std::string escape_help(const std::string& s) { return escape_chars(s, {{'\\', "\\\\"}, {'\n', "\\n"}}); }
 
 void add_atomic(std::atomic<double>& a, double delta) { a.fetch_add(delta, std::memory_order_relaxed); }
 
@@ -112,32 +101,33 @@ std::vector<double> Histogram::exponential(double start, double factor, int coun
   return out;
 }
 
-// A name already registered as another kind is a programming error; rather than crash the process
-// that serves /metrics we log it and hand back a detached metric that is never exported.
-Counter& Registry::counter(const std::string& name, const std::string& help) {
-  std::lock_guard lock(mu_);
-  Entry& e = entries_[name];
+namespace {
+// The entry's metric of one kind (its `slot`), made by `make` when the name is new. A name already
+// registered as another kind is a programming error; rather than crash the process that serves
+// /metrics we log it and hand back a detached metric (one per call site) that is never exported.
+template <typename Entry, typename M, typename Make>
+M& metric_of_kind(Entry& e, std::unique_ptr<M> Entry::*slot, const std::string& name, const std::string& help,
+                  std::string_view kind, Make make) {
   if (e.empty()) {
     e.help = help;
-    e.counter = std::make_unique<Counter>();
+    e.*slot = make();
   }
-  if (e.counter) return *e.counter;
-  ARLO_ERROR("metric '{}' is not a counter; this update is not exported", name);
-  static Counter detached;
-  return detached;
+  if (e.*slot) return *(e.*slot);
+  ARLO_ERROR("metric '{}' is not a {}; this update is not exported", name, kind);
+  static const std::unique_ptr<M> detached = make();
+  return *detached;
+}
+}  // namespace
+
+Counter& Registry::counter(const std::string& name, const std::string& help) {
+  std::lock_guard lock(mu_);
+  return metric_of_kind(entries_[name], &Entry::counter, name, help, "counter",
+                        [] { return std::make_unique<Counter>(); });
 }
 
 Gauge& Registry::gauge(const std::string& name, const std::string& help) {
   std::lock_guard lock(mu_);
-  Entry& e = entries_[name];
-  if (e.empty()) {
-    e.help = help;
-    e.gauge = std::make_unique<Gauge>();
-  }
-  if (e.gauge) return *e.gauge;
-  ARLO_ERROR("metric '{}' is not a gauge; this update is not exported", name);
-  static Gauge detached;
-  return detached;
+  return metric_of_kind(entries_[name], &Entry::gauge, name, help, "gauge", [] { return std::make_unique<Gauge>(); });
 }
 
 namespace {
@@ -146,16 +136,7 @@ std::string render_labels(const Labels& labels) {
   std::string out = "{";
   for (const auto& [k, v] : labels) {
     if (out.size() > 1) out += ',';
-    out += k + "=\"";
-    for (char c : v) {
-      if (c == '\\' || c == '"') out += '\\';
-      if (c == '\n') {
-        out += "\\n";
-        continue;
-      }
-      out += c;
-    }
-    out += '"';
+    out += k + "=\"" + escape_chars(v, {{'\\', "\\\\"}, {'"', "\\\""}, {'\n', "\\n"}}) + '"';
   }
   return out + "}";
 }
@@ -177,15 +158,8 @@ Gauge& Registry::gauge(const std::string& name, const Labels& labels, const std:
 
 Histogram& Registry::histogram(const std::string& name, std::vector<double> bounds, const std::string& help) {
   std::lock_guard lock(mu_);
-  Entry& e = entries_[name];
-  if (e.empty()) {
-    e.help = help;
-    e.histogram = std::make_unique<Histogram>(std::move(bounds));
-  }
-  if (e.histogram) return *e.histogram;
-  ARLO_ERROR("metric '{}' is not a histogram; this update is not exported", name);
-  static Histogram detached({});
-  return detached;
+  return metric_of_kind(entries_[name], &Entry::histogram, name, help, "histogram",
+                        [&bounds] { return std::make_unique<Histogram>(std::move(bounds)); });
 }
 
 std::string Registry::prometheus_name(const std::string& name) {

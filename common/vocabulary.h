@@ -4,8 +4,8 @@
 // look-alike copies (docs/architecture.md section 7). Plain data with no behaviour beyond parsing
 // and printing its names; nothing here does I/O.
 //
-// Modules bring the names into their own namespaces (`using arlo::VersionSpan;`) instead of
-// redefining them.
+// Modules live inside namespace arlo, so they use these names unqualified (VersionSpan, Task) and
+// need no using-declarations; code outside it writes arlo::Task. No module redefines them.
 #include <nlohmann/json.hpp>
 
 #include <chrono>

@@ -16,6 +16,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A write of step `step`'s checkpoint that failed (`what`: which write) stops the run; the error
+// says how to go on.
+Error checkpoint_write_failed(const Error& e, std::string_view what, std::int64_t step) {
+  return Error(e).with_context(
+      fmt::format("checkpoint: {} of step {} (the run stops here; `arlo run --resume` continues from the last good "
+                  "checkpoint once the disk has room)",
+                  what, step));
+}
+
 Result<std::string> read_whole(const fs::path& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::kIo, fmt::format("opening {} {}", what, path.string()));
@@ -157,19 +166,9 @@ Awaitable<Status> JournalingTrainer::send(TrainBatch batch) {
   const auto step = batch.step;
   crash_point("orchestrator.before_checkpoint", step);
   if (auto st = write_journal_batch(journal_dir(run_dir_), batch); !st)
-    co_return std::unexpected(
-        Error(st.error())
-            .with_context(fmt::format(
-                "checkpoint: journaling the batch of step {} (the run stops here; `arlo run --resume` continues from "
-                "the last good checkpoint once the disk has room)",
-                step)));
+    co_return std::unexpected(checkpoint_write_failed(st.error(), "journaling the batch", step));
   if (auto st = write_checkpoint(checkpoint_path(run_dir_), state_(step)); !st)
-    co_return std::unexpected(
-        Error(st.error())
-            .with_context(fmt::format(
-                "checkpoint: writing the checkpoint of step {} (the run stops here; `arlo run --resume` continues from "
-                "the last good checkpoint once the disk has room)",
-                step)));
+    co_return std::unexpected(checkpoint_write_failed(st.error(), "writing the checkpoint", step));
   crash_point("orchestrator.after_checkpoint", step);
   co_return co_await inner_.send(std::move(batch));
 }

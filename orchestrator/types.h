@@ -21,15 +21,8 @@ using Clock_ = std::chrono::steady_clock;
 using TimePoint = Clock_::time_point;
 using Duration = Clock_::duration;
 
-// Tasks, versions, version spans, pause modes, finish reasons, sampling parameters: the shared
-// vocabulary (common/vocabulary.h).
-using ::arlo::FinishReason;
-using ::arlo::kNoVersion;
-using ::arlo::PauseMode;
-using ::arlo::SamplingParams;
-using ::arlo::Task;
-using ::arlo::Version;
-using ::arlo::VersionSpan;
+// Tasks, versions, version spans, pause modes, finish reasons and sampling parameters are the shared
+// vocabulary's (common/vocabulary.h, namespace arlo).
 
 // The weights a worker reports it serves (GET /weights): the version it committed last and the
 // checksum of its parameters ("" when the server does not report one).

@@ -41,13 +41,8 @@ namespace arlo::reference {
 
 struct KvCache;  // model_impl.h
 
-// Finish reasons (the engine reports stop, length and abort), pause modes and version spans: the
-// shared vocabulary (common/vocabulary.h).
-using ::arlo::FinishReason;
-using ::arlo::parse_pause_mode;
-using ::arlo::PauseMode;
-using ::arlo::to_string;
-using ::arlo::VersionSpan;
+// Finish reasons (the engine reports stop, length and abort), pause modes and version spans are the
+// shared vocabulary's (common/vocabulary.h, namespace arlo).
 
 struct Generation {
   std::vector<std::int32_t> prompt;

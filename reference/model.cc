@@ -113,26 +113,42 @@ at::Tensor mlp_block(const at::Tensor& x, const LayerParams& lp, double eps) {
   return x + at::linear(at::silu(at::linear(h, *lp.gate)) * at::linear(h, *lp.up), *lp.down);
 }
 
+// A layer's attention inputs for the residual stream x [B, T, H] at positions pos [B, T]: q and k
+// with rotary positions, and v; each [B, T, heads, hd].
+struct Qkv {
+  at::Tensor q, k, v;
+};
+
+Qkv attention_inputs(const at::Tensor& x, const at::Tensor& pos, const LayerParams& lp, const ModelConfig& c) {
+  const std::int64_t B = x.size(0), T = x.size(1), nh = c.heads, hd = c.head_dim();
+  auto h = rms_norm(x, *lp.in_norm, c.norm_eps);
+  return {apply_rope(at::linear(h, *lp.q).view({B, T, nh, hd}), pos, c.rope_theta),
+          apply_rope(at::linear(h, *lp.k).view({B, T, nh, hd}), pos, c.rope_theta),
+          at::linear(h, *lp.v).view({B, T, nh, hd})};
+}
+
+// The rest of a layer: the attention output a [B, heads, T, hd] projected and added to the residual
+// stream x [B, T, H], then the MLP block.
+at::Tensor layer_output(const at::Tensor& x, const at::Tensor& a, const LayerParams& lp, const ModelConfig& c) {
+  const std::int64_t B = x.size(0), T = x.size(1);
+  return mlp_block(x + at::linear(a.transpose(1, 2).reshape({B, T, c.hidden}), *lp.o), lp, c.norm_eps);
+}
+
 }  // namespace
 
 at::Tensor ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& position_ids) const {
   const auto& c = config_;
-  const std::int64_t B = input_ids.size(0), T = input_ids.size(1);
-  const std::int64_t nh = c.heads, hd = c.head_dim();
+  const std::int64_t T = input_ids.size(1);
   auto x = at::embedding(param("model.embed_tokens.weight"), input_ids);  // [B, T, H]
   auto seg = at::cumsum((position_ids == 0).to(at::kLong), 1);            // [B, T]
   auto same = seg.unsqueeze(2) == seg.unsqueeze(1);                       // [B, T, T]
   auto causal = at::ones({T, T}, at::kBool).tril();
   auto allowed = (same & causal).unsqueeze(1);  // [B, 1, T, T]
   for (int i = 0; i < c.layers; ++i) {
-    LayerParams lp = layer_params(*this, i);
-    auto h = rms_norm(x, *lp.in_norm, c.norm_eps);
-    auto q = apply_rope(at::linear(h, *lp.q).view({B, T, nh, hd}), position_ids, c.rope_theta);
-    auto k = apply_rope(at::linear(h, *lp.k).view({B, T, nh, hd}), position_ids, c.rope_theta);
-    auto v = at::linear(h, *lp.v).view({B, T, nh, hd});
+    const LayerParams lp = layer_params(*this, i);
+    auto [q, k, v] = attention_inputs(x, position_ids, lp, c);
     auto a = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), allowed);  // [B, nh, T, hd]
-    x = x + at::linear(a.transpose(1, 2).reshape({B, T, c.hidden}), *lp.o);
-    x = mlp_block(x, lp, c.norm_eps);
+    x = layer_output(x, a, lp, c);
   }
   x = rms_norm(x, param("model.norm.weight"), c.norm_eps);
   return at::linear(x, param("lm_head.weight"));
@@ -153,21 +169,16 @@ at::Tensor ModelImpl::prefill(KvCache& cache, const at::Tensor& ids, const at::T
                               const at::Tensor& slots) const {
   const auto& c = config_;
   const std::int64_t B = ids.size(0), P = ids.size(1);
-  const std::int64_t nh = c.heads, hd = c.head_dim();
   auto pos = at::arange(P, at::kLong).unsqueeze(0).expand({B, P});
   auto allowed = at::ones({P, P}, at::kBool).tril().unsqueeze(0).unsqueeze(0);  // right padding: causal suffices
   auto x = at::embedding(param("model.embed_tokens.weight"), ids);
   for (int i = 0; i < c.layers; ++i) {
-    LayerParams lp = layer_params(*this, i);
-    auto h = rms_norm(x, *lp.in_norm, c.norm_eps);
-    auto q = apply_rope(at::linear(h, *lp.q).view({B, P, nh, hd}), pos, c.rope_theta);
-    auto k = apply_rope(at::linear(h, *lp.k).view({B, P, nh, hd}), pos, c.rope_theta);
-    auto v = at::linear(h, *lp.v).view({B, P, nh, hd});
+    const LayerParams lp = layer_params(*this, i);
+    auto [q, k, v] = attention_inputs(x, pos, lp, c);
     cache.k[i].index_put_({slots, Slice(0, P)}, k);
     cache.v[i].index_put_({slots, Slice(0, P)}, v);
     auto a = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), allowed);
-    x = x + at::linear(a.transpose(1, 2).reshape({B, P, c.hidden}), *lp.o);
-    x = mlp_block(x, lp, c.norm_eps);
+    x = layer_output(x, a, lp, c);
   }
   auto last = x.index({at::arange(B, at::kLong), lens - 1});  // [B, H]
   last = rms_norm(last, param("model.norm.weight"), c.norm_eps);
@@ -178,24 +189,19 @@ at::Tensor ModelImpl::decode(KvCache& cache, const at::Tensor& ids, const at::Te
                              const at::Tensor& slots) const {
   const auto& c = config_;
   const std::int64_t B = ids.size(0);
-  const std::int64_t nh = c.heads, hd = c.head_dim();
   const std::int64_t L = pos.max().item<std::int64_t>() + 1;
   auto pos2 = pos.unsqueeze(1);                                                       // [B, 1]
   auto allowed = (at::arange(L, at::kLong).unsqueeze(0) <= pos2).view({B, 1, 1, L});  // [B, 1, 1, L]
   auto x = at::embedding(param("model.embed_tokens.weight"), ids.unsqueeze(1));       // [B, 1, H]
   for (int i = 0; i < c.layers; ++i) {
-    LayerParams lp = layer_params(*this, i);
-    auto h = rms_norm(x, *lp.in_norm, c.norm_eps);
-    auto q = apply_rope(at::linear(h, *lp.q).view({B, 1, nh, hd}), pos2, c.rope_theta);
-    auto k = apply_rope(at::linear(h, *lp.k).view({B, 1, nh, hd}), pos2, c.rope_theta);
-    auto v = at::linear(h, *lp.v).view({B, 1, nh, hd});
+    const LayerParams lp = layer_params(*this, i);
+    auto [q, k, v] = attention_inputs(x, pos2, lp, c);
     cache.k[i].index_put_({slots, pos}, k.select(1, 0));
     cache.v[i].index_put_({slots, pos}, v.select(1, 0));
     auto kk = cache.k[i].index_select(0, slots).narrow(1, 0, L);  // [B, L, nh, hd]
     auto vv = cache.v[i].index_select(0, slots).narrow(1, 0, L);
     auto a = attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), allowed);  // [B, nh, 1, hd]
-    x = x + at::linear(a.transpose(1, 2).reshape({B, 1, c.hidden}), *lp.o);
-    x = mlp_block(x, lp, c.norm_eps);
+    x = layer_output(x, a, lp, c);
   }
   auto last = rms_norm(x.select(1, 0), param("model.norm.weight"), c.norm_eps);
   return at::linear(last, param("lm_head.weight"));

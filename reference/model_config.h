@@ -29,4 +29,16 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
+// The shape fields that arlo-trainer's and arlo-worker's flags (--<name>) and arlo-worker's YAML
+// `model:` block set, by the name the configuration gives them (model.<name>).
+struct ModelShapeField {
+  const char* name;
+  int ModelConfig::*field;
+};
+inline constexpr ModelShapeField kModelShapeFields[] = {{"layers", &ModelConfig::layers},
+                                                        {"hidden", &ModelConfig::hidden},
+                                                        {"heads", &ModelConfig::heads},
+                                                        {"intermediate", &ModelConfig::intermediate},
+                                                        {"context", &ModelConfig::context}};
+
 }  // namespace arlo::reference

@@ -19,10 +19,9 @@
 
 namespace arlo::reference {
 
-// A request's sampling parameters (common/vocabulary.h). The engine reads temperature, top_p,
-// max_tokens, seed (absent: a stream drawn from the engine's seed), stop, ignore_eos and
-// top_logprobs; n and logprobs are the OpenAI layer's.
-using ::arlo::SamplingParams;
+// A request's sampling parameters are the shared vocabulary's SamplingParams (common/vocabulary.h).
+// The engine reads temperature, top_p, max_tokens, seed (absent: a stream drawn from the engine's
+// seed), stop, ignore_eos and top_logprobs; n and logprobs are the OpenAI layer's.
 
 // splitmix64 finaliser: spreads (seed, stream) pairs into independent-looking 64-bit seeds.
 std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stream);

@@ -5,22 +5,25 @@
 
 #include <fmt/format.h>
 
+#include "common/enum_names.h"
+
 namespace arlo::rollout {
 
+namespace {
+
+constexpr EnumName<AdvantageKind> kAdvantageKinds[] = {
+    {AdvantageKind::kGrpo, "grpo"}, {AdvantageKind::kDrGrpo, "dr_grpo"}, {AdvantageKind::kRloo, "rloo"}};
+constexpr EnumName<TruncationPolicy> kTruncationPolicies[] = {
+    {TruncationPolicy::kKeep, "keep"}, {TruncationPolicy::kDrop, "drop"}, {TruncationPolicy::kMask, "mask"}};
+
+}  // namespace
+
 Result<AdvantageKind> parse_advantage_kind(std::string_view name) {
-  if (name == "grpo") return AdvantageKind::kGrpo;
-  if (name == "dr_grpo") return AdvantageKind::kDrGrpo;
-  if (name == "rloo") return AdvantageKind::kRloo;
-  return make_error(ErrorCode::kInvalidArgument,
-                    fmt::format("unknown advantage '{}': use grpo, dr_grpo or rloo", name));
+  return parse_enum(kAdvantageKinds, "advantage", name);
 }
 
 Result<TruncationPolicy> parse_truncation_policy(std::string_view name) {
-  if (name == "keep") return TruncationPolicy::kKeep;
-  if (name == "drop") return TruncationPolicy::kDrop;
-  if (name == "mask") return TruncationPolicy::kMask;
-  return make_error(ErrorCode::kInvalidArgument,
-                    fmt::format("unknown truncation policy '{}': use keep, drop or mask", name));
+  return parse_enum(kTruncationPolicies, "truncation policy", name);
 }
 
 std::size_t GroupAdvantages::trainable() const {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/enum_names.h"
 #include "common/log.h"
 #include "common/async/coro.h"
 
@@ -11,12 +12,13 @@ namespace arlo::rollout {
 
 namespace asio = boost::asio;
 
+namespace {
+constexpr EnumName<FailurePolicy> kFailurePolicies[] = {
+    {FailurePolicy::kAssign, "assign"}, {FailurePolicy::kDrop, "drop"}, {FailurePolicy::kFail, "fail"}};
+}  // namespace
+
 Result<FailurePolicy> parse_failure_policy(std::string_view name) {
-  if (name == "assign") return FailurePolicy::kAssign;
-  if (name == "drop") return FailurePolicy::kDrop;
-  if (name == "fail") return FailurePolicy::kFail;
-  return make_error(ErrorCode::kInvalidArgument,
-                    fmt::format("unknown reward failure policy '{}': use assign, drop or fail", name));
+  return parse_enum(kFailurePolicies, "reward failure policy", name);
 }
 
 namespace {
@@ -43,8 +45,6 @@ Status check_finite(const std::string& name, const Score& s) {
                         fmt::format("reward module '{}' returned non-finite metric '{}' ({})", name, k, v));
   return ok();
 }
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 }  // namespace
 
@@ -81,16 +81,13 @@ Status RewardScorer::handle_failure(Rollout& r, const Error& e) {
 
 // Plain functions, not coroutine code: GCC 12 mishandles temporaries in conditional expressions
 // inside coroutines, so results are applied here.
-Status RewardScorer::apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results, double scoring_s) {
+Status RewardScorer::apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results) {
   // A call that ended without a verdict on its sample (kCancelled: a process-isolated plugin's host
   // died under it, or shutdown) fails the whole group whatever the policy: no made-up reward.
   for (std::size_t i = 0; i < group.size(); ++i) {
     if (results[i] || results[i].error().code() != ErrorCode::kCancelled) continue;
     ++stats_.groups_lost;
-    for (auto& r : group) {
-      r.reward.reset();
-      r.timings.scoring_s = scoring_s;
-    }
+    for (auto& r : group) r.reward.reset();
     Error lost = results[i].error();
     lost.with_context(
         fmt::format("scoring task {} sample {} (the group is dropped)", group[i].task_id, group[i].sample_index));
@@ -115,12 +112,11 @@ Status RewardScorer::apply(std::vector<Rollout>& group, std::vector<Result<Score
       Status f = handle_failure(group[i], st.error());
       if (!f && first_failure) first_failure = std::move(f);
     }
-    group[i].timings.scoring_s = scoring_s;
   }
   return first_failure;
 }
 
-Status RewardScorer::apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores, double scoring_s) {
+Status RewardScorer::apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores) {
   std::vector<Result<Score>> per_sample;
   per_sample.reserve(group.size());
   if (scores && scores->size() != group.size()) {
@@ -134,13 +130,12 @@ Status RewardScorer::apply_group(std::vector<Rollout>& group, Result<std::vector
       per_sample.emplace_back(std::unexpected(scores.error()));
     }
   }
-  return apply(group, per_sample, scoring_s);
+  return apply(group, per_sample);
 }
 
 // Coroutine locals initialised by co_await live at function scope on purpose: GCC 12 double-destroys
 // such locals when they are declared in a nested block.
 asio::awaitable<Status> RewardScorer::score_whole_group(const Task& task, std::vector<Rollout>& group) {
-  const auto t0 = Clock::now();
   std::shared_ptr<RewardModule> module = module_;
   const std::string name = module->name();
   auto task_copy = std::make_shared<const Task>(task);
@@ -159,19 +154,17 @@ asio::awaitable<Status> RewardScorer::score_whole_group(const Task& task, std::v
       },
       options_.timeout));
   std::vector<Result<Shared>> shared = co_await when_all(std::move(call));
-  co_return apply_shared(group, shared.front(), seconds_since(t0));
+  co_return apply_shared(group, shared.front());
 }
 
-Status RewardScorer::apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared,
-                                  double scoring_s) {
+Status RewardScorer::apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared) {
   Result<std::vector<Score>> scores = shared ? Result<std::vector<Score>>(std::move(**shared))
                                              : Result<std::vector<Score>>(std::unexpected(shared.error()));
-  return apply_group(group, scores, scoring_s);
+  return apply_group(group, scores);
 }
 
 asio::awaitable<Status> RewardScorer::score_group(const Task& task, std::vector<Rollout>& group) {
   if (module_->scores_groups()) co_return co_await score_whole_group(task, group);
-  const auto t0 = Clock::now();
   std::shared_ptr<RewardModule> module = module_;
   const std::string name = module->name();
   auto task_copy = std::make_shared<const Task>(task);
@@ -188,7 +181,7 @@ asio::awaitable<Status> RewardScorer::score_group(const Task& task, std::vector<
         options_.timeout));
   }
   std::vector<Result<Score>> results = co_await when_all(std::move(calls));
-  co_return apply(group, results, seconds_since(t0));
+  co_return apply(group, results);
 }
 
 }  // namespace arlo::rollout

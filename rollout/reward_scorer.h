@@ -49,7 +49,7 @@ class RewardScorer {
  public:
   RewardScorer(boost::asio::io_context& loop, std::shared_ptr<RewardModule> module, ScorerOptions options);
 
-  // Scores a complete group in place (reward, metrics, timings.scoring_s). Samples are scored
+  // Scores a complete group in place (reward, metrics). Samples are scored
   // concurrently. Returns an error only under the `fail` policy.
   boost::asio::awaitable<Status> score_group(const Task& task, std::vector<Rollout>& group);
 
@@ -59,10 +59,9 @@ class RewardScorer {
  private:
   boost::asio::awaitable<Status> score_whole_group(const Task& task, std::vector<Rollout>& group);
   Status handle_failure(Rollout& r, const Error& e);
-  Status apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results, double scoring_s);
-  Status apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared,
-                      double scoring_s);
-  Status apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores, double scoring_s);
+  Status apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results);
+  Status apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared);
+  Status apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores);
 
   boost::asio::io_context& loop_;
   std::shared_ptr<RewardModule> module_;

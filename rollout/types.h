@@ -22,15 +22,8 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using Duration = Clock::duration;
 
-// Tasks, chat messages, finish reasons, sampling parameters, versions and version spans: the shared
-// vocabulary (common/vocabulary.h).
-using ::arlo::ChatMessage;
-using ::arlo::FinishReason;
-using ::arlo::parse_finish_reason;
-using ::arlo::SamplingParams;
-using ::arlo::Task;
-using ::arlo::Version;
-using ::arlo::VersionSpan;
+// Tasks, chat messages, finish reasons, sampling parameters, versions and version spans are the shared
+// vocabulary's (common/vocabulary.h, namespace arlo).
 
 // One request to an OpenAI-compatible server. Prompt precedence: prompt_token_ids, then messages
 // (chat endpoint), then prompt.
@@ -64,12 +57,6 @@ struct Completion {
   int attempts = 1;                       // servers tried (1 = first try succeeded)
 };
 
-struct Timings {
-  double queued_s = 0;     // waiting for a dispatch slot
-  double inference_s = 0;  // request sent -> completion received
-  double scoring_s = 0;    // reward computation
-};
-
 // One generated sample of a prompt group, as it travels to the trainer.
 struct Rollout {
   std::string task_id;
@@ -83,7 +70,6 @@ struct Rollout {
   FinishReason finish_reason = FinishReason::kUnknown;
   std::optional<double> reward;  // unset until scored (or when dropped)
   std::map<std::string, double> metrics;
-  Timings timings;
 };
 
 // JSON forms, used by the http reward module, checkpoints and logs. A task's JSON is what reward

@@ -69,7 +69,7 @@ Result<std::shared_ptr<rollout::RewardModule>> make_reward(const config::Config&
 
 }  // namespace
 
-void tokenize_task(orch::Task& task) {
+void tokenize_task(arlo::Task& task) {
   if (!task.messages.empty()) return;
   static const reference::Tokenizer tokenizer;
   task.prompt_tokens = tokenizer.encode_prompt(task.prompt_text());
@@ -86,18 +86,17 @@ bool uses_builtin_tokenizer(const config::Config& cfg) {
 }
 
 RunTasks::RunTasks(std::shared_ptr<rollout::TaskStream> stream, bool tokenize)
-    : inner_(std::move(stream), {}), tokenize_(tokenize) {}
+    : inner_(std::move(stream)), tokenize_(tokenize) {}
 
-Result<orch::Task> RunTasks::next() {
+Result<arlo::Task> RunTasks::next() {
   ARLO_ASSIGN_OR_RETURN(auto task, inner_.next());
   if (tokenize_) tokenize_task(task);
   return task;
 }
 
-orch::Task RunTasks::prepare(orch::Task t) const {
-  auto task = inner_.prepare(std::move(t));
-  if (tokenize_) tokenize_task(task);
-  return task;
+arlo::Task RunTasks::prepare(arlo::Task t) const {
+  if (tokenize_) tokenize_task(t);
+  return t;
 }
 
 Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {

@@ -28,11 +28,11 @@ bool uses_builtin_tokenizer(const config::Config& cfg);
 class RunTasks final : public orch::TaskSource {
  public:
   RunTasks(std::shared_ptr<rollout::TaskStream> stream, bool tokenize);
-  Result<orch::Task> next() override;
+  Result<arlo::Task> next() override;
   nlohmann::json cursor() const override { return inner_.cursor(); }
   Status restore(const nlohmann::json& cursor) override { return inner_.restore(cursor); }
   // Prepares one environment task (the eval set) the same way.
-  orch::Task prepare(orch::Task t) const;
+  arlo::Task prepare(arlo::Task t) const;
 
  private:
   orch::adapters::RolloutTasks inner_;
@@ -40,12 +40,12 @@ class RunTasks final : public orch::TaskSource {
 };
 
 // Adds built-in token ids to a task (no-op for chat tasks, which go to the server as messages).
-void tokenize_task(orch::Task& task);
+void tokenize_task(arlo::Task& task);
 
 struct RolloutParts {
   std::shared_ptr<rollout::TaskStream> stream;
   bool tokenize = true;                // uses_builtin_tokenizer(): how RunTasks prepares the stream's tasks
-  std::vector<orch::Task> eval_tasks;  // empty when eval.interval is 0
+  std::vector<arlo::Task> eval_tasks;  // empty when eval.interval is 0
   std::shared_ptr<rollout::RewardModule> reward;
 };
 

@@ -111,12 +111,12 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   // already hold it) is confirmed with every worker before the first rollout.
   ARLO_ASSIGN_OR_RETURN(const auto* transport, weight_sync::find_transport(cfg.string("weight_sync.transport")));
   if (cfg.string("trainer.launch") == "embedded" && !transport->capabilities.durable)
-    s.options.initial_version = orch::kNoVersion;
+    s.options.initial_version = arlo::kNoVersion;
   // Your own trainer (trainer.launch: command or external) publishes v0 from its own
   // initialisation, and external servers hold whatever they loaded: no rollout before the trainer's
   // v0 reached every worker.
   if (cfg.string("trainer.launch") != "embedded" || cfg.string("inference.launch") != "embedded")
-    s.options.initial_version = orch::kNoVersion;
+    s.options.initial_version = arlo::kNoVersion;
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
   if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.weights_dir, overwrite, cfg));
@@ -259,7 +259,7 @@ class RunSession::Impl {
     std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
     for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
     return [ws = s_.plan.weight_sync, server, worker_index, workers = s_.plan.workers, this, &trainer](
-               const std::string& worker, orch::Version v) {
+               const std::string& worker, arlo::Version v) {
       const auto it = worker_index.find(worker);
       const std::size_t k = it == worker_index.end() ? workers.size() : it->second;
       std::optional<ChainRole> role;

@@ -102,11 +102,8 @@ int main(int argc, char** argv) {
                  "socket bridge: the orchestrator's IP address or host name (resolved on every connection attempt)");
   app.add_option("--bridge-port", o.bridge_port);
   app.add_option("--rank", o.rank);
-  app.add_option("--layers", o.model.layers);
-  app.add_option("--hidden", o.model.hidden);
-  app.add_option("--heads", o.model.heads);
-  app.add_option("--intermediate", o.model.intermediate);
-  app.add_option("--context", o.model.context);
+  for (const auto& shape : arlo::reference::kModelShapeFields)
+    app.add_option(std::string("--") + shape.name, o.model.*shape.field);
   app.add_option("--seed", o.seed, "initialisation seed of v0");
   app.add_option("--threads", o.threads, "libtorch/OpenMP threads");
   app.add_option("--lr", o.lr);

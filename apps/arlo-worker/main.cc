@@ -72,13 +72,8 @@ arlo::Status apply_yaml(const std::string& path, Flags& f) {
     get(root, "weights", f.weights);
     get(root, "weights_version", f.weights_version);
     get(root, "log_level", f.log_level);
-    if (auto m = root["model"]) {
-      get(m, "layers", f.model.layers);
-      get(m, "hidden", f.model.hidden);
-      get(m, "heads", f.model.heads);
-      get(m, "intermediate", f.model.intermediate);
-      get(m, "context", f.model.context);
-    }
+    if (auto m = root["model"])
+      for (const auto& shape : arlo::reference::kModelShapeFields) get(m, shape.name, f.model.*shape.field);
     get(root, "weight_sync", f.weight_sync);
     get(root, "allow_weights_from", f.allow_weights_from);
     get(root, "token_file", f.token_file);
@@ -105,11 +100,8 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
   app.add_option("--bind", f.bind, "address to listen on");
   app.add_option("--port", f.port, "port to listen on (0 = any free port)");
   app.add_option("--model-name", f.model_name, "name reported in responses and /v1/models");
-  app.add_option("--layers", f.model.layers);
-  app.add_option("--hidden", f.model.hidden);
-  app.add_option("--heads", f.model.heads);
-  app.add_option("--intermediate", f.model.intermediate);
-  app.add_option("--context", f.model.context);
+  for (const auto& shape : arlo::reference::kModelShapeFields)
+    app.add_option(std::string("--") + shape.name, f.model.*shape.field);
   app.add_option("--threads", f.threads, "libtorch/OpenMP threads");
   app.add_option("--max-batch", f.max_batch, "most requests decoded together");
   app.add_option("--seed", f.seed, "seed of the sampling streams of requests without a seed");

@@ -187,8 +187,8 @@ std::optional<ApiError> read_logprobs(const json& body, bool chat, CompletionJob
 
 }  // namespace
 
-reference::SamplingParams CompletionJob::choice_params(int k) const {
-  reference::SamplingParams p = params;
+arlo::SamplingParams CompletionJob::choice_params(int k) const {
+  arlo::SamplingParams p = params;
   if (p.seed) p.seed = *p.seed + static_cast<std::uint64_t>(k);
   return p;
 }
@@ -233,7 +233,7 @@ json completion_response(const CompletionJob& job, const std::vector<reference::
     completion_tokens += static_cast<std::int64_t>(g.tokens.size());
     json spans = json::array();
     for (const auto& s : g.version_spans) spans.push_back({s.version, s.first_token});
-    json c = {{"index", k}, {"finish_reason", std::string(reference::to_string(g.finish))}};
+    json c = {{"index", k}, {"finish_reason", std::string(arlo::to_string(g.finish))}};
     if (job.chat) {
       c["message"] = {{"role", "assistant"}, {"content", g.text}};
     } else {

@@ -37,13 +37,13 @@ struct ApiError {
 struct CompletionJob {
   bool chat = false;
   std::vector<std::vector<std::int32_t>> prompts;
-  reference::SamplingParams params;  // seed, if any, is the request's; see choice_params()
+  arlo::SamplingParams params;  // seed, if any, is the request's; see choice_params()
   int n = 1;
   bool logprobs = false;  // report per-token logprobs
   int top_logprobs = 0;   // alternatives per token
 
   // The sampling parameters of choice `k` (prompt-major: prompt p, sample i -> k = p * n + i).
-  reference::SamplingParams choice_params(int k) const;
+  arlo::SamplingParams choice_params(int k) const;
   int choices() const { return static_cast<int>(prompts.size()) * n; }
 };
 

@@ -296,7 +296,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
   asio::awaitable<http::Response> pause(http::Request req) {
     auto self = shared_from_this();
     const std::string mode_text = req.query_param("mode").value_or("keep");
-    auto mode = reference::parse_pause_mode(mode_text);
+    auto mode = arlo::parse_pause_mode(mode_text);
     if (!mode)
       co_return api_error(400, fmt::format("unknown pause mode '{}': use keep, wait or abort", mode_text),
                           "invalid_request_error", "mode");

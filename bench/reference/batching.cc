@@ -31,8 +31,8 @@ std::vector<std::vector<std::int32_t>> prompts(int n) {
   return out;
 }
 
-SamplingParams params(int i, int max_tokens) {
-  SamplingParams p;
+arlo::SamplingParams params(int i, int max_tokens) {
+  arlo::SamplingParams p;
   p.seed = static_cast<std::uint64_t>(i);
   p.max_tokens = max_tokens;
   p.ignore_eos = true;  // every request generates exactly max_tokens: both modes do the same work

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <expected>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -62,9 +63,14 @@ std::optional<bool> parse_bool(std::string_view s) {
   return std::nullopt;
 }
 
-// Decimal, 0x-hex or 0o-octal, optional sign. Distinguishes "not an integer" from "too large".
-enum class IntParse { kOk, kNotInteger, kOutOfRange };
-IntParse parse_int(std::string_view s, std::int64_t& out) {
+// Decimal, 0x-hex or 0o-octal, optional sign. The error says whether `text` is not an integer or
+// too large ("integer '99999999999999999999' is out of range (must fit in 64 bits)").
+std::expected<std::int64_t, std::string> parse_int(std::string_view text) {
+  const auto not_integer = [&] { return std::unexpected("expected an integer, got '" + shorten(text) + "'"); };
+  const auto out_of_range = [&] {
+    return std::unexpected("integer '" + shorten(text) + "' is out of range (must fit in 64 bits)");
+  };
+  std::string_view s = text;
   bool negative = false;
   if (!s.empty() && (s[0] == '+' || s[0] == '-')) {
     negative = s[0] == '-';
@@ -78,37 +84,39 @@ IntParse parse_int(std::string_view s, std::int64_t& out) {
     base = 8;
     s.remove_prefix(2);
   }
-  if (s.empty()) return IntParse::kNotInteger;
+  if (s.empty()) return not_integer();
   std::uint64_t magnitude = 0;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), magnitude, base);
-  if (ptr != s.data() + s.size()) return IntParse::kNotInteger;
-  if (ec == std::errc::result_out_of_range) return IntParse::kOutOfRange;
-  if (ec != std::errc()) return IntParse::kNotInteger;
+  if (ptr != s.data() + s.size()) return not_integer();
+  if (ec == std::errc::result_out_of_range) return out_of_range();
+  if (ec != std::errc()) return not_integer();
   constexpr std::uint64_t kMaxPositive = static_cast<std::uint64_t>(INT64_MAX);
   if (negative) {
-    if (magnitude > kMaxPositive + 1) return IntParse::kOutOfRange;
-    out = magnitude == kMaxPositive + 1 ? INT64_MIN : -static_cast<std::int64_t>(magnitude);
-  } else {
-    if (magnitude > kMaxPositive) return IntParse::kOutOfRange;
-    out = static_cast<std::int64_t>(magnitude);
+    if (magnitude > kMaxPositive + 1) return out_of_range();
+    return magnitude == kMaxPositive + 1 ? INT64_MIN : -static_cast<std::int64_t>(magnitude);
   }
-  return IntParse::kOk;
+  if (magnitude > kMaxPositive) return out_of_range();
+  return static_cast<std::int64_t>(magnitude);
 }
 
-enum class FloatParse { kOk, kNotNumber, kOutOfRange, kNotFinite };
-FloatParse parse_float(std::string_view s, double& out) {
+// A finite number; the error says whether `text` is not a number, not finite or out of range.
+std::expected<double, std::string> parse_float(std::string_view text) {
+  const auto not_finite = [&] { return std::unexpected("must be a finite number, got '" + shorten(text) + "'"); };
+  const auto not_number = [&] { return std::unexpected("expected a number, got '" + shorten(text) + "'"); };
+  std::string_view s = text;
   if (s == ".inf" || s == "+.inf" || s == "-.inf" || s == ".Inf" || s == "-.Inf" || s == ".nan" || s == ".NaN" ||
       s == ".NAN" || s == ".INF" || s == "-.INF") {
-    return FloatParse::kNotFinite;
+    return not_finite();
   }
   if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-  if (s.empty()) return FloatParse::kNotNumber;
+  if (s.empty()) return not_number();
+  double out = 0;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  if (ptr != s.data() + s.size()) return FloatParse::kNotNumber;
-  if (ec == std::errc::result_out_of_range) return FloatParse::kOutOfRange;
-  if (ec != std::errc()) return FloatParse::kNotNumber;
-  if (!std::isfinite(out)) return FloatParse::kNotFinite;
-  return FloatParse::kOk;
+  if (ptr != s.data() + s.size()) return not_number();
+  if (ec == std::errc::result_out_of_range) return std::unexpected("number '" + shorten(text) + "' is out of range");
+  if (ec != std::errc()) return not_number();
+  if (!std::isfinite(out)) return not_finite();
+  return out;
 }
 
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
@@ -254,31 +262,46 @@ class Resolver {
       add(source_, std::string("malformed YAML: ") + e.what());
       return;
     }
-    if (root.IsNull()) return;
-    if (!root.IsMap()) {
-      add(where_of(source_, root.Mark()),
-          "the top level must be a mapping of sections (run:, orchestrator:, ...), got " + std::string(kind_of(root)));
+    for_each_named(
+        root, "the top level must be a mapping of sections (run:, orchestrator:, ...)",
+        "a section name must be a plain word",
+        [](const std::string& name) { return "section '" + shorten(name) + "' appears twice"; },
+        [&](const std::string& name, const std::string& at, const YAML::Node& body) {
+          const Section* section = schema_.find_section(name);
+          if (section == nullptr) {
+            add(at, "unknown section '" + shorten(name) + "'" + suggest_section(name));
+            return;
+          }
+          read_section(*section, body);
+        });
+  }
+
+  // The entries of a mapping of names (the document's sections, a section's keys), each name once:
+  // calls each(name, at, value) for every entry whose name is a plain word not seen before. A null
+  // node has no entries. The errors: `not_map` when the node is not a mapping, `not_word` for a name
+  // that is not a scalar (both followed by ", got <what it is>"), twice(name) for a repeated name.
+  template <typename Twice, typename Each>
+  void for_each_named(const YAML::Node& map, const std::string& not_map, const std::string& not_word, Twice twice,
+                      Each each) {
+    if (map.IsNull()) return;
+    if (!map.IsMap()) {
+      add(where_of(source_, map.Mark()), not_map + ", got " + std::string(kind_of(map)));
       return;
     }
-    std::set<std::string> seen_sections;
-    for (const auto& entry : root) {
+    std::set<std::string> seen;
+    for (const auto& entry : map) {
       const YAML::Node& name_node = entry.first;
       const std::string at = where_of(source_, name_node.Mark());
       if (!name_node.IsScalar()) {
-        add(at, "a section name must be a plain word, got " + std::string(kind_of(name_node)));
+        add(at, not_word + ", got " + std::string(kind_of(name_node)));
         continue;
       }
       const std::string name = name_node.Scalar();
-      if (!seen_sections.insert(name).second) {
-        add(at, "section '" + shorten(name) + "' appears twice");
+      if (!seen.insert(name).second) {
+        add(at, twice(name));
         continue;
       }
-      const Section* section = schema_.find_section(name);
-      if (section == nullptr) {
-        add(at, "unknown section '" + shorten(name) + "'" + suggest_section(name));
-        continue;
-      }
-      read_section(*section, entry.second);
+      each(name, at, entry.second);
     }
   }
 
@@ -293,40 +316,26 @@ class Resolver {
   }
 
   void read_section(const Section& section, const YAML::Node& body) {
-    if (body.IsNull()) return;
-    if (!body.IsMap()) {
-      add(where_of(source_, body.Mark()),
-          section.name + ": a section must be a mapping of keys, got " + std::string(kind_of(body)));
-      return;
-    }
-    std::set<std::string> seen;
-    for (const auto& entry : body) {
-      const YAML::Node& key_node = entry.first;
-      const std::string at = where_of(source_, key_node.Mark());
-      if (!key_node.IsScalar()) {
-        add(at, section.name + ": a key must be a plain word, got " + std::string(kind_of(key_node)));
-        continue;
-      }
-      const std::string name = key_node.Scalar();
-      const std::string path = section.name + "." + name;
-      if (!seen.insert(name).second) {
-        add(at, shorten(path) + ": key appears twice");
-        continue;
-      }
-      if (section.find(name) == nullptr) {
-        if (const FormerKey* former = schema_.find_former(path)) {
-          read_former(*former, Raw{entry.second, at, source_});
-        } else {
-          add(at, shorten(path) + ": unknown key" + suggest_key(section, name));
-        }
-        continue;
-      }
-      if (auto it = from_former_.find(path); it != from_former_.end() && raws_.at(path).source == source_) {
-        add(at, shorten(path) + ": given twice, also as " + it->second + " (its former name): keep " + shorten(path));
-        continue;
-      }
-      raws_[path] = Raw{entry.second, at, source_};
-    }
+    for_each_named(
+        body, section.name + ": a section must be a mapping of keys", section.name + ": a key must be a plain word",
+        [&](const std::string& name) { return shorten(section.name + "." + name) + ": key appears twice"; },
+        [&](const std::string& name, const std::string& at, const YAML::Node& value) {
+          const std::string path = section.name + "." + name;
+          if (section.find(name) == nullptr) {
+            if (const FormerKey* former = schema_.find_former(path)) {
+              read_former(*former, Raw{value, at, source_});
+            } else {
+              add(at, shorten(path) + ": unknown key" + suggest_key(section, name));
+            }
+            return;
+          }
+          if (auto it = from_former_.find(path); it != from_former_.end() && raws_.at(path).source == source_) {
+            add(at,
+                shorten(path) + ": given twice, also as " + it->second + " (its former name): keep " + shorten(path));
+            return;
+          }
+          raws_[path] = Raw{value, at, source_};
+        });
   }
 
   std::string suggest_key(const Section& section, const std::string& name) const {
@@ -501,23 +510,37 @@ class Resolver {
     return value;
   }
 
+  // A list or mapping value: null is `items` as given (empty); a node of another kind is an error
+  // saying what was `expected` (and `hint`, how to write it). `fill` converts the node's elements into
+  // `items`, returning false when it reported an error; then the key's item-count bounds apply.
+  template <typename Items, typename Fill>
+  std::optional<Value> convert_container(const Key& key, const std::string& path, const YAML::Node& node,
+                                         const std::string& at, Items items, YAML::NodeType::value kind,
+                                         std::string_view expected, std::string_view hint, Fill fill) {
+    if (!node.IsNull()) {
+      if (node.Type() != kind) {
+        add(at,
+            path + ": expected " + std::string(expected) + ", got " + std::string(kind_of(node)) + std::string(hint));
+        return std::nullopt;
+      }
+      if (!fill(items)) return std::nullopt;
+    }
+    if (!check_count(key, path, at, items.size())) return std::nullopt;
+    Value value;
+    value.type = key.type;
+    value.data = std::move(items);
+    return value;
+  }
+
   // A sequence of scalar strings (null is empty), each element's error reported on its own line.
   std::optional<Value> convert_string_list(const Key& key, const std::string& path, const Raw& raw,
                                            const YAML::Node& node, const std::string& at) {
-    Value value;
-    value.type = key.type;
-    const bool null = node.IsNull();
-    std::vector<std::string> items;
-    if (!null) {
-      if (!node.IsSequence()) {
-        add(at, path + ": expected a list of strings, got " + std::string(kind_of(node)) + " (write [a, b])");
-        return std::nullopt;
-      }
+    auto fill = [&](std::vector<std::string>& items) {
       bool ok = true;
       for (std::size_t i = 0; i < node.size(); ++i) {
         const YAML::Node item = node[i];
         const std::string item_path = path + "[" + std::to_string(i) + "]";
-        if (!spend(at, path)) return std::nullopt;
+        if (!spend(at, path)) return false;
         if (!item.IsScalar()) {
           add(where_value(raw, item), item_path + ": expected a string, got " + std::string(kind_of(item)));
           ok = false;
@@ -530,49 +553,31 @@ class Resolver {
         }
         items.push_back(std::move(*text));
       }
-      if (!ok) return std::nullopt;
-    }
-    if (!check_count(key, path, at, items.size())) return std::nullopt;
-    value.data = std::move(items);
-    return value;
+      return ok;
+    };
+    return convert_container(key, path, node, at, std::vector<std::string>{}, YAML::NodeType::Sequence,
+                             "a list of strings", " (write [a, b])", fill);
   }
 
   // A mapping, kept as JSON (null is empty).
   std::optional<Value> convert_map(const Key& key, const std::string& path, const Raw& raw, const YAML::Node& node,
                                    const std::string& at) {
-    Value value;
-    value.type = key.type;
-    const bool null = node.IsNull();
-    nlohmann::json object = nlohmann::json::object();
-    if (!null) {
-      if (!node.IsMap()) {
-        add(at, path + ": expected a mapping, got " + std::string(kind_of(node)));
-        return std::nullopt;
-      }
+    auto fill = [&](nlohmann::json& object) {
       auto converted = to_json(raw, node, path, 0);
-      if (!converted) return std::nullopt;
+      if (!converted) return false;
       object = std::move(*converted);
-    }
-    if (!check_count(key, path, at, object.size())) return std::nullopt;
-    value.data = std::move(object);
-    return value;
+      return true;
+    };
+    return convert_container(key, path, node, at, nlohmann::json::object(), YAML::NodeType::Map, "a mapping", "", fill);
   }
 
   // A sequence of mappings, each converted against key's item schema (null is empty).
   std::optional<Value> convert_object_list(const Key& key, const std::string& path, const Raw& raw,
                                            const YAML::Node& node, const std::string& at) {
-    Value value;
-    value.type = key.type;
-    const bool null = node.IsNull();
-    std::vector<Config> items;
-    if (!null) {
-      if (!node.IsSequence()) {
-        add(at, path + ": expected a list of mappings (- kind: ...), got " + std::string(kind_of(node)));
-        return std::nullopt;
-      }
+    auto fill = [&](std::vector<Config>& items) {
       bool ok = true;
       for (std::size_t i = 0; i < node.size(); ++i) {
-        if (!spend(at, path)) return std::nullopt;
+        if (!spend(at, path)) return false;
         auto item = convert_item(key, path + "[" + std::to_string(i) + "]", raw, node[i]);
         if (item) {
           items.push_back(std::move(*item));
@@ -580,11 +585,10 @@ class Resolver {
           ok = false;
         }
       }
-      if (!ok) return std::nullopt;
-    }
-    if (!check_count(key, path, at, items.size())) return std::nullopt;
-    value.data = std::move(items);
-    return value;
+      return ok;
+    };
+    return convert_container(key, path, node, at, std::vector<Config>{}, YAML::NodeType::Sequence,
+                             "a list of mappings (- kind: ...)", "", fill);
   }
 
   std::optional<Value> convert_number_or_bool(const Key& key, const std::string& path, const std::string& at,
@@ -600,37 +604,21 @@ class Resolver {
       value.data = *b;
       return value;
     }
-    if (key.type == Type::kInt) {
-      std::int64_t n = 0;
-      switch (parse_int(text, n)) {
-        case IntParse::kOk: break;
-        case IntParse::kOutOfRange:
-          add(at, path + ": integer '" + shorten(text) + "' is out of range (must fit in 64 bits)");
-          return std::nullopt;
-        case IntParse::kNotInteger:
-          add(at, path + ": expected an integer, got '" + shorten(text) + "'");
-          return std::nullopt;
+    // An int or float: its parse error, or the key's bounds (shown as the integer, or as written).
+    auto number = [&](const auto& parsed, const std::string& shown) -> std::optional<Value> {
+      if (!parsed) {
+        add(at, path + ": " + parsed.error());
+        return std::nullopt;
       }
-      if (!check_range(key, path, at, static_cast<double>(n), std::to_string(n))) return std::nullopt;
-      value.data = n;
+      if (!check_range(key, path, at, static_cast<double>(*parsed), shown)) return std::nullopt;
+      value.data = *parsed;
       return value;
+    };
+    if (key.type == Type::kInt) {
+      const auto n = parse_int(text);
+      return number(n, n ? std::to_string(*n) : "");
     }
-    double d = 0;
-    switch (parse_float(text, d)) {
-      case FloatParse::kOk: break;
-      case FloatParse::kOutOfRange:
-        add(at, path + ": number '" + shorten(text) + "' is out of range");
-        return std::nullopt;
-      case FloatParse::kNotFinite:
-        add(at, path + ": must be a finite number, got '" + shorten(text) + "'");
-        return std::nullopt;
-      case FloatParse::kNotNumber:
-        add(at, path + ": expected a number, got '" + shorten(text) + "'");
-        return std::nullopt;
-    }
-    if (!check_range(key, path, at, d, shorten(text))) return std::nullopt;
-    value.data = d;
-    return value;
+    return number(parse_float(text), shorten(text));
   }
 
   bool check_range(const Key& key, const std::string& path, const std::string& at, double v, const std::string& shown) {
@@ -676,10 +664,8 @@ class Resolver {
         if (!text) return std::nullopt;
         if (is_quoted(node)) return nlohmann::json(*text);
         if (auto b = parse_bool(*text)) return nlohmann::json(*b);
-        std::int64_t n = 0;
-        if (parse_int(*text, n) == IntParse::kOk) return nlohmann::json(n);
-        double d = 0;
-        if (parse_float(*text, d) == FloatParse::kOk) return nlohmann::json(d);
+        if (auto n = parse_int(*text)) return nlohmann::json(*n);
+        if (auto d = parse_float(*text)) return nlohmann::json(*d);
         return nlohmann::json(*text);
       }
       case YAML::NodeType::Sequence: {

@@ -4,22 +4,13 @@
 
 #include "common/config/config.h"
 #include "common/config/config_impl.h"
+#include "common/escape.h"
 
 namespace arlo::config {
 namespace {
 
-std::string cell(std::string text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '|')
-      out += "\\|";
-    else if (c == '\n')
-      out += ' ';
-    else
-      out += c;
-  }
-  return out;
-}
+// A table cell: '|' would end it and a line break would end the row.
+std::string cell(std::string_view text) { return escape_chars(text, {{'|', "\\|"}, {'\n', " "}}); }
 
 std::string code(const std::string& text) { return "`" + text + "`"; }
 

@@ -185,21 +185,12 @@ Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here(bool c
   co_return out;
 }
 
-RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize)
-    : stream_(std::move(stream)), tokenize_(std::move(tokenize)) {}
-
-Task RolloutTasks::prepare(Task t) const {
-  if (tokenize_ && !t.is_chat()) {
-    t.prompt_tokens = tokenize_(t.prompt_text());
-    t.answer_tokens = tokenize_(t.answer);
-  }
-  return t;
-}
+RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream) : stream_(std::move(stream)) {}
 
 Result<Task> RolloutTasks::next() {
   ARLO_ASSIGN_OR_RETURN(auto t, stream_->next());
   ++served_;
-  return prepare(std::move(t));
+  return t;
 }
 
 nlohmann::json RolloutTasks::cursor() const { return {{"stream", stream_->cursor()}, {"seq", served_}}; }

@@ -22,9 +22,6 @@
 
 namespace arlo::orch::adapters {
 
-// Text -> token ids (the policy's tokenizer; arlo run passes the built-in one).
-using Tokenize = std::function<std::vector<std::int32_t>(std::string_view)>;
-
 // Worker pool for generation; one admin client per worker for pause / weights / resume.
 class RolloutInference final : public InferencePort {
  public:
@@ -78,26 +75,18 @@ class RolloutInference final : public InferencePort {
   bool unusable_reported_ = false;
 };
 
-// An endless (or epoch-bounded) task stream, handing out the environment's tasks as they are (with
-// token ids when there is a tokenizer). The cursor holds the stream's cursor and, as "seq", how many
-// tasks it has handed out.
+// An endless (or epoch-bounded) task stream, handing out the environment's tasks as they are (token
+// ids, where a run wants them, are added by its caller: session::RunTasks). The cursor holds the
+// stream's cursor and, as "seq", how many tasks it has handed out.
 class RolloutTasks final : public TaskSource {
  public:
-  // `tokenize` may be empty: then prompts go to the server as text (chat tasks always go as
-  // messages), the server's response supplies the prompt's token ids, and the SFT warm-up is
-  // unavailable.
-  RolloutTasks(std::shared_ptr<rollout::TaskStream> stream, Tokenize tokenize);
+  explicit RolloutTasks(std::shared_ptr<rollout::TaskStream> stream);
   Result<Task> next() override;
   nlohmann::json cursor() const override;
   Status restore(const nlohmann::json& cursor) override;
 
-  // One environment task as next() hands it out: with its prompt's and answer's token ids when
-  // there is a tokenizer and it is not a chat task (also used for the eval set).
-  Task prepare(Task t) const;
-
  private:
   std::shared_ptr<rollout::TaskStream> stream_;
-  Tokenize tokenize_;
   std::uint64_t served_ = 0;
 };
 

@@ -262,7 +262,7 @@ struct Outcome {
   std::optional<Error> unusable;  // what on_unusable_server reported
   int requests = 0;
   std::vector<std::string> violations;
-  std::vector<orch::Task> tasks;  // the tasks the jsonl held, as the task source converts them
+  std::vector<arlo::Task> tasks;  // the tasks the jsonl held, as the task source converts them
 };
 
 constexpr int kSteps = 2;
@@ -322,7 +322,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url));
   orch::adapters::RolloutInference inference(
       pool, std::move(admins),
-      [](const std::string&, orch::Version) {
+      [](const std::string&, arlo::Version) {
         rollout::WeightUpdate u;
         u.weight_sync = {{"transport", "filesystem"}};
         return u;

@@ -113,9 +113,9 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   auto source = rollout::make_arithmetic(ao);
   ASSERT_TRUE(source);
   auto stream = std::make_shared<rollout::TaskStream>(*source, rollout::TaskStream::Options{});
-  adapters::RolloutTasks tasks(stream, {});
+  adapters::RolloutTasks tasks(stream);
   std::vector<Task> eval_tasks;
-  for (std::size_t i = 0; i < 4; ++i) eval_tasks.push_back(tasks.prepare((*source)->at(i)));
+  for (std::size_t i = 0; i < 4; ++i) eval_tasks.push_back((*source)->at(i));
 
   auto module = rollout::make_reward_module({{"type", "exact_match"}});
   ASSERT_TRUE(module) << module.error().what();

@@ -298,7 +298,7 @@ json update_worker(const Worker& w, const Update& u, reference::Model& model, st
 }
 
 // Generates locally with the same engine code and parameters: what the worker must now answer.
-reference::Generation local_generation(std::shared_ptr<reference::Model> model, const reference::SamplingParams& p,
+reference::Generation local_generation(std::shared_ptr<reference::Model> model, const arlo::SamplingParams& p,
                                        const std::string& prompt) {
   reference::Engine engine(model->config(), {});
   std::promise<void> applied;
@@ -340,7 +340,7 @@ TEST_P(WorkerWeights, UpdateChangesVersionChecksumAndCompletions) {
 
   json fresh = w.post("/v1/completions", request);
   EXPECT_EQ(fresh["choices"][0]["version_spans"], json::parse("[[1, 0]]"));
-  reference::SamplingParams p;
+  arlo::SamplingParams p;
   p.max_tokens = 8;
   p.temperature = 0.8;
   p.seed = 11;

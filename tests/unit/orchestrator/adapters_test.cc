@@ -30,39 +30,28 @@ Task chat_task() {
   return t;
 }
 
-// One token per character (enough to see which text was tokenized).
-std::vector<std::int32_t> char_ids(std::string_view text) { return {text.begin(), text.end()}; }
-
 std::shared_ptr<rollout::TaskStream> stream() {
   auto source = std::make_shared<rollout::VectorTaskSet>("mixed", std::vector<Task>{completion_task(), chat_task()});
   return std::make_shared<rollout::TaskStream>(source, rollout::TaskStream::Options{.shuffle = false});
 }
 
-TEST(Adapters, TaskSourceHandsOutTheEnvironmentsTasksWithTokenIds) {
-  RolloutTasks tasks(stream(), char_ids);
+// Token ids, where a run wants them, are session::RunTasks' (tests/unit/session/run_tasks_test.cc).
+TEST(Adapters, TaskSourceHandsOutTheEnvironmentsTasksAsTheyAre) {
+  RolloutTasks tasks(stream());
   auto first = tasks.next();
   ASSERT_TRUE(first) << first.error().what();
-  Task want = completion_task();
-  want.prompt_tokens = char_ids("1+1=");
-  want.answer_tokens = char_ids("2");
-  EXPECT_EQ(*first, want);
+  EXPECT_EQ(*first, completion_task());
   auto second = tasks.next();
   ASSERT_TRUE(second) << second.error().what();
-  EXPECT_EQ(*second, chat_task());  // chat tasks go to the server as messages: no ids
+  EXPECT_EQ(*second, chat_task());
   EXPECT_EQ(tasks.cursor().at("seq"), 2u);
-
-  // Without a tokenizer the tasks carry text only.
-  RolloutTasks text_only(stream(), {});
-  auto t = text_only.next();
-  ASSERT_TRUE(t) << t.error().what();
-  EXPECT_EQ(*t, completion_task());
 }
 
 TEST(Adapters, TaskSourceResumesFromItsCursor) {
-  RolloutTasks tasks(stream(), {});
+  RolloutTasks tasks(stream());
   ASSERT_TRUE(tasks.next());
   const auto cursor = tasks.cursor();
-  RolloutTasks resumed(stream(), {});
+  RolloutTasks resumed(stream());
   ASSERT_TRUE(resumed.restore(cursor));
   auto next = resumed.next();
   ASSERT_TRUE(next) << next.error().what();

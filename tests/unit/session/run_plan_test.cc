@@ -258,7 +258,7 @@ TEST(ArloRunPlan, ExternalUsesGivenUrls) {
 }
 
 TEST(ArloRunPlan, TasksAreTokenizedLikeTheWorkerWithEosAfterTheAnswer) {
-  orch::Task t;
+  arlo::Task t;
   t.prompt = "23+45=";
   t.answer = "68";
   tokenize_task(t);
