@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -40,6 +41,18 @@ void append(std::vector<std::string>& to, const std::vector<std::string>& more) 
 }
 
 std::string num(double v) { return fmt::format("{}", v); }
+
+// The config numbers arlo-trainer takes as flags, each flag named as its key (flag_of).
+constexpr std::string_view kTrainerNumberKeys[] = {"trainer.lr",     "trainer.sft_lr",  "trainer.weight_decay",
+                                                   "trainer.beta1",  "trainer.beta2",   "trainer.max_grad_norm",
+                                                   "trainer.is_low", "trainer.is_high", "sampling.temperature"};
+
+// An arlo-trainer flag from the config key it comes from: trainer.sft_lr -> --sft-lr.
+std::string flag_of(std::string_view key) {
+  std::string flag = "--" + std::string(key.substr(key.find('.') + 1));
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
 
 // The host of a base URL ("http://10.0.0.5:8000" -> "10.0.0.5", "http://[::1]:80" -> "::1").
 std::string url_host(std::string url) {
@@ -297,46 +310,23 @@ orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_d
   orch::ChildSpec spec;
   spec.name = "trainer";
   const auto threads = std::to_string(cfg.integer("trainer.threads"));
-  spec.argv = {find_binary("arlo-trainer"),
-               "--run-dir",
-               run_dir,
-               "--bridge",
-               cfg.string("bridge.transport"),
-               "--seed",
-               std::to_string(cfg.integer("model.seed")),
-               "--threads",
-               threads,
-               "--lr",
-               num(cfg.number("trainer.lr")),
-               "--sft-lr",
-               num(cfg.number("trainer.sft_lr")),
-               "--weight-decay",
-               num(cfg.number("trainer.weight_decay")),
-               "--beta1",
-               num(cfg.number("trainer.beta1")),
-               "--beta2",
-               num(cfg.number("trainer.beta2")),
-               "--max-grad-norm",
-               num(cfg.number("trainer.max_grad_norm")),
-               "--is-correction",
-               cfg.string("trainer.is_correction"),
-               "--is-low",
-               num(cfg.number("trainer.is_low")),
-               "--is-high",
-               num(cfg.number("trainer.is_high")),
-               "--temperature",
-               num(cfg.number("sampling.temperature")),
-               "--checkpoint-every",
-               std::to_string(trainer_ckpt_interval(cfg)),
-               "--weight-sync",
-               ws.trainer_block(num_workers).dump(),
-               "--log-level",
-               cfg.string("log.level")};
+  spec.argv = {find_binary("arlo-trainer"), "--run-dir", run_dir, "--threads", threads};
+  append(spec.argv, {"--bridge", cfg.string("bridge.transport"), "--log-level", cfg.string("log.level")});
+  append(spec.argv, {"--checkpoint-every", std::to_string(trainer_ckpt_interval(cfg)), "--weight-sync",
+                     ws.trainer_block(num_workers).dump()});
   if (cfg.string("bridge.transport") == "socket")
     append(spec.argv, {"--bridge-host", "127.0.0.1", "--bridge-port", std::to_string(bridge_port)});
-  append(spec.argv, model_flags(cfg));
+  append(spec.argv, trainer_settings_flags(cfg));
   spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
   return spec;
+}
+
+std::vector<std::string> trainer_settings_flags(const config::Config& cfg) {
+  std::vector<std::string> flags = {"--seed", std::to_string(cfg.integer("model.seed")),
+                                    flag_of("trainer.is_correction"), cfg.string("trainer.is_correction")};
+  for (const auto key : kTrainerNumberKeys) append(flags, {flag_of(key), num(cfg.number(key))});
+  append(flags, model_flags(cfg));
+  return flags;
 }
 
 Result<std::string> run_token(const config::Config& cfg, const std::string& run_dir) {

@@ -86,4 +86,9 @@ Result<std::string> run_token(const config::Config& cfg, const std::string& run_
 orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
                              int num_workers, std::uint16_t bridge_port);
 
+// The flags that give arlo-trainer the run's settings from `cfg`: the model (--seed and its shape),
+// the optimizer, the importance-sampling correction and the sampling temperature. trainer_spec
+// passes them; so does whoever starts a trainer by hand as `arlo run` would (tests/cluster).
+std::vector<std::string> trainer_settings_flags(const config::Config& cfg);
+
 }  // namespace arlo::session

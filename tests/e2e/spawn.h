@@ -5,6 +5,8 @@
 //   it. Exit status 126: the log could not be opened; 127: the program could not start.
 // - wait_for_text polls a log file until it holds a text (or the deadline, or the process exited).
 // - child_with_arg finds the child of a process whose command line holds a text.
+// - arlo_run_argv is the command line of `arlo run` with --set overrides; run_to_end runs a command
+//   line to its end and returns its status and output.
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -102,6 +104,44 @@ inline int free_loopback_port() {
   const int port = ntohs(a.sin_port);
   ::close(fd);
   return port;
+}
+
+// A fresh, empty directory <temp dir>/<name>_<pid> (what an earlier run of the test left there is
+// removed), for one test's files.
+inline std::filesystem::path fresh_temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The command line of `arlo run <config>` for the arlo binary at `arlo` (ARLO_BINARY), each of `sets`
+// ("key=value") given as one --set, in order.
+inline std::vector<std::string> arlo_run_argv(const std::string& arlo, const std::string& config,
+                                              const std::vector<std::string>& sets) {
+  std::vector<std::string> argv = {arlo, "run", config};
+  for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  return argv;
+}
+
+// A command run to its end: its wait status and everything it printed.
+struct Ended {
+  int status = -1;
+  std::string output;
+  bool exited_with(int code) const { return WIFEXITED(status) && WEXITSTATUS(status) == code; }
+};
+
+// Runs `args` (spawn_logged) to its end with its output in `log`, which is removed after it was read;
+// the child's pid goes to `child` as soon as it runs.
+inline Ended run_to_end(const std::vector<std::string>& args, const std::filesystem::path& log,
+                        pid_t* child = nullptr) {
+  Ended out;
+  const pid_t pid = spawn_logged(args, log);
+  if (child) *child = pid;
+  ::waitpid(pid, &out.status, 0);
+  out.output = read_text(log);
+  std::filesystem::remove(log);
+  return out;
 }
 
 // The end of a log, for a failure message.

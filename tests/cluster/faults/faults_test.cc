@@ -44,6 +44,8 @@
 
 #include "common/config/config.h"
 #include "tests/cluster/netns.h"
+#include "tests/cluster/trainer_argv.h"
+#include "tests/e2e/run_checks.h"
 #include "tests/e2e/spawn.h"
 
 namespace {
@@ -68,12 +70,6 @@ const std::string kToken = "arlo-cluster-faults-test-token-0123456789abcdef";
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::uint64_t sum(const nlohmann::json& counts) {
-  std::uint64_t s = 0;
-  for (const auto& [k, v] : counts.items()) s += v.get<std::uint64_t>();
-  return s;
 }
 
 bool exited(pid_t pid) {
@@ -155,9 +151,7 @@ double gauge(const std::string& metrics, const std::string& name) {
 class Deployment {
  public:
   Deployment(const std::string& name, int steps) : steps(steps) {
-    dir = fs::temp_directory_path() / ("arlo_cluster_faults_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    dir = arlo::e2e::fresh_temp_dir("arlo_cluster_faults_" + name);
     run_dir = dir / "run";
     log = dir / "arlo.log";
     token_file = dir / "token";
@@ -249,9 +243,8 @@ class Deployment {
         "weight_sync.timeout_s=20",
         "inference.admin_timeout_s=2"};
     sets.insert(sets.end(), extra_sets.begin(), extra_sets.end());
-    std::vector<std::string> args = {ARLO_BINARY, "run", config};
-    for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-    auto pid = cluster->spawn(kArloHost, args, log.string(), {{"OMP_NUM_THREADS", "1"}});
+    auto pid = cluster->spawn(kArloHost, arlo::e2e::arlo_run_argv(ARLO_BINARY, config, sets), log.string(),
+                              {{"OMP_NUM_THREADS", "1"}});
     if (!pid) return pid.error().what();
     arlo = *pid;
     // The trainer, as `arlo run` would start it, but on its own host with its own directory; it
@@ -261,30 +254,8 @@ class Deployment {
                                   {"address", cluster->address(kTrainerHost) + ":" + std::to_string(kWeightsPort)},
                                   {"expected_receivers", kWorkers},
                                   {"timeout_ms", 20000}};
-    std::vector<std::string> t = {ARLO_TRAINER_BINARY,
-                                  "--run-dir",
-                                  (dir / "trainer").string(),
-                                  "--bridge",
-                                  "socket",
-                                  "--bridge-host",
-                                  cluster->address(kArloHost),
-                                  "--bridge-port",
-                                  std::to_string(kBridgePort),
-                                  "--seed",
-                                  seed,
-                                  "--threads",
-                                  "1",
-                                  "--lr",
-                                  fmt(cfg.number("trainer.lr")),
-                                  "--sft-lr",
-                                  fmt(cfg.number("trainer.sft_lr")),
-                                  "--beta2",
-                                  fmt(cfg.number("trainer.beta2")),
-                                  "--temperature",
-                                  fmt(cfg.number("sampling.temperature")),
-                                  "--weight-sync",
-                                  block.dump()};
-    t.insert(t.end(), model.begin(), model.end());
+    const auto t =
+        arlo::cluster::trainer_argv(cfg, (dir / "trainer").string(), cluster->address(kArloHost), kBridgePort, block);
     pid = cluster->spawn(kTrainerHost, t, (dir / "trainer.log").string(), env);
     if (!pid) return pid.error().what();
     trainer = *pid;
@@ -339,13 +310,6 @@ class Deployment {
   pid_t arlo = -1, trainer = -1;
   std::vector<pid_t> others;  // the trainer and the workers
   int steps;
-
- private:
-  static std::string fmt(double v) {
-    char b[64];
-    std::snprintf(b, sizeof b, "%.17g", v);
-    return b;
-  }
 };
 
 // Exit 0, every step, the ledger adding up (no rollout lost), both workers on the trainer's final
@@ -359,30 +323,7 @@ nlohmann::json expect_finished(Deployment& d) {
     ADD_FAILURE() << "no summary.json\n" << d.outputs();
     return summary;
   }
-  EXPECT_TRUE(summary.value("ok", false)) << summary.dump(2);
-  EXPECT_EQ(summary.value("steps", 0), d.steps);
-  const auto& ledger = summary.at("ledger");
-  const auto completed = ledger.at("completed").get<std::uint64_t>();
-  EXPECT_EQ(ledger.at("in_flight").get<std::uint64_t>(), 0u) << ledger.dump(2);
-  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(),
-            completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
-      << ledger.dump(2);
-  EXPECT_EQ(sum(ledger.at("dispositions")), completed) << ledger.dump(2);
-  const auto& trainer = summary.at("trainer");
-  EXPECT_EQ(trainer.value("version", -1), d.steps) << summary.dump(2);
-  EXPECT_FALSE(trainer.value("checksum", std::string()).empty()) << summary.dump(2);
-  EXPECT_EQ(summary.at("workers").size(), static_cast<std::size_t>(kWorkers)) << summary.dump(2);
-  for (const auto& [name, w] : summary.at("workers").items()) {
-    EXPECT_FALSE(w.contains("error")) << name << ": " << w.dump();
-    EXPECT_EQ(w.value("version", -1), d.steps) << name << ": " << w.dump();
-    EXPECT_EQ(w.value("checksum", std::string()), trainer.value("checksum", std::string())) << name;
-  }
-  // The orchestrator's step records, one per step in order.
-  std::vector<int> steps, expected;
-  for (const auto& j : read_jsonl(d.run_dir / "metrics.jsonl"))
-    if (j.value("kind", "") == "step") steps.push_back(j.at("step").get<int>());
-  for (int i = 1; i <= d.steps; ++i) expected.push_back(i);
-  EXPECT_EQ(steps, expected);
+  arlo::e2e::expect_every_step_trained(summary, d.run_dir, d.steps, kWorkers);
   // The trainer trained each step once, on one batch.
   std::map<int, std::set<std::string>> batches;
   for (const auto& j : read_jsonl(d.dir / "trainer" / "trainer_metrics.jsonl"))
@@ -391,24 +332,6 @@ nlohmann::json expect_finished(Deployment& d) {
   for (int s = 1; s <= d.steps; ++s)
     EXPECT_EQ(batches[s].size(), 1u) << "step " << s << " trained on " << batches[s].size() << " batches";
   return summary;
-}
-
-// What the fault cost: the longest RL step against the median one, and the ledger.
-void report_cost(const char* fault, const Deployment& d, const nlohmann::json& summary) {
-  std::vector<double> seconds;
-  for (const auto& j : read_jsonl(d.run_dir / "metrics.jsonl"))
-    if (j.value("kind", "") == "step" && !j.value("train/supervised", false))
-      seconds.push_back(j.value("time/step_seconds", 0.0));
-  if (seconds.empty() || !summary.contains("ledger")) return;
-  auto sorted = seconds;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2], longest = sorted.back();
-  const auto& ledger = summary.at("ledger");
-  std::printf(
-      "cost of %s: longest RL step %.2f s vs median %.2f s; rollouts dispatched %llu, failed %s, cancelled %s; "
-      "run %.1f s\n",
-      fault, longest, median, static_cast<unsigned long long>(ledger.at("dispatched").get<std::uint64_t>()),
-      ledger.at("failed").dump().c_str(), ledger.at("cancelled").dump().c_str(), summary.value("seconds", 0.0));
 }
 
 #define SKIP_WITHOUT_HOSTS()                                                        \
@@ -467,7 +390,7 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
   EXPECT_GT(step_before_up, step_at_half) << "no step trained in the second half of the outage\n" << d.outputs();
   EXPECT_GT(other_before_up, other_at_cut) << "worker-1 generated nothing while worker-0's link was down";
   if (summary.contains("ledger")) {
-    EXPECT_EQ(sum(summary.at("ledger").at("failed")), 0u) << summary.at("ledger").dump(2);
+    EXPECT_EQ(arlo::e2e::sum_counts(summary.at("ledger").at("failed")), 0u) << summary.at("ledger").dump(2);
   }
   // worker-0 missed an update while cut off, and took one after: it rejoined and was resynced.
   int failed_updates = 0, synced_after = 0;
@@ -498,7 +421,7 @@ TEST(ClusterFaults, AWorkersLinkDownFor10sFailsOverRejoinsAndResyncs) {
       "half); worker-1 finished %.0f requests meanwhile\n",
       link_down_s, step_at_cut, step_at_up, step_before_up - step_at_cut, step_before_up - step_at_half,
       other_before_up - other_at_cut);
-  report_cost("a worker's link down for 10 s", d, summary);
+  arlo::e2e::print_fault_cost("a worker's link down for 10 s", d.run_dir, summary);
 }
 
 // 1% of the packets in each direction of worker-0's link and of the trainer's link dropped for the
@@ -524,7 +447,7 @@ TEST(ClusterFaults, OnePercentLossOnAWorkersAndTheTrainersLinkLosesNothing) {
     ++applied;
   }
   EXPECT_GE(applied, 2);
-  report_cost("1% loss on a worker's and the trainer's link", d, summary);
+  arlo::e2e::print_fault_cost("1% loss on a worker's and the trainer's link", d.run_dir, summary);
 }
 
 // The trainer's host unreachable (its link down) for longer than trainer.silence_timeout_s: the
@@ -575,7 +498,7 @@ TEST(ClusterFaults, TheTrainersHostUnreachableIsWaitedForWhenConfiguredTo) {
   EXPECT_LT(step_at_cut, d.steps);
   std::printf("the trainer's host unreachable for 12 s, waited for: the run finished %.1f s after its link came back\n",
               std::chrono::duration<double>(Clock::now() - up_at).count());
-  report_cost("the trainer's host unreachable for 12 s (waited for)", d, summary);
+  arlo::e2e::print_fault_cost("the trainer's host unreachable for 12 s (waited for)", d.run_dir, summary);
 }
 
 }  // namespace

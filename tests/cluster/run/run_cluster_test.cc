@@ -25,11 +25,11 @@
 #include <set>
 #include <thread>
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/config/config.h"
 #include "tests/cluster/netns.h"
+#include "tests/cluster/trainer_argv.h"
 #include "tests/e2e/spawn.h"
 
 namespace {
@@ -91,10 +91,8 @@ class ClusterRun : public ::testing::Test {
     auto resolved = arlo::config::resolve_file(config_, {});
     ASSERT_TRUE(resolved.config.has_value());
     cfg_.emplace(*resolved.config);
-    dir_ = fs::temp_directory_path() / ("arlo-cluster-run-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = arlo::e2e::fresh_temp_dir(std::string("arlo_cluster_run_") +
+                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
     // The run's token: every part off loopback needs it (the worker admin plane, the bridge, the
     // weight publisher and relays).
     token_file_ = dir_ / "token";
@@ -167,7 +165,6 @@ class ClusterRun : public ::testing::Test {
     std::string urls = "[";
     for (std::size_t i = 0; i < workers.size(); ++i) urls += (i ? ", \"" : "\"") + url(workers[i]) + "\"";
     urls += "]";
-    std::vector<std::string> argv = {ARLO_BINARY, "run", config_};
     std::vector<std::string> all = {"run.dir=" + (dir_ / "run").string(),
                                     "log.progress=false",
                                     "status.port=0",
@@ -177,8 +174,7 @@ class ClusterRun : public ::testing::Test {
                                     "inference.urls=" + urls,
                                     "security.token_file=" + token_file_.string()};
     all.insert(all.end(), sets.begin(), sets.end());
-    for (const auto& s : all) argv.insert(argv.end(), {"--set", s});
-    return spawn(0, argv, arlo_log());
+    return spawn(0, arlo::e2e::arlo_run_argv(ARLO_BINARY, config_, all), arlo_log());
   }
 
   fs::path arlo_log() const { return dir_ / "arlo.log"; }
@@ -227,8 +223,6 @@ nlohmann::json worker_entry(const nlohmann::json& summary, const std::string& ur
   return workers.contains(url) ? workers.at(url) : nlohmann::json::object();
 }
 
-std::string fmt_num(double v) { return fmt::format("{}", v); }
-
 TEST_F(ClusterRun, StarAcrossFourHostsLearnsAndEndsOnTheTrainersWeights) {
   make_cluster(4);
   const int steps = 8, warmup = 4;
@@ -249,36 +243,8 @@ TEST_F(ClusterRun, StarAcrossFourHostsLearnsAndEndsOnTheTrainersWeights) {
                                 {"address", "0.0.0.0:" + std::to_string(kPublisherPort)},
                                 {"advertise_host", trainer_host},
                                 {"expected_receivers", 2}};
-  std::vector<std::string> trainer = {ARLO_TRAINER_BINARY,
-                                      "--run-dir",
-                                      (dir_ / "trainer").string(),
-                                      "--bridge",
-                                      "socket",
-                                      "--bridge-host",
-                                      orchestrator,
-                                      "--bridge-port",
-                                      std::to_string(kBridgePort),
-                                      "--seed",
-                                      std::to_string(cfg_->integer("model.seed")),
-                                      "--threads",
-                                      "1",
-                                      "--lr",
-                                      fmt_num(cfg_->number("trainer.lr")),
-                                      "--sft-lr",
-                                      fmt_num(cfg_->number("trainer.sft_lr")),
-                                      "--beta1",
-                                      fmt_num(cfg_->number("trainer.beta1")),
-                                      "--beta2",
-                                      fmt_num(cfg_->number("trainer.beta2")),
-                                      "--weight-decay",
-                                      fmt_num(cfg_->number("trainer.weight_decay")),
-                                      "--max-grad-norm",
-                                      fmt_num(cfg_->number("trainer.max_grad_norm")),
-                                      "--temperature",
-                                      fmt_num(cfg_->number("sampling.temperature")),
-                                      "--weight-sync",
-                                      block.dump()};
-  for (const auto& f : model_flags()) trainer.push_back(f);
+  const auto trainer =
+      arlo::cluster::trainer_argv(*cfg_, (dir_ / "trainer").string(), orchestrator, kBridgePort, block);
   fs::create_directories(dir_ / "trainer");
   ASSERT_GT(spawn(1, trainer, dir_ / "trainer.log"), 0);
 

@@ -52,7 +52,6 @@ fs::path scratch(const std::string& name) {
 
 std::vector<std::string> run_args(const fs::path& run_dir, bool resume) {
   const char* src = std::getenv("ARLO_SOURCE_DIR");
-  std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src ? src : ".") + "/configs/quickstart.yaml"};
   const std::vector<std::string> sets = {"run.dir=" + run_dir.string(),
                                          "log.progress=false",
                                          "status.port=0",
@@ -65,7 +64,7 @@ std::vector<std::string> run_args(const fs::path& run_dir, bool resume) {
                                          "orchestrator.batch_size=16",
                                          "ckpt.interval=4",
                                          "weight_sync.transport=filesystem"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  auto args = arlo::e2e::arlo_run_argv(ARLO_BINARY, std::string(src ? src : ".") + "/configs/quickstart.yaml", sets);
   if (resume) args.push_back("--resume");
   return args;
 }
@@ -236,17 +235,53 @@ int expect_same_as_reference(const fs::path& run_dir, const Reference& ref, cons
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// One fault test's runs: the uninterrupted reference first, then the faulted run and its --resume
+// in a fresh run dir (`dir`: scratch(name) unless given). When the test passed, the run dir and
+// every log and marker file of the test are removed at the end; when it failed they stay for a look.
+struct FaultedRun {
+  Reference ref;
+  fs::path dir;
+  std::vector<fs::path> files;  // logs and markers, removed at the end
+
+  explicit FaultedRun(const std::string& name, fs::path run_dir = {})
+      : ref(reference(name)), dir(run_dir.empty() ? scratch(name) : std::move(run_dir)) {
+    fs::remove_all(dir);
+  }
+  ~FaultedRun() {
+    if (::testing::Test::HasFailure()) return;
+    fs::remove_all(dir);
+    for (const auto& f : files) fs::remove(f);
+  }
+  // The faulted run, started (start()).
+  Arlo start_first(const std::vector<std::pair<std::string, std::string>>& env = {}, fs::path log = {}) {
+    auto a = start(dir, false, env, std::move(log));
+    files.push_back(a.log);
+    return a;
+  }
+  // True once the trainer checkpointed `step` (or a later one); false when `a` ended first.
+  bool trainer_checkpointed(const Arlo& a, std::int64_t step) const {
+    return wait_until([&] { return trainer_latest(dir) >= step; }, a.pid);
+  }
+  // `arlo run --resume` to its end, checked against the reference (expect_same_as_reference);
+  // returns how many step trainings were redone.
+  int resume(fs::path log = {}) {
+    const auto r = start(dir, true, {}, std::move(log));
+    files.push_back(r.log);
+    const int status = finish(r, dir);
+    return expect_same_as_reference(dir, ref, r, status);
+  }
+};
+
 // kill -9 at one crash point (common/crash_point.h), then --resume.
 void crash_then_resume(const std::string& name, const std::string& point, bool kills_arlo) {
-  const auto ref = reference(name);
+  FaultedRun run(name);
   ASSERT_FALSE(::testing::Test::HasFailure());
-  const auto dir = scratch(name);
-  fs::remove_all(dir);
-  const fs::path once = dir.string() + ".crashed";
+  const fs::path once = run.dir.string() + ".crashed";
   fs::remove(once);
+  run.files.push_back(once);
   const auto t0 = Clock::now();
-  const auto a = start(dir, false, {{"ARLO_CRASH_AT", point}, {"ARLO_CRASH_ONCE", once.string()}});
-  const int first = finish(a, dir);
+  const auto a = run.start_first({{"ARLO_CRASH_AT", point}, {"ARLO_CRASH_ONCE", once.string()}});
+  const int first = finish(a, run.dir);
   const double crashed_after = seconds_since(t0);
   const std::string out = read_file(a.log);
   ASSERT_TRUE(fs::exists(once)) << "the crash point " << point << " was never reached:\n" << tail(out);
@@ -257,18 +292,10 @@ void crash_then_resume(const std::string& name, const std::string& point, bool k
     EXPECT_NE(out.find("crash point " + point), std::string::npos) << tail(out);
   }
   const auto t1 = Clock::now();
-  const auto r = start(dir, true);
-  const int second = finish(r, dir);
+  const int redone = run.resume();
   const double resume_s = seconds_since(t1);
-  const int redone = expect_same_as_reference(dir, ref, r, second);
   std::printf("%s: first run ended after %.1f s (status %d); resume %.1f s; step trainings redone: %d\n", point.c_str(),
               crashed_after, first, resume_s, redone);
-  if (!::testing::Test::HasFailure()) {
-    fs::remove_all(dir);
-    fs::remove(a.log);
-    fs::remove(r.log);
-    fs::remove(once);
-  }
 }
 
 // The orchestrator cut step 8 (an RL step) and dies before journaling it: the trainer never saw it;
@@ -298,38 +325,28 @@ TEST(CheckpointFaults, TrainerKilledAfterItsCheckpoint) {
 // Both killed from outside with kill -9, arlo and the trainer at once, the moment the trainer's
 // checkpoint of step 8 appears (wherever the orchestrator is then).
 TEST(CheckpointFaults, BothKilledFromOutside) {
-  const auto ref = reference("both");
+  FaultedRun run("both");
   ASSERT_FALSE(HasFailure());
-  const auto dir = scratch("both");
-  fs::remove_all(dir);
-  const auto a = start(dir, false);
-  ASSERT_TRUE(wait_until([&] { return trainer_latest(dir) >= 8; }, a.pid)) << tail(read_file(a.log));
+  const auto a = run.start_first();
+  ASSERT_TRUE(run.trainer_checkpointed(a, 8)) << tail(read_file(a.log));
   const pid_t trainer = arlo::e2e::child_with_arg(a.pid, "arlo-trainer");
   if (trainer > 0) ::kill(trainer, SIGKILL);
   ::kill(a.pid, SIGKILL);
-  const int first = finish(a, dir);
+  const int first = finish(a, run.dir);
   ASSERT_TRUE(WIFSIGNALED(first) && WTERMSIG(first) == SIGKILL) << "status " << first;
-  const auto r = start(dir, true);
-  const int second = finish(r, dir);
-  const int redone = expect_same_as_reference(dir, ref, r, second);
+  const int redone = run.resume();
   std::printf("both killed at the trainer's checkpoint of step 8: step trainings redone: %d\n", redone);
-  if (!HasFailure()) {
-    fs::remove_all(dir);
-    fs::remove(a.log);
-    fs::remove(r.log);
-  }
 }
 
 // SIGTERM to `arlo run` once the trainer checkpointed step 4: it stops gracefully (exit 1, "stopped
 // by signal 15"), the orchestrator checkpoints, the trainer gets SIGTERM from arlo and checkpoints
 // the last step it trained (nothing left to replay), and --resume finishes the run as if uninterrupted.
 TEST(CheckpointFaults, SigtermStopsWithACheckpointAndResumes) {
-  const auto ref = reference("sigterm");
+  FaultedRun run("sigterm");
   ASSERT_FALSE(HasFailure());
-  const auto dir = scratch("sigterm");
-  fs::remove_all(dir);
-  const auto a = start(dir, false);
-  ASSERT_TRUE(wait_until([&] { return trainer_latest(dir) >= 4; }, a.pid)) << tail(read_file(a.log));
+  const auto& dir = run.dir;
+  const auto a = run.start_first();
+  ASSERT_TRUE(run.trainer_checkpointed(a, 4)) << tail(read_file(a.log));
   const auto t0 = Clock::now();
   ASSERT_EQ(::kill(a.pid, SIGTERM), 0);
   const int first = finish(a, dir);
@@ -345,17 +362,10 @@ TEST(CheckpointFaults, SigtermStopsWithACheckpointAndResumes) {
   EXPECT_TRUE(fs::is_empty(dir / "checkpoints" / "trainer" / "batches", ec) || ec) << "kept batches after a clean stop";
   const auto cp = json::parse(read_file(dir / "orchestrator" / "checkpoint.json"));
   EXPECT_GE(cp.at("step").get<std::int64_t>(), trainer_latest(dir));
-  const auto r = start(dir, true);
-  const int second = finish(r, dir);
-  const int redone = expect_same_as_reference(dir, ref, r, second);
+  const int redone = run.resume();
   std::printf("SIGTERM: stopped in %.1f s after step %lld; step trainings redone: %d\n", stop_s,
               static_cast<long long>(lines.back().at("step").get<std::int64_t>()), redone);
   EXPECT_EQ(redone, 0);
-  if (!HasFailure()) {
-    fs::remove_all(dir);
-    fs::remove(a.log);
-    fs::remove(r.log);
-  }
 }
 
 // The run dir on a small tmpfs that the test fills once the trainer checkpointed step 4: the run
@@ -365,9 +375,9 @@ TEST(CheckpointFaults, SigtermStopsWithACheckpointAndResumes) {
 // version notice: a trainer that fails is restarted until its bound, then the run stops); each must
 // stop the run with that reason. arlo's output goes to a log off the tmpfs, where it can be written.
 TEST(CheckpointFaults, FullDiskStopsWithAClearErrorAndResumes) {
-  const auto ref = reference("disk");
-  ASSERT_FALSE(HasFailure());
   const auto mnt = scratch("disk_mnt");
+  FaultedRun run("disk", mnt / "run");
+  ASSERT_FALSE(HasFailure());
   fs::remove_all(mnt);
   fs::create_directories(mnt);
   if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=48m") != 0) {
@@ -383,12 +393,12 @@ TEST(CheckpointFaults, FullDiskStopsWithAClearErrorAndResumes) {
       fs::remove_all(p, ec);
     }
   } unmount{mnt};
-  const auto dir = mnt / "run";
+  const auto& dir = run.dir;
   const fs::path filler = mnt / "filler";
   // The logs live off the filled disk: what arlo says about the full disk must be readable.
   const auto log_base = scratch("disk");
-  const auto a = start(dir, false, {}, log_base.string() + ".log");
-  ASSERT_TRUE(wait_until([&] { return trainer_latest(dir) >= 4; }, a.pid)) << tail(read_file(a.log));
+  const auto a = run.start_first({}, log_base.string() + ".log");
+  ASSERT_TRUE(run.trainer_checkpointed(a, 4)) << tail(read_file(a.log));
   {  // fill the disk to the last byte
     std::FILE* f = std::fopen(filler.c_str(), "w");
     ASSERT_NE(f, nullptr);
@@ -404,7 +414,6 @@ TEST(CheckpointFaults, FullDiskStopsWithAClearErrorAndResumes) {
   }
   const int first = finish(a, dir);
   const std::string out = read_file(a.log);
-  fs::remove(a.log);
   EXPECT_FALSE(exited_ok(first)) << "the run went on with a full disk:\n" << tail(out);
   // The reason arlo exits with (its last line that starts with "arlo run: ", with the last lines of
   // a child it quotes) names the full disk and a file of the run dir on it.
@@ -425,11 +434,8 @@ TEST(CheckpointFaults, FullDiskStopsWithAClearErrorAndResumes) {
   std::printf("full disk: the run stopped (status %d); checkpoints: orchestrator step %lld, trainer step %lld\n", first,
               static_cast<long long>(cp.at("step").get<std::int64_t>()), static_cast<long long>(state.step));
   fs::remove(filler);  // room again
-  const auto r = start(dir, true, {}, log_base.string() + ".resume.log");
-  const int second = finish(r, dir);
-  const int redone = expect_same_as_reference(dir, ref, r, second);
+  const int redone = run.resume(log_base.string() + ".resume.log");
   std::printf("full disk: resumed; step trainings redone: %d\n", redone);
-  fs::remove(r.log);
 }
 
 }  // namespace

@@ -282,11 +282,7 @@ std::string join(const std::set<std::string>& items) {
 
 class PrometheusE2E : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("arlo_prometheus_e2e_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = arlo::e2e::fresh_temp_dir("arlo_prometheus_e2e"); }
   void TearDown() override {
     // The processes were stopped when their owners went out of scope; their children (the workers
     // and the trainer) follow arlo by PDEATHSIG. Wait for every one of them to be gone.
@@ -354,24 +350,11 @@ void PrometheusE2E::scrape_a_run() {
   // 1-second scrapes on an idle machine), an eval at the start of RL and every 50 steps, a pipeline
   // view every second.
   const fs::path run_dir = dir_ / "run";
-  std::vector<std::string> args = {ARLO_BINARY,
-                                   "run",
-                                   std::string(src) + "/configs/quickstart.yaml",
-                                   "--set",
-                                   "run.dir=" + run_dir.string(),
-                                   "--set",
-                                   "run.max_steps=300",
-                                   "--set",
-                                   "orchestrator.sft_warmup_steps=20",
-                                   "--set",
-                                   "eval.interval=50",
-                                   "--set",
-                                   "status.port=" + std::to_string(status_port),
-                                   "--set",
-                                   "log.interval_s=1",
-                                   "--set",
-                                   "log.progress=false",
-                                   "--overwrite"};
+  auto args = arlo::e2e::arlo_run_argv(
+      ARLO_BINARY, std::string(src) + "/configs/quickstart.yaml",
+      {"run.dir=" + run_dir.string(), "run.max_steps=300", "orchestrator.sft_warmup_steps=20", "eval.interval=50",
+       "status.port=" + std::to_string(status_port), "log.interval_s=1", "log.progress=false"});
+  args.push_back("--overwrite");
   Process arlo(args, dir_ / "arlo.log");
 
   // Our own scrapes, as often as they come back, until the run ends.

@@ -27,26 +27,9 @@ namespace fs = std::filesystem;
 constexpr int kSteps = 30;
 constexpr int kWarmup = 10;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The wait status of argv run to its end, stdout and stderr into `log`.
-int run_process(const std::vector<std::string>& args, const fs::path& log) {
-  const pid_t pid = arlo::e2e::spawn_logged(args, log);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return status;
-}
-
 // The example needs Debian's python3-torch, which /usr/bin/python3 imports.
 bool python_has_torch(const fs::path& scratch_log) {
-  const int status = run_process({"/usr/bin/python3", "-c", "import torch, numpy"}, scratch_log);
-  fs::remove(scratch_log);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return arlo::e2e::run_to_end({"/usr/bin/python3", "-c", "import torch, numpy"}, scratch_log).exited_with(0);
 }
 
 class PytorchTrainerE2E : public ::testing::TestWithParam<std::string> {};
@@ -64,31 +47,18 @@ TEST_P(PytorchTrainerE2E, EveryWorkerServesTheTrainersLastVersion) {
   // trainer.command's paths are relative to where arlo run starts: the top of the source tree.
   fs::current_path(src);
   ::setenv("ARLO_BRIDGE_LIB", ARLO_BRIDGE_LIBRARY, 1);  // the Python module loads this build's library
-  const std::vector<std::string> args = {ARLO_BINARY,
-                                         "run",
-                                         "configs/pytorch-trainer.yaml",
-                                         "--set",
-                                         "weight_sync.transport=" + transport,
-                                         "--set",
-                                         "run.dir=" + run_dir.string(),
-                                         "--set",
-                                         "status.port=0",  // tests run side by side
-                                         "--set",
-                                         "log.progress=false",
-                                         "--set",
-                                         "run.max_steps=" + std::to_string(kSteps),
-                                         "--set",
-                                         "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup),
-                                         "--set",
-                                         "eval.interval=0"};
-  const fs::path log = run_dir.string() + ".log";
-  const int status = run_process(args, log);
-  const std::string output = read_file(log);
-  fs::remove(log);
-  const std::string tail = output.size() > 8000 ? output.substr(output.size() - 8000) : output;
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "arlo run failed (status " << status << "):\n" << tail;
+  const auto run = arlo::e2e::run_to_end(
+      arlo::e2e::arlo_run_argv(ARLO_BINARY, "configs/pytorch-trainer.yaml",
+                               {"weight_sync.transport=" + transport, "run.dir=" + run_dir.string(),
+                                "status.port=0",  // tests run side by side
+                                "log.progress=false", "run.max_steps=" + std::to_string(kSteps),
+                                "orchestrator.sft_warmup_steps=" + std::to_string(kWarmup), "eval.interval=0"}),
+      run_dir.string() + ".log");
+  const std::string& output = run.output;
+  const std::string tail = arlo::e2e::tail(output, 8000);
+  ASSERT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << tail;
 
-  const std::string text = read_file(run_dir / "summary.json");
+  const std::string text = arlo::e2e::read_text(run_dir / "summary.json");
   ASSERT_FALSE(text.empty()) << "no summary.json in " << run_dir << "; output:\n" << tail;
   const auto summary = nlohmann::json::parse(text);
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);

@@ -23,34 +23,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config/config.h"
+#include "tests/e2e/run_checks.h"
 #include "tests/e2e/spawn.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs argv with stdout and stderr into `log`; returns the wait status (and the child's pid in
-// `child`). The child dies with the test.
-int run_process(const std::vector<std::string>& args, const fs::path& log, pid_t* child = nullptr) {
-  const pid_t pid = arlo::e2e::spawn_logged(args, log);
-  if (child) *child = pid;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return status;
-}
-
-std::uint64_t sum(const nlohmann::json& counts) {
-  std::uint64_t s = 0;
-  for (const auto& [k, v] : counts.items()) s += v.get<std::uint64_t>();
-  return s;
-}
+using arlo::e2e::read_text;
 
 fs::path scratch(const std::string& name) {
   return fs::temp_directory_path() / ("arlo_quickstart_e2e_" + name + "_" + std::to_string(::getpid()));
@@ -74,25 +53,17 @@ nlohmann::json run_quickstart(const fs::path& run_dir, const std::vector<std::st
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   EXPECT_NE(src, nullptr);
   if (src == nullptr) return {};
-  std::vector<std::string> args = {ARLO_BINARY,
-                                   "run",
-                                   std::string(src) + "/configs/quickstart.yaml",
-                                   "--set",
-                                   "run.dir=" + run_dir.string(),
-                                   "--set",
-                                   "log.progress=false",
-                                   "--set",
-                                   "status.port=0"};  // tests run side by side
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  for (const auto& s : extra_sets()) args.insert(args.end(), {"--set", s});
+  std::vector<std::string> all = {"run.dir=" + run_dir.string(), "log.progress=false",
+                                  "status.port=0"};  // tests run side by side
+  all.insert(all.end(), sets.begin(), sets.end());
+  const auto more = extra_sets();
+  all.insert(all.end(), more.begin(), more.end());
+  auto args = arlo::e2e::arlo_run_argv(ARLO_BINARY, std::string(src) + "/configs/quickstart.yaml", all);
   args.insert(args.end(), flags.begin(), flags.end());
-  const fs::path log = run_dir.string() + ".log";
-  const int status = run_process(args, log, child);
-  const std::string output = read_file(log);
-  fs::remove(log);
-  const std::string tail = output.size() > 6000 ? output.substr(output.size() - 6000) : output;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "arlo run failed (status " << status << "):\n" << tail;
-  const std::string summary = read_file(run_dir / "summary.json");
+  const auto run = arlo::e2e::run_to_end(args, run_dir.string() + ".log", child);
+  const std::string tail = arlo::e2e::tail(run.output);
+  EXPECT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << tail;
+  const std::string summary = read_text(run_dir / "summary.json");
   EXPECT_FALSE(summary.empty()) << "no summary.json in " << run_dir << "; output:\n" << tail;
   return summary.empty() ? nlohmann::json::object() : nlohmann::json::parse(summary);
 }
@@ -152,12 +123,8 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
   EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
   EXPECT_EQ(summary.at("steps").get<int>(), kSteps);
   const auto& ledger = summary.at("ledger");
-  const auto dispatched = ledger.at("dispatched").get<std::uint64_t>();
-  const auto completed = ledger.at("completed").get<std::uint64_t>();
-  EXPECT_EQ(ledger.at("in_flight").get<std::uint64_t>(), 0u);
-  EXPECT_EQ(dispatched, completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled"))) << ledger.dump(2);
-  EXPECT_EQ(sum(ledger.at("dispositions")), completed) << ledger.dump(2);
-  EXPECT_EQ(sum(ledger.at("failed")), 0u) << ledger.dump(2);
+  const auto completed = arlo::e2e::expect_ledger_adds_up(ledger);
+  EXPECT_EQ(arlo::e2e::sum_counts(ledger.at("failed")), 0u) << ledger.dump(2);
   // Every RL step trained on a full batch of 64 samples drawn from completed rollouts.
   EXPECT_GE(completed, static_cast<std::uint64_t>((kSteps - kWarmup) * 64));
 
@@ -331,19 +298,18 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
   run_quickstart(run_dir,
                  {"run.max_steps=20", "orchestrator.sft_warmup_steps=10", "eval.interval=0", "ckpt.interval=10"});
   ASSERT_FALSE(HasFailure());
-  const auto checkpoint = nlohmann::json::parse(read_file(run_dir / "orchestrator" / "checkpoint.json"));
-  const std::string metrics_before = read_file(run_dir / "metrics.jsonl");
+  const auto checkpoint = nlohmann::json::parse(read_text(run_dir / "orchestrator" / "checkpoint.json"));
+  const std::string metrics_before = read_text(run_dir / "metrics.jsonl");
   // A new run into the same directory without --resume (or --overwrite) is refused as a usage error
   // (exit 2), and the previous run's files are left as they were.
   const char* src = std::getenv("ARLO_SOURCE_DIR");
   const fs::path refused_log = run_dir.string() + ".refused.log";
-  const int refused = run_process(
-      {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml", "--set", "run.dir=" + run_dir.string()},
-      refused_log);
-  const std::string refusal = read_file(refused_log);
-  fs::remove(refused_log);
-  EXPECT_TRUE(WIFEXITED(refused) && WEXITSTATUS(refused) == 2) << "status " << refused << ":\n" << refusal;
-  EXPECT_EQ(read_file(run_dir / "metrics.jsonl"), metrics_before) << "a refused run changed the previous run";
+  const auto refused =
+      arlo::e2e::run_to_end(arlo::e2e::arlo_run_argv(ARLO_BINARY, std::string(src) + "/configs/quickstart.yaml",
+                                                     {"run.dir=" + run_dir.string()}),
+                            run_dir.string() + ".refused.log");
+  EXPECT_TRUE(refused.exited_with(2)) << "status " << refused.status << ":\n" << refused.output;
+  EXPECT_EQ(read_text(run_dir / "metrics.jsonl"), metrics_before) << "a refused run changed the previous run";
   EXPECT_TRUE(fs::exists(run_dir / "orchestrator" / "checkpoint.json"));
   const auto summary = run_quickstart(
       run_dir, {"run.max_steps=30", "orchestrator.sft_warmup_steps=10", "eval.interval=0", "ckpt.interval=10"},
@@ -362,7 +328,7 @@ TEST(QuickstartE2E, ResumeContinuesAtTheNextStepAndDataPosition) {
   EXPECT_LT(trained[20].at("mismatch_kl").get<double>(), 1e-3) << trained[20].dump();
 
   // The task stream continued where the checkpoint left it, not from the start.
-  const auto resumed = nlohmann::json::parse(read_file(run_dir / "orchestrator" / "checkpoint.json"));
+  const auto resumed = nlohmann::json::parse(read_text(run_dir / "orchestrator" / "checkpoint.json"));
   const auto served = [](const nlohmann::json& c) { return c.at("task_cursor").at("seq").get<std::int64_t>(); };
   EXPECT_GT(served(resumed), served(checkpoint))
       << checkpoint.at("task_cursor") << " then " << resumed.at("task_cursor");

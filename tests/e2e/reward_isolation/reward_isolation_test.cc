@@ -17,15 +17,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/e2e/run_checks.h"
 #include "tests/e2e/spawn.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using arlo::e2e::tail;
 
 constexpr int kSteps = 12;
 constexpr int kGroupSize = 8;
@@ -45,52 +48,30 @@ Run arlo_run(const std::string& name, const std::string& plugin_config, const st
   const fs::path run_dir =
       fs::temp_directory_path() / ("arlo_reward_isolation_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(run_dir);
-  std::vector<std::string> args = {ARLO_BINARY,
-                                   "run",
-                                   std::string(src) + "/configs/quickstart.yaml",
-                                   "--set",
-                                   "run.dir=" + run_dir.string(),
-                                   "--set",
-                                   "log.progress=false",
-                                   "--set",
-                                   "status.port=0",
-                                   "--set",
-                                   "run.max_steps=" + std::to_string(kSteps),
-                                   "--set",
-                                   "orchestrator.sft_warmup_steps=2",
-                                   "--set",
-                                   "orchestrator.batch_size=32",
-                                   "--set",
-                                   "orchestrator.group_size=" + std::to_string(kGroupSize),
-                                   "--set",
-                                   "orchestrator.max_inflight=32",
-                                   "--set",
-                                   "eval.interval=100",
-                                   "--set",
-                                   "eval.size=8",
-                                   "--set",
-                                   "reward.modules=[{kind: plugin, path: " + std::string(ARLO_TEST_PLUGIN_PATH) +
-                                       ", config: " + plugin_config + "}]"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  const fs::path log = run_dir.string() + ".log";
+  std::vector<std::string> all = {"run.dir=" + run_dir.string(),
+                                  "log.progress=false",
+                                  "status.port=0",
+                                  "run.max_steps=" + std::to_string(kSteps),
+                                  "orchestrator.sft_warmup_steps=2",
+                                  "orchestrator.batch_size=32",
+                                  "orchestrator.group_size=" + std::to_string(kGroupSize),
+                                  "orchestrator.max_inflight=32",
+                                  "eval.interval=100",
+                                  "eval.size=8",
+                                  "reward.modules=[{kind: plugin, path: " + std::string(ARLO_TEST_PLUGIN_PATH) +
+                                      ", config: " + plugin_config + "}]"};
+  all.insert(all.end(), sets.begin(), sets.end());
   const auto t0 = std::chrono::steady_clock::now();
-  const pid_t pid = arlo::e2e::spawn_logged(args, log);
-  ::waitpid(pid, &out.status, 0);
+  auto ended =
+      arlo::e2e::run_to_end(arlo::e2e::arlo_run_argv(ARLO_BINARY, std::string(src) + "/configs/quickstart.yaml", all),
+                            run_dir.string() + ".log");
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  out.output = arlo::e2e::read_text(log);
-  fs::remove(log);
+  out.status = ended.status;
+  out.output = std::move(ended.output);
   const std::string summary = arlo::e2e::read_text(run_dir / "summary.json");
   if (!summary.empty()) out.summary = nlohmann::json::parse(summary, nullptr, false);
   fs::remove_all(run_dir);
   return out;
-}
-
-std::string tail(const std::string& s) { return s.size() > 6000 ? s.substr(s.size() - 6000) : s; }
-
-std::uint64_t sum(const nlohmann::json& counts) {
-  std::uint64_t s = 0;
-  for (const auto& [k, v] : counts.items()) s += v.get<std::uint64_t>();
-  return s;
 }
 
 int count(const std::string& text, const std::string& needle) {
@@ -110,12 +91,7 @@ std::uint64_t expect_finished(const Run& r) {
   EXPECT_TRUE(r.summary.value("ok", false)) << r.summary.dump(2);
   EXPECT_EQ(r.summary.value("steps", 0), kSteps) << r.summary.dump(2);
   const auto& ledger = r.summary.at("ledger");
-  const auto completed = ledger.at("completed").get<std::uint64_t>();
-  EXPECT_EQ(ledger.at("in_flight").get<std::uint64_t>(), 0u);
-  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(),
-            completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
-      << ledger.dump(2);
-  EXPECT_EQ(sum(ledger.at("dispositions")), completed) << ledger.dump(2);
+  arlo::e2e::expect_ledger_adds_up(ledger);
   const auto& d = ledger.at("dispositions");
   return d.contains("score_failed") ? d.at("score_failed").get<std::uint64_t>() : 0;
 }

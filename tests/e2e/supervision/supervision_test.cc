@@ -28,12 +28,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/e2e/run_checks.h"
 #include "tests/e2e/spawn.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using arlo::e2e::read_jsonl;
 using arlo::e2e::read_text;
+using arlo::e2e::tail;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kWarmup = 5;
@@ -42,24 +45,6 @@ constexpr auto kWait = std::chrono::seconds(150);  // generous: a loaded 2-core 
 
 fs::path scratch(const std::string& name) {
   return fs::temp_directory_path() / ("arlo_supervision_e2e_" + name + "_" + std::to_string(::getpid()));
-}
-
-std::string tail(const std::string& s) { return s.size() > 8000 ? s.substr(s.size() - 8000) : s; }
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded()) out.push_back(std::move(j));  // a line being written is skipped
-  }
-  return out;
-}
-
-std::uint64_t sum(const nlohmann::json& counts) {
-  std::uint64_t s = 0;
-  for (const auto& [k, v] : counts.items()) s += v.get<std::uint64_t>();
-  return s;
 }
 
 std::size_t count(const std::string& text, const std::string& needle) {
@@ -84,7 +69,6 @@ struct ArloRun {
       : run_dir(scratch(name)), log(run_dir.string() + ".log"), steps(max_steps) {
     fs::remove_all(run_dir);
     const char* src = std::getenv("ARLO_SOURCE_DIR");
-    std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src ? src : ".") + "/configs/quickstart.yaml"};
     std::vector<std::string> all = {"run.dir=" + run_dir.string(),
                                     "log.progress=false",
                                     "status.port=0",
@@ -93,8 +77,8 @@ struct ArloRun {
                                     "eval.interval=0",
                                     "log.step_interval_s=0"};
     all.insert(all.end(), sets.begin(), sets.end());
-    for (const auto& s : all) args.insert(args.end(), {"--set", s});
-    pid = arlo::e2e::spawn_logged(args, log);
+    const auto config = std::string(src ? src : ".") + "/configs/quickstart.yaml";
+    pid = arlo::e2e::spawn_logged(arlo::e2e::arlo_run_argv(ARLO_BINARY, config, all), log);
   }
   ~ArloRun() {
     if (pid > 0 && !exited(pid)) ::kill(pid, SIGKILL);
@@ -137,6 +121,12 @@ struct ArloRun {
     }
     return -1;
   }
+  // Kills (SIGKILL) arlo's child whose command line holds `needle` (child()); its pid, -1 when
+  // there was none or the kill failed.
+  pid_t kill_child(const std::string& needle, pid_t not_this = -1) const {
+    const pid_t c = child(needle, not_this);
+    return c > 0 && ::kill(c, SIGKILL) == 0 ? c : -1;
+  }
   int wait() {
     int status = 0;
     ::waitpid(pid, &status, 0);
@@ -157,51 +147,8 @@ nlohmann::json expect_finished(ArloRun& run) {
   EXPECT_FALSE(text.empty()) << tail(out);
   if (text.empty()) return nlohmann::json::object();
   const auto summary = nlohmann::json::parse(text);
-  EXPECT_TRUE(summary.at("ok").get<bool>()) << summary.dump(2);
-  const int kSteps = run.steps;
-  EXPECT_EQ(summary.at("steps").get<int>(), kSteps);
-  const auto& ledger = summary.at("ledger");
-  const auto completed = ledger.at("completed").get<std::uint64_t>();
-  EXPECT_EQ(ledger.at("in_flight").get<std::uint64_t>(), 0u) << ledger.dump(2);
-  EXPECT_EQ(ledger.at("dispatched").get<std::uint64_t>(),
-            completed + sum(ledger.at("failed")) + sum(ledger.at("cancelled")))
-      << ledger.dump(2);
-  EXPECT_EQ(sum(ledger.at("dispositions")), completed) << ledger.dump(2);
-  const auto& trainer = summary.at("trainer");
-  EXPECT_EQ(trainer.at("version").get<std::int64_t>(), kSteps) << summary.dump(2);
-  EXPECT_EQ(summary.at("workers").size(), 2u) << summary.dump(2);
-  for (const auto& [name, w] : summary.at("workers").items()) {
-    EXPECT_FALSE(w.contains("error")) << name << ": " << w.dump();
-    EXPECT_EQ(w.value("version", -1), kSteps) << name << ": " << w.dump();
-    EXPECT_EQ(w.value("checksum", std::string()), trainer.at("checksum").get<std::string>()) << name;
-  }
-  // One step record per step, in order.
-  std::vector<int> steps;
-  for (const auto& j : read_jsonl(run.run_dir / "metrics.jsonl"))
-    if (j.value("kind", "") == "step") steps.push_back(j.at("step").get<int>());
-  std::vector<int> expected(kSteps);
-  for (int i = 0; i < kSteps; ++i) expected[static_cast<std::size_t>(i)] = i + 1;
-  EXPECT_EQ(steps, expected);
+  arlo::e2e::expect_every_step_trained(summary, run.run_dir, run.steps, 2);
   return summary;
-}
-
-// What the fault cost: the longest step against the median step, and the ledger's failures.
-void report_cost(const char* fault, const ArloRun& run, const nlohmann::json& summary) {
-  std::vector<double> seconds;
-  for (const auto& j : read_jsonl(run.run_dir / "metrics.jsonl"))
-    if (j.value("kind", "") == "step" && !j.value("train/supervised", false))
-      seconds.push_back(j.value("time/step_seconds", 0.0));
-  if (seconds.empty() || !summary.contains("ledger")) return;
-  auto sorted = seconds;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2], longest = sorted.back();
-  const auto& ledger = summary.at("ledger");
-  std::printf(
-      "cost of %s: longest RL step %.2f s vs median %.2f s (about %.2f s lost); rollouts dispatched %llu, "
-      "failed %s, cancelled %s; run %.1f s\n",
-      fault, longest, median, longest - median,
-      static_cast<unsigned long long>(ledger.at("dispatched").get<std::uint64_t>()), ledger.at("failed").dump().c_str(),
-      ledger.at("cancelled").dump().c_str(), summary.value("seconds", 0.0));
 }
 
 // Each restart of worker-1 came back on its URL and was handed to the WeightWatcher. (It restarts
@@ -218,21 +165,25 @@ void expect_resynced(const ArloRun& run, std::size_t restarts) {
   EXPECT_EQ(empty_starts, restarts) << "each restarted worker-1 starts without weights:\n" << tail(out);
 }
 
+// arlo run reported that `name` (pid `pid`) was killed by kill -9 and is restarted after the first
+// restart's 0.5 s back-off.
+void expect_restarting(const std::string& out, const std::string& name, pid_t pid) {
+  EXPECT_NE(out.find(name + " (pid " + std::to_string(pid) + ") killed by signal 9; restarting it in 0.5 s"),
+            std::string::npos)
+      << tail(out);
+}
+
 // worker-1 killed once, after step 10.
 void kill_a_worker_once(const std::string& name, const std::vector<std::string>& sets, const char* fault) {
   ArloRun run(name, sets);
   ASSERT_GT(run.pid, 0);
   ASSERT_TRUE(run.wait_for_step(kWarmup + 5)) << tail(run.output());
-  const pid_t victim = run.child(kWorker1);
-  ASSERT_GT(victim, 0) << "no worker-1 among arlo's children";
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const pid_t victim = run.kill_child(kWorker1);
+  ASSERT_GT(victim, 0) << "no worker-1 among arlo's children (or it could not be killed)";
   const auto summary = expect_finished(run);
   expect_resynced(run, 1);
-  EXPECT_NE(
-      run.output().find("worker-1 (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
-      std::string::npos)
-      << tail(run.output());
-  report_cost(fault, run, summary);
+  expect_restarting(run.output(), "worker-1", victim);
+  arlo::e2e::print_fault_cost(fault, run.run_dir, summary);
 }
 
 // "At any moment" includes the end: worker-1 killed once the last step was trained, while the
@@ -242,9 +193,8 @@ TEST(Supervision, AWorkerKilledAtTheEndStillEndsOnTheFinalVersion) {
   ArloRun run("worker_end", {});
   ASSERT_GT(run.pid, 0);
   ASSERT_TRUE(run.wait_for_step(kSteps)) << tail(run.output());
-  const pid_t victim = run.child(kWorker1);
-  ASSERT_GT(victim, 0) << "no worker-1 among arlo's children";
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const pid_t victim = run.kill_child(kWorker1);
+  ASSERT_GT(victim, 0) << "no worker-1 among arlo's children (or it could not be killed)";
   expect_finished(run);
 }
 
@@ -266,14 +216,11 @@ TEST(Supervision, AWorkerKilledMidRunOverTcpIsRestartedAndServesTheFinalVersion)
 TEST(Supervision, AWorkerKilledDuringStartUpIsRestarted) {
   ArloRun run("worker_startup", {});
   ASSERT_GT(run.pid, 0);
-  const pid_t victim = run.child(kWorker1);
+  const pid_t victim = run.kill_child(kWorker1);
   ASSERT_GT(victim, 0);
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
   const auto summary = expect_finished(run);
   const std::string out = run.output();
-  EXPECT_NE(out.find("worker-1 (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
-            std::string::npos)
-      << tail(out);
+  expect_restarting(out, "worker-1", victim);
   EXPECT_EQ(count(out, "worker-1 restarted, answering at"), 1u) << tail(out);
   // Its restart answers either before the run starts, or, on a loaded machine, just after the run
   // began with the other worker healthy: then it is synced the current version.
@@ -281,16 +228,15 @@ TEST(Supervision, AWorkerKilledDuringStartUpIsRestarted) {
               out.find("; syncing the current version to it") != std::string::npos)
       << tail(out);
   EXPECT_LT(out.find("killed by signal 9; restarting it"), out.find("worker(s) healthy")) << tail(out);
-  report_cost("kill -9 of one worker during start-up", run, summary);
+  arlo::e2e::print_fault_cost("kill -9 of one worker during start-up", run.run_dir, summary);
 }
 
 TEST(Supervision, AWorkerKilledTwiceIsRestartedTwice) {
   ArloRun run("worker_twice", {}, 90);
   ASSERT_GT(run.pid, 0);
   ASSERT_TRUE(run.wait_for_step(kWarmup + 3)) << tail(run.output());
-  const pid_t first = run.child(kWorker1);
+  const pid_t first = run.kill_child(kWorker1);
   ASSERT_GT(first, 0);
-  ASSERT_EQ(::kill(first, SIGKILL), 0);
   // The second kill once the restarted worker took the current version and the run went on.
   ASSERT_TRUE(run.wait_for_text("was restarted; syncing the current version to it", 1)) << tail(run.output());
   const std::string out = run.output();
@@ -298,29 +244,25 @@ TEST(Supervision, AWorkerKilledTwiceIsRestartedTwice) {
   for (const auto& j : read_jsonl(run.run_dir / "metrics.jsonl"))
     if (j.value("kind", "") == "step") step_now = std::max(step_now, j.at("step").get<int>());
   ASSERT_TRUE(run.wait_for_step(std::min(step_now + 3, run.steps - 30))) << tail(run.output());
-  const pid_t second = run.child(kWorker1, first);
+  const pid_t second = run.kill_child(kWorker1, first);
   ASSERT_GT(second, 0);
-  ASSERT_EQ(::kill(second, SIGKILL), 0);
   const auto summary = expect_finished(run);
   expect_resynced(run, 2);
   EXPECT_NE(run.output().find("killed by signal 9; restarting it in 1.0 s (restart 2 of 5"), std::string::npos)
       << "the second restart waits twice as long:\n"
       << tail(run.output());
-  report_cost("kill -9 of one worker, twice", run, summary);
+  arlo::e2e::print_fault_cost("kill -9 of one worker, twice", run.run_dir, summary);
 }
 
 TEST(Supervision, ATrainerKilledMidRunIsRestartedAndTrainsEveryStepOnce) {
   ArloRun run("trainer", {});
   ASSERT_GT(run.pid, 0);
   ASSERT_TRUE(run.wait_for_step(kWarmup + 10)) << tail(run.output());
-  const pid_t victim = run.child("arlo-trainer");
-  ASSERT_GT(victim, 0) << "no arlo-trainer among arlo's children";
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const pid_t victim = run.kill_child("arlo-trainer");
+  ASSERT_GT(victim, 0) << "no arlo-trainer among arlo's children (or it could not be killed)";
   const auto summary = expect_finished(run);
   const std::string out = run.output();
-  EXPECT_NE(out.find("trainer (pid " + std::to_string(victim) + ") killed by signal 9; restarting it in 0.5 s"),
-            std::string::npos)
-      << tail(out);
+  expect_restarting(out, "trainer", victim);
   EXPECT_EQ(count(out, "arlo run: trainer restarted"), 1u) << tail(out);
   // Steps 1..N each trained exactly once into the final weights: the trainer's last checkpoint
   // applied N optimizer steps, one per step, each on the batch its step records name (a step the
@@ -345,7 +287,7 @@ TEST(Supervision, ATrainerKilledMidRunIsRestartedAndTrainsEveryStepOnce) {
     }
   }
   EXPECT_EQ(std::set<std::string>(lineage.begin(), lineage.end()).size(), lineage.size()) << "a batch trained twice";
-  report_cost("kill -9 of the trainer", run, summary);
+  arlo::e2e::print_fault_cost("kill -9 of the trainer", run.run_dir, summary);
 }
 
 TEST(Supervision, AWorkerThatKeepsDyingStopsTheRunAfterTheBound) {
@@ -388,7 +330,6 @@ TEST(Supervision, AStoppedWorkerHoldsNobody) {
   const fs::path run_dir = scratch("stopped");
   fs::remove_all(run_dir);
   const fs::path log = run_dir.string() + ".log";
-  std::vector<std::string> args = {ARLO_BINARY, "run", std::string(src) + "/configs/quickstart.yaml"};
   const std::vector<std::string> sets = {"run.dir=" + run_dir.string(),
                                          "log.progress=false",
                                          "status.port=0",
@@ -397,8 +338,8 @@ TEST(Supervision, AStoppedWorkerHoldsNobody) {
                                          "eval.interval=0",
                                          "weight_sync.transport=tcp",
                                          "inference.admin_timeout_s=2"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  const pid_t arlo = arlo::e2e::spawn_logged(args, log);
+  const pid_t arlo = arlo::e2e::spawn_logged(
+      arlo::e2e::arlo_run_argv(ARLO_BINARY, std::string(src) + "/configs/quickstart.yaml", sets), log);
   ASSERT_GT(arlo, 0);
   ASSERT_TRUE(arlo::e2e::wait_for_text(log, "worker(s) healthy", arlo, std::chrono::seconds(120))) << read_text(log);
   const pid_t stopped = arlo::e2e::child_with_arg(arlo, "\"peer_name\":\"worker-1\"");
