@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -18,11 +20,7 @@ namespace arlo::weight_sync {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::fill;
-using testing::odd_specs;
-using testing::same_bytes;
-using testing::ScopedFaults;
-using testing::Side;
+using namespace testing;
 
 Options base_options(const std::string& transport, const std::string& shm) {
   Options o;
@@ -47,6 +45,35 @@ std::thread kill_when_stopped(pid_t pid) {
   });
 }
 
+// A publisher in a child process, created with `faults` in place: it hands its endpoint to this
+// process through a pipe, publishes version `v` of odd_specs() filled from `seed` and exits 0 when
+// every receiver got it (20: not created, 21: the endpoint not handed on, 22: a receiver failed).
+struct SenderProcess {
+  pid_t pid = -1;
+  nlohmann::json endpoint;  // discarded where the child handed none on
+};
+SenderProcess fork_sender(const std::string& transport, const std::string& channel, Faults faults, Version v,
+                          std::uint64_t seed) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ScopedFaults f(Side::kPublisher, faults);
+    auto pub = Publisher::create(base_options(transport, channel));
+    if (!pub) ::_exit(20);
+    const std::string ep = (*pub)->endpoint().dump() + "\n";
+    if (::write(fds[1], ep.data(), ep.size()) < 0) ::_exit(21);
+    auto r = (*pub)->publish(v, filled(seed), deadline_in(30s));
+    ::_exit(r && r->all_ok() ? 0 : 22);
+  }
+  ::close(fds[1]);  // a child that ends without writing ends the read below
+  std::string ep;
+  char c;
+  while (pid > 0 && ::read(fds[0], &c, 1) == 1 && c != '\n') ep += c;
+  ::close(fds[0]);
+  return {pid, nlohmann::json::parse(ep, nullptr, /*allow_exceptions=*/false)};
+}
+
 // Child: receive one version and compare with the deterministic expectation. Never returns.
 [[noreturn]] void run_receiver(Options o, std::uint64_t seed, Faults faults = {}) {
   ScopedFaults f(Side::kSubscriber, faults);
@@ -58,9 +85,7 @@ std::thread kill_when_stopped(pid_t pid) {
     std::fprintf(stderr, "receiver %s: %s\n", o.peer_name.c_str(), r.error().what().c_str());
     ::_exit(11);
   }
-  HostWeights expect(odd_specs());
-  fill(expect, seed);
-  ::_exit(same_bytes(sink, expect) ? 0 : 12);
+  ::_exit(same_bytes(sink, filled(seed)) ? 0 : 12);
 }
 
 class WeightSyncKillTest : public ::testing::TestWithParam<std::string> {};
@@ -80,9 +105,7 @@ TEST_P(WeightSyncKillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
   if (victim == 0) run_receiver(so, 5, testing::stop_before_bucket(1));
   auto killer = kill_when_stopped(victim);
 
-  HostWeights w(odd_specs());
-  fill(w, 5);
-  auto report = pub->publish(1, w, deadline_in(30s));
+  auto report = pub->publish(1, filled(5), deadline_in(30s));
   killer.join();
   int st = 0;
   ASSERT_EQ(::waitpid(survivor, &st, 0), survivor);
@@ -164,33 +187,17 @@ TEST_P(WeightSyncKillTest, StalledReceiversDoNotHoldTheOthers) {
 TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
   for (auto mode : {ApplyMode::kStaging, ApplyMode::kInPlace}) {
     const std::string channel = shm_channel(mode == ApplyMode::kStaging ? "ks" : "ki");
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t sender = ::fork();
-    if (sender == 0) {
-      ScopedFaults f(Side::kPublisher, testing::stop_before_bucket(1));
-      auto pub = Publisher::create(base_options(GetParam(), channel));
-      if (!pub) ::_exit(20);
-      const std::string ep = (*pub)->endpoint().dump() + "\n";
-      if (::write(fds[1], ep.data(), ep.size()) < 0) ::_exit(21);
-      HostWeights w(odd_specs());
-      fill(w, 99);
-      (void)(*pub)->publish(2, w, deadline_in(30s));
-      ::_exit(0);
-    }
-    auto killer = kill_when_stopped(sender);
-    std::string ep;
-    char c;
-    while (::read(fds[0], &c, 1) == 1 && c != '\n') ep += c;
-    ::close(fds[0]);
-    ::close(fds[1]);
+    const auto sender = fork_sender(GetParam(), channel, testing::stop_before_bucket(1), 2, 99);
+    ASSERT_GT(sender.pid, 0) << "fork: " << std::strerror(errno);
+    auto killer = kill_when_stopped(sender.pid);
+    if (!sender.endpoint.is_object()) killer.join();  // the child ended: nothing to receive
+    ASSERT_TRUE(sender.endpoint.is_object()) << "the sender process handed on no endpoint";
 
-    Options so = testing::reaching(base_options(GetParam(), channel), nlohmann::json::parse(ep));
+    Options so = testing::reaching(base_options(GetParam(), channel), sender.endpoint);
     so.apply_mode = mode;
     so.peer_name = "worker";
     auto sub = Subscriber::create(so).value();
-    HostWeights v1(odd_specs());
-    fill(v1, 1);
+    HostWeights v1 = filled(1);
     HostWeights sink = testing::copy_of(v1);
     ASSERT_TRUE(sink.commit(1));
     sub->assume_version(1);
@@ -220,40 +227,21 @@ TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
 // checksum and applies nothing.
 TEST_P(WeightSyncKillTest, ACorruptedByteNeverYieldsWrongWeights) {
   const std::string channel = shm_channel("kc");
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t sender = ::fork();
-  if (sender == 0) {
-    Faults corrupt;
-    corrupt.corrupt_bucket = 1;
-    ScopedFaults f(Side::kPublisher, corrupt);
-    auto pub = Publisher::create(base_options(GetParam(), channel));
-    if (!pub) ::_exit(20);
-    const std::string ep = (*pub)->endpoint().dump() + "\n";
-    if (::write(fds[1], ep.data(), ep.size()) < 0) ::_exit(21);
-    HostWeights w(odd_specs());
-    fill(w, 77);
-    auto r = (*pub)->publish(3, w, deadline_in(30s));
-    ::_exit(r && r->all_ok() ? 0 : 22);
-  }
-  std::string ep;
-  char c;
-  while (::read(fds[0], &c, 1) == 1 && c != '\n') ep += c;
-  ::close(fds[0]);
-  ::close(fds[1]);
-  Options so = testing::reaching(base_options(GetParam(), channel), nlohmann::json::parse(ep));
+  const auto sender = fork_sender(GetParam(), channel, testing::corrupt_bucket(1), 3, 77);
+  ASSERT_GT(sender.pid, 0) << "fork: " << std::strerror(errno);
+  int status = 0;
+  if (!sender.endpoint.is_object()) ::waitpid(sender.pid, &status, 0);
+  ASSERT_TRUE(sender.endpoint.is_object()) << "the sender process handed on no endpoint (status " << status << ")";
+  Options so = testing::reaching(base_options(GetParam(), channel), sender.endpoint);
   so.peer_name = "worker";
   auto sub = Subscriber::create(so).value();
   HostWeights sink(odd_specs());
   auto r = sub->receive(sink, deadline_in(30s));
-  int status = 0;
-  ::waitpid(sender, &status, 0);
+  ::waitpid(sender.pid, &status, 0);
   if (r) {
     EXPECT_EQ(r->version, 3u);
     EXPECT_GE(r->retried_buckets, 1u);
-    HostWeights expect(odd_specs());
-    fill(expect, 77);
-    EXPECT_TRUE(same_bytes(sink, expect));
+    EXPECT_TRUE(same_bytes(sink, filled(77)));
   } else {
     const std::string why = r.error().what();
     EXPECT_TRUE(why.find("checksum") != std::string::npos && why.find("bucket") != std::string::npos) << why;

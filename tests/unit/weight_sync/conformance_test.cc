@@ -17,11 +17,7 @@ namespace arlo::weight_sync {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::copy_of;
-using testing::expected_after;
-using testing::fill;
-using testing::odd_specs;
-using testing::same_bytes;
+using namespace testing;
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
@@ -57,8 +53,9 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     o.peer_name = name;
     return testing::reaching(o, endpoint);
   }
-  static std::future<Result<ReceiveReport>> receive_async(Subscriber& sub, HostWeights& sink) {
-    return std::async(std::launch::async, [&] { return sub.receive(sink, deadline_in(30s)); });
+  // A publisher of `kind` that expects `expected` receivers, and receiver `name` of it.
+  Link connected(const std::string& name, PayloadKind kind = PayloadKind::kFull, std::size_t expected = 1) const {
+    return connect(publisher(kind, expected), receiver(nlohmann::json::object(), name, kind));
   }
 
   std::filesystem::path dir_;
@@ -70,25 +67,20 @@ TEST_P(Conformance, RoundTripPerPayload) {
     SCOPED_TRACE(std::string(to_string(kind)));
     shm_ = testing::unique_name("conf");
     dir_ = std::filesystem::temp_directory_path() / testing::unique_name("arlo-ws-conf");
-    auto pub = Publisher::create(publisher(kind)).value();
-    auto sub = Subscriber::create(receiver(pub->endpoint(), "w", kind)).value();
-    HostWeights w(odd_specs());
-    fill(w, 11);
-    HostWeights sink(odd_specs());
-    for (Version v : {1, 2}) {
-      if (v == 2) testing::perturb(w, 0.01, 12);
-      auto got = receive_async(*sub, sink);
-      auto report = pub->publish(v, w, deadline_in(30s));
-      auto r = got.get();
-      ASSERT_TRUE(report) << report.error().what();
-      ASSERT_TRUE(r) << r.error().what();
-      EXPECT_TRUE(report->all_ok());
-      EXPECT_EQ(r->version, v);
-      EXPECT_TRUE(same_bytes(sink, expected_after(w, {kind, false, 0.25})));
-      if (kind == PayloadKind::kDelta && v == 2 && !durable()) {
-        EXPECT_EQ(r->payload, PayloadKind::kDelta);
-      }
-    }
+    auto link = connected("w", kind);
+    send_two_versions(link, 11, 0.01, 30s,
+                      [&](Version v, const HostWeights& w, const HostWeights& sink, const Transfer& transfer) {
+                        const auto& [report, r] = transfer;
+                        ASSERT_TRUE(report) << report.error().what();
+                        ASSERT_TRUE(r) << r.error().what();
+                        EXPECT_TRUE(report->all_ok());
+                        EXPECT_EQ(r->version, v);
+                        EXPECT_TRUE(same_bytes(sink, expected_after(w, {kind, false, 0.25})));
+                        if (kind == PayloadKind::kDelta && v == 2 && !durable()) {
+                          EXPECT_EQ(r->payload, PayloadKind::kDelta);
+                        }
+                      });
+    if (HasFatalFailure()) return;
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
@@ -97,17 +89,13 @@ TEST_P(Conformance, RoundTripPerPayload) {
 // Two receivers expected, one comes: it is served without waiting out the deadline, and the one
 // that never came is not a failure of the version.
 TEST_P(Conformance, ReceiverThatNeverConnectsHoldsNobody) {
-  auto pub = Publisher::create(publisher(PayloadKind::kFull, 2)).value();
-  auto sub = Subscriber::create(receiver(pub->endpoint(), "only")).value();
-  HostWeights w(odd_specs());
-  fill(w, 21);
+  auto [pub, sub] = connected("only", PayloadKind::kFull, 2);
+  HostWeights w = filled(21);
   HostWeights sink(odd_specs());
   for (Version v : {1, 2}) {
     testing::perturb(w, 0.1, 20 + v);
     const auto t0 = Clock::now();
-    auto got = receive_async(*sub, sink);
-    auto report = pub->publish(v, w, deadline_in(60s));
-    auto r = got.get();
+    auto [report, r] = publish_while_receiving(*pub, v, w, *sub, sink, 60s);
     ASSERT_TRUE(report) << report.error().what();
     ASSERT_TRUE(r) << r.error().what();
     EXPECT_LT(Clock::now() - t0, 20s) << "waited for the receiver that never came";
@@ -119,31 +107,24 @@ TEST_P(Conformance, ReceiverThatNeverConnectsHoldsNobody) {
 // A receiver that starts after version 1 went out: a durable transport still has v1 for it; a
 // streamed one serves it the next version (while the first receiver gets it too).
 TEST_P(Conformance, LateJoiner) {
-  auto pub = Publisher::create(publisher(PayloadKind::kFull, 2)).value();
-  auto first = Subscriber::create(receiver(pub->endpoint(), "first")).value();
-  HostWeights w(odd_specs());
-  fill(w, 31);
+  auto [pub, first] = connected("first", PayloadKind::kFull, 2);
+  HostWeights w = filled(31);
   HostWeights sink1(odd_specs());
   {
-    auto got = receive_async(*first, sink1);
-    ASSERT_TRUE(pub->publish(1, w, deadline_in(30s)));
-    ASSERT_TRUE(got.get());
+    auto [published, received] = publish_while_receiving(*pub, 1, w, *first, sink1, 30s);
+    ASSERT_TRUE(published);
+    ASSERT_TRUE(received);
   }
   auto late = Subscriber::create(receiver(pub->endpoint(), "late")).value();
   HostWeights sink2(odd_specs());
   if (durable()) {
-    auto r = late->receive(sink2, deadline_in(30s));
-    ASSERT_TRUE(r) << r.error().what();
-    EXPECT_EQ(r->version, 1u);
-    EXPECT_TRUE(same_bytes(sink2, w));
+    ASSERT_NO_FATAL_FAILURE(expect_receives(*late, sink2, 1, w));
   }
   testing::perturb(w, 0.2, 32);
-  auto got1 = receive_async(*first, sink1);
-  auto got2 = receive_async(*late, sink2);
-  auto report = pub->publish(2, w, deadline_in(30s));
+  auto got1 = std::async(std::launch::async, [&] { return first->receive(sink1, deadline_in(30s)); });
+  auto [report, r2] = publish_while_receiving(*pub, 2, w, *late, sink2, 30s);
   ASSERT_TRUE(report) << report.error().what();
   auto r1 = got1.get();
-  auto r2 = got2.get();
   ASSERT_TRUE(r1) << r1.error().what();
   ASSERT_TRUE(r2) << r2.error().what();
   EXPECT_EQ(r1->version, 2u);
@@ -161,12 +142,7 @@ TEST_P(Conformance, SupersededVersionIsNotReceived) {
     ASSERT_TRUE(pub->stage(v, w));
   }
   ASSERT_TRUE(pub->flush(deadline_in(30s)));
-  auto sub = Subscriber::create(receiver(pub->endpoint(), "w")).value();
-  HostWeights sink(odd_specs());
-  auto r = sub->receive(sink, deadline_in(30s));
-  ASSERT_TRUE(r) << r.error().what();
-  EXPECT_EQ(r->version, 3u);
-  EXPECT_TRUE(same_bytes(sink, w));
+  expect_new_receiver_gets(receiver(pub->endpoint(), "w"), 3, w);
 }
 
 // One byte flipped on the way (the sender's fault seam): the receiver ends with the right weights
@@ -178,34 +154,25 @@ TEST_P(Conformance, FlippedByteNeverYieldsWrongWeights) {
     pub = Publisher::create(publisher()).value();
   }
   auto sub = Subscriber::create(receiver(pub->endpoint(), "w")).value();
-  HostWeights v1(odd_specs());
-  fill(v1, 51);
-  HostWeights sink = copy_of(v1);
-  ASSERT_TRUE(sink.commit(1));
-  sub->assume_version(1);
-  HostWeights v2 = copy_of(v1);
-  testing::perturb(v2, 0.5, 52);
-  auto got = receive_async(*sub, sink);
-  auto report = pub->publish(2, v2, deadline_in(30s));
-  auto r = got.get();
+  auto sent = send_second_version(*pub, *sub, 51, 30s);
+  const auto& r = sent.transfer.received;
   if (r) {
     EXPECT_EQ(r->version, 2u);
-    EXPECT_TRUE(same_bytes(sink, v2));
+    EXPECT_TRUE(same_bytes(sent.sink, sent.v2));
     EXPECT_EQ(sub->version(), std::optional<Version>(2));
   } else {
     const std::string why = r.error().what();
     EXPECT_TRUE(why.find("checksum") != std::string::npos && why.find("bucket") != std::string::npos) << why;
-    EXPECT_TRUE(same_bytes(sink, v1)) << why;
+    EXPECT_TRUE(same_bytes(sent.sink, sent.v1)) << why;
     EXPECT_EQ(sub->version(), std::optional<Version>(1));
   }
-  ASSERT_TRUE(report) << report.error().what();
+  ASSERT_TRUE(sent.transfer.published) << sent.transfer.published.error().what();
 }
 
 // The publisher goes away and a new one takes its endpoint: the receiver it served before gets the
 // new one's version.
 TEST_P(Conformance, PublisherRestartedWithTheSameEndpoint) {
-  HostWeights w(odd_specs());
-  fill(w, 61);
+  HostWeights w = filled(61);
   HostWeights sink(odd_specs());
   nlohmann::json endpoint;
   std::unique_ptr<Subscriber> sub;
@@ -213,19 +180,17 @@ TEST_P(Conformance, PublisherRestartedWithTheSameEndpoint) {
     auto pub = Publisher::create(publisher()).value();
     endpoint = pub->endpoint();
     sub = Subscriber::create(receiver(endpoint, "w")).value();
-    auto got = receive_async(*sub, sink);
-    ASSERT_TRUE(pub->publish(1, w, deadline_in(30s)));
-    ASSERT_TRUE(got.get());
+    auto [published, received] = publish_while_receiving(*pub, 1, w, *sub, sink, 30s);
+    ASSERT_TRUE(published);
+    ASSERT_TRUE(received);
   }
   Options again = publisher();
   for (const auto& [k, v] : endpoint.items()) again.params[k] = v;  // the same endpoint (tcp: the same port)
   auto pub = Publisher::create(again).value();
   EXPECT_EQ(pub->endpoint(), endpoint);
   testing::perturb(w, 0.3, 62);
-  auto got = receive_async(*sub, sink);
-  auto report = pub->publish(2, w, deadline_in(30s));
+  auto [report, r] = publish_while_receiving(*pub, 2, w, *sub, sink, 30s);
   ASSERT_TRUE(report) << report.error().what();
-  auto r = got.get();
   ASSERT_TRUE(r) << r.error().what();
   EXPECT_EQ(r->version, 2u);
   EXPECT_TRUE(same_bytes(sink, w));

@@ -13,6 +13,7 @@
 #include <future>
 #include <thread>
 
+#include <boost/asio/ip/tcp.hpp>
 #include <nlohmann/json.hpp>
 
 #include "tests/unit/weight_sync/test_util.h"
@@ -23,15 +24,7 @@ namespace arlo::weight_sync {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::copy_of;
-using testing::expected_after;
-using testing::fill;
-using testing::odd_specs;
-using testing::same_bytes;
-
-using testing::ScopedFaults;
-using testing::Side;
-using testing::unique_name;
+using namespace testing;
 
 struct Case {
   std::string transport;
@@ -69,6 +62,10 @@ class Channel {
     o.peer_name = name;
     return o;
   }
+  // A publisher of publisher_options() and receiver `name` of it.
+  Link connect(const std::string& name) const {
+    return testing::connect(base_, subscriber_options(nlohmann::json::object(), name));
+  }
   Options base_;
   std::filesystem::path dir_;
 };
@@ -79,34 +76,28 @@ TEST_P(WeightSyncRoundTrip, TwoVersionsArriveIntact) {
   const Case c = GetParam();
   PayloadOptions payload{c.kind, c.zstd, 0.25};
   Channel ch(c.transport, payload, c.mode);
-  auto pub = Publisher::create(ch.publisher_options()).value();
-  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "worker-0")).value();
-
-  HostWeights w(odd_specs());
-  fill(w, 11);
-  HostWeights sink(odd_specs());
-  for (Version v : {1, 2}) {
-    if (v == 2) testing::perturb(w, 0.01, 12);
-    auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
-    auto report = pub->publish(v, w, deadline_in(20s));
-    ASSERT_TRUE(report) << report.error().what();
-    auto r = got.get();
-    ASSERT_TRUE(r) << r.error().what();
-    EXPECT_TRUE(report->all_ok()) << (report->peers.empty() ? "no peers" : report->peers[0].error);
-    EXPECT_EQ(r->version, v);
-    EXPECT_EQ(sub->version(), std::optional<Version>(v));
-    EXPECT_EQ(sink.committed(), std::optional<Version>(v));
-    EXPECT_TRUE(same_bytes(sink, expected_after(w, payload))) << "version " << v;
-    if (c.kind == PayloadKind::kDelta) {
-      EXPECT_EQ(r->payload, v == 1 ? PayloadKind::kFull : PayloadKind::kDelta);
-      if (v == 2) {
-        EXPECT_LT(r->wire_bytes, w.total_bytes() / 5);
-      }
-    }
-  }
+  auto link = ch.connect("worker-0");
+  auto sent = send_two_versions(
+      link, 11, 0.01, 20s, [&](Version v, const HostWeights& w, const HostWeights& sink, const Transfer& transfer) {
+        const auto& [report, r] = transfer;
+        ASSERT_TRUE(report) << report.error().what();
+        ASSERT_TRUE(r) << r.error().what();
+        EXPECT_TRUE(report->all_ok()) << (report->peers.empty() ? "no peers" : report->peers[0].error);
+        EXPECT_EQ(r->version, v);
+        EXPECT_EQ(link.sub->version(), std::optional<Version>(v));
+        EXPECT_EQ(sink.committed(), std::optional<Version>(v));
+        EXPECT_TRUE(same_bytes(sink, expected_after(w, payload))) << "version " << v;
+        if (c.kind == PayloadKind::kDelta) {
+          EXPECT_EQ(r->payload, v == 1 ? PayloadKind::kFull : PayloadKind::kDelta);
+          if (v == 2) {
+            EXPECT_LT(r->wire_bytes, w.total_bytes() / 5);
+          }
+        }
+      });
+  if (HasFatalFailure()) return;
   // Checksum on demand agrees with the source for lossless payloads.
   if (c.kind == PayloadKind::kFull || c.kind == PayloadKind::kDelta) {
-    EXPECT_EQ(sub->checksum(sink).value(), weights_checksum(w).value());
+    EXPECT_EQ(link.sub->checksum(sent.sink).value(), weights_checksum(sent.w).value());
   }
 }
 
@@ -141,18 +132,11 @@ TEST(WeightSyncTcpTopology, StarAndChainDeliverToEveryReceiver) {
       subs.push_back(Subscriber::create(so).value());
       if (chain) upstream = subs.back()->relay_endpoint();
     }
-    HostWeights w(odd_specs());
-    fill(w, 21);
-    std::vector<HostWeights> sinks;
-    for (int k = 0; k < 3; ++k) sinks.emplace_back(odd_specs());
-    std::vector<std::future<Result<ReceiveReport>>> got;
-    for (int k = 0; k < 3; ++k)
-      got.push_back(std::async(std::launch::async, [&, k] { return subs[k]->receive(sinks[k], deadline_in(20s)); }));
-    auto report = pub->publish(7, w, deadline_in(20s));
+    HostWeights w = filled(21);
+    auto [report, received, sinks] = publish_to_all(*pub, 7, w, subs, 20s);
     ASSERT_TRUE(report) << report.error().what();
     for (int k = 0; k < 3; ++k) {
-      auto r = got[k].get();
-      ASSERT_TRUE(r) << r.error().what();
+      ASSERT_TRUE(received[k]) << received[k].error().what();
       EXPECT_TRUE(same_bytes(sinks[k], w));
     }
     ASSERT_EQ(report->peers.size(), 3u);
@@ -160,18 +144,40 @@ TEST(WeightSyncTcpTopology, StarAndChainDeliverToEveryReceiver) {
   }
 }
 
+// A receiver that connects and then goes dark (its HELLO never comes) holds no other: the live one is
+// served while the dark one's handshake still waits, and the dark one is dropped. (Handshakes one
+// after another held the live receiver for the dark one's whole handshake deadline.)
+TEST(WeightSyncTcpFaults, AReceiverThatConnectsAndGoesDarkHoldsNoOther) {
+  Channel ch("tcp", {}, ApplyMode::kStaging);
+  Options po = ch.publisher_options();
+  po.expected_receivers = 2;
+  po.bucket_timeout = 60s;  // each handshake's deadline
+  auto pub = Publisher::create(po).value();
+  const std::string address = pub->endpoint().at("address").get<std::string>();
+  const auto colon = address.rfind(':');
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::socket dark(io);  // connects first, then says nothing
+  dark.connect({boost::asio::ip::make_address(address.substr(0, colon)),
+                static_cast<unsigned short>(std::stoi(address.substr(colon + 1)))});
+  std::vector<std::unique_ptr<Subscriber>> subs;
+  subs.push_back(Subscriber::create(ch.subscriber_options(pub->endpoint(), "worker-1")).value());
+  HostWeights w = filled(5);
+  auto [report, received, sinks] = publish_to_all(*pub, 1, w, subs, 20s);  // the live one waits 20 s at most
+  ASSERT_TRUE(received[0]) << received[0].error().what();
+  EXPECT_TRUE(same_bytes(sinks[0], w));
+  ASSERT_TRUE(report) << report.error().what();
+  ASSERT_EQ(report->peers.size(), 1u);
+  EXPECT_TRUE(report->peers[0].ok) << report->peers[0].error;
+}
+
 TEST(WeightSyncTcpFaults, FlippedByteIsRetransmittedNeverApplied) {
   for (auto mode : {ApplyMode::kInPlace, ApplyMode::kStaging}) {
     Channel ch("tcp", {}, mode);
     ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
-    auto pub = Publisher::create(ch.publisher_options()).value();
-    auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
-    HostWeights w(odd_specs());
-    fill(w, 31);
+    auto [pub, sub] = ch.connect("w");
+    HostWeights w = filled(31);
     HostWeights sink(odd_specs());
-    auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
-    auto report = pub->publish(1, w, deadline_in(20s));
-    auto r = got.get();
+    auto [report, r] = publish_while_receiving(*pub, 1, w, *sub, sink, 20s);
     ASSERT_TRUE(r) << r.error().what();
     ASSERT_TRUE(report);
     EXPECT_GE(r->retried_buckets, 1u);
@@ -193,8 +199,7 @@ TEST(WeightSyncTcpFaults, FlippedByteInAChainIsCaughtAtEveryHop) {
   relay_o.params["relay_listen"] = "127.0.0.1:0";
   auto relay = Subscriber::create(relay_o).value();
   auto last = Subscriber::create(ch.subscriber_options(relay->relay_endpoint(), "last")).value();
-  HostWeights w(odd_specs());
-  fill(w, 33);
+  HostWeights w = filled(33);
   HostWeights sink_relay(odd_specs()), sink_last(odd_specs());
   auto got_relay = std::async(std::launch::async, [&] { return relay->receive(sink_relay, deadline_in(20s)); });
   auto got_last = std::async(std::launch::async, [&] { return last->receive(sink_last, deadline_in(20s)); });
@@ -230,9 +235,7 @@ TEST(WeightSyncTcp, PublisherOnEveryInterfaceAnnouncesTheAdvertisedHost) {
   auto sub = Subscriber::create(ch.subscriber_options((*pub)->endpoint(), "w")).value();
   HostWeights w(odd_specs()), sink(odd_specs());
   fill(w, 5);
-  auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
-  auto report = (*pub)->publish(1, w, deadline_in(20s));
-  auto r = got.get();
+  auto [report, r] = publish_while_receiving(**pub, 1, w, *sub, sink, 20s);
   ::unsetenv("ARLO_TOKEN");
   ASSERT_TRUE(report) << report.error().what();
   ASSERT_TRUE(r) << r.error().what();
@@ -242,18 +245,9 @@ TEST(WeightSyncTcp, PublisherOnEveryInterfaceAnnouncesTheAdvertisedHost) {
 TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   Channel ch("shm", {}, ApplyMode::kStaging);
   ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
-  auto pub = Publisher::create(ch.publisher_options()).value();
-  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
-  HostWeights v1(odd_specs());
-  fill(v1, 41);
-  HostWeights sink = copy_of(v1);
-  ASSERT_TRUE(sink.commit(1));
-  sub->assume_version(1);
-  HostWeights v2 = copy_of(v1);
-  testing::perturb(v2, 0.5, 42);
-  auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
-  auto report = pub->publish(2, v2, deadline_in(20s));
-  auto r = got.get();
+  auto [pub, sub] = ch.connect("w");
+  auto sent = send_second_version(*pub, *sub, 41, 20s);
+  const auto& [report, r] = sent.transfer;
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what().find("bucket 1"), std::string::npos) << r.error().what();
   EXPECT_NE(r.error().what().find("checksum"), std::string::npos) << r.error().what();
@@ -261,7 +255,7 @@ TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   ASSERT_EQ(report->peers.size(), 1u);
   EXPECT_FALSE(report->peers[0].ok);
   EXPECT_NE(report->peers[0].error.find("bucket 1"), std::string::npos);
-  EXPECT_TRUE(same_bytes(sink, v1));
+  EXPECT_TRUE(same_bytes(sent.sink, sent.v1));
   EXPECT_EQ(sub->version(), std::optional<Version>(1));
 }
 
@@ -278,24 +272,19 @@ TEST(WeightSyncShmPaths, RingDirectReadAndSlotsEachDeliver) {
         PathCase{ApplyMode::kStaging, false, "shm slots"}, PathCase{ApplyMode::kStaging, true, "shm slots"}}) {
     Channel ch("shm", {}, pc.mode);
     ch.base_.params["direct_read"] = pc.direct_read;
-    auto pub = Publisher::create(ch.publisher_options()).value();
-    auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
-    HostWeights w(odd_specs());
-    fill(w, 91);
-    HostWeights sink(odd_specs());
-    for (Version v : {1, 2}) {
-      if (v == 2) testing::perturb(w, 0.3, 92);
-      auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
-      auto report = pub->publish(v, w, deadline_in(20s));
-      auto r = got.get();
-      ASSERT_TRUE(r) << pc.expect << ": " << r.error().what();
-      ASSERT_TRUE(report && report->all_ok()) << pc.expect;
-      EXPECT_EQ(r->path, pc.expect);
-      std::uint64_t model_bytes = 0;
-      for (const auto& spec : w.specs()) model_bytes += spec.nbytes();
-      EXPECT_EQ(r->wire_bytes, model_bytes) << pc.expect;  // full payload: every byte once, nothing more
-      EXPECT_TRUE(same_bytes(sink, w)) << pc.expect << " version " << v;
-    }
+    auto link = ch.connect("w");
+    send_two_versions(link, 91, 0.3, 20s,
+                      [&](Version v, const HostWeights& w, const HostWeights& sink, const Transfer& transfer) {
+                        const auto& [report, r] = transfer;
+                        ASSERT_TRUE(r) << pc.expect << ": " << r.error().what();
+                        ASSERT_TRUE(report && report->all_ok()) << pc.expect;
+                        EXPECT_EQ(r->path, pc.expect);
+                        std::uint64_t model_bytes = 0;
+                        for (const auto& spec : w.specs()) model_bytes += spec.nbytes();
+                        EXPECT_EQ(r->wire_bytes, model_bytes) << pc.expect;  // full payload: every byte once
+                        EXPECT_TRUE(same_bytes(sink, w)) << pc.expect << " version " << v;
+                      });
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -306,25 +295,16 @@ TEST(WeightSyncShmFaults, FlippedByteInPlaceDiscardsNeverCommits) {
     Channel ch("shm", {}, ApplyMode::kInPlace);
     ch.base_.params["direct_read"] = direct_read;
     ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
-    auto pub = Publisher::create(ch.publisher_options()).value();
-    auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
-    HostWeights v1(odd_specs());
-    fill(v1, 43);
-    HostWeights sink = copy_of(v1);
-    ASSERT_TRUE(sink.commit(1));
-    sub->assume_version(1);
-    HostWeights v2 = copy_of(v1);
-    testing::perturb(v2, 0.5, 44);
-    auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(20s)); });
-    auto report = pub->publish(2, v2, deadline_in(20s));
-    auto r = got.get();
+    auto [pub, sub] = ch.connect("w");
+    auto sent = send_second_version(*pub, *sub, 43, 20s);
+    const auto& [report, r] = sent.transfer;
     ASSERT_FALSE(r) << "direct_read " << direct_read;
     EXPECT_NE(r.error().what().find("bucket 1"), std::string::npos) << r.error().what();
     EXPECT_NE(r.error().what().find("checksum"), std::string::npos) << r.error().what();
     ASSERT_TRUE(report);
     ASSERT_EQ(report->peers.size(), 1u);
     EXPECT_FALSE(report->peers[0].ok);
-    EXPECT_FALSE(sink.committed().has_value());
+    EXPECT_FALSE(sent.sink.committed().has_value());
     EXPECT_FALSE(sub->version().has_value());
   }
 }
@@ -336,22 +316,14 @@ TEST(WeightSyncShmPaths, RingServesSeveralReceivers) {
   po.expected_receivers = 3;
   auto pub = Publisher::create(po).value();
   std::vector<std::unique_ptr<Subscriber>> subs;
-  std::vector<HostWeights> sinks;
-  for (int k = 0; k < 3; ++k) {
-    subs.push_back(Subscriber::create(ch.subscriber_options(pub->endpoint(), "w" + std::to_string(k))).value());
-    sinks.emplace_back(odd_specs());
-  }
-  HostWeights w(odd_specs());
-  fill(w, 95);
-  std::vector<std::future<Result<ReceiveReport>>> got;
   for (int k = 0; k < 3; ++k)
-    got.push_back(std::async(std::launch::async, [&, k] { return subs[k]->receive(sinks[k], deadline_in(20s)); }));
-  auto report = pub->publish(1, w, deadline_in(20s));
+    subs.push_back(Subscriber::create(ch.subscriber_options(pub->endpoint(), "w" + std::to_string(k))).value());
+  HostWeights w = filled(95);
+  auto [report, received, sinks] = publish_to_all(*pub, 1, w, subs, 20s);
   ASSERT_TRUE(report) << report.error().what();
   for (int k = 0; k < 3; ++k) {
-    auto r = got[k].get();
-    ASSERT_TRUE(r) << r.error().what();
-    EXPECT_EQ(r->path, "shm ring");
+    ASSERT_TRUE(received[k]) << received[k].error().what();
+    EXPECT_EQ(received[k]->path, "shm ring");
     EXPECT_TRUE(same_bytes(sinks[k], w));
   }
   EXPECT_TRUE(report->all_ok());
@@ -359,10 +331,8 @@ TEST(WeightSyncShmPaths, RingServesSeveralReceivers) {
 
 TEST(WeightSyncFilesystemFaults, FlippedByteInShardRefusedPreviousKept) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
-  auto pub = Publisher::create(ch.publisher_options()).value();
-  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
-  HostWeights w(odd_specs());
-  fill(w, 51);
+  auto [pub, sub] = ch.connect("w");
+  HostWeights w = filled(51);
   HostWeights sink(odd_specs());
   ASSERT_TRUE(pub->publish(1, w, deadline_in(10s)));
   ASSERT_TRUE(sub->receive(sink, deadline_in(10s)));
@@ -394,8 +364,7 @@ TEST(WeightSyncFilesystemFaults, ManifestShardsOutsideTheVersionOrOutOfRangeAreR
   namespace fs = std::filesystem;
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
-  HostWeights w(odd_specs());
-  fill(w, 81);
+  HostWeights w = filled(81);
   ASSERT_TRUE(pub->publish(1, w, deadline_in(10s)));
   const auto manifest = ch.dir_ / "v1" / "manifest.json";
   const auto original = nlohmann::json::parse(std::ifstream(manifest));
@@ -425,8 +394,7 @@ TEST(WeightSyncFilesystemFaults, ManifestShardsOutsideTheVersionOrOutOfRangeAreR
 TEST(WeightSyncFilesystemLayout, HfShardsIndexManifestStableAndRetention) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
-  HostWeights w(odd_specs());
-  fill(w, 61);
+  HostWeights w = filled(61);
   for (Version v = 1; v <= 4; ++v) ASSERT_TRUE(pub->publish(v, w, deadline_in(10s)));
   namespace fs = std::filesystem;
   EXPECT_FALSE(fs::exists(ch.dir_ / "v1"));
@@ -442,8 +410,7 @@ TEST(WeightSyncFilesystemLayout, HfShardsIndexManifestStableAndRetention) {
 TEST(WeightSyncFilesystemLeases, LeasedVersionIsNeverRemoved) {
   Channel ch("filesystem", {}, ApplyMode::kInPlace);
   auto pub = Publisher::create(ch.publisher_options()).value();
-  HostWeights w(odd_specs());
-  fill(w, 71);
+  HostWeights w = filled(71);
   ASSERT_TRUE(pub->publish(1, w, deadline_in(10s)));
   // Hold a lease on v1 the way a reader does (flock on a file in .leases).
   const auto lease = ch.dir_ / "v1" / ".leases" / "test-holder";
@@ -462,16 +429,12 @@ class WeightSyncMismatch : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WeightSyncMismatch, ManifestRefusedBeforeAnyByteMoves) {
   Channel ch(GetParam(), {}, ApplyMode::kInPlace);
-  auto pub = Publisher::create(ch.publisher_options()).value();
-  auto sub = Subscriber::create(ch.subscriber_options(pub->endpoint(), "w")).value();
-  HostWeights w(odd_specs());
-  fill(w, 81);
+  auto [pub, sub] = ch.connect("w");
+  HostWeights w = filled(81);
   auto other = odd_specs();
   other[2].shape = {130};  // one tensor differs
   HostWeights sink(other);
-  auto got = std::async(std::launch::async, [&] { return sub->receive(sink, deadline_in(10s)); });
-  auto report = pub->publish(1, w, deadline_in(10s));
-  auto r = got.get();
+  auto [report, r] = publish_while_receiving(*pub, 1, w, *sub, sink, 10s);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), ErrorCode::kMismatch) << r.error().what();
   EXPECT_NE(r.error().what().find("model.w.f16"), std::string::npos) << r.error().what();

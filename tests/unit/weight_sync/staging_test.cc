@@ -20,10 +20,7 @@ namespace arlo::weight_sync {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::copy_of;
-using testing::fill;
-using testing::odd_specs;
-using testing::same_bytes;
+using namespace testing;
 
 // One staging publisher and the announcements it made. `hold(v)` makes the announce callback of
 // version v wait until release() (the publisher thread is busy meanwhile), so a test can stage
@@ -173,8 +170,7 @@ TEST_P(StagingPublisherTest, SupersededVersionIsNeverSent) {
   rig.options.keep_last = 8;  // room for every version: only "superseded" can keep one from going out
   rig.start();
   rig.hold(1);  // the publisher thread is busy announcing v1 while v2..v4 are staged
-  HostWeights w(odd_specs());
-  fill(w, 1);
+  HostWeights w = filled(1);
   ASSERT_TRUE(rig.pub->stage(1, w));
   ASSERT_TRUE(rig.wait_announced(1));
   for (Version v = 2; v <= 4; ++v) {
@@ -187,12 +183,7 @@ TEST_P(StagingPublisherTest, SupersededVersionIsNeverSent) {
   for (const auto& a : rig.announced()) versions.push_back(a.version);
   EXPECT_EQ(versions, (std::vector<Version>{1, 4}));
 
-  auto sub = Subscriber::create(rig.receiver("late")).value();
-  HostWeights sink(odd_specs());
-  auto r = sub->receive(sink, deadline_in(30s));
-  ASSERT_TRUE(r) << r.error().what();
-  EXPECT_EQ(r->version, 4u);
-  EXPECT_TRUE(same_bytes(sink, w));
+  ASSERT_NO_FATAL_FAILURE(expect_new_receiver_gets(rig.receiver("late"), 4, w));
   if (rig.durable()) {
     // Superseded versions were never written.
     EXPECT_FALSE(std::filesystem::exists(rig.dir() / "v2"));
@@ -213,27 +204,19 @@ TEST_P(StagingPublisherTest, LateJoinerGetsTheNewestVersion) {
   for (Version v = 1; v <= 2; ++v) {
     fill(w, 200 + v);
     ASSERT_TRUE(rig.pub->stage(v, w));
-    auto r = first->receive(sink1, deadline_in(30s));
-    ASSERT_TRUE(r) << r.error().what();
-    EXPECT_EQ(r->version, v);
-    EXPECT_TRUE(same_bytes(sink1, w));
+    ASSERT_NO_FATAL_FAILURE(expect_receives(*first, sink1, v, w));
   }
   // A receiver that comes now, or one that restarted (a fresh subscriber), gets v2.
   for (const char* name : {"late", "first"}) {
-    auto sub = Subscriber::create(rig.receiver(name)).value();
-    HostWeights sink(odd_specs());
-    auto r = sub->receive(sink, deadline_in(30s));
-    ASSERT_TRUE(r) << name << ": " << r.error().what();
-    EXPECT_EQ(r->version, 2u) << name;
-    EXPECT_TRUE(same_bytes(sink, w)) << name;
+    SCOPED_TRACE(name);
+    ASSERT_NO_FATAL_FAILURE(expect_new_receiver_gets(rig.receiver(name), 2, w));
   }
 }
 
 TEST_P(StagingPublisherTest, DeltaFromTheHeldBaseAndFullForAReceiverWithout) {
   Rig rig(GetParam(), PayloadKind::kDelta);
   rig.start();
-  HostWeights w(odd_specs());
-  fill(w, 300);
+  HostWeights w = filled(300);
   // v0: every receiver starts from the same weights (a shared seed): announced, nothing moves.
   ASSERT_TRUE(rig.pub->stage_held(0, w));
   ASSERT_TRUE(rig.pub->flush(deadline_in(30s)));
@@ -259,27 +242,16 @@ TEST_P(StagingPublisherTest, DeltaFromTheHeldBaseAndFullForAReceiverWithout) {
   }
 
   // A receiver holding nothing gets v1 in full.
-  auto fresh = Subscriber::create(rig.receiver("fresh")).value();
-  HostWeights sink2(odd_specs());
-  auto r2 = fresh->receive(sink2, deadline_in(30s));
-  ASSERT_TRUE(r2) << r2.error().what();
-  EXPECT_EQ(r2->version, 1u);
-  EXPECT_TRUE(same_bytes(sink2, w));
+  expect_new_receiver_gets(rig.receiver("fresh"), 1, w);
 }
 
 TEST_P(StagingPublisherTest, HeldVersionReachesAReceiverThatAsks) {
   Rig rig(GetParam());
   rig.start();
-  HostWeights w(odd_specs());
-  fill(w, 400);
+  HostWeights w = filled(400);
   ASSERT_TRUE(rig.pub->stage_held(0, w));
   ASSERT_TRUE(rig.pub->flush(deadline_in(30s)));
-  auto sub = Subscriber::create(rig.receiver("new")).value();
-  HostWeights sink(odd_specs());
-  auto r = sub->receive(sink, deadline_in(30s));
-  ASSERT_TRUE(r) << r.error().what();
-  EXPECT_EQ(r->version, 0u);
-  EXPECT_TRUE(same_bytes(sink, w));
+  expect_new_receiver_gets(rig.receiver("new"), 0, w);
 }
 
 TEST_P(StagingPublisherTest, FlushWaitsForTheNewestAndSaysWhenItIsLate) {
@@ -287,8 +259,7 @@ TEST_P(StagingPublisherTest, FlushWaitsForTheNewestAndSaysWhenItIsLate) {
   rig.start();
   ASSERT_TRUE(rig.pub->flush(deadline_in(1s)));  // nothing staged
   rig.hold(1);
-  HostWeights w(odd_specs());
-  fill(w, 500);
+  HostWeights w = filled(500);
   ASSERT_TRUE(rig.pub->stage(1, w));
   ASSERT_TRUE(rig.wait_announced(1));
   ASSERT_TRUE(rig.pub->stage(2, w));
@@ -318,10 +289,7 @@ TEST(StagingPublisherStreaming, ReceiverThatNeverComesHoldsNobody) {
     for (Version v = 1; v <= 3; ++v) {
       fill(w, 600 + v);
       ASSERT_TRUE(rig.pub->stage(v, w));
-      auto r = sub->receive(sink, deadline_in(30s));
-      ASSERT_TRUE(r) << r.error().what();
-      EXPECT_EQ(r->version, v);
-      EXPECT_TRUE(same_bytes(sink, w));
+      ASSERT_NO_FATAL_FAILURE(expect_receives(*sub, sink, v, w));
       auto report = rig.report_of(v);
       ASSERT_TRUE(report.has_value());
       EXPECT_EQ(report->version, v);
@@ -339,8 +307,7 @@ TEST(StagingPublisherLifecycle, DestroyedWhileServingReturnsPromptly) {
     SCOPED_TRACE(d.name);
     Rig rig(d.name);
     rig.start();
-    HostWeights w(odd_specs());
-    fill(w, 700);
+    HostWeights w = filled(700);
     ASSERT_TRUE(rig.pub->stage(1, w));
     ASSERT_TRUE(rig.pub->flush(deadline_in(30s)));
     const auto t0 = Clock::now();

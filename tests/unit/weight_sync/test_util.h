@@ -1,10 +1,16 @@
 #pragma once
-// Helpers shared by the weight_sync tests: odd tensor layouts, seeded fills, expected decodes.
+// Helpers shared by the weight_sync tests: odd tensor layouts, seeded fills, expected decodes, and
+// the transfers and checks the transport tests share.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -72,6 +78,13 @@ inline void fill(HostWeights& w, std::uint64_t seed) {
         for (std::size_t j = 0; j < es; ++j) p[j] = static_cast<std::byte>(rng() & 0xFF);
     }
   }
+}
+
+// Weights of odd_specs() filled from `seed` (as fill()).
+inline HostWeights filled(std::uint64_t seed) {
+  HostWeights w(odd_specs());
+  fill(w, seed);
+  return w;
 }
 
 // Changes about `fraction` of elements (byte-flip of the element's first byte, never a no-op).
@@ -157,6 +170,117 @@ inline bool same_bytes(const HostWeights& a, const HostWeights& b) {
   for (std::size_t t = 0; t < a.specs().size(); ++t)
     if (std::memcmp(a.bytes(t).data(), b.bytes(t).data(), a.bytes(t).size()) != 0) return false;
   return true;
+}
+
+// What one publish() and the receive() that ran beside it on another thread came to.
+struct Transfer {
+  Result<PublishReport> published;
+  Result<ReceiveReport> received;
+};
+
+// Publishes version `v` of `w` while `sub` receives into `sink` on another thread, each within
+// `timeout`; returns once both ended.
+inline Transfer publish_while_receiving(Publisher& pub, Version v, const HostWeights& w, Subscriber& sub,
+                                        HostWeights& sink, std::chrono::milliseconds timeout) {
+  auto received = std::async(std::launch::async, [&] { return sub.receive(sink, deadline_in(timeout)); });
+  auto published = pub.publish(v, w, deadline_in(timeout));
+  return {std::move(published), received.get()};
+}
+
+// What one publish() and the receives beside it came to: each subscriber's result and sink.
+struct Fanout {
+  Result<PublishReport> published;
+  std::vector<Result<ReceiveReport>> received;
+  std::vector<HostWeights> sinks;
+};
+
+// Publishes version `v` of `w` while each of `subs` receives into a new sink (w's specs) on its own
+// thread, each within `timeout`; returns once all ended.
+inline Fanout publish_to_all(Publisher& pub, Version v, const HostWeights& w,
+                             const std::vector<std::unique_ptr<Subscriber>>& subs, std::chrono::milliseconds timeout) {
+  Fanout out{make_error(ErrorCode::kInternal, "not published"), {}, {}};
+  for (std::size_t k = 0; k < subs.size(); ++k) out.sinks.emplace_back(w.specs());
+  std::vector<std::future<Result<ReceiveReport>>> got;
+  for (std::size_t k = 0; k < subs.size(); ++k)
+    got.push_back(
+        std::async(std::launch::async, [&, k] { return subs[k]->receive(out.sinks[k], deadline_in(timeout)); }));
+  out.published = pub.publish(v, w, deadline_in(timeout));
+  for (auto& g : got) out.received.push_back(g.get());
+  return out;
+}
+
+// A publisher and one subscriber that reaches it.
+struct Link {
+  std::unique_ptr<Publisher> pub;
+  std::unique_ptr<Subscriber> sub;
+};
+
+// Creates the publisher from `publisher`, then the subscriber from `receiver` with the publisher's
+// endpoint (as reaching()); throws (failing the test) where either cannot be created.
+inline Link connect(const Options& publisher, const Options& receiver) {
+  auto pub = Publisher::create(publisher).value();
+  auto sub = Subscriber::create(reaching(receiver, pub->endpoint())).value();
+  return {std::move(pub), std::move(sub)};
+}
+
+// What a receiver of two versions ended with: the weights of the last version sent, and its sink.
+struct Sent {
+  HostWeights w;
+  HostWeights sink;
+};
+
+// A run's first two steps over `link`: version 1 of odd_specs() filled from `seed`, then version 2
+// with about `changed` of the elements changed, each sent while the subscriber receives into one
+// sink (publish_while_receiving). `check(v, w, sink, transfer)` judges each; version 2 is not sent
+// after a fatal failure.
+inline Sent send_two_versions(
+    Link& link, std::uint64_t seed, double changed, std::chrono::milliseconds timeout,
+    const std::function<void(Version, const HostWeights&, const HostWeights&, const Transfer&)>& check) {
+  Sent sent{filled(seed), HostWeights(odd_specs())};
+  for (Version v : {1, 2}) {
+    if (v == 2) perturb(sent.w, changed, seed + 1);
+    check(v, sent.w, sent.sink, publish_while_receiving(*link.pub, v, sent.w, *link.sub, sent.sink, timeout));
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  return sent;
+}
+
+// A receiver already on version 1 that is sent version 2: `v1` (odd_specs() filled from `seed`),
+// `sink` (a copy of v1 committed as version 1, its subscriber told so), `v2` (v1 with half the
+// elements changed) and the transfer of v2. The start of every test of a corrupted transfer.
+struct SecondVersion {
+  HostWeights v1;
+  HostWeights v2;
+  HostWeights sink;
+  Transfer transfer;
+};
+inline SecondVersion send_second_version(Publisher& pub, Subscriber& sub, std::uint64_t seed,
+                                         std::chrono::milliseconds timeout) {
+  HostWeights v1 = filled(seed);
+  HostWeights sink = copy_of(v1);
+  EXPECT_TRUE(sink.commit(1));
+  sub.assume_version(1);
+  HostWeights v2 = copy_of(v1);
+  perturb(v2, 0.5, seed + 1);
+  auto transfer = publish_while_receiving(pub, 2, v2, sub, sink, timeout);
+  return {std::move(v1), std::move(v2), std::move(sink), std::move(transfer)};
+}
+
+// `sub` receives once into `sink` (within 30 s) and must end on version `v` holding exactly `w`.
+inline void expect_receives(Subscriber& sub, HostWeights& sink, Version v, const HostWeights& w) {
+  auto r = sub.receive(sink, deadline_in(std::chrono::seconds(30)));
+  ASSERT_TRUE(r) << r.error().what();
+  EXPECT_EQ(r->version, v);
+  EXPECT_TRUE(same_bytes(sink, w));
+}
+
+// A new subscriber with `options` receives once into a new sink and must end on version `v`
+// holding exactly `w`.
+inline void expect_new_receiver_gets(const Options& options, Version v, const HostWeights& w) {
+  auto sub = Subscriber::create(options);
+  ASSERT_TRUE(sub) << sub.error().what();
+  HostWeights sink(w.specs());
+  expect_receives(**sub, sink, v, w);
 }
 
 }  // namespace arlo::weight_sync::testing
