@@ -8,7 +8,6 @@
 
 #include <boost/asio/steady_timer.hpp>
 
-
 #include "common/http.h"
 #include "orchestrator/adapters/collective_session.h"
 #include "rollout/admin.h"
