@@ -29,13 +29,6 @@ std::string payload_name(const config::Config& cfg) {
   return p;
 }
 
-std::vector<std::string> model_flags(const config::Config& cfg) {
-  return {"--layers",  std::to_string(cfg.integer("model.layers")),
-          "--hidden",  std::to_string(cfg.integer("model.hidden")),
-          "--heads",   std::to_string(cfg.integer("model.heads")),
-          "--context", std::to_string(cfg.integer("model.context"))};
-}
-
 void append(std::vector<std::string>& to, const std::vector<std::string>& more) {
   to.insert(to.end(), more.begin(), more.end());
 }
@@ -319,6 +312,13 @@ orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_d
   append(spec.argv, trainer_settings_flags(cfg));
   spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
   return spec;
+}
+
+std::vector<std::string> model_flags(const config::Config& cfg) {
+  return {"--layers",  std::to_string(cfg.integer("model.layers")),
+          "--hidden",  std::to_string(cfg.integer("model.hidden")),
+          "--heads",   std::to_string(cfg.integer("model.heads")),
+          "--context", std::to_string(cfg.integer("model.context"))};
 }
 
 std::vector<std::string> trainer_settings_flags(const config::Config& cfg) {

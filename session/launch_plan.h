@@ -86,6 +86,10 @@ Result<std::string> run_token(const config::Config& cfg, const std::string& run_
 orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
                              int num_workers, std::uint16_t bridge_port);
 
+// The model's shape from `cfg` as arlo-worker and arlo-trainer take it (--layers, --hidden, --heads,
+// --context).
+std::vector<std::string> model_flags(const config::Config& cfg);
+
 // The flags that give arlo-trainer the run's settings from `cfg`: the model (--seed and its shape),
 // the optimizer, the importance-sampling correction and the sampling temperature. trainer_spec
 // passes them; so does whoever starts a trainer by hand as `arlo run` would (tests/cluster).

@@ -187,10 +187,7 @@ class Deployment {
     cluster = std::move(*hosts);
     for (const auto& [host, shape] : shapes)
       if (auto st = cluster->shape(host, shape); !st) return st.error().what();
-    const std::vector<std::string> model = {"--layers",  std::to_string(cfg.integer("model.layers")),
-                                            "--hidden",  std::to_string(cfg.integer("model.hidden")),
-                                            "--heads",   std::to_string(cfg.integer("model.heads")),
-                                            "--context", std::to_string(cfg.integer("model.context"))};
+    const auto model = arlo::session::model_flags(cfg);
     const std::string seed = std::to_string(cfg.integer("model.seed"));
     const std::vector<std::pair<std::string, std::string>> env = {
         {"ARLO_TOKEN_FILE", token_file.string()}, {"OMP_NUM_THREADS", "1"}, {"MKL_NUM_THREADS", "1"}};

@@ -132,13 +132,6 @@ class ClusterRun : public ::testing::Test {
 
   std::string url(int host) const { return "http://" + cluster_->address(host) + ":" + std::to_string(kHttpPort); }
 
-  std::vector<std::string> model_flags() const {
-    return {"--layers",  std::to_string(cfg_->integer("model.layers")),
-            "--hidden",  std::to_string(cfg_->integer("model.hidden")),
-            "--heads",   std::to_string(cfg_->integer("model.heads")),
-            "--context", std::to_string(cfg_->integer("model.context"))};
-  }
-
   // An arlo-worker in `host` on its own address, from seed 7 (its own v0 is not the trainer's),
   // taking weights from the hosts `sources` (the trainer's, and in a chain the other workers').
   pid_t start_worker(int host, int index, const std::vector<int>& sources) {
@@ -155,7 +148,7 @@ class ClusterRun : public ::testing::Test {
                                      "1",
                                      "--weight-sync",
                                      R"({"transport": "tcp", "peer_name": "worker-)" + std::to_string(index) + R"("})"};
-    for (const auto& f : model_flags()) argv.push_back(f);
+    for (const auto& f : arlo::session::model_flags(*cfg_)) argv.push_back(f);
     for (int s : sources) argv.insert(argv.end(), {"--allow-weights-from", cluster_->address(s)});
     return spawn(host, argv, dir_ / ("worker-" + std::to_string(index) + ".log"));
   }
