@@ -21,7 +21,7 @@
 //   #undef ARLO_REWARD
 //
 // An entry type has a `name` (what a config writes to choose it) and a static `kWhat`, what the
-// config calls such a name ("reward type"), for the error of a name that is not registered.
+// config calls such a name ("reward kind"), for the error of a name that is not registered.
 #include <cstddef>
 #include <initializer_list>
 #include <string>
@@ -81,7 +81,7 @@ class ExtensionRegistry {
   std::size_t size() const { return entries_.size(); }
   const Entry& front() const { return entries_.front(); }
 
-  // The entry named `name`; the error lists the registered names: "unknown reward type 'x': use
+  // The entry named `name`; the error lists the registered names: "unknown reward kind 'x': use
   // exact_match, ... or weighted".
   Result<const Entry*> find(std::string_view name) const {
     if (const Entry* e = find_entry(*this, name)) return e;

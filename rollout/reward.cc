@@ -8,6 +8,8 @@
 
 #include "rollout/reward.h"
 
+#include "common/log.h"
+
 namespace arlo::rollout {
 
 Result<std::vector<Score>> RewardModule::score_group(const Task& task, std::span<const Rollout> group) {
@@ -79,35 +81,37 @@ bool takes_config_whole(std::string_view type) {
 }
 
 // Accepts the config schema's shape ({kind, weight, path, url, pattern, config: {...}}) as well as
-// the flat one ({type, ...options}): "kind" means "type"; a built-in's options may sit in "config"
-// (unless the kind takes "config" whole: plugin); string config keys left empty are ignored.
+// the flat one ({kind, ...options}); "type", the former name of "kind", is read for one release with
+// a warning. A built-in's options may sit in "config" (unless the kind takes "config" whole:
+// plugin); string config keys left empty are ignored.
 Result<Json> normalize_spec(const Json& in) {
   if (!in.is_object())
     return make_error(ErrorCode::kInvalidArgument, "reward spec: expected an object with 'kind' (or 'type')");
   Json spec = in;
-  if (spec.contains("kind")) {
-    if (spec.contains("type"))
-      return make_error(ErrorCode::kInvalidArgument, "reward spec: give 'kind' or 'type', not both");
-    spec["type"] = spec["kind"];
-    spec.erase("kind");
+  if (spec.contains("type")) {
+    if (spec.contains("kind"))
+      return make_error(ErrorCode::kInvalidArgument, "reward spec: give 'kind' (or its former name 'type'), not both");
+    ARLO_WARN("reward spec: 'type' is the former name of 'kind' (read this release; write kind)");
+    spec["kind"] = spec["type"];
+    spec.erase("type");
   }
-  if (!spec.contains("type") || !spec["type"].is_string())
+  if (!spec.contains("kind") || !spec["kind"].is_string())
     return make_error(ErrorCode::kInvalidArgument,
                       "reward spec: needs a string 'kind' (exact_match, numeric_match, ...)");
   for (auto it = spec.begin(); it != spec.end();)
     it = is_empty_config_key(it.key(), it.value()) ? spec.erase(it) : std::next(it);
-  const std::string type = spec["type"].get<std::string>();
-  const bool whole = takes_config_whole(type);
+  const std::string kind = spec["kind"].get<std::string>();
+  const bool whole = takes_config_whole(kind);
   if (spec.contains("config") && !whole) {
     const Json config = spec["config"];
     spec.erase("config");
     if (!config.is_object())
       return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("reward '{}': 'config' must be a mapping of options", type));
+                        fmt::format("reward '{}': 'config' must be a mapping of options", kind));
     for (const auto& [k, v] : config.items()) {
       if (spec.contains(k))
         return make_error(ErrorCode::kInvalidArgument,
-                          fmt::format("reward '{}': option '{}' given twice (in and out of config)", type, k));
+                          fmt::format("reward '{}': option '{}' given twice (in and out of config)", kind, k));
       spec[k] = v;
     }
   }
@@ -119,16 +123,16 @@ Result<Json> normalize_spec(const Json& in) {
 }  // namespace
 
 Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& raw) {
-  if (raw.is_array()) return make_reward_module(Json{{"type", "weighted"}, {"modules", raw}});
+  if (raw.is_array()) return make_reward_module(Json{{"kind", "weighted"}, {"modules", raw}});
   ARLO_ASSIGN_OR_RETURN(const Json spec, normalize_spec(raw));
-  const std::string type = spec["type"].get<std::string>();
-  const std::string who = fmt::format("reward '{}'", type);
+  const std::string kind_name = spec["kind"].get<std::string>();
+  const std::string who = fmt::format("reward '{}'", kind_name);
   if (spec.contains("name") && !spec["name"].is_string())
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("{}: option 'name' has the wrong type ({})", who, spec["name"].dump()));
-  ARLO_ASSIGN_OR_RETURN(const RewardKind* kind, find_reward_kind(type));
-  ARLO_ASSIGN_OR_RETURN(const Json options, resolve_options(who, kind->options, spec, {"type", "name", "weight"}));
-  return kind->make(RewardSpec{options, spec.value("name", type), spec.contains("name")});
+  ARLO_ASSIGN_OR_RETURN(const RewardKind* kind, find_reward_kind(kind_name));
+  ARLO_ASSIGN_OR_RETURN(const Json options, resolve_options(who, kind->options, spec, {"kind", "name", "weight"}));
+  return kind->make(RewardSpec{options, spec.value("name", kind_name), spec.contains("name")});
 }
 
 }  // namespace arlo::rollout

@@ -7,19 +7,20 @@
 // timeout and rejects non-finite rewards, then applies the configured failure policy.
 //
 // Modules are built from a JSON spec (the orchestrator converts its YAML section):
-//   {"type": "exact_match"}                                 trimmed completion == answer
-//   {"type": "numeric_match", "rel_tol": 1e-6, "abs_tol": 1e-9}  last number in completion == answer
-//   {"type": "lcs_ratio"}                                   2*LCS/(|completion|+|answer|)
-//   {"type": "regex_match", "pattern": "...", "compare_answer": false}
-//   {"type": "length_penalty", "max_tokens": 256, "free_tokens": 0, "coef": 1.0}
-//   {"type": "plugin", "path": "libmy_reward.so", "config": "<string or JSON>", "isolate": "none",
+//   {"kind": "exact_match"}                                 trimmed completion == answer
+//   {"kind": "numeric_match", "rel_tol": 1e-6, "abs_tol": 1e-9}  last number in completion == answer
+//   {"kind": "lcs_ratio"}                                   2*LCS/(|completion|+|answer|)
+//   {"kind": "regex_match", "pattern": "...", "compare_answer": false}
+//   {"kind": "length_penalty", "max_tokens": 256, "free_tokens": 0, "coef": 1.0}
+//   {"kind": "plugin", "path": "libmy_reward.so", "config": "<string or JSON>", "isolate": "none",
 //    "timeout_s": 30}                                        isolate: none | process (rollout/reward_process.h)
-//   {"type": "http", "url": "http://127.0.0.1:9000/score", "timeout_s": 10}
-//   {"type": "weighted", "modules": [{"type": ..., "weight": 0.8, "name": "acc"}, ...]}
-// A list of specs is shorthand for "weighted". Every spec accepts "name" (default: its type),
-// used as the metric prefix. The config schema's form is accepted too: "kind" for "type", a
-// built-in's options inside "config" ({kind: numeric_match, config: {rel_tol: 1e-3}}), and empty
-// "path"/"url"/"pattern" values are ignored (so reward.modules converted to JSON works as is).
+//   {"kind": "http", "url": "http://127.0.0.1:9000/score", "timeout_s": 10}
+//   {"kind": "weighted", "modules": [{"kind": ..., "weight": 0.8, "name": "acc"}, ...]}
+// A list of specs is shorthand for "weighted". Every spec accepts "name" (default: its kind), used
+// as the metric prefix. "type", the former name of "kind", is read for one release with a warning.
+// The config schema's form is accepted too: a built-in's options inside "config" ({kind:
+// numeric_match, config: {rel_tol: 1e-3}}), and empty "path"/"url"/"pattern" values are ignored (so
+// reward.modules converted to JSON works as is).
 //
 // Each built-in kind is one file under rollout/rewards/ defining `RewardKind <name>_reward()` and one
 // line in rollout/rewards/registry.inc; the factory, reward.modules[].kind and its config keys and
@@ -61,7 +62,7 @@ class RewardModule {
 Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& spec);
 
 // What a kind's factory gets: its options checked and defaulted (extension.h resolve_options; the
-// spec's "type", "name" and "weight" stay in it), and the metric prefix.
+// spec's "kind", "name" and "weight" stay in it), and the metric prefix.
 struct RewardSpec {
   const Json& options;
   std::string name;    // the spec's "name", else the kind's name
@@ -70,9 +71,9 @@ struct RewardSpec {
 
 // One registered kind of reward module.
 struct RewardKind {
-  // What a config calls a name, in errors: "unknown reward type 'x': use ...".
-  static constexpr const char* kWhat = "reward type";
-  std::string name;  // the spec's "type" and reward.modules[].kind
+  // What a config calls a name, in errors: "unknown reward kind 'x': use ...".
+  static constexpr const char* kWhat = "reward kind";
+  std::string name;  // the spec's "kind" (reward.modules[].kind)
   std::string doc;   // one line for docs/configuration.md
   // Options: those marked config_key are keys of a reward.modules item (path, url, pattern); the
   // others go in the item's `config` map. A kind with an option named "config" takes that map whole.

@@ -53,7 +53,7 @@ TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
   const fs::path lib = out / "libarlo_keyword_reward.so";
   ASSERT_TRUE(fs::exists(lib)) << slurp(log);
 
-  auto module = make_reward_module({{"type", "plugin"}, {"path", lib.string()}, {"config", "keyword=cba;bonus=0.5"}});
+  auto module = make_reward_module({{"kind", "plugin"}, {"path", lib.string()}, {"config", "keyword=cba;bonus=0.5"}});
   ASSERT_TRUE(module) << module.error().what();
   EXPECT_EQ((*module)->name(), "keyword");  // the plugin table names it
   Task t;
@@ -78,7 +78,7 @@ TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
   ASSERT_TRUE(s) << s.error().what();
   EXPECT_EQ(s->reward, 1.25);
 
-  auto bad = make_reward_module({{"type", "plugin"}, {"path", lib.string()}, {"config", "nope"}});
+  auto bad = make_reward_module({{"kind", "plugin"}, {"path", lib.string()}, {"config", "nope"}});
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().what().find("config must be"), std::string::npos) << bad.error().what();
   fs::remove_all(root);

@@ -36,7 +36,7 @@ using test::group;
 using test::task;
 
 std::shared_ptr<RewardModule> load(const std::string& mode) {
-  auto m = make_reward_module({{"type", "plugin"}, {"path", ARLO_TEST_PLUGIN_PATH}, {"config", mode}});
+  auto m = make_reward_module({{"kind", "plugin"}, {"path", ARLO_TEST_PLUGIN_PATH}, {"config", mode}});
   EXPECT_TRUE(m) << (m ? "" : m.error().what());
   return m ? std::shared_ptr<RewardModule>(std::move(*m)) : nullptr;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "rollout/reward.h"
+#include "tests/log_capture.h"
 
 namespace arlo::rollout {
 namespace {
@@ -33,14 +34,14 @@ double score_of(const Json& spec, const Task& t, const Rollout& r) {
 }
 
 TEST(Rewards, ExactMatchTrimsAndOptionallyIgnoresCase) {
-  EXPECT_EQ(score_of({{"type", "exact_match"}}, task("68"), sample(" 68\n")), 1.0);
-  EXPECT_EQ(score_of({{"type", "exact_match"}}, task("68"), sample("6 8")), 0.0);
-  EXPECT_EQ(score_of({{"type", "exact_match"}}, task("Abc"), sample("abc")), 0.0);
-  EXPECT_EQ(score_of({{"type", "exact_match"}, {"case_sensitive", false}}, task("Abc"), sample("abc")), 1.0);
+  EXPECT_EQ(score_of({{"kind", "exact_match"}}, task("68"), sample(" 68\n")), 1.0);
+  EXPECT_EQ(score_of({{"kind", "exact_match"}}, task("68"), sample("6 8")), 0.0);
+  EXPECT_EQ(score_of({{"kind", "exact_match"}}, task("Abc"), sample("abc")), 0.0);
+  EXPECT_EQ(score_of({{"kind", "exact_match"}, {"case_sensitive", false}}, task("Abc"), sample("abc")), 1.0);
 }
 
 TEST(Rewards, NumericMatchUsesTheLastNumber) {
-  const Json spec = {{"type", "numeric_match"}};
+  const Json spec = {{"kind", "numeric_match"}};
   EXPECT_EQ(score_of(spec, task("68"), sample("23+45 is 68.")), 1.0);
   EXPECT_EQ(score_of(spec, task("1234"), sample("the answer: 1,234")), 1.0);
   EXPECT_EQ(score_of(spec, task("0.5"), sample("0.50000001")), 1.0);
@@ -56,32 +57,32 @@ TEST(Rewards, NumericMatchUsesTheLastNumber) {
 TEST(Rewards, LcsRatioIsTwiceLcsOverTotalLength) {
   EXPECT_EQ(lcs_length("abcde", "ace"), 3u);
   // "cba" vs "cab": LCS 2 -> 2*2/6.
-  EXPECT_NEAR(score_of({{"type", "lcs_ratio"}}, task("cba"), sample("cab")), 4.0 / 6.0, 1e-12);
-  EXPECT_EQ(score_of({{"type", "lcs_ratio"}}, task("cba"), sample("cba")), 1.0);
-  EXPECT_EQ(score_of({{"type", "lcs_ratio"}}, task("abc"), sample("")), 0.0);
+  EXPECT_NEAR(score_of({{"kind", "lcs_ratio"}}, task("cba"), sample("cab")), 4.0 / 6.0, 1e-12);
+  EXPECT_EQ(score_of({{"kind", "lcs_ratio"}}, task("cba"), sample("cba")), 1.0);
+  EXPECT_EQ(score_of({{"kind", "lcs_ratio"}}, task("abc"), sample("")), 0.0);
 }
 
 TEST(Rewards, RegexMatchAndCapturedAnswer) {
-  EXPECT_EQ(score_of({{"type", "regex_match"}, {"pattern", "^\\d+$"}}, task(""), sample("123")), 1.0);
-  EXPECT_EQ(score_of({{"type", "regex_match"}, {"pattern", "^\\d+$"}}, task(""), sample("12a")), 0.0);
-  const Json cmp = {{"type", "regex_match"}, {"pattern", "<answer>(.*)</answer>"}, {"compare_answer", true}};
+  EXPECT_EQ(score_of({{"kind", "regex_match"}, {"pattern", "^\\d+$"}}, task(""), sample("123")), 1.0);
+  EXPECT_EQ(score_of({{"kind", "regex_match"}, {"pattern", "^\\d+$"}}, task(""), sample("12a")), 0.0);
+  const Json cmp = {{"kind", "regex_match"}, {"pattern", "<answer>(.*)</answer>"}, {"compare_answer", true}};
   EXPECT_EQ(score_of(cmp, task("42"), sample("think <answer>42</answer>")), 1.0);
   EXPECT_EQ(score_of(cmp, task("42"), sample("<answer>41</answer>")), 0.0);
-  auto bad = make_reward_module({{"type", "regex_match"}, {"pattern", "(unclosed"}});
+  auto bad = make_reward_module({{"kind", "regex_match"}, {"pattern", "(unclosed"}});
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().what().find("bad pattern"), std::string::npos);
 }
 
 TEST(Rewards, LengthPenaltyScalesBetweenFreeAndMaxTokens) {
-  const Json spec = {{"type", "length_penalty"}, {"max_tokens", 110}, {"free_tokens", 10}, {"coef", 0.5}};
+  const Json spec = {{"kind", "length_penalty"}, {"max_tokens", 110}, {"free_tokens", 10}, {"coef", 0.5}};
   EXPECT_EQ(score_of(spec, task(""), sample("", 10)), 0.0);
   EXPECT_NEAR(score_of(spec, task(""), sample("", 60)), -0.25, 1e-12);
   EXPECT_NEAR(score_of(spec, task(""), sample("", 500)), -0.5, 1e-12);
 }
 
 TEST(Rewards, WeightedCompositionSumsAndPrefixesMetrics) {
-  const Json spec = Json::array({{{"type", "exact_match"}, {"weight", 0.8}, {"name", "acc"}},
-                                 {{"type", "length_penalty"}, {"weight", 0.5}, {"max_tokens", 10}}});
+  const Json spec = Json::array({{{"kind", "exact_match"}, {"weight", 0.8}, {"name", "acc"}},
+                                 {{"kind", "length_penalty"}, {"weight", 0.5}, {"max_tokens", 10}}});
   auto m = make_reward_module(spec);
   ASSERT_TRUE(m) << m.error().what();
   auto s = (*m)->score(task("ab"), sample("ab", 5));
@@ -114,20 +115,31 @@ TEST(Rewards, AcceptsTheConfigSchemaShape) {
 }
 
 TEST(Rewards, FactoryErrorsNameTheProblem) {
-  auto r = make_reward_module({{"type", "exact_macth"}});
+  auto r = make_reward_module({{"kind", "exact_macth"}});
   ASSERT_FALSE(r);
-  EXPECT_NE(r.error().what().find("unknown reward type 'exact_macth'"), std::string::npos);
-  r = make_reward_module({{"type", "exact_match"}, {"casesensitive", true}});
+  EXPECT_NE(r.error().what().find("unknown reward kind 'exact_macth'"), std::string::npos);
+  r = make_reward_module({{"kind", "exact_match"}, {"casesensitive", true}});
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what().find("unknown option 'casesensitive'"), std::string::npos) << r.error().what();
-  r = make_reward_module({{"type", "numeric_match"}, {"rel_tol", "big"}});
+  r = make_reward_module({{"kind", "numeric_match"}, {"rel_tol", "big"}});
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what().find("wrong type"), std::string::npos);
-  r = make_reward_module(Json::array({{{"type", "exact_match"}}, {{"type", "nope"}}}));
+  r = make_reward_module(Json::array({{{"kind", "exact_match"}}, {{"kind", "nope"}}}));
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().what().find("modules[1]"), std::string::npos) << r.error().what();
-  r = make_reward_module({{"type", "http"}, {"url", "ftp://x"}});
+  r = make_reward_module({{"kind", "http"}, {"url", "ftp://x"}});
   ASSERT_FALSE(r);
+}
+
+// "type", the former name of "kind", builds the same module for one release and says so.
+TEST(Rewards, TheFormerNameTypeIsReadWithAWarningNamingKind) {
+  auto& log = test_log::log_capture();
+  const auto before = log.count("'type' is the former name of 'kind'");
+  EXPECT_EQ(score_of({{"type", "exact_match"}}, task("68"), sample(" 68\n")), 1.0);
+  EXPECT_EQ(log.count("'type' is the former name of 'kind'"), before + 1);
+  auto both = make_reward_module({{"type", "exact_match"}, {"kind", "lcs_ratio"}});
+  ASSERT_FALSE(both);
+  EXPECT_EQ(both.error().message(), "reward spec: give 'kind' (or its former name 'type'), not both");
 }
 
 TEST(Rewards, RegistryHoldsEachKindOnceAndItsErrorsListThem) {
@@ -141,30 +153,30 @@ TEST(Rewards, RegistryHoldsEachKindOnceAndItsErrorsListThem) {
   EXPECT_EQ(names, (std::vector<std::string>{"exact_match", "numeric_match", "lcs_ratio", "regex_match",
                                              "length_penalty", "plugin", "http", "weighted"}));
   // The messages users saw before the registry, word for word.
-  auto r = make_reward_module({{"type", "nope"}});
+  auto r = make_reward_module({{"kind", "nope"}});
   ASSERT_FALSE(r);
   EXPECT_EQ(
       r.error().message(),
-      "unknown reward type 'nope': use exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin, "
+      "unknown reward kind 'nope': use exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin, "
       "http or weighted");
-  r = make_reward_module({{"type", "numeric_match"}, {"tol", 1}});
+  r = make_reward_module({{"kind", "numeric_match"}, {"tol", 1}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message(),
-            "reward 'numeric_match': unknown option 'tol' (known: type, name, weight, rel_tol, abs_tol)");
-  r = make_reward_module({{"type", "lcs_ratio"}, {"x", 1}});
+            "reward 'numeric_match': unknown option 'tol' (known: kind, name, weight, rel_tol, abs_tol)");
+  r = make_reward_module({{"kind", "lcs_ratio"}, {"x", 1}});
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error().message(), "reward 'lcs_ratio': unknown option 'x' (known: type, name, weight)");
-  r = make_reward_module({{"type", "exact_match"}, {"case_sensitive", 1}});
+  EXPECT_EQ(r.error().message(), "reward 'lcs_ratio': unknown option 'x' (known: kind, name, weight)");
+  r = make_reward_module({{"kind", "exact_match"}, {"case_sensitive", 1}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message(), "reward 'exact_match': option 'case_sensitive' has the wrong type (1)");
-  r = make_reward_module({{"type", "regex_match"}});
+  r = make_reward_module({{"kind", "regex_match"}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message(), "reward 'regex_match': needs 'pattern'");
   r = make_reward_module({{"kind", "plugin"}, {"path", ""}, {"config", Json::object()}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message(), "reward 'plugin': needs 'path' to a shared library");
   // Defaults come from the kind's declared options: length_penalty's max_tokens is 256.
-  EXPECT_NEAR(score_of({{"type", "length_penalty"}, {"free_tokens", 0}}, task(""), sample("", 128)), -0.5, 1e-12);
+  EXPECT_NEAR(score_of({{"kind", "length_penalty"}, {"free_tokens", 0}}, task(""), sample("", 128)), -0.5, 1e-12);
 }
 
 }  // namespace
