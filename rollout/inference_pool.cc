@@ -46,7 +46,7 @@ bool retryable(ErrorCode code) {
 
 }  // namespace
 
-HttpInferencePool::HttpInferencePool(asio::io_context& io, PoolOptions options)
+InferencePool::InferencePool(asio::io_context& io, PoolOptions options)
     : io_(io),
       options_(std::move(options)),
       clock_(pick_clock(io, options_, own_clock_)),
@@ -54,19 +54,19 @@ HttpInferencePool::HttpInferencePool(asio::io_context& io, PoolOptions options)
       health_timer_(io),
       alive_(std::make_shared<bool>(true)) {}
 
-HttpInferencePool::~HttpInferencePool() {
+InferencePool::~InferencePool() {
   *alive_ = false;
   running_ = false;
   health_timer_.cancel();
 }
 
-HttpInferencePool::Server* HttpInferencePool::find(const std::string& url) {
+InferencePool::Server* InferencePool::find(const std::string& url) {
   for (auto& s : servers_)
     if (s->url == url) return s.get();
   return nullptr;
 }
 
-void HttpInferencePool::add_server(const std::string& base_url) {
+void InferencePool::add_server(const std::string& base_url) {
   const std::string url = strip_slash(base_url);
   Server* s = find(url);
   if (s) {
@@ -94,7 +94,7 @@ void HttpInferencePool::add_server(const std::string& base_url) {
   }
 }
 
-void HttpInferencePool::remove_server(const std::string& base_url) {
+void InferencePool::remove_server(const std::string& base_url) {
   Server* s = find(strip_slash(base_url));
   if (!s || s->removed) return;
   s->removed = true;
@@ -102,14 +102,14 @@ void HttpInferencePool::remove_server(const std::string& base_url) {
   ARLO_INFO("inference pool: server {} left ({} requests still in flight finish there)", s->url, s->outstanding);
 }
 
-std::vector<std::string> HttpInferencePool::servers() const {
+std::vector<std::string> InferencePool::servers() const {
   std::vector<std::string> out;
   for (const auto& s : servers_)
     if (!s->removed) out.push_back(s->url);
   return out;
 }
 
-std::vector<ServerStatus> HttpInferencePool::status() const {
+std::vector<ServerStatus> InferencePool::status() const {
   std::vector<ServerStatus> out;
   for (const auto& s : servers_)
     out.push_back({s->url, s->healthy && !s->circuit_open, s->circuit_open, s->removed, s->outstanding, s->completed,
@@ -117,18 +117,18 @@ std::vector<ServerStatus> HttpInferencePool::status() const {
   return out;
 }
 
-void HttpInferencePool::start() {
+void InferencePool::start() {
   if (running_) return;
   running_ = true;
   asio::co_spawn(io_, health_loop(alive_), asio::detached);
 }
 
-void HttpInferencePool::stop() {
+void InferencePool::stop() {
   running_ = false;
   health_timer_.cancel();
 }
 
-HttpInferencePool::Server* HttpInferencePool::pick(const std::string& key, const std::vector<std::string>& tried) {
+InferencePool::Server* InferencePool::pick(const std::string& key, const std::vector<std::string>& tried) {
   auto usable = [](const Server& s) { return !s.removed && s.healthy && !s.circuit_open; };
   auto was_tried = [&](const Server& s) { return std::find(tried.begin(), tried.end(), s.url) != tried.end(); };
   if (!key.empty()) {
@@ -150,7 +150,7 @@ HttpInferencePool::Server* HttpInferencePool::pick(const std::string& key, const
   return best;
 }
 
-void HttpInferencePool::remember_affinity(const std::string& key, const std::string& url) {
+void InferencePool::remember_affinity(const std::string& key, const std::string& url) {
   if (key.empty()) return;
   auto [it, inserted] = affinity_.insert_or_assign(key, url);
   if (!inserted) return;
@@ -161,13 +161,13 @@ void HttpInferencePool::remember_affinity(const std::string& key, const std::str
   }
 }
 
-void HttpInferencePool::on_success(Server& s) {
+void InferencePool::on_success(Server& s) {
   ++s.completed;
   s.consecutive_failures = 0;
   if (!s.circuit_open) s.healthy = true;
 }
 
-void HttpInferencePool::on_failure(Server& s, const Error& why) {
+void InferencePool::on_failure(Server& s, const Error& why) {
   ++s.failed;
   ++s.consecutive_failures;
   ARLO_WARN_EVERY(5.0, "inference server {} failed ({} in a row): {}", s.url, s.consecutive_failures, why.what());
@@ -175,7 +175,7 @@ void HttpInferencePool::on_failure(Server& s, const Error& why) {
     open_circuit(s, fmt::format("after {} consecutive failures", s.consecutive_failures));
 }
 
-void HttpInferencePool::open_circuit(Server& s, const std::string& why) {
+void InferencePool::open_circuit(Server& s, const std::string& why) {
   s.circuit_open = true;
   s.healthy = false;
   s.backoff = options_.open_backoff_initial;
@@ -189,7 +189,7 @@ void HttpInferencePool::open_circuit(Server& s, const std::string& why) {
   }
 }
 
-asio::awaitable<bool> HttpInferencePool::probe(Server& s) {
+asio::awaitable<bool> InferencePool::probe(Server& s) {
   if (s.probing) co_return s.healthy;
   s.probing = true;
   auto alive = alive_;
@@ -230,7 +230,7 @@ asio::awaitable<bool> HttpInferencePool::probe(Server& s) {
   co_return ok;
 }
 
-asio::awaitable<void> HttpInferencePool::recover(Server& s, std::shared_ptr<bool> alive) {
+asio::awaitable<void> InferencePool::recover(Server& s, std::shared_ptr<bool> alive) {
   while (*alive && running_ && s.circuit_open && !s.removed) {
     co_await cancellable_sleep_until(io_.get_executor(), *clock_, clock_->now() + s.backoff);
     if (!*alive || !running_) co_return;
@@ -242,14 +242,14 @@ asio::awaitable<void> HttpInferencePool::recover(Server& s, std::shared_ptr<bool
   if (*alive) s.recovering = false;
 }
 
-asio::awaitable<void> HttpInferencePool::check_all() {
+asio::awaitable<void> InferencePool::check_all() {
   std::vector<asio::awaitable<bool>> probes;
   for (auto& s : servers_)
     if (!s->removed && !s->recovering) probes.push_back(probe(*s));
   co_await when_all(std::move(probes));
 }
 
-asio::awaitable<void> HttpInferencePool::health_loop(std::shared_ptr<bool> alive) {
+asio::awaitable<void> InferencePool::health_loop(std::shared_ptr<bool> alive) {
   while (*alive && running_) {
     co_await check_all();
     if (!*alive || !running_) co_return;
@@ -265,7 +265,7 @@ asio::awaitable<void> HttpInferencePool::health_loop(std::shared_ptr<bool> alive
 
 // Waits health_interval on the pool's clock; stop() (or the destructor) cuts the wait short by
 // cancelling health_timer_.
-asio::awaitable<void> HttpInferencePool::wait_health_interval(std::shared_ptr<bool> alive) {
+asio::awaitable<void> InferencePool::wait_health_interval(std::shared_ptr<bool> alive) {
   health_timer_.expires_at(asio::steady_timer::time_point::max());
   auto due = clock_->schedule(clock_->now() + options_.health_interval, [this, alive] {
     if (*alive) health_timer_.cancel();
@@ -274,7 +274,7 @@ asio::awaitable<void> HttpInferencePool::wait_health_interval(std::shared_ptr<bo
   co_await health_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
 }
 
-asio::awaitable<Result<Completion>> HttpInferencePool::submit(CompletionRequest request, Duration timeout) {
+asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest request, Duration timeout) {
   auto alive = alive_;
   const auto end = clock_->now() + timeout;
   const std::string path = endpoint_path(request);

@@ -1,8 +1,8 @@
 #pragma once
 // Sending completion requests to a fleet of OpenAI-compatible inference servers.
 //
-// InferencePool is the interface the orchestrator uses (fakes implement it in unit tests).
-// HttpInferencePool is the real one:
+// InferencePool (the orchestrator reaches it through orch::adapters::RolloutInference; its unit
+// tests fake the orchestrator's InferencePort, not this):
 //   - routing: least outstanding requests among usable servers, with group affinity (requests with
 //     the same affinity_key go to the same server while it stays usable, for its prefix cache);
 //   - a deadline on every request covering all attempts;
@@ -55,16 +55,6 @@ struct ServerStatus {
   bool silent = false;
 };
 
-class InferencePool {
- public:
-  virtual ~InferencePool() = default;
-  // Sends one request; completes exactly once. Errors: kTimeout (deadline passed), kUnavailable
-  // (no usable server, or all attempts failed), kParse / kInvalidArgument for a 4xx or bad answer
-  // (not retried: the request itself is wrong).
-  virtual boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration timeout) = 0;
-  virtual std::vector<ServerStatus> status() const = 0;
-};
-
 struct PoolOptions {
   Duration health_interval = std::chrono::seconds(2);
   Duration health_timeout = std::chrono::seconds(2);
@@ -84,10 +74,10 @@ struct PoolOptions {
   arlo::Clock* clock = nullptr;
 };
 
-class HttpInferencePool final : public InferencePool {
+class InferencePool {
  public:
-  HttpInferencePool(boost::asio::io_context& io, PoolOptions options = {});
-  ~HttpInferencePool() override;
+  InferencePool(boost::asio::io_context& io, PoolOptions options = {});
+  ~InferencePool();
 
   // base_url: "http://host:port". Adding a known URL again revives it if it was removed.
   void add_server(const std::string& base_url);
@@ -99,8 +89,11 @@ class HttpInferencePool final : public InferencePool {
   // Stops health checks and wakes waiters; in-flight requests finish on their own deadlines.
   void stop();
 
-  boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration timeout) override;
-  std::vector<ServerStatus> status() const override;
+  // Sends one request; completes exactly once. Errors: kTimeout (deadline passed), kUnavailable
+  // (no usable server, or all attempts failed), kParse / kInvalidArgument for a 4xx or bad answer
+  // (not retried: the request itself is wrong).
+  boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration timeout);
+  std::vector<ServerStatus> status() const;
 
   // Health-checks every server now (used by start(); handy in tests). Completes when all answered.
   boost::asio::awaitable<void> check_all();

@@ -175,7 +175,7 @@ class RunSession::Impl {
     const rollout::AdminDialectInfo& dialect = **found;
     // Requests to the workers live on their own thread (see IoThread); the loop only orchestrates.
     IoThread network(kNetworkThreadNice);
-    rollout::HttpInferencePool pool(network.context(), pool_options());
+    rollout::InferencePool pool(network.context(), pool_options());
     struct StopNetworkFirst {  // before the pool and its clients are destroyed, on every path
       IoThread& network;
       ~StopNetworkFirst() { network.stop(); }
@@ -202,7 +202,7 @@ class RunSession::Impl {
   // What execute() built, for the loop that runs it.
   struct Adapters {
     IoThread& network;
-    rollout::HttpInferencePool& pool;
+    rollout::InferencePool& pool;
     orch::adapters::RolloutInference& inference;
     RunTasks& tasks;
     orch::adapters::RolloutScorer& scorer;
@@ -236,7 +236,7 @@ class RunSession::Impl {
 
   // Adds every planned worker to the pool and returns one admin client per worker, in plan order:
   // the adapter of `dialect` (inference.kind's registry entry, rollout/admin_dialects/).
-  std::vector<std::unique_ptr<rollout::AdminClient>> add_workers(rollout::HttpInferencePool& pool,
+  std::vector<std::unique_ptr<rollout::AdminClient>> add_workers(rollout::InferencePool& pool,
                                                                  const rollout::AdminDialectInfo& dialect) const {
     std::vector<std::unique_ptr<rollout::AdminClient>> admins;
     rollout::AdminOptions ao;
@@ -315,7 +315,7 @@ class RunSession::Impl {
 
   // Workers healthy, then the orchestrator, the bridge and the trainer, in that order (see the top
   // of this file); then waits for the end and stops everything.
-  Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::HttpInferencePool& pool, IoThread& network,
+  Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::InferencePool& pool, IoThread& network,
                         bridge::BridgeServer& server, asio::signal_set& signals) {
     spawn_child_watch(orchestrator);  // from the start: a worker that dies while starting is restarted too
     {  // embedded or external: every worker answers /health before anything is sent to it

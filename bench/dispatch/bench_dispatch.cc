@@ -4,7 +4,7 @@
 // asyncio + httpx client issuing the same requests to the same server in the same run.
 //
 // The orchestrator is wired as `arlo run` wires it: its loop on the main thread, the worker pool
-// (rollout::HttpInferencePool behind the RolloutInference adapter) on a network thread. "CPU per
+// (rollout::InferencePool behind the RolloutInference adapter) on a network thread. "CPU per
 // rollout" is the CPU time of both threads (CLOCK_THREAD_CPUTIME_ID): scheduling, HTTP client,
 // JSON, accounting, batching; "lag" is that of the orchestrator's loop. The server runs on a third
 // thread. The trainer accepts at once and publishes each version, so weight updates (admin calls
@@ -43,6 +43,7 @@
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/advantages.h"
+#include "tests/unit/orchestrator/fakes.h"
 
 namespace asio = boost::asio;
 using namespace arlo;
@@ -78,24 +79,13 @@ http::Response complete(const http::Request& req) {
       {{"id", "cmpl"}, {"object", "text_completion"}, {"choices", choices}, {"prompt_token_ids", (*body)["prompt"]}});
 }
 
-class SyntheticTasks final : public TaskSource {
- public:
-  Result<Task> next() override {
-    const auto n = next_++;
-    Task t;
-    t.id = std::to_string(n);
-    t.prompt_tokens = {101, 2023, 2003, 1037, 2460, 25732, static_cast<std::int32_t>(n % 30000)};
-    return t;
-  }
-  nlohmann::json cursor() const override { return {{"next", next_}}; }
-  Status restore(const nlohmann::json& c) override {
-    next_ = c.at("next").get<std::uint64_t>();
-    return ok();
-  }
-
- private:
-  std::uint64_t next_ = 0;
-};
+// Task n: a seven-token prompt, the last token n's own.
+Task synthetic_task(std::uint64_t n) {
+  Task t;
+  t.id = std::to_string(n);
+  t.prompt_tokens = {101, 2023, 2003, 1037, 2460, 25732, static_cast<std::int32_t>(n % 30000)};
+  return t;
+}
 
 // Parity reward, scored inline (the scoring cost of a real reward module is not what we measure).
 class ParityScorer final : public ScorerPort {
@@ -142,14 +132,14 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   IoThread network(kNetworkThreadNice);
   rollout::PoolOptions po;
   po.client.max_idle_per_host = static_cast<std::size_t>(inflight);
-  rollout::HttpInferencePool pool(network.context(), po);
+  rollout::InferencePool pool(network.context(), po);
   const std::string url = fmt::format("http://127.0.0.1:{}", port);
   pool.add_server(url);
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url, {}));
   adapters::RolloutInference inference(pool, std::move(admins), {}, "policy", network.executor());
   network.run_and_wait([&] { pool.start(); });
-  SyntheticTasks tasks;
+  testing::NumberedTasks tasks(synthetic_task);
   ParityScorer scorer;
   InstantTrainer trainer(io);
   Options opt;

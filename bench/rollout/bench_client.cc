@@ -2,7 +2,7 @@
 //
 // Starts a trivial OpenAI-compatible server in a child process (so its CPU is not counted), then for
 // each concurrency level drives the same completion load twice:
-//   arlo    HttpInferencePool::submit on one io_context thread (JSON body built, POSTed, answer parsed)
+//   arlo    InferencePool::submit on one io_context thread (JSON body built, POSTed, answer parsed)
 //   python  asyncio + httpx in a child process (same body, same parsing), Debian's python3-httpx
 // and prints requests/s and CPU microseconds per request for both, and the CPU ratio python/arlo.
 //
@@ -94,7 +94,7 @@ RunResult run_arlo(const std::string& url, std::size_t concurrency, std::size_t 
   o.client.max_idle_per_host = concurrency;  // keep every connection alive between requests
   o.client.retry.max_attempts = 1;
   o.max_attempts = 1;
-  arlo::rollout::HttpInferencePool pool(io, o);
+  arlo::rollout::InferencePool pool(io, o);
   pool.add_server(url);
   RunResult result;
   result.requests = total;

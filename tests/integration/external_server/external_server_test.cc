@@ -1,6 +1,6 @@
 // Rollouts from servers that are not arlo-worker (inference.kind vllm / sglang), through the real
 // path of `arlo run`: run_parts' task source chosen from the config, the orchestrator, the
-// RolloutInference adapter and rollout's HttpInferencePool over loopback HTTP to a server that
+// RolloutInference adapter and rollout's InferencePool over loopback HTTP to a server that
 // answers /v1/completions and /v1/chat/completions in vLLM's or SGLang's response shapes, and the
 // trainer bridge (dir transport) to a trainer thread that reads the packed batches.
 //
@@ -30,6 +30,7 @@
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "reference/tokenizer.h"
+#include "tests/integration/orchestrator_loop/orchestrator_run.h"
 
 namespace arlo::session {
 namespace {
@@ -311,7 +312,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
 
   // As in `arlo run`: the pool and its HTTP work on a network thread of their own.
   IoThread network;
-  rollout::HttpInferencePool pool(network.context());
+  rollout::InferencePool pool(network.context());
   struct StopNetworkFirst {  // before the pool is destroyed, on every path
     IoThread& network;
     ~StopNetworkFirst() { network.stop(); }
@@ -348,13 +349,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   orch::adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
 
   RealClock clock(io.get_executor());
-  orch::Options opt;
-  opt.batch_size = 8;
-  opt.group_size = 4;
-  opt.max_inflight = 16;
-  opt.max_async_level = 1;
-  opt.max_steps = kSteps;
-  opt.sampling.max_tokens = 8;
+  auto opt = orch::test::small_run_options(kSteps);
   opt.eval_at_start = false;
   opt.eval_at_end = false;
   opt.console = false;
@@ -408,23 +403,11 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
     (*client)->close();
   });
 
-  bool timed_out = false;
-  asio::steady_timer guard(io, std::chrono::seconds(60));
-  guard.async_wait([&](boost::system::error_code ec) {
-    if (!ec) {
-      timed_out = true;
-      orchestrator.request_stop("test timeout");
-    }
-  });
-  arlo::spawn(io.get_executor(), [&]() -> Awaitable<void> {
-    co_await orchestrator.wait();
-    guard.cancel();
+  const bool timed_out = orch::test::run_to_the_end(io, orchestrator, std::chrono::seconds(60), [&] {
     asio::post(network.context(), [&pool] { pool.stop(); });
     (*bridge_server)->stop();
     server.close();
-    io.stop();
   });
-  io.run();
   network.stop();
   stop_trainer = true;
   trainer_thread.join();

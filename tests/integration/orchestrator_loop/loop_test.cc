@@ -1,5 +1,5 @@
 // The orchestrator with real parts on every port: HTTP completion servers (arlo admin dialect,
-// answering every other sample correctly), rollout's HttpInferencePool, arithmetic tasks,
+// answering every other sample correctly), rollout's InferencePool, arithmetic tasks,
 // exact_match scoring on the scorer's threads, and a trainer thread on the bridge's dir transport
 // that acknowledges each batch and publishes its version.
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@
 #include "orchestrator/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward.h"
+#include "tests/integration/orchestrator_loop/orchestrator_run.h"
 
 namespace arlo::orch {
 namespace {
@@ -93,7 +94,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   CompletionServer s0(io), s1(io);
   const auto p0 = s0.start(), p1 = s1.start();
 
-  rollout::HttpInferencePool pool(io);
+  rollout::InferencePool pool(io);
   const std::string u0 = fmt::format("http://127.0.0.1:{}", p0), u1 = fmt::format("http://127.0.0.1:{}", p1);
   pool.add_server(u0);
   pool.add_server(u1);
@@ -117,7 +118,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   std::vector<Task> eval_tasks;
   for (std::size_t i = 0; i < 4; ++i) eval_tasks.push_back((*source)->at(i));
 
-  auto module = rollout::make_reward_module({{"type", "exact_match"}});
+  auto module = rollout::make_reward_module({{"kind", "exact_match"}});
   ASSERT_TRUE(module) << module.error().what();
   rollout::RewardScorer reward(io, std::shared_ptr<rollout::RewardModule>(std::move(*module)), {});
   adapters::RolloutScorer scorer(reward, rollout::AdvantageOptions{});
@@ -133,13 +134,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
 
   RealClock clock(io.get_executor());
-  Options opt;
-  opt.batch_size = 8;
-  opt.group_size = 4;
-  opt.max_inflight = 16;
-  opt.max_async_level = 1;
-  opt.max_steps = kSteps;
-  opt.sampling.max_tokens = 8;
+  auto opt = test::small_run_options(kSteps);
   opt.eval_at_end = true;
   opt.eval_at_start = true;
   opt.eval_samples = 2;
@@ -175,24 +170,12 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
     (*client)->close();
   });
 
-  bool timed_out = false;
-  asio::steady_timer guard(io, std::chrono::seconds(90));
-  guard.async_wait([&](boost::system::error_code ec) {
-    if (!ec) {
-      timed_out = true;
-      orch.request_stop("test timeout");
-    }
-  });
-  spawn(io.get_executor(), [&]() -> Awaitable<void> {
-    co_await orch.wait();
-    guard.cancel();
+  const bool timed_out = test::run_to_the_end(io, orch, std::chrono::seconds(90), [&] {
     pool.stop();
     (*bridge_server)->stop();
     s0.close();
     s1.close();
-    io.stop();
   });
-  io.run();
   trainer_thread.join();
 
   ASSERT_FALSE(timed_out);

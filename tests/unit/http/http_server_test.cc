@@ -31,6 +31,19 @@ class HttpServerTest : public ::testing::Test {
     ASSERT_TRUE(port) << port.error().what();
     base = fmt::format("http://127.0.0.1:{}", *port);
   }
+  // Creates and starts a server whose stop() waits up to `grace` for requests in flight, with a GET
+  // `path` that is entered (sets `entered`) and answers 200 only once `release` is set.
+  void start_with_a_parked_route(Duration grace, const std::string& path, Event& entered, Event& release) {
+    ServerOptions options;
+    options.stop_grace = grace;
+    make_server(options);
+    server->route(Verb::get, path, [&](Request) -> asio::awaitable<Response> {
+      entered.set();
+      co_await release.wait();
+      co_return Response::json(200, {{"parked", "done"}});
+    });
+    start();
+  }
   void TearDown() override {
     if (client) client->close_idle();
     if (server) server->close();
@@ -345,16 +358,8 @@ TEST_F(HttpServerTest, MalformedRequestGets400AndExpectContinueWorks) {
 TEST_F(HttpServerTest, GracefulStopLetsInFlightRequestFinish) {
   // stop() must still be waiting when checked below: a grace no stall can outlast (the handler is
   // released by an event, so the test never waits for it).
-  ServerOptions options;
-  options.stop_grace = 120s;
-  make_server(options);
   Event entered(io), release(io);
-  server->route(Verb::get, "/slow", [&](Request) -> asio::awaitable<Response> {
-    entered.set();
-    co_await release.wait();
-    co_return Response::json(200, {{"slow", "done"}});
-  });
-  start();
+  start_with_a_parked_route(120s, "/slow", entered, release);
   run(io, [&]() -> asio::awaitable<void> {
     // An idle pooled connection from an earlier request: stop() must close it at once.
     Client other(io);
@@ -405,16 +410,8 @@ TEST_F(HttpServerTest, GracefulStopLetsInFlightRequestFinish) {
 }
 
 TEST_F(HttpServerTest, StopGraceExpiryClosesStuckRequests) {
-  ServerOptions options;
-  options.stop_grace = 200ms;
-  make_server(options);
   Event entered(io), never(io);
-  server->route(Verb::get, "/stuck", [&](Request) -> asio::awaitable<Response> {
-    entered.set();
-    co_await never.wait();
-    co_return Response::json(200, {});
-  });
-  start();
+  start_with_a_parked_route(200ms, "/stuck", entered, never);
   run(io, [&]() -> asio::awaitable<void> {
     std::optional<Result<Response>> stuck;
     Event stuck_done(io);

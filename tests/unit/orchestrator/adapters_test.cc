@@ -11,27 +11,12 @@
 namespace arlo::orch::adapters {
 namespace {
 
-Task completion_task() {
-  Task t;
-  t.id = "arithmetic-0";
-  t.env = "arithmetic";
-  t.prompt = "1+1=";
-  t.answer = "2";
-  t.info = {{"terms", {1, 1}}};
-  return t;
-}
-
-Task chat_task() {
-  Task t;
-  t.id = "chat-1";
-  t.env = "chat";
-  t.messages = {{"system", "Answer briefly."}, {"user", "2+2?"}};
-  t.answer = "4";
-  return t;
-}
+using rollout::test::sample_chat_task;
+using rollout::test::sample_completion_task;
 
 std::shared_ptr<rollout::TaskStream> stream() {
-  auto source = std::make_shared<rollout::VectorTaskSet>("mixed", std::vector<Task>{completion_task(), chat_task()});
+  auto source = std::make_shared<rollout::VectorTaskSet>(
+      "mixed", std::vector<Task>{sample_completion_task(), sample_chat_task()});
   return std::make_shared<rollout::TaskStream>(source, rollout::TaskStream::Options{.shuffle = false});
 }
 
@@ -40,10 +25,10 @@ TEST(Adapters, TaskSourceHandsOutTheEnvironmentsTasksAsTheyAre) {
   RolloutTasks tasks(stream());
   auto first = tasks.next();
   ASSERT_TRUE(first) << first.error().what();
-  EXPECT_EQ(*first, completion_task());
+  EXPECT_EQ(*first, sample_completion_task());
   auto second = tasks.next();
   ASSERT_TRUE(second) << second.error().what();
-  EXPECT_EQ(*second, chat_task());
+  EXPECT_EQ(*second, sample_chat_task());
   EXPECT_EQ(tasks.cursor().at("seq"), 2u);
 }
 
@@ -55,7 +40,7 @@ TEST(Adapters, TaskSourceResumesFromItsCursor) {
   ASSERT_TRUE(resumed.restore(cursor));
   auto next = resumed.next();
   ASSERT_TRUE(next) << next.error().what();
-  EXPECT_EQ(next->id, "chat-1");
+  EXPECT_EQ(next->id, "q-8");
   EXPECT_EQ(resumed.cursor().at("seq"), 2u);
   auto bad = resumed.restore({{"stream", cursor.at("stream")}});
   ASSERT_FALSE(bad);
@@ -87,9 +72,9 @@ TEST(Adapters, ScorerGivesRewardModulesTheEnvironmentsTask) {
   {
     rollout::RewardScorer reward(io, module, {.timeout = std::chrono::seconds(30), .threads = 1});
     RolloutScorer scorer(reward, rollout::AdvantageOptions{});
-    auto task = std::make_shared<const Task>(completion_task());
+    auto task = std::make_shared<const Task>(sample_completion_task());
     auto completions = std::make_shared<std::vector<Completion>>(2);
-    (*completions)[0].text = "2";
+    (*completions)[0].text = "5";
     (*completions)[1].text = "3";
     rollout::test::run(io,
                        [&]() -> boost::asio::awaitable<void> { scored = co_await scorer.score(task, completions); }());
@@ -99,8 +84,8 @@ TEST(Adapters, ScorerGivesRewardModulesTheEnvironmentsTask) {
   EXPECT_EQ(scored->rewards, (std::vector<double>{1.0, 0.0}));
   std::lock_guard lock(module->mu);
   ASSERT_EQ(module->tasks.size(), 2u);
-  for (const auto& t : module->tasks) EXPECT_EQ(t, completion_task());
-  EXPECT_EQ(module->task_ids, (std::vector<std::string>{"arithmetic-0", "arithmetic-0"}));
+  for (const auto& t : module->tasks) EXPECT_EQ(t, sample_completion_task());
+  EXPECT_EQ(module->task_ids, (std::vector<std::string>{"arithmetic-7", "arithmetic-7"}));
 }
 
 }  // namespace

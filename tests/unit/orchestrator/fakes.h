@@ -166,19 +166,14 @@ class FakeInference final : public InferencePort {
   Version version_ = 0;
 };
 
-class FakeTasks final : public TaskSource {
+// Tasks numbered 0, 1, 2, ... as `make` builds them; the cursor is the next number. `drawn` lists
+// the numbers handed out.
+class NumberedTasks : public TaskSource {
  public:
+  explicit NumberedTasks(std::function<Task(std::uint64_t n)> make) : make_(std::move(make)) {}
   Result<Task> next() override {
-    const auto n = next_++;
-    Task t;
-    t.id = std::to_string(n);
-    t.env = "arith";
-    t.prompt = fmt::format("task {}", n);
-    t.prompt_tokens = {static_cast<std::int32_t>(n), 5};
-    t.answer = "1";
-    t.answer_tokens = {1, 0};
-    drawn.push_back(n);
-    return t;
+    drawn.push_back(next_);
+    return make_(next_++);
   }
   nlohmann::json cursor() const override { return {{"next", next_}}; }
   Status restore(const nlohmann::json& c) override {
@@ -188,7 +183,24 @@ class FakeTasks final : public TaskSource {
   std::vector<std::uint64_t> drawn;
 
  private:
+  std::function<Task(std::uint64_t)> make_;
   std::uint64_t next_ = 0;
+};
+
+// Arithmetic-like tasks: task n has the prompt "task n" (tokens {n, 5}) and the answer "1".
+class FakeTasks final : public NumberedTasks {
+ public:
+  FakeTasks()
+      : NumberedTasks([](std::uint64_t n) {
+          Task t;
+          t.id = std::to_string(n);
+          t.env = "arith";
+          t.prompt = fmt::format("task {}", n);
+          t.prompt_tokens = {static_cast<std::int32_t>(n), 5};
+          t.answer = "1";
+          t.answer_tokens = {1, 0};
+          return t;
+        }) {}
 };
 
 // GRPO advantages of one group's rewards (rollout's implementation, as in production).

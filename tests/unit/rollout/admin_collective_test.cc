@@ -462,6 +462,11 @@ struct Rig {
   std::shared_ptr<Rendezvous> rv = std::make_shared<Rendezvous>(io.get_executor());
   std::shared_ptr<FakeSession> session = std::make_shared<FakeSession>(rv);
   http::Client client{io};
+  // An admin client of `dialect` for the server at `url`, the worker the session names "W".
+  std::unique_ptr<AdminClient> admin_for_worker(AdminDialect dialect, const std::string& url) {
+    session->worker_url = url;
+    return make_admin_client(dialect, client, url, fast());
+  }
 };
 
 std::string what(const Status& s) { return s ? std::string("ok") : s.error().what(); }
@@ -470,9 +475,7 @@ std::string what(const Status& s) { return s ? std::string("ok") : s.error().wha
 
 // One full cycle per version, twice, for a server of the given version.
 void vllm_two_updates(Rig& rig, FakeVllm& srv, int world_size) {
-  AdminOptions o = fast();
-  rig.session->worker_url = srv.url();
-  auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), std::move(o));
+  auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     for (std::int64_t v : {1, 2}) {
       EXPECT_EQ(what(co_await admin->pause(PauseMode::kKeep)), "ok");
@@ -564,8 +567,7 @@ TEST(AdminVllmCollective, ServerWithoutStartAndFinishIsRefusedBeforeAnyTransferC
 TEST(AdminVllmCollective, FailedUpdateCallAbortsTheGroupOnceAndTheNextUpdateJoinsANewGeneration) {
   Rig rig;
   FakeVllm srv(rig.io, rig.rv, "0.26.0", 1);
-  rig.session->worker_url = srv.url();
-  auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
+  auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     srv.fail_update = true;
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));
@@ -591,8 +593,7 @@ TEST(AdminVllmCollective, FailedUpdateCallAbortsTheGroupOnceAndTheNextUpdateJoin
 TEST(AdminVllmCollective, FailedBroadcastFailsThePrepareAndTheServerAnswersOnlyAfterIt) {
   Rig rig;
   FakeVllm srv(rig.io, rig.rv, "0.28.0", 1);
-  rig.session->worker_url = srv.url();
-  auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
+  auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     rig.session->fail_receiving = true;
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));
@@ -674,8 +675,7 @@ TEST(AdminVllmCollective, DurableTransportIsRefusedNamingNccl) {
 TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
   Rig rig;
   FakeSglang srv(rig.io, rig.rv, 2);
-  rig.session->worker_url = srv.url();
-  auto admin = make_admin_client(AdminDialect::kSglang, rig.client, srv.url(), fast());
+  auto admin = rig.admin_for_worker(AdminDialect::kSglang, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     srv.running = 3;  // keep: the requests stay in the batch
     EXPECT_EQ(what(co_await admin->pause(PauseMode::kKeep)), "ok");
@@ -720,8 +720,7 @@ TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
 TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoinsANewOne) {
   Rig rig;
   FakeSglang srv(rig.io, rig.rv, 1);
-  rig.session->worker_url = srv.url();
-  auto admin = make_admin_client(AdminDialect::kSglang, rig.client, srv.url(), fast());
+  auto admin = rig.admin_for_worker(AdminDialect::kSglang, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     srv.refuse_update = true;
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));

@@ -31,23 +31,22 @@ TEST(Advantages, GrpoUsesGroupMeanAndPopulationStd) {
   EXPECT_EQ(g.trainable(), 3u);
 }
 
-TEST(Advantages, DrGrpoSubtractsMeanOnly) {
+// The advantages `kind` gives the group of rewards {2, 4, 9}, each against `want` (to 4 ULPs).
+void expect_advantages_of_2_4_9(AdvantageKind kind, const std::vector<double>& want) {
   AdvantageOptions o;
-  o.kind = AdvantageKind::kDrGrpo;
+  o.kind = kind;
   auto g = compute_advantages(rewards({2, 4, 9}), o);
-  EXPECT_DOUBLE_EQ(g.advantages[0], -3);
-  EXPECT_DOUBLE_EQ(g.advantages[1], -1);
-  EXPECT_DOUBLE_EQ(g.advantages[2], 4);
+  ASSERT_EQ(g.advantages.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_DOUBLE_EQ(g.advantages[i], want[i]) << "sample " << i;
 }
 
+TEST(Advantages, DrGrpoSubtractsMeanOnly) { expect_advantages_of_2_4_9(AdvantageKind::kDrGrpo, {-3, -1, 4}); }
+
 TEST(Advantages, RlooUsesLeaveOneOutBaseline) {
+  // A_0 = 2 - (4+9)/2 = -4.5; A_1 = 4 - (2+9)/2 = -1.5; A_2 = 9 - 3 = 6.
+  expect_advantages_of_2_4_9(AdvantageKind::kRloo, {-4.5, -1.5, 6});
   AdvantageOptions o;
   o.kind = AdvantageKind::kRloo;
-  // A_0 = 2 - (4+9)/2 = -4.5; A_1 = 4 - (2+9)/2 = -1.5; A_2 = 9 - 3 = 6.
-  auto g = compute_advantages(rewards({2, 4, 9}), o);
-  EXPECT_DOUBLE_EQ(g.advantages[0], -4.5);
-  EXPECT_DOUBLE_EQ(g.advantages[1], -1.5);
-  EXPECT_DOUBLE_EQ(g.advantages[2], 6);
   auto single = compute_advantages(rewards({1}), o);
   EXPECT_TRUE(single.group_dropped);
 }

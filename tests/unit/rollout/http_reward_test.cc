@@ -60,21 +60,12 @@ class RewardServer {
 // What HTTP reward servers and plugins receive of a task (docs/reward-modules.md): its id, env,
 // answer, info and prompt or messages; never its token ids, which only the orchestrator uses.
 TEST(HttpReward, TaskJsonIsTheDocumentedFormWithoutTokenIds) {
-  Task t;
-  t.id = "reverse-3";
-  t.env = "reverse_text";
-  t.prompt = "reverse abc:";
-  t.answer = "cba";
-  t.info = {{"length", 3}};
-  t.prompt_tokens = {1, 97, 98, 99};
-  t.answer_tokens = {99, 98, 97, 0};
-  EXPECT_EQ(to_json(t), Json::parse(R"({"id": "reverse-3", "env": "reverse_text", "answer": "cba",
-                                        "info": {"length": 3}, "prompt": "reverse abc:"})"));
-  Task chat;
-  chat.id = "q-8";
-  chat.env = "gsm8k";
-  chat.messages = {{"system", "Answer briefly."}, {"user", "2+2?"}};
-  chat.answer = "4";
+  const Task t = test::sample_completion_task();
+  ASSERT_FALSE(t.prompt_tokens.empty());
+  ASSERT_FALSE(t.answer_tokens.empty());
+  EXPECT_EQ(to_json(t), Json::parse(R"({"id": "arithmetic-7", "env": "arithmetic", "answer": "5",
+                                        "info": {"level": 1}, "prompt": "2+3="})"));
+  Task chat = test::sample_chat_task();
   chat.prompt_tokens = {7};
   EXPECT_EQ(to_json(chat), Json::parse(R"({"id": "q-8", "env": "gsm8k", "answer": "4", "info": {},
       "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}]})"));
@@ -117,7 +108,7 @@ Status score(const Json& spec, std::vector<Rollout>& g, FailurePolicy policy = F
 TEST(HttpReward, PostsEachRolloutAndReadsRewardAndMetrics) {
   RewardServer srv;
   auto g = group();
-  auto st = score({{"type", "http"}, {"url", srv.url("/score")}}, g);
+  auto st = score({{"kind", "http"}, {"url", srv.url("/score")}}, g);
   ASSERT_TRUE(st) << st.error().what();
   EXPECT_EQ(g[0].reward, 1.0);
   EXPECT_EQ(g[1].reward, 0.0);
@@ -128,7 +119,7 @@ TEST(HttpReward, PostsEachRolloutAndReadsRewardAndMetrics) {
 TEST(HttpReward, GroupModePostsOnce) {
   RewardServer srv;
   auto g = group();
-  auto st = score({{"type", "http"}, {"url", srv.url("/group")}, {"group", true}}, g);
+  auto st = score({{"kind", "http"}, {"url", srv.url("/group")}, {"group", true}}, g);
   ASSERT_TRUE(st) << st.error().what();
   EXPECT_EQ(g[0].reward, 0.0);
   EXPECT_EQ(g[1].reward, 1.0);
@@ -138,12 +129,12 @@ TEST(HttpReward, GroupModePostsOnce) {
 TEST(HttpReward, BadAnswersAndDeadServersFollowThePolicy) {
   RewardServer srv;
   auto g = group();
-  auto st = score({{"type", "http"}, {"url", srv.url("/broken")}}, g);
+  auto st = score({{"kind", "http"}, {"url", srv.url("/broken")}}, g);
   ASSERT_FALSE(st);
   EXPECT_NE(st.error().what().find("reward"), std::string::npos);
   g = group();
   ASSERT_TRUE(
-      score({{"type", "http"}, {"url", "http://127.0.0.1:1/score"}, {"timeout_s", 2}}, g, FailurePolicy::kDrop));
+      score({{"kind", "http"}, {"url", "http://127.0.0.1:1/score"}, {"timeout_s", 2}}, g, FailurePolicy::kDrop));
   EXPECT_FALSE(g[0].reward);
   EXPECT_FALSE(g[1].reward);
 }

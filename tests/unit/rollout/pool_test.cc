@@ -1,5 +1,9 @@
-// HttpInferencePool against real local HTTP servers: routing, affinity, retries, circuit breaking,
-// servers leaving and joining, and a server killed mid-run.
+// InferencePool against real local HTTP servers: routing, affinity, retries, circuit breaking,
+// servers leaving and joining, and a server killed mid-run. Where a test depends on the pool's
+// timing (health intervals and timeouts, deadlines), the pool runs on a FakeClock that the test moves.
+// The clock is declared before the io_context (coroutines the context destroys still hold timers of
+// it), the servers before the pool: at the end the pool's destructor stops it, then the servers'
+// close them. No drain: closed servers may still have queued handlers; the io_context destroys them.
 #include <gtest/gtest.h>
 
 #include <boost/asio/as_tuple.hpp>
@@ -53,11 +57,67 @@ const ServerStatus& status_of(const std::vector<ServerStatus>& all, const std::s
   throw std::runtime_error("no server " + url);
 }
 
+// Submits `n` requests one after another: every one must be answered by the server at `url`.
+asio::awaitable<void> expect_answered_by(InferencePool& pool, int n, const std::string& url) {
+  for (int i = 0; i < n; ++i) {
+    auto r = co_await pool.submit(request("x"), std::chrono::seconds(10));
+    EXPECT_TRUE(r) << (r ? "" : r.error().what());
+    if (r) {
+      EXPECT_EQ(r->server, url);
+    }
+  }
+}
+
+// Until every server passed a health check (the loop's first probe of each is in flight at start).
+asio::awaitable<bool> all_healthy(const InferencePool& pool) {
+  co_return co_await test::eventually([&] {
+    for (const auto& s : pool.status())
+      if (!s.healthy) return false;
+    return true;
+  });
+}
+
+// Tests of what the pool does over time (health checks, probe timeouts, deadlines): its time is a
+// FakeClock that the test moves. The clock is declared before the io_context: coroutines the context
+// destroys still hold timers of it.
+class InferencePoolOnAFakeClock : public ::testing::Test {
+ protected:
+  // The pool, with `o` on this clock (kept in `options`), over `servers`; its health loop started
+  // unless `start` is false.
+  InferencePool& make_pool(PoolOptions o, std::initializer_list<const FakeOpenAIServer*> servers, bool start = true) {
+    options = std::move(o);
+    options.clock = &clock;
+    pool_ = std::make_unique<InferencePool>(io, options);
+    for (const auto* s : servers) pool_->add_server(s->url());
+    if (start) pool_->start();
+    return *pool_;
+  }
+  // Runs `body` once the health loop's first probes answered.
+  void run_once_healthy(asio::awaitable<void> body) {
+    run(io, [&]() -> asio::awaitable<void> {
+      EXPECT_TRUE(co_await all_healthy(*pool_));
+      co_await std::move(body);
+    }());
+  }
+  // From now on `server`'s requests and its health checks get no answer (its link is down).
+  static void go_dark(FakeOpenAIServer& server) {
+    server.hold = true;
+    server.health_delay = std::chrono::seconds(60);
+  }
+
+  FakeClock clock;
+  asio::io_context io;
+  PoolOptions options;
+
+ private:
+  std::unique_ptr<InferencePool> pool_;
+};
+
 TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
   asio::io_context io;
   FakeOpenAIServer a(io), b(io);
   a.version = 3;
-  HttpInferencePool pool(io, fast_options());
+  InferencePool pool(io, fast_options());
   pool.add_server(a.url());
   pool.add_server(b.url() + "/");
   run(io, [&]() -> asio::awaitable<void> {
@@ -85,10 +145,6 @@ TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
     }
     EXPECT_EQ(servers.size(), 1u);
   }());
-  pool.stop();
-  a.close();
-  b.close();
-  // No drain: closed servers may still have queued handlers; the io_context destroys them.
 }
 
 TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
@@ -101,7 +157,7 @@ TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
     s->on_held = [&] {
       if (++held == 9) all_held.set();
     };
-  HttpInferencePool pool(io, fast_options());
+  InferencePool pool(io, fast_options());
   for (auto* s : {&a, &b, &c}) pool.add_server(s->url());
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
@@ -123,61 +179,70 @@ TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
     for (auto* s : {&a, &b, &c}) s->release_all();
     EXPECT_TRUE(co_await test::eventually([&] { return done == 9; }));
   }());
-  pool.stop();
-  for (auto* s : {&a, &b, &c}) s->close();
-  // No drain: closed servers may still have queued handlers; the io_context destroys them.
 }
 
 TEST(InferencePool, RetriesOn5xxOnAnotherServerAndOpensTheCircuit) {
   asio::io_context io;
   FakeOpenAIServer bad(io), good(io);
   bad.fail_with_status = 503;
-  HttpInferencePool pool(io, fast_options());
-  pool.add_server(bad.url());
-  pool.add_server(good.url());
+  InferencePool pool(io, fast_options());
+  for (auto* s : {&bad, &good}) pool.add_server(s->url());
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
-    for (int i = 0; i < 6; ++i) {
-      auto r = co_await pool.submit(request("x"), std::chrono::seconds(10));
-      EXPECT_TRUE(r);
-      if (r) {
-        EXPECT_EQ(r->server, good.url());
-      }
-    }
+    co_await expect_answered_by(pool, 6, good.url());
     auto st = pool.status();
     EXPECT_TRUE(status_of(st, bad.url()).circuit_open);
     EXPECT_EQ(status_of(st, bad.url()).failed, 2u);  // threshold reached, then no more traffic
     EXPECT_EQ(status_of(st, good.url()).completed, 6u);
     EXPECT_EQ(bad.received, 2);
   }());
-  pool.stop();
-  bad.close();
-  good.close();
-  // No drain: closed servers may still have queued handlers; the io_context destroys them.
+}
+
+// Moves time to the next health check once the loop waits for it (its one timer besides the
+// deadlines of the requests `server` holds) and waits until `server`'s probe of that round began and
+// every other probe of it answered, then until the pool counted the probe of `server` a failure
+// (at once for a refusal; for a probe that gets no answer, `then` moves time past health_timeout).
+asio::awaitable<void> next_health_check(FakeClock& clock, const InferencePool& pool, const FakeOpenAIServer& server,
+                                        const PoolOptions& o, Duration then = {}) {
+  const auto timers = [&] { return static_cast<std::size_t>(server.held) + 1; };
+  EXPECT_TRUE(co_await test::eventually([&] { return clock.pending() == timers(); }));
+  const int calls = server.health_calls;
+  const auto failed = status_of(pool.status(), server.url()).failed;
+  clock.advance(o.health_interval);
+  EXPECT_TRUE(co_await test::eventually([&] { return server.health_calls > calls && clock.pending() == timers(); }));
+  if (then.count() > 0) clock.advance(then);
+  EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), server.url()).failed > failed; }));
+}
+
+// One health round in which `dark`'s probe gets no answer: it times out and is counted.
+asio::awaitable<void> probe_dark_until_it_times_out(FakeClock& clock, const InferencePool& pool,
+                                                    const FakeOpenAIServer& dark, const PoolOptions& o) {
+  co_await next_health_check(clock, pool, dark, o, o.health_timeout);
 }
 
 // A server that stops answering (here: it parks the request and its health checks fail, as a
 // SIGSTOPped worker would look): once its circuit opens, the request waiting on it is cut off and
 // answered by the other server, long before its deadline; the parked one never answers.
-TEST(InferencePool, ARequestOnAServerThatStopsAnsweringMovesToAnother) {
-  asio::io_context io;
+TEST_F(InferencePoolOnAFakeClock, ARequestOnAServerThatStopsAnsweringMovesToAnother) {
   FakeOpenAIServer stuck(io), good(io);
-  HttpInferencePool pool(io, fast_options());
-  pool.add_server(stuck.url());
-  pool.add_server(good.url());
-  pool.start();
-  run(io, [&]() -> asio::awaitable<void> {
-    co_await pool.check_all();
+  auto& pool = make_pool(fast_options(), {&stuck, &good});
+  run_once_healthy([&]() -> asio::awaitable<void> {
     stuck.hold = true;
     stuck.on_held = [&] { stuck.health_status = 503; };  // from now on it answers nothing useful
     // Requests alternate between the two (round robin among the least loaded): submit until one is
     // parked on the stuck server.
     std::optional<Result<Completion>> r;
-    auto parked = [&]() -> asio::awaitable<void> { r = co_await pool.submit(request("q"), std::chrono::seconds(300)); };
     for (int i = 0; i < 20 && stuck.held == 0; ++i) {
       r.reset();
-      co_await parked();
+      asio::co_spawn(
+          io, [&]() -> asio::awaitable<void> { r = co_await pool.submit(request("q"), std::chrono::seconds(300)); },
+          asio::detached);
+      EXPECT_TRUE(co_await test::eventually([&] { return r.has_value() || stuck.held == 1; }));
     }
+    // Its next two health checks fail (failure_threshold): the circuit opens, the request moves.
+    for (int check = 0; check < options.failure_threshold; ++check)
+      co_await next_health_check(clock, pool, stuck, options);
+    EXPECT_TRUE(co_await test::eventually([&] { return r.has_value(); }));
     EXPECT_EQ(stuck.held, 1);
     EXPECT_EQ(stuck.answered, 0);
     EXPECT_TRUE(r.has_value() && *r) << (r && !*r ? r->error().what() : "no result");
@@ -187,39 +252,6 @@ TEST(InferencePool, ARequestOnAServerThatStopsAnsweringMovesToAnother) {
     }
     EXPECT_TRUE(status_of(pool.status(), stuck.url()).circuit_open);
   }());
-  pool.stop();
-  stuck.close();
-  good.close();
-}
-
-// A server whose link goes dark (its requests and its health checks get no answer at all, as when
-// a host's link is down): the first probe that times out while it holds requests opens its circuit
-// (failure_threshold is out of reach here), the requests it held are answered by the other server,
-// each exactly once, and the answers the dark server produces once it wakes up are dropped.
-// Until every server passed a health check (the loop's first probe of each is in flight at start).
-asio::awaitable<bool> all_healthy(const HttpInferencePool& pool) {
-  co_return co_await test::eventually([&] {
-    for (const auto& s : pool.status())
-      if (!s.healthy) return false;
-    return true;
-  });
-}
-
-// One health round on a FakeClock in which `dark`'s probe gets no answer: moves time to the next
-// health check once the loop waits for it, waits until every other probe of the round answered
-// (only `dark`'s probe and the requests `dark` holds still have deadline timers), then moves time
-// past health_timeout and waits until the pool counted the timeout.
-asio::awaitable<void> probe_dark_until_it_times_out(FakeClock& clock, const HttpInferencePool& pool,
-                                                    const FakeOpenAIServer& dark, const PoolOptions& o) {
-  // The health loop waits out its interval (the one timer besides the held requests' deadlines).
-  EXPECT_TRUE(co_await test::eventually([&] { return clock.pending() == static_cast<std::size_t>(dark.held) + 1; }));
-  const int calls = dark.health_calls;
-  clock.advance(o.health_interval);
-  EXPECT_TRUE(co_await test::eventually(
-      [&] { return dark.health_calls > calls && clock.pending() == static_cast<std::size_t>(dark.held) + 1; }));
-  const auto failed = status_of(pool.status(), dark.url()).failed;
-  clock.advance(o.health_timeout);
-  EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), dark.url()).failed > failed; }));
 }
 
 PoolOptions silence_options() {
@@ -229,26 +261,19 @@ PoolOptions silence_options() {
   return o;
 }
 
-// The clock is declared before the io_context: coroutines the context destroys still hold timers
-// of it.
-TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMove) {
-  FakeClock clock;
-  asio::io_context io;
+// A server whose link goes dark (its requests and its health checks get no answer at all, as when
+// a host's link is down): the first probe that times out while it holds requests opens its circuit
+// (failure_threshold is out of reach here), the requests it held are answered by the other server,
+// each exactly once, and the answers the dark server produces once it wakes up are dropped.
+TEST_F(InferencePoolOnAFakeClock, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMove) {
   FakeOpenAIServer dark(io), good(io);
-  auto o = silence_options();
-  o.clock = &clock;
-  HttpInferencePool pool(io, o);
-  pool.add_server(dark.url());
-  pool.add_server(good.url());
-  pool.start();
+  auto& pool = make_pool(silence_options(), {&dark, &good});
   constexpr int kRequests = 6;
   std::map<int, int> completions_per_request;
   std::map<std::string, int> served_by;
   int finished = 0, attempts = 0;
-  run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_TRUE(co_await all_healthy(pool));       // the health loop's first probes answered
-    dark.hold = true;                              // its requests get no answer
-    dark.health_delay = std::chrono::seconds(60);  // nor its health checks
+  run_once_healthy([&]() -> asio::awaitable<void> {
+    go_dark(dark);
     for (int i = 0; i < kRequests; ++i)
       asio::co_spawn(
           io,
@@ -266,7 +291,7 @@ TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMo
     // The good server answered its share; the dark one holds the rest.
     EXPECT_TRUE(co_await test::eventually([&] { return finished + dark.held == kRequests; }));
     EXPECT_GE(dark.held, 1);  // some went to it first
-    co_await probe_dark_until_it_times_out(clock, pool, dark, o);
+    co_await probe_dark_until_it_times_out(clock, pool, dark, options);
     EXPECT_TRUE(co_await test::eventually([&] { return finished == kRequests; }, std::chrono::seconds(30)));
     const auto st = pool.status();
     EXPECT_TRUE(status_of(st, dark.url()).circuit_open);
@@ -284,67 +309,68 @@ TEST(InferencePool, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMo
     EXPECT_EQ(status_of(after, dark.url()).completed, 0u);
     EXPECT_EQ(status_of(after, good.url()).completed, static_cast<std::uint64_t>(kRequests));
   }());
-  pool.stop();
-  dark.close();
-  good.close();
 }
 
 // A server that is slow (its health checks time out) but answers its requests keeps its circuit
 // closed: a probe timeout counts as one failure only, since requests were answered meanwhile.
-TEST(InferencePool, ASlowServerThatAnswersItsRequestsDoesNotFlap) {
-  asio::io_context io;
+TEST_F(InferencePoolOnAFakeClock, ASlowServerThatAnswersItsRequestsDoesNotFlap) {
   FakeOpenAIServer slow(io);
-  HttpInferencePool pool(io, silence_options());
-  pool.add_server(slow.url());
-  pool.start();
+  auto& pool = make_pool(silence_options(), {&slow});
   int done = 0, moved = 0;
-  run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_TRUE(co_await all_healthy(pool));              // the health loop's first probes answered
-    slow.health_delay = std::chrono::milliseconds(2000);  // every probe times out (700 ms)
-    slow.answer_delay = std::chrono::milliseconds(100);   // while its requests take 100 ms each
-    bool stop = false;
-    for (int k = 0; k < 4; ++k)
-      asio::co_spawn(
-          io,
-          [&]() -> asio::awaitable<void> {
-            while (!stop) {
-              auto r = co_await pool.submit(request("slow"), std::chrono::seconds(30));
-              EXPECT_TRUE(r) << (r ? "" : r.error().what());
-              if (r && r->attempts > 1) ++moved;
-              ++done;
-            }
-          },
-          asio::detached);
-    // Until two probes timed out with requests in flight.
-    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), slow.url()).failed >= 2; }));
-    stop = true;
-    EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), slow.url()).outstanding == 0; }));
+  run_once_healthy([&]() -> asio::awaitable<void> {
+    slow.health_delay = std::chrono::seconds(60);  // from now on no probe is answered in time
+    for (int round = 0; round < 2; ++round) {
+      // The health loop waits out its interval (its one timer: no request is in flight).
+      EXPECT_TRUE(co_await test::eventually([&] { return clock.pending() == 1u; }));
+      // Four callers submit one request after another while the next probe waits for its answer.
+      bool stop = false;
+      int callers = 4;
+      for (int k = 0; k < 4; ++k)
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+              while (!stop) {
+                auto r = co_await pool.submit(request("slow"), std::chrono::seconds(30));
+                EXPECT_TRUE(r) << (r ? "" : r.error().what());
+                if (r && r->attempts > 1) ++moved;
+                ++done;
+              }
+              --callers;
+            },
+            asio::detached);
+      // The probe begins...
+      const int calls = slow.health_calls;
+      clock.advance(options.health_interval);
+      EXPECT_TRUE(co_await test::eventually([&] { return slow.health_calls > calls; }));
+      // ... requests are answered while it waits, and it times out with requests in flight.
+      const auto answered = status_of(pool.status(), slow.url()).completed;
+      EXPECT_TRUE(
+          co_await test::eventually([&] { return status_of(pool.status(), slow.url()).completed >= answered + 8; }));
+      EXPECT_GT(status_of(pool.status(), slow.url()).outstanding, 0u);
+      const auto failed = status_of(pool.status(), slow.url()).failed;
+      clock.advance(options.health_timeout);
+      EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), slow.url()).failed > failed; }));
+      stop = true;
+      EXPECT_TRUE(co_await test::eventually([&] { return callers == 0; }));
+    }
     const auto st = status_of(pool.status(), slow.url());
+    EXPECT_EQ(st.failed, 2u);
+    EXPECT_EQ(st.outstanding, 0u);
     EXPECT_FALSE(st.circuit_open);
     EXPECT_GT(st.completed, 0u);
     EXPECT_EQ(moved, 0);
   }());
-  pool.stop();
-  slow.close();
 }
 
 // open_on_silence = false: a silent server with requests waiting is only counted, as before.
-TEST(InferencePool, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
-  FakeClock clock;
-  asio::io_context io;
+TEST_F(InferencePoolOnAFakeClock, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
   FakeOpenAIServer dark(io), good(io);
-  auto o = silence_options();
-  o.open_on_silence = false;
-  o.clock = &clock;
-  HttpInferencePool pool(io, o);
-  pool.add_server(dark.url());
-  pool.add_server(good.url());
-  pool.start();
+  auto silence_only_counts = silence_options();
+  silence_only_counts.open_on_silence = false;
+  auto& pool = make_pool(silence_only_counts, {&dark, &good});
   int finished = 0;
-  run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_TRUE(co_await all_healthy(pool));  // the health loop's first probes answered
-    dark.hold = true;
-    dark.health_delay = std::chrono::seconds(60);
+  run_once_healthy([&]() -> asio::awaitable<void> {
+    go_dark(dark);
     for (int i = 0; i < 4; ++i)
       asio::co_spawn(
           io,
@@ -355,36 +381,26 @@ TEST(InferencePool, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
           asio::detached);
     EXPECT_TRUE(co_await test::eventually([&] { return finished + dark.held == 4; }));
     EXPECT_GE(dark.held, 1);
-    co_await probe_dark_until_it_times_out(clock, pool, dark, o);
-    co_await probe_dark_until_it_times_out(clock, pool, dark, o);
+    co_await probe_dark_until_it_times_out(clock, pool, dark, options);
+    co_await probe_dark_until_it_times_out(clock, pool, dark, options);
     const auto st = status_of(pool.status(), dark.url());
     EXPECT_EQ(st.failed, 2u);
     EXPECT_FALSE(st.circuit_open);
     EXPECT_TRUE(st.silent);
     EXPECT_EQ(st.outstanding, static_cast<std::size_t>(dark.held));
   }());
-  pool.stop();
-  dark.close();
-  good.close();
 }
 
 // A caller that gives up on a request (its deadline raced the submit, as the orchestrator does)
 // cancels it cleanly, also when the pool runs on the caller's own io_context: no exception escapes
 // the loop, and the server's slot is given back.
-TEST(InferencePool, ACancelledRequestEndsWithoutThrowing) {
-  FakeClock clock;
-  asio::io_context io;
+TEST_F(InferencePoolOnAFakeClock, ACancelledRequestEndsWithoutThrowing) {
   FakeOpenAIServer stuck(io);
-  auto o = fast_options();
-  o.clock = &clock;
-  HttpInferencePool pool(io, o);
-  pool.add_server(stuck.url());
-  pool.start();
+  auto& pool = make_pool(fast_options(), {&stuck});
   Event parked(io);
   stuck.on_held = [&] { parked.set(); };
-  run(io, [&]() -> asio::awaitable<void> {
-    // The health loop's first probe (check_all() would skip the probe it has in flight).
-    EXPECT_TRUE(co_await all_healthy(pool));
+  // Once the health loop's first probe answered (check_all() would skip the probe it has in flight).
+  run_once_healthy([&]() -> asio::awaitable<void> {
     stuck.hold = true;
     using namespace boost::asio::experimental::awaitable_operators;
     // The caller gives up 200 ms after it began; time moves once the request is parked.
@@ -401,20 +417,14 @@ TEST(InferencePool, ACancelledRequestEndsWithoutThrowing) {
     EXPECT_EQ(stuck.held, 1);
     EXPECT_EQ(status_of(pool.status(), stuck.url()).outstanding, 0u);
   }());
-  pool.stop();
-  stuck.close();
 }
 
-TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
-  FakeClock clock;
-  asio::io_context io;
+TEST_F(InferencePoolOnAFakeClock, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
   FakeOpenAIServer a(io);
-  auto o = fast_options();
-  o.clock = &clock;
-  HttpInferencePool pool(io, o);
+  // Not started: no health loop timer beside the request's deadline.
+  auto& pool = make_pool(fast_options(), {&a}, /*start=*/false);
   Event parked(io);
   a.on_held = [&] { parked.set(); };
-  pool.add_server(a.url());
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
     a.fail_with_status = 400;
@@ -441,15 +451,12 @@ TEST(InferencePool, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
       EXPECT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();
     }
   }());
-  pool.stop();
-  a.close();
-  // No drain: closed servers may still have queued handlers; the io_context destroys them.
 }
 
 TEST(InferencePool, ServersJoinAndLeaveAtRuntime) {
   asio::io_context io;
   FakeOpenAIServer a(io), b(io);
-  HttpInferencePool pool(io, fast_options());
+  InferencePool pool(io, fast_options());
   pool.add_server(a.url());
   pool.start();
   run(io, [&]() -> asio::awaitable<void> {
@@ -458,19 +465,9 @@ TEST(InferencePool, ServersJoinAndLeaveAtRuntime) {
     EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), b.url()).healthy; }));
     pool.remove_server(a.url());
     EXPECT_EQ(pool.servers(), std::vector<std::string>{b.url()});
-    for (int i = 0; i < 4; ++i) {
-      auto r = co_await pool.submit(request("x"), std::chrono::seconds(10));
-      EXPECT_TRUE(r);
-      if (r) {
-        EXPECT_EQ(r->server, b.url());
-      }
-    }
+    co_await expect_answered_by(pool, 4, b.url());
     EXPECT_EQ(a.received, 0);
   }());
-  pool.stop();
-  a.close();
-  b.close();
-  // No drain: closed servers may still have queued handlers; the io_context destroys them.
 }
 
 // The acceptance test: three servers, one killed while it holds requests. Every request completes
@@ -483,7 +480,7 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
   victim.on_held = [&] {
     if (victim.held == 4) victim_busy.set();
   };
-  HttpInferencePool pool(io, fast_options());
+  InferencePool pool(io, fast_options());
   for (auto* s : {&a, &b, &victim}) pool.add_server(s->url());
   pool.start();
 
@@ -492,11 +489,7 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
   std::map<std::string, int> served_by;
   int finished = 0;
   run(io, [&]() -> asio::awaitable<void> {
-    EXPECT_TRUE(co_await test::eventually([&] {
-      for (const auto& s : pool.status())
-        if (!s.healthy) return false;
-      return true;
-    }));
+    EXPECT_TRUE(co_await all_healthy(pool));
     for (int i = 0; i < kRequests; ++i)
       asio::co_spawn(
           io,
@@ -542,9 +535,6 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
     EXPECT_GT(on_victim, 0);
     EXPECT_EQ(victim.answered, on_victim);
   }());
-  pool.stop();
-  for (auto* s : {&a, &b, &victim}) s->close();
-  // No drain: closed servers may still have queued handlers; the io_context destroys them.
 }
 
 }  // namespace

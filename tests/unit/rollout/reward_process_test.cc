@@ -80,6 +80,14 @@ Scored score_with(RewardScorer& scorer, boost::asio::io_context& io, std::vector
   return out;
 }
 
+// Scores a group of `texts` that the host dies on: the group is lost (kCancelled), never scored.
+void expect_group_lost(RewardScorer& scorer, boost::asio::io_context& io, std::initializer_list<const char*> texts) {
+  auto g = group(texts);
+  auto r = score_with(scorer, io, g);
+  ASSERT_FALSE(r.status);
+  EXPECT_EQ(r.status.error().code(), ErrorCode::kCancelled) << r.status.error().what();
+}
+
 TEST(RewardHost, ScoresAndReportsErrorsLikeInProcess) {
   {
     auto m = load("ok");
@@ -224,10 +232,7 @@ TEST(RewardHost, RestartsAreBoundedThenTheScorerReportsThatItCannotGoOn) {
   {
     RewardScorer scorer(io, load("segv_always", isolated(20s, /*max_restarts=*/2)), {.timeout = 20s});
     for (int i = 0; i < 3; ++i) {  // three deaths in a row: each costs its group
-      auto g = group({"68"});
-      auto r = score_with(scorer, io, g);
-      ASSERT_FALSE(r.status);
-      EXPECT_EQ(r.status.error().code(), ErrorCode::kCancelled) << r.status.error().what();
+      ASSERT_NO_FATAL_FAILURE(expect_group_lost(scorer, io, {"68"}));
     }
     auto g = group({"68"});
     auto r = score_with(scorer, io, g);
@@ -248,10 +253,7 @@ TEST(RewardHost, AnAnswerBetweenCrashesResetsTheBound) {
   {
     RewardScorer scorer(io, load("segv_on_crash", isolated(20s, /*max_restarts=*/1)), {.timeout = 20s});
     for (int i = 0; i < 4; ++i) {
-      auto g = group({"crash"});
-      auto r = score_with(scorer, io, g);
-      ASSERT_FALSE(r.status);
-      EXPECT_EQ(r.status.error().code(), ErrorCode::kCancelled) << r.status.error().what();
+      ASSERT_NO_FATAL_FAILURE(expect_group_lost(scorer, io, {"crash"}));
       auto ok_group = group({"68"});
       auto r2 = score_with(scorer, io, ok_group);
       ASSERT_TRUE(r2.status) << r2.status.error().what();

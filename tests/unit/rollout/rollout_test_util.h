@@ -1,18 +1,15 @@
 #pragma once
-// Helpers for rollout tests: run a coroutine to completion on an io_context, a one-shot event, and
-// a small OpenAI-compatible server on a real loopback socket (common/http.h Server).
+// Helpers for rollout tests: sample tasks and groups, and a small OpenAI-compatible server on a real
+// loopback socket (common/http.h Server); the coroutine helpers are tests/coro_test_util.h's.
 #include <gtest/gtest.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/redirect_error.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <fmt/format.h>
 
 #include <chrono>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,39 +17,19 @@
 
 #include "common/http.h"
 #include "rollout/types.h"
+#include "tests/coro_test_util.h"
 
 namespace arlo::rollout::test {
 
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 
-// Runs `body` on `io` on this thread until it completes; a body still running after `limit` fails the
-// test instead of hanging it.
-inline void run(asio::io_context& io, asio::awaitable<void> body,
-                std::chrono::seconds limit = std::chrono::seconds(60)) {
-  bool done = false;
-  std::exception_ptr error;
-  asio::co_spawn(io, std::move(body), [&](std::exception_ptr e) {
-    error = e;
-    done = true;
-  });
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  io.restart();
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    io.run_one_for(std::chrono::milliseconds(50));
-    if (io.stopped()) io.restart();
-  }
-  ASSERT_TRUE(done) << "test coroutine did not finish within the limit";
-  if (error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      FAIL() << "test coroutine threw: " << e.what();
-    }
-  }
-}
+using arlo::test::drain;
+using arlo::test::Event;
+using arlo::test::eventually;
+using arlo::test::run;
+using arlo::test::sleep_for;
 
-// Drains remaining handlers (server shutdowns, abandoned timers) without blocking forever.
 // The arithmetic task the reward-plugin tests score ("23+45=", answer "68") and a group of
 // completions of it, one per text.
 inline Task task() {
@@ -76,49 +53,28 @@ inline std::vector<Rollout> group(std::initializer_list<const char*> texts) {
   return out;
 }
 
-inline void drain(asio::io_context& io) {
-  io.restart();
-  for (int i = 0; i < 200 && io.poll() > 0; ++i) {
-  }
+// A task of each form, every field set, for tests of what carries a task whole (checkpoints, the
+// task sources, the JSON reward modules see): a completion task with info and token ids, and a
+// chat task (messages, no prompt).
+inline Task sample_completion_task() {
+  Task t;
+  t.id = "arithmetic-7";
+  t.env = "arithmetic";
+  t.prompt = "2+3=";
+  t.answer = "5";
+  t.info = {{"level", 1}};
+  t.prompt_tokens = {1, 50, 43, 51, 61};
+  t.answer_tokens = {53, 0};
+  return t;
 }
 
-// One-shot event: wait() completes once set() was called (before or after the wait started).
-class Event {
- public:
-  explicit Event(asio::io_context& io) : timer_(io, std::chrono::steady_clock::time_point::max()) {}
-  void set() {
-    set_ = true;
-    timer_.cancel();
-  }
-  bool is_set() const { return set_; }
-  asio::awaitable<void> wait() {
-    while (!set_) {
-      boost::system::error_code ec;
-      co_await timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    }
-  }
-
- private:
-  asio::steady_timer timer_;
-  bool set_ = false;
-};
-
-inline asio::awaitable<void> sleep_for(std::chrono::steady_clock::duration d) {
-  asio::steady_timer t(co_await asio::this_coro::executor, d);
-  boost::system::error_code ec;
-  co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-}
-
-// Polls `cond` on the loop every 5 ms until it holds or `limit` passes; returns whether it held.
-// Used where the awaited state change happens inside the code under test (e.g. a health probe).
-inline asio::awaitable<bool> eventually(std::function<bool()> cond,
-                                        std::chrono::seconds limit = std::chrono::seconds(20)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() >= end) co_return false;
-    co_await sleep_for(5ms);
-  }
-  co_return true;
+inline Task sample_chat_task() {
+  Task t;
+  t.id = "q-8";
+  t.env = "gsm8k";
+  t.messages = {{"system", "Answer briefly."}, {"user", "2+2?"}};
+  t.answer = "4";
+  return t;
 }
 
 // An OpenAI-compatible completions server answering "echo:<prompt>" with token ids = the prompt's
@@ -137,9 +93,7 @@ class FakeOpenAIServer {
     server_->route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
       ++health_calls;
       if (health_delay.count() > 0) {  // a slow (or, past the client's timeout, silent) health check
-        asio::steady_timer t(io_, health_delay);
-        boost::system::error_code ec;
-        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        co_await sleep_for(health_delay);
       }
       if (health_status != 200)
         co_return http::Response::error(health_status, "injected health failure", "server_error");
@@ -151,9 +105,7 @@ class FakeOpenAIServer {
       if (!body) co_return http::Response::error(400, body.error().what());
       if (fail_with_status) co_return http::Response::error(fail_with_status, "injected failure", "server_error");
       if (answer_delay.count() > 0) {  // a slow server: every completion takes this long
-        asio::steady_timer t(io_, answer_delay);
-        boost::system::error_code ec;
-        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        co_await sleep_for(answer_delay);
       }
       if (hold) {
         ++held;
@@ -226,25 +178,7 @@ class FakeOpenAIServer {
   std::vector<std::unique_ptr<http::Server>> graveyard_;
   std::uint16_t port_ = 0;
   bool closed_ = false;
-  // Simple latch shared by parked handlers.
-  class Latch {
-   public:
-    explicit Latch(asio::io_context& io) : timer_(io, std::chrono::steady_clock::time_point::max()) {}
-    void set() {
-      set_ = true;
-      timer_.cancel();
-    }
-    asio::awaitable<void> wait() {
-      while (!set_) {
-        boost::system::error_code ec;
-        co_await timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      }
-    }
-
-   private:
-    asio::steady_timer timer_;
-    bool set_ = false;
-  } release_;
+  Event release_;  // set once: parked handlers go on
 };
 
 }  // namespace arlo::rollout::test

@@ -10,17 +10,12 @@
 #include "session/rollout_parts.h"
 #include "reference/tokenizer.h"
 #include "weight_sync/wire.h"
+#include "tests/unit/session/session_test_util.h"
 
 namespace arlo::session {
 namespace {
 
-config::Config load(std::vector<std::string> overrides) {
-  config::LoadOptions o;
-  o.overrides = std::move(overrides);
-  auto c = config::load_string("run:\n  name: t\n", "<test>", o);
-  EXPECT_TRUE(c) << c.error().what();
-  return *c;
-}
+using test::load;
 
 std::string flag(const std::vector<std::string>& argv, const std::string& name) {
   auto it = std::find(argv.begin(), argv.end(), name);

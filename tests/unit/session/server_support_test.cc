@@ -12,6 +12,7 @@
 
 #include "session/server_support.h"
 #include "weight_sync/transport.h"
+#include "tests/unit/session/session_test_util.h"
 
 namespace arlo::session {
 namespace {
@@ -46,13 +47,7 @@ std::vector<std::string> streaming_all() {
   return out;
 }
 
-config::Config load(std::vector<std::string> overrides) {
-  config::LoadOptions o;
-  o.overrides = std::move(overrides);
-  auto c = config::load_string("run:\n  name: t\n", "<test>", o);
-  EXPECT_TRUE(c) << c.error().what();
-  return *c;
-}
+using test::load;
 
 config::Config external(const std::string& kind, const std::string& transport, std::vector<std::string> more = {}) {
   std::vector<std::string> o = {"inference.launch=external", "inference.kind=" + kind,
