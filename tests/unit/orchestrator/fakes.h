@@ -43,7 +43,7 @@ class FakeInference final : public InferencePort {
   std::vector<std::string> workers() const override { return workers_; }
   Awaitable<Status> pause(std::string worker, PauseMode mode, TimePoint) override {
     log.push_back(fmt::format("pause({}) {}", to_string(mode), worker));
-    if (hang_pause.count(worker)) {
+    if (hang_pause.count(worker) || slow_pause.count(worker)) {
       Promise<Status> never(ex_);
       hung_.push_back(never);
       co_return co_await never.get();
@@ -54,6 +54,11 @@ class FakeInference final : public InferencePort {
   Awaitable<Status> update_weights(std::string worker, Version v, TimePoint) override {
     log.push_back(fmt::format("update(v{}) {}", v, worker));
     if (on_update) on_update(worker, v);
+    if (dark.count(worker)) {  // its link went down after the pause: nothing answers
+      Promise<Status> never(ex_);
+      hung_.push_back(never);
+      co_return co_await never.get();
+    }
     if (refuse_update.count(worker))
       co_return make_error(ErrorCode::kInvalidArgument, fmt::format("{} refuses v{} (test)", worker, v));
     version_ = v;
@@ -61,11 +66,16 @@ class FakeInference final : public InferencePort {
   }
   Awaitable<Status> resume(std::string worker, TimePoint) override {
     log.push_back(fmt::format("resume {}", worker));
+    if (dark.count(worker)) {
+      Promise<Status> never(ex_);
+      hung_.push_back(never);
+      co_return co_await never.get();
+    }
     co_return ok();
   }
   Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint) override {
     log.push_back(fmt::format("weights {}", worker));
-    if (hang_pause.count(worker)) {  // a stopped worker answers nothing
+    if (hang_pause.count(worker) || dark.count(worker)) {  // a stopped worker answers nothing
       Promise<Result<WorkerWeights>> never(ex_);
       hung_weights_.push_back(never);
       co_return co_await never.get();
@@ -148,7 +158,9 @@ class FakeInference final : public InferencePort {
   void set_version(Version v) { version_ = v; }  // the version the workers hold at start
 
   bool auto_complete = false;
-  std::set<std::string> hang_pause;
+  std::set<std::string> hang_pause;     // stopped: pause and weights calls hang
+  std::set<std::string> slow_pause;     // pause calls hang, but it answers weights calls (busy, not dead)
+  std::set<std::string> dark;           // update, resume and weights calls hang (a link down after the pause)
   std::set<std::string> refuse_update;  // these workers answer every update with an error
   std::set<std::string> silent;         // what silent_workers() reports (the pool's open, silent circuits)
   std::set<std::string> unreachable;    // also in unreachable_workers(): silent, circuit closed (idle or paused)

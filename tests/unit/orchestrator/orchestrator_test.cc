@@ -351,9 +351,10 @@ TEST(WeightUpdate, AbortModeContinuesSamplesFromTheirTokens) {
   EXPECT_TRUE(found_continued);
 }
 
+// A worker that hangs on a pause but answers a weights query is busy, not dead: the call is retried.
 TEST(WeightUpdate, HangingAdminCallIsCutOffAndRetried) {
   Harness h;
-  h.inf.hang_pause = {"w1"};
+  h.inf.slow_pause = {"w1"};
   h.start();
   h.trainer.publish(1);
   h.settle();
@@ -446,6 +447,23 @@ TEST(WeightUpdate, AWorkerThatGoesSilentMidRoundIsNotRetried) {
 // probe getting no answer is enough for its failed pause not to be retried.
 TEST(WeightUpdate, AWorkerWhoseProbeGetsNoAnswerIsNotRetried) {
   expect_a_hung_pause_is_not_retried_once_the_worker_is(&FakeInference::unreachable);
+}
+
+// A worker whose link goes down between its pause and its update: the update runs out its deadline
+// before any health probe of it did. A weights query that gets no answer either is enough: the update
+// is not retried, the worker is not asked to resume (its rejoin round resumes it), and it is left out.
+TEST(WeightUpdate, AnUpdateThatTimesOutOnAWorkerThatAnswersNothingIsNotRetriedNorResumed) {
+  Harness h;
+  h.inf.dark = {"w1"};
+  h.start();
+  h.trainer.publish(1);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().synced() == 1; }, 5000));
+  EXPECT_EQ(h.count("update(v1) w1"), 1);  // admin_attempts is 2: the second was not made
+  EXPECT_EQ(h.count("resume w1"), 0);
+  EXPECT_EQ(h.orch->weight_watcher().left_out(), (std::set<std::string>{"w1"}));
+  h.inf.dark.clear();
+  ASSERT_TRUE(h.run_until([&] { return h.orch->weight_watcher().left_out().empty(); }, 5000));
+  ASSERT_TRUE(h.run_until([&] { return h.count("resume w1") == 1; }, 5000));  // the rejoin round resumes it
 }
 
 // Skipping a silent worker is no attempt of the version: even with version_attempts 1 it is not
@@ -922,7 +940,7 @@ TEST(Records, StepRecordsCarryTrainerRewardModuleAndStalenessFigures) {
 
 TEST(Records, AWorkerThatFailsAnUpdateIsUnhealthyAndNamed) {
   Harness h;
-  h.inf.hang_pause = {"w1"};
+  h.inf.slow_pause = {"w1"};
   h.start();
   ASSERT_TRUE(h.publish_and_sync(1));
   const auto syncs = records_of(*h.orch, "weight_sync");
