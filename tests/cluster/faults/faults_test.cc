@@ -44,7 +44,7 @@
 
 #include "common/config/config.h"
 #include "tests/cluster/netns.h"
-#include "tests/cluster/trainer_argv.h"
+#include "tests/cluster/argv.h"
 #include "tests/e2e/run_checks.h"
 #include "tests/e2e/spawn.h"
 
@@ -187,7 +187,6 @@ class Deployment {
     cluster = std::move(*hosts);
     for (const auto& [host, shape] : shapes)
       if (auto st = cluster->shape(host, shape); !st) return st.error().what();
-    const auto model = arlo::session::model_flags(cfg);
     const std::string seed = std::to_string(cfg.integer("model.seed"));
     const std::vector<std::pair<std::string, std::string>> env = {
         {"ARLO_TOKEN_FILE", token_file.string()}, {"OMP_NUM_THREADS", "1"}, {"MKL_NUM_THREADS", "1"}};
@@ -195,26 +194,9 @@ class Deployment {
     std::string urls;
     for (int i = 0; i < kWorkers; ++i) {
       const int host = kFirstWorkerHost + i;
-      std::vector<std::string> w = {ARLO_WORKER_BINARY,
-                                    "--bind",
-                                    cluster->address(host),
-                                    "--port",
-                                    std::to_string(kWorkerPort),
-                                    "--init-seed",
-                                    seed,
-                                    "--seed",
-                                    std::to_string(100 + i),
-                                    "--threads",
-                                    "1",
-                                    "--max-batch",
-                                    "64",
-                                    "--token-file",
-                                    token_file.string(),
-                                    "--allow-weights-from",
-                                    cluster->address(kTrainerHost),
-                                    "--weight-sync",
-                                    nlohmann::json{{"transport", kTransport}, {"peer_name", worker(i)}}.dump()};
-      w.insert(w.end(), model.begin(), model.end());
+      auto w = arlo::cluster::worker_argv(cfg, cluster->address(host), kWorkerPort, i, seed, kTransport);
+      w.insert(w.end(), {"--max-batch", "64", "--token-file", token_file.string()});
+      w.insert(w.end(), {"--allow-weights-from", cluster->address(kTrainerHost)});
       auto pid = cluster->spawn(host, w, (dir / (worker(i) + ".log")).string(), env);
       if (!pid) return pid.error().what();
       others.push_back(*pid);

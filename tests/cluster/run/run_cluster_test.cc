@@ -29,7 +29,7 @@
 
 #include "common/config/config.h"
 #include "tests/cluster/netns.h"
-#include "tests/cluster/trainer_argv.h"
+#include "tests/cluster/argv.h"
 #include "tests/e2e/spawn.h"
 
 namespace {
@@ -135,20 +135,7 @@ class ClusterRun : public ::testing::Test {
   // An arlo-worker in `host` on its own address, from seed 7 (its own v0 is not the trainer's),
   // taking weights from the hosts `sources` (the trainer's, and in a chain the other workers').
   pid_t start_worker(int host, int index, const std::vector<int>& sources) {
-    std::vector<std::string> argv = {ARLO_WORKER_BINARY,
-                                     "--bind",
-                                     cluster_->address(host),
-                                     "--port",
-                                     std::to_string(kHttpPort),
-                                     "--init-seed",
-                                     "7",
-                                     "--seed",
-                                     std::to_string(100 + index),
-                                     "--threads",
-                                     "1",
-                                     "--weight-sync",
-                                     R"({"transport": "tcp", "peer_name": "worker-)" + std::to_string(index) + R"("})"};
-    for (const auto& f : arlo::session::model_flags(*cfg_)) argv.push_back(f);
+    auto argv = arlo::cluster::worker_argv(*cfg_, cluster_->address(host), kHttpPort, index, "7", "tcp");
     for (int s : sources) argv.insert(argv.end(), {"--allow-weights-from", cluster_->address(s)});
     return spawn(host, argv, dir_ / ("worker-" + std::to_string(index) + ".log"));
   }
