@@ -103,28 +103,30 @@ class SubscriberImpl final : public Subscriber {
   ReceiverState state_;
 };
 
+// Either side: the descriptor of options' transport, the state (options, params with the
+// descriptor's defaults, the test faults of `who`) and the transport the descriptor's `factory`
+// makes from that state.
+template <typename Side, typename Factory>
+Result<Side> make_side(const Options& options, testing::Side who, Factory TransportDescriptor::*factory) {
+  Side side;
+  ARLO_ASSIGN_OR_RETURN(side.descriptor, descriptor_for(options));
+  side.state.options = options;
+  ARLO_ASSIGN_OR_RETURN(side.state.params, resolve_params(*side.descriptor, options.params));
+  side.state.faults = testing::faults(who);
+  ARLO_ASSIGN_OR_RETURN(side.transport, (side.descriptor->*factory)(side.state));
+  return side;
+}
+
 }  // namespace
 
 Result<SenderSide> make_sender(const Options& options) {
   if (options.relay)
     return make_error(ErrorCode::kInvalidArgument, "weight_sync: relay is a receiver option, not a publisher's");
-  SenderSide side;
-  ARLO_ASSIGN_OR_RETURN(side.descriptor, descriptor_for(options));
-  side.state.options = options;
-  ARLO_ASSIGN_OR_RETURN(side.state.params, resolve_params(*side.descriptor, options.params));
-  side.state.faults = testing::faults(testing::Side::kPublisher);
-  ARLO_ASSIGN_OR_RETURN(side.transport, side.descriptor->sender(side.state));
-  return side;
+  return make_side<SenderSide>(options, testing::Side::kPublisher, &TransportDescriptor::sender);
 }
 
 Result<ReceiverSide> make_receiver(const Options& options) {
-  ReceiverSide side;
-  ARLO_ASSIGN_OR_RETURN(side.descriptor, descriptor_for(options));
-  side.state.options = options;
-  ARLO_ASSIGN_OR_RETURN(side.state.params, resolve_params(*side.descriptor, options.params));
-  side.state.faults = testing::faults(testing::Side::kSubscriber);
-  ARLO_ASSIGN_OR_RETURN(side.transport, side.descriptor->receiver(side.state));
-  return side;
+  return make_side<ReceiverSide>(options, testing::Side::kSubscriber, &TransportDescriptor::receiver);
 }
 
 Result<std::unique_ptr<Publisher>> Publisher::create(const Options& options) {

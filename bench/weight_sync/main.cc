@@ -195,6 +195,20 @@ void emit(const nlohmann::json& j) {
   if (::write(g_result_fd, line.data(), line.size()) < 0) std::perror("write result");
 }
 
+// The result line of a side timed over g_repeat rounds: `times` (one a round) under `times_key`, the
+// last round's wire bytes and payload, peak RSS, CPU seconds a round since `cpu0`, and `checksum`.
+template <typename Report>
+nlohmann::json timed_result(const char* role, const char* times_key, const std::vector<double>& times,
+                            const Report& last, double cpu0, std::uint64_t checksum) {
+  return {{"role", role},
+          {times_key, times},
+          {"wire", last.wire_bytes},
+          {"rss", peak_rss_bytes()},
+          {"cpu", (cpu_seconds() - cpu0) / g_repeat},
+          {"payload", std::string(ws::to_string(last.payload))},
+          {"checksum", checksum}};
+}
+
 // Every result line until all writers closed `fd`. When one reports an error, the `stop` processes
 // are killed: the others would wait out their deadlines (minutes) for a peer that is gone.
 std::vector<nlohmann::json> collect(int fd, const std::vector<pid_t>& stop = {}) {
@@ -612,14 +626,9 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
         }
         last = *r2;
       }
-      emit({{"role", "receiver"},
-            {"t_end", t_end},
-            {"wire", last.wire_bytes},
-            {"rss", peak_rss_bytes()},
-            {"cpu", (cpu_seconds() - cpu0) / g_repeat},
-            {"path", last.path},
-            {"payload", std::string(ws::to_string(last.payload))},
-            {"checksum", *(*sub)->checksum(sink)}});
+      auto line = timed_result("receiver", "t_end", t_end, last, cpu0, *(*sub)->checksum(sink));
+      line["path"] = last.path;
+      emit(line);
       return 0;
     }));
   }
@@ -664,13 +673,7 @@ nlohmann::json run_transport(const ws::TransportDescriptor& d, bool chain, const
       }
       last = *r2;
     }
-    emit({{"role", "sender"},
-          {"t0", t0s},
-          {"wire", last.wire_bytes},
-          {"rss", peak_rss_bytes()},
-          {"cpu", (cpu_seconds() - cpu0) / g_repeat},
-          {"payload", std::string(ws::to_string(last.payload))},
-          {"checksum", *ws::weights_checksum(w)}});
+    emit(timed_result("sender", "t0", t0s, last, cpu0, *ws::weights_checksum(w)));
     return 0;
   }));
   ::close(fds[1]);

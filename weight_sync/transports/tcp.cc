@@ -42,6 +42,7 @@
 #include <csignal>
 #include <atomic>
 #include <condition_variable>
+#include <list>
 #include <mutex>
 #include <thread>
 
@@ -238,7 +239,8 @@ class Server {
   // Gathers the peers of one transfer: waits until `deadline` for the first one, then at most
   // `window` for the others (until `expected` came). A receiver that does not come holds nobody: it
   // connects later and is served by a later transfer. A peer that already holds `version` (or a newer
-  // one) is not served it; it waits for a later version. Returns the number gathered.
+  // one) is not served it; it waits for a later version. Handshakes run side by side (Greeter), so a
+  // receiver that connected and then went dark holds no other's. Returns the number gathered.
   std::size_t gather(std::size_t expected, std::optional<Version> version, Deadline deadline,
                      std::chrono::milliseconds hello_timeout, std::chrono::milliseconds window) {
     auto wants = [&](const Peer& p) { return !version || !p.hello.version || *p.hello.version < *version; };
@@ -252,27 +254,36 @@ class Server {
       }
     }
     Deadline first = peers_.empty() ? Deadline{} : Clock::now();
-    while (peers_.size() < expected) {
-      const Deadline until = peers_.empty() ? deadline : first + window;
-      if (Clock::now() >= until) break;
-      auto c = accept(until);
-      if (!c) continue;
-      auto hello = handshake(**c, Clock::now() + hello_timeout);
-      if (!hello) {
-        ARLO_WARN("tcp publisher {}: refusing a receiver: {}", endpoint_, hello.error().what());
-        continue;
+    auto admit = [&](Greeter::Greeting g) {
+      if (!*g.hello) {
+        ARLO_WARN("tcp publisher {}: {}", endpoint_,
+                  g.cut ? "dropped a receiver that connected but did not finish its handshake in time (a dark link?)"
+                        : "refusing a receiver: " + g.hello->error().what());
+        return;
       }
       auto p = std::make_unique<Peer>();
-      p->hello = std::move(*hello);
-      (*c)->peer = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
-      p->conn = std::move(*c);
-      if (!wants(*p)) {
-        keep_pending(std::move(p));
-        continue;
-      }
+      p->hello = std::move(**g.hello);
+      g.conn->peer = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
+      p->conn = std::move(g.conn);
+      if (!wants(*p) || peers_.size() >= expected) return keep_pending(std::move(p));
       if (peers_.empty()) first = Clock::now();
       peers_.push_back(std::move(p));
+    };
+    Greeter greeter(*this, hello_timeout);
+    while (true) {
+      for (auto& g : greeter.finished()) admit(std::move(g));
+      if (peers_.size() >= expected) break;
+      const auto now = Clock::now();
+      const Deadline until = peers_.empty() ? deadline : first + window;
+      if (now >= until) break;
+      // While handshakes run, look in on them every few milliseconds.
+      auto c = accept(greeter.running() ? std::min(until, now + std::chrono::milliseconds(10)) : until);
+      if (c) greeter.start(std::move(*c));
     }
+    // A handshake under way when the window closed gets a moment more (a live receiver's takes
+    // milliseconds, a loaded host's longer); one still waiting then is cut off.
+    greeter.wait(Clock::now() + std::min<std::chrono::milliseconds>(hello_timeout, std::chrono::seconds(1)));
+    for (auto& g : greeter.cut_off()) admit(std::move(g));
     return peers_.size();
   }
 
@@ -364,22 +375,15 @@ class Server {
 
   Result<std::unique_ptr<Conn>> accept(Deadline deadline) {
     auto c = std::make_unique<Conn>();
-    bool done = false;
-    boost::system::error_code result;
-    acc_.async_accept(c->sock, [&](const boost::system::error_code& ec) {
-      done = true;
-      result = ec;
-    });
-    acc_ctx_.restart();
-    acc_ctx_.run_until(deadline);
-    if (!done) {
-      boost::system::error_code ignored;
-      acc_.cancel(ignored);
-      acc_ctx_.restart();
-      acc_ctx_.run();
-      return make_error(ErrorCode::kTimeout, "no connection");
-    }
-    if (result) return make_error(ErrorCode::kIo, "accept: " + result.message());
+    const auto result = detail::run_with_deadline(
+        acc_ctx_, [&](auto handler) { acc_.async_accept(c->sock, std::move(handler)); },
+        [&] {
+          boost::system::error_code ignored;
+          acc_.cancel(ignored);
+        },
+        deadline);
+    if (!result) return make_error(ErrorCode::kTimeout, "no connection");
+    if (*result) return make_error(ErrorCode::kIo, "accept: " + result->message());
     c->tune();
     return c;
   }
@@ -480,6 +484,78 @@ class Server {
     const ssize_t n = ::recv(c.sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
   }
+  // The handshakes of one gathering, each on its own thread. Those still running when the gathering
+  // ends are cut off (their connection shut down; the receiver reconnects for a later version).
+  class Greeter {
+   public:
+    struct Greeting {
+      std::unique_ptr<Conn> conn;
+      std::optional<Result<Hello>> hello;  // set when the handshake ended
+      bool cut = false;                    // it was cut off
+    };
+    Greeter(Server& server, std::chrono::milliseconds timeout) : server_(server), timeout_(timeout) {}
+    ~Greeter() { cut_off(); }
+    void start(std::unique_ptr<Conn> conn) {
+      std::lock_guard l(mu_);
+      Greeting& g = greetings_.emplace_back();
+      g.conn = std::move(conn);
+      ++running_;
+      threads_.emplace_back([this, &g] {
+        auto hello = server_.handshake(*g.conn, Clock::now() + timeout_);
+        std::lock_guard l(mu_);
+        g.hello = std::move(hello);
+        --running_;
+        ended_.notify_all();
+      });
+    }
+    // Waits until every handshake started has ended, or `until`.
+    void wait(Deadline until) {
+      std::unique_lock l(mu_);
+      ended_.wait_until(l, until, [&] { return running_ == 0; });
+    }
+    bool running() {
+      std::lock_guard l(mu_);
+      return running_ > 0;
+    }
+    // The handshakes that ended since the last call.
+    std::vector<Greeting> finished() {
+      std::lock_guard l(mu_);
+      std::vector<Greeting> out;
+      for (auto it = greetings_.begin(); it != greetings_.end();) {
+        if (!it->hello) {
+          ++it;
+          continue;
+        }
+        out.push_back(std::move(*it));
+        it = greetings_.erase(it);
+      }
+      return out;
+    }
+    // Cuts off the handshakes still running, waits for every thread, returns what had not been taken.
+    std::vector<Greeting> cut_off() {
+      {
+        std::lock_guard l(mu_);
+        for (auto& g : greetings_)
+          if (!g.hello) {
+            g.cut = true;
+            ::shutdown(g.conn->sock.native_handle(), SHUT_RDWR);  // its blocked read returns
+          }
+      }
+      for (auto& t : threads_) t.join();
+      threads_.clear();
+      return finished();
+    }
+
+   private:
+    Server& server_;
+    std::chrono::milliseconds timeout_;
+    std::mutex mu_;
+    std::condition_variable ended_;
+    std::list<Greeting> greetings_;  // stable addresses: each thread fills its own
+    std::size_t running_ = 0;
+    std::vector<std::thread> threads_;
+  };
+
   void keep_pending(std::unique_ptr<Peer> p) {
     std::erase_if(pending_, [](const std::unique_ptr<Peer>& q) { return closed(*q->conn); });
     pending_.push_back(std::move(p));

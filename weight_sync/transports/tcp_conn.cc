@@ -15,26 +15,17 @@ namespace arlo::weight_sync::detail {
 
 template <typename Start>
 Status Conn::run(Start start, Deadline deadline, const char* what) {
-  bool done = false;
-  boost::system::error_code result;
-  start([&](const boost::system::error_code& ec, auto&&...) {
-    done = true;
-    result = ec;
-  });
-  ctx.restart();
-  ctx.run_until(deadline);
-  if (!done) {
+  const auto cancel = [&] {
     boost::system::error_code ignored;
     sock.cancel(ignored);
-    ctx.restart();
-    ctx.run();
-    return make_error(ErrorCode::kTimeout, std::string(what) + " timed out");
-  }
-  if (result) {
+  };
+  const auto result = run_with_deadline(ctx, std::move(start), cancel, deadline);
+  if (!result) return make_error(ErrorCode::kTimeout, std::string(what) + " timed out");
+  if (*result) {
     const bool closed =
-        result == asio::error::eof || result == asio::error::connection_reset || result == asio::error::broken_pipe;
+        *result == asio::error::eof || *result == asio::error::connection_reset || *result == asio::error::broken_pipe;
     return make_error(closed ? ErrorCode::kUnavailable : ErrorCode::kIo,
-                      std::string(what) + ": " + (closed ? "connection closed by peer" : result.message()));
+                      std::string(what) + ": " + (closed ? "connection closed by peer" : result->message()));
   }
   return ok();
 }
@@ -91,22 +82,31 @@ Status Conn::arm(int opt, Deadline deadline) {
   return ok();
 }
 
+// A partial send or receive restarts the kernel's timer: each call re-arms it with what is left.
+// A call that moves nothing is the peer's close.
+template <typename Io>
+Status Conn::transfer(int opt, std::size_t size, Deadline deadline, const char* what, Io io) {
+  std::size_t done = 0;
+  while (done < size) {
+    ARLO_TRY(arm(opt, deadline));
+    const ssize_t n = io(done, size - done);
+    if (n == 0) return io_error(what, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return io_error(what, errno);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return ok();
+}
+
 Status Conn::write(const std::vector<asio::const_buffer>& buffers, Deadline deadline) {
   ARLO_TRY(blocking());
   const int fd = sock.native_handle();
   for (const auto& b : buffers) {
     const char* p = static_cast<const char*>(b.data());
-    std::size_t left = b.size();
-    while (left > 0) {
-      ARLO_TRY(arm(SO_SNDTIMEO, deadline));  // a partial send restarts the kernel's timer: re-arm with what is left
-      const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return io_error("send", errno);
-      }
-      p += n;
-      left -= static_cast<std::size_t>(n);
-    }
+    ARLO_TRY(transfer(SO_SNDTIMEO, b.size(), deadline, "send",
+                      [&](std::size_t off, std::size_t left) { return ::send(fd, p + off, left, MSG_NOSIGNAL); }));
   }
   return ok();
 }
@@ -115,19 +115,8 @@ Status Conn::read(asio::mutable_buffer buffer, Deadline deadline) {
   ARLO_TRY(blocking());
   const int fd = sock.native_handle();
   char* p = static_cast<char*>(buffer.data());
-  std::size_t left = buffer.size();
-  while (left > 0) {
-    ARLO_TRY(arm(SO_RCVTIMEO, deadline));  // as in write
-    const ssize_t n = ::recv(fd, p, left, MSG_WAITALL);
-    if (n == 0) return io_error("receive", 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return io_error("receive", errno);
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  return ok();
+  return transfer(SO_RCVTIMEO, buffer.size(), deadline, "receive",
+                  [&](std::size_t off, std::size_t left) { return ::recv(fd, p + off, left, MSG_WAITALL); });
 }
 
 Status Conn::send_json(Frame type, const nlohmann::json& body, Deadline deadline) {

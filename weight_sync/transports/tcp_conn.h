@@ -38,6 +38,32 @@ struct FrameHeader {
   std::uint64_t b = 0;  // bucket: wire bytes
 };
 
+// Runs one asynchronous operation on `ctx` (`start` gets its completion handler) until the handler
+// has run or `deadline` passes; then `cancel` stops the operation and the context runs until its
+// handler has. The operation's error code, or nullopt when the deadline cut it off.
+template <typename Start, typename Cancel>
+std::optional<boost::system::error_code> run_with_deadline(asio::io_context& ctx, Start start, Cancel cancel,
+                                                           Deadline deadline) {
+  bool done = false;
+  boost::system::error_code result;
+  start([&](const boost::system::error_code& ec, auto&&...) {
+    done = true;
+    result = ec;
+  });
+  ctx.restart();
+  ctx.run_until(deadline);
+  if (!done) {
+    cancel();
+    ctx.restart();
+    ctx.run();
+    // It may have completed before the cancel reached it (an accepted connection, bytes read): that
+    // result stands.
+    if (result != asio::error::operation_aborted) return result;
+    return std::nullopt;
+  }
+  return result;
+}
+
 class Conn {
  public:
   Conn() : sock(ctx) {}
@@ -62,6 +88,10 @@ class Conn {
   Status run(Start start, Deadline deadline, const char* what);
   Status blocking();
   Status arm(int opt, Deadline deadline);  // SO_SNDTIMEO / SO_RCVTIMEO for `deadline`
+  // Moves `size` bytes with `io` (one send or recv of (offset, bytes left), returning what the call
+  // returns), re-arming the kernel timeout `opt` before each call. `what` names it in errors.
+  template <typename Io>
+  Status transfer(int opt, std::size_t size, Deadline deadline, const char* what, Io io);
   bool blocking_ = false;
   struct Armed {
     Deadline deadline{};

@@ -31,41 +31,16 @@ Deadline soon() { return deadline_in(30s); }  // generous: the machine is loaded
 
 using arlo::test_log::log_capture;
 
-// Wire helpers for raw requests.
-template <typename T>
-void put(std::string& out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
+// Raw requests: a command byte as the dialect under test numbers it, then the fields in the
+// store's wire encoding (store_encode).
+template <typename... Fields>
+std::string raw_request(std::uint8_t cmd, const Fields&... fields) {
+  return store_encode(cmd, fields...);
 }
-void put_bytes(std::string& out, std::string_view v) {
-  put<std::uint64_t>(out, v.size());
-  out.append(v);
-}
-std::string validate(std::uint32_t magic = kStoreValidateMagic) {
-  std::string s;
-  put<std::uint8_t>(s, 0);
-  put<std::uint32_t>(s, magic);
-  return s;
-}
-std::string ping(std::uint32_t nonce) {
-  std::string s;
-  put<std::uint8_t>(s, 13);
-  put<std::uint32_t>(s, nonce);
-  return s;
-}
-std::string keys_request(std::uint8_t cmd, const std::vector<std::string>& keys) {
-  std::string s;
-  put<std::uint8_t>(s, cmd);
-  put<std::uint64_t>(s, keys.size());
-  for (const auto& k : keys) put_bytes(s, k);
-  return s;
-}
-std::string as_bytes(std::uint32_t v) {
-  std::string s;
-  put(s, v);
-  return s;
-}
+std::string validate(std::uint32_t magic = kStoreValidateMagic) { return raw_request(0, magic); }
+std::string ping(std::uint32_t nonce) { return raw_request(13, nonce); }
+std::string keys_request(std::uint8_t cmd, const std::vector<std::string>& keys) { return raw_request(cmd, keys); }
+std::string as_bytes(std::uint32_t v) { return store_encode(v); }
 
 // A plain blocking socket with a 30 s receive timeout: for requests StoreClient would never send.
 class Raw {
@@ -320,10 +295,7 @@ TEST_F(NcclStore, CancelWaitRaw) {
 
 TEST_F(NcclStore, GetOfMissingKeyClosesOnlyThatConnection) {
   auto bad = raw_current();
-  std::string get;
-  put<std::uint8_t>(get, 3);
-  put_bytes(get, "/nope");
-  bad->send(get);
+  bad->send(raw_request(3, "/nope"));
   EXPECT_TRUE(bad->eof());
   EXPECT_TRUE(log_capture().contains("GET", "/nope"));
   auto bad2 = raw_current();
@@ -352,40 +324,26 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
   ASSERT_TRUE(keep->set("/kept", "yes", soon()));
   {  // Truncated: a SET whose key is cut short, then the peer closes.
     auto r = raw_current();
-    std::string set;
-    put<std::uint8_t>(set, 1);
-    put<std::uint64_t>(set, 10);
-    set += "abc";
-    r->send(set);
+    r->send(raw_request(1, std::uint64_t{10}) + "abc");
     r->shutdown_write();
     EXPECT_TRUE(r->eof());
     EXPECT_TRUE(log_capture().contains("truncated SET"));
   }
   {  // A key over the limit: refused from its length, before the bytes come.
     auto r = raw_current();
-    std::string set;
-    put<std::uint8_t>(set, 1);
-    put<std::uint64_t>(set, kStoreMaxKeyBytes + 1);
-    r->send(set);
+    r->send(raw_request(1, std::uint64_t{kStoreMaxKeyBytes + 1}));
     EXPECT_TRUE(r->eof());
     EXPECT_TRUE(log_capture().contains("SET request", "over the limit"));
   }
   {  // A value over the limit.
     auto r = raw_current();
-    std::string set;
-    put<std::uint8_t>(set, 1);
-    put_bytes(set, "/k");
-    put<std::uint64_t>(set, kStoreMaxValueBytes + 1);
-    r->send(set);
+    r->send(raw_request(1, "/k", std::uint64_t{kStoreMaxValueBytes + 1}));
     EXPECT_TRUE(r->eof());
     EXPECT_TRUE(log_capture().contains("a value of", "over the limit"));
   }
   {  // Too many keys in a WAIT.
     auto r = raw_current();
-    std::string w;
-    put<std::uint8_t>(w, 6);
-    put<std::uint64_t>(w, std::uint64_t{1} << 40);
-    r->send(w);
+    r->send(raw_request(6, std::uint64_t{1} << 40));
     EXPECT_TRUE(r->eof());
     EXPECT_TRUE(log_capture().contains("WAIT request", "keys in one request"));
   }
@@ -397,22 +355,14 @@ TEST_F(NcclStore, MalformedAndTruncatedRequestsCloseOnlyThatConnection) {
   }
   {  // Queue commands are refused with their name.
     auto r = raw_current();
-    std::string q;
-    put<std::uint8_t>(q, 14);
-    put_bytes(q, "/q");
-    put_bytes(q, "v");
-    r->send(q);
+    r->send(raw_request(14, "/q", "v"));
     EXPECT_TRUE(r->eof());
     EXPECT_TRUE(log_capture().contains("QUEUE_PUSH", "not supported"));
   }
   {  // ADD onto a value that is not an integer (torch's server drops that connection too).
     ASSERT_TRUE(keep->set("/text", "abc", soon()));
     auto r = raw_current();
-    std::string add;
-    put<std::uint8_t>(add, 4);
-    put_bytes(add, "/text");
-    put<std::int64_t>(add, 1);
-    r->send(add);
+    r->send(raw_request(4, "/text", std::int64_t{1}));
     EXPECT_TRUE(r->eof());
     EXPECT_TRUE(log_capture().contains("ADD request", "not an integer"));
   }
@@ -424,36 +374,20 @@ TEST_F(NcclStore, LegacyDialect) {
   // torch < 2.2 (Debian's 1.13): no VALIDATE, SET 0, COMPARE_SET 1, GET 2, ADD 3, CHECK 4, WAIT 5,
   // GETNUMKEYS 6, DELETE_KEY 8, APPEND 9, MULTI_GET 10, MULTI_SET 11, CANCEL_WAIT 12.
   Raw r(server->port());
-  std::string add;
-  put<std::uint8_t>(add, 3);
-  put_bytes(add, "init/");
-  put<std::int64_t>(add, 1);
-  r.send(add);
-  std::string one;
-  put<std::int64_t>(one, 1);
-  EXPECT_EQ(r.recv(8), one);
-  std::string set;
-  put<std::uint8_t>(set, 0);
-  put_bytes(set, "/k");
-  put_bytes(set, "v");
+  r.send(raw_request(3, "init/", std::int64_t{1}));
+  EXPECT_EQ(r.recv(8), store_encode(std::int64_t{1}));
+  const std::string set = raw_request(0, "/k", "v");
   r.send(set + keys_request(5, {"/k"}));
   EXPECT_EQ(r.recv(1), std::string(1, '\0'));
-  std::string get;
-  put<std::uint8_t>(get, 2);
-  put_bytes(get, "/k");
+  const std::string get = raw_request(2, "/k");
   r.send(get);
   EXPECT_EQ(r.recv(9), std::string("\x01\0\0\0\0\0\0\0v", 9));
   r.send(keys_request(4, {"/k", "/x"}));
   EXPECT_EQ(r.recv(1), std::string(1, '\x01'));  // NOT_READY
   r.send(std::string(1, '\x06'));                // GETNUMKEYS
-  std::string two;
-  put<std::int64_t>(two, 2);
-  EXPECT_EQ(r.recv(8), two);
+  EXPECT_EQ(r.recv(8), store_encode(std::int64_t{2}));
   // WATCH_KEY is refused.
-  std::string watch;
-  put<std::uint8_t>(watch, 7);
-  put_bytes(watch, "/k");
-  r.send(watch);
+  r.send(raw_request(7, "/k"));
   EXPECT_TRUE(r.eof());
   EXPECT_TRUE(log_capture().contains("WATCH_KEY"));
 

@@ -84,20 +84,16 @@ class NcclBackend final : public Backend {
   void comm_abort(CommHandle comm) override { nccl_->CommAbort(as_comm(comm)); }
 
   Result<StreamHandle> stream_create() override {
-    ARLO_ASSIGN_OR_RETURN(const CudaRuntime* rt, cuda());
-    cudaStream_t stream = nullptr;
-    ARLO_TRY(cuda_check(rt->StreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
-    return static_cast<StreamHandle>(stream);
+    return create_with_flags<StreamHandle>(&CudaRuntime::StreamCreateWithFlags, cudaStreamNonBlocking,
+                                           "cudaStreamCreateWithFlags");
   }
   void stream_destroy(StreamHandle stream) override {
     if (rt_ && stream) rt_->StreamDestroy(as_stream(stream));
   }
 
   Result<EventHandle> event_create() override {
-    ARLO_ASSIGN_OR_RETURN(const CudaRuntime* rt, cuda());
-    cudaEvent_t event = nullptr;
-    ARLO_TRY(cuda_check(rt->EventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
-    return static_cast<EventHandle>(event);
+    return create_with_flags<EventHandle>(&CudaRuntime::EventCreateWithFlags, cudaEventDisableTiming,
+                                          "cudaEventCreateWithFlags");
   }
   void event_destroy(EventHandle event) override {
     if (rt_ && event) rt_->EventDestroy(static_cast<cudaEvent_t>(event));
@@ -172,6 +168,15 @@ class NcclBackend final : public Backend {
   Status cuda_check(cudaError_t e, const std::string& call) const {
     if (e == cudaSuccess) return ok();
     return std::unexpected(cuda_error(e, call));
+  }
+  // A CUDA stream or event: made by the runtime's `create` entry (named `call`) with `flags`.
+  template <typename Handle, typename Raw>
+  Result<Handle> create_with_flags(cudaError_t (*CudaRuntime::*create)(Raw*, unsigned int), unsigned int flags,
+                                   const char* call) {
+    ARLO_ASSIGN_OR_RETURN(const CudaRuntime* rt, cuda());
+    Raw raw = nullptr;
+    ARLO_TRY(cuda_check((rt->*create)(&raw, flags), call));
+    return static_cast<Handle>(raw);
   }
 
   const NcclLibrary* nccl_;

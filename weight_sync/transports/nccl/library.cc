@@ -38,17 +38,9 @@ Result<std::unique_ptr<NcclLibrary>> open_nccl(const std::string& path) {
   auto lib = std::make_unique<NcclLibrary>();
   lib->path = path;
   std::string missing;
-  resolve(handle, "ncclGetVersion", lib->GetVersion, missing);
-  resolve(handle, "ncclGetUniqueId", lib->GetUniqueId, missing);
-  resolve(handle, "ncclCommInitRankConfig", lib->CommInitRankConfig, missing);
-  resolve(handle, "ncclCommGetAsyncError", lib->CommGetAsyncError, missing);
-  resolve(handle, "ncclCommFinalize", lib->CommFinalize, missing);
-  resolve(handle, "ncclCommDestroy", lib->CommDestroy, missing);
-  resolve(handle, "ncclCommAbort", lib->CommAbort, missing);
-  resolve(handle, "ncclBroadcast", lib->Broadcast, missing);
-  resolve(handle, "ncclAllReduce", lib->AllReduce, missing);
-  resolve(handle, "ncclGetErrorString", lib->GetErrorString, missing);
-  resolve(handle, "ncclGetLastError", lib->GetLastError, missing);
+#define ARLO_RESOLVE_NCCL(name) resolve(handle, "nccl" #name, lib->name, missing);
+  ARLO_NCCL_FUNCTIONS(ARLO_RESOLVE_NCCL)
+#undef ARLO_RESOLVE_NCCL
   if (!missing.empty()) {
     dlclose(handle);
     return make_error(ErrorCode::kMismatch, "nccl: " + path + " has no symbol " + missing +
@@ -84,20 +76,11 @@ Result<std::unique_ptr<CudaRuntime>> open_cudart(const std::string& nccl_path) {
     auto rt = std::make_unique<CudaRuntime>();
     rt->path = candidate;
     std::string missing;
-    resolve(handle, "cudaGetDeviceCount", rt->GetDeviceCount, missing);
-    resolve(handle, "cudaSetDevice", rt->SetDevice, missing);
-    resolve(handle, "cudaGetErrorString", rt->GetErrorString, missing);
-    resolve(handle, "cudaStreamCreateWithFlags", rt->StreamCreateWithFlags, missing);
-    resolve(handle, "cudaStreamDestroy", rt->StreamDestroy, missing);
-    resolve(handle, "cudaEventCreateWithFlags", rt->EventCreateWithFlags, missing);
-    resolve(handle, "cudaEventDestroy", rt->EventDestroy, missing);
-    resolve(handle, "cudaEventRecord", rt->EventRecord, missing);
-    resolve(handle, "cudaEventQuery", rt->EventQuery, missing);
+#define ARLO_RESOLVE_CUDART(name) resolve(handle, "cuda" #name, rt->name, missing);
+    ARLO_CUDART_FUNCTIONS(ARLO_RESOLVE_CUDART)
+#undef ARLO_RESOLVE_CUDART
     resolve(handle, "cudaMalloc", rt->Malloc, missing);
-    resolve(handle, "cudaFree", rt->Free, missing);
     resolve(handle, "cudaHostAlloc", rt->HostAlloc, missing);
-    resolve(handle, "cudaFreeHost", rt->FreeHost, missing);
-    resolve(handle, "cudaMemcpyAsync", rt->MemcpyAsync, missing);
     if (!missing.empty()) {
       dlclose(handle);
       tried += "\n  " + candidate + ": no symbol " + missing;

@@ -13,38 +13,34 @@
 
 namespace arlo::weight_sync::nccl {
 
+// The functions of each table, X(name) for the library's nccl<name> / cuda<name>: one list both
+// declares the fields below and resolves them (library.cc).
+// clang-format off
+#define ARLO_NCCL_FUNCTIONS(X)                                                                     \
+  X(GetVersion) X(GetUniqueId) X(CommInitRankConfig) X(CommGetAsyncError) X(CommFinalize)          \
+  X(CommDestroy) X(CommAbort) X(Broadcast) X(AllReduce) X(GetErrorString) X(GetLastError)
+#define ARLO_CUDART_FUNCTIONS(X)                                                                   \
+  X(GetDeviceCount) X(SetDevice) X(GetErrorString) X(StreamCreateWithFlags) X(StreamDestroy)       \
+  X(EventCreateWithFlags) X(EventDestroy) X(EventRecord) X(EventQuery) X(Free) X(FreeHost)         \
+  X(MemcpyAsync)
+// clang-format on
+
 struct NcclLibrary {
   std::string path;
   std::string version;  // "2.28.9", from ncclGetVersion
-  decltype(&::ncclGetVersion) GetVersion = nullptr;
-  decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
-  decltype(&::ncclCommInitRankConfig) CommInitRankConfig = nullptr;
-  decltype(&::ncclCommGetAsyncError) CommGetAsyncError = nullptr;
-  decltype(&::ncclCommFinalize) CommFinalize = nullptr;
-  decltype(&::ncclCommDestroy) CommDestroy = nullptr;
-  decltype(&::ncclCommAbort) CommAbort = nullptr;
-  decltype(&::ncclBroadcast) Broadcast = nullptr;
-  decltype(&::ncclAllReduce) AllReduce = nullptr;
-  decltype(&::ncclGetErrorString) GetErrorString = nullptr;
-  decltype(&::ncclGetLastError) GetLastError = nullptr;
+#define ARLO_NCCL_FIELD(name) decltype(&::nccl##name) name = nullptr;
+  ARLO_NCCL_FUNCTIONS(ARLO_NCCL_FIELD)
+#undef ARLO_NCCL_FIELD
 };
 
 struct CudaRuntime {
   std::string path;
-  decltype(&::cudaGetDeviceCount) GetDeviceCount = nullptr;
-  decltype(&::cudaSetDevice) SetDevice = nullptr;
-  decltype(&::cudaGetErrorString) GetErrorString = nullptr;
-  decltype(&::cudaStreamCreateWithFlags) StreamCreateWithFlags = nullptr;
-  decltype(&::cudaStreamDestroy) StreamDestroy = nullptr;
-  decltype(&::cudaEventCreateWithFlags) EventCreateWithFlags = nullptr;
-  decltype(&::cudaEventDestroy) EventDestroy = nullptr;
-  decltype(&::cudaEventRecord) EventRecord = nullptr;
-  decltype(&::cudaEventQuery) EventQuery = nullptr;
+#define ARLO_CUDART_FIELD(name) decltype(&::cuda##name) name = nullptr;
+  ARLO_CUDART_FUNCTIONS(ARLO_CUDART_FIELD)
+#undef ARLO_CUDART_FIELD
+  // Spelled out: the untyped (void**) overloads, resolved by name in library.cc.
   cudaError_t (*Malloc)(void** ptr, size_t bytes) = nullptr;
-  decltype(&::cudaFree) Free = nullptr;
   cudaError_t (*HostAlloc)(void** ptr, size_t bytes, unsigned int flags) = nullptr;
-  decltype(&::cudaFreeHost) FreeHost = nullptr;
-  decltype(&::cudaMemcpyAsync) MemcpyAsync = nullptr;
 };
 
 // Loads (once per path, for the life of the process) the libnccl at `path` (empty:

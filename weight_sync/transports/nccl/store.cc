@@ -104,6 +104,12 @@ std::uint8_t current_byte(Cmd c) {
   return 0xff;
 }
 
+// A client request in the current dialect: the command's byte, then `fields` (store_append).
+template <typename... Fields>
+std::string request(Cmd c, const Fields&... fields) {
+  return store_encode(current_byte(c), fields...);
+}
+
 constexpr std::uint8_t kStopWaiting = 0;
 constexpr std::uint8_t kWaitCanceled = 1;
 constexpr std::uint8_t kReady = 0;
@@ -127,18 +133,6 @@ std::string show_keys(const std::vector<std::string>& keys) {
   for (std::size_t i = 0; i < keys.size() && i < 8; ++i) out += (i ? ", " : "") + show(keys[i]);
   if (keys.size() > 8) out += fmt::format(", ... {} keys", keys.size());
   return out + "]";
-}
-
-template <typename T>
-void put(std::string& out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.append(b, sizeof(T));
-}
-
-void put_bytes(std::string& out, std::string_view v) {
-  put<std::uint64_t>(out, v.size());
-  out.append(v);
 }
 
 // Parses a decimal integer the way torch's server does (std::stoll: leading spaces, sign, digits,
@@ -640,7 +634,7 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
     case Cmd::kPing: {
       const auto nonce = r.value<std::uint32_t>();
       if (!r.ok()) return incomplete_or_bad(q);
-      put<std::uint32_t>(c.out, nonce);
+      store_append(c.out, nonce);
       return true;
     }
     case Cmd::kSet: {
@@ -662,7 +656,7 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
         return fail(q, fmt::format("key {} does not exist (torch's server drops the connection too; its "
                                    "clients WAIT before GET)",
                                    show(key)));
-      put_bytes(c.out, it->second);
+      store_append(c.out, it->second);
       return true;
     }
     case Cmd::kAdd: return add(q);
@@ -671,21 +665,21 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
     case Cmd::kMultiGet: return keys_request(q);
     case Cmd::kGetNumKeys: {
       std::lock_guard lock(mu);
-      put<std::int64_t>(c.out, static_cast<std::int64_t>(data.size()));
+      store_append(c.out, static_cast<std::int64_t>(data.size()));
       return true;
     }
     case Cmd::kDeleteKey: {
       const auto key = r.key();
       if (!r.ok()) return incomplete_or_bad(q);
       std::lock_guard lock(mu);
-      put<std::int64_t>(c.out, static_cast<std::int64_t>(data.erase(std::string(key))));
+      store_append(c.out, static_cast<std::int64_t>(data.erase(std::string(key))));
       return true;
     }
     case Cmd::kAppend: return append(q);
     case Cmd::kMultiSet: return multi_set(q);
     case Cmd::kCancelWait:
       cancel_waits(id, c);
-      put<std::uint8_t>(c.out, kWaitCanceled);
+      store_append(c.out, kWaitCanceled);
       return true;
     case Cmd::kWatchKey: return fail(q, "WATCH_KEY (torch < 2.2 key callbacks) is not supported by this store");
     case Cmd::kQueuePush:
@@ -723,16 +717,16 @@ bool StoreServer::Impl::compare_set(Request& q) {
     if (expected.empty()) {
       data.emplace(std::string(key), std::string(desired));
       q.changed.emplace_back(key);
-      put_bytes(q.c.out, desired);
+      store_append(q.c.out, desired);
     } else {
-      put_bytes(q.c.out, expected);  // what torch answers for a missing key
+      store_append(q.c.out, expected);  // what torch answers for a missing key
     }
   } else {
     if (it->second == expected) {
       it->second = std::string(desired);
       q.changed.emplace_back(key);
     }
-    put_bytes(q.c.out, it->second);
+    store_append(q.c.out, it->second);
   }
   return true;
 }
@@ -751,7 +745,7 @@ bool StoreServer::Impl::add(Request& q) {
   }
   data[std::string(key)] = std::to_string(sum);
   q.changed.emplace_back(key);
-  put<std::int64_t>(q.c.out, sum);
+  store_append(q.c.out, sum);
   return true;
 }
 
@@ -764,13 +758,13 @@ bool StoreServer::Impl::keys_request(Request& q) {
   if (q.cmd == Cmd::kCheck) {
     const bool all =
         std::all_of(keys.begin(), keys.end(), [&](std::string_view k) { return data.contains(std::string(k)); });
-    put<std::uint8_t>(q.c.out, all ? kReady : kNotReady);
+    store_append(q.c.out, all ? kReady : kNotReady);
   } else if (q.cmd == Cmd::kWait) {
     std::unordered_set<std::string> missing;
     for (auto k : keys)
       if (!data.contains(std::string(k))) missing.emplace(k);
     if (missing.empty()) {
-      put<std::uint8_t>(q.c.out, kStopWaiting);
+      store_append(q.c.out, kStopWaiting);
     } else {
       for (const auto& k : missing) waiters[k].push_back(q.id);
       q.c.waits.push_back(std::move(missing));
@@ -781,7 +775,7 @@ bool StoreServer::Impl::keys_request(Request& q) {
       auto it = data.find(std::string(k));
       if (it == data.end())
         return fail(q, fmt::format("key {} does not exist (torch's server drops the connection too)", show(k)));
-      put_bytes(out, it->second);
+      store_append(out, it->second);
     }
     q.c.out += out;
   }
@@ -850,7 +844,7 @@ void StoreServer::Impl::changed_keys(const std::vector<std::string>& keys) {
         for (auto w = c.waits.begin(); w != c.waits.end();) {
           w->erase(k);
           if (w->empty()) {
-            put<std::uint8_t>(c.out, kStopWaiting);
+            store_append(c.out, kStopWaiting);
             w = c.waits.erase(w);
           } else {
             ++w;
@@ -1015,11 +1009,7 @@ struct StoreClient::Impl {
 
   Status wait(const std::vector<std::string>& keys, Deadline deadline) {
     const auto what = show_keys(keys);
-    std::string req;
-    put<std::uint8_t>(req, current_byte(Cmd::kWait));
-    put<std::uint64_t>(req, keys.size());
-    for (const auto& k : keys) put_bytes(req, k);
-    ARLO_TRY(write(req, deadline, "WAIT", what));
+    ARLO_TRY(write(request(Cmd::kWait, keys), deadline, "WAIT", what));
     auto answer = read_value<std::uint8_t>(deadline, "WAIT", what, true);
     if (answer) {
       if (*answer != kStopWaiting) {
@@ -1031,9 +1021,7 @@ struct StoreClient::Impl {
     if (answer.error().code() != ErrorCode::kTimeout || fd < 0) return std::unexpected(answer.error());
     // Deadline: cancel. A STOP_WAITING may have crossed the CANCEL_WAIT; then WAIT_CANCELED follows.
     const auto grace = Clock::now() + std::chrono::seconds(10);
-    std::string cancel;
-    put<std::uint8_t>(cancel, current_byte(Cmd::kCancelWait));
-    ARLO_TRY(write(cancel, grace, "CANCEL_WAIT", what));
+    ARLO_TRY(write(request(Cmd::kCancelWait), grace, "CANCEL_WAIT", what));
     ARLO_ASSIGN_OR_RETURN(auto first, read_value<std::uint8_t>(grace, "CANCEL_WAIT", what));
     if (first == kStopWaiting) {
       ARLO_ASSIGN_OR_RETURN(first, read_value<std::uint8_t>(grace, "CANCEL_WAIT", what));
@@ -1086,12 +1074,8 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& hos
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
   set_nodelay(impl->fd);
-  std::string hello;
-  put<std::uint8_t>(hello, current_byte(Cmd::kValidate));
-  put<std::uint32_t>(hello, kStoreValidateMagic);
   const auto nonce = static_cast<std::uint32_t>(::getpid());
-  put<std::uint8_t>(hello, current_byte(Cmd::kPing));
-  put<std::uint32_t>(hello, nonce);
+  const std::string hello = request(Cmd::kValidate, kStoreValidateMagic) + request(Cmd::kPing, nonce);
   ARLO_TRY(impl->write(hello, deadline, "VALIDATE+PING", ""));
   ARLO_ASSIGN_OR_RETURN(auto echo, impl->read_value<std::uint32_t>(deadline, "PING", ""));
   if (echo != nonce)
@@ -1107,40 +1091,25 @@ const std::string& StoreClient::server() const { return impl_->server; }
 
 Status StoreClient::set(const std::string& key, std::string_view value, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kSet));
-  put_bytes(req, key);
-  put_bytes(req, value);
-  return impl_->write(req, deadline, "SET", show(key));
+  return impl_->write(request(Cmd::kSet, key, value), deadline, "SET", show(key));
 }
 
 Result<std::string> StoreClient::get(const std::string& key, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
   ARLO_TRY(impl_->wait({key}, deadline));
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kGet));
-  put_bytes(req, key);
-  ARLO_TRY(impl_->write(req, deadline, "GET", show(key)));
+  ARLO_TRY(impl_->write(request(Cmd::kGet, key), deadline, "GET", show(key)));
   return impl_->read_bytes(deadline, "GET", show(key));
 }
 
 Result<std::int64_t> StoreClient::add(const std::string& key, std::int64_t delta, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kAdd));
-  put_bytes(req, key);
-  put<std::int64_t>(req, delta);
-  ARLO_TRY(impl_->write(req, deadline, "ADD", show(key)));
+  ARLO_TRY(impl_->write(request(Cmd::kAdd, key, delta), deadline, "ADD", show(key)));
   return impl_->read_value<std::int64_t>(deadline, "ADD", show(key));
 }
 
 Result<bool> StoreClient::check(const std::vector<std::string>& keys, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kCheck));
-  put<std::uint64_t>(req, keys.size());
-  for (const auto& k : keys) put_bytes(req, k);
-  ARLO_TRY(impl_->write(req, deadline, "CHECK", show_keys(keys)));
+  ARLO_TRY(impl_->write(request(Cmd::kCheck, keys), deadline, "CHECK", show_keys(keys)));
   ARLO_ASSIGN_OR_RETURN(auto answer, impl_->read_value<std::uint8_t>(deadline, "CHECK", show_keys(keys)));
   if (answer != kReady && answer != kNotReady) {
     impl_->close();
@@ -1158,50 +1127,32 @@ Status StoreClient::wait(const std::vector<std::string>& keys, Deadline deadline
 Result<std::string> StoreClient::compare_set(const std::string& key, std::string_view expected,
                                              std::string_view desired, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kCompareSet));
-  put_bytes(req, key);
-  put_bytes(req, expected);
-  put_bytes(req, desired);
-  ARLO_TRY(impl_->write(req, deadline, "COMPARE_SET", show(key)));
+  ARLO_TRY(impl_->write(request(Cmd::kCompareSet, key, expected, desired), deadline, "COMPARE_SET", show(key)));
   return impl_->read_bytes(deadline, "COMPARE_SET", show(key));
 }
 
 Result<std::int64_t> StoreClient::num_keys(Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kGetNumKeys));
-  ARLO_TRY(impl_->write(req, deadline, "GETNUMKEYS", ""));
+  ARLO_TRY(impl_->write(request(Cmd::kGetNumKeys), deadline, "GETNUMKEYS", ""));
   return impl_->read_value<std::int64_t>(deadline, "GETNUMKEYS", "");
 }
 
 Result<bool> StoreClient::delete_key(const std::string& key, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kDeleteKey));
-  put_bytes(req, key);
-  ARLO_TRY(impl_->write(req, deadline, "DELETE_KEY", show(key)));
+  ARLO_TRY(impl_->write(request(Cmd::kDeleteKey, key), deadline, "DELETE_KEY", show(key)));
   ARLO_ASSIGN_OR_RETURN(auto n, impl_->read_value<std::int64_t>(deadline, "DELETE_KEY", show(key)));
   return n == 1;
 }
 
 Status StoreClient::append(const std::string& key, std::string_view value, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kAppend));
-  put_bytes(req, key);
-  put_bytes(req, value);
-  return impl_->write(req, deadline, "APPEND", show(key));
+  return impl_->write(request(Cmd::kAppend, key, value), deadline, "APPEND", show(key));
 }
 
 Result<std::vector<std::string>> StoreClient::multi_get(const std::vector<std::string>& keys, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
   ARLO_TRY(impl_->wait(keys, deadline));
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kMultiGet));
-  put<std::uint64_t>(req, keys.size());
-  for (const auto& k : keys) put_bytes(req, k);
-  ARLO_TRY(impl_->write(req, deadline, "MULTI_GET", show_keys(keys)));
+  ARLO_TRY(impl_->write(request(Cmd::kMultiGet, keys), deadline, "MULTI_GET", show_keys(keys)));
   std::vector<std::string> out;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     ARLO_ASSIGN_OR_RETURN(auto v, impl_->read_bytes(deadline, "MULTI_GET", show(keys[i])));
@@ -1212,13 +1163,10 @@ Result<std::vector<std::string>> StoreClient::multi_get(const std::vector<std::s
 
 Status StoreClient::multi_set(const std::vector<std::pair<std::string, std::string>>& items, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kMultiSet));
-  put<std::int64_t>(req, static_cast<std::int64_t>(items.size()));
+  std::string req = request(Cmd::kMultiSet, static_cast<std::int64_t>(items.size()));  // MULTI_SET: an i64 count
   std::vector<std::string> keys;
   for (const auto& [k, v] : items) {
-    put_bytes(req, k);
-    put_bytes(req, v);
+    store_append(req, k, v);
     keys.push_back(k);
   }
   return impl_->write(req, deadline, "MULTI_SET", show_keys(keys));
@@ -1226,10 +1174,7 @@ Status StoreClient::multi_set(const std::vector<std::pair<std::string, std::stri
 
 Result<std::uint32_t> StoreClient::ping(std::uint32_t nonce, Deadline deadline) {
   std::lock_guard lock(impl_->mu);
-  std::string req;
-  put<std::uint8_t>(req, current_byte(Cmd::kPing));
-  put<std::uint32_t>(req, nonce);
-  ARLO_TRY(impl_->write(req, deadline, "PING", ""));
+  ARLO_TRY(impl_->write(request(Cmd::kPing, nonce), deadline, "PING", ""));
   return impl_->read_value<std::uint32_t>(deadline, "PING", "");
 }
 

@@ -21,11 +21,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "common/result.h"
@@ -38,6 +40,39 @@ inline constexpr std::size_t kStoreMaxKeyBytes = std::size_t{1} << 20;    // 1 M
 inline constexpr std::size_t kStoreMaxValueBytes = std::size_t{1} << 30;  // 1 GiB
 inline constexpr std::size_t kStoreMaxKeysPerRequest = std::size_t{1} << 16;
 inline constexpr std::uint32_t kStoreValidateMagic = 0x3C85F7CE;
+
+// The wire encoding above, for everything that writes requests or answers (client, server, and the
+// tests and fuzzers that craft raw bytes): store_append(out, fields...) appends each field in turn,
+// an arithmetic value as its bytes (host order: every supported machine is little-endian), a string
+// as a u64 length and the bytes, a key list as a u64 count and each key as a string.
+namespace store_wire {
+template <typename T>
+requires std::is_arithmetic_v<T>
+void append_field(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+inline void append_field(std::string& out, std::string_view s) {
+  append_field<std::uint64_t>(out, s.size());
+  out.append(s);
+}
+inline void append_field(std::string& out, const std::vector<std::string>& keys) {
+  append_field<std::uint64_t>(out, keys.size());
+  for (const auto& k : keys) append_field(out, std::string_view(k));
+}
+}  // namespace store_wire
+
+template <typename... Fields>
+void store_append(std::string& out, const Fields&... fields) {
+  (store_wire::append_field(out, fields), ...);
+}
+template <typename... Fields>
+std::string store_encode(const Fields&... fields) {
+  std::string out;
+  store_append(out, fields...);
+  return out;
+}
 
 // Serves the store on its own thread (one thread, poll() over every socket). GET or MULTI_GET of a
 // missing key, and ADD onto a value that is not an integer, close that connection, as torch's

@@ -178,6 +178,14 @@ FakeBackend::CommState* FakeBackend::comm_locked(CommHandle comm, const char* ca
   return c;
 }
 
+bool FakeBackend::comm_call_locked(CommHandle comm, const char* call, Call::Kind kind, bool CommState::*mark) {
+  CommState* c = comm_locked(comm, call);
+  if (!c) return false;
+  if (mark) c->*mark = true;
+  record_locked(kind);
+  return true;
+}
+
 void FakeBackend::progress_locked() {
   bool changed = true;
   while (changed) {
@@ -314,29 +322,22 @@ Status FakeBackend::enqueue_collective_locked(const char* name, Call call, CommH
 
 Status FakeBackend::comm_finalize(CommHandle comm) {
   std::lock_guard lock(mutex_);
-  if (!comm_locked(comm, "ncclCommFinalize")) return make_error(ErrorCode::kInternal, "fake nccl: dead communicator");
-  record_locked(Call::Kind::kFinalize);
-  changed_.notify_all();
+  if (!comm_call_locked(comm, "ncclCommFinalize", Call::Kind::kFinalize, nullptr))
+    return make_error(ErrorCode::kInternal, "fake nccl: dead communicator");
   return ok();
 }
 
 Status FakeBackend::comm_destroy(CommHandle comm) {
   std::lock_guard lock(mutex_);
-  CommState* c = comm_locked(comm, "ncclCommDestroy");
-  if (!c) return make_error(ErrorCode::kInternal, "fake nccl: dead communicator");
-  c->destroyed = true;
-  record_locked(Call::Kind::kDestroy);
-  changed_.notify_all();
+  if (!comm_call_locked(comm, "ncclCommDestroy", Call::Kind::kDestroy, &CommState::destroyed))
+    return make_error(ErrorCode::kInternal, "fake nccl: dead communicator");
   return ok();
 }
 
 void FakeBackend::comm_abort(CommHandle comm) {
   std::lock_guard lock(mutex_);
-  CommState* c = comm_locked(comm, "ncclCommAbort");
-  if (!c) return;
-  c->aborted = true;
-  record_locked(Call::Kind::kAbort);
-  progress_locked();  // drops its collectives, so events behind them are reached
+  if (comm_call_locked(comm, "ncclCommAbort", Call::Kind::kAbort, &CommState::aborted))
+    progress_locked();  // drops its collectives, so events behind them are reached
 }
 
 Result<StreamHandle> FakeBackend::stream_create() {

@@ -112,6 +112,9 @@ class FakeBackend final : public Backend {
   void record_locked(Call::Kind kind);
   bool owns_locked(const void* ptr, std::size_t bytes) const;
   CommState* comm_locked(CommHandle comm, const char* call);
+  // Finalize, destroy, abort: false (a misuse noted) unless `comm` is live; else sets its `mark`
+  // (when given) and records `kind`.
+  bool comm_call_locked(CommHandle comm, const char* call, Call::Kind kind, bool CommState::*mark);
 
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;

@@ -204,13 +204,7 @@ class ShmReceiver final : public ReceiverTransport {
         if (const std::uint64_t w = h->ring_room_want.load(); w != 0 && pos >= w) futex_bump_and_wake(h->doorbell);
       }
     }
-    ARLO_TRY(wait_for(
-        h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
-        "the checksum of bucket " + std::to_string(i)));
-    if (XXH3_64bits_digest(&hs) != table.checksums[i])
-      return make_error(ErrorCode::kMismatch,
-                        "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
-    applier.mark_direct_verified(i);
+    ARLO_TRY(verify_bucket(h, table, i, hs, applier, bd, alive));
     wire = total;
     return ok();
   }
@@ -254,6 +248,15 @@ class ShmReceiver final : public ReceiverTransport {
         return make_error(ErrorCode::kCancelled, "publisher abandoned the version");
       if (Clock::now() >= bd) return make_error(ErrorCode::kTimeout, "timed out reading bucket " + std::to_string(i));
     }
+    ARLO_TRY(verify_bucket(h, table, i, hs, applier, bd, alive));
+    wire = need;
+    return ok();
+  }
+
+  // The end of both paths for bucket i: waits until the publisher has hashed the bucket, then
+  // compares its checksum with `hs` (what this reader hashed) and marks the bucket verified.
+  Status verify_bucket(Header* h, const DirectTable& table, std::size_t i, XXH3_state_t& hs, BucketApplier& applier,
+                       Deadline bd, const std::function<Status()>& alive) {
     ARLO_TRY(wait_for(
         h, bd, [&] { return h->hashed.load(std::memory_order_acquire) > i; }, alive,
         "the checksum of bucket " + std::to_string(i)));
@@ -261,7 +264,6 @@ class ShmReceiver final : public ReceiverTransport {
       return make_error(ErrorCode::kMismatch,
                         "bucket " + std::to_string(i) + ": checksum mismatch (corrupted in transit)");
     applier.mark_direct_verified(i);
-    wire = need;
     return ok();
   }
 
