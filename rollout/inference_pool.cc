@@ -60,29 +60,29 @@ InferencePool::~InferencePool() {
   health_timer_.cancel();
 }
 
-InferencePool::Server* InferencePool::find(const std::string& url) {
-  for (auto& s : servers_)
+InferencePool::Worker* InferencePool::find(const std::string& url) {
+  for (auto& s : workers_)
     if (s->url == url) return s.get();
   return nullptr;
 }
 
-void InferencePool::add_server(const std::string& base_url) {
+void InferencePool::add_worker(const std::string& base_url) {
   const std::string url = strip_slash(base_url);
-  Server* s = find(url);
+  Worker* s = find(url);
   if (s) {
     if (!s->removed) return;
     s->removed = false;
   } else {
-    // Servers are never erased, so Server* held by in-flight requests stay valid.
-    servers_.push_back(std::make_unique<Server>());
-    s = servers_.back().get();
+    // Workers are never erased, so Worker* held by in-flight requests stay valid.
+    workers_.push_back(std::make_unique<Worker>());
+    s = workers_.back().get();
     s->url = url;
     s->lost = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::time_point::max());
   }
   s->healthy = false;
   s->circuit_open = false;
   s->consecutive_failures = 0;
-  ARLO_INFO("inference pool: server {} joined", url);
+  ARLO_INFO("inference pool: worker {} joined", url);
   if (running_) {
     auto alive = alive_;
     asio::co_spawn(
@@ -94,24 +94,24 @@ void InferencePool::add_server(const std::string& base_url) {
   }
 }
 
-void InferencePool::remove_server(const std::string& base_url) {
-  Server* s = find(strip_slash(base_url));
+void InferencePool::remove_worker(const std::string& base_url) {
+  Worker* s = find(strip_slash(base_url));
   if (!s || s->removed) return;
   s->removed = true;
   s->healthy = false;
-  ARLO_INFO("inference pool: server {} left ({} requests still in flight finish there)", s->url, s->outstanding);
+  ARLO_INFO("inference pool: worker {} left ({} requests still in flight finish there)", s->url, s->outstanding);
 }
 
-std::vector<std::string> InferencePool::servers() const {
+std::vector<std::string> InferencePool::workers() const {
   std::vector<std::string> out;
-  for (const auto& s : servers_)
+  for (const auto& s : workers_)
     if (!s->removed) out.push_back(s->url);
   return out;
 }
 
-std::vector<ServerStatus> InferencePool::status() const {
-  std::vector<ServerStatus> out;
-  for (const auto& s : servers_)
+std::vector<WorkerStatus> InferencePool::status() const {
+  std::vector<WorkerStatus> out;
+  for (const auto& s : workers_)
     out.push_back({s->url, s->healthy && !s->circuit_open, s->circuit_open, s->removed, s->outstanding, s->completed,
                    s->failed, s->version, s->silent});
   return out;
@@ -128,20 +128,20 @@ void InferencePool::stop() {
   health_timer_.cancel();
 }
 
-InferencePool::Server* InferencePool::pick(const std::string& key, const std::vector<std::string>& tried) {
-  auto usable = [](const Server& s) { return !s.removed && s.healthy && !s.circuit_open; };
-  auto was_tried = [&](const Server& s) { return std::find(tried.begin(), tried.end(), s.url) != tried.end(); };
+InferencePool::Worker* InferencePool::pick(const std::string& key, const std::vector<std::string>& tried) {
+  auto usable = [](const Worker& s) { return !s.removed && s.healthy && !s.circuit_open; };
+  auto was_tried = [&](const Worker& s) { return std::find(tried.begin(), tried.end(), s.url) != tried.end(); };
   if (!key.empty()) {
     if (auto it = affinity_.find(key); it != affinity_.end()) {
-      Server* s = find(it->second);
+      Worker* s = find(it->second);
       if (s && usable(*s) && !was_tried(*s)) return s;
     }
   }
-  Server* best = nullptr;
-  const std::size_t n = servers_.size();
+  Worker* best = nullptr;
+  const std::size_t n = workers_.size();
   for (int pass = 0; pass < 2 && !best; ++pass) {
     for (std::size_t k = 0; k < n; ++k) {
-      Server& s = *servers_[(round_robin_ + k) % n];
+      Worker& s = *workers_[(round_robin_ + k) % n];
       if (!usable(s) || (pass == 0 && was_tried(s))) continue;
       if (!best || s.outstanding < best->outstanding) best = &s;
     }
@@ -161,27 +161,27 @@ void InferencePool::remember_affinity(const std::string& key, const std::string&
   }
 }
 
-void InferencePool::on_success(Server& s) {
+void InferencePool::on_success(Worker& s) {
   ++s.completed;
   s.consecutive_failures = 0;
   if (!s.circuit_open) s.healthy = true;
 }
 
-void InferencePool::on_failure(Server& s, const Error& why) {
+void InferencePool::on_failure(Worker& s, const Error& why) {
   ++s.failed;
   ++s.consecutive_failures;
-  ARLO_WARN_EVERY(5.0, "inference server {} failed ({} in a row): {}", s.url, s.consecutive_failures, why.what());
+  ARLO_WARN_EVERY(5.0, "inference worker {} failed ({} in a row): {}", s.url, s.consecutive_failures, why.what());
   if (s.consecutive_failures >= options_.failure_threshold && !s.circuit_open)
     open_circuit(s, fmt::format("after {} consecutive failures", s.consecutive_failures));
 }
 
-void InferencePool::open_circuit(Server& s, const std::string& why) {
+void InferencePool::open_circuit(Worker& s, const std::string& why) {
   s.circuit_open = true;
   s.healthy = false;
   s.backoff = options_.open_backoff_initial;
   s.lost->cancel();  // wakes the requests waiting on it; later ones wait on a fresh timer
   s.lost = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::time_point::max());
-  ARLO_WARN("inference pool: circuit open for {} {}; its {} request(s) in flight move to other servers", s.url, why,
+  ARLO_WARN("inference pool: circuit open for {} {}; its {} request(s) in flight move to other workers", s.url, why,
             s.outstanding);
   if (!s.recovering && running_) {
     s.recovering = true;
@@ -189,7 +189,7 @@ void InferencePool::open_circuit(Server& s, const std::string& why) {
   }
 }
 
-asio::awaitable<bool> InferencePool::probe(Server& s) {
+asio::awaitable<bool> InferencePool::probe(Worker& s) {
   if (s.probing) co_return s.healthy;
   s.probing = true;
   auto alive = alive_;
@@ -202,7 +202,7 @@ asio::awaitable<bool> InferencePool::probe(Server& s) {
   if (r) s.last_answer = clock_->now();
   const bool ok = r && r->status >= 200 && r->status < 300;
   if (!ok && s.silent && options_.open_on_silence && !s.circuit_open && s.outstanding > 0 && s.last_answer < started) {
-    // Its requests are as unanswered as the probe: a dark link or a hung host, not a slow server
+    // Its requests are as unanswered as the probe: a dark link or a hung host, not a slow worker
     // (that one answers some of its requests meanwhile). They move now rather than after
     // failure_threshold more probe timeouts.
     ++s.failed;
@@ -230,7 +230,7 @@ asio::awaitable<bool> InferencePool::probe(Server& s) {
   co_return ok;
 }
 
-asio::awaitable<void> InferencePool::recover(Server& s, std::shared_ptr<bool> alive) {
+asio::awaitable<void> InferencePool::recover(Worker& s, std::shared_ptr<bool> alive) {
   while (*alive && running_ && s.circuit_open && !s.removed) {
     co_await cancellable_sleep_until(io_.get_executor(), *clock_, clock_->now() + s.backoff);
     if (!*alive || !running_) co_return;
@@ -244,7 +244,7 @@ asio::awaitable<void> InferencePool::recover(Server& s, std::shared_ptr<bool> al
 
 asio::awaitable<void> InferencePool::check_all() {
   std::vector<asio::awaitable<bool>> probes;
-  for (auto& s : servers_)
+  for (auto& s : workers_)
     if (!s->removed && !s->recovering) probes.push_back(probe(*s));
   co_await when_all(std::move(probes));
 }
@@ -253,8 +253,8 @@ asio::awaitable<void> InferencePool::health_loop(std::shared_ptr<bool> alive) {
   while (*alive && running_) {
     co_await check_all();
     if (!*alive || !running_) co_return;
-    // Servers whose circuit opened while the loop was idle get a recovery coroutine.
-    for (auto& s : servers_)
+    // Workers whose circuit opened while the loop was idle get a recovery coroutine.
+    for (auto& s : workers_)
       if (s->circuit_open && !s->recovering && !s->removed) {
         s->recovering = true;
         asio::co_spawn(io_, recover(*s, alive), asio::detached);
@@ -286,11 +286,11 @@ asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest requ
   while (attempts < options_.max_attempts) {
     const auto now = clock_->now();
     if (now >= end) break;
-    Server* s = pick(request.affinity_key, tried);
+    Worker* s = pick(request.affinity_key, tried);
     if (!s) {
-      // Nothing usable right now: wait for a server to (re)join, within the deadline.
-      if (!running_ && servers_.empty())
-        co_return make_error(ErrorCode::kUnavailable, "inference pool has no servers (add inference.servers)");
+      // Nothing usable right now: wait for a worker to (re)join, within the deadline.
+      if (!running_ && workers_.empty())
+        co_return make_error(ErrorCode::kUnavailable, "inference pool has no workers (set inference.urls)");
       co_await cancellable_sleep_until(io_.get_executor(), *clock_,
                                        now + std::min<Duration>(end - now, std::chrono::milliseconds(20)));
       if (!*alive) co_return make_error(ErrorCode::kCancelled, "inference pool destroyed");
@@ -306,9 +306,9 @@ asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest requ
     hr.timeout = end - now;
     if (options_.attempt_timeout) hr.timeout = std::min(hr.timeout, *options_.attempt_timeout);
     hr.idempotent = false;
-    hr.retry = http::RetryPolicy{1, {}, {}};  // the pool retries, on another server
+    hr.retry = http::RetryPolicy{1, {}, {}};  // the pool retries, on another worker
     ++s->outstanding;
-    auto lost = s->lost;  // this attempt gives up when the server's circuit opens meanwhile
+    auto lost = s->lost;  // this attempt gives up when the worker's circuit opens meanwhile
     std::variant<Result<http::Response>, std::tuple<boost::system::error_code>> raced;
     try {
       raced = co_await (client_->request(std::move(hr)) || lost->async_wait(asio::as_tuple(asio::use_awaitable)));
@@ -322,7 +322,7 @@ asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest requ
     if (raced.index() == 1) {  // no on_failure: the circuit is open already
       last_error = Error(
           ErrorCode::kUnavailable,
-          fmt::format("{}{}: the server stopped answering (its circuit opened) while the request ran", s->url, path));
+          fmt::format("{}{}: the worker stopped answering (its circuit opened) while the request ran", s->url, path));
       continue;
     }
     auto resp = std::move(std::get<0>(raced));
@@ -341,7 +341,7 @@ asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest requ
       continue;
     }
     if (resp->status >= 400) {
-      on_success(*s);  // the server is fine; the request is not
+      on_success(*s);  // the worker is fine; the request is not
       co_return make_error(ErrorCode::kInvalidArgument,
                            fmt::format("{}{} rejected the request with HTTP {}: {}", s->url, path, resp->status,
                                        resp->body.substr(0, 500)));
@@ -351,7 +351,7 @@ asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest requ
     auto completion = parse_openai_response(*json, chat);
     if (!completion) co_return std::unexpected(std::move(completion).error().with_context(s->url + path));
     on_success(*s);
-    completion->server = s->url;
+    completion->worker = s->url;
     completion->attempts = attempts;
     co_return std::move(*completion);
   }

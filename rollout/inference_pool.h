@@ -1,26 +1,26 @@
 #pragma once
-// Sending completion requests to a fleet of OpenAI-compatible inference servers.
+// Sending completion requests to a fleet of inference workers (OpenAI-compatible servers).
 //
 // InferencePool (the orchestrator reaches it through orch::adapters::RolloutInference; its unit
 // tests fake the orchestrator's InferencePort, not this):
-//   - routing: least outstanding requests among usable servers, with group affinity (requests with
-//     the same affinity_key go to the same server while it stays usable, for its prefix cache);
+//   - routing: least outstanding requests among usable workers, with group affinity (requests with
+//     the same affinity_key go to the same worker while it stays usable, for its prefix cache);
 //   - a deadline on every request covering all attempts;
-//   - retry on another server for connection errors, 5xx answers and per-attempt timeouts; each
+//   - retry on another worker for connection errors, 5xx answers and per-attempt timeouts; each
 //     submit() completes exactly once, with the first successful answer or the last error;
-//   - a circuit breaker per server: `failure_threshold` consecutive failures open it; while open the
-//     server gets no requests and is probed with GET /health after an exponential backoff; a
-//     successful probe closes it. Requests still waiting on a server when its circuit opens (a
+//   - a circuit breaker per worker: `failure_threshold` consecutive failures open it; while open the
+//     worker gets no requests and is probed with GET /health after an exponential backoff; a
+//     successful probe closes it. Requests still waiting on a worker when its circuit opens (a
 //     stopped or hung worker answers nothing) are cut off and retried on another one, within their
 //     deadline;
-//   - a silent server fails over at once: a health probe that times out (no answer at all, not a
-//     refusal or an error status) while the server holds requests and none of them got an answer
+//   - a silent worker fails over at once: a health probe that times out (no answer at all, not a
+//     refusal or an error status) while the worker holds requests and none of them got an answer
 //     since the probe started opens its circuit without waiting for `failure_threshold` probes
 //     (each waits out health_timeout: a link that is down would hold its requests ~3 timeouts).
-//     A server that is slow but answers its requests, or an idle one, only counts a failure;
+//     A worker that is slow but answers its requests, or an idle one, only counts a failure;
 //     `open_on_silence = false` restores the plain count;
-//   - servers join (add_server: usable after its first successful health check) and leave
-//     (remove_server: no new requests, in-flight ones finish) at runtime.
+//   - workers join (add_worker: usable after its first successful health check) and leave
+//     (remove_worker: no new requests, in-flight ones finish) at runtime.
 // Threading: everything runs on the io_context's single thread; no locks.
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
@@ -40,7 +40,7 @@
 
 namespace arlo::rollout {
 
-struct ServerStatus {
+struct WorkerStatus {
   std::string url;
   bool healthy = false;  // last health check (or request) succeeded and circuit closed
   bool circuit_open = false;
@@ -61,10 +61,10 @@ struct PoolOptions {
   int failure_threshold = 3;  // consecutive failures that open the circuit
   Duration open_backoff_initial = std::chrono::milliseconds(200);
   Duration open_backoff_max = std::chrono::seconds(30);
-  // A probe that times out while the server holds requests, none of which got an answer since the
+  // A probe that times out while the worker holds requests, none of which got an answer since the
   // probe started, opens the circuit at once (see above). Config: inference.failover_on_silence.
   bool open_on_silence = true;
-  int max_attempts = 3;                       // servers tried per request
+  int max_attempts = 3;                       // workers tried per request
   std::optional<Duration> attempt_timeout{};  // per attempt; default: the remaining deadline
   std::size_t affinity_capacity = 8192;       // affinity keys remembered (oldest forgotten)
   http::ClientOptions client;
@@ -80,34 +80,34 @@ class InferencePool {
   ~InferencePool();
 
   // base_url: "http://host:port". Adding a known URL again revives it if it was removed.
-  void add_server(const std::string& base_url);
-  void remove_server(const std::string& base_url);
-  std::vector<std::string> servers() const;  // not removed
+  void add_worker(const std::string& base_url);
+  void remove_worker(const std::string& base_url);
+  std::vector<std::string> workers() const;  // not removed
 
-  // Starts the periodic health checks (also run once immediately for every server).
+  // Starts the periodic health checks (also run once immediately for every worker).
   void start();
   // Stops health checks and wakes waiters; in-flight requests finish on their own deadlines.
   void stop();
 
   // Sends one request; completes exactly once. Errors: kTimeout (deadline passed), kUnavailable
-  // (no usable server, or all attempts failed), kParse / kInvalidArgument for a 4xx or bad answer
+  // (no usable worker, or all attempts failed), kParse / kInvalidArgument for a 4xx or bad answer
   // (not retried: the request itself is wrong).
   boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration timeout);
-  std::vector<ServerStatus> status() const;
+  std::vector<WorkerStatus> status() const;
 
-  // Health-checks every server now (used by start(); handy in tests). Completes when all answered.
+  // Health-checks every worker now (used by start(); handy in tests). Completes when all answered.
   boost::asio::awaitable<void> check_all();
 
   http::Client& client() { return *client_; }
 
  private:
-  struct Server {
+  struct Worker {
     std::string url;
     bool healthy = false;
     bool circuit_open = false;
     bool removed = false;
     bool probing = false;     // a health probe is in flight
-    bool recovering = false;  // a recovery coroutine owns this server's probes
+    bool recovering = false;  // a recovery coroutine owns this worker's probes
     int consecutive_failures = 0;
     Duration backoff{};
     Clock::time_point next_probe{};
@@ -115,20 +115,20 @@ class InferencePool {
     std::uint64_t completed = 0;
     std::uint64_t failed = 0;
     std::optional<std::int64_t> version;
-    bool silent = false;              // see ServerStatus::silent
+    bool silent = false;              // see WorkerStatus::silent
     Clock::time_point last_answer{};  // the last HTTP response (any status) to a request or probe
-    // Fires (is cancelled) when the circuit opens: requests waiting on this server give up on it.
+    // Fires (is cancelled) when the circuit opens: requests waiting on this worker give up on it.
     std::shared_ptr<boost::asio::steady_timer> lost;
   };
 
-  Server* find(const std::string& url);
-  Server* pick(const std::string& affinity_key, const std::vector<std::string>& tried);
+  Worker* find(const std::string& url);
+  Worker* pick(const std::string& affinity_key, const std::vector<std::string>& tried);
   void remember_affinity(const std::string& key, const std::string& url);
-  void on_success(Server& s);
-  void on_failure(Server& s, const Error& why);
-  void open_circuit(Server& s, const std::string& why);
-  boost::asio::awaitable<bool> probe(Server& s);
-  boost::asio::awaitable<void> recover(Server& s, std::shared_ptr<bool> alive);
+  void on_success(Worker& s);
+  void on_failure(Worker& s, const Error& why);
+  void open_circuit(Worker& s, const std::string& why);
+  boost::asio::awaitable<bool> probe(Worker& s);
+  boost::asio::awaitable<void> recover(Worker& s, std::shared_ptr<bool> alive);
   boost::asio::awaitable<void> health_loop(std::shared_ptr<bool> alive);
   boost::asio::awaitable<void> wait_health_interval(std::shared_ptr<bool> alive);
 
@@ -137,12 +137,12 @@ class InferencePool {
   std::unique_ptr<arlo::Clock> own_clock_;  // the real clock, when options.clock is null
   arlo::Clock* clock_;
   std::unique_ptr<http::Client> client_;
-  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<Worker>> workers_;
   std::unordered_map<std::string, std::string> affinity_;  // key -> url
   std::deque<std::string> affinity_order_;
   boost::asio::steady_timer health_timer_;  // woken by the clock after health_interval, or by stop()
   bool running_ = false;
-  std::size_t round_robin_ = 0;  // breaks ties between equally loaded servers
+  std::size_t round_robin_ = 0;  // breaks ties between equally loaded workers
   std::shared_ptr<bool> alive_;  // guards coroutines that outlive the pool
 };
 

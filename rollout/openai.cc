@@ -125,7 +125,7 @@ Json token_data_request(AdminDialect server, bool chat) {
 }
 
 Status check_token_data(const Completion& c, bool chat, bool logprobs, AdminDialect server) {
-  const std::string who = fmt::format("{}{} (inference.kind {})", c.server,
+  const std::string who = fmt::format("{}{} (inference.kind {})", c.worker,
                                       chat ? "/v1/chat/completions" : "/v1/completions", to_string(server));
   for (std::size_t i = 0; i < c.choices.size(); ++i) {
     const auto& ch = c.choices[i];

@@ -1,6 +1,6 @@
 #pragma once
 // Plain data that flows through the rollout module: tasks from environments, requests to and
-// completions from inference servers, and finished rollouts with their scores (docs/architecture.md section 2).
+// completions from inference workers, and finished rollouts with their scores (docs/architecture.md section 2).
 //
 // All types are values: copyable, no hidden sharing, safe to move across threads.
 #include <nlohmann/json.hpp>
@@ -25,7 +25,7 @@ using Duration = Clock::duration;
 // Tasks, chat messages, finish reasons, sampling parameters, versions and version spans are the shared
 // vocabulary's (common/vocabulary.h, namespace arlo).
 
-// One request to an OpenAI-compatible server. Prompt precedence: prompt_token_ids, then messages
+// One request to an inference worker (an OpenAI-compatible server). Prompt precedence: prompt_token_ids, then messages
 // (chat endpoint), then prompt.
 struct CompletionRequest {
   std::string model;  // "" lets the server pick its only model
@@ -33,7 +33,7 @@ struct CompletionRequest {
   std::vector<std::int32_t> prompt_token_ids;
   std::vector<ChatMessage> messages;  // non-empty => /v1/chat/completions
   SamplingParams sampling;
-  std::string affinity_key;     // requests with the same key go to the same server
+  std::string affinity_key;     // requests with the same key go to the same worker
   Json extra = Json::object();  // merged into the request body (server-specific knobs)
 
   bool is_chat() const { return !messages.empty() && prompt_token_ids.empty(); }
@@ -53,8 +53,8 @@ struct Completion {
   std::string model;
   std::vector<std::int32_t> prompt_token_ids;
   std::vector<CompletionChoice> choices;  // sorted by index
-  std::string server;                     // base URL of the server that produced it
-  int attempts = 1;                       // servers tried (1 = first try succeeded)
+  std::string worker;                     // base URL of the worker that produced it
+  int attempts = 1;                       // workers tried (1 = first try succeeded)
 };
 
 // One generated sample of a prompt group, as it travels to the trainer.

@@ -243,7 +243,7 @@ class RunSession::Impl {
     ao.call_timeout = seconds(s_.cfg.number("inference.admin_timeout_s"));
     ao.transfer_timeout = seconds(s_.cfg.number("weight_sync.timeout_s"));
     for (const auto& [name, url] : s_.plan.workers) {
-      pool.add_server(url);
+      pool.add_worker(url);
       admins.push_back(dialect.make(pool.client(), url, ao));
     }
     return admins;

@@ -134,7 +134,7 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   po.client.max_idle_per_host = static_cast<std::size_t>(inflight);
   rollout::InferencePool pool(network.context(), po);
   const std::string url = fmt::format("http://127.0.0.1:{}", port);
-  pool.add_server(url);
+  pool.add_worker(url);
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url, {}));
   adapters::RolloutInference inference(pool, std::move(admins), {}, "policy", network.executor());

@@ -95,7 +95,7 @@ RunResult run_arlo(const std::string& url, std::size_t concurrency, std::size_t 
   o.client.retry.max_attempts = 1;
   o.max_attempts = 1;
   arlo::rollout::InferencePool pool(io, o);
-  pool.add_server(url);
+  pool.add_worker(url);
   RunResult result;
   result.requests = total;
   asio::co_spawn(io, pool.check_all(), asio::detached);

@@ -83,7 +83,7 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
     co_return std::unexpected(st.error());
   GenerateResult out;
   out.prompt_tokens = std::move(completion->prompt_token_ids);
-  out.worker = completion->server;
+  out.worker = completion->worker;
   for (auto& ch : completion->choices) {
     Completion c;
     c.tokens = std::move(ch.token_ids);

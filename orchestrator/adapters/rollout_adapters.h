@@ -49,7 +49,7 @@ class RolloutInference final : public InferencePort {
   Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) override;
   Awaitable<Status> resume(std::string worker, TimePoint deadline) override;
   Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint deadline) override;
-  // The workers whose pool server is silent (rollout::ServerStatus::silent) with its circuit open,
+  // The workers the pool finds silent (rollout::WorkerStatus::silent) with its circuit open,
   // or open or not, matched to their admin url; read on the pool's thread.
   Awaitable<std::vector<std::string>> silent_workers() override;
   Awaitable<std::vector<std::string>> unreachable_workers() override;

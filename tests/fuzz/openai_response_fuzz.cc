@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (std::size_t s = 1; s < ch.version_spans.size(); ++s)
         check(ch.version_spans[s - 1].first_token <= ch.version_spans[s].first_token, "spans sorted", response.body);
     }
-    c->server = "http://fuzz:1";
+    c->worker = "http://fuzz:1";
     for (const auto dialect : {arlo::rollout::AdminDialect::kArlo, arlo::rollout::AdminDialect::kVllm,
                                arlo::rollout::AdminDialect::kSglang}) {
       for (const bool logprobs : {false, true}) {

@@ -317,7 +317,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
     IoThread& network;
     ~StopNetworkFirst() { network.stop(); }
   } stop_network_first{network};
-  pool.add_server(url);
+  pool.add_worker(url);
   asio::post(network.context(), [&pool] { pool.start(); });
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url));

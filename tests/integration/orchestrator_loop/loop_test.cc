@@ -96,8 +96,8 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
 
   rollout::InferencePool pool(io);
   const std::string u0 = fmt::format("http://127.0.0.1:{}", p0), u1 = fmt::format("http://127.0.0.1:{}", p1);
-  pool.add_server(u0);
-  pool.add_server(u1);
+  pool.add_worker(u0);
+  pool.add_worker(u1);
   pool.start();
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u0));

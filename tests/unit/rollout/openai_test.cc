@@ -115,7 +115,7 @@ TEST(OpenAI, ParsesVllmShapes) {
   EXPECT_EQ(c->prompt_token_ids, (std::vector<std::int32_t>{151644, 17, 10, 18, 28}));
   EXPECT_EQ(c->choices[0].token_ids, (std::vector<std::int32_t>{220, 20}));
   EXPECT_EQ(c->choices[0].logprobs, (std::vector<float>{-0.25f, -0.5f}));
-  c->server = "http://127.0.0.1:8000";
+  c->worker = "http://127.0.0.1:8000";
   EXPECT_TRUE(check_token_data(*c, false, true, AdminDialect::kVllm));
 
   const Json chat = Json::parse(R"({
@@ -173,7 +173,7 @@ TEST(OpenAI, SglangChatAsksForPromptIdsAndMetaInfo) {
 // A response without token data names the server, the field and what turns it on.
 TEST(OpenAI, MissingTokenDataNamesServerFieldAndFlag) {
   Completion c;
-  c.server = "http://127.0.0.1:8000";
+  c.worker = "http://127.0.0.1:8000";
   c.prompt_token_ids = {1, 2};
   CompletionChoice ch;
   ch.text = "5";

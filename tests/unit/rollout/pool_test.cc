@@ -51,7 +51,7 @@ CompletionRequest request(const std::string& prompt, const std::string& key = ""
   return r;
 }
 
-const ServerStatus& status_of(const std::vector<ServerStatus>& all, const std::string& url) {
+const WorkerStatus& status_of(const std::vector<WorkerStatus>& all, const std::string& url) {
   for (const auto& s : all)
     if (s.url == url) return s;
   throw std::runtime_error("no server " + url);
@@ -63,7 +63,7 @@ asio::awaitable<void> expect_answered_by(InferencePool& pool, int n, const std::
     auto r = co_await pool.submit(request("x"), std::chrono::seconds(10));
     EXPECT_TRUE(r) << (r ? "" : r.error().what());
     if (r) {
-      EXPECT_EQ(r->server, url);
+      EXPECT_EQ(r->worker, url);
     }
   }
 }
@@ -88,7 +88,7 @@ class InferencePoolOnAFakeClock : public ::testing::Test {
     options = std::move(o);
     options.clock = &clock;
     pool_ = std::make_unique<InferencePool>(io, options);
-    for (const auto* s : servers) pool_->add_server(s->url());
+    for (const auto* s : servers) pool_->add_worker(s->url());
     if (start) pool_->start();
     return *pool_;
   }
@@ -118,8 +118,8 @@ TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
   FakeOpenAIServer a(io), b(io);
   a.version = 3;
   InferencePool pool(io, fast_options());
-  pool.add_server(a.url());
-  pool.add_server(b.url() + "/");
+  pool.add_worker(a.url());
+  pool.add_worker(b.url() + "/");
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
     auto st = pool.status();
@@ -141,7 +141,7 @@ TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
     std::set<std::string> servers;
     for (auto& r : results) {
       EXPECT_TRUE(r);
-      if (r) servers.insert(r->server);
+      if (r) servers.insert(r->worker);
     }
     EXPECT_EQ(servers.size(), 1u);
   }());
@@ -158,7 +158,7 @@ TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
       if (++held == 9) all_held.set();
     };
   InferencePool pool(io, fast_options());
-  for (auto* s : {&a, &b, &c}) pool.add_server(s->url());
+  for (auto* s : {&a, &b, &c}) pool.add_worker(s->url());
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
     int done = 0;
@@ -186,7 +186,7 @@ TEST(InferencePool, RetriesOn5xxOnAnotherServerAndOpensTheCircuit) {
   FakeOpenAIServer bad(io), good(io);
   bad.fail_with_status = 503;
   InferencePool pool(io, fast_options());
-  for (auto* s : {&bad, &good}) pool.add_server(s->url());
+  for (auto* s : {&bad, &good}) pool.add_worker(s->url());
   run(io, [&]() -> asio::awaitable<void> {
     co_await pool.check_all();
     co_await expect_answered_by(pool, 6, good.url());
@@ -247,7 +247,7 @@ TEST_F(InferencePoolOnAFakeClock, ARequestOnAServerThatStopsAnsweringMovesToAnot
     EXPECT_EQ(stuck.answered, 0);
     EXPECT_TRUE(r.has_value() && *r) << (r && !*r ? r->error().what() : "no result");
     if (r && *r) {
-      EXPECT_EQ((*r)->server, good.url());
+      EXPECT_EQ((*r)->worker, good.url());
       EXPECT_EQ((*r)->attempts, 2);
     }
     EXPECT_TRUE(status_of(pool.status(), stuck.url()).circuit_open);
@@ -282,7 +282,7 @@ TEST_F(InferencePoolOnAFakeClock, AProbeTimeoutWhileRequestsWaitOpensTheCircuitA
             EXPECT_TRUE(r) << (r ? "" : r.error().what());
             if (r) {
               ++completions_per_request[i];
-              ++served_by[r->server];
+              ++served_by[r->worker];
               attempts += r->attempts;
             }
             ++finished;
@@ -457,14 +457,14 @@ TEST(InferencePool, ServersJoinAndLeaveAtRuntime) {
   asio::io_context io;
   FakeOpenAIServer a(io), b(io);
   InferencePool pool(io, fast_options());
-  pool.add_server(a.url());
+  pool.add_worker(a.url());
   pool.start();
   run(io, [&]() -> asio::awaitable<void> {
     EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), a.url()).healthy; }));
-    pool.add_server(b.url());
+    pool.add_worker(b.url());
     EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), b.url()).healthy; }));
-    pool.remove_server(a.url());
-    EXPECT_EQ(pool.servers(), std::vector<std::string>{b.url()});
+    pool.remove_worker(a.url());
+    EXPECT_EQ(pool.workers(), std::vector<std::string>{b.url()});
     co_await expect_answered_by(pool, 4, b.url());
     EXPECT_EQ(a.received, 0);
   }());
@@ -481,7 +481,7 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
     if (victim.held == 4) victim_busy.set();
   };
   InferencePool pool(io, fast_options());
-  for (auto* s : {&a, &b, &victim}) pool.add_server(s->url());
+  for (auto* s : {&a, &b, &victim}) pool.add_worker(s->url());
   pool.start();
 
   constexpr int kRequests = 30;
@@ -500,7 +500,7 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
             if (r) {
               EXPECT_EQ(r->choices.at(0).text, "echo:req-" + std::to_string(i));  // its own answer
               ++completions_per_request[i];
-              ++served_by[r->server];
+              ++served_by[r->worker];
             }
             ++finished;
           },
@@ -530,7 +530,7 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
     int on_victim = 0;
     for (auto& r : results) {
       EXPECT_TRUE(r);
-      if (r && r->server == victim.url()) ++on_victim;
+      if (r && r->worker == victim.url()) ++on_victim;
     }
     EXPECT_GT(on_victim, 0);
     EXPECT_EQ(victim.answered, on_victim);
