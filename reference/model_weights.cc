@@ -27,13 +27,13 @@ Result<std::span<std::byte>> ModelWeights::buffer_for(const weight_sync::TensorS
   return make_error(ErrorCode::kNotFound, fmt::format("model weights: this model has no tensor {}", spec.name));
 }
 
-Status ModelWeights::commit(weight_sync::Version version) {
+Status ModelWeights::commit(Version version) {
   committed_ = version;
   discarded_ = false;
   return ok();
 }
 
-void ModelWeights::discard(weight_sync::Version, const Error&) {
+void ModelWeights::discard(Version, const Error&) {
   committed_.reset();
   discarded_ = true;
 }

@@ -20,16 +20,16 @@ class ModelWeights final : public weight_sync::WeightSource, public weight_sync:
   const std::vector<weight_sync::TensorSpec>& specs() const override { return specs_; }
   Result<weight_sync::TensorView> view(std::size_t index) const override;
   Result<std::span<std::byte>> buffer_for(const weight_sync::TensorSpec& spec) override;
-  Status commit(weight_sync::Version version) override;
-  void discard(weight_sync::Version version, const Error& why) override;
+  Status commit(Version version) override;
+  void discard(Version version, const Error& why) override;
 
-  std::optional<weight_sync::Version> committed() const { return committed_; }
+  std::optional<Version> committed() const { return committed_; }
   bool discarded() const { return discarded_; }
 
  private:
   Model& model_;
   std::vector<weight_sync::TensorSpec> specs_;
-  std::optional<weight_sync::Version> committed_;
+  std::optional<Version> committed_;
   bool discarded_ = false;
 };
 

@@ -74,8 +74,6 @@ enum class AdminDialect { kArlo, kVllm, kSglang };
 Result<AdminDialect> parse_admin_dialect(std::string_view name);
 std::string_view to_string(AdminDialect dialect);
 
-using ::arlo::PauseMode;  // common/vocabulary.h
-
 // A weight update in which the server and the trainer's publisher enter one collective (NCCL).
 // One session serves every worker of a run (arlo run: weight_sync's CollectiveControl over the
 // trainer's rendezvous store); unit tests pass a fake. Adapters use it as:

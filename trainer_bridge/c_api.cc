@@ -307,15 +307,15 @@ arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo
       if (!opts) return fail(opts.error());
       auto* client = bridge->client.get();
       auto pub = ws::StagingPublisher::create(*opts, [client](const ws::Announcement& a) {
-        if (auto s = client->published(static_cast<std::int64_t>(a.version), json{{"weight_sync", ws::to_json(a)}}); !s)
-          std::fprintf(stderr, "arlo_bridge: announcing v%llu: %s\n", static_cast<unsigned long long>(a.version),
+        if (auto s = client->published(a.version, json{{"weight_sync", ws::to_json(a)}}); !s)
+          std::fprintf(stderr, "arlo_bridge: announcing v%lld: %s\n", static_cast<long long>(a.version),
                        s.error().what().c_str());
       });
       if (!pub) return fail(pub.error());
       bridge->publisher = std::move(*pub);
     }
     BorrowedSource source(std::move(specs), std::move(data));
-    auto staged = bridge->publisher->stage(static_cast<ws::Version>(version), source);
+    auto staged = bridge->publisher->stage(version, source);
     if (!staged) return fail(staged.error());
     (void)timeout_ms;  // staging copies and returns; the transfer's deadline is the block's timeout_ms
     return succeed();

@@ -23,7 +23,6 @@ namespace arlo::weight_sync {
 using DType = safetensors::DType;
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
-using arlo::Version;  // common/vocabulary.h: the number of optimizer steps applied, >= 0 on the wire
 
 // Convenience: now + d.
 inline Deadline deadline_in(std::chrono::milliseconds d) { return Clock::now() + d; }

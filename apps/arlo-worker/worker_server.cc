@@ -374,7 +374,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     const std::string key = weight_sync::to_json(*opts).dump();  // same block: the same subscriber
     const bool reuse = subscriber && key == subscriber_key;
     if (!reuse) subscriber_key = key;
-    const std::optional<weight_sync::Version> held = version;
+    const std::optional<arlo::Version> held = version;
     const std::string from = addresses_of(opts->params);
     t->source = opts->transport + (from.empty() ? "" : " from " + from);
     const auto timeout = opts->timeout;

@@ -794,7 +794,7 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
       if (!sub) return fail(sub.error().what());
       ws::HostWeights sink(specs);
       for (std::size_t t = 0; t < specs.size(); ++t) std::memset(sink.bytes(t).data(), 0, sink.bytes(t).size());
-      ws::Version latest = a->version, held = 0;
+      arlo::Version latest = a->version, held = 0;
       nlohmann::json got = nlohmann::json::array();
       std::string path;
       auto take = [&](const nlohmann::json& line) {
@@ -832,7 +832,7 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
     ws::Options o = base;
     o.expected_receivers = static_cast<std::size_t>(n);
     std::mutex mu;
-    std::map<ws::Version, double> announced;  // when each announcement went out
+    std::map<arlo::Version, double> announced;  // when each announcement went out
     auto pub = ws::StagingPublisher::create(o, [&](const ws::Announcement& a) {
       {
         std::lock_guard lock(mu);
@@ -894,7 +894,7 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
     {
       std::lock_guard lock(mu);
       for (auto& row : out["rows"])
-        if (auto it = announced.find(row["version"].get<ws::Version>()); it != announced.end())
+        if (auto it = announced.find(row["version"].get<arlo::Version>()); it != announced.end())
           row["announce"] = it->second - row["t0"].get<double>();
     }
     emit(out);
@@ -939,12 +939,12 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
   // every receiver held it (a version superseded before a receiver pulled it is skipped by design).
   nlohmann::json rows = nlohmann::json::array();
   for (auto row : sender["rows"]) {
-    const auto v = row["version"].get<ws::Version>();
+    const auto v = row["version"].get<arlo::Version>();
     int held_by = 0;
     double last = 0;
     for (auto& r : receivers)
       for (auto& g : r["got"])
-        if (g["version"].get<ws::Version>() == v) {
+        if (g["version"].get<arlo::Version>() == v) {
           ++held_by;
           last = std::max(last, g["t_end"].get<double>());
         }

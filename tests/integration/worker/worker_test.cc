@@ -280,16 +280,14 @@ json update_worker(const Worker& w, const Update& u, reference::Model& model, st
   block["timeout_ms"] = 60000;
   const json prepare = {{"version", version}, {"weight_sync", block}};
   if (d->capabilities.durable) {
-    auto rep = (*pub)->publish(static_cast<weight_sync::Version>(version), source,
-                               weight_sync::deadline_in(std::chrono::seconds(30)));
+    auto rep = (*pub)->publish(version, source, weight_sync::deadline_in(std::chrono::seconds(30)));
     EXPECT_TRUE(rep) << (rep ? "" : rep.error().what());
     w.post("/weights/prepare", prepare);
     return w.post("/weights/commit", {{"version", version}}, expect_status);
   }
   w.post("/weights/prepare", prepare);
   auto publishing = std::async(std::launch::async, [&] {
-    return (*pub)->publish(static_cast<weight_sync::Version>(version), source,
-                           weight_sync::deadline_in(std::chrono::seconds(30)));
+    return (*pub)->publish(version, source, weight_sync::deadline_in(std::chrono::seconds(30)));
   });
   json out = w.post("/weights/commit", {{"version", version}}, expect_status);
   auto rep = publishing.get();

@@ -31,13 +31,13 @@ class Rig {
     so.timeout = 5s;
     session = TrainerCollective::create(so);
   }
-  void stage(weight_sync::Version v) {
+  void stage(arlo::Version v) {
     weight_sync::HostWeights w({{"model.w", weight_sync::DType::F32, {16}}});
     ASSERT_TRUE(trainer.pub->stage(v, w));
     session->announce({{"weight_sync", announced(v)}});
   }
   // The trainer's announcement of `v` (or later) as the session is handed it.
-  nlohmann::json announced(weight_sync::Version v) { return weight_sync::to_json(trainer.announcement(v)); }
+  nlohmann::json announced(arlo::Version v) { return weight_sync::to_json(trainer.announcement(v)); }
   // Runs `tasks` on one io_context until all finished.
   template <typename T>
   std::vector<T> run(std::vector<std::function<asio::awaitable<T>()>> tasks) {

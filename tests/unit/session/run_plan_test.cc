@@ -34,7 +34,7 @@ const rollout::ServerCapabilities& servers(std::string_view kind) {
 }
 
 // What the bridge hands the orchestrator with a version: the trainer's announcement of it.
-nlohmann::json announced(weight_sync::Version version, const std::string& transport, nlohmann::json endpoint) {
+nlohmann::json announced(arlo::Version version, const std::string& transport, nlohmann::json endpoint) {
   weight_sync::Announcement a;
   a.version = version;
   a.transport = transport;
