@@ -118,6 +118,19 @@ class Group::Impl {
     }
   }
 
+  // The error of a call its caller cancelled (kCancelled, the communicator aborted). The caller
+  // cancels when the group is killed, which first requests an abort with the reason (a member's
+  // failure): that reason is the error, whichever of the two this call saw first.
+  std::unexpected<Error> cancelled_error(const std::string& what) {
+    std::optional<std::string> why;
+    {
+      std::lock_guard lock(mutex);
+      if (abort_requested) why = abort_why;
+    }
+    if (why) return fail(ErrorCode::kCancelled, what + ": aborted: " + *why);
+    return fail(ErrorCode::kCancelled, what + ": cancelled by the caller (a receiver failed); communicator aborted");
+  }
+
   // Aborts the group and returns the error that says why.
   std::unexpected<Error> fail(ErrorCode code, const std::string& message) {
     std::lock_guard lock(mutex);
@@ -155,10 +168,7 @@ class Group::Impl {
       if (Result<bool> state = backend->comm_poll(comm); !state) {
         return fail(ErrorCode::kUnavailable, what + ": NCCL reported " + state.error().what());
       }
-      if (cancelled && cancelled()) {
-        return fail(ErrorCode::kCancelled,
-                    what + ": cancelled by the caller (a receiver failed); communicator aborted");
-      }
+      if (cancelled && cancelled()) return cancelled_error(what);
       Clock::time_point now = Clock::now();
       if (now >= deadline) {
         return fail(ErrorCode::kTimeout, what + " did not finish by its deadline (" +
@@ -491,10 +501,7 @@ Result<TransferReport> Group::send(const WeightSource& source, const Layout& lay
     const Bucket& bucket = buckets[b];
     SlotState& s = g.slots[b % nslots];
     ARLO_TRY(g.reap(s, cancelled, last_done));  // the slot's previous bucket is out: its buffers are free
-    if (cancelled && cancelled()) {
-      return g.fail(ErrorCode::kCancelled, "send cancelled by the caller before bucket " + std::to_string(b) +
-                                               " (a receiver failed); communicator aborted");
-    }
+    if (cancelled && cancelled()) return g.cancelled_error("send before bucket " + std::to_string(b));
     Status st = ok();
     const void* send_ptr = nullptr;
     std::size_t count = 0;
