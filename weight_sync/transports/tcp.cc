@@ -221,6 +221,10 @@ class Server {
   const std::string& endpoint() const { return endpoint_; }
   const Faults& faults() const { return faults_; }
 
+  // How much longer than the others a receiver may take over a handshake or its answer to a
+  // manifest before it is cut off (a live one takes milliseconds; a dark link never answers).
+  static constexpr std::chrono::milliseconds kStragglerGrace{1000};
+
   struct Peer {
     std::unique_ptr<Conn> conn;
     Hello hello;
@@ -282,18 +286,19 @@ class Server {
     }
     // A handshake under way when the window closed gets a moment more (a live receiver's takes
     // milliseconds, a loaded host's longer); one still waiting then is cut off.
-    greeter.wait(Clock::now() + std::min<std::chrono::milliseconds>(hello_timeout, std::chrono::seconds(1)));
+    greeter.wait(Clock::now() + std::min<std::chrono::milliseconds>(hello_timeout, kStragglerGrace));
     for (auto& g : greeter.cut_off()) admit(std::move(g));
     return peers_.size();
   }
 
   std::vector<std::unique_ptr<Peer>>& peers() { return peers_; }
 
-  // Sends the manifest to every live peer and reads each answer, all links at once (a peer that
-  // does not answer does not keep the manifest from the others).
+  // Sends the manifest to every live peer and reads each answer, all links at once. Once one peer
+  // answered, the others get as long again plus kStragglerGrace: one that has not answered by then
+  // (a dark link) is cut off, so it holds nobody's buckets; it is served a later version.
   void offer(const Manifest& m, Deadline deadline) {
     const auto body = m.to_json();
-    auto one = [&](Peer& p) {
+    auto ask = [&](Peer& p) {
       auto s = p.conn->send_json(Frame::kManifest, body, deadline);
       nlohmann::json a;
       Result<FrameHeader> h = s ? p.conn->recv_frame(&a, deadline) : Result<FrameHeader>(std::unexpected(s.error()));
@@ -307,12 +312,44 @@ class Server {
       }
       p.answer = std::move(*answer);
     };
+    const auto t0 = Clock::now();
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Peer*> asked;
+    std::vector<char> done;
+    std::optional<Clock::time_point> first;
+    for (auto& p : peers_)
+      if (p->error.empty() && p->answer.state != "refused") asked.push_back(p.get());
+    done.assign(asked.size(), 0);
     std::vector<std::thread> threads;
-    for (auto& p : peers_) {
-      if (!p->error.empty() || p->answer.state == "refused") continue;
-      threads.emplace_back([&one, &p = *p] { one(p); });
+    for (std::size_t k = 0; k < asked.size(); ++k)
+      threads.emplace_back([&, k] {
+        ask(*asked[k]);
+        std::lock_guard l(mu);
+        done[k] = 1;
+        if (!first) first = Clock::now();
+        cv.notify_all();
+      });
+    std::vector<char> cut(asked.size(), 0);
+    {
+      std::unique_lock l(mu);
+      auto all_done = [&] { return std::count(done.begin(), done.end(), 1) == static_cast<long>(done.size()); };
+      while (!all_done()) {
+        const Deadline until = first ? std::min(deadline, *first + (*first - t0) + kStragglerGrace) : deadline;
+        if (Clock::now() >= until) break;
+        cv.wait_until(l, until);
+      }
+      for (std::size_t k = 0; k < asked.size(); ++k)
+        if (!done[k]) {
+          cut[k] = 1;
+          ::shutdown(asked[k]->conn->sock.native_handle(), SHUT_RDWR);  // its blocked read returns
+        }
     }
     for (auto& t : threads) t.join();
+    for (std::size_t k = 0; k < asked.size(); ++k)
+      if (cut[k])
+        asked[k]->error = "handshake for version " + std::to_string(m.version) +
+                          " failed: no answer to the manifest while the other receivers answered (a dark link?)";
   }
 
   // Streams buckets to every accepted peer (one thread each) and collects their DONE reports.
