@@ -59,9 +59,9 @@
 #include <vector>
 
 #include "common/http.h"
+#include "common/option_spec.h"
 #include "common/registry.h"
 #include "common/result.h"
-#include "rollout/extension.h"
 #include "rollout/types.h"
 
 namespace arlo::rollout {
@@ -179,7 +179,7 @@ struct AdminDialectInfo {
   // group's rendezvous (weight_sync's nccl member flavor).
   AdminDialect completions = AdminDialect::kArlo;
   ServerCapabilities server;
-  std::vector<ExtensionOption> options;  // its own inference.* keys (none of the built-ins has any)
+  std::vector<OptionSpec> options;  // its own inference.* keys (none of the built-ins has any)
   // `client` must outlive the adapter. base_url: "http://host:port".
   std::function<std::unique_ptr<AdminClient>(http::Client& client, std::string base_url, AdminOptions options)> make;
 };

@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/option_spec.h"
 #include "common/registry.h"
 #include "common/result.h"
-#include "rollout/extension.h"
 #include "rollout/types.h"
 
 namespace arlo::rollout {
@@ -89,7 +89,7 @@ struct EnvironmentKind {
   std::string name;  // the value of env.kind
   std::string doc;   // a few words for docs/configuration.md
   // Its own options; each is a key of the env section (env.max_operand, ...).
-  std::vector<ExtensionOption> options;
+  std::vector<OptionSpec> options;
   bool needs_path = false;  // the config must give env.path (eval.env_path) for it
   std::function<Result<std::shared_ptr<const TaskSet>>(const EnvironmentSpec&)> make;
   // Config: a check across its options ({} when fine; else the key to blame and what is wrong,

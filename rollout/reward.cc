@@ -70,7 +70,7 @@ bool is_empty_config_key(const std::string& key, const Json& value) {
   if (!value.is_string() || !value.get<std::string>().empty()) return false;
   for (const auto& kind : reward_kinds())
     for (const auto& o : kind.options)
-      if (o.config_key && o.required && o.type == ExtensionOption::Type::kString && o.key == key) return true;
+      if (o.config_key && o.required && o.type == OptionSpec::Type::kString && o.key == key) return true;
   return false;
 }
 

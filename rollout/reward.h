@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "common/option_spec.h"
 #include "common/registry.h"
 #include "common/result.h"
-#include "rollout/extension.h"
 #include "rollout/types.h"
 
 namespace arlo::rollout {
@@ -61,7 +61,7 @@ class RewardModule {
 
 Result<std::unique_ptr<RewardModule>> make_reward_module(const Json& spec);
 
-// What a kind's factory gets: its options checked and defaulted (extension.h resolve_options; the
+// What a kind's factory gets: its options checked and defaulted (common/option_spec.h resolve_options; the
 // spec's "kind", "name" and "weight" stay in it), and the metric prefix.
 struct RewardSpec {
   const Json& options;
@@ -75,9 +75,9 @@ struct RewardKind {
   static constexpr const char* kWhat = "reward kind";
   std::string name;  // the spec's "kind" (reward.modules[].kind)
   std::string doc;   // one line for docs/configuration.md
-  // Options: those marked config_key are keys of a reward.modules item (path, url, pattern); the
+  // Options: those marked user_key() are keys of a reward.modules item (path, url, pattern); the
   // others go in the item's `config` map. A kind with an option named "config" takes that map whole.
-  std::vector<ExtensionOption> options;
+  std::vector<OptionSpec> options;
   bool in_config = true;  // offered as reward.modules[].kind (weighted: the list itself is the sum)
   std::function<Result<std::unique_ptr<RewardModule>>(const RewardSpec&)> make;
 };

@@ -133,18 +133,11 @@ Result<nlohmann::json> block_from_config(const config::Config& cfg, const weight
                       {"timeout_ms", static_cast<std::int64_t>(cfg.number("weight_sync.timeout_s") * 1000.0)},
                       {"gather_window_ms", cfg.integer("weight_sync.gather_window_ms")}};
   for (const auto& o : d.options) {
-    if (!o.config) continue;
-    const std::string key = "weight_sync." + o.key;
-    switch (o.type) {
-      case weight_sync::OptionSpec::Type::kBool: b[o.key] = cfg.boolean(key); break;
-      case weight_sync::OptionSpec::Type::kInt: b[o.key] = cfg.integer(key); break;
-      case weight_sync::OptionSpec::Type::kFloat: b[o.key] = cfg.number(key); break;
-      case weight_sync::OptionSpec::Type::kString: {
-        const auto& v = cfg.string(key);
-        b[o.key] = o.path && !v.empty() ? std::filesystem::absolute(v).string() : v;  // the same for every process
-        break;
-      }
-    }
+    if (!o.config_key) continue;
+    nlohmann::json v = config::option_value(cfg, "weight_sync." + o.key, o.type);
+    if (o.path && v.is_string() && v != "")  // a path: the same for every process
+      v = std::filesystem::absolute(v.get<std::string>()).string();
+    b[o.key] = std::move(v);
   }
   if (auto checked = weight_sync::options_from_json(b); !checked)
     return make_error(ErrorCode::kInvalidArgument,

@@ -13,18 +13,10 @@ namespace {
 // Environment kind `kind`'s own options, read from its env.* keys (the options it declares as config
 // keys; make_task_source gives the others their defaults). Eval uses the same keys.
 nlohmann::json environment_options(const config::Config& cfg, const rollout::EnvironmentKind& kind) {
-  using Type = rollout::ExtensionOption::Type;
   nlohmann::json options = nlohmann::json::object();
   for (const auto& o : kind.options) {
     const std::string key = "env." + o.key;
-    if (!o.config_key || !cfg.has(key)) continue;
-    switch (o.type) {
-      case Type::kBool: options[o.key] = cfg.boolean(key); break;
-      case Type::kInt: options[o.key] = cfg.integer(key); break;
-      case Type::kFloat: options[o.key] = cfg.number(key); break;
-      case Type::kString: options[o.key] = cfg.string(key); break;
-      case Type::kAny: options[o.key] = cfg.map(key); break;
-    }
+    if (o.config_key && cfg.has(key)) options[o.key] = config::option_value(cfg, key, o.type);
   }
   return options;
 }

@@ -18,46 +18,6 @@ const ExtensionRegistry<TransportDescriptor>& transports() {
   return all;
 }
 
-OptionSpec OptionSpec::user_key(nlohmann::json def) && {
-  config = true;
-  config_default = std::move(def);
-  return std::move(*this);
-}
-
-OptionSpec OptionSpec::is_path() && {
-  path = true;
-  return std::move(*this);
-}
-
-OptionSpec string_option(std::string key, std::string def, std::string doc) {
-  OptionSpec o;
-  o.key = std::move(key);
-  o.type = OptionSpec::Type::kString;
-  o.default_value = std::move(def);
-  o.doc = std::move(doc);
-  return o;
-}
-
-OptionSpec bool_option(std::string key, bool def, std::string doc) {
-  OptionSpec o;
-  o.key = std::move(key);
-  o.type = OptionSpec::Type::kBool;
-  o.default_value = def;
-  o.doc = std::move(doc);
-  return o;
-}
-
-OptionSpec int_option(std::string key, std::int64_t def, std::string doc, double min, double max) {
-  OptionSpec o;
-  o.key = std::move(key);
-  o.type = OptionSpec::Type::kInt;
-  o.default_value = def;
-  o.doc = std::move(doc);
-  o.min = min;
-  o.max = max;
-  return o;
-}
-
 const OptionSpec* TransportDescriptor::option(std::string_view key) const {
   for (const auto& o : options)
     if (o.key == key) return &o;
@@ -72,6 +32,7 @@ bool has_type(const nlohmann::json& v, OptionSpec::Type t) {
     case OptionSpec::Type::kInt: return v.is_number_integer();
     case OptionSpec::Type::kFloat: return v.is_number();
     case OptionSpec::Type::kString: return v.is_string();
+    case OptionSpec::Type::kAny: return true;
   }
   return false;
 }
@@ -82,6 +43,7 @@ std::string_view type_word(OptionSpec::Type t) {
     case OptionSpec::Type::kInt: return "an integer";
     case OptionSpec::Type::kFloat: return "a number";
     case OptionSpec::Type::kString: return "a string";
+    case OptionSpec::Type::kAny: return "any value";
   }
   return "?";
 }

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/option_spec.h"
 #include "common/registry.h"
 #include "common/result.h"
 #include "weight_sync/types.h"
@@ -28,28 +29,6 @@ namespace arlo::weight_sync {
 class HostWeights;
 class CollectiveControl;
 struct Announcement;
-
-// One option of a transport: a key of Options::params (and, when `config`, of the weight_sync
-// config section, documented in docs/configuration.md).
-struct OptionSpec {
-  enum class Type { kBool, kInt, kFloat, kString };
-  std::string key;
-  Type type = Type::kString;
-  nlohmann::json default_value;  // of the library; a config default may differ (config_default)
-  std::string doc;
-  std::vector<std::string> choices;  // kString: the allowed values (empty: any)
-  std::optional<double> min, max;    // kInt / kFloat: inclusive bounds
-  bool config = false;               // a user config key (false: set by arlo, e.g. endpoints)
-  nlohmann::json config_default;     // null: default_value; strings may use "{section.key}" templates
-  bool path = false;                 // kString: a filesystem path (callers make it absolute)
-
-  // Builders: string_option("dir", "", "where versions live").user_key("{run.dir}/weights").
-  OptionSpec user_key(nlohmann::json config_default = nullptr) &&;
-  OptionSpec is_path() &&;
-};
-OptionSpec string_option(std::string key, std::string def, std::string doc);
-OptionSpec bool_option(std::string key, bool def, std::string doc);
-OptionSpec int_option(std::string key, std::int64_t def, std::string doc, double min, double max);
 
 struct Capabilities {
   bool durable = false;  // a staged version outlives its publisher (files); false: streamed
@@ -114,6 +93,8 @@ struct TransportDescriptor {
   std::string name;  // the value of weight_sync.transport
   std::string doc;   // one line for docs/configuration.md
   Capabilities capabilities;
+  // Its own options: keys of Options::params; those marked user_key() are also keys of the
+  // weight_sync config section (documented in docs/configuration.md), the others set by arlo.
   std::vector<OptionSpec> options;
   SenderFactory sender;
   ReceiverFactory receiver;

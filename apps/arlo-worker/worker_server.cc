@@ -131,9 +131,7 @@ std::optional<std::string> refused_source(const json& block, const weight_sync::
   }
   for (const auto& spec : (*d)->options) {
     // What the request names (defaults are this worker's own).
-    if (spec.type != weight_sync::OptionSpec::Type::kString || !block.contains(spec.key) ||
-        !o.params.contains(spec.key))
-      continue;
+    if (spec.type != OptionSpec::Type::kString || !block.contains(spec.key) || !o.params.contains(spec.key)) continue;
     const auto& v = o.params[spec.key];
     if (!v.is_string() || v.get_ref<const std::string&>().empty()) continue;
     const std::string value = v.get<std::string>();

@@ -120,21 +120,38 @@ const Key* Schema::find_key(std::string_view dotted) const {
 
 namespace {
 
-// One config key from a transport's own option (weight_sync/transport.h).
-Key key_from_option(const weight_sync::TransportDescriptor& d, const weight_sync::OptionSpec& o) {
-  const nlohmann::json& def = o.config_default.is_null() ? o.default_value : o.config_default;
-  std::string doc = d.name + " transport: " + o.doc + ".";
+// One config key from an extension's option (common/option_spec.h), documented as `doc`.
+Key key_from_option(const OptionSpec& o, std::string doc) {
+  using T = OptionSpec::Type;
+  const nlohmann::json& def = o.config_value();
   Key k;
   switch (o.type) {
-    case weight_sync::OptionSpec::Type::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
-    case weight_sync::OptionSpec::Type::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
-    case weight_sync::OptionSpec::Type::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
-    case weight_sync::OptionSpec::Type::kString: k = string_key(o.key, def.get<std::string>(), doc); break;
+    case T::kBool: k = bool_key(o.key, def.get<bool>(), std::move(doc)); break;
+    case T::kInt: k = int_key(o.key, def.get<std::int64_t>(), std::move(doc)); break;
+    case T::kFloat: k = float_key(o.key, def.get<double>(), std::move(doc)); break;
+    case T::kString: k = string_key(o.key, def.is_null() ? "" : def.get<std::string>(), std::move(doc)); break;
+    case T::kAny: k = map_key(o.key, "{}", std::move(doc)); break;
   }
   if (o.min) k.min = o.min;
   if (o.max) k.max = o.max;
   k.choices = o.choices;
   return k;
+}
+
+// Appends the config keys among `options` (those marked user_key()) to `keys`, each documented as
+// `doc_prefix` + its doc + `doc_suffix`; a key two extensions share is one config key, documented
+// for both.
+void add_option_keys(std::vector<Key>& keys, const std::vector<OptionSpec>& options, const std::string& doc_prefix,
+                     const std::string& doc_suffix = "") {
+  for (const auto& o : options) {
+    if (!o.config_key) continue;
+    Key k = key_from_option(o, doc_prefix + o.doc + doc_suffix);
+    auto same = std::find_if(keys.begin(), keys.end(), [&](const Key& e) { return e.name == k.name; });
+    if (same == keys.end())
+      keys.push_back(std::move(k));
+    else
+      same->doc += " " + k.doc;
+  }
 }
 
 // The shared keys, then every registered transport's own (transports/registry.inc).
@@ -178,17 +195,8 @@ Section weight_sync_section() {
                   "worker gets a later transfer and holds nobody).")
               .range(0, 600000),
       }};
-  for (const auto& d : weight_sync::transports())
-    for (const auto& o : d.options) {
-      if (!o.config) continue;
-      Key k = key_from_option(d, o);
-      // A key two transports share (tcp's and nccl's `address`) is one config key, documented for both.
-      auto same = std::find_if(s.keys.begin(), s.keys.end(), [&](const Key& e) { return e.name == k.name; });
-      if (same == s.keys.end())
-        s.keys.push_back(std::move(k));
-      else
-        same->doc += " " + k.doc;
-    }
+  // A key two transports share (tcp's and nccl's `address`) is one config key, documented for both.
+  for (const auto& d : weight_sync::transports()) add_option_keys(s.keys, d.options, d.name + " transport: ", ".");
   return s;
 }
 
@@ -267,41 +275,7 @@ Section sampling_section() {
           }};
 }
 
-// --- Extensions (rollout/extension.h): kinds and their keys come from the registries -------------
-
-// One config key from an extension's option; `doc_prefix` names the extension ("plugin: ").
-Key key_from_extension(const rollout::ExtensionOption& o, const std::string& doc_prefix) {
-  using T = rollout::ExtensionOption::Type;
-  const nlohmann::json& def = o.config_value();
-  const std::string doc = doc_prefix + o.doc;
-  Key k;
-  switch (o.type) {
-    case T::kBool: k = bool_key(o.key, def.get<bool>(), doc); break;
-    case T::kInt: k = int_key(o.key, def.get<std::int64_t>(), doc); break;
-    case T::kFloat: k = float_key(o.key, def.get<double>(), doc); break;
-    case T::kString: k = string_key(o.key, def.is_null() ? "" : def.get<std::string>(), doc); break;
-    case T::kAny: k = map_key(o.key, "{}", doc); break;
-  }
-  if (o.min) k.min = o.min;
-  if (o.max) k.max = o.max;
-  k.choices = o.choices;
-  return k;
-}
-
-// Appends the config keys among `options` to `keys`; a key two extensions share is one config key,
-// documented for both.
-void add_extension_keys(std::vector<Key>& keys, const std::vector<rollout::ExtensionOption>& options,
-                        const std::string& name) {
-  for (const auto& o : options) {
-    if (!o.config_key) continue;
-    Key k = key_from_extension(o, name + ": ");
-    auto same = std::find_if(keys.begin(), keys.end(), [&](const Key& e) { return e.name == k.name; });
-    if (same == keys.end())
-      keys.push_back(std::move(k));
-    else
-      same->doc += " " + k.doc;
-  }
-}
+// --- Extensions (common/registry.h): kinds and their keys come from the registries -------------
 
 // "a (doc a), b, c (doc c)": each registered name with its doc when it has one.
 template <typename Registry>
@@ -333,7 +307,7 @@ Section env_section() {
               .at_least(0),
           bool_key("shuffle", true, "Shuffle the tasks each epoch."),
       }};
-  for (const auto& k : rollout::environment_kinds()) add_extension_keys(s.keys, k.options, k.name);
+  for (const auto& k : rollout::environment_kinds()) add_option_keys(s.keys, k.options, k.name + ": ");
   return s;
 }
 
@@ -378,7 +352,7 @@ std::vector<Key> reward_module_keys() {
     std::string own;
     for (const auto& o : k.options)
       if (!o.config_key)
-        own += (own.empty() ? "" : ", ") + o.key + " (" + std::string(rollout::type_name(o.type)) + ", " +
+        own += (own.empty() ? "" : ", ") + o.key + " (" + std::string(arlo::type_name(o.type)) + ", " +
                o.default_value.dump() + ": " + o.doc + ")";
     if (!own.empty()) options_doc += (options_doc.empty() ? "" : "; ") + k.name + ": " + own;
   }
@@ -387,7 +361,7 @@ std::vector<Key> reward_module_keys() {
       float_key("weight", 1.0, "Weight of this module in the sum.").range(-1e6, 1e6),
   };
   for (const auto& k : rollout::reward_kinds())
-    if (k.in_config) add_extension_keys(keys, k.options, k.name);
+    if (k.in_config) add_option_keys(keys, k.options, k.name + ": ");
   keys.push_back(map_key("config", "{}",
                          "Free-form settings handed to the module (plugins get it as JSON). The built-ins' options: " +
                              options_doc + "."));
@@ -439,7 +413,7 @@ Section inference_section() {
                    "health_timeout_s). A slow server that answers its requests is never cut off by this."),
           int_key("threads", 1, "embedded: compute threads per worker.").range(1, 1024),
       }};
-  for (const auto& d : rollout::admin_dialects()) add_extension_keys(s.keys, d.options, d.name);
+  for (const auto& d : rollout::admin_dialects()) add_option_keys(s.keys, d.options, d.name + ": ");
   return s;
 }
 
@@ -615,25 +589,27 @@ void pass_k_within_samples(const Config& c, std::vector<Violation>& out) {
   }
 }
 
-// The value of an extension's config key `dotted` as JSON.
-nlohmann::json extension_value(const Config& c, const std::string& dotted, rollout::ExtensionOption::Type type) {
-  using T = rollout::ExtensionOption::Type;
+}  // namespace
+
+nlohmann::json option_value(const Config& config, std::string_view dotted, OptionSpec::Type type) {
   switch (type) {
-    case T::kBool: return c.boolean(dotted);
-    case T::kInt: return c.integer(dotted);
-    case T::kFloat: return c.number(dotted);
-    case T::kString: return c.string(dotted);
-    case T::kAny: return c.map(dotted);
+    case OptionSpec::Type::kBool: return config.boolean(dotted);
+    case OptionSpec::Type::kInt: return config.integer(dotted);
+    case OptionSpec::Type::kFloat: return config.number(dotted);
+    case OptionSpec::Type::kString: return config.string(dotted);
+    case OptionSpec::Type::kAny: return config.map(dotted);
   }
   return nullptr;
 }
+
+namespace {
 
 // Each environment kind's own check of its env.* keys, whatever env.kind is (eval may use the kind).
 void environment_checks(const Config& c, std::vector<Violation>& out) {
   for (const auto& k : rollout::environment_kinds()) {
     if (!k.check) continue;
     nlohmann::json options = nlohmann::json::object();
-    for (const auto& o : k.options) options[o.key] = extension_value(c, "env." + o.key, o.type);
+    for (const auto& o : k.options) options[o.key] = option_value(c, "env." + o.key, o.type);
     const auto [key, what] = k.check(options);
     if (!key.empty()) out.push_back({c.where("env." + key), "env." + key + " " + what});
   }
@@ -683,7 +659,7 @@ void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
     const rollout::RewardKind* kind = find_entry(rollout::reward_kinds(), kind_name);
     if (!kind) continue;  // the loader already refused it (not one of kind's choices)
     for (const auto& o : kind->options) {
-      if (!o.config_key || o.type != rollout::ExtensionOption::Type::kString) continue;
+      if (!o.config_key || o.type != OptionSpec::Type::kString) continue;
       if (o.required && m.string(o.key).empty())
         out.push_back({m.where("kind"), name + ": kind " + kind_name + " needs '" + o.key + "'"});
       if (!o.check) continue;

@@ -15,6 +15,10 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/option_spec.h"
+
 namespace arlo::config {
 
 enum class Type {
@@ -89,6 +93,10 @@ struct Section {
 
   const Key* find(std::string_view key) const;
 };
+
+// The value of `dotted` as JSON: a config key that schema.cc made from an extension's option of type
+// `type` (common/option_spec.h: weight_sync.<transport key>, env.<environment key>, ...).
+nlohmann::json option_value(const Config& config, std::string_view dotted, OptionSpec::Type type);
 
 // A key that was renamed or retired. For one release a config that still uses it loads: a renamed
 // key's value is read as its new name, a retired key's value is ignored, and each use is a warning

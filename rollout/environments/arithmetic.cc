@@ -40,8 +40,8 @@ Result<std::shared_ptr<const TaskSet>> make_arithmetic(const ArithmeticOptions& 
 EnvironmentKind arithmetic_environment() {
   return {"arithmetic",
           "sums of small numbers",
-          {int_opt("max_operand", 20, "largest operand.").range(1, 1000000000).as_config_key(),
-           int_opt("num_terms", 2, "numbers in each sum.").range(2, 16).as_config_key()},
+          {int_option("max_operand", 20, "largest operand.").range(1, 1000000000).user_key(),
+           int_option("num_terms", 2, "numbers in each sum.").range(2, 16).user_key()},
           false,
           [](const EnvironmentSpec& s) {
             ArithmeticOptions o;

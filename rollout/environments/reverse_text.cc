@@ -28,8 +28,8 @@ Result<std::shared_ptr<const TaskSet>> make_reverse_text(const ReverseTextOption
 EnvironmentKind reverse_text_environment() {
   return {"reverse_text",
           "reverse a short string",
-          {int_opt("min_len", 3, "shortest string.").range(1, 4096).as_config_key(),
-           int_opt("max_len", 8, "longest string.").range(1, 4096).as_config_key()},
+          {int_option("min_len", 3, "shortest string.").range(1, 4096).user_key(),
+           int_option("max_len", 8, "longest string.").range(1, 4096).user_key()},
           false,
           [](const EnvironmentSpec& s) {
             ReverseTextOptions o;

@@ -27,7 +27,7 @@ class ExactMatch : public NamedModule {
 RewardKind exact_match_reward() {
   return {"exact_match",
           "1 when the trimmed completion equals the answer",
-          {bool_opt("case_sensitive", true, "compare case-sensitively")},
+          {bool_option("case_sensitive", true, "compare case-sensitively")},
           true,
           [](const RewardSpec& s) -> Result<std::unique_ptr<RewardModule>> {
             return std::make_unique<ExactMatch>(s.name, s.options["case_sensitive"].get<bool>());

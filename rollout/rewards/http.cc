@@ -18,9 +18,9 @@ Result<std::unique_ptr<RewardModule>> make(const RewardSpec& s) {
 RewardKind http_reward() {
   return {"http",
           "a reward server",
-          {string_opt("url", "", "URL the rollouts are posted to.").as_config_key().must_be_given(),
-           float_opt("timeout_s", 10.0, "deadline of one request"),
-           bool_opt("group", false, "post each group once (ranking rewards) instead of each rollout")},
+          {string_option("url", "", "URL the rollouts are posted to.").user_key().must_be_given(),
+           float_option("timeout_s", 10.0, "deadline of one request"),
+           bool_option("group", false, "post each group once (ranking rewards) instead of each rollout")},
           true,
           make};
 }

@@ -32,8 +32,8 @@ Result<std::unique_ptr<RewardModule>> make(const RewardSpec& s) {
 RewardKind length_penalty_reward() {
   return {"length_penalty",
           "a penalty growing from 0 at free_tokens to -coef at max_tokens (metric tokens)",
-          {float_opt("max_tokens", 256.0, "tokens where the penalty is full"),
-           float_opt("free_tokens", 0.0, "tokens without penalty"), float_opt("coef", 1.0, "the full penalty")},
+          {float_option("max_tokens", 256.0, "tokens where the penalty is full"),
+           float_option("free_tokens", 0.0, "tokens without penalty"), float_option("coef", 1.0, "the full penalty")},
           true,
           make};
 }

@@ -36,7 +36,7 @@ class NumericMatch : public NamedModule {
 RewardKind numeric_match_reward() {
   return {"numeric_match",
           "1 when the last number in the completion equals the answer's (metric parsed)",
-          {float_opt("rel_tol", 1e-6, "relative tolerance"), float_opt("abs_tol", 1e-9, "absolute tolerance")},
+          {float_option("rel_tol", 1e-6, "relative tolerance"), float_option("abs_tol", 1e-9, "absolute tolerance")},
           true,
           [](const RewardSpec& s) -> Result<std::unique_ptr<RewardModule>> {
             return std::make_unique<NumericMatch>(s.name, s.options["rel_tol"].get<double>(),

@@ -22,14 +22,14 @@ Result<std::unique_ptr<RewardModule>> make(const RewardSpec& s) {
 RewardKind plugin_reward() {
   return {"plugin",
           "a shared library (include/arlo/reward_plugin.h)",
-          {string_opt("path", "", "path of the shared library.").as_config_key().must_be_given(),
-           any_opt("config", "settings handed to the plugin (a string, or JSON text of anything else)"),
-           string_opt("isolate", "none",
-                      "process (loaded in its own arlo-reward-host process: a crash or hang costs the groups in "
-                      "flight, the host is restarted) or none (loaded into arlo: a crash ends the run).")
+          {string_option("path", "", "path of the shared library.").user_key().must_be_given(),
+           any_option("config", "settings handed to the plugin (a string, or JSON text of anything else)"),
+           string_option("isolate", "none",
+                         "process (loaded in its own arlo-reward-host process: a crash or hang costs the groups in "
+                         "flight, the host is restarted) or none (loaded into arlo: a crash ends the run).")
                .one_of({"none", "process"})
-               .as_config_key("process"),
-           float_opt("timeout_s", 30.0, "isolate process: deadline of one call (arlo run: reward.timeout_s)")},
+               .user_key("process"),
+           float_option("timeout_s", 30.0, "isolate process: deadline of one call (arlo run: reward.timeout_s)")},
           true,
           make};
 }

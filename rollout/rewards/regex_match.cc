@@ -56,11 +56,11 @@ Result<std::unique_ptr<RewardModule>> make(const RewardSpec& s) {
 RewardKind regex_match_reward() {
   return {"regex_match",
           "1 when the pattern is found in the completion",
-          {string_opt("pattern", nullptr, "ECMAScript regular expression to search for.")
-               .as_config_key("")
+          {string_option("pattern", nullptr, "ECMAScript regular expression to search for.")
+               .user_key("")
                .must_be_given()
                .checked_by(check_pattern),
-           bool_opt("compare_answer", false, "the first capture (else the match) must equal the answer")},
+           bool_option("compare_answer", false, "the first capture (else the match) must equal the answer")},
           true,
           make};
 }

@@ -76,7 +76,7 @@ std::unique_ptr<RewardModule> make_weighted(std::string name, std::vector<Weight
 RewardKind weighted_reward() {
   return {"weighted",
           "the weighted sum of its modules (reward.modules is one)",
-          {any_opt("modules", "the parts: specs, each with an optional weight")},
+          {any_option("modules", "the parts: specs, each with an optional weight")},
           false,
           make};
 }

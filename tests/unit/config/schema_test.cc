@@ -60,7 +60,7 @@ TEST(ProductSchema, DefaultsLoadCleanlyAndTemplatesAreFilled) {
   }
 }
 
-// The kinds a config may name, and their keys, are the registered extensions' (rollout/extension.h).
+// The kinds a config may name, and their keys, are the registered extensions' (common/registry.h).
 TEST(ProductSchema, KindsAndTheirKeysComeFromTheRegistries) {
   const Schema& schema = product_schema();
   std::vector<std::string> reward_kinds;
