@@ -42,7 +42,9 @@
 #include <csignal>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <list>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -191,6 +193,93 @@ Result<Received> recv_bucket(Conn& c, std::size_t i, const std::vector<std::span
   return Received{h.b, sum};
 }
 
+// Blocking exchanges on several links at once (handshakes, a manifest and its answer), one thread
+// each, so a dark link holds no other. A call still running when the caller gives up on it is cut
+// off: its socket is shut down, so its blocked read returns, and the call is marked cut.
+template <typename T>
+class SideBySide {
+ public:
+  struct Call {
+    T value;  // what the exchange returned (after a cut: its failure)
+    bool cut = false;
+  };
+  ~SideBySide() { cut_off(); }
+  // Runs `exchange` on a thread of its own; `conn`, the link it talks on, outlives the call.
+  void start(Conn& conn, std::move_only_function<T()> exchange) {
+    std::lock_guard l(mu_);
+    Slot& s = slots_.emplace_back();
+    s.conn = &conn;
+    threads_.emplace_back([this, &s, exchange = std::move(exchange)]() mutable {
+      T value = exchange();
+      std::lock_guard l(mu_);
+      s.value = std::move(value);
+      if (!first_end_) first_end_ = Clock::now();
+      ++ended_;
+      changed_.notify_all();
+    });
+  }
+  // Waits until a call ends, or `until`.
+  void wait(Deadline until) {
+    std::unique_lock l(mu_);
+    const std::size_t seen = ended_;
+    changed_.wait_until(l, until, [&] { return ended_ != seen || !running_locked(); });
+  }
+  bool running() {
+    std::lock_guard l(mu_);
+    return running_locked();
+  }
+  // When the first call ended.
+  std::optional<Deadline> first_end() {
+    std::lock_guard l(mu_);
+    return first_end_;
+  }
+  // The calls that ended since the last take.
+  std::vector<Call> finished() {
+    std::lock_guard l(mu_);
+    std::vector<Call> out;
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      if (!it->value) {
+        ++it;
+        continue;
+      }
+      out.push_back({std::move(*it->value), it->cut});
+      it = slots_.erase(it);
+    }
+    return out;
+  }
+  // Cuts off the calls still running, waits for every thread, returns what had not been taken.
+  std::vector<Call> cut_off() {
+    {
+      std::lock_guard l(mu_);
+      for (auto& s : slots_)
+        if (!s.value) {
+          s.cut = true;
+          ::shutdown(s.conn->sock.native_handle(), SHUT_RDWR);
+        }
+    }
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    return finished();
+  }
+
+ private:
+  struct Slot {
+    Conn* conn = nullptr;
+    std::optional<T> value;
+    bool cut = false;
+  };
+  bool running_locked() const {
+    return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.value; });
+  }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::list<Slot> slots_;  // stable addresses: each thread fills its own
+  std::size_t ended_ = 0;
+  std::optional<Deadline> first_end_;
+  std::vector<std::thread> threads_;
+};
+
 // The serving side of links: the publisher, or a relay's downstream. Keeps its listening socket
 // across versions; connections that arrive between versions wait (kernel backlog, or `pending_`).
 class Server {
@@ -243,7 +332,7 @@ class Server {
   // Gathers the peers of one transfer: waits until `deadline` for the first one, then at most
   // `window` for the others (until `expected` came). A receiver that does not come holds nobody: it
   // connects later and is served by a later transfer. A peer that already holds `version` (or a newer
-  // one) is not served it; it waits for a later version. Handshakes run side by side (Greeter), so a
+  // one) is not served it; it waits for a later version. Handshakes run side by side (SideBySide), so a
   // receiver that connected and then went dark holds no other's. Returns the number gathered.
   std::size_t gather(std::size_t expected, std::optional<Version> version, Deadline deadline,
                      std::chrono::milliseconds hello_timeout, std::chrono::milliseconds window) {
@@ -258,36 +347,44 @@ class Server {
       }
     }
     Deadline first = peers_.empty() ? Deadline{} : Clock::now();
-    auto admit = [&](Greeter::Greeting g) {
-      if (!*g.hello) {
+    using Greeting = std::pair<std::unique_ptr<Conn>, Result<Hello>>;
+    auto admit = [&](SideBySide<Greeting>::Call c) {
+      auto& [conn, hello] = c.value;
+      if (!hello) {
         ARLO_WARN("tcp publisher {}: {}", endpoint_,
-                  g.cut ? "dropped a receiver that connected but did not finish its handshake in time (a dark link?)"
-                        : "refusing a receiver: " + g.hello->error().what());
+                  c.cut ? "dropped a receiver that connected but did not finish its handshake in time (a dark link?)"
+                        : "refusing a receiver: " + hello.error().what());
         return;
       }
       auto p = std::make_unique<Peer>();
-      p->hello = std::move(**g.hello);
-      g.conn->peer = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
-      p->conn = std::move(g.conn);
+      p->hello = std::move(*hello);
+      conn->peer = p->hello.peer.empty() ? "tcp peer" : p->hello.peer;
+      p->conn = std::move(conn);
       if (!wants(*p) || peers_.size() >= expected) return keep_pending(std::move(p));
       if (peers_.empty()) first = Clock::now();
       peers_.push_back(std::move(p));
     };
-    Greeter greeter(*this, hello_timeout);
+    SideBySide<Greeting> greetings;
     while (true) {
-      for (auto& g : greeter.finished()) admit(std::move(g));
+      for (auto& c : greetings.finished()) admit(std::move(c));
       if (peers_.size() >= expected) break;
       const auto now = Clock::now();
       const Deadline until = peers_.empty() ? deadline : first + window;
       if (now >= until) break;
       // While handshakes run, look in on them every few milliseconds.
-      auto c = accept(greeter.running() ? std::min(until, now + std::chrono::milliseconds(10)) : until);
-      if (c) greeter.start(std::move(*c));
+      auto c = accept(greetings.running() ? std::min(until, now + std::chrono::milliseconds(10)) : until);
+      if (!c) continue;
+      Conn& link = **c;
+      greetings.start(link, [this, conn = std::move(*c), hello_timeout]() mutable {
+        auto hello = handshake(*conn, Clock::now() + hello_timeout);
+        return Greeting{std::move(conn), std::move(hello)};
+      });
     }
     // A handshake under way when the window closed gets a moment more (a live receiver's takes
     // milliseconds, a loaded host's longer); one still waiting then is cut off.
-    greeter.wait(Clock::now() + std::min<std::chrono::milliseconds>(hello_timeout, kStragglerGrace));
-    for (auto& g : greeter.cut_off()) admit(std::move(g));
+    const Deadline grace = Clock::now() + std::min<std::chrono::milliseconds>(hello_timeout, kStragglerGrace);
+    while (greetings.running() && Clock::now() < grace) greetings.wait(grace);
+    for (auto& c : greetings.cut_off()) admit(std::move(c));
     return peers_.size();
   }
 
@@ -313,43 +410,23 @@ class Server {
       p.answer = std::move(*answer);
     };
     const auto t0 = Clock::now();
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<Peer*> asked;
-    std::vector<char> done;
-    std::optional<Clock::time_point> first;
+    SideBySide<Peer*> asked;
     for (auto& p : peers_)
-      if (p->error.empty() && p->answer.state != "refused") asked.push_back(p.get());
-    done.assign(asked.size(), 0);
-    std::vector<std::thread> threads;
-    for (std::size_t k = 0; k < asked.size(); ++k)
-      threads.emplace_back([&, k] {
-        ask(*asked[k]);
-        std::lock_guard l(mu);
-        done[k] = 1;
-        if (!first) first = Clock::now();
-        cv.notify_all();
-      });
-    std::vector<char> cut(asked.size(), 0);
-    {
-      std::unique_lock l(mu);
-      auto all_done = [&] { return std::count(done.begin(), done.end(), 1) == static_cast<long>(done.size()); };
-      while (!all_done()) {
-        const Deadline until = first ? std::min(deadline, *first + (*first - t0) + kStragglerGrace) : deadline;
-        if (Clock::now() >= until) break;
-        cv.wait_until(l, until);
-      }
-      for (std::size_t k = 0; k < asked.size(); ++k)
-        if (!done[k]) {
-          cut[k] = 1;
-          ::shutdown(asked[k]->conn->sock.native_handle(), SHUT_RDWR);  // its blocked read returns
-        }
+      if (p->error.empty() && p->answer.state != "refused")
+        asked.start(*p->conn, [&ask, p = p.get()] {
+          ask(*p);
+          return p;
+        });
+    while (asked.running()) {
+      const auto first = asked.first_end();
+      const Deadline until = first ? std::min(deadline, *first + (*first - t0) + kStragglerGrace) : deadline;
+      if (Clock::now() >= until) break;
+      asked.wait(until);
     }
-    for (auto& t : threads) t.join();
-    for (std::size_t k = 0; k < asked.size(); ++k)
-      if (cut[k])
-        asked[k]->error = "handshake for version " + std::to_string(m.version) +
-                          " failed: no answer to the manifest while the other receivers answered (a dark link?)";
+    for (auto& c : asked.cut_off())
+      if (c.cut)
+        c.value->error = "handshake for version " + std::to_string(m.version) +
+                         " failed: no answer to the manifest while the other receivers answered (a dark link?)";
   }
 
   // Streams buckets to every accepted peer (one thread each) and collects their DONE reports.
@@ -521,78 +598,6 @@ class Server {
     const ssize_t n = ::recv(c.sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
   }
-  // The handshakes of one gathering, each on its own thread. Those still running when the gathering
-  // ends are cut off (their connection shut down; the receiver reconnects for a later version).
-  class Greeter {
-   public:
-    struct Greeting {
-      std::unique_ptr<Conn> conn;
-      std::optional<Result<Hello>> hello;  // set when the handshake ended
-      bool cut = false;                    // it was cut off
-    };
-    Greeter(Server& server, std::chrono::milliseconds timeout) : server_(server), timeout_(timeout) {}
-    ~Greeter() { cut_off(); }
-    void start(std::unique_ptr<Conn> conn) {
-      std::lock_guard l(mu_);
-      Greeting& g = greetings_.emplace_back();
-      g.conn = std::move(conn);
-      ++running_;
-      threads_.emplace_back([this, &g] {
-        auto hello = server_.handshake(*g.conn, Clock::now() + timeout_);
-        std::lock_guard l(mu_);
-        g.hello = std::move(hello);
-        --running_;
-        ended_.notify_all();
-      });
-    }
-    // Waits until every handshake started has ended, or `until`.
-    void wait(Deadline until) {
-      std::unique_lock l(mu_);
-      ended_.wait_until(l, until, [&] { return running_ == 0; });
-    }
-    bool running() {
-      std::lock_guard l(mu_);
-      return running_ > 0;
-    }
-    // The handshakes that ended since the last call.
-    std::vector<Greeting> finished() {
-      std::lock_guard l(mu_);
-      std::vector<Greeting> out;
-      for (auto it = greetings_.begin(); it != greetings_.end();) {
-        if (!it->hello) {
-          ++it;
-          continue;
-        }
-        out.push_back(std::move(*it));
-        it = greetings_.erase(it);
-      }
-      return out;
-    }
-    // Cuts off the handshakes still running, waits for every thread, returns what had not been taken.
-    std::vector<Greeting> cut_off() {
-      {
-        std::lock_guard l(mu_);
-        for (auto& g : greetings_)
-          if (!g.hello) {
-            g.cut = true;
-            ::shutdown(g.conn->sock.native_handle(), SHUT_RDWR);  // its blocked read returns
-          }
-      }
-      for (auto& t : threads_) t.join();
-      threads_.clear();
-      return finished();
-    }
-
-   private:
-    Server& server_;
-    std::chrono::milliseconds timeout_;
-    std::mutex mu_;
-    std::condition_variable ended_;
-    std::list<Greeting> greetings_;  // stable addresses: each thread fills its own
-    std::size_t running_ = 0;
-    std::vector<std::thread> threads_;
-  };
-
   void keep_pending(std::unique_ptr<Peer> p) {
     std::erase_if(pending_, [](const std::unique_ptr<Peer>& q) { return closed(*q->conn); });
     pending_.push_back(std::move(p));
