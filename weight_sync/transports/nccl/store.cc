@@ -153,6 +153,18 @@ std::int64_t wrapping_add(std::int64_t a, std::int64_t b) {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+// Drops the consumed front of a connection's buffer: all of it once everything was consumed, else
+// once over 1 MiB was (so a busy connection's buffer neither grows without bound nor moves bytes often).
+void drop_consumed(std::string& buf, std::size_t& pos) {
+  if (pos == buf.size()) {
+    buf.clear();
+    pos = 0;
+  } else if (pos > (std::size_t{1} << 20)) {
+    buf.erase(0, pos);
+    pos = 0;
+  }
+}
+
 void set_nodelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -578,13 +590,7 @@ void StoreServer::Impl::process(std::uint64_t id, Conn& c) {
     if (!handle(id, c, r, changed)) break;
     c.in_pos += r.pos;
   }
-  if (c.in_pos == c.in.size()) {
-    c.in.clear();
-    c.in_pos = 0;
-  } else if (c.in_pos > (std::size_t{1} << 20)) {
-    c.in.erase(0, c.in_pos);
-    c.in_pos = 0;
-  }
+  drop_consumed(c.in, c.in_pos);
   if (!changed.empty()) changed_keys(changed);
   flush(c);
 }
@@ -875,13 +881,7 @@ void StoreServer::Impl::flush(Conn& c) {
     c.out_pos = 0;
     return;
   }
-  if (c.out_pos == c.out.size()) {
-    c.out.clear();
-    c.out_pos = 0;
-  } else if (c.out_pos > (std::size_t{1} << 20)) {
-    c.out.erase(0, c.out_pos);
-    c.out_pos = 0;
-  }
+  drop_consumed(c.out, c.out_pos);
 }
 
 void StoreServer::Impl::close_conn(std::uint64_t id, Conn& c) {
