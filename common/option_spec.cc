@@ -68,9 +68,6 @@ OptionSpec bool_option(std::string key, nlohmann::json def, std::string doc) {
 OptionSpec int_option(std::string key, nlohmann::json def, std::string doc) {
   return option(std::move(key), OptionSpec::Type::kInt, std::move(def), std::move(doc));
 }
-OptionSpec int_option(std::string key, nlohmann::json def, std::string doc, double min, double max) {
-  return int_option(std::move(key), std::move(def), std::move(doc)).range(min, max);
-}
 OptionSpec float_option(std::string key, nlohmann::json def, std::string doc) {
   return option(std::move(key), OptionSpec::Type::kFloat, std::move(def), std::move(doc));
 }

@@ -50,10 +50,9 @@ struct OptionSpec {
   const nlohmann::json& config_value() const { return config_default.is_null() ? default_value : config_default; }
 };
 
-// Builders. int_option with bounds is int_option(key, def, doc).range(min, max).
+// Builders; bounds, choices and the rest are modifiers: int_option(key, def, doc).range(min, max).
 OptionSpec bool_option(std::string key, nlohmann::json def, std::string doc);
 OptionSpec int_option(std::string key, nlohmann::json def, std::string doc);
-OptionSpec int_option(std::string key, nlohmann::json def, std::string doc, double min, double max);
 OptionSpec float_option(std::string key, nlohmann::json def, std::string doc);
 OptionSpec string_option(std::string key, nlohmann::json def, std::string doc);
 OptionSpec any_option(std::string key, std::string doc);

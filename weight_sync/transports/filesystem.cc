@@ -518,7 +518,7 @@ TransportDescriptor filesystem_transport() {
   d.capabilities.durable = true;
   d.options = {
       string_option("dir", "", "where versions v<N>/ are written").user_key("{run.dir}/weights").is_path(),
-      int_option("poll_interval_ms", 50, "how often a receiver looks for a new STABLE version", 1, 60000),
+      int_option("poll_interval_ms", 50, "how often a receiver looks for a new STABLE version").range(1, 60000),
   };
   d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
     ARLO_TRY(need_dir(s.params));

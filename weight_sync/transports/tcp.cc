@@ -1068,8 +1068,8 @@ TransportDescriptor tcp_transport() {
           .user_key(),
       string_option("relay_listen", "127.0.0.1:0",
                     "relaying receiver (chain): where the next node connects (port 0: any free port)"),
-      int_option("reconnect_window_ms", 5000, "how long either side waits for a dropped link to come back and resume",
-                 0, 3600000)
+      int_option("reconnect_window_ms", 5000, "how long either side waits for a dropped link to come back and resume")
+          .range(0, 3600000)
           .user_key(),
   };
   d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {

@@ -768,14 +768,17 @@ TransportDescriptor nccl_transport() {
                     "libnccl to load; the same NCCL version as the servers' torch (NCCL refuses mixed versions)")
           .user_key()
           .is_path(),
-      int_option("device", 0, "CUDA device of this side's rank (cudaSetDevice before init)", 0, 1024).user_key(),
+      int_option("device", 0, "CUDA device of this side's rank (cudaSetDevice before init)").range(0, 1024).user_key(),
       bool_option("packed", true,
                   "vLLM members: packed uint8 buckets (false: one broadcast per tensor); SGLang: per tensor")
           .user_key(),
       int_option("packed_buffer_bytes", 1ll << 30,
-                 "packed layout: a bucket closes after the tensor that crosses this size", 1, 1ll << 40)
+                 "packed layout: a bucket closes after the tensor that crosses this size")
+          .range(1, 1ll << 40)
           .user_key(),
-      int_option("packed_num_buffers", 2, "packed layout: device buffers (and streams) that overlap", 1, 8).user_key(),
+      int_option("packed_num_buffers", 2, "packed layout: device buffers (and streams) that overlap")
+          .range(1, 8)
+          .user_key(),
       string_option("group_name", "weight_update_group",
                     "SGLang: the process group's name, suffixed -g<generation> per group (its id key derives from it)")
           .user_key(),
