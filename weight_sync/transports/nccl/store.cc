@@ -886,13 +886,7 @@ void StoreServer::Impl::flush(Conn& c) {
 
 void StoreServer::Impl::close_conn(std::uint64_t id, Conn& c) {
   ARLO_DEBUG("rendezvous store {}: connection from {} closed ({})", address, c.peer, c.closing);
-  for (const auto& w : c.waits)
-    for (const auto& k : w) {
-      auto it = waiters.find(k);
-      if (it == waiters.end()) continue;
-      std::erase(it->second, id);
-      if (it->second.empty()) waiters.erase(it);
-    }
+  cancel_waits(id, c);
   ::close(c.fd);
   open.fetch_sub(1);
   conns.erase(id);
