@@ -32,7 +32,7 @@
 //                                                directory over HTTP; use transport nccl)
 //   commit(v)        POST /weights/commit     POST /finish_weight_update {"weight_version":"v'"}  (applied by the
 //   update call; nothing to send) weights()        GET /weights             GET /weight_info, else the version
-//   committed here  GET /get_weight_version
+//   committed here  GET /model_info (GET /get_weight_version where /model_info is 404)
 //
 // vLLM body shapes by the version GET /version reports (AdminOptions::server_version overrides;
 // a dev build counts as its x.y.z): before 0.22 refused (no /start_weight_update); 0.22-0.27 init_info

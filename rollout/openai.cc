@@ -1,6 +1,7 @@
 #include "rollout/openai.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include <fmt/format.h>
 
@@ -86,6 +87,21 @@ Status parse_meta_info(const Json& ch, const std::string& where, std::vector<std
     ids.push_back(e[1].get<std::int32_t>());
   }
   return ok();
+}
+
+// SGLang's label of the weights that answered (non-streaming responses: "metadata": {"weight_version":
+// "7"}, the string arlo sent with the update); nullopt when absent or not a number ("default": a
+// server never updated).
+std::optional<std::int64_t> metadata_version(const Json& body) {
+  if (!body.contains("metadata") || !body["metadata"].is_object()) return std::nullopt;
+  const Json& label = body["metadata"].value("weight_version", Json());
+  if (label.is_number_integer()) return label.get<std::int64_t>();
+  if (!label.is_string()) return std::nullopt;
+  const auto& text = label.get_ref<const std::string&>();
+  std::int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
 }
 
 // What turns on the token data check_token_data() found missing, per server.
@@ -175,6 +191,8 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
   std::optional<std::int64_t> response_version;
   if (body.contains("version") && body["version"].is_number_integer())
     response_version = body["version"].get<std::int64_t>();
+  else
+    response_version = metadata_version(body);
 
   for (std::size_t i = 0; i < body["choices"].size(); ++i) {
     const Json& ch = body["choices"][i];

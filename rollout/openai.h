@@ -5,8 +5,9 @@
 // Parsed per choice: text (or message.content), token ids ("token_ids"), per-token logprobs
 // (completions: logprobs.token_logprobs; chat: logprobs.content[].logprob), finish_reason, and
 // version spans ("version_spans": [[version, first_token], ...] or [{"version", "first_token"}]; a
-// bare "version" on the choice or the response means one span from token 0). Prompt token ids come
-// from the response's or the first choice's "prompt_token_ids".
+// bare "version" on the choice or the response means one span from token 0, and so does SGLang's
+// "metadata": {"weight_version": "<n>"} on the response). Prompt token ids come from the response's
+// or the first choice's "prompt_token_ids".
 //
 // What each server returns for the token data training needs, when asked as token_data_request()
 // asks (sources: vLLM's and SGLang's OpenAI-compatible serving code):

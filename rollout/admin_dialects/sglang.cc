@@ -112,8 +112,16 @@ class SglangAdmin final : public AdminBase {
     co_return ok();
   }
   asio::awaitable<Status> commit_weights(std::int64_t) override { co_return ok(); }
+  // GET /model_info's weight_version. An older server, whose /model_info is missing or lacks the
+  // field, has it under /get_weight_version, which current SGLang answers with 404 ("deprecated,
+  // use /model_info").
   asio::awaitable<Result<WeightsInfo>> weights() override {
-    auto r = co_await call(get("/get_weight_version"));
+    auto r = co_await call(get("/model_info"));
+    const bool found = r && r->is_object() && r->contains("weight_version");
+    if (!found && (r || r.error().code() == ErrorCode::kNotFound)) {
+      auto old = co_await call(get("/get_weight_version"));
+      if (old || !r) r = std::move(old);
+    }
     if (!r) co_return std::unexpected(std::move(r).error());
     WeightsInfo info;
     if (r->is_object() && r->contains("weight_version")) info.version = version_number((*r)["weight_version"]);

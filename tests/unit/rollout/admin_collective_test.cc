@@ -424,12 +424,24 @@ class FakeSglang final : public TestServer {
          weight_version = b.value("new_version", "");
          co_return http::Response::json(200, Json{{"success", true}, {"new_version", weight_version}});
        });
-    on(http::Verb::get, "/get_weight_version",
-       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-         co_return http::Response::json(200, Json{{"weight_version", weight_version}});
-       });
+    // Current SGLang: the version is in /model_info; the old routes answer 404 (FastAPI's
+    // HTTPException body). `legacy` is a server from before that: no /model_info.
+    on(http::Verb::get, "/model_info", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
+      if (legacy) co_return http::Response::json(404, Json{{"detail", "Not Found"}});
+      co_return http::Response::json(
+          200, Json{{"model_path", "Qwen/Qwen3-1.7B"}, {"is_generation", true}, {"weight_version", weight_version}});
+    });
+    for (const char* route : {"/get_weight_version", "/weight_version"})
+      on(http::Verb::get, route, [this, route](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
+        if (legacy) co_return http::Response::json(200, Json{{"weight_version", weight_version}});
+        co_return http::Response::json(
+            404,
+            Json{{"detail", fmt::format("Endpoint '{}' is deprecated. Please use '/model_info' instead.", route)}});
+      });
     start();
   }
+
+  bool legacy = false;  // a server from before /model_info carried the version
 
   int running = 0;  // requests in the server's batch
   int dp_size = 1;
@@ -715,6 +727,28 @@ TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
   EXPECT_EQ(upd["weight_version"], "1");
   EXPECT_EQ(upd["shapes"][1], Json::array({32, 8}));
   EXPECT_EQ(rig.session->world_sizes, (std::vector<int>{2, 2, 2, 2}));  // asked every update, init once
+}
+
+TEST(AdminSglangCollective, TheVersionComesFromModelInfoAndFromTheOldRouteOnlyWhereThatIsMissing) {
+  Rig rig;
+  FakeSglang current(rig.io, rig.rv, 1), legacy(rig.io, rig.rv, 1);
+  legacy.legacy = true;
+  current.weight_version = "7";
+  legacy.weight_version = "6";
+  auto a = make_admin_client(AdminDialect::kSglang, rig.client, current.url(), fast());
+  auto b = make_admin_client(AdminDialect::kSglang, rig.client, legacy.url(), fast());
+  run(rig.io, [&]() -> asio::awaitable<void> {
+    auto w = co_await a->weights();
+    EXPECT_TRUE(w && w->version == 7) << (w ? "" : w.error().what());
+    w = co_await b->weights();
+    EXPECT_TRUE(w && w->version == 6) << (w ? "" : w.error().what());
+    current.weight_version = "default";  // a server started without --weight-version: no number
+    w = co_await a->weights();
+    EXPECT_TRUE(w && !w->version) << (w ? "" : w.error().what());
+  }());
+  EXPECT_EQ(current.count("GET /model_info"), 2);
+  EXPECT_EQ(current.count("GET /get_weight_version"), 0);
+  EXPECT_EQ(legacy.requests, (std::vector<std::string>{"GET /model_info", "GET /get_weight_version"}));
 }
 
 TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoinsANewOne) {

@@ -162,6 +162,32 @@ TEST(OpenAI, ParsesSglangChatMetaInfo) {
   EXPECT_NE(r.error().what().find("meta_info.output_token_logprobs"), std::string::npos);
 }
 
+// SGLang labels a non-streaming response with the weights that answered it: that label (the
+// version arlo sent with the update) is the completion's version; "default" (never updated) is none.
+TEST(OpenAI, SglangMetadataWeightVersionIsTheCompletionsVersion) {
+  Json body = Json::parse(R"({
+    "id": "x", "object": "text_completion", "created": 1, "model": "default",
+    "choices": [{"index": 0, "text": "5", "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop",
+                 "matched_stop": 151643, "token_ids": [20], "prompt_token_ids": [1, 2]},
+                {"index": 1, "text": "6", "logprobs": {"token_logprobs": [-0.25]}, "finish_reason": "stop",
+                 "matched_stop": 151643, "token_ids": [21], "prompt_token_ids": [1, 2]}],
+    "usage": {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1},
+    "metadata": {"weight_version": "12"}})");
+  auto c = parse_openai_response(body, false);
+  ASSERT_TRUE(c) << c.error().what();
+  for (const auto& ch : c->choices) EXPECT_EQ(ch.version_spans, (std::vector<VersionSpan>{{12, 0}}));
+  for (const char* label : {"default", "", "12b", "v12"}) {
+    body["metadata"]["weight_version"] = label;
+    c = parse_openai_response(body, false);
+    ASSERT_TRUE(c) << c.error().what();
+    EXPECT_TRUE(c->choices[0].version_spans.empty()) << label;
+  }
+  body.erase("metadata");
+  c = parse_openai_response(body, false);
+  ASSERT_TRUE(c) << c.error().what();
+  EXPECT_TRUE(c->choices[0].version_spans.empty());
+}
+
 TEST(OpenAI, SglangChatAsksForPromptIdsAndMetaInfo) {
   EXPECT_EQ(token_data_request(AdminDialect::kSglang, true),
             (Json{{"return_prompt_token_ids", true}, {"return_meta_info", true}}));
