@@ -8,6 +8,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <random>
 
 #include <variant>
 
@@ -52,7 +53,8 @@ InferencePool::InferencePool(asio::io_context& io, PoolOptions options)
       clock_(pick_clock(io, options_, own_clock_)),
       client_(std::make_unique<http::Client>(io, options_.client)),
       health_timer_(io),
-      alive_(std::make_shared<bool>(true)) {}
+      alive_(std::make_shared<bool>(true)),
+      salt_id_(fmt::format("{:08x}", std::random_device{}())) {}
 
 InferencePool::~InferencePool() {
   *alive_ = false;
@@ -64,6 +66,23 @@ InferencePool::Worker* InferencePool::find(const std::string& url) {
   for (auto& s : workers_)
     if (s->url == url) return s.get();
   return nullptr;
+}
+
+void InferencePool::weights_changed(const std::string& base_url, std::optional<std::int64_t> version) {
+  Worker* s = find(strip_slash(base_url));
+  if (!s) return;
+  ++s->weights_changes;
+  if (version) s->weights_version = version;
+}
+
+std::string InferencePool::cache_salt(const std::string& base_url) const {
+  const std::string url = strip_slash(base_url);
+  for (const auto& s : workers_)
+    if (s->url == url)
+      return fmt::format("arlo-{}-v{}-{}", salt_id_,
+                         s->weights_version ? std::to_string(*s->weights_version) : std::string("init"),
+                         s->weights_changes);
+  return "";
 }
 
 void InferencePool::add_worker(const std::string& base_url) {
@@ -279,7 +298,7 @@ asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest requ
   const auto end = clock_->now() + timeout;
   const std::string path = endpoint_path(request);
   const bool chat = request.is_chat();
-  const std::string body = to_openai_body(request).dump();
+  Json body = to_openai_body(request);
   std::vector<std::string> tried;
   std::optional<Error> last_error;
   int attempts = 0;
@@ -302,7 +321,8 @@ asio::awaitable<Result<Completion>> InferencePool::submit(CompletionRequest requ
     http::ClientRequest hr;
     hr.method = http::Verb::post;
     hr.url = s->url + path;
-    hr.body = body;
+    if (request.cache_salt) body["cache_salt"] = cache_salt(s->url);
+    hr.body = body.dump();
     hr.timeout = end - now;
     if (options_.attempt_timeout) hr.timeout = std::min(hr.timeout, *options_.attempt_timeout);
     hr.idempotent = false;

@@ -20,7 +20,10 @@
 //     A worker that is slow but answers its requests, or an idle one, only counts a failure;
 //     `open_on_silence = false` restores the plain count;
 //   - workers join (add_worker: usable after its first successful health check) and leave
-//     (remove_worker: no new requests, in-flight ones finish) at runtime.
+//     (remove_worker: no new requests, in-flight ones finish) at runtime;
+//   - a request that asks for it (CompletionRequest::cache_salt) carries "cache_salt" naming the
+//     weights its worker serves (weights_changed): vLLM and SGLang share prefix KV only between
+//     requests with the same salt, so none computed under other weights is reused after an update.
 // Threading: everything runs on the io_context's single thread; no locks.
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
@@ -95,6 +98,16 @@ class InferencePool {
   boost::asio::awaitable<Result<Completion>> submit(CompletionRequest request, Duration timeout);
   std::vector<WorkerStatus> status() const;
 
+  // The weights `base_url` serves change: a pause that may precede an update (no version: its
+  // label stays) or an update that ended, loaded (`version`) or not. Requests sent to it from now
+  // on carry a salt no earlier request carried: requests queued in a keep pause run on the new
+  // weights, a failed update may have loaded part of them, a restarted server was resynced.
+  void weights_changed(const std::string& base_url, std::optional<std::int64_t> version = std::nullopt);
+  // The cache_salt of requests to `base_url` now: "arlo-<pool id>-v<version>-<change count>" (the
+  // version is "init" until weights_changed gave one; the pool id is random, so that another run
+  // against the same long-lived server shares no prefix KV with this one). Empty for an unknown url.
+  std::string cache_salt(const std::string& base_url) const;
+
   // Health-checks every worker now (used by start(); handy in tests). Completes when all answered.
   boost::asio::awaitable<void> check_all();
 
@@ -115,8 +128,10 @@ class InferencePool {
     std::uint64_t completed = 0;
     std::uint64_t failed = 0;
     std::optional<std::int64_t> version;
-    bool silent = false;              // see WorkerStatus::silent
-    Clock::time_point last_answer{};  // the last HTTP response (any status) to a request or probe
+    std::optional<std::int64_t> weights_version;  // the last update's (weights_changed)
+    std::uint64_t weights_changes = 0;            // weights_changed calls
+    bool silent = false;                          // see WorkerStatus::silent
+    Clock::time_point last_answer{};              // the last HTTP response (any status) to a request or probe
     // Fires (is cancelled) when the circuit opens: requests waiting on this worker give up on it.
     std::shared_ptr<boost::asio::steady_timer> lost;
   };
@@ -144,6 +159,7 @@ class InferencePool {
   bool running_ = false;
   std::size_t round_robin_ = 0;  // breaks ties between equally loaded workers
   std::shared_ptr<bool> alive_;  // guards coroutines that outlive the pool
+  std::string salt_id_;          // random per pool: the run's part of every cache_salt
 };
 
 }  // namespace arlo::rollout

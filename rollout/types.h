@@ -35,6 +35,10 @@ struct CompletionRequest {
   SamplingParams sampling;
   std::string affinity_key;     // requests with the same key go to the same worker
   Json extra = Json::object();  // merged into the request body (server-specific knobs)
+  // The pool adds "cache_salt": the salt of the weights the chosen worker serves when the request
+  // leaves (InferencePool::cache_salt), so that vLLM and SGLang reuse no prefix KV computed under
+  // other weights.
+  bool cache_salt = false;
 
   bool is_chat() const { return !messages.empty() && prompt_token_ids.empty(); }
 };

@@ -76,6 +76,8 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
   const bool chat = cr.is_chat();
   const bool logprobs = cr.sampling.logprobs;
   cr.extra = rollout::token_data_request(server_, chat);
+  // Prefix KV only from the weights the worker serves now (arlo-worker keeps no cache across versions).
+  cr.cache_salt = server_ == rollout::AdminDialect::kVllm || server_ == rollout::AdminDialect::kSglang;
   const auto budget = std::max<Duration>(Duration::zero(), req.deadline - Clock_::now());
   auto completion = co_await pool_.submit(std::move(cr), budget);
   if (!completion) co_return std::unexpected(std::move(completion).error());
@@ -113,7 +115,9 @@ Awaitable<Status> RolloutInference::admin_call(std::string worker,
 }
 
 Awaitable<Status> RolloutInference::pause(std::string worker, PauseMode mode, TimePoint) {
-  std::function<Awaitable<Status>(rollout::AdminClient&)> call = [mode](rollout::AdminClient& a) {
+  // Requests sent from now on may wait out the update in the server's queue (keep): a new salt.
+  std::function<Awaitable<Status>(rollout::AdminClient&)> call = [this, worker, mode](rollout::AdminClient& a) {
+    pool_.weights_changed(worker);
     return a.pause(mode);
   };
   auto op = admin_call(std::move(worker), std::move(call));
@@ -128,13 +132,22 @@ Awaitable<Status> prepare_then_commit(rollout::AdminClient& a, rollout::WeightUp
   auto commit = a.commit_weights(update.version);
   co_return co_await std::move(commit);
 }
+// The update, then a new cache salt for `worker` whatever came of it (a failed one may have loaded
+// part of the weights).
+Awaitable<Status> update_then_salt(rollout::InferencePool& pool, std::string worker, rollout::AdminClient& a,
+                                   rollout::WeightUpdate update) {
+  auto op = prepare_then_commit(a, update);
+  auto st = co_await std::move(op);
+  pool.weights_changed(worker, st ? std::optional<std::int64_t>(update.version) : std::nullopt);
+  co_return st;
+}
 }  // namespace
 
 Awaitable<Status> RolloutInference::update_weights(std::string worker, Version version, TimePoint) {
   rollout::WeightUpdate update = describe_ ? describe_(worker, version) : rollout::WeightUpdate{};
   update.version = version;
-  std::function<Awaitable<Status>(rollout::AdminClient&)> call = [update](rollout::AdminClient& a) {
-    return prepare_then_commit(a, update);
+  std::function<Awaitable<Status>(rollout::AdminClient&)> call = [this, worker, update](rollout::AdminClient& a) {
+    return update_then_salt(pool_, worker, a, update);
   };
   auto op = admin_call(std::move(worker), std::move(call));
   co_return co_await std::move(op);

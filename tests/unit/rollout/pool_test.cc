@@ -147,6 +147,59 @@ TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
   }());
 }
 
+// A request that asks for a cache salt carries its worker's: the same until that worker's weights
+// change (a pause, an update), then one no earlier request carried.
+TEST(InferencePool, CacheSaltNamesTheWorkersWeightsAndChangesWithThem) {
+  asio::io_context io;
+  FakeOpenAIServer a(io);
+  InferencePool pool(io, fast_options());
+  pool.add_worker(a.url());
+  auto salted = [](const std::string& key) {
+    CompletionRequest r = request("p", key);
+    r.cache_salt = true;
+    return r;
+  };
+  std::vector<std::string> salts;  // of the requests to a, in order
+  run(io, [&]() -> asio::awaitable<void> {
+    co_await pool.check_all();
+    auto send = [&](CompletionRequest r) -> asio::awaitable<void> {
+      auto c = co_await pool.submit(std::move(r), std::chrono::seconds(10));
+      EXPECT_TRUE(c) << (c ? "" : c.error().what());
+      if (c) {
+        EXPECT_EQ(c->worker, a.url());
+      }
+    };
+    co_await send(salted("k"));
+    co_await send(salted("k"));
+    pool.weights_changed(a.url());  // a pause: the update may follow
+    co_await send(salted("k"));
+    pool.weights_changed(a.url() + "/", 5);  // v5 loaded
+    co_await send(salted("k"));
+    co_await send(request("p", "k"));  // not asked for
+    pool.weights_changed(a.url());
+    pool.weights_changed(a.url());  // a failed update: still v5, other weights maybe
+    co_await send(salted("k"));
+  }());
+  ASSERT_EQ(a.bodies.size(), 6u);
+  for (const auto& body : a.bodies) salts.push_back(body.value("cache_salt", ""));
+  EXPECT_EQ(salts[0], salts[1]);
+  EXPECT_EQ(salts[0].rfind("arlo-", 0), 0u) << salts[0];
+  EXPECT_NE(salts[0].find("-vinit-0"), std::string::npos) << salts[0];
+  EXPECT_NE(salts[2], salts[1]);
+  EXPECT_NE(salts[3], salts[2]);
+  EXPECT_NE(salts[3].find("-v5-"), std::string::npos) << salts[3];
+  EXPECT_FALSE(a.bodies[4].contains("cache_salt"));
+  EXPECT_NE(salts[5], salts[3]);
+  EXPECT_NE(salts[5].find("-v5-"), std::string::npos) << salts[5];
+  EXPECT_EQ(std::set<std::string>(salts.begin(), salts.end()).size(), 5u);  // 0 = 1; the unsalted one is ""
+  EXPECT_EQ(pool.cache_salt(a.url()), salts[5]);
+  EXPECT_EQ(pool.cache_salt("http://unknown:1"), "");
+  // Another pool (another run against the same servers) shares no salt with this one.
+  InferencePool other(io, fast_options());
+  other.add_worker(a.url());
+  EXPECT_NE(other.cache_salt(a.url()), salts[0]);
+}
+
 TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
   asio::io_context io;
   FakeOpenAIServer a(io), b(io), c(io);

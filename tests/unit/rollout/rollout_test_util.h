@@ -103,6 +103,7 @@ class FakeOpenAIServer {
       ++received;
       auto body = req.json();
       if (!body) co_return http::Response::error(400, body.error().what());
+      bodies.push_back(*body);
       if (fail_with_status) co_return http::Response::error(fail_with_status, "injected failure", "server_error");
       if (answer_delay.count() > 0) {  // a slow server: every completion takes this long
         co_await sleep_for(answer_delay);
@@ -161,6 +162,7 @@ class FakeOpenAIServer {
   std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
 
   int received = 0;
+  std::vector<Json> bodies;  // every completion request, in arrival order
   int answered = 0;
   int held = 0;
   int health_calls = 0;
