@@ -21,7 +21,7 @@
 //                       master_port, rank_offset, world_size, group_name, backend:"nccl"}
 //                                              POST /start_weight_update ({"is_checkpoint_format":  POST
 //                                              /update_weights_from_distributed {names, dtypes, shapes, group_name,
-//                                                true} up to 0.27; no body from 0.28)                 flush_cache,
+//                                                true} up to 0.27; {} from 0.28)                      flush_cache,
 //                                                weight_version:"v"} in flight while C->receiving(W, gen, v);
 //                                              POST /update_weights {"update_info"} in flight         v' != v: POST
 //                                              /update_weight_version {"new_version":"v'"}

@@ -65,8 +65,10 @@ Result<Json> vllm_update_info(const TensorLists& t, const Json& group, ServerVer
   return Json{{"update_info", std::move(info)}};
 }
 
-std::optional<Json> vllm_start_body(ServerVersion v) {
-  if (v >= kVllmPackedInInit) return std::nullopt;
+// Always a JSON body: handlers that read `await raw_request.json()` answer an empty one with 400;
+// from 0.28 the flag is gone and the handler ignores the body or reads optional keys.
+Json vllm_start_body(ServerVersion v) {
+  if (v >= kVllmPackedInInit) return Json::object();
   return Json{{"is_checkpoint_format", true}};
 }
 
