@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string_view>
@@ -181,11 +182,15 @@ class AdminBase : public AdminClient {
     co_return std::optional<Json>(std::move(*g));
   }
   // Sends `init`, the server's call that joins `group` (from new_group); a failure tells the session
-  // at once (failed()), so that its publisher does not wait for this server. Ok: generation_ is the
-  // group's.
-  asio::awaitable<Status> join_group(CollectiveSession& session, const Json& group, Call init) {
+  // at once (failed()), so that its publisher does not wait for this server. When `init` fails and
+  // `instead` returns a call for its error, that call is sent once in its place (another body for
+  // the same group). Ok: generation_ is the group's.
+  asio::awaitable<Status> join_group(CollectiveSession& session, const Json& group, Call init,
+                                     std::function<std::optional<Call>(const Error&)> instead = {}) {
     const std::int64_t generation = group["generation"].get<std::int64_t>();
     auto r = co_await call(std::move(init));
+    if (!r && instead)
+      if (auto other = instead(r.error())) r = co_await call(std::move(*other));
     if (!r) {
       session.failed(url_, generation, r.error().what());
       co_return std::unexpected(std::move(r).error());

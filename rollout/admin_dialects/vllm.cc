@@ -41,16 +41,18 @@ Result<ServerVersion> parse_server_version(std::string_view s) {
 // vLLM's body shapes by release. Sources: vllm PR #39212 added /start_weight_update and
 // /finish_weight_update (first released in 0.22.0; absent in 0.19.1); PR #50902 moved packed,
 // packed_buffer_size_bytes and packed_num_buffers from update_info to init_info and dropped the
-// start body (0.28.0, per TRL PR #7001 and SkyRL PR #2114); PR #53784 added nccl_unique_id_b64,
+// start body's is_checkpoint_format (0.28.0, per TRL PR #7001 and SkyRL PR #2114); PR #53784 added nccl_unique_id_b64,
 // merged to main after 0.28.0 was cut: assumed first released in 0.29.0.
 constexpr ServerVersion kVllmStartFinish{0, 22, 0};
 constexpr ServerVersion kVllmPackedInInit{0, 28, 0};
 constexpr ServerVersion kVllmUniqueIdInit{0, 29, 0};
 
-Result<Json> vllm_init_info(const Json& group, ServerVersion v) {
+// `unique_id`: the base64 id when the group offers one and the version takes it (a server that
+// refused it gets the store's fields instead).
+Result<Json> vllm_init_info(const Json& group, ServerVersion v, bool unique_id = true) {
   Json info = Json::object();
-  const bool uid =
-      v >= kVllmUniqueIdInit && group.contains("nccl_unique_id_b64") && group["nccl_unique_id_b64"].is_string();
+  const bool uid = unique_id && v >= kVllmUniqueIdInit && group.contains("nccl_unique_id_b64") &&
+                   group["nccl_unique_id_b64"].is_string();
   ARLO_TRY(uid ? copy_keys(group, {"nccl_unique_id_b64", "rank_offset", "world_size"}, info)
                : copy_keys(group, {"master_address", "master_port", "rank_offset", "world_size"}, info));
   if (v >= kVllmPackedInInit)
@@ -70,6 +72,13 @@ Result<Json> vllm_update_info(const TensorLists& t, const Json& group, ServerVer
 Json vllm_start_body(ServerVersion v) {
   if (v >= kVllmPackedInInit) return Json::object();
   return Json{{"is_checkpoint_format", true}};
+}
+
+// A server refusing the unique-id mode: a 4xx/5xx that names the field (a release without vllm PR
+// #53784 fails its strict init_info parse with "Invalid init_info ... nccl_unique_id_b64").
+bool refuses_unique_id(const Error& e) {
+  return (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kUnavailable) &&
+         e.what().find("nccl_unique_id_b64") != std::string::npos;
 }
 
 Json vllm_finish_body(std::int64_t version) { return Json{{"weight_version", std::to_string(version)}}; }
@@ -116,9 +125,7 @@ class VllmAdmin final : public AdminBase {
     auto fresh = co_await new_group(*session, *world_size_, "weight-transfer group");
     if (!fresh) co_return std::unexpected(std::move(fresh).error());
     if (*fresh) {
-      auto body = vllm_init_info(**fresh, *version);
-      if (!body) co_return std::unexpected(std::move(body).error());
-      auto init = co_await join_group(*session, **fresh, transfer("/init_weight_transfer_engine", std::move(*body)));
+      auto init = co_await init_engine(*session, **fresh, *version);
       if (!init) co_return init;
       group_ = std::move(**fresh);
     }
@@ -172,6 +179,25 @@ class VllmAdmin final : public AdminBase {
   }
 
  private:
+  // /init_weight_transfer_engine for `group`: with the unique id where offered; a server that
+  // refuses it joins the same group through the store (which serves the id too), and is sent the
+  // store's fields from then on.
+  asio::awaitable<Status> init_engine(CollectiveSession& session, const Json& group, ServerVersion v) {
+    auto body = vllm_init_info(group, v, !unique_id_refused_);
+    if (!body) co_return std::unexpected(std::move(body).error());
+    auto store_body = vllm_init_info(group, v, false);
+    if (!store_body) co_return std::unexpected(std::move(store_body).error());
+    const bool offers_id = *body != *store_body;
+    std::function<std::optional<Call>(const Error&)> instead = [&](const Error& e) -> std::optional<Call> {
+      if (!offers_id || !refuses_unique_id(e)) return std::nullopt;
+      ARLO_WARN("vllm admin {}: the server refuses nccl_unique_id_b64 ({}): joining through the store", url_, e.what());
+      unique_id_refused_ = true;
+      return transfer("/init_weight_transfer_engine", *store_body);
+    };
+    co_return co_await join_group(session, group, transfer("/init_weight_transfer_engine", std::move(*body)),
+                                  std::move(instead));
+  }
+
   asio::awaitable<Result<ServerVersion>> server_version() {
     if (version_) co_return *version_;
     std::string text = options_.server_version;
@@ -231,6 +257,7 @@ class VllmAdmin final : public AdminBase {
   std::optional<std::int64_t> unverified_;  // committed, not yet checked (verify_weights)
   std::string checksum_;
   bool has_weight_info_ = true;
+  bool unique_id_refused_ = false;  // the server refused nccl_unique_id_b64: the store from then on
 };
 
 }  // namespace

@@ -287,6 +287,8 @@ class FakeVllm final : public TestServer {
 
   bool paused = false;
   bool fail_update = false;
+  bool refuse_unique_id = false;
+  bool fail_init = false;
   std::string weight_version;
   Json checksums = {{"model.embed_tokens.weight", "aa11"}, {"lm_head.weight", "bb22"}};
   std::vector<int> init_ports;
@@ -294,10 +296,18 @@ class FakeVllm final : public TestServer {
  private:
   http::Response init(const Json& b) {
     if (!b.is_object() || !b.contains("init_info")) return violation("/init_weight_transfer_engine without init_info");
+    if (fail_init)
+      return http::Response::json(500,
+                                  Json{{"detail", "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"}});
     const Json& info = b["init_info"];
     std::set<std::string> want = {"rank_offset", "world_size"};
     if (info.contains("nccl_unique_id_b64")) {
       if (minor_ < 29) return violation("nccl_unique_id_b64 sent to vLLM " + version_);
+      if (refuse_unique_id)  // a release without vllm PR #53784: its dataclass has no such field
+        return http::Response::json(
+            400, Json{{"detail",
+                       "Invalid init_info for NCCLWeightTransferEngine: NCCLWeightTransferInitInfo.__init__() "
+                       "got an unexpected keyword argument 'nccl_unique_id_b64'"}});
       if (info.contains("master_address") || info.contains("master_port"))
         return violation("both rendezvous modes in init_info");
       want.insert("nccl_unique_id_b64");
@@ -555,6 +565,55 @@ TEST(AdminVllmCollective, MainBuildTakesTheUniqueIdInsteadOfTheStore) {
   EXPECT_FALSE(init.contains("master_address"));
   EXPECT_EQ(init["world_size"], 2);
   EXPECT_EQ(rig.session->world_sizes, (std::vector<int>{1, 1}));  // one group() per update
+}
+
+// A release that refuses the base64 id joins the same group through the store, and is sent the
+// store's fields for every later group.
+TEST(AdminVllmCollective, AServerRefusingTheUniqueIdJoinsTheSameGroupThroughTheStore) {
+  Rig rig;
+  FakeVllm srv(rig.io, rig.rv, "0.29.0", 1);
+  srv.refuse_unique_id = true;
+  auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
+  run(rig.io, [&]() -> asio::awaitable<void> {
+    EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(1, rig.session))), "ok");
+    EXPECT_EQ(what(co_await admin->commit_weights(1)), "ok");
+    srv.fail_update = true;  // the group fails: the next update joins a new generation
+    EXPECT_FALSE(co_await admin->prepare_weights(collective_update(2, rig.session)));
+    srv.fail_update = false;
+    EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(3, rig.session))), "ok");
+    EXPECT_EQ(what(co_await admin->commit_weights(3)), "ok");
+  }());
+  EXPECT_TRUE(srv.violations.empty());
+  ASSERT_EQ(srv.count("POST /init_weight_transfer_engine"), 3);
+  const Json refused = srv.body_of("POST /init_weight_transfer_engine", 0)["init_info"];
+  EXPECT_EQ(refused["nccl_unique_id_b64"], std::string(172, 'A'));
+  const Json joined = srv.body_of("POST /init_weight_transfer_engine", 1)["init_info"];
+  EXPECT_FALSE(joined.contains("nccl_unique_id_b64"));
+  EXPECT_EQ(joined["master_address"], "127.0.0.1");
+  EXPECT_EQ(joined["master_port"], 29500);  // the same group (generation 0)
+  EXPECT_EQ(joined["rank_offset"], refused["rank_offset"]);
+  const Json next = srv.body_of("POST /init_weight_transfer_engine", 2)["init_info"];
+  EXPECT_FALSE(next.contains("nccl_unique_id_b64"));
+  EXPECT_EQ(next["master_port"], 29501);
+  // The refusal aborted no group: only the failed update did.
+  EXPECT_EQ(rig.session->log, (std::vector<std::string>{"group W 1", "receiving v1 g0", "broadcast v1", "group W 1",
+                                                        "receiving v2 g0", "failed W g0", "receiving aborted",
+                                                        "group W 1", "receiving v3 g1", "broadcast v3"}));
+  EXPECT_EQ(srv.weight_version, "3");
+}
+
+// Any other init failure is not retried: it aborts the group.
+TEST(AdminVllmCollective, AnInitFailureNotAboutTheUniqueIdIsNotRetried) {
+  Rig rig;
+  FakeVllm srv(rig.io, rig.rv, "0.29.0", 1);
+  auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
+  srv.fail_init = true;
+  run(rig.io, [&]() -> asio::awaitable<void> {
+    EXPECT_FALSE(co_await admin->prepare_weights(collective_update(1, rig.session)));
+  }());
+  EXPECT_EQ(srv.count("POST /init_weight_transfer_engine"), 1);
+  EXPECT_TRUE(srv.body_of("POST /init_weight_transfer_engine")["init_info"].contains("nccl_unique_id_b64"));
+  EXPECT_EQ(rig.session->log, (std::vector<std::string>{"group W 1", "failed W g0"}));
 }
 
 TEST(AdminVllmCollective, MainBuildWithoutAUniqueIdUsesTheStore) {
