@@ -16,6 +16,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "tests/log_capture.h"
@@ -291,6 +292,51 @@ TEST_F(NcclStore, CancelWaitRaw) {
   server->set("/k2", "v");
   w->send(cancel);
   EXPECT_EQ(w->recv(2), std::string("\x00\x01", 2));
+}
+
+// LIST_KEYS (17): a u64 count, then every key as a string; the connection stays usable.
+TEST_F(NcclStore, ListKeysAnswersEveryKey) {
+  server->set("/a", "1");
+  server->set("/broadcast_from/0/0", "id");
+  auto r = raw_current();
+  r->send(raw_request(17));
+  const std::string count = r->recv(8);
+  ASSERT_EQ(count, store_encode(std::uint64_t{2}));
+  std::set<std::string> keys;
+  for (int i = 0; i < 2; ++i) {
+    std::uint64_t n = 0;
+    const std::string len = r->recv(8);
+    ASSERT_EQ(len.size(), 8u);
+    std::memcpy(&n, len.data(), 8);
+    keys.insert(r->recv(n));
+  }
+  EXPECT_EQ(keys, (std::set<std::string>{"/a", "/broadcast_from/0/0"}));
+  r->send(ping(3));
+  EXPECT_EQ(r->recv(4), as_bytes(3));
+}
+
+// BARRIER (18) key world_size: every arrival gets STOP_WAITING once world_size arrived; the count
+// is kept under the key; an early arrival can cancel its wait like a WAIT's.
+TEST_F(NcclStore, BarrierReleasesEveryArrivalOnceAllArrived) {
+  auto first = raw_current(), second = raw_current(), third = raw_current();
+  const std::string stop_waiting(1, '\x00');
+  first->send(raw_request(18, "/store_barrier", std::int64_t{3}) + ping(1));
+  EXPECT_EQ(first->recv(4), as_bytes(1));  // the barrier is registered, not answered
+  second->send(raw_request(18, "/store_barrier", std::int64_t{3}) + ping(2));
+  EXPECT_EQ(second->recv(4), as_bytes(2));
+  EXPECT_EQ(server->get("/store_barrier"), "2");
+  third->send(raw_request(18, "/store_barrier", std::int64_t{3}));
+  EXPECT_EQ(third->recv(1), stop_waiting);
+  EXPECT_EQ(first->recv(1), stop_waiting);
+  EXPECT_EQ(second->recv(1), stop_waiting);
+  EXPECT_EQ(server->get("/store_barrier"), "3");
+  // A barrier of one passes at once; a waiting arrival that gives up gets WAIT_CANCELED.
+  first->send(raw_request(18, "/solo", std::int64_t{1}));
+  EXPECT_EQ(first->recv(1), stop_waiting);
+  second->send(raw_request(18, "/pair", std::int64_t{2}) + std::string(1, '\x0c'));
+  EXPECT_EQ(second->recv(1), std::string(1, '\x01'));
+  second->send(ping(4));
+  EXPECT_EQ(second->recv(4), as_bytes(4));
 }
 
 TEST_F(NcclStore, GetOfMissingKeyClosesOnlyThatConnection) {

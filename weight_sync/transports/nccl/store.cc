@@ -51,6 +51,8 @@ enum class Cmd {
   kQueuePush,
   kQueuePop,
   kQueueLen,
+  kListKeys,
+  kBarrier,
   kUnknown,
 };
 
@@ -74,6 +76,8 @@ const char* cmd_name(Cmd c) {
     case Cmd::kQueuePush: return "QUEUE_PUSH";
     case Cmd::kQueuePop: return "QUEUE_POP";
     case Cmd::kQueueLen: return "QUEUE_LEN";
+    case Cmd::kListKeys: return "LIST_KEYS";
+    case Cmd::kBarrier: return "BARRIER";
     case Cmd::kUnknown: break;
   }
   return "unknown";
@@ -81,12 +85,13 @@ const char* cmd_name(Cmd c) {
 
 enum class Dialect { kUnknown, kCurrent, kLegacy };
 
-// torch >= 2.2 numbering (TCPStoreBackend.hpp QueryType).
+// torch >= 2.2 numbering (TCPStoreBackend.hpp QueryType; LIST_KEYS and BARRIER appended after the
+// queue commands by later releases).
 Cmd current_cmd(std::uint8_t b) {
   static constexpr Cmd kTable[] = {Cmd::kValidate, Cmd::kSet,      Cmd::kCompareSet, Cmd::kGet,       Cmd::kAdd,
                                    Cmd::kCheck,    Cmd::kWait,     Cmd::kGetNumKeys, Cmd::kDeleteKey, Cmd::kAppend,
                                    Cmd::kMultiGet, Cmd::kMultiSet, Cmd::kCancelWait, Cmd::kPing,      Cmd::kQueuePush,
-                                   Cmd::kQueuePop, Cmd::kQueueLen};
+                                   Cmd::kQueuePop, Cmd::kQueueLen, Cmd::kListKeys,   Cmd::kBarrier};
   return b < std::size(kTable) ? kTable[b] : Cmd::kUnknown;
 }
 
@@ -99,7 +104,7 @@ Cmd legacy_cmd(std::uint8_t b) {
 }
 
 std::uint8_t current_byte(Cmd c) {
-  for (std::uint8_t b = 0; b < 17; ++b)
+  for (std::uint8_t b = 0; b < 19; ++b)
     if (current_cmd(b) == c) return b;
   return 0xff;
 }
@@ -344,6 +349,7 @@ struct StoreServer::Impl {
   bool keys_request(Request& q);  // CHECK, WAIT, MULTI_GET
   bool append(Request& q);
   bool multi_set(Request& q);
+  bool barrier(Request& q);
   // CANCEL_WAIT: drops every WAIT pending on connection `id`.
   void cancel_waits(std::uint64_t id, Conn& c);
   void flush(Conn& c);
@@ -691,6 +697,15 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
     case Cmd::kQueuePush:
     case Cmd::kQueuePop:
     case Cmd::kQueueLen: return fail(q, "queue commands (torch's libuv server only) are not supported by this store");
+    case Cmd::kListKeys: {  // every key, as torch's server answers: a count, then the keys
+      std::vector<std::string> keys;
+      std::lock_guard lock(mu);
+      keys.reserve(data.size());
+      for (const auto& [k, v] : data) keys.push_back(k);
+      store_append(c.out, keys);
+      return true;
+    }
+    case Cmd::kBarrier: return barrier(q);
     case Cmd::kUnknown:
       ARLO_WARN("rendezvous store {}: unknown command byte {} from {} ({} dialect); closing that connection", address,
                 byte, c.peer, c.dialect == Dialect::kCurrent ? "torch >= 2.2" : "torch < 2.2");
@@ -819,6 +834,32 @@ bool StoreServer::Impl::multi_set(Request& q) {
   for (auto [k, v] : items) {
     data[std::string(k)] = std::string(v);
     q.changed.emplace_back(k);
+  }
+  return true;
+}
+
+// BARRIER key world_size: counts the arrival under `key` (a decimal counter, as torch's server
+// keeps it). The arrival that brings the count to world_size gets STOP_WAITING, and so does every
+// earlier one, which waits like a WAIT on `key` until then (CANCEL_WAIT ends that wait alike).
+bool StoreServer::Impl::barrier(Request& q) {
+  const auto key = q.r.key();
+  const auto world_size = q.r.value<std::int64_t>();
+  if (!q.r.ok()) return incomplete_or_bad(q);
+  std::lock_guard lock(mu);
+  auto it = data.find(std::string(key));
+  std::int64_t count = 1;
+  if (it != data.end()) {
+    auto old = parse_int(it->second);
+    if (!old) return fail(q, fmt::format("barrier key {} holds {}, not a count", show(key), show(it->second)));
+    count = wrapping_add(*old, 1);
+  }
+  data[std::string(key)] = std::to_string(count);
+  if (count >= world_size) {
+    store_append(q.c.out, kStopWaiting);
+    q.changed.emplace_back(key);  // wakes the arrivals waiting on it
+  } else {
+    waiters[std::string(key)].push_back(q.id);
+    q.c.waits.push_back({std::string(key)});
   }
   return true;
 }

@@ -7,8 +7,10 @@
 // value is a u64 length and the bytes; key counts are u64 (MULTI_SET: i64). Two dialects exist:
 //   - torch >= 2.2 ("current"): VALIDATE 0 (u32 magic 0x3C85F7CE, no reply), SET 1, COMPARE_SET 2,
 //     GET 3, ADD 4, CHECK 5, WAIT 6, GETNUMKEYS 7, DELETE_KEY 8, APPEND 9, MULTI_GET 10,
-//     MULTI_SET 11, CANCEL_WAIT 12, PING 13 (u32 nonce, echoed). Every connection starts with
-//     VALIDATE.
+//     MULTI_SET 11, CANCEL_WAIT 12, PING 13 (u32 nonce, echoed), QUEUE_PUSH/POP/LEN 14-16
+//     (libuv server only: refused), LIST_KEYS 17 (no fields; a u64 count and every key), BARRIER
+//     18 (key, i64 world size; STOP_WAITING to every arrival once world size arrived, counted
+//     under the key). Every connection starts with VALIDATE.
 //   - torch < 2.2 ("legacy", e.g. Debian's torch 1.13): no VALIDATE, no PING, SET 0, COMPARE_SET 1,
 //     GET 2, ADD 3, CHECK 4, WAIT 5, GETNUMKEYS 6, WATCH_KEY 7 (refused); 8-12 as above.
 // The server picks the dialect per connection from its first request (VALIDATE with the magic:
