@@ -1,6 +1,6 @@
 # The two commands a new user needs:  make run  |  make test
 # Both install what they need (scripts/bootstrap) and build with -j2: make run only the programs it
-# starts (target arlo_apps), make test everything. A new build dir uses Ninja when it is installed.
+# starts (target arlo_apps), make test everything and the Python environment (.venv) its tests use. A new build dir uses Ninja when it is installed.
 BUILD_DIR ?= build
 JOBS ?= 2
 BUILD_TYPE ?= Release
@@ -8,12 +8,16 @@ CMAKE_FLAGS ?=
 CONFIG ?= configs/quickstart.yaml
 FUZZ_SECONDS ?= 300
 
-.PHONY: all bootstrap configure build test run bench fuzz clean
+.PHONY: all bootstrap python-env configure build test run bench fuzz clean
 
 all: build
 
 bootstrap:
 	@scripts/bootstrap
+
+# The project's Python environment (.venv, from python/requirements.lock): the tests and the monitors use it.
+python-env:
+	@scripts/bootstrap --python
 
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) $$(command -v ninja >/dev/null && echo -G Ninja) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
@@ -24,7 +28,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 # Unit, integration, end-to-end and simulated-cluster tests (GPU tests carry the label gpu and are run separately).
-test: build
+test: build python-env
 	ctest --test-dir $(BUILD_DIR) -L 'unit|integration|e2e|cluster' --output-on-failure -j$(JOBS) --timeout 600
 
 # The main job on the built-in default: two workers, the built-in trainer, the arithmetic task.

@@ -91,3 +91,8 @@ endif()
 if(ARLO_FUZZ AND NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
   message(FATAL_ERROR "ARLO_FUZZ=ON needs clang: configure with -DCMAKE_CXX_COMPILER=clang++ (make fuzz does)")
 endif()
+
+# The project's Python environment (scripts/bootstrap --python makes it from python/requirements.lock):
+# the interpreter of the monitors (session/monitors.h) and of the tests that need its packages.
+set(ARLO_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
+    "The project's Python interpreter (scripts/bootstrap --python creates it)")

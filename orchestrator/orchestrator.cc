@@ -363,6 +363,10 @@ void Orchestrator::on_step(const StepReport& r) {
                         {"time/step_seconds", step_s},
                         {"time/wait_for_policy_seconds", wait_s - wait_at_last_step_},
                         {"train/supervised", r.supervised}};
+  const auto ledger = ledger_.to_json();  // where every sample went so far, for the monitors' ledger
+  rec["ledger/dispatched"] = ledger["dispatched"];
+  rec["ledger/in_flight"] = ledger["in_flight"];
+  for (const auto& [k, v] : ledger["dispositions"].items()) rec["ledger/" + k] = v;
   if (!r.supervised) {
     rec["train/reward/mean"] = r.reward_mean;
     rec["train/reward/std"] = r.reward_std;

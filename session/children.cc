@@ -115,9 +115,9 @@ Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
   }
 }
 
-void RunChildren::stop() {
+void RunChildren::stop(std::chrono::milliseconds grace) {
   stopped_ = true;
-  launcher_.stop();
+  launcher_.stop(grace);
 }
 
 }  // namespace arlo::session

@@ -50,8 +50,8 @@ class RunChildren {
   Awaitable<Status> wait_healthy(boost::asio::io_context& io,
                                  const std::vector<std::pair<std::string, std::string>>& workers,
                                  std::chrono::steady_clock::time_point deadline);
-  // SIGTERM, grace, SIGKILL; idempotent.
-  void stop();
+  // SIGTERM, up to `grace` for the children to exit, SIGKILL; idempotent.
+  void stop(std::chrono::milliseconds grace = std::chrono::seconds(5));
   std::string tail(const std::string& name) const;
 
  private:

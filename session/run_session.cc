@@ -24,6 +24,7 @@
 #include "common/async/thread_pool.h"
 #include "common/auth.h"
 #include "common/config/config.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "orchestrator/adapters/bridge_trainer.h"
@@ -32,6 +33,7 @@
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
 #include "session/children.h"
+#include "session/monitors.h"
 #include "session/launch_plan.h"
 #include "session/rollout_parts.h"
 #include "rollout/admin.h"
@@ -50,6 +52,8 @@ constexpr auto kChildPoll = std::chrono::milliseconds(200);
 // The exit status arlo's programs give a usage or configuration error (apps/arlo/commands.h
 // kExitBadConfig): a child that exits with it would fail the same way if restarted.
 constexpr int kChildUsageError = 2;
+// How long the monitors get at the end to log the last records and the summary.
+constexpr auto kMonitorGrace = std::chrono::seconds(30);
 
 rollout::Duration seconds(double s) {
   return std::chrono::duration_cast<rollout::Duration>(std::chrono::duration<double>(s));
@@ -65,8 +69,9 @@ struct Setup {
 };
 
 // What a run leaves in its directory (and the weights directory): a new run must not mix with it.
-constexpr const char* kRunEntries[] = {"orchestrator",  "checkpoints",           "rollouts",    "weights",
-                                       "metrics.jsonl", "trainer_metrics.jsonl", "summary.json"};
+constexpr const char* kRunEntries[] = {
+    "orchestrator",          "checkpoints",  "rollouts", "weights",     "metrics.jsonl",
+    "trainer_metrics.jsonl", "summary.json", "monitors", "tensorboard", "wandb"};
 
 // Without --resume, a directory holding a previous run is refused (its trainer checkpoint and
 // weights would silently be picked up), unless `overwrite` removes what the run left there.
@@ -162,7 +167,7 @@ bridge::ServerOptions bridge_options(const config::Config& cfg, const std::strin
 // The run on one event loop. Owns the children; execute() returns how the run ended.
 class RunSession::Impl {
  public:
-  explicit Impl(Setup setup) : s_(std::move(setup)) {}
+  explicit Impl(Setup setup) : s_(std::move(setup)), monitors_(io_, monitor_specs(s_.cfg, s_.run_dir)) {}
 
   const std::string& run_dir() const { return s_.run_dir; }
 
@@ -318,6 +323,10 @@ class RunSession::Impl {
   Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::InferencePool& pool, IoThread& network,
                         bridge::BridgeServer& server, asio::signal_set& signals) {
     spawn_child_watch(orchestrator);  // from the start: a worker that dies while starting is restarted too
+    if (auto st = start_monitors(); !st) {
+      finish_early(st.error().what());
+      co_return;
+    }
     {  // embedded or external: every worker answers /health before anything is sent to it
       if (!embedded_inference())
         ARLO_INFO("arlo run: waiting for {} server(s) to answer /health", s_.plan.workers.size());
@@ -343,12 +352,20 @@ class RunSession::Impl {
     start_or_await_trainer(orchestrator, server);
     auto summary = co_await orchestrator.wait();
     done_ = true;
+    monitors_.finish(kMonitorGrace);
     if (!summary.ok && error_.empty()) error_ = summary.error;
     asio::post(network.context(), [&pool] { pool.stop(); });
     server.stop();
     children_.stop();
     signals.cancel();
     io_.stop();
+  }
+
+  // The monitors, with the resolved configuration W&B records (monitors/config.yaml).
+  Status start_monitors() {
+    if (s_.cfg.strings("monitors.use").empty()) return ok();
+    ARLO_TRY(write_file_atomically(fs::path(s_.run_dir) / "monitors" / "config.yaml", s_.cfg.to_yaml()));
+    return monitors_.start();
   }
 
   void start_or_await_trainer(orch::Orchestrator& orchestrator, bridge::BridgeServer& server) {
@@ -513,6 +530,7 @@ class RunSession::Impl {
 
   Setup s_;
   asio::io_context io_;
+  Monitors monitors_;
   RunChildren children_;
   bool started_ = false;
   bool done_ = false;

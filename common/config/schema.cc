@@ -548,11 +548,36 @@ Section security_section() {
           }};
 }
 
+Section monitors_section() {
+  return {"monitors",
+          "Where else the run's records go: Weights & Biases and TensorBoard, through their own clients in a "
+          "helper process each (python/arlo_monitor.py, under the project's Python environment). A monitor that "
+          "fails costs a warning and a restart, never the run (docs/watching-a-run.md).",
+          {
+              strings_key("use", {}, "The monitors to run: wandb, tensorboard (none by default)."),
+              string_key("python", "",
+                         "The monitors' Python interpreter, with wandb / tensorboardX installed (empty: $ARLO_PYTHON, "
+                         "else the environment `scripts/bootstrap --python` makes in the source tree)."),
+              string_key("wandb_project", "arlo", "wandb: the W&B project."),
+              string_key("wandb_entity", "", "wandb: the W&B entity (team or user; empty: your default)."),
+              string_key("wandb_name", "{run.name}", "wandb: the W&B run's display name."),
+              string_key("wandb_mode", "online",
+                         "wandb: online (needs WANDB_API_KEY or `wandb login`), or offline (files only; upload "
+                         "later with `wandb sync`).")
+                  .one_of({"online", "offline"}),
+              strings_key("wandb_tags", {}, "wandb: tags of the W&B run."),
+              string_key("wandb_dir", "{run.dir}", "wandb: where the client keeps its files (a wandb/ folder in it)."),
+              string_key("tensorboard_dir", "{run.dir}/tensorboard",
+                         "tensorboard: the log dir of the event files (tensorboard --logdir DIR)."),
+          }};
+}
+
 // Every section, in the order of docs/configuration.md.
 std::vector<Section> product_sections() {
-  return {run_section(),         orchestrator_section(), sampling_section(), env_section(),     eval_section(),
-          reward_section(),      inference_section(),    model_section(),    trainer_section(), bridge_section(),
-          weight_sync_section(), log_section(),          ckpt_section(),     status_section(),  security_section()};
+  return {run_section(),     orchestrator_section(), sampling_section(),    env_section(),
+          eval_section(),    reward_section(),       inference_section(),   model_section(),
+          trainer_section(), bridge_section(),       weight_sync_section(), log_section(),
+          ckpt_section(),    status_section(),       security_section(),    monitors_section()};
 }
 
 // --- Rules between keys ---------------------------------------------------------------------------
@@ -669,6 +694,18 @@ void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
   }
 }
 
+// monitors.use names known monitors, each once.
+void monitors_known(const Config& c, std::vector<Violation>& out) {
+  std::vector<std::string> seen;
+  for (const auto& m : c.strings("monitors.use")) {
+    if (m != "wandb" && m != "tensorboard")
+      out.push_back({c.where("monitors.use"), "monitors.use: unknown monitor '" + m + "' (wandb, tensorboard)"});
+    else if (std::find(seen.begin(), seen.end(), m) != seen.end())
+      out.push_back({c.where("monitors.use"), "monitors.use: '" + m + "' is given twice"});
+    seen.push_back(m);
+  }
+}
+
 // The rules' docs that name registered kinds.
 std::string path_rule_doc() {
   const std::string kinds = path_kinds();
@@ -701,6 +738,7 @@ std::vector<Rule> product_rules() {
       {"trainer.is_low < trainer.is_high.", is_bounds_ordered},
       {"trainer.command is not empty when trainer.launch is command.", command_trainer_needs_command},
       {reward_rule_doc(), reward_modules_complete},
+      {"monitors.use names wandb or tensorboard, each at most once.", monitors_known},
   };
 }
 

@@ -1,0 +1,305 @@
+"""arlo's monitors: a run's records, as the live page draws them, into Weights & Biases or TensorBoard.
+
+`arlo run` starts one of these per entry of `monitors.use` (its own process, under the project's
+Python environment) and restarts it when it dies; a monitor never holds up the run:
+
+    python arlo_monitor.py --kind wandb|tensorboard --run-dir RUN_DIR --options '{"project": ...}'
+
+It follows the run's record stream, `<run dir>/metrics.jsonl`, which the run appends to whatever the
+monitor does: the file is the bounded-by-disk queue between the two, so a monitor that is slow, dead
+or restarting drops nothing, and catches up from where it was. Where it was (the byte offset of the
+next record, and the W&B run id) is kept in `<run dir>/monitors/<kind>.json`, written after every
+batch the sink has flushed: a restarted monitor, or a resumed run, continues the same W&B run and
+the same TensorBoard log without logging a step twice (TensorBoard is also told to purge anything a
+killed monitor wrote past that point). On SIGTERM (the run's end) it logs the rest, the run's
+summary.json when there is one, and finishes.
+
+Records, by kind (docs/architecture.md names the keys): every number of a `step` record at its step,
+`off_policy/histogram` as a histogram, `eval` records at their version, `weight_sync` records at
+their step with each worker's pause, update and resume seconds; `pipeline` records (the console's
+view, not drawn on the page) are left out.
+"""
+
+import argparse
+import json
+import math
+import os
+import secrets
+import signal
+import sys
+import time
+
+POLL_S = 0.5  # how often the record stream is looked at when nothing new was there
+
+
+def log(msg):
+    print(f"arlo-monitor: {msg}", flush=True)
+
+
+def worker_label(worker):
+    """A worker URL as a metric name part: http://127.0.0.1:8000 -> 127.0.0.1:8000."""
+    return worker.split("://", 1)[-1].rstrip("/").replace("/", "_")
+
+
+def scalars(rec):
+    """The (name, value) pairs of one record that a monitor logs, and the step they belong to."""
+    kind = rec.get("kind", "step")
+    step = rec.get("step")
+    if not isinstance(step, int) or kind == "pipeline":
+        return None, []
+    out = []
+    for k, v in rec.items():
+        if "/" not in k:  # step, time, kind, version, applied: what a record is, not a figure
+            continue
+        if isinstance(v, bool):
+            v = float(v)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out.append((k, float(v)))
+    if kind == "weight_sync":
+        for w in rec.get("workers", []):
+            label = worker_label(str(w.get("worker", "?")))
+            for part in ("pause_s", "update_s", "resume_s"):
+                if isinstance(w.get(part), (int, float)):
+                    out.append((f"weight_sync/worker/{label}/{part}", float(w[part])))
+    return step, out
+
+
+def histogram(rec):
+    """`off_policy/histogram` (samples by versions behind) as counts and bucket edges, or None."""
+    counts = rec.get("off_policy/histogram")
+    if not isinstance(counts, list) or not counts or not all(isinstance(c, (int, float)) for c in counts):
+        return None
+    return [float(c) for c in counts], [float(i) for i in range(len(counts) + 1)]
+
+
+class TensorBoard:
+    """Event files under options['dir'], written with tensorboardX's SummaryWriter."""
+
+    def __init__(self, options, state, resumed_at):
+        from tensorboardX import SummaryWriter
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        self.Summary = Summary
+        self.dir = options["dir"]
+        os.makedirs(self.dir, exist_ok=True)
+        # purge_step: anything a killed monitor wrote at or past the first step logged again is
+        # hidden by TensorBoard's reader (its own mechanism for a restarted writer).
+        self.writer = SummaryWriter(self.dir, purge_step=resumed_at)
+        log(f"tensorboard: writing to {self.dir}")
+
+    def record(self, rec):
+        step, values = scalars(rec)
+        if step is None:
+            return step
+        # One event per record, the names as they are: tensorboardX's add_scalar would rewrite them
+        # to TensorFlow's op-name rule ('@' and ':' to '_'); TensorBoard itself takes any tag.
+        summary = self.Summary(value=[self.Summary.Value(tag=name, simple_value=v) for name, v in values])
+        self.writer.file_writer.add_summary(summary, global_step=step, walltime=rec.get("time"))
+        h = histogram(rec)
+        if h is not None and sum(h[0]) > 0:
+            counts, edges = h
+            mids = [e + 0.5 for e in edges[:-1]]
+            n = sum(counts)
+            used = [i for i, c in enumerate(counts) if c > 0]
+            self.writer.add_histogram_raw(
+                "off_policy/histogram", min=float(used[0]), max=float(used[-1]), num=n,
+                sum=sum(m * c for m, c in zip(mids, counts)) - 0.5 * n,
+                sum_squares=sum((m - 0.5) ** 2 * c for m, c in zip(mids, counts)),
+                bucket_limits=edges[1:], bucket_counts=counts, global_step=step, walltime=rec.get("time"))
+        return step
+
+    def flush(self):
+        self.writer.flush()
+
+    def finish(self, summary):
+        if summary is not None:
+            self.writer.add_text("summary", "```\n" + json.dumps(summary, indent=2) + "\n```")
+        self.writer.close()
+
+
+class Wandb:
+    """One W&B run per arlo run (resumed with its id), written by the official wandb client."""
+
+    def __init__(self, options, state, resumed_at):
+        import wandb
+
+        self.wandb = wandb
+        config = None
+        cfg_path = options.get("config_path")
+        if cfg_path and os.path.exists(cfg_path):
+            import yaml
+
+            with open(cfg_path) as f:
+                config = yaml.safe_load(f)
+        run_id = state.get("wandb_run_id") or secrets.token_hex(4)  # W&B ids: 8 of [a-z0-9]
+        state["wandb_run_id"] = run_id
+        self.run = wandb.init(
+            project=options.get("project") or None, entity=options.get("entity") or None,
+            name=options.get("name") or None, tags=options.get("tags") or None,
+            mode=options.get("mode", "online"), dir=options.get("dir") or None, config=config,
+            id=run_id, resume="allow")
+        # Eval records come after later steps (the eval of version v ends while steps v+1.. train),
+        # so every figure is plotted against arlo's step rather than W&B's own row counter.
+        self.run.define_metric("arlo/step")
+        self.run.define_metric("*", step_metric="arlo/step")
+        log(f"wandb: run {run_id} ({options.get('mode', 'online')}) in project {options.get('project')}")
+
+    def record(self, rec):
+        step, values = scalars(rec)
+        if step is None:
+            return step
+        data = {"arlo/step": step}
+        data.update(values)
+        h = histogram(rec)
+        if h is not None:
+            data["off_policy/histogram"] = self.wandb.Histogram(np_histogram=h)
+        self.run.log(data)
+        return step
+
+    def flush(self):
+        pass  # the client writes every log call through to its run file
+
+    def finish(self, summary):
+        if summary is not None:
+            for k, v in flatten(summary, "summary/").items():  # the run's summary.json, beside the last values
+                self.run.summary[k] = v
+        self.run.finish()
+
+
+SINKS = {"wandb": Wandb, "tensorboard": TensorBoard}
+
+
+def flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "/"))
+        elif isinstance(v, (int, float, str, bool)):
+            out[key] = v
+    return out
+
+
+class State:
+    """<run dir>/monitors/<kind>.json: the offset of the next record and the sink's own ids."""
+
+    def __init__(self, run_dir, kind):
+        self.path = os.path.join(run_dir, "monitors", f"{kind}.json")
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            with open(self.path) as f:
+                self.data = json.load(f)
+        except FileNotFoundError:
+            self.data = {}
+        except (OSError, ValueError) as e:
+            log(f"{self.path}: unreadable ({e}); starting from the first record")
+            self.data = {}
+        self.data.setdefault("offset", 0)
+
+    def save(self):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+class Stream:
+    """The complete lines of metrics.jsonl from an offset on (a partial last line waits)."""
+
+    def __init__(self, path, offset):
+        self.path, self.offset, self.f = path, offset, None
+
+    def read(self):
+        if self.f is None:
+            try:
+                self.f = open(self.path, "rb")
+            except FileNotFoundError:
+                return []
+            self.f.seek(self.offset)
+        chunk = self.f.read()
+        self.f.seek(self.offset)
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        lines = []
+        for raw in chunk[: end + 1].splitlines(keepends=True):
+            self.offset += len(raw)
+            lines.append((raw, self.offset))
+        self.f.seek(self.offset)
+        return lines
+
+
+def first_step_at(path, offset):
+    """The step of the first record at `offset` (the first one this monitor will log), if any."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            for raw in f:
+                try:
+                    step = json.loads(raw).get("step")
+                except ValueError:
+                    continue
+                if isinstance(step, int):
+                    return step
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kind", required=True, choices=sorted(SINKS))
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--options", default="{}", help="the monitor's settings as JSON")
+    args = ap.parse_args(argv)
+    options = json.loads(args.options)
+
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+
+    metrics = os.path.join(args.run_dir, "metrics.jsonl")
+    state = State(args.run_dir, args.kind)
+    resumed = state.data["offset"] > 0
+    resumed_at = first_step_at(metrics, state.data["offset"]) if resumed else None
+    sink = SINKS[args.kind](options, state.data, resumed_at)
+    state.save()
+    stream = Stream(metrics, state.data["offset"])
+    if resumed:
+        log(f"continuing at byte {state.data['offset']} of {metrics} (step {resumed_at})")
+    logged = bad = 0
+    while True:
+        last_pass = bool(stopping)  # after SIGTERM: one more pass takes what the run wrote last
+        lines = stream.read()
+        for raw, offset in lines:
+            try:
+                rec = json.loads(raw)
+            except ValueError as e:
+                bad += 1
+                log(f"{metrics}: a line at byte {offset - len(raw)} is not JSON ({e}); skipped")
+                continue
+            if isinstance(rec, dict) and sink.record(rec) is not None:
+                logged += 1
+        if lines:
+            sink.flush()
+            state.data["offset"] = stream.offset
+            state.save()
+        if last_pass:
+            break
+        if not lines:
+            time.sleep(POLL_S)
+    summary = None
+    try:
+        with open(os.path.join(args.run_dir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        pass
+    sink.finish(summary)
+    log(f"{args.kind}: finished: {logged} records logged this time" + (f", {bad} unreadable lines" if bad else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+#include "session/monitors.h"
+
+#include <unistd.h>
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/async/coro.h"
+#include "common/file.h"
+#include "common/log.h"
+
+namespace arlo::session {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A monitor is restarted for as long as a run lasts, unless it keeps dying at once.
+constexpr orch::RestartLimits kMonitorRestarts{10, std::chrono::minutes(10), std::chrono::milliseconds(500),
+                                               std::chrono::seconds(30)};
+constexpr auto kPoll = std::chrono::milliseconds(200);
+
+// A monitor's own settings, from monitors.<kind>_* (the helper's --options).
+nlohmann::json monitor_options(const config::Config& cfg, const std::string& kind, const std::string& run_dir) {
+  if (kind == "tensorboard") return {{"dir", cfg.string("monitors.tensorboard_dir")}};
+  return {{"project", cfg.string("monitors.wandb_project")},
+          {"entity", cfg.string("monitors.wandb_entity")},
+          {"name", cfg.string("monitors.wandb_name")},
+          {"mode", cfg.string("monitors.wandb_mode")},
+          {"tags", cfg.strings("monitors.wandb_tags")},
+          {"dir", cfg.string("monitors.wandb_dir")},
+          {"config_path", (fs::path(run_dir) / "monitors" / "config.yaml").string()}};
+}
+
+}  // namespace
+
+std::string monitor_python(const config::Config& cfg) {
+  if (const auto& p = cfg.string("monitors.python"); !p.empty()) return p;
+  if (const char* env = std::getenv("ARLO_PYTHON"); env && *env) return env;
+  return ARLO_DEFAULT_PYTHON;
+}
+
+std::vector<orch::ChildSpec> monitor_specs(const config::Config& cfg, const std::string& run_dir) {
+  std::vector<orch::ChildSpec> specs;
+  for (const auto& kind : cfg.strings("monitors.use")) {
+    orch::ChildSpec spec;
+    spec.name = "monitor-" + kind;
+    spec.argv = {monitor_python(cfg),
+                 ARLO_MONITOR_SCRIPT,
+                 "--kind",
+                 kind,
+                 "--run-dir",
+                 run_dir,
+                 "--options",
+                 monitor_options(cfg, kind, run_dir).dump()};
+    spec.env = {{"PYTHONUNBUFFERED", "1"}, {"OMP_NUM_THREADS", "1"}, {"WANDB_SILENT", "true"}};
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+Monitors::Monitors(boost::asio::io_context& io, std::vector<orch::ChildSpec> specs)
+    : io_(io), specs_(std::move(specs)) {}
+
+Monitors::~Monitors() { finished_ = true; }
+
+Status Monitors::start() {
+  if (specs_.empty()) return ok();
+  const auto& python = specs_.front().argv.at(0);
+  if (::access(python.c_str(), X_OK) != 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      fmt::format("monitors: no Python interpreter at {}: `scripts/bootstrap --python` creates the "
+                                  "project's environment (make test does), or set monitors.python or $ARLO_PYTHON",
+                                  python));
+  for (const auto& spec : specs_) {
+    ARLO_TRY(children_.spawn(spec));
+    policies_.emplace(spec.name, orch::RestartPolicy(kMonitorRestarts));
+    restarts_[spec.name] = 0;
+  }
+  arlo::spawn(io_.get_executor(), supervise());
+  return ok();
+}
+
+Awaitable<void> Monitors::supervise() {
+  boost::asio::steady_timer timer(io_);
+  while (!finished_) {
+    if (auto e = children_.next_exit(); e && !finished_) {
+      auto& policy = policies_.at(e->name);
+      if (auto delay = policy.on_exit(std::chrono::steady_clock::now())) {
+        ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (the run goes on; it catches up from where it was)",
+                  children_.describe(*e), std::chrono::duration<double>(*delay).count());
+        arlo::spawn(io_.get_executor(), restart_after(e->name, *delay));
+      } else {
+        ARLO_ERROR("arlo run: {}, after {} restarts within {} s: given up, the run goes on without it",
+                   children_.describe(*e), kMonitorRestarts.max_restarts,
+                   std::chrono::duration_cast<std::chrono::seconds>(kMonitorRestarts.window).count());
+      }
+      continue;
+    }
+    timer.expires_after(kPoll);
+    co_await timer.async_wait(boost::asio::use_awaitable);
+  }
+}
+
+Awaitable<void> Monitors::restart_after(std::string name, orch::Duration delay) {
+  boost::asio::steady_timer timer(io_);
+  timer.expires_after(delay);
+  co_await timer.async_wait(boost::asio::use_awaitable);
+  if (finished_) co_return;
+  if (auto st = children_.restart(name); !st) {
+    ARLO_ERROR("arlo run: {}; the run goes on without it", st.error().what());
+    co_return;
+  }
+  ++restarts_[name];
+  ARLO_INFO("arlo run: {} restarted", name);
+}
+
+void Monitors::finish(std::chrono::seconds grace) {
+  if (finished_) return;
+  finished_ = true;
+  if (specs_.empty()) return;
+  ARLO_INFO("arlo run: monitors: logging the last records and the summary (up to {} s)", grace.count());
+  children_.stop(grace);
+}
+
+}  // namespace arlo::session
