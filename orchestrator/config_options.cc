@@ -62,6 +62,7 @@ Result<Options> options_from_config(const config::Config& cfg) {
   o.log_interval_s = cfg.number("log.interval_s");
   o.progress = cfg.boolean("log.progress");
   o.step_line_interval_s = cfg.number("log.step_interval_s");
+  o.rollouts_every = static_cast<int>(cfg.integer("log.rollouts_every"));
   o.run_name = cfg.string("run.name");
   o.run_dir = cfg.string("run.dir");
   o.ckpt_interval = static_cast<int>(cfg.integer("ckpt.interval"));

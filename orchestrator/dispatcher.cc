@@ -226,6 +226,7 @@ void RolloutDispatcher::on_result(std::uint64_t group_id, std::uint64_t request_
     } else {
       auto& g = *rec.group;
       if (g.prompt_tokens.empty()) g.prompt_tokens = result->prompt_tokens;
+      if (g.worker.empty()) g.worker = result->worker;
       for (std::size_t j = 0; j < samples.size(); ++j) {
         const int s = samples[j];
         auto& c = result->completions[j];

@@ -3,6 +3,7 @@
 // Created by the RolloutDispatcher; shared (read-only once complete) with the sinks.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "orchestrator/types.h"
@@ -21,6 +22,7 @@ struct Group {
   TimePoint dispatched_at{};
   TimePoint finished_at{};
   std::vector<std::int32_t> prompt_tokens;  // as the server tokenized it (for continuations, batches)
+  std::string worker;                       // the server that answered its first request
   std::vector<Completion> completions;      // index = sample index
   ScoredGroup scores;
 

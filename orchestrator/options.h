@@ -62,6 +62,7 @@ struct Options {
   bool console = true;                // a line per step
   bool progress = true;               // progress bar and ETA toward max_steps when stdout is a terminal
   double step_line_interval_s = 0.0;  // at most one console step line per this many seconds; 0 = every step
+  int rollouts_every = 0;             // rollouts.jsonl: every n-th scored train group; 0 = none
   int ckpt_interval = 0;              // steps; 0 = never
   bool resume = false;
   int status_port = -1;  // Prometheus /metrics; -1 = off, 0 = any free port

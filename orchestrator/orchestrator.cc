@@ -76,6 +76,7 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
   TrainSinkHooks th;
   th.on_cut = [this](std::int64_t s) { dispatcher_->on_step_cut(s); };
   th.on_step = [this](const StepReport& r) { on_step(r); };
+  th.on_scored = [this](const Group& g) { rollout_log_.add(g, wall_time()); };
   th.backlog_changed = [this] { dispatcher_->pump(); };
   th.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
   train_sink_ = std::make_unique<TrainSink>(ex, clock, *ports_.scorer, journal_ ? *journal_ : *ports_.trainer,
@@ -118,6 +119,7 @@ Status Orchestrator::start() {
     ARLO_TRY(drop_partial_last_line(path));  // a resume after a full disk or a kill mid-line
     metrics_file_ = std::fopen(path.c_str(), "a");
     if (!metrics_file_) return make_error(ErrorCode::kIo, fmt::format("opening {}", path.string()));
+    ARLO_TRY(rollout_log_.open(opt_.run_dir, opt_.rollouts_every));
   }
 
   for (const auto& w : ports_.inference->workers()) workers_[w].version = dispatcher_->version();

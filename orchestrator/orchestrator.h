@@ -29,6 +29,7 @@
 #include "orchestrator/ledger.h"
 #include "orchestrator/options.h"
 #include "orchestrator/periodic_logger.h"
+#include "orchestrator/rollout_log.h"
 #include "orchestrator/ports.h"
 #include "orchestrator/run_view.h"
 #include "orchestrator/train_sink.h"
@@ -134,6 +135,7 @@ class Orchestrator {
   Signal finished_signal_;
 
   std::FILE* metrics_file_ = nullptr;
+  RolloutLog rollout_log_;
   bool tty_ = false;
   bool started_ = false;
   bool finished_ = false;

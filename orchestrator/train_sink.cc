@@ -80,6 +80,7 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
     co_return;
   }
   g->scores = std::move(*r);
+  if (hooks_.on_scored) hooks_.on_scored(*g);
   const auto& rw = g->scores.rewards;
   const bool equal = n > 1 && std::all_of(rw.begin(), rw.end(), [&](double x) { return x == rw[0]; });
   if (opt_.filter_equal_reward_groups && equal) {

@@ -50,6 +50,7 @@ struct StepReport {
 struct TrainSinkHooks {
   std::function<void(std::int64_t)> on_cut;        // the batch for a step was formed (groups consumed)
   std::function<void(const StepReport&)> on_step;  // after the batch was accepted by the trainer
+  std::function<void(const Group&)> on_scored;     // a group's scores arrived (before any filter)
   std::function<void()> backlog_changed;           // a group left the backlog (dispatcher may refill)
   std::function<void(Error)> on_fatal;
 };

@@ -5,8 +5,8 @@ Python environment) and restarts it when it dies; a monitor never holds up the r
 
     python arlo_monitor.py --kind wandb|tensorboard --run-dir RUN_DIR --options '{"project": ...}'
 
-It follows the run's record stream, `<run dir>/metrics.jsonl`, which the run appends to whatever the
-monitor does: the file is the bounded-by-disk queue between the two, so a monitor that is slow, dead
+It follows the run's record stream, `<run dir>/metrics.jsonl` (and for W&B's table of samples
+`<run dir>/rollouts.jsonl`), which the run appends to whatever the monitor does: the file is the bounded-by-disk queue between the two, so a monitor that is slow, dead
 or restarting drops nothing, and catches up from where it was. Where it was (the byte offset of the
 next record, and the W&B run id) is kept in `<run dir>/monitors/<kind>.json`, written after every
 batch the sink has flushed: a restarted monitor, or a resumed run, continues the same W&B run and
@@ -17,7 +17,9 @@ summary.json when there is one, and finishes.
 Records, by kind (docs/architecture.md names the keys): every number of a `step` record at its step,
 `off_policy/histogram` as a histogram, `eval` records at their version, `weight_sync` records at
 their step with each worker's pause, update and resume seconds; `pipeline` records (the console's
-view, not drawn on the page) are left out.
+view, not drawn on the page) are left out. W&B also gets the resolved config, the run's summary at
+the end, and a table `rollouts` of the newest sampled rollouts (prompt, completion, reward, version),
+logged again as new ones come (at most every TABLE_EVERY_S seconds, and at the end).
 """
 
 import argparse
@@ -30,6 +32,8 @@ import sys
 import time
 
 POLL_S = 0.5  # how often the record stream is looked at when nothing new was there
+TABLE_ROWS = 500  # the W&B rollouts table: the newest this many samples
+TABLE_EVERY_S = 30.0
 
 
 def log(msg):
@@ -142,7 +146,27 @@ class Wandb:
         # so every figure is plotted against arlo's step rather than W&B's own row counter.
         self.run.define_metric("arlo/step")
         self.run.define_metric("*", step_metric="arlo/step")
-        log(f"wandb: run {run_id} ({options.get('mode', 'online')}) in project {options.get('project')}")
+        self.table_rows, self.table_step, self.table_at, self.table_new = [], 0, 0.0, False
+        log(f"wandb: run {run_id} ({options.get('mode', 'online')}) in project {options.get('project')}"
+            + (f": {self.run.url}" if getattr(self.run, "url", None) else ""))
+
+    def rollout(self, rec):
+        """One rollouts.jsonl group: its samples become the newest rows of the table."""
+        for s in rec.get("samples", []):
+            versions = s.get("versions") or [[rec.get("dispatch_version"), 0]]
+            self.table_rows.append([rec.get("step"), versions[-1][0], rec.get("prompt", ""), s.get("completion", ""),
+                                    s.get("reward"), rec.get("answer", ""), rec.get("worker", "")])
+        del self.table_rows[:-TABLE_ROWS]
+        self.table_step = max(self.table_step, rec.get("step") or 0)
+        self.table_new = True
+
+    def log_table(self, force=False):
+        if not self.table_new or (not force and time.monotonic() - self.table_at < TABLE_EVERY_S):
+            return
+        table = self.wandb.Table(columns=["step", "version", "prompt", "completion", "reward", "answer", "worker"],
+                                 data=self.table_rows)
+        self.run.log({"arlo/step": self.table_step, "rollouts": table})
+        self.table_at, self.table_new = time.monotonic(), False
 
     def record(self, rec):
         step, values = scalars(rec)
@@ -157,9 +181,10 @@ class Wandb:
         return step
 
     def flush(self):
-        pass  # the client writes every log call through to its run file
+        self.log_table()  # the client writes every log call through to its run file
 
     def finish(self, summary):
+        self.log_table(force=True)
         if summary is not None:
             for k, v in flatten(summary, "summary/").items():  # the run's summary.json, beside the last values
                 self.run.summary[k] = v
@@ -231,6 +256,18 @@ class Stream:
         return lines
 
 
+def parse(lines, path):
+    """The JSON objects of (raw line, end offset) pairs; a line that is not one is said and skipped."""
+    for raw, end in lines:
+        try:
+            rec = json.loads(raw)
+        except ValueError as e:
+            log(f"{path}: the line at byte {end - len(raw)} is not JSON ({e}); skipped")
+            continue
+        if isinstance(rec, dict):
+            yield rec
+
+
 def first_step_at(path, offset):
     """The step of the first record at `offset` (the first one this monitor will log), if any."""
     try:
@@ -267,24 +304,23 @@ def main(argv=None):
     sink = SINKS[args.kind](options, state.data, resumed_at)
     state.save()
     stream = Stream(metrics, state.data["offset"])
+    samples = Stream(os.path.join(args.run_dir, "rollouts.jsonl"), state.data.setdefault("rollouts_offset", 0))
+    wants_samples = hasattr(sink, "rollout")
     if resumed:
         log(f"continuing at byte {state.data['offset']} of {metrics} (step {resumed_at})")
-    logged = bad = 0
+    logged = 0
     while True:
         last_pass = bool(stopping)  # after SIGTERM: one more pass takes what the run wrote last
         lines = stream.read()
-        for raw, offset in lines:
-            try:
-                rec = json.loads(raw)
-            except ValueError as e:
-                bad += 1
-                log(f"{metrics}: a line at byte {offset - len(raw)} is not JSON ({e}); skipped")
-                continue
-            if isinstance(rec, dict) and sink.record(rec) is not None:
+        for rec in parse(lines, metrics):
+            if sink.record(rec) is not None:
                 logged += 1
-        if lines:
+        sample_lines = samples.read() if wants_samples else []
+        for rec in parse(sample_lines, samples.path):
+            sink.rollout(rec)
+        if lines or sample_lines:
             sink.flush()
-            state.data["offset"] = stream.offset
+            state.data["offset"], state.data["rollouts_offset"] = stream.offset, samples.offset
             state.save()
         if last_pass:
             break
@@ -297,7 +333,7 @@ def main(argv=None):
     except (OSError, ValueError):
         pass
     sink.finish(summary)
-    log(f"{args.kind}: finished: {logged} records logged this time" + (f", {bad} unreadable lines" if bad else ""))
+    log(f"{args.kind}: finished: {logged} records logged this time")
     return 0
 
 

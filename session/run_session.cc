@@ -70,8 +70,8 @@ struct Setup {
 
 // What a run leaves in its directory (and the weights directory): a new run must not mix with it.
 constexpr const char* kRunEntries[] = {
-    "orchestrator",          "checkpoints",  "rollouts", "weights",     "metrics.jsonl",
-    "trainer_metrics.jsonl", "summary.json", "monitors", "tensorboard", "wandb"};
+    "orchestrator", "checkpoints", "rollouts",    "weights", "metrics.jsonl", "trainer_metrics.jsonl",
+    "summary.json", "monitors",    "tensorboard", "wandb",   "rollouts.jsonl"};
 
 // Without --resume, a directory holding a previous run is refused (its trainer checkpoint and
 // weights would silently be picked up), unless `overwrite` removes what the run left there.

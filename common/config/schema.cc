@@ -512,6 +512,10 @@ Section log_section() {
                         "At most one step line per this many seconds on the console (the first and last step and the "
                         "first of each phase always print; metrics.jsonl has every step). 0: every step.")
                   .range(0.0, 86400.0),
+              int_key("rollouts_every", 10,
+                      "rollouts.jsonl in the run dir: every n-th scored train group, its prompt and each sample's "
+                      "completion, reward, module scores, versions and worker (the W&B monitor's table). 0: none.")
+                  .at_least(0),
           }};
 }
 

@@ -182,6 +182,21 @@ class Monitors(unittest.TestCase):
         self.assertEqual(summary.get("summary/steps"), STEPS, "the run's summary.json reaches the W&B summary")
         self.assertEqual(summary.get("summary/ok"), True)
 
+        # W&B's rollouts table: the newest sampled rollouts of rollouts.jsonl, as the run wrote them.
+        tables = sorted(glob.glob(os.path.join(os.path.dirname(files[0]), "files", "media", "table", "rollouts_*.json")),
+                        key=lambda p: int(re.search(r"rollouts_(\d+)_", p).group(1)))
+        self.assertTrue(tables, "a rollouts table was logged")
+        with open(tables[-1]) as f:
+            table = json.load(f)
+        self.assertEqual(table["columns"], ["step", "version", "prompt", "completion", "reward", "answer", "worker"])
+        groups = []
+        with open(os.path.join(self.run_dir, "rollouts.jsonl")) as f:
+            groups = [json.loads(line) for line in f]
+        self.assertGreater(len(groups), 10)
+        want = [[g["step"], s["versions"][-1][0], g["prompt"], s["completion"], s["reward"], g["answer"], g["worker"]]
+                for g in groups for s in g["samples"]][-500:]
+        self.assertEqual(table["data"], want)
+
     def test_a_killed_monitor_is_restarted_and_the_run_finishes(self):
         log = os.path.join(self.tmp, "run.log")
         proc = arlo_run(self.run_dir, log, steps=60)
