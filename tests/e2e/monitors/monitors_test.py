@@ -37,9 +37,9 @@ def run_sets(run_dir, steps=STEPS):
     ]
 
 
-def arlo_run(run_dir, log_path, resume=False, steps=STEPS):
+def arlo_run(run_dir, log_path, resume=False, steps=STEPS, extra=()):
     argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/quickstart.yaml")]
-    for s in run_sets(run_dir, steps):
+    for s in run_sets(run_dir, steps) + list(extra):
         argv += ["--set", s]
     if resume:
         argv.append("--resume")
@@ -196,6 +196,15 @@ class Monitors(unittest.TestCase):
         want = [[g["step"], s["versions"][-1][0], g["prompt"], s["completion"], s["reward"], g["answer"], g["worker"]]
                 for g in groups for s in g["samples"]][-500:]
         self.assertEqual(table["data"], want)
+
+    def test_no_interpreter_is_an_error_at_start(self):
+        log = os.path.join(self.tmp, "run.log")
+        rc = finish(arlo_run(self.run_dir, log, extra=["monitors.python=/nonexistent/python"]), log)
+        self.assertNotEqual(rc, 0)
+        out = tail(log)
+        self.assertIn("monitors: no Python interpreter at /nonexistent/python", out)
+        self.assertIn("scripts/bootstrap --python", out)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "summary.json")), "the run never started")
 
     def test_a_killed_monitor_is_restarted_and_the_run_finishes(self):
         log = os.path.join(self.tmp, "run.log")
