@@ -223,20 +223,21 @@ class Monitors(unittest.TestCase):
         self.assert_steps_match(tb_reward, reward, "tensorboard after a restart")
 
     def test_a_resumed_run_logs_no_step_twice(self):
+        steps = 200  # long enough that the stop lands well before the end, whatever the machine's load
         log = os.path.join(self.tmp, "first.log")
-        proc = arlo_run(self.run_dir, log)
+        proc = arlo_run(self.run_dir, log, steps=steps)
         wait_until("step 20", lambda: any(r["step"] >= 20 for r in metrics(self.run_dir)) if os.path.exists(
             os.path.join(self.run_dir, "metrics.jsonl")) else False, proc=proc, log_path=log)
         os.killpg(proc.pid, signal.SIGTERM)  # a graceful stop (final checkpoint), like Ctrl-C
         finish(proc, log)
         stopped_at = max(r["step"] for r in metrics(self.run_dir))
-        self.assertLess(stopped_at, STEPS, "the run was to be stopped before its end")
+        self.assertLess(stopped_at, steps, "the run was to be stopped before its end")
         log2 = os.path.join(self.tmp, "resume.log")
-        self.assertEqual(finish(arlo_run(self.run_dir, log2, resume=True), log2), 0, tail(log2))
+        self.assertEqual(finish(arlo_run(self.run_dir, log2, resume=True, steps=steps), log2), 0, tail(log2))
 
-        steps = metrics(self.run_dir)
-        self.assertEqual(sorted({r["step"] for r in steps}), list(range(1, STEPS + 1)))
-        reward = {r["step"]: r["train/reward/mean"] for r in steps if "train/reward/mean" in r}
+        records = metrics(self.run_dir)
+        self.assertEqual(sorted(r["step"] for r in records), list(range(1, steps + 1)))
+        reward = {r["step"]: r["train/reward/mean"] for r in records if "train/reward/mean" in r}
         tb_reward, _ = tensorboard_scalars(os.path.join(self.run_dir, "tensorboard"), "train/reward/mean")
         self.assert_steps_match(tb_reward, reward, "tensorboard across the resume")
         rows, files = wandb_rows(self.run_dir)
