@@ -45,11 +45,17 @@ if(NOT ARLO_WITH_TORCH_REQUEST STREQUAL "OFF")
 endif()
 arlo_resolve_option(ARLO_WITH_TORCH "${Torch_FOUND}" "libtorch not found (install libtorch-dev: scripts/bootstrap)")
 
-# CUDA and NCCL under CUDA_HOME or /usr/local/cuda.
-set(arlo_cuda_roots $ENV{CUDA_HOME} /usr/local/cuda)
+# CUDA and NCCL under CUDA_HOME or /usr/local/cuda, else from NVIDIA's wheels in the project's Python
+# environment (torch's nvidia-cuda-runtime and nvidia-nccl, when scripts/bootstrap --python made it
+# before this configure, as `make test` does). The NCCL transport needs only their headers to build:
+# it loads libnccl and libcudart by path at run time.
+file(GLOB arlo_wheel_roots "${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/nvidia/cu1*"
+                           "${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/nvidia/nccl")
+set(arlo_cuda_roots $ENV{CUDA_HOME} /usr/local/cuda ${arlo_wheel_roots})
 if(NOT ARLO_WITH_CUDA_REQUEST STREQUAL "OFF")
   find_path(ARLO_CUDA_INCLUDE cuda_runtime.h PATHS ${arlo_cuda_roots} PATH_SUFFIXES include NO_DEFAULT_PATH)
-  find_library(ARLO_CUDART cudart PATHS ${arlo_cuda_roots} PATH_SUFFIXES lib64 lib NO_DEFAULT_PATH)
+  find_library(ARLO_CUDART NAMES cudart libcudart.so.13 libcudart.so.12 PATHS ${arlo_cuda_roots}
+               PATH_SUFFIXES lib64 lib NO_DEFAULT_PATH)
 endif()
 if(ARLO_CUDA_INCLUDE AND ARLO_CUDART)
   set(arlo_cuda_found TRUE)
@@ -60,7 +66,7 @@ arlo_resolve_option(ARLO_WITH_CUDA "${arlo_cuda_found}" "no CUDA toolkit under C
 
 if(NOT ARLO_WITH_NCCL_REQUEST STREQUAL "OFF")
   find_path(ARLO_NCCL_INCLUDE nccl.h PATHS ${arlo_cuda_roots} /usr PATH_SUFFIXES include)
-  find_library(ARLO_NCCL_LIB nccl PATHS ${arlo_cuda_roots} /usr PATH_SUFFIXES lib64 lib)
+  find_library(ARLO_NCCL_LIB NAMES nccl libnccl.so.2 PATHS ${arlo_cuda_roots} /usr PATH_SUFFIXES lib64 lib)
 endif()
 if(ARLO_NCCL_INCLUDE AND ARLO_NCCL_LIB AND ARLO_WITH_CUDA_ENABLED)
   set(arlo_nccl_found TRUE)
