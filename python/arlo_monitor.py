@@ -69,11 +69,11 @@ def scalars(rec):
 
 
 def histogram(rec):
-    """`off_policy/histogram` (samples by versions behind) as counts and bucket edges, or None."""
+    """`off_policy/histogram`: the count of samples d versions behind, for d = 0, 1, ...; or None."""
     counts = rec.get("off_policy/histogram")
-    if not isinstance(counts, list) or not counts or not all(isinstance(c, (int, float)) for c in counts):
+    if not isinstance(counts, list) or not any(counts) or not all(isinstance(c, (int, float)) for c in counts):
         return None
-    return [float(c) for c in counts], [float(i) for i in range(len(counts) + 1)]
+    return [float(c) for c in counts]
 
 
 class TensorBoard:
@@ -99,17 +99,14 @@ class TensorBoard:
         # to TensorFlow's op-name rule ('@' and ':' to '_'); TensorBoard itself takes any tag.
         summary = self.Summary(value=[self.Summary.Value(tag=name, simple_value=v) for name, v in values])
         self.writer.file_writer.add_summary(summary, global_step=step, walltime=rec.get("time"))
-        h = histogram(rec)
-        if h is not None and sum(h[0]) > 0:
-            counts, edges = h
-            mids = [e + 0.5 for e in edges[:-1]]
-            n = sum(counts)
-            used = [i for i, c in enumerate(counts) if c > 0]
+        counts = histogram(rec)
+        if counts is not None:  # one bucket per distance d: (d - 0.5, d + 0.5]
+            used = [d for d, c in enumerate(counts) if c > 0]
             self.writer.add_histogram_raw(
-                "off_policy/histogram", min=float(used[0]), max=float(used[-1]), num=n,
-                sum=sum(m * c for m, c in zip(mids, counts)) - 0.5 * n,
-                sum_squares=sum((m - 0.5) ** 2 * c for m, c in zip(mids, counts)),
-                bucket_limits=edges[1:], bucket_counts=counts, global_step=step, walltime=rec.get("time"))
+                "off_policy/histogram", min=used[0], max=used[-1], num=sum(counts),
+                sum=sum(d * c for d, c in enumerate(counts)), sum_squares=sum(d * d * c for d, c in enumerate(counts)),
+                bucket_limits=[d + 0.5 for d in range(len(counts))], bucket_counts=counts, global_step=step,
+                walltime=rec.get("time"))
         return step
 
     def flush(self):
@@ -174,9 +171,9 @@ class Wandb:
             return step
         data = {"arlo/step": step}
         data.update(values)
-        h = histogram(rec)
-        if h is not None:
-            data["off_policy/histogram"] = self.wandb.Histogram(np_histogram=h)
+        counts = histogram(rec)
+        if counts is not None:  # bins [d, d + 1)
+            data["off_policy/histogram"] = self.wandb.Histogram(np_histogram=(counts, list(range(len(counts) + 1))))
         self.run.log(data)
         return step
 

@@ -160,7 +160,9 @@ class Monitors(unittest.TestCase):
                     "weight_sync/seconds", "eval/arithmetic/pass@1"):
             self.assertIn(tag, tags)
         self.assertTrue(any(re.match(r"weight_sync/worker/.+/update_s", t) for t in tags), tags)
-        self.assertIn("off_policy/histogram", acc.Tags()["histograms"])
+        hists = {e.step: list(e.histogram_value.bucket) for e in acc.Histograms("off_policy/histogram")}
+        want_hists = {r["step"]: r["off_policy/histogram"] for r in steps if any(r.get("off_policy/histogram", []))}
+        self.assertEqual(hists, want_hists, "the staleness histogram: one bucket per off-policy distance")
         tb_eval = dict(tensorboard_scalars(tb_dir, "eval/arithmetic/pass@1")[0])
         self.assertEqual(tb_eval, {r["step"]: r["eval/arithmetic/pass@1"] for r in evals})
         loss = {r["step"]: r["trainer/loss"] for r in steps if "trainer/loss" in r}
