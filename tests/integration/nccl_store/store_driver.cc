@@ -4,6 +4,7 @@
 // Prints "port N" once listening, then answers one line per stdin line:
 //   get KEY            -> "value HEX" | "missing"
 //   connections        -> "connections N"
+//   base64             -> "base64 TEXT" (the id as arlo offers it to vLLM: nccl_unique_id_b64)
 // and exits when stdin closes. The id is byte i = (i * 37 + 11) % 256, i = 0..127.
 #include <cstdio>
 #include <iostream>
@@ -39,6 +40,8 @@ int main() {
       std::string hex;
       for (unsigned char c : *v) hex += fmt::format("{:02x}", c);
       std::cout << "value " << hex << std::endl;
+    } else if (line == "base64") {
+      std::cout << "base64 " << base64(id) << std::endl;
     } else if (line == "connections") {
       std::cout << "connections " << (*server)->connections() << std::endl;
     } else {
