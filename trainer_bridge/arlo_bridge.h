@@ -114,11 +114,16 @@ arlo_status arlo_batch_release(arlo_batch* batch);
 const arlo_tensor* arlo_batch_tensor(const arlo_batch* batch, const char* name);
 arlo_status arlo_bridge_ack(arlo_bridge* bridge, int64_t step);
 /* Stages `version` of the given host tensors in weight_sync's staging publisher (one copy: the
- * tensors are read during the call only, and the call returns once they are copied); the version
- * is then announced to the orchestrator and served to the workers in the background (filesystem:
- * written, then announced). timeout_ms is unused (the weight_sync block's timeout_ms bounds each
- * transfer). The first publish fixes the tensor names, dtypes and shapes for the session;
- * arlo_bridge_close publishes the last staged version before it returns. */
+ * tensors are read during the call only); the version is then announced to the orchestrator and
+ * served to the workers in the background (filesystem: written, then announced). The call then
+ * waits up to timeout_ms (< 0: forever; 0: not at all) until the version is published (filesystem:
+ * written and announced; streaming: announced, which needs no receiver): ARLO_TIMEOUT when it is
+ * not by then (it stays staged and is published later). A version that could not be published
+ * (e.g. a full disk, or its announcement failed) fails this call, or the next one when it was not
+ * waited for, with the reason, and every later call: the orchestrator would wait for it in vain,
+ * so the trainer should stop. The first publish fixes the tensor names, dtypes and shapes for the
+ * session; arlo_bridge_close publishes the last staged version before it returns (and fails,
+ * the bridge closed all the same, when it could not). */
 arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo_tensor* tensors, size_t num_tensors,
                                 int64_t timeout_ms);
 /* Only announces `version` (weights moved by other means); info_json may be NULL. */

@@ -307,17 +307,21 @@ arlo_status arlo_bridge_publish(arlo_bridge* bridge, int64_t version, const arlo
       if (!opts) return fail(opts.error());
       auto* client = bridge->client.get();
       auto pub = ws::StagingPublisher::create(*opts, [client](const ws::Announcement& a) {
-        if (auto s = client->published(a.version, json{{"weight_sync", ws::to_json(a)}}); !s)
-          std::fprintf(stderr, "arlo_bridge: announcing v%lld: %s\n", static_cast<long long>(a.version),
-                       s.error().what().c_str());
+        return client->published(a.version, json{{"weight_sync", ws::to_json(a)}});
       });
       if (!pub) return fail(pub.error());
       bridge->publisher = std::move(*pub);
     }
+    // A version that could not be published (its disk full, its notice not written) is one the
+    // orchestrator waits for in vain: the trainer hears of it here, as arlo-trainer does.
+    if (auto failed = bridge->publisher->failure(); !failed)
+      return fail(Error(failed.error()).with_context("arlo_bridge_publish"));
     BorrowedSource source(std::move(specs), std::move(data));
     auto staged = bridge->publisher->stage(version, source);
     if (!staged) return fail(staged.error());
-    (void)timeout_ms;  // staging copies and returns; the transfer's deadline is the block's timeout_ms
+    if (timeout_ms == 0) return succeed();
+    if (auto published = bridge->publisher->flush(ws::Clock::now() + ms_or_forever(timeout_ms)); !published)
+      return fail(Error(published.error()).with_context(fmt::format("arlo_bridge_publish v{}", version)));
     return succeed();
 #else
     (void)num_tensors;
@@ -358,9 +362,9 @@ arlo_status arlo_bridge_close(arlo_bridge* bridge) {
   return guarded("arlo_bridge_close", [&]() -> arlo_status {
     if (bridge == nullptr) return succeed();
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
+    arlo::Status published = arlo::ok();
     if (bridge->publisher) {  // the last version reaches the orchestrator before the bridge closes
-      if (auto s = bridge->publisher->flush(ws::Clock::now() + std::chrono::seconds(60)); !s)
-        std::fprintf(stderr, "arlo_bridge_close: the last version was not published: %s\n", s.error().what().c_str());
+      published = bridge->publisher->flush(ws::Clock::now() + std::chrono::seconds(60));
       bridge->publisher.reset();
     }
 #endif
@@ -370,6 +374,9 @@ arlo_status arlo_bridge_close(arlo_bridge* bridge) {
       bridge->calls_cv.wait(lock, [&] { return bridge->calls == 0; });
     }
     delete bridge;
+#ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
+    if (!published) return fail(Error(published.error()).with_context("arlo_bridge_close: closed, but"));
+#endif
     return succeed();
   });
 }

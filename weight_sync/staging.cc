@@ -94,7 +94,10 @@ class StagingPublisherImpl final : public StagingPublisher {
     auto settled = [&] { return (announced_ && *announced_ >= want) || (failed_ && failed_->first >= want); };
     cv_.wait_until(l, deadline, settled);
     if (announced_ && *announced_ >= want) return ok();
-    if (failed_ && failed_->first >= want) return std::unexpected(failed_->second);
+    if (failed_ && failed_->first >= want)
+      return std::unexpected(
+          Error(failed_->second)
+              .with_context(fmt::format("weight_sync {}: version {} was not published", name_, failed_->first)));
     return make_error(
         ErrorCode::kTimeout,
         fmt::format("weight_sync {}: version {} was not published before the deadline (last announced: {})", name_,
@@ -353,7 +356,13 @@ class StagingPublisherImpl final : public StagingPublisher {
   }
 
   void announce(const Announcement& a) {
-    if (announce_) announce_(a);
+    if (announce_) {
+      if (auto st = announce_(a); !st) {
+        ARLO_WARN("weight_sync {}: version {} not announced: {}", name_, a.version, st.error().what());
+        fail(a.version, std::move(st).error().with_context(fmt::format("announcing version {}", a.version)));
+        return;
+      }
+    }
     {
       std::lock_guard l(mu_);
       announced_ = a.version;

@@ -2,10 +2,11 @@
 // StagingPublisher: stage / announce / pull (docs/weight-sync.md), what a trainer publishes with.
 //
 //   auto pub = weight_sync::StagingPublisher::create(options, [&](const weight_sync::Announcement& a) {
-//     bridge.published(a.version, {{"weight_sync", weight_sync::to_json(a)}});   // tell the orchestrator
+//     return bridge.published(a.version, {{"weight_sync", weight_sync::to_json(a)}});  // tell the orchestrator
 //   });
 //   ...after each optimizer step:
 //   ARLO_ASSIGN_OR_RETURN(auto staged, (*pub)->stage(step, weights));  // returns after one copy
+//   ...and before it, or where the trainer must know: ARLO_TRY((*pub)->failure());  // or flush(deadline)
 //
 // - stage(version, source) copies `source` into staging memory and returns; the trainer's step is
 //   never held longer than that copy. At most `keep_last` versions are staged (the newest; older
@@ -50,7 +51,9 @@ struct StageReport {
 
 class StagingPublisher {
  public:
-  using Announce = std::function<void(const Announcement&)>;
+  // Tells whoever waits for versions (the orchestrator) of one. A failure (e.g. the version notice
+  // could not be written) makes the version unpublished: failure() and flush() report it.
+  using Announce = std::function<Status(const Announcement&)>;
   virtual ~StagingPublisher() = default;
   static Result<std::unique_ptr<StagingPublisher>> create(const Options& options, Announce announce);
 
@@ -64,7 +67,7 @@ class StagingPublisher {
   // streaming: announced) or `deadline`.
   virtual Status flush(Deadline deadline) = 0;
   // ok() until a version could not be published (durable: not written, e.g. its disk is full; any:
-  // its checksum failed); from then on that failure (the newest one). Such a version is never
+  // its checksum failed, or its announcement); from then on that failure (the newest one). Such a version is never
   // announced, so whoever waits for it waits in vain: a caller that cannot go on without it stops.
   virtual Status failure() const = 0;
   // Where receivers reach it (the transport's endpoint object).

@@ -214,8 +214,9 @@ class Trainer {
   // One whole line per record; a write that fails (a full disk) stops the trainer naming the file.
   Status log_metrics(const json& m);
   // The publisher's announcement of a version, with the figures of its step: the orchestrator's
-  // step records and the live page read them there. Runs on the publisher's thread.
-  void announce(const weight_sync::Announcement& a);
+  // step records and the live page read them there. Runs on the publisher's thread; a failure makes
+  // the version unpublished (the publisher's failure()).
+  Status announce(const weight_sync::Announcement& a);
   // A version the workers can never get (not written, e.g. the disk is full, or not announced)
   // stops the trainer with that error: the orchestrator waits for it, so going on would wait for
   // batches that never come (docs/checkpoints.md: the first write that fails stops the run).
@@ -239,7 +240,6 @@ class Trainer {
   std::unique_ptr<bridge::BridgeClient> client_;
   std::mutex metrics_mu_;
   std::map<std::int64_t, json> step_metrics_;  // figures of the steps not yet announced
-  std::optional<Error> unannounced_;           // the first announcement that failed (under metrics_mu_)
   std::unique_ptr<weight_sync::StagingPublisher> publisher_;
 };
 
@@ -359,7 +359,7 @@ Status Trainer::replay_kept_batches() {
   return ok();
 }
 
-void Trainer::announce(const weight_sync::Announcement& a) {
+Status Trainer::announce(const weight_sync::Announcement& a) {
   json info = {{"weight_sync", weight_sync::to_json(a)}};
   {
     std::lock_guard lk(metrics_mu_);
@@ -367,10 +367,7 @@ void Trainer::announce(const weight_sync::Announcement& a) {
     if (it != step_metrics_.end()) info["metrics"] = it->second;
     step_metrics_.erase(step_metrics_.begin(), step_metrics_.upper_bound(a.version));
   }
-  if (auto st = client_->published(a.version, info); !st) {
-    std::lock_guard lk(metrics_mu_);
-    if (!unannounced_) unannounced_ = std::move(st).error().with_context(fmt::format("announcing v{}", a.version));
-  }
+  return client_->published(a.version, info);
 }
 
 Status Trainer::connect() {
@@ -387,19 +384,13 @@ Status Trainer::connect() {
   weight_sync::Options wso = o_.weight_sync;
   wso.peer_name = "arlo-trainer";
   ARLO_ASSIGN_OR_RETURN(publisher_, weight_sync::StagingPublisher::create(
-                                        wso, [this](const weight_sync::Announcement& a) { announce(a); }));
+                                        wso, [this](const weight_sync::Announcement& a) { return announce(a); }));
   ARLO_INFO("weights: {} publisher at {}", wso.transport, publisher_->endpoint().dump());
   ARLO_TRY(stage(step_, /*workers_hold_it=*/step_ == 0));
   return ok();
 }
 
-Status Trainer::published_ok() {
-  {
-    std::lock_guard lk(metrics_mu_);
-    if (unannounced_) return std::unexpected(Error(*unannounced_).with_context("trainer"));
-  }
-  return with_context(publisher_->failure(), "trainer");
-}
+Status Trainer::published_ok() { return with_context(publisher_->failure(), "trainer"); }
 
 Result<double> Trainer::stage(std::int64_t version, bool workers_hold_it) {
   reference::ModelWeights source(*model_);

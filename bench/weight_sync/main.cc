@@ -839,6 +839,7 @@ nlohmann::json run_staging(const ws::TransportDescriptor& d, const Args& args, c
         announced[a.version] = now_s();
       }
       for (auto& p : ann) write_line(p.w, ws::to_json(a));  // what the orchestrator hands every worker
+      return arlo::ok();
     });
     if (!pub) {
       emit({{"role", "sender"}, {"error", pub.error().what()}});

@@ -59,7 +59,7 @@ class BridgeError(RuntimeError):
 
 
 class TimeoutError_(BridgeError):
-    """No batch arrived within the timeout."""
+    """No batch arrived, or a version was not published, within the timeout."""
 
 
 class _Tensor(ctypes.Structure):
@@ -231,9 +231,13 @@ class Bridge:
         return int(self._lib.arlo_bridge_last_acked_step(self._live()))
 
     # -- weights ----------------------------------------------------------------------------------
-    def publish(self, version: int, state_dict: Mapping[str, Any], timeout_s: float = 120.0) -> None:
+    def publish(self, version: int, state_dict: Mapping[str, Any], timeout_s: Optional[float] = 0.0) -> None:
         """Sends every tensor of state_dict (torch tensors or numpy arrays; moved to host memory and
-        made contiguous) through weight_sync as `version`, then announces the version."""
+        made contiguous) through weight_sync as `version`, then announces the version. Returns once
+        they are copied (timeout_s 0), or waits up to timeout_s (None: forever) until the version is
+        published: raises TimeoutError_ when it is not by then. Raises BridgeError with the reason
+        when a version could not be published (a full disk, say): this one when waited for, else
+        the next call. The orchestrator would wait for it in vain, so stop."""
         keep = []  # the arrays must outlive the call
         tensors = (_Tensor * len(state_dict))()
         for i, (name, value) in enumerate(state_dict.items()):
@@ -242,8 +246,9 @@ class Bridge:
             encoded = name.encode()
             keep += [arr, shape, encoded]
             tensors[i] = _Tensor(encoded, code, arr.ndim, shape, arr.ctypes.data if arr.nbytes else None, arr.nbytes)
+        timeout_ms = -1 if timeout_s is None else int(timeout_s * 1000)
         _check(self._lib, self._lib.arlo_bridge_publish(self._live(), int(version), tensors, len(state_dict),
-                                                        int(timeout_s * 1000)))
+                                                        timeout_ms))
         del keep
 
     def announce(self, version: int, info: Optional[Mapping[str, Any]] = None) -> None:
@@ -256,9 +261,11 @@ class Bridge:
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
-        if self._handle is not None and self._handle.value:
-            _check(self._lib, self._lib.arlo_bridge_close(self._handle))
-        self._handle = None
+        """Publishes the last staged version and closes; raises BridgeError when that version could
+        not be published (the bridge is closed all the same)."""
+        handle, self._handle = self._handle, None
+        if handle is not None and handle.value:
+            _check(self._lib, self._lib.arlo_bridge_close(handle))
 
     def __enter__(self) -> "Bridge":
         return self

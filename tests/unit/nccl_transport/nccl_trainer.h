@@ -29,6 +29,7 @@ class NcclTrainer {
             std::lock_guard l(mu_);
             announced_.push_back(a);
             cv_.notify_all();
+            return arlo::ok();
           }).value();
   }
   // The newest announcement once one of version `v` or later came; a test failure (and an empty

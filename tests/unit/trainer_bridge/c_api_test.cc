@@ -1,12 +1,15 @@
 // The C ABI (libarlo_bridge.so) against a real orchestrator side, and publishing through a real
 // weight_sync filesystem transport that a weight_sync subscriber then receives.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 
 #include <nlohmann/json.hpp>
 
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 
 #include "tests/temp_dir.h"
@@ -200,6 +203,97 @@ TEST_F(CApiDir, PublishGoesThroughWeightSyncAndAnnounces) {
   EXPECT_EQ(a.endpoint.value("dir", ""), weights.string());
   EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
   expect_receiver_gets(a, w1, bias);
+}
+
+// The two tensors of the publish tests.
+struct Weights {
+  std::vector<float> w{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  std::vector<std::int64_t> bias{7, 8};
+  const std::int64_t s1[2] = {2, 3}, s2[1] = {2};
+  arlo_tensor tensors[2] = {{"model.w.weight", ARLO_F32, 2, s1, w.data(), w.size() * 4},
+                            {"model.b.bias", ARLO_I64, 1, s2, bias.data(), bias.size() * 8}};
+};
+
+// A version that cannot be written fails its publish with the reason, and every later one: the
+// orchestrator would wait for it in vain (the C ABI used to return ok and let the trainer go on).
+void expect_publish_fails_once_unwritable(arlo_bridge* b, const std::function<void()>& make_unwritable,
+                                          const std::string& reason) {
+  Weights t;
+  ASSERT_EQ(arlo_bridge_publish(b, 1, t.tensors, 2, 30000), ARLO_OK) << arlo_bridge_last_error();
+  make_unwritable();
+  EXPECT_EQ(arlo_bridge_publish(b, 2, t.tensors, 2, 30000), ARLO_IO) << arlo_bridge_last_error();
+  std::string error = arlo_bridge_last_error();
+  EXPECT_NE(error.find("version 2 was not published"), std::string::npos) << error;
+  EXPECT_NE(error.find(reason), std::string::npos) << error;
+  // Not waited for, the failure comes with the next call; and it stays.
+  EXPECT_EQ(arlo_bridge_publish(b, 3, t.tensors, 2, 0), ARLO_IO) << arlo_bridge_last_error();
+  error = arlo_bridge_last_error();
+  EXPECT_NE(error.find("version 2 was not published"), std::string::npos) << error;
+  EXPECT_NE(error.find(reason), std::string::npos) << error;
+}
+
+// The weights on a small tmpfs that the test fills after v1 (needs CAP_SYS_ADMIN, as the full-disk
+// e2e test does; the next test fails the write without it).
+TEST_F(CApiDir, PublishOnAFullDiskFailsWithTheReason) {
+  const fs::path mnt = run_dir_.path() / "disk";
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs at " << mnt << " (" << std::strerror(errno) << ")";
+  struct Unmount {
+    fs::path p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  arlo_bridge* b =
+      connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + (mnt / "weights").string() + "\"}");
+  expect_publish_fails_once_unwritable(
+      b,
+      [&] {
+        std::FILE* f = std::fopen((mnt / "filler").c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        std::vector<char> block(4096, 'x');
+        while (std::fwrite(block.data(), 1, block.size(), f) == block.size() && std::fflush(f) == 0) {
+        }
+        std::fclose(f);
+      },
+      "No space left on device");
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_IO) << "closed, but the last version was not published";
+}
+
+// A regular file where the weights directory was: no version directory can be made (not even by
+// root, whom a read-only directory does not stop).
+TEST_F(CApiDir, PublishToADirectoryThatCannotBeMadeFailsWithTheReason) {
+  const fs::path weights = run_dir_.path() / "weights";
+  arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
+  expect_publish_fails_once_unwritable(
+      b,
+      [&] {
+        fs::rename(weights, run_dir_.path() / "weights.old");
+        std::FILE* f = std::fopen(weights.c_str(), "w");
+        ASSERT_NE(f, nullptr);
+        std::fclose(f);
+      },
+      "Not a directory");
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_IO) << "closed, but the last version was not published";
+}
+
+// timeout_ms bounds the wait for the version to be written and announced: 64 MiB cannot be
+// checksummed and written in 1 ms, so the call says so (ARLO_TIMEOUT); the version stays staged
+// and is published later, and the next publish, given time, succeeds.
+TEST_F(CApiDir, PublishHonoursItsTimeout) {
+  const fs::path weights = run_dir_.path() / "weights";
+  arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
+  std::vector<float> big(16u << 20, 0.5f);
+  const std::int64_t shape[] = {static_cast<std::int64_t>(big.size())};
+  arlo_tensor t{"model.w.weight", ARLO_F32, 1, shape, big.data(), big.size() * 4};
+  EXPECT_EQ(arlo_bridge_publish(b, 1, &t, 1, 1), ARLO_TIMEOUT) << arlo_bridge_last_error();
+  const std::string error = arlo_bridge_last_error();
+  EXPECT_NE(error.find("version 1 was not published before the deadline"), std::string::npos) << error;
+  EXPECT_EQ(announced(1).version, 1u);  // published all the same, later
+  big[0] = 2.0f;
+  EXPECT_EQ(arlo_bridge_publish(b, 2, &t, 1, -1), ARLO_OK) << arlo_bridge_last_error();
+  EXPECT_TRUE(fs::exists(dir_layout::version_file(run_dir_.path(), 2))) << "returned before v2 was announced";
+  EXPECT_TRUE(fs::exists(weights / "v2" / "STABLE")) << "returned before v2 was written";
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_OK);
 }
 
 // Streaming: publish returns once the tensors are staged, with nobody connected (it used to stream

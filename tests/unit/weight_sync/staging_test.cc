@@ -49,11 +49,19 @@ class Rig {
             announced_.push_back(a);
             cv_.notify_all();
             if (hold_ && *hold_ == a.version) cv_.wait_until(l, Clock::now() + 30s, [&] { return released_; });
+            if (refuse_ && *refuse_ == a.version)
+              return Status(make_error(ErrorCode::kIo, "writing the version notice: No space left on device"));
+            return ok();
           }).value();
   }
   void hold(Version v) {
     std::lock_guard l(mu_);
     hold_ = v;
+  }
+  // The announcement of version v fails (its notice cannot be written).
+  void refuse(Version v) {
+    std::lock_guard l(mu_);
+    refuse_ = v;
   }
   void release() {
     std::lock_guard l(mu_);
@@ -102,6 +110,7 @@ class Rig {
   std::condition_variable cv_;
   std::vector<Announcement> announced_;
   std::optional<Version> hold_;
+  std::optional<Version> refuse_;
   bool released_ = false;
 };
 
@@ -270,6 +279,27 @@ TEST_P(StagingPublisherTest, FlushWaitsForTheNewestAndSaysWhenItIsLate) {
   rig.release();
   ASSERT_TRUE(rig.pub->flush(deadline_in(30s)));
   EXPECT_EQ(rig.announced().back().version, 2u);
+}
+
+// An announcement that fails leaves its version unpublished: flush() and failure() say so with the
+// reason (a trainer stops on it: the orchestrator would wait for that version in vain).
+TEST_P(StagingPublisherTest, AFailedAnnouncementIsAFailureToPublish) {
+  Rig rig(GetParam());
+  rig.refuse(2);
+  rig.start();
+  HostWeights w = filled(500);
+  ASSERT_TRUE(rig.pub->stage(1, w));
+  ASSERT_TRUE(rig.pub->flush(deadline_in(30s)));
+  EXPECT_TRUE(rig.pub->failure());
+  ASSERT_TRUE(rig.pub->stage(2, w));
+  auto flushed = rig.pub->flush(deadline_in(30s));
+  ASSERT_FALSE(flushed);
+  EXPECT_NE(flushed.error().what().find("version 2 was not published"), std::string::npos) << flushed.error().what();
+  EXPECT_NE(flushed.error().what().find("No space left on device"), std::string::npos) << flushed.error().what();
+  auto failed = rig.pub->failure();
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code(), ErrorCode::kIo);
+  EXPECT_NE(failed.error().what().find("announcing version 2"), std::string::npos) << failed.error().what();
 }
 
 INSTANTIATE_TEST_SUITE_P(Registered, StagingPublisherTest, ::testing::ValuesIn(all_transports()),
