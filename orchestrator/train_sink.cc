@@ -60,14 +60,15 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
   auto r = co_await with_deadline<ScoredGroup>(ex_, clock_, deadline, std::move(op), "score group");
   --scoring_;
   std::erase(in_scoring_, g);
-  const auto n = g->completions.size();
+  auto n = g->completions.size();
   if (stopped_) {
     ledger_.dispose("unused_at_drain", n);
     co_return;
   }
-  if (r && (r->rewards.size() != n || r->advantages.size() != n))
-    r = make_error(ErrorCode::kMismatch, fmt::format("scorer returned {} rewards / {} advantages for {} samples",
-                                                     r->rewards.size(), r->advantages.size(), n));
+  if (r && (r->rewards.size() != n || r->advantages.size() != n || (!r->fates.empty() && r->fates.size() != n)))
+    r = make_error(ErrorCode::kMismatch,
+                   fmt::format("scorer returned {} rewards / {} advantages / {} fates for {} samples",
+                               r->rewards.size(), r->advantages.size(), r->fates.size(), n));
   if (!r) {
     ARLO_WARN_EVERY(5.0, "train sink: dropping group {}: {}", g->id, r.error().what());
     ledger_.dispose("score_failed", n);
@@ -81,6 +82,11 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
   }
   g->scores = std::move(*r);
   if (hooks_.on_scored) hooks_.on_scored(*g);
+  if (take_out_dropped(*g) == 0) {
+    if (hooks_.backlog_changed) hooks_.backlog_changed();
+    co_return;
+  }
+  n = g->completions.size();
   const auto& rw = g->scores.rewards;
   const bool equal = n > 1 && std::all_of(rw.begin(), rw.end(), [&](double x) { return x == rw[0]; });
   if (opt_.filter_equal_reward_groups && equal) {
@@ -101,6 +107,33 @@ Awaitable<void> TrainSink::score(GroupPtr g) {
   }
   ready_.push_back(std::move(g));
   ready_signal_.notify();
+}
+
+// orchestrator.overlong: drop. The samples the scorer dropped leave the group before the filter and
+// the batch see it, counted "overlong" in the ledger: never sent to the trainer. Returns how many are left.
+std::size_t TrainSink::take_out_dropped(Group& g) {
+  auto& s = g.scores;
+  if (s.fates.empty()) return g.completions.size();
+  const bool per_sample_metrics = s.metrics.size() == s.fates.size();
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < s.fates.size(); ++i) {
+    if (s.fates[i] == SampleFate::kDropped) continue;
+    if (kept != i) {
+      g.completions[kept] = std::move(g.completions[i]);
+      s.rewards[kept] = s.rewards[i];
+      s.advantages[kept] = s.advantages[i];
+      s.fates[kept] = s.fates[i];
+      if (per_sample_metrics) s.metrics[kept] = std::move(s.metrics[i]);
+    }
+    ++kept;
+  }
+  if (const auto dropped = s.fates.size() - kept; dropped > 0) ledger_.dispose("overlong", dropped);
+  g.completions.resize(kept);
+  s.rewards.resize(kept);
+  s.advantages.resize(kept);
+  s.fates.resize(kept);
+  if (per_sample_metrics) s.metrics.resize(kept);
+  return kept;
 }
 
 Version TrainSink::oldest_queued_version() const {
@@ -139,6 +172,7 @@ Awaitable<Result<TrainBatch>> TrainSink::cut_rl(std::int64_t step, StepReport& r
   TrainBatch batch;
   batch.step = step;
   double sum = 0, sumsq = 0, off_sum = 0, off_max = 0;
+  std::uint64_t trained = 0, masked = 0;
   Version vmin = kNoVersion, vmax = kNoVersion;
   for (std::size_t gi = 0; gi < gps; ++gi) {
     auto g = std::move(ready_.front());
@@ -153,6 +187,8 @@ Awaitable<Result<TrainBatch>> TrainSink::cut_rl(std::int64_t step, StepReport& r
       s.token_versions = per_token_versions(c, g->dispatch_version);
       s.reward = g->scores.rewards[i];
       s.advantage = g->scores.advantages[i];
+      s.loss_masked = i < g->scores.fates.size() && g->scores.fates[i] == SampleFate::kMasked;
+      (s.loss_masked ? masked : trained) += 1;
       const auto oldest = oldest_of(c, g->dispatch_version);
       const double off = static_cast<double>(std::max<Version>(0, (step - 1) - oldest));
       off_sum += off;
@@ -169,10 +205,12 @@ Awaitable<Result<TrainBatch>> TrainSink::cut_rl(std::int64_t step, StepReport& r
       report.batch_tokens += c.tokens.size() + g->prompt_tokens.size();
       batch.samples.push_back(std::move(s));
     }
-    ledger_.dispose("trained", g->completions.size());
   }
+  ledger_.dispose("trained", trained);
+  if (masked > 0) ledger_.dispose("masked", masked);
   const double n = static_cast<double>(batch.samples.size());
-  report.samples = static_cast<int>(batch.samples.size());
+  report.samples = static_cast<int>(trained);
+  report.masked_samples = static_cast<int>(masked);
   report.reward_mean = sum / n;
   report.reward_std = std::sqrt(std::max(0.0, sumsq / n - report.reward_mean * report.reward_mean));
   report.off_policy_mean = off_sum / n;

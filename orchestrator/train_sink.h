@@ -31,7 +31,8 @@ namespace arlo::orch {
 struct StepReport {
   std::int64_t step = 0;
   bool supervised = false;
-  int samples = 0;           // in the batch (train/samples/trainable)
+  int samples = 0;           // in the batch and in the loss (train/samples/trainable)
+  int masked_samples = 0;    // in the batch, out of the loss (orchestrator.overlong: mask)
   int filtered_samples = 0;  // dropped by the zero-variance filter since the previous cut
   int stale_samples = 0;     // dropped by the staleness bound at this cut
   double reward_mean = 0.0;
@@ -86,6 +87,7 @@ class TrainSink {
 
  private:
   Awaitable<void> score(GroupPtr group);
+  std::size_t take_out_dropped(Group& group);
   Awaitable<Result<TrainBatch>> cut_rl(std::int64_t step, StepReport& report);
   Result<TrainBatch> cut_sft(std::int64_t step, StepReport& report);
   Awaitable<void> alarm_while_waiting(std::int64_t step, TimePoint since, std::shared_ptr<bool> waiting);

@@ -68,6 +68,14 @@ struct GenerateResult {
   std::string worker;                       // who served it
 };
 
+// What the advantage estimator decided for one sample (orchestrator.overlong, for a completion cut
+// off by sampling.max_tokens).
+enum class SampleFate {
+  kTrain,    // in the batch and in the loss
+  kMasked,   // in the batch, out of the loss: its loss mask is 0 on every token (ledger: "masked")
+  kDropped,  // never in a batch (ledger: "overlong")
+};
+
 // Scores for one whole group, index-aligned with its completions.
 struct ScoredGroup {
   std::vector<double> rewards;
@@ -75,6 +83,7 @@ struct ScoredGroup {
   // Per sample, what the reward modules reported: "<module>" (its reward), "<module>/<metric>",
   // "reward/failed" = 1 for a sample whose scoring failed. May be empty.
   std::vector<std::map<std::string, double>> metrics;
+  std::vector<SampleFate> fates;  // empty: every sample trains
 };
 
 // One training sample as the trainer bridge packs it (docs/bring-your-own-trainer.md).
@@ -85,7 +94,8 @@ struct TrainSample {
   std::vector<std::int32_t> token_versions;  // per completion token
   double advantage = 0.0;
   double reward = 0.0;
-  bool supervised = false;  // SFT warm-up sample: ce_weights = 1 on completion tokens
+  bool supervised = false;   // SFT warm-up sample: ce_weights = 1 on completion tokens
+  bool loss_masked = false;  // in the batch, out of the loss (SampleFate::kMasked): loss mask 0 on its tokens
 };
 
 struct TrainBatch {

@@ -99,6 +99,8 @@ Result<LossOutput> compute_loss(const LossInputs& in, const LossOptions& o) {
         out.clipped_high_fraction = (high.to(at::kFloat) * m).sum().item<double>() / n;
         out.clipped_fraction = out.clipped_low_fraction + out.clipped_high_fraction;
         out.entropy = (tl.entropy * m).sum().item<double>() / n;
+      } else {
+        pg = (tl.logp * m).sum();  // 0, in the graph: nothing in the loss (every sample masked) steps on zero grads
       }
     }
     at::Tensor ce = at::zeros({}, at::kFloat);

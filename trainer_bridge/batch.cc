@@ -45,6 +45,7 @@ struct Placed {
   std::size_t index;       // into the input samples
   std::size_t length;      // tokens after truncation
   std::size_t completion;  // completion tokens kept
+  std::size_t loss;        // of those, the ones in the loss (Sample::loss_mask)
 };
 
 }  // namespace
@@ -84,11 +85,13 @@ Result<std::vector<Placed>> place_samples(std::span<const Sample> samples, std::
     const Sample& s = samples[i];
     const std::size_t c = s.completion_tokens.size();
     if (s.completion_logprobs.size() != c || s.token_versions.size() != c ||
-        (!s.ce_weights.empty() && s.ce_weights.size() != c)) {
+        (!s.ce_weights.empty() && s.ce_weights.size() != c) || (!s.loss_mask.empty() && s.loss_mask.size() != c)) {
       return make_error(ErrorCode::kInvalidArgument,
                         fmt::format("pack: sample {} has {} completion tokens but {} logprobs, {} token versions, "
-                                    "{} ce_weights (each must match, ce_weights may be empty)",
-                                    i, c, s.completion_logprobs.size(), s.token_versions.size(), s.ce_weights.size()));
+                                    "{} ce_weights, {} loss_mask (each must match, ce_weights and loss_mask may be "
+                                    "empty)",
+                                    i, c, s.completion_logprobs.size(), s.token_versions.size(), s.ce_weights.size(),
+                                    s.loss_mask.size()));
     }
     std::size_t keep = c;
     if (s.size() > seq_len) {
@@ -99,7 +102,11 @@ Result<std::vector<Placed>> place_samples(std::span<const Sample> samples, std::
       keep = seq_len - s.prompt_tokens.size();
       ++report.truncated;
     }
-    items.push_back({i, s.prompt_tokens.size() + keep, keep});
+    const std::size_t loss =
+        s.loss_mask.empty() ? keep
+                            : static_cast<std::size_t>(std::count_if(s.loss_mask.begin(), s.loss_mask.begin() + keep,
+                                                                     [](std::uint8_t m) { return m != 0; }));
+    items.push_back({i, s.prompt_tokens.size() + keep, keep, loss});
   }
   std::stable_sort(items.begin(), items.end(), [](const Placed& a, const Placed& b) { return a.length > b.length; });
   return items;
@@ -137,9 +144,9 @@ RankRows assign_rows(const std::vector<Placed>& items, int num_ranks, std::size_
 }
 
 // Fills the tensors of rank batch `b` (its rows, seq_len and max_segments already set) from the
-// rows packed for it: prompt tokens unmasked, completion tokens masked in with their advantage,
-// logprob, version and ce_weight; padding pad_token_id, position 0, sample id -1. Counts its
-// samples and tokens and its policy-version range.
+// rows packed for it: prompt tokens out of the loss, completion tokens in it (unless the sample's
+// loss_mask keeps them out) with their advantage, logprob and ce_weight, each with its version; padding pad_token_id,
+// position 0, sample id -1. Counts its samples and tokens and its policy-version range.
 void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::span<const Sample> samples,
                std::int32_t pad_token_id, bool any_ce) {
   const std::size_t seq_len = static_cast<std::size_t>(b.seq_len);
@@ -156,6 +163,7 @@ void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::
   b.seq_lens.assign(static_cast<std::size_t>(b.rows) * max_segments, 0);
 
   double version_sum = 0.0;
+  std::size_t completion_tokens = 0;
   std::int64_t vmin = std::numeric_limits<std::int64_t>::max(), vmax = std::numeric_limits<std::int64_t>::min();
   for (std::size_t row = 0; row < rows.size(); ++row) {
     std::size_t t = row * seq_len;
@@ -174,11 +182,13 @@ void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::
         b.input_ids[t] = s.completion_tokens[k];
         b.position_ids[t] = pos++;
         b.sample_ids[t] = static_cast<std::int32_t>(p.index);
-        b.loss_mask[t] = 1;
-        b.advantages[t] = s.advantage;
-        b.inference_logprobs[t] = s.completion_logprobs[k];
         b.token_versions[t] = s.token_versions[k];
-        if (!s.ce_weights.empty()) b.ce_weights[t] = s.ce_weights[k];
+        if (s.loss_mask.empty() || s.loss_mask[k] != 0) {
+          b.loss_mask[t] = 1;
+          b.advantages[t] = s.advantage;
+          b.inference_logprobs[t] = s.completion_logprobs[k];
+          if (!s.ce_weights.empty()) b.ce_weights[t] = s.ce_weights[k];
+        }
         version_sum += s.token_versions[k];
         vmin = std::min<std::int64_t>(vmin, s.token_versions[k]);
         vmax = std::max<std::int64_t>(vmax, s.token_versions[k]);
@@ -186,13 +196,14 @@ void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::
       }
       ++b.samples;
       b.tokens += static_cast<std::int64_t>(p.length);
-      b.loss_tokens += static_cast<std::int64_t>(p.completion);
+      b.loss_tokens += static_cast<std::int64_t>(p.loss);
+      completion_tokens += p.completion;
     }
   }
-  if (b.loss_tokens > 0) {
+  if (completion_tokens > 0) {
     b.policy_version_min = vmin;
     b.policy_version_max = vmax;
-    b.policy_version_mean = version_sum / static_cast<double>(b.loss_tokens);
+    b.policy_version_mean = version_sum / static_cast<double>(completion_tokens);
   }
 }
 
@@ -222,7 +233,7 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
   std::int64_t step_tokens = 0, step_loss = 0, step_samples = 0;
   for (const Placed& p : items) {
     step_tokens += static_cast<std::int64_t>(p.length);
-    step_loss += static_cast<std::int64_t>(p.completion);
+    step_loss += static_cast<std::int64_t>(p.loss);
     ++step_samples;
   }
 

@@ -16,7 +16,8 @@
 //   input_ids          i32  token ids; padding = PackOptions::pad_token_id
 //   position_ids       i32  0,1,2,... restarting at every packed sample; padding 0
 //   loss_mask          u8   1 on completion tokens of a sample (the tokens the policy generated),
-//                           0 on prompt tokens and padding
+//                           0 on prompt tokens, padding and completion tokens the sample keeps out
+//                           of the loss (Sample::loss_mask; orchestrator.overlong: mask)
 //   advantages         f32  the sample's advantage on its completion tokens, 0 elsewhere
 //   inference_logprobs f32  logprob the inference engine gave the token AT THIS POSITION
 //                           (i.e. log p(input_ids[t] | input_ids[<t])), 0 where loss_mask is 0.
@@ -64,6 +65,10 @@ struct Sample {
   std::vector<std::int32_t> token_versions;  // one per completion token
   float advantage = 0.0f;
   std::vector<float> ce_weights;  // empty, or one per completion token
+  // Empty (every completion token is in the loss), or one per completion token: 0 keeps the token
+  // out of the loss (loss_mask, advantages, inference_logprobs and ce_weights 0 there; it still
+  // counts in tokens and carries its version). All 0: in the batch, out of the loss.
+  std::vector<std::uint8_t> loss_mask;
 
   std::size_t size() const { return prompt_tokens.size() + completion_tokens.size(); }
 };

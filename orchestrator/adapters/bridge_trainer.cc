@@ -43,6 +43,7 @@ Awaitable<Status> BridgeTrainer::send(TrainBatch batch) {
       b.token_versions = s.token_versions;
       b.advantage = static_cast<float>(s.advantage);
       if (s.supervised) b.ce_weights.assign(s.completion_tokens.size(), 1.0f);
+      if (s.loss_masked) b.loss_mask.assign(s.completion_tokens.size(), 0);
       samples.push_back(std::move(b));
     }
     return bridge::pack(batch.step, samples, opts);

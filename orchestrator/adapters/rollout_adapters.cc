@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 
 #include "rollout/openai.h"
 
@@ -217,6 +218,24 @@ Status RolloutTasks::restore(const nlohmann::json& cursor) {
   return ok();
 }
 
+namespace {
+
+// What orchestrator.overlong makes of each sample: a truncated one is dropped or masked, as
+// compute_advantages decided it. A group that the estimator drops for another reason (rloo with one
+// sample) trains at advantage 0, as ever.
+std::vector<SampleFate> overlong_fates(std::span<const rollout::SampleInput> samples,
+                                       rollout::TruncationPolicy policy) {
+  std::vector<SampleFate> out(samples.size(), SampleFate::kTrain);
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    if (!samples[i].truncated) continue;
+    if (policy == rollout::TruncationPolicy::kDrop) out[i] = SampleFate::kDropped;
+    if (policy == rollout::TruncationPolicy::kMask) out[i] = SampleFate::kMasked;
+  }
+  return out;
+}
+
+}  // namespace
+
 RolloutScorer::RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOptions advantages)
     : scorer_(scorer), advantages_(std::move(advantages)) {
   // The orchestrator's TrainSink applies the equal-reward filter itself (counted in the ledger).
@@ -250,6 +269,7 @@ Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> 
   auto adv = rollout::compute_advantages(inputs, advantages_);
   out.advantages = std::move(adv.advantages);
   out.advantages.resize(out.rewards.size(), 0.0);
+  out.fates = overlong_fates(inputs, advantages_.truncated);
   co_return out;
 }
 

@@ -92,7 +92,8 @@ class RolloutTasks final : public TaskSource {
 
 // Scores through rollout's RewardScorer (modules on its worker threads, with its timeout and
 // failure policy), then computes advantages with rollout's estimator. A sample left unscored by
-// the `drop` policy gets reward 0 and advantage 0.
+// the `drop` policy gets reward 0 and advantage 0. A completion cut off by max_tokens gets the fate
+// that the estimator's truncation policy (orchestrator.overlong) gives it: dropped, masked or trained.
 class RolloutScorer final : public ScorerPort {
  public:
   RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOptions advantages);

@@ -186,6 +186,72 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
   fs::remove_all(run_dir);
 }
 
+// orchestrator.overlong through arlo run: sampling.max_tokens=1 cuts off nearly every completion of
+// the untrained policy. `mask` sends them to the trainer out of the loss: the ledger counts them
+// "masked", train/samples/trainable and the trainer's loss tokens count only the others (at most
+// one token each). `drop` never sends them: the ledger counts them "overlong", every sample the
+// trainer got is one the ledger counts "trained", and none is masked.
+constexpr int kOverlongSteps = 2;
+TEST(QuickstartE2E, OverlongSamplesAreMaskedOrDroppedNotTrained) {
+  auto run = [](const std::string& policy, int batch_size) {
+    const fs::path run_dir = scratch("overlong_" + policy);
+    fs::remove_all(run_dir);
+    const auto summary =
+        run_quickstart(run_dir, {"run.max_steps=" + std::to_string(kOverlongSteps), "orchestrator.sft_warmup_steps=0",
+                                 "orchestrator.overlong=" + policy, "sampling.max_tokens=1",
+                                 "orchestrator.group_size=4", "orchestrator.batch_size=" + std::to_string(batch_size),
+                                 "orchestrator.max_inflight=64", "eval.interval=100", "eval.size=8"});
+    struct Out {
+      nlohmann::json dispositions;
+      std::int64_t trainable = 0;    // train/samples/trainable over the steps
+      std::int64_t loss_tokens = 0;  // what arlo-trainer trained on
+      std::int64_t batch_samples = 0;
+      fs::path dir;
+    } out;
+    out.dir = run_dir;
+    if (!summary.contains("ledger")) {
+      ADD_FAILURE() << "no ledger: " << summary.dump(2);
+      return out;
+    }
+    EXPECT_TRUE(summary.value("ok", false)) << summary.dump(2);
+    EXPECT_EQ(summary.value("steps", 0), kOverlongSteps) << summary.dump(2);
+    arlo::e2e::expect_ledger_adds_up(summary.at("ledger"));
+    out.dispositions = summary.at("ledger").at("dispositions");
+    for (const auto& j : rl_step_records(run_dir)) {
+      out.trainable += j.at("train/samples/trainable").get<std::int64_t>();
+      int histogram = 0;
+      for (const auto& n : j.at("off_policy/histogram")) histogram += n.get<int>();
+      out.batch_samples += histogram;
+    }
+    for (const auto& j : read_jsonl(run_dir / "trainer_metrics.jsonl"))
+      out.loss_tokens += j.value("loss_tokens", std::int64_t{0});
+    return out;
+  };
+  {
+    const auto m = run("mask", 32);
+    const auto masked = m.dispositions.value("masked", std::int64_t{0});
+    const auto trained = m.dispositions.value("trained", std::int64_t{0});
+    EXPECT_GT(masked, 0) << m.dispositions.dump();
+    EXPECT_FALSE(m.dispositions.contains("overlong")) << m.dispositions.dump();
+    EXPECT_EQ(masked + trained, kOverlongSteps * 32) << m.dispositions.dump();
+    EXPECT_EQ(m.batch_samples, kOverlongSteps * 32);
+    EXPECT_EQ(m.trainable, trained) << m.dispositions.dump();
+    EXPECT_LE(m.loss_tokens, trained) << "the trainer trained on masked tokens: " << m.dispositions.dump();
+    if (!HasFailure()) fs::remove_all(m.dir);
+  }
+  {
+    const auto d = run("drop", 8);
+    const auto overlong = d.dispositions.value("overlong", std::int64_t{0});
+    const auto trained = d.dispositions.value("trained", std::int64_t{0});
+    EXPECT_GT(overlong, 0) << d.dispositions.dump();
+    EXPECT_FALSE(d.dispositions.contains("masked")) << d.dispositions.dump();
+    EXPECT_EQ(d.trainable, trained) << d.dispositions.dump();
+    EXPECT_EQ(d.batch_samples, trained) << "the batches held dropped samples: " << d.dispositions.dump();
+    EXPECT_LE(d.loss_tokens, trained) << d.dispositions.dump();
+    if (!HasFailure()) fs::remove_all(d.dir);
+  }
+}
+
 // The in-memory weight transports end to end: the trainer pushes every version to both workers
 // (v0 is announced, not sent: the workers build the same seeded weights), the run ends with both
 // serving the last version with the same checksum, and no shared-memory segment is left behind.

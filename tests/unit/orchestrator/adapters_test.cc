@@ -88,5 +88,38 @@ TEST(Adapters, ScorerGivesRewardModulesTheEnvironmentsTask) {
   EXPECT_EQ(module->task_ids, (std::vector<std::string>{"arithmetic-7", "arithmetic-7"}));
 }
 
+// orchestrator.overlong reaches the orchestrator: a completion cut off by max_tokens is dropped or
+// masked as the estimator decided (it used to come back as a trained sample with advantage 0).
+TEST(Adapters, ScorerGivesCutOffCompletionsTheirOverlongFate) {
+  auto fates = [](rollout::TruncationPolicy policy) {
+    boost::asio::io_context io;
+    auto module = std::make_shared<RecordingModule>();
+    Result<ScoredGroup> scored = make_error(ErrorCode::kInternal, "not scored");
+    {
+      rollout::RewardScorer reward(io, module, {.timeout = std::chrono::seconds(30), .threads = 1});
+      RolloutScorer scorer(reward, rollout::AdvantageOptions{.truncated = policy});
+      auto task = std::make_shared<const Task>(sample_completion_task());
+      auto completions = std::make_shared<std::vector<Completion>>(3);
+      const char* texts[] = {"5", "3", "55555"};
+      for (int i = 0; i < 3; ++i) {
+        (*completions)[i].text = texts[i];
+        (*completions)[i].finish_reason = i == 2 ? FinishReason::kLength : FinishReason::kStop;
+      }
+      rollout::test::run(
+          io, [&]() -> boost::asio::awaitable<void> { scored = co_await scorer.score(task, completions); }());
+    }
+    rollout::test::drain(io);
+    EXPECT_TRUE(scored) << scored.error().what();
+    if (scored && policy != rollout::TruncationPolicy::kKeep) {
+      EXPECT_EQ(scored->advantages.at(2), 0.0);
+    }
+    return scored ? scored->fates : std::vector<SampleFate>{};
+  };
+  using enum SampleFate;
+  EXPECT_EQ(fates(rollout::TruncationPolicy::kDrop), (std::vector<SampleFate>{kTrain, kTrain, kDropped}));
+  EXPECT_EQ(fates(rollout::TruncationPolicy::kMask), (std::vector<SampleFate>{kTrain, kTrain, kMasked}));
+  EXPECT_EQ(fates(rollout::TruncationPolicy::kKeep), (std::vector<SampleFate>{kTrain, kTrain, kTrain}));
+}
+
 }  // namespace
 }  // namespace arlo::orch::adapters

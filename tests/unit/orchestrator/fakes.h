@@ -222,22 +222,32 @@ inline std::vector<double> grpo_advantages(const std::vector<double>& rewards) {
   return rollout::compute_advantages(in, {.filter_equal_reward_groups = false}).advantages;  // GRPO is the default
 }
 
-// reward = 1 when the first token is 1, else 0; GRPO advantages.
+// reward = 1 when the first token is 1, else 0; GRPO advantages. A completion that finished by
+// length gets the fate `overlong` gives it (rollout's estimator, as RolloutScorer does).
 class FakeScorer final : public ScorerPort {
  public:
   Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task>,
                                        std::shared_ptr<const std::vector<Completion>> cs) override {
     ScoredGroup g;
+    std::vector<rollout::SampleInput> in;
     for (const auto& c : *cs) {
       g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
       // What a reward module reports: its reward and one figure of its own.
       g.metrics.push_back({{"fake", g.rewards.back()}, {"fake/tokens", static_cast<double>(c.tokens.size())}});
+      in.push_back({g.rewards.back(), c.tokens.size(), c.finish_reason == FinishReason::kLength});
     }
-    g.advantages = grpo_advantages(g.rewards);
+    auto adv = rollout::compute_advantages(in, {.filter_equal_reward_groups = false, .truncated = overlong});
+    g.advantages = std::move(adv.advantages);
+    if (overlong != rollout::TruncationPolicy::kKeep)
+      for (auto f : adv.fates)
+        g.fates.push_back(f == rollout::SampleFate::kDropped  ? SampleFate::kDropped
+                          : f == rollout::SampleFate::kMasked ? SampleFate::kMasked
+                                                              : SampleFate::kTrain);
     ++scored;
     co_return g;
   }
   int scored = 0;
+  rollout::TruncationPolicy overlong = rollout::TruncationPolicy::kKeep;
 };
 
 // Accepts up to max_pending unacknowledged batches; with auto_publish, acknowledges each batch at

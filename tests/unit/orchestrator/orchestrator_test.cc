@@ -190,6 +190,114 @@ TEST(Filter, EqualRewardGroupsAreReplacedOnlyUpToTheBudget) {
   EXPECT_EQ(h.inf.requests().size(), 3u * 5u);
 }
 
+// orchestrator.overlong. Groups of 4; sample 3 of each (tokens {1, 13, 23}) is cut off by
+// max_tokens. Two RL steps of two groups, synchronous.
+struct OverlongRun : Harness {
+  explicit OverlongRun(rollout::TruncationPolicy policy) {
+    opt.batch_size = 8;
+    opt.group_size = 4;
+    opt.max_steps = 2;
+    opt.max_async_level = 0;
+    inf.auto_complete = true;
+    trainer.auto_publish = true;
+    scorer.overlong = policy;
+    inf.answer = [](const GenerateRequest&, int j) {
+      Completion c;
+      c.tokens = {j % 2, 10 + j, 20 + j};
+      c.logprobs = {-0.5f, -0.5f, -0.5f};
+      c.finish_reason = j == 3 ? FinishReason::kLength : FinishReason::kStop;
+      return c;
+    };
+    start();
+  }
+  static bool cut_off(const TrainSample& s) { return s.completion_tokens.at(1) == 13; }
+};
+
+// drop: the cut-off samples never reach the trainer; the ledger counts them "overlong", the rest
+// "trained", and the step reports count only what is in the batch.
+TEST(Overlong, DropKeepsCutOffSamplesOutOfTheBatchAndCountsThemOverlong) {
+  OverlongRun h(rollout::TruncationPolicy::kDrop);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  ASSERT_EQ(h.trainer.batches.size(), 2u);
+  for (const auto& b : h.trainer.batches) {
+    EXPECT_EQ(b.samples.size(), 6u);  // two groups of 3
+    for (const auto& s : b.samples) {
+      EXPECT_FALSE(OverlongRun::cut_off(s));
+      EXPECT_FALSE(s.loss_masked);
+      EXPECT_NE(s.advantage, 0.0);  // rewards 0, 1, 0 among the kept samples
+    }
+  }
+  EXPECT_EQ(h.orch->ledger().disposed("overlong"), 4u);
+  EXPECT_EQ(h.orch->ledger().disposed("trained"), 12u);
+  EXPECT_EQ(h.orch->ledger().disposed("masked"), 0u);
+  ASSERT_EQ(h.orch->step_reports().size(), 2u);
+  for (const auto& r : h.orch->step_reports()) EXPECT_EQ(r.samples, 6);
+}
+
+// A group whose every sample is cut off leaves nothing to train on: it is counted "overlong" whole
+// and the dispatcher replaces it.
+TEST(Overlong, DropOfAWholeGroupIsReplaced) {
+  Harness h;
+  h.opt.max_steps = 1;
+  h.opt.max_async_level = 0;
+  h.inf.auto_complete = true;
+  h.scorer.overlong = rollout::TruncationPolicy::kDrop;
+  int groups = 0;
+  h.inf.answer = [&](const GenerateRequest& r, int j) {
+    Completion c;
+    c.tokens = {j % 2, 10 + j};
+    c.logprobs = {-0.5f, -0.5f};
+    c.finish_reason = r.group_id == 1 ? FinishReason::kLength : FinishReason::kStop;  // the first group is cut off
+    if (j == 0) ++groups;
+    return c;
+  };
+  h.start();
+  ASSERT_TRUE(h.run_until([&] { return h.trainer.batches.size() == 1; }));
+  EXPECT_EQ(h.trainer.batches[0].samples.size(), 4u);
+  EXPECT_EQ(h.orch->ledger().disposed("overlong"), 2u);
+  EXPECT_EQ(groups, 3);
+}
+
+// mask: the cut-off samples are in the batch, out of the loss (advantage 0), counted "masked";
+// train/samples/trainable counts the others.
+TEST(Overlong, MaskSendsCutOffSamplesOutOfTheLossAndCountsThemMasked) {
+  OverlongRun h(rollout::TruncationPolicy::kMask);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  ASSERT_EQ(h.trainer.batches.size(), 2u);
+  for (const auto& b : h.trainer.batches) {
+    ASSERT_EQ(b.samples.size(), 8u);
+    int masked = 0;
+    for (const auto& s : b.samples) {
+      EXPECT_EQ(s.loss_masked, OverlongRun::cut_off(s));
+      if (s.loss_masked) {
+        EXPECT_EQ(s.advantage, 0.0);
+        ++masked;
+      }
+    }
+    EXPECT_EQ(masked, 2);
+  }
+  EXPECT_EQ(h.orch->ledger().disposed("masked"), 4u);
+  EXPECT_EQ(h.orch->ledger().disposed("trained"), 12u);
+  EXPECT_EQ(h.orch->ledger().disposed("overlong"), 0u);
+  ASSERT_EQ(h.orch->step_reports().size(), 2u);
+  for (const auto& r : h.orch->step_reports()) {
+    EXPECT_EQ(r.samples, 6);
+    EXPECT_EQ(r.masked_samples, 2);
+  }
+}
+
+// keep (the default): cut-off samples train like any other.
+TEST(Overlong, KeepTrainsCutOffSamples) {
+  OverlongRun h(rollout::TruncationPolicy::kKeep);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  ASSERT_EQ(h.trainer.batches.size(), 2u);
+  for (const auto& b : h.trainer.batches) {
+    EXPECT_EQ(b.samples.size(), 8u);
+    for (const auto& s : b.samples) EXPECT_FALSE(s.loss_masked);
+  }
+  EXPECT_EQ(h.orch->ledger().disposed("trained"), 16u);
+}
+
 TEST(Staleness, DropCountsTimeSpentQueued) {
   Harness h;
   h.opt.batch_size = 2;  // one group per step

@@ -195,6 +195,44 @@ TEST(Packer, OverlongRejectedOrTruncatedAndCounted) {
   EXPECT_EQ(rejected->ranks[0].rows, 1);  // an all-padding row: every rank always has work
 }
 
+// A sample's loss_mask keeps its tokens out of the loss (orchestrator.overlong: mask): in the batch
+// with their ids and versions, 0 in loss_mask, advantages, inference_logprobs and ce_weights, and
+// not counted in loss_tokens.
+TEST(Packer, LossMaskKeepsASampleInTheBatchOutOfTheLoss) {
+  Sample in_loss;
+  in_loss.prompt_tokens = {1, 2};
+  in_loss.completion_tokens = {3, 4};
+  in_loss.completion_logprobs = {-0.5f, -0.5f};
+  in_loss.token_versions = {7, 7};
+  in_loss.advantage = 1.5f;
+  in_loss.ce_weights = {1.0f, 1.0f};
+  Sample masked = in_loss;
+  masked.completion_tokens = {5, 6};
+  masked.loss_mask = {0, 0};
+  std::vector<Sample> samples{in_loss, masked};
+  auto step = pack(1, samples, {.seq_len = 8});
+  ASSERT_TRUE(step) << step.error().what();
+  const RankBatch& b = step->ranks[0];
+  EXPECT_EQ(step->report.samples, 2);
+  EXPECT_EQ(step->report.tokens, 8);
+  EXPECT_EQ(step->report.loss_tokens, 2);
+  EXPECT_EQ(b.step_loss_tokens, 2);
+  EXPECT_EQ(b.loss_tokens, 2);
+  for (std::size_t t = 0; t < b.input_ids.size(); ++t) {
+    const bool completion = b.input_ids[t] >= 3;
+    const bool is_masked = b.sample_ids[t] == 1;
+    EXPECT_EQ(b.loss_mask[t], completion && !is_masked ? 1 : 0) << t;
+    EXPECT_EQ(b.advantages[t], completion && !is_masked ? 1.5f : 0.0f) << t;
+    EXPECT_EQ(b.inference_logprobs[t], completion && !is_masked ? -0.5f : 0.0f) << t;
+    EXPECT_EQ(b.ce_weights[t], completion && !is_masked ? 1.0f : 0.0f) << t;
+    EXPECT_EQ(b.token_versions[t], completion ? 7 : -1) << t;
+  }
+  samples[1].loss_mask = {0};
+  auto bad = pack(1, samples, {.seq_len = 8});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().what().find("loss_mask"), std::string::npos) << bad.error().what();
+}
+
 TEST(Packer, MalformedSampleIsAnError) {
   Sample s;
   s.prompt_tokens = {1};
