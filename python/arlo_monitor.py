@@ -79,16 +79,16 @@ def histogram(rec):
 class TensorBoard:
     """Event files under options['dir'], written with tensorboardX's SummaryWriter."""
 
-    def __init__(self, options, state, resumed_at):
+    def __init__(self, options, state, purge_step):
         from tensorboardX import SummaryWriter
         from tensorboardX.proto.summary_pb2 import Summary
 
         self.Summary = Summary
         self.dir = options["dir"]
         os.makedirs(self.dir, exist_ok=True)
-        # purge_step: anything a killed monitor wrote at or past the first step logged again is
-        # hidden by TensorBoard's reader (its own mechanism for a restarted writer).
-        self.writer = SummaryWriter(self.dir, purge_step=resumed_at)
+        # purge_step (restart_point): anything a killed monitor wrote past its saved offset is hidden
+        # by TensorBoard's reader (its own mechanism for a restarted writer).
+        self.writer = SummaryWriter(self.dir, purge_step=purge_step)
         log(f"tensorboard: writing to {self.dir}")
 
     def record(self, rec):
@@ -121,7 +121,7 @@ class TensorBoard:
 class Wandb:
     """One W&B run per arlo run (resumed with its id), written by the official wandb client."""
 
-    def __init__(self, options, state, resumed_at):
+    def __init__(self, options, state, purge_step):
         import wandb
 
         self.wandb = wandb
@@ -265,21 +265,31 @@ def parse(lines, path):
             yield rec
 
 
-def first_step_at(path, offset):
-    """The step of the first record at `offset` (the first one this monitor will log), if any."""
+def restart_point(path, offset):
+    """Where a restarted monitor's TensorBoard log picks up. A killed monitor may have written records
+    past its saved `offset`; TensorBoard hides every event at or past a restarted writer's purge step,
+    and steps are not in file order (an eval record comes after later steps), so the purge step is the
+    lowest step of the records past `offset`, and the records before `offset` at or past it are written
+    again. Returns (purge step or None, those records)."""
     try:
         with open(path, "rb") as f:
-            f.seek(offset)
-            for raw in f:
-                try:
-                    step = json.loads(raw).get("step")
-                except ValueError:
-                    continue
-                if isinstance(step, int):
-                    return step
+            data = f.read()
     except FileNotFoundError:
-        pass
-    return None
+        return None, []
+    end = data.rfind(b"\n") + 1
+
+    def records(chunk, start):
+        lines, pos = [], start
+        for raw in chunk.splitlines(keepends=True):
+            pos += len(raw)
+            lines.append((raw, pos))
+        return [r for r in parse(lines, path) if isinstance(r.get("step"), int)]
+
+    after = [r["step"] for r in records(data[offset:end], offset)]
+    if not after:
+        return None, []
+    purge = min(after)
+    return purge, [r for r in records(data[:offset], 0) if r["step"] >= purge]
 
 
 def main(argv=None):
@@ -297,14 +307,18 @@ def main(argv=None):
     metrics = os.path.join(args.run_dir, "metrics.jsonl")
     state = State(args.run_dir, args.kind)
     resumed = state.data["offset"] > 0
-    resumed_at = first_step_at(metrics, state.data["offset"]) if resumed else None
-    sink = SINKS[args.kind](options, state.data, resumed_at)
+    purge_step, replay = restart_point(metrics, state.data["offset"]) if resumed else (None, [])
+    sink = SINKS[args.kind](options, state.data, purge_step)
+    if isinstance(sink, TensorBoard):
+        for rec in replay:
+            sink.record(rec)
     state.save()
     stream = Stream(metrics, state.data["offset"])
     samples = Stream(os.path.join(args.run_dir, "rollouts.jsonl"), state.data.setdefault("rollouts_offset", 0))
     wants_samples = hasattr(sink, "rollout")
     if resumed:
-        log(f"continuing at byte {state.data['offset']} of {metrics} (step {resumed_at})")
+        log(f"continuing at byte {state.data['offset']} of {metrics}"
+            + (f" (tensorboard: from step {purge_step}, {len(replay)} records again)" if purge_step is not None else ""))
     logged = 0
     while True:
         last_pass = bool(stopping)  # after SIGTERM: one more pass takes what the run wrote last

@@ -224,6 +224,40 @@ class Monitors(unittest.TestCase):
         tb_reward, _ = tensorboard_scalars(os.path.join(self.run_dir, "tensorboard"), "train/reward/mean")
         self.assert_steps_match(tb_reward, reward, "tensorboard after a restart")
 
+    def test_a_monitor_killed_past_its_saved_offset_shows_each_step_once(self):
+        """The window a SIGKILL can hit: records written to TensorBoard past the saved offset, and steps
+        out of file order (an eval record for version 10 after step 15). Deterministic: the monitor runs
+        over the whole file, then its saved offset is put back to just after step 15, as if it had been
+        killed there, and it runs again."""
+        os.makedirs(self.run_dir)
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        recs = [{"kind": "step", "step": s, "time": 1.0 + s, "train/reward/mean": s / 100} for s in range(1, 16)]
+        recs.append({"kind": "eval", "step": 10, "time": 17.0, "eval/arithmetic/pass@1": 0.5})
+        recs += [{"kind": "step", "step": s, "time": 1.0 + s, "train/reward/mean": s / 100} for s in range(16, 21)]
+        with open(path, "w") as f:
+            for r in recs:
+                f.write(json.dumps(r) + "\n")
+        monitor = [sys.executable, os.path.join(ARGS.source, "python", "arlo_monitor.py"), "--kind", "tensorboard",
+                   "--run-dir", self.run_dir, "--options", json.dumps({"dir": os.path.join(self.run_dir, "tb")})]
+        for attempt in range(2):
+            proc = subprocess.Popen(monitor, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            wait_until("the monitor reads the file", lambda: logged_offset(self.run_dir, "tensorboard")
+                       == os.path.getsize(path))
+            proc.send_signal(signal.SIGTERM)
+            out = proc.communicate(timeout=60)[0]
+            self.assertEqual(proc.returncode, 0, out)
+            if attempt == 0:  # "killed" right after step 15: the eval and steps 16-20 were written but not saved
+                with open(path, "rb") as f:
+                    offset = sum(len(line) for line in f.readlines()[:15])
+                with open(os.path.join(self.run_dir, "monitors", "tensorboard.json"), "w") as f:
+                    json.dump({"offset": offset, "rollouts_offset": 0}, f)
+        self.assertIn("from step 10, 6 records again", out)  # steps 10-15
+        want = {s: s / 100 for s in range(1, 21)}
+        got, _ = tensorboard_scalars(os.path.join(self.run_dir, "tb"), "train/reward/mean")
+        self.assert_steps_match(got, want, "tensorboard after a restart past the saved offset")
+        self.assertEqual(tensorboard_scalars(os.path.join(self.run_dir, "tb"), "eval/arithmetic/pass@1")[0],
+                         [(10, 0.5)])
+
     def test_a_resumed_run_logs_no_step_twice(self):
         steps = 200  # long enough that the stop lands well before the end, whatever the machine's load
         log = os.path.join(self.tmp, "first.log")
