@@ -131,7 +131,7 @@ class Wandb:
             import yaml
 
             with open(cfg_path) as f:
-                config = yaml.safe_load(f)
+                config = redact(yaml.safe_load(f))
         run_id = state.get("wandb_run_id") or secrets.token_hex(4)  # W&B ids: 8 of [a-z0-9]
         state["wandb_run_id"] = run_id
         self.run = wandb.init(
@@ -189,6 +189,20 @@ class Wandb:
 
 
 SINKS = {"wandb": Wandb, "tensorboard": TensorBoard}
+
+SECRET_WORDS = ("token", "secret", "password", "api_key", "apikey")
+
+
+def redact(value, key=""):
+    """The config as W&B may keep it: any non-empty string under a key that names a secret
+    (security.token, a reward module's api_key, ...) becomes "<redacted>"."""
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, key) for v in value]
+    if isinstance(value, str) and value and any(w in key.lower() for w in SECRET_WORDS) and not key.endswith("_file"):
+        return "<redacted>"
+    return value
 
 
 def flatten(d, prefix=""):

@@ -364,7 +364,10 @@ class RunSession::Impl {
   // The monitors, with the resolved configuration W&B records (monitors/config.yaml).
   Status start_monitors() {
     if (s_.cfg.strings("monitors.use").empty()) return ok();
-    ARLO_TRY(write_file_atomically(fs::path(s_.run_dir) / "monitors" / "config.yaml", s_.cfg.to_yaml()));
+    const auto path = fs::path(s_.run_dir) / "monitors" / "config.yaml";  // may hold security.token: 0600
+    ARLO_TRY(write_file_atomically(path, s_.cfg.to_yaml()));
+    std::error_code ec;
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write, ec);
     return monitors_.start();
   }
 

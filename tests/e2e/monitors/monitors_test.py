@@ -142,7 +142,7 @@ class Monitors(unittest.TestCase):
 
     def test_every_record_reaches_wandb_and_tensorboard(self):
         log = os.path.join(self.tmp, "run.log")
-        rc = finish(arlo_run(self.run_dir, log), log)
+        rc = finish(arlo_run(self.run_dir, log, extra=["security.token=e2e-secret-token"]), log)
         self.assertEqual(rc, 0, tail(log))
         steps = metrics(self.run_dir)
         self.assertEqual([r["step"] for r in steps], list(range(1, STEPS + 1)))
@@ -179,6 +179,8 @@ class Monitors(unittest.TestCase):
         run = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
         config = {u.key: json.loads(u.value_json) for u in run[0].config.update}
         self.assertEqual(config["run"]["max_steps"], STEPS, "the resolved config is the W&B run's config")
+        self.assertEqual(config["security"]["token"], "<redacted>", "the run's token never reaches W&B")
+        self.assertEqual(os.stat(os.path.join(self.run_dir, "monitors", "config.yaml")).st_mode & 0o777, 0o600)
         summary = {u.key: json.loads(u.value_json) for r in recs if r.WhichOneof("record_type") == "summary"
                    for u in r.summary.update}
         self.assertEqual(summary.get("summary/steps"), STEPS, "the run's summary.json reaches the W&B summary")
