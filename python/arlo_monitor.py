@@ -77,44 +77,49 @@ def histogram(rec):
 
 
 class TensorBoard:
-    """Event files under options['dir'], written with tensorboardX's SummaryWriter."""
+    """Event files under options['dir'], written with TensorBoard's own event-file writer (whose
+    flush() returns once every event before it is on disk: the saved offset never runs ahead)."""
 
     def __init__(self, options, state, purge_step):
-        from tensorboardX import SummaryWriter
-        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.Summary = Summary
+        self.pb, self.summary_pb = event_pb2, summary_pb2
         self.dir = options["dir"]
         os.makedirs(self.dir, exist_ok=True)
-        # purge_step (restart_point): anything a killed monitor wrote past its saved offset is hidden
-        # by TensorBoard's reader (its own mechanism for a restarted writer).
-        self.writer = SummaryWriter(self.dir, purge_step=purge_step)
+        self.writer = EventFileWriter(self.dir)
+        if purge_step is not None:
+            # TensorBoard's reader hides every earlier event at or past a restart's step
+            # (restart_point): what a killed monitor wrote past its saved offset.
+            self.writer.add_event(self.pb.Event(step=purge_step, wall_time=time.time(),
+                                                session_log=self.pb.SessionLog(status=self.pb.SessionLog.START)))
         log(f"tensorboard: writing to {self.dir}")
+
+    def event(self, step, walltime, values):
+        self.writer.add_event(self.pb.Event(step=step, wall_time=walltime or time.time(),
+                                            summary=self.summary_pb.Summary(value=values)))
 
     def record(self, rec):
         step, values = scalars(rec)
         if step is None:
             return step
-        # One event per record, the names as they are: tensorboardX's add_scalar would rewrite them
-        # to TensorFlow's op-name rule ('@' and ':' to '_'); TensorBoard itself takes any tag.
-        summary = self.Summary(value=[self.Summary.Value(tag=name, simple_value=v) for name, v in values])
-        self.writer.file_writer.add_summary(summary, global_step=step, walltime=rec.get("time"))
+        # One event per record, the tags as the names are (TensorBoard takes any tag).
+        Value = self.summary_pb.Summary.Value
+        self.event(step, rec.get("time"), [Value(tag=name, simple_value=v) for name, v in values])
         counts = histogram(rec)
         if counts is not None:  # one bucket per distance d: (d - 0.5, d + 0.5]
             used = [d for d, c in enumerate(counts) if c > 0]
-            self.writer.add_histogram_raw(
-                "off_policy/histogram", min=used[0], max=used[-1], num=sum(counts),
-                sum=sum(d * c for d, c in enumerate(counts)), sum_squares=sum(d * d * c for d, c in enumerate(counts)),
-                bucket_limits=[d + 0.5 for d in range(len(counts))], bucket_counts=counts, global_step=step,
-                walltime=rec.get("time"))
+            h = self.summary_pb.HistogramProto(
+                min=used[0], max=used[-1], num=sum(counts), sum=sum(d * c for d, c in enumerate(counts)),
+                sum_squares=sum(d * d * c for d, c in enumerate(counts)),
+                bucket_limit=[d + 0.5 for d in range(len(counts))], bucket=counts)
+            self.event(step, rec.get("time"), [Value(tag="off_policy/histogram", histo=h)])
         return step
 
     def flush(self):
         self.writer.flush()
 
-    def finish(self, summary):
-        if summary is not None:
-            self.writer.add_text("summary", "```\n" + json.dumps(summary, indent=2) + "\n```")
+    def finish(self, summary):  # the summary goes to W&B; TensorBoard has no place for it
         self.writer.close()
 
 

@@ -560,7 +560,7 @@ Section monitors_section() {
           {
               strings_key("use", {}, "The monitors to run: wandb, tensorboard (none by default)."),
               string_key("python", "",
-                         "The monitors' Python interpreter, with wandb / tensorboardX installed (empty: $ARLO_PYTHON, "
+                         "The monitors' Python interpreter, with wandb and tensorboard installed (empty: $ARLO_PYTHON, "
                          "else the environment `scripts/bootstrap --python` makes in the source tree)."),
               string_key("wandb_project", "arlo", "wandb: the W&B project."),
               string_key("wandb_entity", "", "wandb: the W&B entity (team or user; empty: your default)."),
