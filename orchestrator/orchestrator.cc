@@ -123,6 +123,8 @@ Status Orchestrator::start() {
   }
 
   for (const auto& w : ports_.inference->workers()) workers_[w].version = dispatcher_->version();
+  // /metrics is never empty: a scrape before the first record already sees the version served.
+  if (registry_) registry_->gauge("policy/version").set(static_cast<double>(dispatcher_->version()));
   failed_at_last_line_ = ledger_.failed_total();
   cancelled_at_last_line_ = ledger_.cancelled_total();
   started_at_ = wall_time();
