@@ -54,8 +54,11 @@ function(arlo_test name)
   # gtest_discover_tests flattens a list-valued property ("e2e;fault" would become LABELS e2e and a
   # property named fault), so it gets the first label and a script run after discovery sets them all.
   list(GET ARG_LABELS 0 first_label)
+  # Discovery runs the executable once (--gtest_list_tests); a cold page cache makes loading libtorch
+  # alone take longer than CMake's default 5 s on a loaded machine, which failed a whole CI run.
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
+    DISCOVERY_TIMEOUT 120
     PROPERTIES LABELS ${first_label} TIMEOUT ${ARG_TIMEOUT})
   list(LENGTH ARG_LABELS label_count)
   if(label_count GREATER 1)
