@@ -47,7 +47,7 @@
 extern "C" {
 #endif
 
-#define ARLO_BRIDGE_ABI_VERSION 1
+#define ARLO_BRIDGE_ABI_VERSION 2
 
 typedef enum arlo_status {
   ARLO_OK = 0,
@@ -131,6 +131,42 @@ arlo_status arlo_bridge_announce(arlo_bridge* bridge, int64_t version, const cha
 arlo_status arlo_bridge_heartbeat(arlo_bridge* bridge);
 int64_t arlo_bridge_last_acked_step(const arlo_bridge* bridge);
 arlo_status arlo_bridge_close(arlo_bridge* bridge);
+
+/* ---- The receive side: what an inference server links to take arlo's weight stream ----
+ *
+ * The counterpart of arlo_bridge_publish, for an inference engine that is not arlo-worker (the vLLM
+ * plugin, python/arlo_vllm, uses it): a receiver pulls versions over any weight_sync transport (tcp,
+ * star or chain; shm; filesystem), with every payload (full, bf16, fp8, delta) and every bucket's
+ * checksum verified, and holds the newest one in host memory for the engine to load.
+ *
+ *   arlo_receiver* r = NULL;
+ *   arlo_receiver_open("{\"transport\":\"tcp\",\"address\":\"10.0.0.5:29500\"}", &r);
+ *   int64_t v = -1;
+ *   arlo_receiver_receive(r, 60000, &v);       // the next version newer than the one held
+ *   const arlo_tensor* t; size_t n;
+ *   arlo_receiver_tensors(r, &t, &n);          // load t[0..n) into the engine
+ *   arlo_receiver_close(r);
+ *
+ * The block is weight_sync's receiver block (docs/weight-sync.md): "transport", the trainer's
+ * announced endpoint keys (tcp "address", shm "shm_name", filesystem "dir"), and optional shared keys
+ * (timeout_ms, bucket_timeout_ms, relay and, when relaying, the transport's listen keys, apply_mode,
+ * peer_name). A version is held only once every bucket verified; a failed receive keeps the version
+ * held before it. The tensors are the newest version in the publisher's order, with its names, dtypes
+ * and shapes; they stay valid until the next receive or close. One thread at a time per receiver. */
+typedef struct arlo_receiver arlo_receiver;
+
+arlo_status arlo_receiver_open(const char* block_json, arlo_receiver** out);
+/* Waits up to timeout_ms (< 0: forever) for a version newer than the one held and receives it;
+ * *version_out (may be NULL) is then the version held. */
+arlo_status arlo_receiver_receive(arlo_receiver* receiver, int64_t timeout_ms, int64_t* version_out);
+/* The version held, -1 before the first receive. */
+int64_t arlo_receiver_version(const arlo_receiver* receiver);
+arlo_status arlo_receiver_tensors(const arlo_receiver* receiver, const arlo_tensor** tensors, size_t* num_tensors);
+/* The last successful receive as a JSON object: version, payload, wire_bytes, buckets,
+ * retried_buckets, path ("tcp", "shm direct read", ...), seconds, and checksum (16 hex digits, the
+ * definition of the trainer's announcement). "{}" before the first. Valid until the next call. */
+const char* arlo_receiver_report(const arlo_receiver* receiver);
+arlo_status arlo_receiver_close(arlo_receiver* receiver);
 
 #ifdef __cplusplus
 }

@@ -11,20 +11,16 @@ and fails), float32, eager mode, 1 GiB of KV cache, one OpenMP thread, no CPU bi
 
 import argparse
 import atexit
-import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
-import urllib.error
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vllm_server import VllmServer, http_json, kill_group, reference_logprobs, tail  # noqa: E402
 
 ARGS = None
-START_DEADLINE_S = 300
 # vLLM's logprobs against a float32 transformers forward of the same weights on the same tokens.
 # Measured on this model: at most 1.04e-5 nats apart (vLLM's CPU kernels sum in another order);
 # a wrong token, position or weight is off by 0.1 nats or (much) more.
@@ -32,83 +28,20 @@ LOGPROB_TOL = 1e-3
 PROMPTS = ["23+45=", "12+7+30=", "what is the sum of 3 and 4\n", "reverse text: hello world\n"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path, n=6000):
-    with open(path, errors="replace") as f:
-        return f.read()[-n:]
-
-
-def kill_group(proc, grace_s=20):
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
-def http_json(url, body=None, headers=None, timeout=60):
-    """(status, parsed body) of a GET (body None) or a JSON POST."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-
-
 class Vllm:
     """One `vllm serve` of the tiny model (seed 0) for the whole file."""
-    proc = None
+    server = None
     model_dir = None
     url = None
     checksum = None
-    started_in_s = None
 
     @classmethod
     def start(cls, tmp):
         import arlo_tiny_model
         cls.model_dir = os.path.join(tmp, "tiny")
         cls.checksum = arlo_tiny_model.write(cls.model_dir, seed=0)
-        port = free_port()
-        cls.url = f"http://127.0.0.1:{port}"
-        cls.log = os.path.join(tmp, "vllm.log")
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   HF_HOME=os.path.join(tmp, "hf"), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   VLLM_CACHE_ROOT=os.path.join(tmp, "vllm-cache"))
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", cls.model_dir,
-                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-                "--max-model-len", "512", "--enforce-eager", "--seed", "0", "--max-num-seqs", "8"]
-        t0 = time.monotonic()
-        with open(cls.log, "w") as log:
-            cls.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp,
-                                        start_new_session=True)
-        atexit.register(kill_group, cls.proc)
-        deadline = t0 + START_DEADLINE_S
-        while time.monotonic() < deadline:
-            if cls.proc.poll() is not None:
-                raise AssertionError(f"vLLM exited with {cls.proc.returncode} while starting:\n{tail(cls.log)}")
-            try:
-                if http_json(cls.url + "/health", timeout=2)[0] == 200:
-                    cls.started_in_s = time.monotonic() - t0
-                    print(f"vllm_test: vLLM answered /health {cls.started_in_s:.1f} s after its start",
-                          file=sys.stderr)
-                    return
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.25)
-        raise AssertionError(f"vLLM did not answer /health within {START_DEADLINE_S} s:\n{tail(cls.log)}")
+        cls.server = VllmServer(cls.model_dir, tmp).start()
+        cls.url = cls.server.url
 
 
 def setUpModule():
@@ -118,14 +51,14 @@ def setUpModule():
 
 
 def tearDownModule():
-    if Vllm.proc is not None:
-        kill_group(Vllm.proc)
+    if Vllm.server is not None:
+        Vllm.server.stop()
     TMP.cleanup()
 
 
 class Reference:
     """The same weights and tokenizer under transformers (float32, CPU)."""
-    _model = _tok = None
+    _tok = None
 
     @classmethod
     def tokenizer(cls):
@@ -137,15 +70,7 @@ class Reference:
     @classmethod
     def logprobs(cls, ids):
         """log p(ids[i] | ids[:i]) for i >= 1, from one forward pass."""
-        import torch
-        from transformers import AutoModelForCausalLM
-        if cls._model is None:
-            torch.set_num_threads(1)
-            cls._model = AutoModelForCausalLM.from_pretrained(Vllm.model_dir, dtype=torch.float32).eval()
-        with torch.no_grad():
-            logits = cls._model(torch.tensor([ids])).logits[0].double()
-        lp = torch.log_softmax(logits, dim=-1)
-        return [lp[i - 1, ids[i]].item() for i in range(1, len(ids))], lp
+        return reference_logprobs(Vllm.model_dir, ids)
 
 
 class TinyModelTest(unittest.TestCase):

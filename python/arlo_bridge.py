@@ -16,6 +16,13 @@ docs/bring-your-own-trainer.md. Until a batch is acknowledged, the bridge hands 
 again, also to a restarted trainer; pass start_after_step (the last step in your checkpoint) so a
 step you already applied is acknowledged instead of trained twice.
 
+The receive side, for an inference engine that takes arlo's weight stream (the vLLM plugin,
+arlo_vllm, uses it):
+
+    with Receiver({"transport": "tcp", "address": "10.0.0.5:29500"}) as rx:
+        version = rx.receive(timeout_s=60)             # the next version, every bucket verified
+        model.load_weights(rx.tensors())               # (name, torch.Tensor) views, valid until the next receive
+
 The library is found through $ARLO_BRIDGE_LIB, then the build folders next to this source tree,
 then the system's library path. Thread-safe as the C library is (see arlo_bridge.h).
 """
@@ -33,7 +40,9 @@ try:  # torch is optional: without it batches are numpy arrays and state dicts h
 except ImportError:  # pragma: no cover - depends on the environment
     _torch = None
 
-__all__ = ["Bridge", "Batch", "BridgeError", "TimeoutError_", "load_library"]
+__all__ = ["Bridge", "Batch", "Receiver", "BridgeError", "TimeoutError_", "load_library"]
+
+ABI_VERSION = 2  # ARLO_BRIDGE_ABI_VERSION of trainer_bridge/arlo_bridge.h
 
 # arlo_status
 OK, INVALID_ARGUMENT, PARSE, NOT_FOUND, IO, TIMEOUT, CANCELLED, MISMATCH, UNAVAILABLE, RESOURCE_EXHAUSTED, INTERNAL = range(11)
@@ -87,7 +96,7 @@ def load_library(path: Optional[str] = None) -> ctypes.CDLL:
         candidates.append(path)
     if os.environ.get("ARLO_BRIDGE_LIB"):
         candidates.append(os.environ["ARLO_BRIDGE_LIB"])
-    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    root = os.path.abspath(os.path.join(os.path.dirname(os.path.realpath(__file__)), ".."))
     candidates += sorted(glob.glob(os.path.join(root, "build*", "trainer_bridge", "libarlo_bridge.so")),
                          key=lambda p: -os.path.getmtime(p))
     candidates.append("libarlo_bridge.so")
@@ -117,8 +126,20 @@ def load_library(path: Optional[str] = None) -> ctypes.CDLL:
     for name in ("arlo_bridge_connect", "arlo_bridge_next_batch", "arlo_batch_release", "arlo_bridge_ack",
                  "arlo_bridge_publish", "arlo_bridge_announce", "arlo_bridge_heartbeat", "arlo_bridge_close"):
         getattr(lib, name).restype = ctypes.c_int
-    if lib.arlo_bridge_abi_version() != 1:
-        raise OSError(f"libarlo_bridge.so ABI version {lib.arlo_bridge_abi_version()}, this module speaks 1")
+    lib.arlo_receiver_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.arlo_receiver_receive.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+    lib.arlo_receiver_version.argtypes = [ctypes.c_void_p]
+    lib.arlo_receiver_version.restype = ctypes.c_int64
+    lib.arlo_receiver_tensors.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.POINTER(_Tensor)),
+                                          ctypes.POINTER(ctypes.c_size_t)]
+    lib.arlo_receiver_report.argtypes = [ctypes.c_void_p]
+    lib.arlo_receiver_report.restype = ctypes.c_char_p
+    lib.arlo_receiver_close.argtypes = [ctypes.c_void_p]
+    for name in ("arlo_receiver_open", "arlo_receiver_receive", "arlo_receiver_tensors", "arlo_receiver_close"):
+        getattr(lib, name).restype = ctypes.c_int
+    if lib.arlo_bridge_abi_version() != ABI_VERSION:
+        raise OSError(f"{lib._name}: ABI version {lib.arlo_bridge_abi_version()}, this module speaks {ABI_VERSION}; "
+                      "rebuild the arlo_bridge target")
     _LIB = lib
     return lib
 
@@ -282,6 +303,79 @@ class Bridge:
     def _live(self):
         if self._handle is None:
             raise BridgeError(CANCELLED, "the bridge is closed")
+        return self._handle
+
+
+class Receiver:
+    """Receive side of weight_sync (arlo_receiver_* of arlo_bridge.h): pulls versions over tcp (star
+    or chain), shm or filesystem, with every payload and checksum, and holds the newest in host
+    memory. `weight_sync` is the receiver block: "transport" and the trainer's announced endpoint
+    keys ("address", "shm_name", "dir"), plus optional shared keys (timeout_ms, relay, ...)."""
+
+    def __init__(self, weight_sync: Mapping[str, Any], library: Optional[str] = None):
+        self._lib = load_library(library)
+        handle = ctypes.c_void_p()
+        _check(self._lib, self._lib.arlo_receiver_open(json.dumps(dict(weight_sync)).encode(), ctypes.byref(handle)))
+        self._handle = handle
+
+    def receive(self, timeout_s: Optional[float] = None) -> int:
+        """Waits up to timeout_s (None: forever) for a version newer than the one held and receives
+        it; returns the version held. On failure (BridgeError, TimeoutError_) the previous one stays."""
+        version = ctypes.c_int64(-1)
+        timeout_ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        _check(self._lib, self._lib.arlo_receiver_receive(self._live(), timeout_ms, ctypes.byref(version)))
+        return int(version.value)
+
+    @property
+    def version(self) -> Optional[int]:
+        v = int(self._lib.arlo_receiver_version(self._live()))
+        return None if v < 0 else v
+
+    @property
+    def report(self) -> Dict[str, Any]:
+        """The last receive: version, payload, wire_bytes, buckets, path, seconds, checksum."""
+        return json.loads(self._lib.arlo_receiver_report(self._live()).decode())
+
+    def tensors(self, torch: bool = True) -> Iterator:
+        """(name, tensor) of the version held, in the publisher's order: zero-copy torch tensors (numpy
+        arrays without torch, or with torch=False), valid until the next receive() or close()."""
+        out = ctypes.POINTER(_Tensor)()
+        n = ctypes.c_size_t()
+        _check(self._lib, self._lib.arlo_receiver_tensors(self._live(), ctypes.byref(out), ctypes.byref(n)))
+        for i in range(n.value):
+            t = out[i]
+            shape = tuple(t.shape[d] for d in range(t.ndim))
+            raw = _RAW_DTYPES.get(t.dtype)
+            buf = (ctypes.c_char * int(t.nbytes)).from_address(t.data) if t.nbytes else bytearray()
+            arr = np.frombuffer(buf, dtype=raw or _DTYPES[t.dtype]).reshape(shape)
+            if torch and _torch is not None:
+                tensor = _torch.from_numpy(arr)
+                if raw is not None:
+                    tensor = tensor.view({3: _torch.bfloat16, 4: _torch.float8_e4m3fn, 5: _torch.float8_e5m2}[t.dtype])
+                yield t.name.decode(), tensor
+            else:
+                yield t.name.decode(), arr
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None and handle.value:
+            _check(self._lib, self._lib.arlo_receiver_close(handle))
+
+    def __enter__(self) -> "Receiver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _live(self):
+        if self._handle is None:
+            raise BridgeError(CANCELLED, "the receiver is closed")
         return self._handle
 
 
