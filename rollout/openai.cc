@@ -31,7 +31,9 @@ Json to_openai_body(const CompletionRequest& r) {
   b["top_p"] = s.top_p;
   b["max_tokens"] = s.max_tokens;
   b["n"] = s.n;
-  if (s.seed) b["seed"] = *s.seed;
+  // The API's seed is a signed 64-bit integer: vLLM (pydantic, le 2^63 - 1) refuses a larger one
+  // with HTTP 400, so the top bit of arlo's 64-bit request seeds is dropped on the wire.
+  if (s.seed) b["seed"] = static_cast<std::int64_t>(*s.seed & 0x7fffffffffffffffull);
   if (!s.stop.empty()) b["stop"] = s.stop;
   b["return_token_ids"] = true;
   for (const auto& [k, v] : r.extra.items()) b[k] = v;

@@ -23,3 +23,20 @@ def register() -> None:
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, "arlo_vllm.engine", "ArloWeightTransferEngine")
+    _add_worker_report()
+
+
+def _add_worker_report() -> None:
+    """Gives vLLM's workers `arlo_weights()`: what the backend last loaded (version, checksum of the
+    trainer's definition, transport, timings), which arlo reads with the dev-mode route
+    POST /collective_rpc {"method": "arlo_weights"} to check each server against the trainer."""
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    if hasattr(WorkerBase, "arlo_weights"):
+        return
+
+    def arlo_weights(self) -> dict:
+        engine = getattr(self, "weight_transfer_engine", None)
+        return dict(getattr(engine, "last_report", None) or {})
+
+    WorkerBase.arlo_weights = arlo_weights

@@ -81,6 +81,44 @@ bool refuses_unique_id(const Error& e) {
          e.what().find("nccl_unique_id_b64") != std::string::npos;
 }
 
+// What a vLLM server needs to take arlo's own transports (python/arlo_vllm, installed into the
+// server's Python environment: pip install -e <arlo>/python).
+constexpr const char* kArloBackendFlags =
+    "VLLM_SERVER_DEV_MODE=1 (its weight-transfer routes) and --weight-transfer-config '{\"backend\": \"arlo\"}', "
+    "with arlo's vLLM plugin installed where vLLM runs (pip install -e <arlo>/python)";
+
+// The "arlo" backend's bodies: nothing up front; per update the version and the receiver block.
+Json arlo_backend_init_body() { return Json{{"init_info", Json::object()}}; }
+Json arlo_backend_update_body(const WeightUpdate& u) {
+  return Json{{"update_info", {{"version", u.version}, {"weight_sync", u.weight_sync}}}};
+}
+// A server that did not take the backend's init: the server's answer and what to start it with.
+Error without_arlo_backend(const Error& e, const WeightUpdate& u) {
+  return Error(e.code(), fmt::format("{}; vLLM takes arlo's {} transport through arlo's weight-transfer backend: "
+                                     "start it with {} (docs/vllm.md, \"arlo transports into vLLM\")",
+                                     e.what(), u.weight_sync.value("transport", "?"), kArloBackendFlags));
+}
+
+// The workers' report of arlo's backend (python/arlo_vllm adds arlo_weights() to vLLM's workers).
+Json arlo_weights_body() { return Json{{"method", "arlo_weights"}}; }
+// The checksum every worker of the server holds ("" before the first update through the backend).
+Result<std::string> loaded_checksum(const Json& answer) {
+  if (!answer.is_object() || !answer.contains("results") || !answer["results"].is_array() ||
+      answer["results"].empty())
+    return make_error(ErrorCode::kParse, fmt::format("POST /collective_rpc arlo_weights answered {} (want "
+                                                     "{{\"results\": [one report per worker]}})",
+                                                     answer.dump().substr(0, 200)));
+  std::string sum;
+  for (const auto& r : answer["results"]) {
+    const std::string mine = r.is_object() ? r.value("checksum", std::string()) : std::string();
+    if (&r != &answer["results"].front() && mine != sum)
+      return make_error(ErrorCode::kMismatch,
+                        fmt::format("its workers hold different weights: {}", answer.dump().substr(0, 500)));
+    sum = mine;
+  }
+  return sum;
+}
+
 Json vllm_finish_body(std::int64_t version) { return Json{{"weight_version", std::to_string(version)}}; }
 Json checker_body(const Json& baseline) {
   if (baseline.is_object() && !baseline.empty()) return Json{{"action", "compare"}, {"baseline", baseline}};
@@ -102,15 +140,9 @@ class VllmAdmin final : public AdminBase {
     co_return ok();
   }
   asio::awaitable<Status> prepare_weights(const WeightUpdate& u) override {
-    if (!u.collective)
-      co_return here(
-          ErrorCode::kInvalidArgument,
-          fmt::format("v{}: vLLM's HTTP API has no route that loads weights from a directory{} (its shared-disk "
-                      "weight-transfer backend, vllm PR #52152, is not released); use weight_sync.transport: nccl",
-                      u.version,
-                      u.extra.contains("model_path") ? fmt::format(" such as {}", u.extra["model_path"].dump()) : ""));
     auto version = co_await server_version();
     if (!version) co_return std::unexpected(std::move(version).error());
+    if (!u.collective) co_return co_await prepare_streamed(u, *version);
     auto& session = u.collective;
     if (!world_size_) {
       auto w = co_await call(get("/get_world_size"));
@@ -175,10 +207,35 @@ class VllmAdmin final : public AdminBase {
       co_return info;
     }
     if (r->is_object() && r->contains("weight_version")) info.version = version_number((*r)["weight_version"]);
+    if (backend_checked_) {  // what arlo's backend loaded: its checksum, the trainer's definition
+      auto loaded = co_await call(post("/collective_rpc", arlo_weights_body()));
+      if (!loaded) co_return std::unexpected(std::move(loaded).error());
+      auto sum = loaded_checksum(*loaded);
+      if (!sum) co_return std::unexpected(Error(sum.error()).with_context(fmt::format("vllm admin {}", url_)));
+      info.checksum = *sum;
+    }
     co_return info;
   }
 
  private:
+  // arlo's own transports (tcp, shm, filesystem) through the "arlo" weight-transfer backend that
+  // python/arlo_vllm registers in vLLM: the same start/update/finish as NCCL, the update naming the
+  // version and the receiver block; /update_weights returns once the version arrived whole and is
+  // loaded. The backend's init only checks that it is there (a restarted server needs none).
+  asio::awaitable<Status> prepare_streamed(const WeightUpdate& u, ServerVersion v) {
+    if (!backend_checked_) {
+      auto init = co_await call(transfer("/init_weight_transfer_engine", arlo_backend_init_body()));
+      if (!init) co_return std::unexpected(without_arlo_backend(init.error(), u));
+      backend_checked_ = true;
+    }
+    auto started = co_await call(transfer("/start_weight_update", vllm_start_body(v)));
+    if (!started) co_return std::unexpected(std::move(started).error());
+    auto sent = co_await call(transfer("/update_weights", arlo_backend_update_body(u)));
+    if (!sent) co_return std::unexpected(std::move(sent).error());
+    pending_version_ = u.version;
+    co_return ok();
+  }
+
   // /init_weight_transfer_engine for `group`: with the unique id where offered; a server that
   // refuses it joins the same group through the store (which serves the id too), and is sent the
   // store's fields from then on.
@@ -257,6 +314,7 @@ class VllmAdmin final : public AdminBase {
   std::optional<std::int64_t> unverified_;  // committed, not yet checked (verify_weights)
   std::string checksum_;
   bool has_weight_info_ = true;
+  bool backend_checked_ = false;  // the "arlo" backend answered /init_weight_transfer_engine
   bool unique_id_refused_ = false;  // the server refused nccl_unique_id_b64: the store from then on
 };
 
@@ -266,9 +324,9 @@ AdminDialectInfo vllm_admin_dialect() {
   return {"vllm",
           "",
           AdminDialect::kVllm,
-          // Its admin API takes weights over NCCL (/init_weight_transfer_engine, /update_weights); no
-          // released vLLM loads a directory of shards into a running server over HTTP.
-          {.title = "vLLM", .joins_collective = true, .takes_model_path = true},
+          // Its weight-transfer API takes NCCL (vLLM's own backend) and, through arlo's backend
+          // (python/arlo_vllm), arlo's own transports: streams, files, chains.
+          {.title = "vLLM", .streams = true, .loads_durable = true, .relays = true, .joins_collective = true},
           {},
           [](http::Client& client, std::string base_url, AdminOptions options) -> std::unique_ptr<AdminClient> {
             return std::make_unique<VllmAdmin>(client, std::move(base_url), std::move(options));

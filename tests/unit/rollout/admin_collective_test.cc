@@ -249,8 +249,10 @@ class FakeVllm final : public TestServer {
          if (fail_update)
            co_return http::Response::json(500,
                                           Json{{"error", "CUDA out of memory while allocating the receive buffer"}});
-         auto held = co_await hold_for_broadcast();
-         if (held) co_return *held;
+         if (!arlo_backend) {  // arlo's backend pulls over its own transport: no broadcast to join
+           auto held = co_await hold_for_broadcast();
+           if (held) co_return *held;
+         }
          updated_since_start_ = true;
          co_return http::Response::json(200, Json{{"message", "Weights updated"}});
        });
@@ -269,6 +271,13 @@ class FakeVllm final : public TestServer {
         co_return http::Response::json(
             200, Json{{"weight_version", weight_version.empty() ? Json() : Json(weight_version)}});
       });
+    on(http::Verb::post, "/collective_rpc",
+       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
+         if (!arlo_backend || b != Json{{"method", "arlo_weights"}}) co_return violation("/collective_rpc " + b.dump());
+         Json report = streamed.empty() ? Json::object()
+                                        : Json{{"version", streamed.back()["version"]}, {"checksum", loaded_checksum}};
+         co_return http::Response::json(200, Json{{"results", Json::array({report, report})}});
+       });
     on(http::Verb::post, "/weight_checker",
        [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
          if (paused)
@@ -289,6 +298,9 @@ class FakeVllm final : public TestServer {
   bool fail_update = false;
   bool refuse_unique_id = false;
   bool fail_init = false;
+  bool arlo_backend = false;  // --weight-transfer-config '{"backend": "arlo"}' (python/arlo_vllm)
+  std::vector<Json> streamed;  // the update_info of each arlo-backend update
+  std::string loaded_checksum = "9cb6f9b675c9fd58";  // what its two workers' arlo_weights() report
   std::string weight_version;
   Json checksums = {{"model.embed_tokens.weight", "aa11"}, {"lm_head.weight", "bb22"}};
   std::vector<int> init_ports;
@@ -300,6 +312,15 @@ class FakeVllm final : public TestServer {
       return http::Response::json(500,
                                   Json{{"detail", "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"}});
     const Json& info = b["init_info"];
+    if (info == Json::object()) {  // arlo's backend takes nothing up front; vLLM's NCCL engine refuses that
+      if (!arlo_backend)
+        return http::Response::json(
+            500, Json{{"error", {{"message", "Call to collective_rpc method failed: Worker failed with error "
+                                             "'Invalid init_info for NCCLWeightTransferEngine: __init__() missing 4 "
+                                             "required positional arguments'"}}}});
+      engine_ready_ = true;
+      return http::Response::json(200, Json{{"message", "Weight transfer initialized"}});
+    }
     std::set<std::string> want = {"rank_offset", "world_size"};
     if (info.contains("nccl_unique_id_b64")) {
       if (minor_ < 29) return violation("nccl_unique_id_b64 sent to vLLM " + version_);
@@ -341,6 +362,13 @@ class FakeVllm final : public TestServer {
     if (!in_update_) return violation("/update_weights without /start_weight_update");
     if (!b.is_object() || !b.contains("update_info")) return violation("/update_weights without update_info");
     const Json& info = b["update_info"];
+    if (arlo_backend) {
+      if (keys(info) != std::set<std::string>{"version", "weight_sync"} || !info["version"].is_number_integer() ||
+          !info["weight_sync"].is_object())
+        return violation("Invalid update_info for ArloWeightTransferEngine: " + info.dump());
+      streamed.push_back(info);
+      return std::nullopt;
+    }
     std::set<std::string> want = {"names", "dtype_names", "shapes"};
     if (minor_ < 28) want.insert({"packed", "packed_buffer_size_bytes", "packed_num_buffers"});
     if (keys(info) != want) return violation("Invalid update_info for vLLM " + version_ + ": " + info.dump());
@@ -727,21 +755,52 @@ TEST(AdminVllmCollective, VerifyChecksumsEveryParameterOnceResumedAndComparesToA
   EXPECT_EQ(srv.body_of("POST /weight_checker", 1)["action"], "compare");
 }
 
-TEST(AdminVllmCollective, DurableTransportIsRefusedNamingNccl) {
+// arlo's own transports: the backend is checked once, then each update is start, update (the version
+// and the receiver block), finish with the version; the session's group is never joined.
+TEST(AdminVllmStreamed, UpdatesNameTheVersionAndTheReceiverBlock) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.28.0", 1);
+  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);
+  srv.arlo_backend = true;
+  auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
+  const Json block = {{"transport", "tcp"}, {"address", "10.0.0.5:29500"}, {"timeout_ms", 120000}};
+  run(rig.io, [&]() -> asio::awaitable<void> {
+    for (std::int64_t v : {3, 4}) {
+      WeightUpdate u;
+      u.version = v;
+      u.weight_sync = block;
+      EXPECT_EQ(what(co_await admin->pause(PauseMode::kAbort)), "ok");
+      EXPECT_EQ(what(co_await admin->prepare_weights(u)), "ok");
+      EXPECT_EQ(what(co_await admin->commit_weights(v)), "ok");
+      EXPECT_EQ(what(co_await admin->resume()), "ok");
+      auto w = co_await admin->weights();
+      EXPECT_TRUE(w && w->version == v && w->checksum == "9cb6f9b675c9fd58") << (w ? w->checksum : w.error().what());
+    }
+  }());
+  EXPECT_TRUE(srv.violations.empty()) << srv.violations.front();
+  EXPECT_EQ(srv.count("POST /init_weight_transfer_engine"), 1);
+  EXPECT_EQ(srv.count("GET /get_world_size"), 0);
+  ASSERT_EQ(srv.streamed.size(), 2u);
+  EXPECT_EQ(srv.streamed[1], Json({{"version", 4}, {"weight_sync", block}}));
+  EXPECT_EQ(srv.weight_version, "4");
+}
+
+TEST(AdminVllmStreamed, AServerWithoutArlosBackendIsToldWhatToStartItWith) {
+  Rig rig;
+  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);  // vLLM's default backend: NCCL
   auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
   WeightUpdate u;
   u.version = 4;
-  u.extra = {{"model_path", "/shared/weights/v4"}};
+  u.weight_sync = {{"transport", "filesystem"}, {"dir", "/shared/weights"}};
   run(rig.io, [&]() -> asio::awaitable<void> {
     auto r = co_await admin->prepare_weights(u);
-    EXPECT_NE(what(r).find("no route that loads weights from a directory such as \"/shared/weights/v4\""),
+    EXPECT_NE(what(r).find("Invalid init_info for NCCLWeightTransferEngine"), std::string::npos) << what(r);
+    EXPECT_NE(what(r).find("vLLM takes arlo's filesystem transport through arlo's weight-transfer backend: start "
+                           "it with VLLM_SERVER_DEV_MODE=1"),
               std::string::npos)
         << what(r);
-    EXPECT_NE(what(r).find("use weight_sync.transport: nccl"), std::string::npos) << what(r);
+    EXPECT_NE(what(r).find("--weight-transfer-config '{\"backend\": \"arlo\"}'"), std::string::npos) << what(r);
   }());
-  EXPECT_TRUE(srv.requests.empty());
+  EXPECT_EQ(srv.count("POST /start_weight_update"), 0);
 }
 
 // ---- SGLang ----

@@ -40,6 +40,18 @@ TEST(OpenAI, CompletionBodyCarriesTokenIdsAndSampling) {
   EXPECT_FALSE(c.contains("seed"));
 }
 
+// vLLM refuses a seed above 2^63 - 1 (HTTP 400: "Input should be less than or equal to
+// 9223372036854775807"); arlo draws 64-bit seeds.
+TEST(OpenAI, TheSeedFitsASigned64BitInteger) {
+  CompletionRequest r;
+  r.prompt = "x";
+  r.sampling.seed = 18301848765998365067ull;
+  const Json b = to_openai_body(r);
+  ASSERT_TRUE(b["seed"].is_number_integer());
+  EXPECT_EQ(b["seed"].get<std::int64_t>(), static_cast<std::int64_t>(18301848765998365067ull - (1ull << 63)));
+  EXPECT_EQ(b.dump().find("18301848765998365067"), std::string::npos);
+}
+
 TEST(OpenAI, ParsesCompletionsWithTokenIdsLogprobsAndVersionSpans) {
   const Json body = Json::parse(R"({
     "id": "cmpl-1", "model": "m",

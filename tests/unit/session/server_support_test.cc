@@ -90,34 +90,28 @@ TEST(ServerSupport, ArloWorkerTakesEveryHostTransport) {
   }
 }
 
-TEST(ServerSupport, VllmAndSglangRefuseArloStreams) {
+TEST(ServerSupport, SglangRefusesArloStreams) {
   ASSERT_FALSE(streaming_all().empty());
-  for (const std::string kind : {"vllm", "sglang"}) {
-    for (const auto& t : streaming_all()) {
-      const auto why = refused(external(kind, t));
-      contains(why, "weight_sync.transport " + t + " (--set weight_sync.transport=" + t + ")");
-      contains(why, "inference.kind " + kind);
-      contains(why, "cannot receive arlo's own weight stream");
-      if (!collective().empty()) contains(why, collective());  // the collective one
-      if (kind == "sglang") contains(why, durable());          // or from disk
-      if (kind == "vllm" && collective().empty()) contains(why, "no registered transport serves vLLM");
-    }
+  for (const auto& t : streaming_all()) {
+    const auto why = refused(external("sglang", t));
+    contains(why, "weight_sync.transport " + t + " (--set weight_sync.transport=" + t + ")");
+    contains(why, "inference.kind sglang");
+    contains(why, "cannot receive arlo's own weight stream");
+    if (!collective().empty()) contains(why, collective());  // the collective one
+    contains(why, durable());                                // or from disk
   }
 }
 
-TEST(ServerSupport, SglangLoadsADurableVersionVllmDoesNot) {
-  ASSERT_FALSE(durable().empty());
+// vLLM takes every host transport through arlo's weight-transfer backend (python/arlo_vllm), and a
+// chain of them; SGLang loads a durable version from its directory.
+TEST(ServerSupport, VllmTakesEveryHostTransportAndSglangTheDurableOne) {
+  for (const auto& d : ws::transports()) {
+    if (!has_device(d.capabilities, ws::Device::Kind::kCpu) || d.capabilities.collective) continue;
+    auto st = check_inference_support(external("vllm", d.name), kWithoutNccl);
+    EXPECT_TRUE(st) << d.name << ": " << st.error().what();
+  }
+  EXPECT_TRUE(check_inference_support(external("vllm", streaming(), {"weight_sync.topology=chain"}), kWithoutNccl));
   EXPECT_TRUE(check_inference_support(external("sglang", durable()), kWithoutNccl));
-  const auto why = refused(external("vllm", durable()));
-  contains(why, "weight_sync.transport " + durable());
-  contains(why, "vLLM has no admin route that loads a version from its directory");
-  // Without NCCL nothing serves vLLM: the message says so instead of naming a transport.
-  const auto without = refused(external("vllm", durable()), kWithoutNccl);
-  if (!collective().empty())
-    contains(without,
-             "no transport of this build serves vLLM: rebuild with NCCL (cmake -DARLO_WITH_NCCL=ON) and use "
-             "weight_sync.transport " +
-                 collective());
 }
 
 TEST(ServerSupport, SglangAlternativeToAStreamIsTheDurableTransport) {
@@ -146,10 +140,10 @@ TEST(ServerSupport, ArloWorkerRefusesADeviceOnlyTransport) {
   GTEST_SKIP() << "every registered transport moves host memory";
 }
 
-TEST(ServerSupport, ServersDoNotRelayAChain) {
+TEST(ServerSupport, SglangDoesNotRelayAChain) {
   EXPECT_TRUE(
       check_inference_support(load({"weight_sync.transport=" + streaming(), "weight_sync.topology=chain"}), kWithNccl));
-  for (const std::string kind : {"vllm", "sglang"}) {
+  for (const std::string kind : {"sglang"}) {
     const auto cfg = collective().empty() ? external(kind, durable(), {"weight_sync.topology=chain"})
                                           : external(kind, collective(), {"weight_sync.topology=chain"});
     const auto why = refused(cfg);
