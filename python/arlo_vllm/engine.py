@@ -125,9 +125,11 @@ class ArloWeightTransferEngine(WeightTransferEngine[ArloInitInfo, ArloUpdateInfo
             raise RuntimeError(f"receiving weights v{update_info.version} over {block['transport']} ({source}): {e}; "
                                f"still serving the weights from before this update") from e
         report = self._receiver.report
-        if got != update_info.version:
+        # The publisher hands out its newest version: one asked for v may bring a later one, which
+        # the admin dialect reads back (arlo_weights) and labels the update with.
+        if got < update_info.version:
             raise RuntimeError(f"asked for weights v{update_info.version} over {block['transport']}, received "
-                               f"v{got} (the publisher no longer holds v{update_info.version})")
+                               f"v{got}")
         # One call per tensor: layerwise reload processes each layer once its last tensor arrived.
         for name, tensor in self._receiver.tensors():
             self.model.load_weights([(name, tensor.to(self.device, non_blocking=False))])

@@ -101,22 +101,27 @@ Error without_arlo_backend(const Error& e, const WeightUpdate& u) {
 
 // The workers' report of arlo's backend (python/arlo_vllm adds arlo_weights() to vLLM's workers).
 Json arlo_weights_body() { return Json{{"method", "arlo_weights"}}; }
-// The checksum every worker of the server holds ("" before the first update through the backend).
-Result<std::string> loaded_checksum(const Json& answer) {
+// What every worker of the server loaded last through arlo's backend (version and checksum empty
+// before the first update); workers that disagree are an error.
+Result<WeightsInfo> loaded_report(const Json& answer) {
   if (!answer.is_object() || !answer.contains("results") || !answer["results"].is_array() ||
       answer["results"].empty())
     return make_error(ErrorCode::kParse, fmt::format("POST /collective_rpc arlo_weights answered {} (want "
                                                      "{{\"results\": [one report per worker]}})",
                                                      answer.dump().substr(0, 200)));
-  std::string sum;
+  std::optional<WeightsInfo> held;
   for (const auto& r : answer["results"]) {
-    const std::string mine = r.is_object() ? r.value("checksum", std::string()) : std::string();
-    if (&r != &answer["results"].front() && mine != sum)
+    WeightsInfo info;
+    if (r.is_object()) {
+      if (r.contains("version") && r["version"].is_number_integer()) info.version = r["version"].get<std::int64_t>();
+      info.checksum = r.value("checksum", std::string());
+    }
+    if (held && (held->version != info.version || held->checksum != info.checksum))
       return make_error(ErrorCode::kMismatch,
                         fmt::format("its workers hold different weights: {}", answer.dump().substr(0, 500)));
-    sum = mine;
+    held = std::move(info);
   }
-  return sum;
+  return *held;
 }
 
 Json vllm_finish_body(std::int64_t version) { return Json{{"weight_version", std::to_string(version)}}; }
@@ -210,9 +215,9 @@ class VllmAdmin final : public AdminBase {
     if (backend_checked_) {  // what arlo's backend loaded: its checksum, the trainer's definition
       auto loaded = co_await call(post("/collective_rpc", arlo_weights_body()));
       if (!loaded) co_return std::unexpected(std::move(loaded).error());
-      auto sum = loaded_checksum(*loaded);
-      if (!sum) co_return std::unexpected(Error(sum.error()).with_context(fmt::format("vllm admin {}", url_)));
-      info.checksum = *sum;
+      auto held = loaded_report(*loaded);
+      if (!held) co_return std::unexpected(Error(held.error()).with_context(fmt::format("vllm admin {}", url_)));
+      info.checksum = held->checksum;
     }
     co_return info;
   }
@@ -232,7 +237,15 @@ class VllmAdmin final : public AdminBase {
     if (!started) co_return std::unexpected(std::move(started).error());
     auto sent = co_await call(transfer("/update_weights", arlo_backend_update_body(u)));
     if (!sent) co_return std::unexpected(std::move(sent).error());
-    pending_version_ = u.version;
+    // The publisher hands out its newest version, maybe past the one asked for: that one is finished.
+    auto loaded = co_await call(post("/collective_rpc", arlo_weights_body()));
+    if (!loaded) co_return std::unexpected(std::move(loaded).error());
+    auto held = loaded_report(*loaded);
+    if (!held) co_return std::unexpected(Error(held.error()).with_context(fmt::format("vllm admin {}", url_)));
+    if (!held->version || *held->version < u.version)
+      co_return here(ErrorCode::kMismatch, fmt::format("v{}: /update_weights returned, but its workers report {}",
+                                                       u.version, loaded->dump().substr(0, 300)));
+    pending_version_ = *held->version;
     co_return ok();
   }
 

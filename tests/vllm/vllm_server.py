@@ -56,9 +56,9 @@ class VllmServer:
     """One `vllm serve` of `model_dir` (served as "tiny") with its log in `tmp`; `extra_args` and
     `extra_env` add to the documented command line and environment."""
 
-    def __init__(self, model_dir, tmp, name="vllm", extra_args=(), extra_env=None):
+    def __init__(self, model_dir, tmp, name="vllm", extra_args=(), extra_env=None, port=None):
         self.model_dir = model_dir
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = os.path.join(tmp, f"{name}.log")
         self.env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
@@ -74,11 +74,20 @@ class VllmServer:
         self.started_in_s = None
 
     def start(self):
-        t0 = time.monotonic()
-        with open(self.log, "w") as log:
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self):
+        """Starts the process; wait_ready() waits for its /health."""
+        self.t0 = time.monotonic()
+        with open(self.log, "a") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
                                          start_new_session=True)
         atexit.register(kill_group, self.proc)
+        return self
+
+    def wait_ready(self):
+        t0 = self.t0
         deadline = t0 + START_DEADLINE_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -275,7 +275,8 @@ class FakeVllm final : public TestServer {
        [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
          if (!arlo_backend || b != Json{{"method", "arlo_weights"}}) co_return violation("/collective_rpc " + b.dump());
          Json report = streamed.empty() ? Json::object()
-                                        : Json{{"version", streamed.back()["version"]}, {"checksum", loaded_checksum}};
+                                        : Json{{"version", streamed.back()["version"].get<std::int64_t>() + ahead},
+                                               {"checksum", loaded_checksum}};
          co_return http::Response::json(200, Json{{"results", Json::array({report, report})}});
        });
     on(http::Verb::post, "/weight_checker",
@@ -301,6 +302,7 @@ class FakeVllm final : public TestServer {
   bool arlo_backend = false;  // --weight-transfer-config '{"backend": "arlo"}' (python/arlo_vllm)
   std::vector<Json> streamed;  // the update_info of each arlo-backend update
   std::string loaded_checksum = "9cb6f9b675c9fd58";  // what its two workers' arlo_weights() report
+  std::int64_t ahead = 0;  // the publisher held this many versions past the one asked for
   std::string weight_version;
   Json checksums = {{"model.embed_tokens.weight", "aa11"}, {"lm_head.weight", "bb22"}};
   std::vector<int> init_ports;
@@ -781,6 +783,24 @@ TEST(AdminVllmStreamed, UpdatesNameTheVersionAndTheReceiverBlock) {
   EXPECT_EQ(srv.count("GET /get_world_size"), 0);
   ASSERT_EQ(srv.streamed.size(), 2u);
   EXPECT_EQ(srv.streamed[1], Json({{"version", 4}, {"weight_sync", block}}));
+  EXPECT_EQ(srv.weight_version, "4");
+}
+
+// The trainer's publisher serves its newest version: an update asked for v3 that brought v4 is
+// finished as v4.
+TEST(AdminVllmStreamed, ANewerVersionReceivedIsTheOneFinished) {
+  Rig rig;
+  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);
+  srv.arlo_backend = true;
+  srv.ahead = 1;
+  auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
+  WeightUpdate u;
+  u.version = 3;
+  u.weight_sync = {{"transport", "tcp"}, {"address", "10.0.0.5:29500"}};
+  run(rig.io, [&]() -> asio::awaitable<void> {
+    EXPECT_EQ(what(co_await admin->prepare_weights(u)), "ok");
+    EXPECT_EQ(what(co_await admin->commit_weights(3)), "ok");
+  }());
   EXPECT_EQ(srv.weight_version, "4");
 }
 

@@ -1,0 +1,144 @@
+"""`arlo run` against real vLLM servers: configs/vllm-cpu.yaml (two servers of the tiny model with
+arlo's weight-transfer backend, the Hugging Face trainer of examples/hf_trainer, weights over tcp)
+for a few dozen steps. One server is killed with SIGKILL mid-run and started again: it is left out,
+answers again, and rejoins with a resync. At the end the ledger adds up and every server holds the
+trainer's last version with the trainer's checksum (summary.json). Run with the project's Python
+environment:
+
+    .venv/bin/python tests/vllm/arlo_run_test.py --source . --arlo build/apps/arlo/arlo
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vllm_server import VllmServer, kill_group, tail  # noqa: E402
+
+ARGS = None
+MAX_STEPS = 40
+KILL_AT_STEP = 3
+BACKEND = ["--weight-transfer-config", '{"backend": "arlo"}']
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def wait_for(what, check, timeout_s, proc=None, log=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"arlo run exited ({proc.returncode}) before {what}:\n{tail(log)}")
+        time.sleep(0.2)
+    raise AssertionError(f"no {what} within {timeout_s} s" + (f":\n{tail(log)}" if log else ""))
+
+
+def last_step(run_dir):
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            steps = [json.loads(line).get("step", 0) for line in f if line.strip()]
+        return max(steps, default=0)
+    except (OSError, ValueError):
+        return 0
+
+
+class ArloRunTest(unittest.TestCase):
+    def test_a_run_keeps_every_server_on_the_trainers_weights_through_a_kill(self):
+        import arlo_tiny_model
+        tmp = tempfile.mkdtemp(prefix="arlo-vllm-run-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        model = os.path.join(tmp, "tiny")
+        arlo_tiny_model.write(model, seed=0)
+        servers = [VllmServer(model, tmp, name=f"vllm{i}", extra_args=BACKEND, extra_env=DEV_MODE) for i in (0, 1)]
+        for s in servers:
+            self.addCleanup(s.stop)
+            s.launch()
+        for s in servers:
+            s.wait_ready()
+
+        run_dir = os.path.join(tmp, "run")
+        log = os.path.join(tmp, "arlo.log")
+        trainer = [sys.executable, os.path.join(ARGS.source, "examples/hf_trainer/train.py"), "--model", model,
+                   "--lr", "1e-3"]
+        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
+                "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={MAX_STEPS}",
+                "--set", "inference.urls=" + json.dumps([s.url for s in servers]),
+                "--set", "trainer.command=" + json.dumps(trainer)]
+        with open(log, "w") as out:
+            arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ARGS.source,
+                                    start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        self.addCleanup(kill_group, arlo)
+        wait_for(f"step {KILL_AT_STEP}", lambda: last_step(run_dir) >= KILL_AT_STEP, 300, arlo, log)
+
+        # Server 1 dies mid-run: the next update fails on it and leaves it out. The trainer is then
+        # held (SIGSTOP) while the server starts again, so the run cannot end before it rejoins.
+        os.killpg(servers[1].proc.pid, signal.SIGKILL)
+        servers[1].proc.wait()
+        left_out = f"weight sync: worker {servers[1].url} is left out"
+        wait_for("server 1 left out of the updates", lambda: left_out in tail(log, 400000), 120, arlo, log)
+        trainer_pid = wait_for("the trainer's pid", lambda: self.pid_of(model), 30)
+        os.kill(trainer_pid, signal.SIGSTOP)
+        try:
+            restarted = VllmServer(model, tmp, name="vllm1", extra_args=BACKEND, extra_env=DEV_MODE,
+                                   port=servers[1].port)
+            self.addCleanup(restarted.stop)
+            restarted.start()
+            rejoined = f"weight sync: worker {servers[1].url} answers again"
+            wait_for("the restarted server's rejoin", lambda: rejoined in tail(log, 400000), 120, arlo, log)
+        finally:
+            os.kill(trainer_pid, signal.SIGCONT)
+
+        self.assertEqual(arlo.wait(timeout=300), 0, tail(log))
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        ledger = summary["ledger"]
+        settled = ledger["completed"] + sum(ledger["failed"].values()) + sum(ledger["cancelled"].values())
+        self.assertEqual(ledger["dispatched"], settled + ledger["in_flight"], ledger)
+        self.assertEqual(ledger["in_flight"], 0, ledger)
+        self.assertEqual(sum(ledger["dispositions"].values()), ledger["completed"], ledger)
+        want = summary["trainer"]["checksum"]
+        self.assertEqual(summary["trainer"]["version"], MAX_STEPS)
+        for s in servers:
+            self.assertEqual(summary["workers"][s.url], {"version": MAX_STEPS, "checksum": want}, summary["workers"])
+        with open(log) as f:
+            text = f.read()
+        self.assertIn(f"worker {servers[1].url}", text)
+        print(f"arlo_run_test: {MAX_STEPS} steps, ledger {ledger}, both servers on {want}", file=sys.stderr)
+
+    @staticmethod
+    def pid_of(model):
+        """The trainer's pid: the process whose command line names this test's model directory and
+        the trainer script."""
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if model.encode() in argv and any(a.endswith(b"hf_trainer/train.py") for a in argv):
+                return int(pid)
+        return None
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--source", required=True)
+    p.add_argument("--arlo", required=True)
+    ARGS, rest = p.parse_known_args()
+    sys.path.insert(0, os.path.join(ARGS.source, "python"))
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
