@@ -117,13 +117,20 @@ class ArloWeightTransferEngine(WeightTransferEngine[ArloInitInfo, ArloUpdateInfo
             self._close_receiver()
             self._receiver = arlo_bridge.Receiver(block, library=self._library)
             self._block_key = key
-        timeout_s = block.get("timeout_ms", 120000) / 1000.0
-        source = ", ".join(f"{k} {block[k]}" for k in ("address", "shm_name", "dir") if k in block)
-        try:
-            got = self._receiver.receive(timeout_s=timeout_s)
-        except arlo_bridge.BridgeError as e:
-            raise RuntimeError(f"receiving weights v{update_info.version} over {block['transport']} ({source}): {e}; "
-                               f"still serving the weights from before this update") from e
+        held = self._receiver.version
+        if held is not None and held >= update_info.version:
+            # Already here: an earlier update asked for an older version and brought this one. The
+            # publisher has nothing newer to send (the trainer may wait on this very update), so
+            # the held copy is loaded again (start_weight_update emptied the layers).
+            got = held
+        else:
+            timeout_s = block.get("timeout_ms", 120000) / 1000.0
+            source = ", ".join(f"{k} {block[k]}" for k in ("address", "shm_name", "dir") if k in block)
+            try:
+                got = self._receiver.receive(timeout_s=timeout_s)
+            except arlo_bridge.BridgeError as e:
+                raise RuntimeError(f"receiving weights v{update_info.version} over {block['transport']} ({source}): "
+                                   f"{e}; still serving the weights from before this update") from e
         report = self._receiver.report
         # The publisher hands out its newest version: one asked for v may bring a later one, which
         # the admin dialect reads back (arlo_weights) and labels the update with.

@@ -229,6 +229,28 @@ class T4Errors(unittest.TestCase):
                 self.assertEqual(served_version(), version)
 
 
+class T5AlreadyHeld(unittest.TestCase):
+    def test_an_update_to_a_version_already_held_loads_it_again_without_waiting(self):
+        """An update asked for v brought v+1 (the publisher's newest): the next one, asked for v+1,
+        must not wait for a newer version the trainer cannot make before this update ends."""
+        before, version = complete(cache_salt="held"), served_version()
+        status, out = World.server.post("/collective_rpc", {"method": "arlo_weights"})
+        self.assertEqual(status, 200, out)
+        held = out["results"][0]
+        t0 = time.monotonic()
+        pub = Publisher("held", {"transport": "tcp", "address": "127.0.0.1:0", "expected_receivers": 1})
+        try:
+            block = pub.publish(int(version) + 1, state_dict(model_dir(int(version) + 1)))
+            update(int(version) + 1, block)                 # receives v+1
+            update(int(version), block)                     # asks for v, holds v+1: loads it again
+        finally:
+            pub.close()
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertLess(distance(model_dir(int(version) + 1), complete(cache_salt="held2")), LOGPROB_TOL)
+        self.assertNotEqual(complete(cache_salt="held3"), before)
+        self.assertNotEqual(held.get("version"), int(version) + 1)
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser()
