@@ -202,8 +202,38 @@ class Batch:
             pass
 
 
-class Bridge:
+class _Handle:
+    """A library object's lifetime: close() (also on `with` exit and garbage collection) through the
+    C function named _CLOSE; calls on a closed one raise BridgeError (cancelled)."""
+    _CLOSE = ""
+    _handle = None
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None and handle.value:
+            _check(self._lib, getattr(self._lib, self._CLOSE)(handle))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def _live(self):
+        if self._handle is None:
+            raise BridgeError(CANCELLED, f"the {type(self).__name__.lower()} is closed")
+        return self._handle
+
+
+class Bridge(_Handle):
     """Trainer side of the bridge. Keyword arguments are the C config keys (arlo_bridge.h)."""
+    _CLOSE = "arlo_bridge_close"
 
     def __init__(self, transport: str = "dir", run_dir: Optional[str] = None, host: str = "127.0.0.1",
                  port: int = 0, rank: int = 0, start_after_step: int = 0,
@@ -280,37 +310,19 @@ class Bridge:
     def heartbeat(self) -> None:
         _check(self._lib, self._lib.arlo_bridge_heartbeat(self._live()))
 
-    # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Publishes the last staged version and closes; raises BridgeError when that version could
         not be published (the bridge is closed all the same)."""
-        handle, self._handle = self._handle, None
-        if handle is not None and handle.value:
-            _check(self._lib, self._lib.arlo_bridge_close(handle))
-
-    def __enter__(self) -> "Bridge":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def _live(self):
-        if self._handle is None:
-            raise BridgeError(CANCELLED, "the bridge is closed")
-        return self._handle
+        super().close()
 
 
-class Receiver:
+class Receiver(_Handle):
     """Receive side of weight_sync (arlo_receiver_* of arlo_bridge.h): pulls versions over tcp (star
     or chain), shm or filesystem, with every payload and checksum, and holds the newest in host
     memory. `weight_sync` is the receiver block: "transport" and the trainer's announced endpoint
     keys ("address", "shm_name", "dir"), plus optional shared keys (timeout_ms, relay, ...)."""
+
+    _CLOSE = "arlo_receiver_close"
 
     def __init__(self, weight_sync: Mapping[str, Any], library: Optional[str] = None):
         self._lib = load_library(library)
@@ -355,29 +367,6 @@ class Receiver:
                 yield t.name.decode(), tensor
             else:
                 yield t.name.decode(), arr
-
-    def close(self) -> None:
-        handle, self._handle = self._handle, None
-        if handle is not None and handle.value:
-            _check(self._lib, self._lib.arlo_receiver_close(handle))
-
-    def __enter__(self) -> "Receiver":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def _live(self):
-        if self._handle is None:
-            raise BridgeError(CANCELLED, "the receiver is closed")
-        return self._handle
-
 
 def _host_array(value: Any):
     """(contiguous numpy array on the host, arlo dtype code) for a torch tensor or array-like."""
