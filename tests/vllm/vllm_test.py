@@ -14,8 +14,12 @@ import atexit
 import os
 import subprocess
 import sys
+import json
 import tempfile
+import threading
+import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from vllm_server import VllmServer, http_json, kill_group, reference_logprobs, tail  # noqa: E402
@@ -40,7 +44,9 @@ class Vllm:
         import arlo_tiny_model
         cls.model_dir = os.path.join(tmp, "tiny")
         cls.checksum = arlo_tiny_model.write(cls.model_dir, seed=0)
-        cls.server = VllmServer(cls.model_dir, tmp).start()
+        # Dev mode: the pause routes; a longer context: completions long enough to pause (PauseModesTest).
+        cls.server = VllmServer(cls.model_dir, tmp, extra_args=["--max-model-len", "2048"],
+                                extra_env={"VLLM_SERVER_DEV_MODE": "1"}).start()
         cls.url = cls.server.url
 
 
@@ -134,6 +140,115 @@ class VllmCompletionsTest(unittest.TestCase):
     def test_same_request_same_answer(self):
         a, b = self.complete(PROMPTS[0]), self.complete(PROMPTS[0])
         self.assertEqual(a["token_ids"], b["token_ids"])
+
+
+class Flight:
+    """One streamed completion of `n` choices, each ignore_eos up to `max_tokens`, read on a thread:
+    `first` is set at the first chunk, `chunk` at every chunk, `done` at the end."""
+
+    def __init__(self, n, max_tokens):
+        self.first, self.chunk, self.done = threading.Event(), threading.Event(), threading.Event()
+        self.choices, self.error = {}, None
+        self.body = {"model": "tiny", "prompt": "12+34=", "max_tokens": max_tokens, "n": n, "temperature": 1.0,
+                     "seed": 7, "ignore_eos": True, "stream": True, "return_token_ids": True}
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        try:
+            req = urllib.request.Request(Vllm.url + "/v1/completions", data=json.dumps(self.body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                for raw in r:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    for c in json.loads(line[6:])["choices"]:
+                        ch = self.choices.setdefault(c["index"], {"text": "", "ids": [], "finish": None})
+                        ch["text"] += c.get("text") or ""
+                        ch["ids"] += c.get("token_ids") or []
+                        ch["finish"] = c.get("finish_reason") or ch["finish"]
+                    self.first.set()
+                    self.chunk.set()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+        finally:
+            self.done_at = time.monotonic()
+            self.done.set()
+
+    def tokens(self):
+        return sum(len(c["ids"]) for c in self.choices.values())
+
+
+class PauseModesTest(unittest.TestCase):
+    """What vLLM does with requests in flight in each pause mode arlo sends (docs/vllm.md, "Pause
+    modes"): one request of four 2000-token choices (several seconds of generation here), paused
+    after its first chunk."""
+    N, MAX = 4, 2000
+
+    def start_flight(self):
+        f = Flight(self.N, self.MAX)
+        self.assertTrue(f.first.wait(120), f"no first chunk: {f.error}")
+        return f
+
+    def pause(self, mode):
+        status, out = http_json(Vllm.url + f"/pause?mode={mode}", {}, timeout=300)
+        self.assertEqual(status, 200, out)
+
+    def resume(self):
+        status, out = http_json(Vllm.url + "/resume", {})
+        self.assertEqual(status, 200, out)
+
+    def test_abort_ends_every_choice_at_once_with_its_partial_tokens(self):
+        f = self.start_flight()
+        try:
+            self.pause("abort")
+            self.assertTrue(f.done.wait(60), "the request did not end after the abort")
+        finally:
+            self.resume()
+        self.assertIsNone(f.error)
+        tok = Reference.tokenizer()
+        self.assertEqual(len(f.choices), self.N)
+        for c in f.choices.values():
+            self.assertEqual(c["finish"], "abort", c["finish"])
+            self.assertLess(len(c["ids"]), self.MAX)
+            self.assertEqual(tok.decode(c["ids"], skip_special_tokens=True), c["text"])
+
+    def test_keep_makes_no_token_while_paused_and_finishes_every_choice_after_resume(self):
+        f = self.start_flight()
+        try:
+            self.pause("keep")
+            f.chunk.clear()
+            held = f.tokens()
+            # Nothing streams while paused (a chunk already on its way may land just after the pause).
+            if f.chunk.wait(1.0):
+                f.chunk.clear()
+                held = f.tokens()
+                self.assertFalse(f.chunk.wait(1.0), "tokens kept coming while paused")
+            self.assertFalse(f.done.is_set())
+            self.assertEqual(f.tokens(), held)
+        finally:
+            self.resume()
+        self.assertTrue(f.done.wait(240), "the request did not finish after /resume")
+        self.assertIsNone(f.error)
+        for c in f.choices.values():
+            self.assertEqual((c["finish"], len(c["ids"])), ("length", self.MAX))
+
+    def test_wait_answers_once_every_choice_finished(self):
+        f = self.start_flight()
+        left = self.N * self.MAX - f.tokens()
+        try:
+            self.pause("wait")
+            answered_at = time.monotonic()
+            self.assertTrue(f.done.wait(30))
+        finally:
+            self.resume()
+        self.assertIsNone(f.error)
+        # Most of the work was left when the pause was sent, and the stream ended with the answer (its
+        # last bytes may trail it a little): the answer waited for the generation.
+        self.assertGreater(left, self.N * self.MAX // 2)
+        self.assertLess(f.done_at - answered_at, 1.0)
+        for c in f.choices.values():
+            self.assertEqual((c["finish"], len(c["ids"])), ("length", self.MAX))
 
 
 class VllmChatTest(unittest.TestCase):
