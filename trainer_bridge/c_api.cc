@@ -150,8 +150,8 @@ class HeldWeights final : public ws::WeightSink, public ws::WeightSource {
     if (index >= specs_.size())
       return arlo::make_error(ErrorCode::kNotFound, fmt::format("tensor index {} out of range", index));
     const auto& spec = specs_[index];
-    return ws::TensorView{&spec, {held_.at(spec.name).data.get(), static_cast<std::size_t>(spec.nbytes())},
-                          ws::Device::cpu()};
+    return ws::TensorView{
+        &spec, {held_.at(spec.name).data.get(), static_cast<std::size_t>(spec.nbytes())}, ws::Device::cpu()};
   }
   const std::vector<arlo_tensor>& tensors() const { return views_; }
 
@@ -161,7 +161,7 @@ class HeldWeights final : public ws::WeightSink, public ws::WeightSource {
     std::unique_ptr<std::byte[]> data;
   };
   std::map<std::string, Held> held_, fresh_;  // the version held; this receive's new buffers
-  std::vector<std::string> asked_;           // this receive's manifest, in order
+  std::vector<std::string> asked_;            // this receive's manifest, in order
   std::vector<ws::TensorSpec> specs_;
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<arlo_tensor> views_;
@@ -482,15 +482,11 @@ arlo_status arlo_receiver_receive(arlo_receiver* receiver, int64_t timeout_ms, i
     if (!got) return fail(Error(got.error()).with_context("arlo_receiver_receive"));
     auto sum = ws::weights_checksum(receiver->weights);
     if (!sum) return fail(Error(sum.error()).with_context("arlo_receiver_receive: checksum"));
-    receiver->report = json{{"version", got->version},
-                            {"payload", ws::to_string(got->payload)},
-                            {"wire_bytes", got->wire_bytes},
-                            {"buckets", got->buckets},
-                            {"retried_buckets", got->retried_buckets},
-                            {"path", got->path},
-                            {"seconds", got->seconds},
-                            {"checksum", ws::checksum_hex(*sum)}}
-                           .dump();
+    receiver->report =
+        json{{"version", got->version}, {"payload", ws::to_string(got->payload)},  {"wire_bytes", got->wire_bytes},
+             {"buckets", got->buckets}, {"retried_buckets", got->retried_buckets}, {"path", got->path},
+             {"seconds", got->seconds}, {"checksum", ws::checksum_hex(*sum)}}
+            .dump();
     if (version_out != nullptr) *version_out = got->version;
     return succeed();
   });

@@ -104,8 +104,7 @@ Json arlo_weights_body() { return Json{{"method", "arlo_weights"}}; }
 // What every worker of the server loaded last through arlo's backend (version and checksum empty
 // before the first update); workers that disagree are an error.
 Result<WeightsInfo> loaded_report(const Json& answer) {
-  if (!answer.is_object() || !answer.contains("results") || !answer["results"].is_array() ||
-      answer["results"].empty())
+  if (!answer.is_object() || !answer.contains("results") || !answer["results"].is_array() || answer["results"].empty())
     return make_error(ErrorCode::kParse, fmt::format("POST /collective_rpc arlo_weights answered {} (want "
                                                      "{{\"results\": [one report per worker]}})",
                                                      answer.dump().substr(0, 200)));
@@ -327,7 +326,7 @@ class VllmAdmin final : public AdminBase {
   std::optional<std::int64_t> unverified_;  // committed, not yet checked (verify_weights)
   std::string checksum_;
   bool has_weight_info_ = true;
-  bool backend_checked_ = false;  // the "arlo" backend answered /init_weight_transfer_engine
+  bool backend_checked_ = false;    // the "arlo" backend answered /init_weight_transfer_engine
   bool unique_id_refused_ = false;  // the server refused nccl_unique_id_b64: the store from then on
 };
 

@@ -299,10 +299,10 @@ class FakeVllm final : public TestServer {
   bool fail_update = false;
   bool refuse_unique_id = false;
   bool fail_init = false;
-  bool arlo_backend = false;  // --weight-transfer-config '{"backend": "arlo"}' (python/arlo_vllm)
+  bool arlo_backend = false;   // --weight-transfer-config '{"backend": "arlo"}' (python/arlo_vllm)
   std::vector<Json> streamed;  // the update_info of each arlo-backend update
   std::string loaded_checksum = "9cb6f9b675c9fd58";  // what its two workers' arlo_weights() report
-  std::int64_t ahead = 0;  // the publisher held this many versions past the one asked for
+  std::int64_t ahead = 0;                            // the publisher held this many versions past the one asked for
   std::string weight_version;
   Json checksums = {{"model.embed_tokens.weight", "aa11"}, {"lm_head.weight", "bb22"}};
   std::vector<int> init_ports;
@@ -316,10 +316,12 @@ class FakeVllm final : public TestServer {
     const Json& info = b["init_info"];
     if (info == Json::object()) {  // arlo's backend takes nothing up front; vLLM's NCCL engine refuses that
       if (!arlo_backend)
-        return http::Response::json(
-            500, Json{{"error", {{"message", "Call to collective_rpc method failed: Worker failed with error "
-                                             "'Invalid init_info for NCCLWeightTransferEngine: __init__() missing 4 "
-                                             "required positional arguments'"}}}});
+        return http::Response::json(500,
+                                    Json{{"error",
+                                          {{"message",
+                                            "Call to collective_rpc method failed: Worker failed with error "
+                                            "'Invalid init_info for NCCLWeightTransferEngine: __init__() missing 4 "
+                                            "required positional arguments'"}}}});
       engine_ready_ = true;
       return http::Response::json(200, Json{{"message", "Weight transfer initialized"}});
     }
