@@ -123,6 +123,16 @@ Result<WeightsInfo> loaded_report(const Json& answer) {
   return *held;
 }
 
+// keep freezes the requests in flight with their KV: the cache must stay. vLLM 0.32 clears it in
+// every mode unless told not to (clear_cache defaults to true; its route says keep ignores it, its
+// engine does not), and a kept request then resumed on freed KV blocks: the stream ended in an error
+// and the server answered 500 from then on (tests/vllm/vllm_test.py, PauseModesTest, under load). The
+// per-version cache_salt keeps new requests off the old weights' prefix KV instead.
+std::string vllm_pause_target(PauseMode mode) {
+  return mode == PauseMode::kKeep ? "/pause?mode=keep&clear_cache=false"
+                                  : fmt::format("/pause?mode={}", to_string(mode));
+}
+
 Json vllm_finish_body(std::int64_t version) { return Json{{"weight_version", std::to_string(version)}}; }
 Json checker_body(const Json& baseline) {
   if (baseline.is_object() && !baseline.empty()) return Json{{"action", "compare"}, {"baseline", baseline}};
@@ -134,7 +144,7 @@ class VllmAdmin final : public AdminBase {
   using AdminBase::AdminBase;
   AdminDialect dialect() const override { return AdminDialect::kVllm; }
   asio::awaitable<Status> pause(PauseMode mode) override {
-    co_return drop_value(co_await call(post(fmt::format("/pause?mode={}", to_string(mode)), std::nullopt)));
+    co_return drop_value(co_await call(post(vllm_pause_target(mode), std::nullopt)));
   }
   asio::awaitable<Status> resume() override {
     auto resumed = co_await call(post("/resume", std::nullopt));

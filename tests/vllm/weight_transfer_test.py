@@ -193,10 +193,9 @@ class T2Delta(unittest.TestCase):
 
 class T3CacheSalt(unittest.TestCase):
     def test_the_version_salt_keeps_a_request_off_kv_of_older_weights(self):
-        """vLLM 0.32 clears its prefix cache on /pause (its default clear_cache=true), so the salt
-        matters where the cache is kept over an update: /pause?mode=keep&clear_cache=false here. The
-        same prompt then reuses the old weights' prefix KV without a salt, and not with the new
-        version's salt, which is what arlo sends (inference.cache_salt, on for vLLM and SGLang)."""
+        """arlo pauses keep with clear_cache=false (the kept requests' KV must survive; docs/vllm.md),
+        so vLLM's prefix cache outlives the update: the same prompt then reuses the old weights' KV
+        without a salt, and not with the new version's salt, which is what arlo sends."""
         complete()                      # the prefix cached without a salt ...
         complete(cache_salt="v5")       # ... and under v5's salt
         pub = Publisher("salt", {"transport": "tcp", "address": "127.0.0.1:0", "expected_receivers": 1})

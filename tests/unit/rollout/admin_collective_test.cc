@@ -231,8 +231,9 @@ class FakeVllm final : public TestServer {
        [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
          co_return http::Response::json(200, Json{{"world_size", world_size_}});
        });
-    on(http::Verb::post, "/pause", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
+    on(http::Verb::post, "/pause", [this](const Json&, const http::Request& r) -> asio::awaitable<http::Response> {
       paused = true;
+      pause_targets.push_back(r.target);
       co_return http::Response::json(200, Json{{"status", "paused"}});
     });
     on(http::Verb::post, "/resume", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
@@ -299,6 +300,7 @@ class FakeVllm final : public TestServer {
   bool fail_update = false;
   bool refuse_unique_id = false;
   bool fail_init = false;
+  std::vector<std::string> pause_targets;
   bool arlo_backend = false;   // --weight-transfer-config '{"backend": "arlo"}' (python/arlo_vllm)
   std::vector<Json> streamed;  // the update_info of each arlo-backend update
   std::string loaded_checksum = "9cb6f9b675c9fd58";  // what its two workers' arlo_weights() report
@@ -790,6 +792,19 @@ TEST(AdminVllmStreamed, UpdatesNameTheVersionAndTheReceiverBlock) {
 
 // The trainer's publisher serves its newest version: an update asked for v3 that brought v4 is
 // finished as v4.
+// keep must not clear the KV of the requests it keeps (vLLM clears caches unless told not to).
+TEST(AdminVllmStreamed, KeepPausesWithoutClearingTheCache) {
+  Rig rig;
+  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);
+  auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
+  run(rig.io, [&]() -> asio::awaitable<void> {
+    for (auto mode : {PauseMode::kKeep, PauseMode::kWait, PauseMode::kAbort})
+      EXPECT_EQ(what(co_await admin->pause(mode)), "ok");
+  }());
+  EXPECT_EQ(srv.pause_targets,
+            (std::vector<std::string>{"/pause?mode=keep&clear_cache=false", "/pause?mode=wait", "/pause?mode=abort"}));
+}
+
 TEST(AdminVllmStreamed, ANewerVersionReceivedIsTheOneFinished) {
   Rig rig;
   FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);
