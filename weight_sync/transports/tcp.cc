@@ -366,13 +366,16 @@ class Server {
     };
     SideBySide<Greeting> greetings;
     while (true) {
+      // Asked before the ended ones are taken: a handshake that ends in between is taken on the next
+      // turn, never left waiting while accept() blocks until `until`.
+      const bool handshaking = greetings.running();
       for (auto& c : greetings.finished()) admit(std::move(c));
       if (peers_.size() >= expected) break;
       const auto now = Clock::now();
       const Deadline until = peers_.empty() ? deadline : first + window;
       if (now >= until) break;
       // While handshakes run, look in on them every few milliseconds.
-      auto c = accept(greetings.running() ? std::min(until, now + std::chrono::milliseconds(10)) : until);
+      auto c = accept(handshaking ? std::min(until, now + std::chrono::milliseconds(10)) : until);
       if (!c) continue;
       Conn& link = **c;
       greetings.start(link, [this, conn = std::move(*c), hello_timeout]() mutable {
