@@ -31,6 +31,25 @@ function(arlo_library name)
   target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
   target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   arlo_target_defaults(${name})
+  set_property(GLOBAL APPEND PROPERTY ARLO_LIBRARIES ${name})
+endfunction()
+
+# arlo_write_link_graph(FILE): one line per arlo library, "name: what it links" (its LINK_LIBRARIES,
+# every target_link_libraries call included, generator expressions stripped), for the layering test
+# (tests/unit/layering/module_links.sh). Called once every target exists.
+function(arlo_write_link_graph file)
+  get_property(libraries GLOBAL PROPERTY ARLO_LIBRARIES)
+  set(text "")
+  foreach(library IN LISTS libraries)
+    get_target_property(links ${library} LINK_LIBRARIES)
+    if(NOT links)
+      set(links "")
+    endif()
+    string(GENEX_STRIP "${links}" links)
+    list(JOIN links " " links)
+    string(APPEND text "${library}: ${links}\n")
+  endforeach()
+  file(WRITE ${file} "${text}")
 endfunction()
 
 # arlo_test(NAME SOURCES ... DEPS ... [LABELS unit|integration|e2e|gpu] [TIMEOUT s])

@@ -11,7 +11,6 @@
 #include "common/http.h"
 #include "common/log.h"
 #include "orchestrator/checkpoint.h"
-#include "web/assets.h"
 
 namespace arlo::orch {
 
@@ -192,8 +191,10 @@ void Orchestrator::add_status_routes() {
                                          {"finished", finished_},
                                          {"ledger", ledger_.to_json()}});
   });
-  status_->route(http::Verb::get, "/", [](http::Request) -> Awaitable<http::Response> {
-    co_return http::Response::text(200, std::string(web::run_page()), "text/html; charset=utf-8");
+  status_->route(http::Verb::get, "/", [this](http::Request) -> Awaitable<http::Response> {
+    if (page_.empty())
+      co_return http::Response::text(200, "arlo status: /api/status, /api/records, /metrics, /health\n");
+    co_return http::Response::text(200, std::string(page_), "text/html; charset=utf-8");
   });
   status_->route(http::Verb::get, "/api/status", [this](http::Request) -> Awaitable<http::Response> {
     co_return http::Response::json(200, status_json());

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/metrics.h"
@@ -76,6 +77,9 @@ class Orchestrator {
   Orchestrator(const Orchestrator&) = delete;
   Orchestrator& operator=(const Orchestrator&) = delete;
 
+  // What the status server answers at "/" (session/ gives it the live run page); before start().
+  // Without one, "/" names the routes that are served.
+  void serve_page(std::string_view html) { page_ = html; }
   Status start();
   // Graceful stop: no new batches, drain, final checkpoint and summary (no final eval).
   void request_stop(const std::string& reason);
@@ -132,6 +136,7 @@ class Orchestrator {
   std::unique_ptr<PeriodicLogger> logger_;
   std::unique_ptr<LagProbe> lag_;
   std::unique_ptr<http::Server> status_;
+  std::string_view page_;  // served at "/"
   Signal finished_signal_;
 
   std::FILE* metrics_file_ = nullptr;

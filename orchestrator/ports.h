@@ -1,6 +1,6 @@
 #pragma once
 // The orchestrator's ports: the narrow interfaces through which it reaches everything it does not
-// own. Real adapters (orchestrator/adapters/) connect them to rollout's worker pool, the
+// own. Real adapters (session/adapters/) connect them to rollout's worker pool, the
 // trainer_bridge and the environments; unit tests connect them to fakes and step the io_context.
 //
 // Threading contract for every port: methods are called on the orchestrator's io_context thread,

@@ -1,7 +1,7 @@
 #pragma once
 // Sending completion requests to a fleet of inference workers (OpenAI-compatible servers).
 //
-// InferencePool (the orchestrator reaches it through orch::adapters::RolloutInference; its unit
+// InferencePool (the orchestrator reaches it through session::adapters::RolloutInference; its unit
 // tests fake the orchestrator's InferencePort, not this):
 //   - routing: least outstanding requests among usable workers, with group affinity (requests with
 //     the same affinity_key go to the same worker while it stays usable, for its prefix cache);

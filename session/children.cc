@@ -50,7 +50,7 @@ std::string RunChildren::tail(const std::string& name) const {
   return out;
 }
 
-Status RunChildren::spawn(const orch::ChildSpec& spec) {
+Status RunChildren::spawn(const ChildSpec& spec) {
   if (stopped_)
     return make_error(ErrorCode::kCancelled, fmt::format("not starting {}: the run is stopping", spec.name));
   auto pid = launcher_.spawn(spec);
@@ -64,7 +64,7 @@ Status RunChildren::spawn(const orch::ChildSpec& spec) {
 Status RunChildren::restart(const std::string& name, bool as_first_started) {
   auto it = specs_.find(name);
   if (it == specs_.end()) return make_error(ErrorCode::kNotFound, fmt::format("no child named {} to restart", name));
-  orch::ChildSpec spec = it->second;
+  ChildSpec spec = it->second;
   if (!as_first_started && !spec.restart_argv.empty()) spec.argv = spec.restart_argv;
   if (stopped_) return make_error(ErrorCode::kCancelled, fmt::format("not restarting {}: the run is stopping", name));
   auto pid = launcher_.spawn(spec);
@@ -73,14 +73,14 @@ Status RunChildren::restart(const std::string& name, bool as_first_started) {
   return {};
 }
 
-std::optional<orch::ChildExit> RunChildren::next_exit() {
+std::optional<ChildExit> RunChildren::next_exit() {
   auto e = launcher_.exited();
   // Give the reader thread a moment to forward the child's last lines before they are quoted.
   if (e) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   return e;
 }
 
-std::string RunChildren::describe(const orch::ChildExit& e) const {
+std::string RunChildren::describe(const ChildExit& e) const {
   return fmt::format("{}; its last lines:\n{}", e.describe(), tail(e.name));
 }
 

@@ -20,7 +20,7 @@
 
 #include "common/http.h"
 #include "common/result.h"
-#include "orchestrator/launcher.h"
+#include "session/launcher.h"
 #include "orchestrator/ports.h"
 
 namespace arlo::session {
@@ -37,14 +37,14 @@ class RunChildren {
   RunChildren(const RunChildren&) = delete;
   RunChildren& operator=(const RunChildren&) = delete;
 
-  Status spawn(const orch::ChildSpec& spec);
+  Status spawn(const ChildSpec& spec);
   // Starts `name` again (same name, so its lines and tail continue) with its spec's restart_argv,
   // or the argv it was first started with when `as_first_started` or it has none; fails after stop().
   Status restart(const std::string& name, bool as_first_started = false);
   // An exit since the last call (reaped); nullopt when none.
-  std::optional<orch::ChildExit> next_exit();
+  std::optional<ChildExit> next_exit();
   // The exit described with the child's last lines.
-  std::string describe(const orch::ChildExit& e) const;
+  std::string describe(const ChildExit& e) const;
   // Polls GET <url>/health of every worker until each answers 200; fails at `deadline` (naming the
   // worker that is not ready and its last lines). Exits are the caller's to watch (next_exit()).
   Awaitable<Status> wait_healthy(boost::asio::io_context& io,
@@ -58,9 +58,9 @@ class RunChildren {
   void on_line(const std::string& name, const std::string& line);
   mutable std::mutex mu_;
   std::map<std::string, std::deque<std::string>> tails_;
-  std::map<std::string, orch::ChildSpec> specs_;  // as spawned, by name
+  std::map<std::string, ChildSpec> specs_;  // as spawned, by name
   bool stopped_ = false;
-  orch::Launcher launcher_;
+  Launcher launcher_;
 };
 
 }  // namespace arlo::session

@@ -1,4 +1,4 @@
-#include "orchestrator/config_options.h"
+#include "session/config_options.h"
 
 #include <fmt/format.h>
 
@@ -6,14 +6,16 @@
 #include <chrono>
 #include <cstdlib>
 
-namespace arlo::orch {
+namespace arlo::session {
 
 namespace {
-Duration seconds(double s) { return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s)); }
+orch::Duration seconds(double s) {
+  return std::chrono::duration_cast<orch::Duration>(std::chrono::duration<double>(s));
+}
 }  // namespace
 
-Result<Options> options_from_config(const config::Config& cfg) {
-  Options o;
+Result<orch::Options> options_from_config(const config::Config& cfg) {
+  orch::Options o;
   o.batch_size = static_cast<int>(cfg.integer("orchestrator.batch_size"));
   o.group_size = static_cast<int>(cfg.integer("orchestrator.group_size"));
   o.max_inflight = static_cast<int>(cfg.integer("orchestrator.max_inflight"));
@@ -77,4 +79,4 @@ Result<Options> options_from_config(const config::Config& cfg) {
   return o;
 }
 
-}  // namespace arlo::orch
+}  // namespace arlo::session

@@ -6,9 +6,9 @@
 #include "common/result.h"
 #include "orchestrator/options.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 
 // Fails (kInvalidArgument, citing the config location) when the values are inconsistent.
-Result<Options> options_from_config(const config::Config& cfg);
+Result<orch::Options> options_from_config(const config::Config& cfg);
 
-}  // namespace arlo::orch
+}  // namespace arlo::session

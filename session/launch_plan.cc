@@ -15,7 +15,7 @@
 #include "session/server_support.h"
 #include "common/auth.h"
 #include "common/log.h"
-#include "orchestrator/adapters/collective_session.h"
+#include "session/adapters/collective_session.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/wire.h"
 
@@ -167,13 +167,13 @@ Result<WeightSyncPlan> plan_weight_sync(const config::Config& cfg, const std::st
                                   cfg.where("weight_sync.topology"), d.name));
   const bool embedded = cfg.string("inference.launch") == "embedded";
   if (d.capabilities.collective) {
-    orch::adapters::CollectiveSessionOptions o;
+    adapters::CollectiveSessionOptions o;
     o.expected = embedded ? static_cast<std::size_t>(cfg.integer("inference.num_workers"))
                           : cfg.strings("inference.urls").size();
     ARLO_ASSIGN_OR_RETURN(const auto* dialect, rollout::find_admin_dialect(cfg.string("inference.kind")));
     o.flavor = rollout::to_string(dialect->completions);  // the family whose rendezvous its servers expect
     o.timeout = std::chrono::milliseconds(ws.block["timeout_ms"].get<std::int64_t>());
-    ws.collective = orch::adapters::TrainerCollective::create(o);
+    ws.collective = adapters::TrainerCollective::create(o);
   }
   return ws;
 }
@@ -226,8 +226,8 @@ Status plan_embedded_workers(const config::Config& cfg, const weight_sync::Trans
   const auto n = cfg.integer("inference.num_workers");
   const auto threads = std::to_string(cfg.integer("inference.threads"));
   for (std::int64_t i = 0; i < n; ++i) {
-    ARLO_ASSIGN_OR_RETURN(auto port, orch::free_loopback_port());
-    orch::ChildSpec spec;
+    ARLO_ASSIGN_OR_RETURN(auto port, free_loopback_port());
+    ChildSpec spec;
     spec.name = fmt::format("worker-{}", i);
     spec.argv = {find_binary("arlo-worker"),
                  "--bind",
@@ -247,7 +247,7 @@ Status plan_embedded_workers(const config::Config& cfg, const weight_sync::Trans
     append(spec.argv, model_flags(cfg));
     nlohmann::json own = {{"transport", d.name}, {"peer_name", spec.name}, {"timeout_ms", ws.block["timeout_ms"]}};
     if (ws.chain && i + 1 < n) {  // relays to the next worker
-      ARLO_ASSIGN_OR_RETURN(auto relay_port, orch::free_loopback_port());
+      ARLO_ASSIGN_OR_RETURN(auto relay_port, free_loopback_port());
       auto relay = d.relay_at("127.0.0.1", relay_port);
       own["relay"] = true;
       for (const auto& [k, v] : relay.first.items()) own[k] = v;
@@ -291,9 +291,9 @@ std::int64_t trainer_ckpt_interval(const config::Config& cfg) {
   return own > 0 ? own : cfg.integer("ckpt.interval");
 }
 
-orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
-                             int num_workers, std::uint16_t bridge_port) {
-  orch::ChildSpec spec;
+ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws, int num_workers,
+                       std::uint16_t bridge_port) {
+  ChildSpec spec;
   spec.name = "trainer";
   const auto threads = std::to_string(cfg.integer("trainer.threads"));
   spec.argv = {find_binary("arlo-trainer"), "--run-dir", run_dir, "--threads", threads};

@@ -12,10 +12,10 @@
 
 #include "common/config/config.h"
 #include "common/result.h"
-#include "orchestrator/launcher.h"
+#include "session/launcher.h"
 #include "rollout/admin.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 class TrainerCollective;
 }
 
@@ -48,7 +48,7 @@ struct WeightSyncPlan {
   std::vector<std::pair<nlohmann::json, nlohmann::json>> relays;
   // A collective transport (nccl): every update joins the workers and the trainer's publisher in
   // one group through this session (describe() hands it the newest announcement).
-  std::shared_ptr<orch::adapters::TrainerCollective> collective;
+  std::shared_ptr<adapters::TrainerCollective> collective;
 
   // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version` on
   // servers that can take what `server` says (inference.kind's dialect): {version, weight_sync: the
@@ -66,7 +66,7 @@ struct WeightSyncPlan {
 
 struct LaunchPlan {
   std::vector<std::pair<std::string, std::string>> workers;  // (name, base url) in order
-  std::vector<orch::ChildSpec> worker_specs;                 // embedded inference only
+  std::vector<ChildSpec> worker_specs;                       // embedded inference only
   WeightSyncPlan weight_sync;
   std::string token;  // the run's token (run_token())
 };
@@ -83,8 +83,8 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
 Result<std::string> run_token(const config::Config& cfg, const std::string& run_dir);
 
 // The arlo-trainer child; `bridge_port` is the socket transport's bound port (0 for dir).
-orch::ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
-                             int num_workers, std::uint16_t bridge_port);
+ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws, int num_workers,
+                       std::uint16_t bridge_port);
 
 // The model's shape from `cfg` as arlo-worker and arlo-trainer take it (--layers, --hidden, --heads,
 // --context).

@@ -1,4 +1,4 @@
-#include "orchestrator/launcher.h"
+#include "session/launcher.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace arlo::orch {
+namespace arlo::session {
 
 namespace {
 std::mutex g_stdout_mu;
@@ -156,15 +156,15 @@ void Launcher::stop(std::chrono::milliseconds grace) {
   }
 }
 
-int RestartPolicy::recent(TimePoint now) {
-  std::erase_if(restarts_, [&](TimePoint t) { return now - t >= limits_.window; });
+int RestartPolicy::recent(orch::TimePoint now) {
+  std::erase_if(restarts_, [&](orch::TimePoint t) { return now - t >= limits_.window; });
   return static_cast<int>(restarts_.size());
 }
 
-std::optional<Duration> RestartPolicy::on_exit(TimePoint now) {
+std::optional<orch::Duration> RestartPolicy::on_exit(orch::TimePoint now) {
   const int n = recent(now);
   if (n >= limits_.max_restarts) return std::nullopt;
-  Duration backoff = limits_.initial_backoff;
+  orch::Duration backoff = limits_.initial_backoff;
   for (int i = 0; i < n && backoff < limits_.max_backoff; ++i) backoff *= 2;
   restarts_.push_back(now);
   ++total_;
@@ -189,4 +189,4 @@ Result<std::uint16_t> free_loopback_port() {
   return ntohs(addr.sin_port);
 }
 
-}  // namespace arlo::orch
+}  // namespace arlo::session

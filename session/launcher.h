@@ -31,7 +31,7 @@
 #include "common/result.h"
 #include "orchestrator/types.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 
 struct ChildSpec {
   std::string name;                         // log prefix: "worker-0"
@@ -82,9 +82,9 @@ class Launcher {
 // the time of each death and does the waiting and the restart.
 struct RestartLimits {
   int max_restarts = 5;
-  Duration window = std::chrono::minutes(10);
-  Duration initial_backoff = std::chrono::milliseconds(500);
-  Duration max_backoff = std::chrono::seconds(10);
+  orch::Duration window = std::chrono::minutes(10);
+  orch::Duration initial_backoff = std::chrono::milliseconds(500);
+  orch::Duration max_backoff = std::chrono::seconds(10);
 };
 
 class RestartPolicy {
@@ -92,19 +92,19 @@ class RestartPolicy {
   explicit RestartPolicy(RestartLimits limits = {}) : limits_(limits) {}
   // The child died at `now`: how long to wait before starting it again, or nullopt when it was
   // already restarted max_restarts times within the window (past the bound; nothing is counted).
-  std::optional<Duration> on_exit(TimePoint now);
+  std::optional<orch::Duration> on_exit(orch::TimePoint now);
   // Restarts counted within the window ending at `now`.
-  int recent(TimePoint now);
+  int recent(orch::TimePoint now);
   int total() const { return total_; }
   const RestartLimits& limits() const { return limits_; }
 
  private:
   RestartLimits limits_;
-  std::vector<TimePoint> restarts_;  // within the window, oldest first
+  std::vector<orch::TimePoint> restarts_;  // within the window, oldest first
   int total_ = 0;
 };
 
 // A free TCP port on 127.0.0.1 (bound and released; the caller's child binds it next).
 Result<std::uint16_t> free_loopback_port();
 
-}  // namespace arlo::orch
+}  // namespace arlo::session

@@ -22,8 +22,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // A monitor is restarted for as long as a run lasts, unless it keeps dying at once.
-constexpr orch::RestartLimits kMonitorRestarts{10, std::chrono::minutes(10), std::chrono::milliseconds(500),
-                                               std::chrono::seconds(30)};
+constexpr RestartLimits kMonitorRestarts{10, std::chrono::minutes(10), std::chrono::milliseconds(500),
+                                         std::chrono::seconds(30)};
 constexpr auto kPoll = std::chrono::milliseconds(200);
 
 // A monitor's own settings, from monitors.<kind>_* (the helper's --options).
@@ -46,10 +46,10 @@ std::string monitor_python(const config::Config& cfg) {
   return ARLO_DEFAULT_PYTHON;
 }
 
-std::vector<orch::ChildSpec> monitor_specs(const config::Config& cfg, const std::string& run_dir) {
-  std::vector<orch::ChildSpec> specs;
+std::vector<ChildSpec> monitor_specs(const config::Config& cfg, const std::string& run_dir) {
+  std::vector<ChildSpec> specs;
   for (const auto& kind : cfg.strings("monitors.use")) {
-    orch::ChildSpec spec;
+    ChildSpec spec;
     spec.name = "monitor-" + kind;
     spec.argv = {monitor_python(cfg),
                  ARLO_MONITOR_SCRIPT,
@@ -65,8 +65,7 @@ std::vector<orch::ChildSpec> monitor_specs(const config::Config& cfg, const std:
   return specs;
 }
 
-Monitors::Monitors(boost::asio::io_context& io, std::vector<orch::ChildSpec> specs)
-    : io_(io), specs_(std::move(specs)) {}
+Monitors::Monitors(boost::asio::io_context& io, std::vector<ChildSpec> specs) : io_(io), specs_(std::move(specs)) {}
 
 Monitors::~Monitors() { finished_ = true; }
 
@@ -80,7 +79,7 @@ Status Monitors::start() {
                                   python));
   for (const auto& spec : specs_) {
     ARLO_TRY(children_.spawn(spec));
-    policies_.emplace(spec.name, orch::RestartPolicy(kMonitorRestarts));
+    policies_.emplace(spec.name, RestartPolicy(kMonitorRestarts));
     restarts_[spec.name] = 0;
   }
   arlo::spawn(io_.get_executor(), supervise());

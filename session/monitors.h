@@ -20,7 +20,7 @@
 
 #include "common/config/config.h"
 #include "common/result.h"
-#include "orchestrator/launcher.h"
+#include "session/launcher.h"
 #include "session/children.h"
 
 namespace arlo::session {
@@ -30,11 +30,11 @@ namespace arlo::session {
 std::string monitor_python(const config::Config& cfg);
 
 // One helper per entry of monitors.use, with its settings; none when the list is empty.
-std::vector<orch::ChildSpec> monitor_specs(const config::Config& cfg, const std::string& run_dir);
+std::vector<ChildSpec> monitor_specs(const config::Config& cfg, const std::string& run_dir);
 
 class Monitors {
  public:
-  Monitors(boost::asio::io_context& io, std::vector<orch::ChildSpec> specs);
+  Monitors(boost::asio::io_context& io, std::vector<ChildSpec> specs);
   ~Monitors();
   Monitors(const Monitors&) = delete;
   Monitors& operator=(const Monitors&) = delete;
@@ -52,9 +52,9 @@ class Monitors {
   Awaitable<void> restart_after(std::string name, orch::Duration delay);
 
   boost::asio::io_context& io_;
-  std::vector<orch::ChildSpec> specs_;
+  std::vector<ChildSpec> specs_;
   RunChildren children_;
-  std::map<std::string, orch::RestartPolicy> policies_;
+  std::map<std::string, RestartPolicy> policies_;
   std::map<std::string, int> restarts_;
   bool finished_ = false;
 };

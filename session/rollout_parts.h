@@ -8,7 +8,7 @@
 
 #include "common/config/config.h"
 #include "common/result.h"
-#include "orchestrator/adapters/rollout_adapters.h"
+#include "session/adapters/rollout_adapters.h"
 #include "orchestrator/ports.h"
 #include "rollout/reward.h"
 
@@ -35,7 +35,7 @@ class RunTasks final : public orch::TaskSource {
   arlo::Task prepare(arlo::Task t) const;
 
  private:
-  orch::adapters::RolloutTasks inner_;
+  adapters::RolloutTasks inner_;
   bool tokenize_;
 };
 

@@ -27,9 +27,9 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "orchestrator/adapters/bridge_trainer.h"
-#include "orchestrator/adapters/rollout_adapters.h"
-#include "orchestrator/config_options.h"
+#include "session/adapters/bridge_trainer.h"
+#include "session/adapters/rollout_adapters.h"
+#include "session/config_options.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
 #include "session/children.h"
@@ -38,6 +38,7 @@
 #include "session/rollout_parts.h"
 #include "rollout/admin.h"
 #include "session/trainer_command.h"
+#include "web/assets.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::session {
@@ -102,7 +103,7 @@ Status claim_run_dir(const fs::path& run_dir, const fs::path& weights_dir, bool 
 
 Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   Setup s{cfg, {}, {}, {}, {}};
-  ARLO_ASSIGN_OR_RETURN(s.options, orch::options_from_config(cfg));
+  ARLO_ASSIGN_OR_RETURN(s.options, options_from_config(cfg));
   s.options.resume = resume;
   std::error_code ec;
   s.run_dir = fs::absolute(s.options.run_dir).lexically_normal().string();
@@ -189,7 +190,7 @@ class RunSession::Impl {
 
     RunTasks tasks(s_.parts.stream, s_.parts.tokenize);
     rollout::RewardScorer reward(io_, s_.parts.reward, scorer_options(s_.cfg));
-    orch::adapters::RolloutScorer scorer(reward, advantage_options(s_.cfg));
+    adapters::RolloutScorer scorer(reward, advantage_options(s_.cfg));
     auto bo = bridge_options(s_.cfg, s_.run_dir);
     bo.token = s_.plan.token;
     auto server = bridge::BridgeServer::create(io_, bo);
@@ -197,9 +198,9 @@ class RunSession::Impl {
     ThreadPool pack_threads(1);
     bridge::PackOptions pack;
     pack.seq_len = static_cast<int>(s_.cfg.integer("orchestrator.seq_len"));
-    orch::adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
-    orch::adapters::RolloutInference inference(pool, std::move(admins), update_describer(dialect.server, trainer), "",
-                                               network.executor(), dialect.completions);
+    adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
+    adapters::RolloutInference inference(pool, std::move(admins), update_describer(dialect.server, trainer), "",
+                                         network.executor(), dialect.completions);
     return run_loop(Adapters{network, pool, inference, tasks, scorer, trainer, **server});
   }
 
@@ -208,10 +209,10 @@ class RunSession::Impl {
   struct Adapters {
     IoThread& network;
     rollout::InferencePool& pool;
-    orch::adapters::RolloutInference& inference;
+    adapters::RolloutInference& inference;
     RunTasks& tasks;
-    orch::adapters::RolloutScorer& scorer;
-    orch::adapters::BridgeTrainer& trainer;
+    adapters::RolloutScorer& scorer;
+    adapters::BridgeTrainer& trainer;
     bridge::BridgeServer& server;
   };
 
@@ -222,7 +223,7 @@ class RunSession::Impl {
   // only named. Fails on the first worker that cannot be started.
   Status start_workers() {
     for (const auto& spec : s_.plan.worker_specs) ARLO_TRY(children_.spawn(spec));
-    for (const auto& spec : s_.plan.worker_specs) restart_policies_.emplace(spec.name, orch::RestartPolicy{});
+    for (const auto& spec : s_.plan.worker_specs) restart_policies_.emplace(spec.name, RestartPolicy{});
     if (!embedded_inference()) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
     return ok();
   }
@@ -259,8 +260,8 @@ class RunSession::Impl {
   // planned for an embedded one. A chain is routed per round, around relays that are dead, left out
   // or already hold the version (the WeightWatcher knows the round's receivers; until the
   // orchestrator exists there is none, and the whole chain receives).
-  orch::adapters::RolloutInference::DescribeUpdate update_describer(const rollout::ServerCapabilities& server,
-                                                                    orch::adapters::BridgeTrainer& trainer) {
+  adapters::RolloutInference::DescribeUpdate update_describer(const rollout::ServerCapabilities& server,
+                                                              adapters::BridgeTrainer& trainer) {
     std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
     for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
     return [ws = s_.plan.weight_sync, server, worker_index, workers = s_.plan.workers, this, &trainer](
@@ -285,6 +286,7 @@ class RunSession::Impl {
     orch::Orchestrator orchestrator(
         io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, s_.parts.eval_tasks}, s_.options,
         &registry);
+    orchestrator.serve_page(web::run_page());
     watcher_ = &orchestrator.weight_watcher();
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);
@@ -395,7 +397,7 @@ class RunSession::Impl {
       error_ = st.error().what();
       orchestrator.request_stop(error_);
     }
-    restart_policies_.emplace(spec.name, orch::RestartPolicy{});
+    restart_policies_.emplace(spec.name, RestartPolicy{});
   }
 
   // The outcome of a run whose loop ended: the first error, else a stop by signal, else its end.
@@ -410,7 +412,7 @@ class RunSession::Impl {
   }
 
   // Watches the children while the run goes on (supervision). An embedded worker or the embedded
-  // trainer that dies is started again after a backoff (orch::RestartPolicy: at most 5 restarts
+  // trainer that dies is started again after a backoff (RestartPolicy: at most 5 restarts
   // within 10 minutes, waiting 0.5 s, doubling to 10 s); the next death within that window, a
   // usage error (exit code 2: a restart would fail the same way) or the exit of any other child
   // stops the run with an error naming the child and its last lines.
@@ -430,7 +432,7 @@ class RunSession::Impl {
   }
 
   // Restarts the child after its backoff, or stops the run (returns false).
-  bool supervise(const orch::ChildExit& e, orch::Orchestrator& orchestrator) {
+  bool supervise(const ChildExit& e, orch::Orchestrator& orchestrator) {
     ++lives_[e.name];
     std::string why;
     auto policy = restart_policies_.find(e.name);
@@ -539,9 +541,9 @@ class RunSession::Impl {
   bool done_ = false;
   std::string error_;
   std::string stop_reason_;
-  std::map<std::string, orch::RestartPolicy> restart_policies_;  // the supervised children, by name
-  std::map<std::string, int> lives_;                             // deaths so far, by name
-  const orch::WeightWatcher* watcher_ = nullptr;                 // the orchestrator's, while it runs
+  std::map<std::string, RestartPolicy> restart_policies_;  // the supervised children, by name
+  std::map<std::string, int> lives_;                       // deaths so far, by name
+  const orch::WeightWatcher* watcher_ = nullptr;           // the orchestrator's, while it runs
 };
 
 Result<std::unique_ptr<RunSession>> RunSession::create(const config::Config& cfg, const SessionOptions& options) {

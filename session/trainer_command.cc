@@ -18,9 +18,9 @@ std::string bridge_address(const config::Config& cfg, std::uint16_t port) {
 
 }  // namespace
 
-orch::ChildSpec command_trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
-                                     int num_workers, std::uint16_t bridge_port) {
-  orch::ChildSpec spec;
+ChildSpec command_trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
+                               int num_workers, std::uint16_t bridge_port) {
+  ChildSpec spec;
   spec.name = "trainer";
   spec.argv = cfg.strings("trainer.command");
   const auto& transport = cfg.string("bridge.transport");

@@ -14,12 +14,12 @@
 
 #include "session/launch_plan.h"
 #include "common/config/config.h"
-#include "orchestrator/launcher.h"
+#include "session/launcher.h"
 
 namespace arlo::session {
 
 // The child of a command trainer. `bridge_port` is the socket bridge's bound port (unused for dir).
-orch::ChildSpec command_trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
-                                     int num_workers, std::uint16_t bridge_port);
+ChildSpec command_trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
+                               int num_workers, std::uint16_t bridge_port);
 
 }  // namespace arlo::session

@@ -40,7 +40,7 @@
 #include "common/async/io_thread.h"
 #include "common/log.h"
 #include "common/async/coro.h"
-#include "orchestrator/adapters/rollout_adapters.h"
+#include "session/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/advantages.h"
 #include "tests/unit/orchestrator/fakes.h"
@@ -137,7 +137,7 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   pool.add_worker(url);
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url, {}));
-  adapters::RolloutInference inference(pool, std::move(admins), {}, "policy", network.executor());
+  session::adapters::RolloutInference inference(pool, std::move(admins), {}, "policy", network.executor());
   network.run_and_wait([&] { pool.start(); });
   testing::NumberedTasks tasks(synthetic_task);
   ParityScorer scorer;

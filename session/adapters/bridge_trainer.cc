@@ -1,20 +1,20 @@
-#include "orchestrator/adapters/bridge_trainer.h"
+#include "session/adapters/bridge_trainer.h"
 
 #include <fmt/format.h>
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 
 BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& server, ThreadPool& pool,
                              bridge::PackOptions pack)
     : io_(io), server_(server), pool_(pool), pack_(pack) {}
 
-void BridgeTrainer::on_version(std::function<void(VersionNotice)> callback) {
+void BridgeTrainer::on_version(std::function<void(orch::VersionNotice)> callback) {
   server_.on_version([this, cb = std::move(callback)](bridge::VersionEvent e) {
     if (alive_) alive_();
     if (e.info.is_object()) latest_info_ = e.info;
     // The announcement carries where the weights are under "weight_sync" (weight_sync/wire.h) and
     // the step's trainer metrics under "metrics" (arlo-trainer: loss, grad_norm, mismatch_kl, ...).
-    VersionNotice notice{e.version};
+    orch::VersionNotice notice{e.version};
     if (e.info.is_object() && e.info.contains("metrics") && e.info["metrics"].is_object())
       notice.metrics = e.info["metrics"];
     if (e.info.is_object() && e.info.contains("weight_sync") && e.info["weight_sync"].is_object())
@@ -30,7 +30,7 @@ void BridgeTrainer::on_alive(std::function<void()> callback) {
   });
 }
 
-Awaitable<Status> BridgeTrainer::send(TrainBatch batch) {
+Awaitable<Status> BridgeTrainer::send(orch::TrainBatch batch) {
   const auto step = batch.step;
   auto work = [batch = std::move(batch), opts = pack_]() -> Result<bridge::StepBatch> {
     std::vector<bridge::Sample> samples;
@@ -54,4 +54,4 @@ Awaitable<Status> BridgeTrainer::send(TrainBatch batch) {
   co_return co_await server_.send(std::move(*packed));
 }
 
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

@@ -11,13 +11,13 @@
 #include "trainer_bridge/batch.h"
 #include "trainer_bridge/bridge.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 
-class BridgeTrainer final : public TrainerPort {
+class BridgeTrainer final : public orch::TrainerPort {
  public:
   BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& server, ThreadPool& pool, bridge::PackOptions pack);
-  Awaitable<Status> send(TrainBatch batch) override;
-  void on_version(std::function<void(VersionNotice)> callback) override;
+  Awaitable<Status> send(orch::TrainBatch batch) override;
+  void on_version(std::function<void(orch::VersionNotice)> callback) override;
   // Each heartbeat and each version from the trainer (socket bridge: every second; dir bridge: the
   // heartbeat files a trainer writes, if it writes them).
   void on_alive(std::function<void()> callback) override;
@@ -36,4 +36,4 @@ class BridgeTrainer final : public TrainerPort {
   std::function<void()> alive_;
 };
 
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

@@ -1,4 +1,4 @@
-#include "orchestrator/adapters/collective_session.h"
+#include "session/adapters/collective_session.h"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -17,7 +17,7 @@
 #include "common/log.h"
 #include "weight_sync/collective.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
@@ -230,4 +230,4 @@ void TrainerCollective::failed(std::string worker, std::int64_t generation, std:
   }).detach();
 }
 
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

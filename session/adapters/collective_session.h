@@ -19,7 +19,7 @@
 
 #include "rollout/admin.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 
 struct CollectiveSessionOptions {
   std::size_t expected = 1;                   // workers that take part (a group forms once all asked)
@@ -52,4 +52,4 @@ class TrainerCollective final : public rollout::CollectiveSession,
   std::unique_ptr<State> st_;
 };
 
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

@@ -1,4 +1,4 @@
-#include "orchestrator/adapters/rollout_adapters.h"
+#include "session/adapters/rollout_adapters.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 
 #include "rollout/openai.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 
 RolloutInference::RolloutInference(rollout::InferencePool& pool,
                                    std::vector<std::unique_ptr<rollout::AdminClient>> admins, DescribeUpdate describe,
@@ -47,8 +47,8 @@ Awaitable<T> RolloutInference::on_pool_thread(Make make) {
   co_return co_await std::move(op);
 }
 
-Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest request) {
-  auto op = on_pool_thread<Result<GenerateResult>>(
+Awaitable<Result<orch::GenerateResult>> RolloutInference::generate(orch::GenerateRequest request) {
+  auto op = on_pool_thread<Result<orch::GenerateResult>>(
       [this, request = std::move(request)]() mutable { return generate_here(std::move(request)); });
   auto result = co_await std::move(op);
   // kMismatch from generate_here: the server's responses lack token data (check_token_data).
@@ -59,7 +59,7 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate(GenerateRequest req
   co_return result;
 }
 
-Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateRequest req) {
+Awaitable<Result<orch::GenerateResult>> RolloutInference::generate_here(orch::GenerateRequest req) {
   rollout::CompletionRequest cr;
   cr.model = model_;
   cr.prompt_token_ids = req.prompt_tokens;
@@ -79,16 +79,16 @@ Awaitable<Result<GenerateResult>> RolloutInference::generate_here(GenerateReques
   cr.extra = rollout::token_data_request(server_, chat);
   // Prefix KV only from the weights the worker serves now (arlo-worker keeps no cache across versions).
   cr.cache_salt = server_ == rollout::AdminDialect::kVllm || server_ == rollout::AdminDialect::kSglang;
-  const auto budget = std::max<Duration>(Duration::zero(), req.deadline - Clock_::now());
+  const auto budget = std::max<orch::Duration>(orch::Duration::zero(), req.deadline - orch::Clock_::now());
   auto completion = co_await pool_.submit(std::move(cr), budget);
   if (!completion) co_return std::unexpected(std::move(completion).error());
   if (auto st = rollout::check_token_data(*completion, chat, logprobs, server_); !st)
     co_return std::unexpected(st.error());
-  GenerateResult out;
+  orch::GenerateResult out;
   out.prompt_tokens = std::move(completion->prompt_token_ids);
   out.worker = completion->worker;
   for (auto& ch : completion->choices) {
-    Completion c;
+    orch::Completion c;
     c.tokens = std::move(ch.token_ids);
     c.logprobs = std::move(ch.logprobs);
     c.spans = std::move(ch.version_spans);
@@ -115,7 +115,7 @@ Awaitable<Status> RolloutInference::admin_call(std::string worker,
   co_return co_await std::move(op);
 }
 
-Awaitable<Status> RolloutInference::pause(std::string worker, PauseMode mode, TimePoint) {
+Awaitable<Status> RolloutInference::pause(std::string worker, PauseMode mode, orch::TimePoint) {
   // Requests sent from now on may wait out the update in the server's queue (keep): a new salt.
   std::function<Awaitable<Status>(rollout::AdminClient&)> call = [this, worker, mode](rollout::AdminClient& a) {
     pool_.weights_changed(worker);
@@ -144,7 +144,7 @@ Awaitable<Status> update_then_salt(rollout::InferencePool& pool, std::string wor
 }
 }  // namespace
 
-Awaitable<Status> RolloutInference::update_weights(std::string worker, Version version, TimePoint) {
+Awaitable<Status> RolloutInference::update_weights(std::string worker, Version version, orch::TimePoint) {
   rollout::WeightUpdate update = describe_ ? describe_(worker, version) : rollout::WeightUpdate{};
   update.version = version;
   std::function<Awaitable<Status>(rollout::AdminClient&)> call = [this, worker, update](rollout::AdminClient& a) {
@@ -154,25 +154,25 @@ Awaitable<Status> RolloutInference::update_weights(std::string worker, Version v
   co_return co_await std::move(op);
 }
 
-Awaitable<Status> RolloutInference::resume(std::string worker, TimePoint) {
+Awaitable<Status> RolloutInference::resume(std::string worker, orch::TimePoint) {
   std::function<Awaitable<Status>(rollout::AdminClient&)> call = [](rollout::AdminClient& a) { return a.resume(); };
   auto op = admin_call(std::move(worker), std::move(call));
   co_return co_await std::move(op);
 }
 
-Awaitable<Result<WorkerWeights>> RolloutInference::weights(std::string worker, TimePoint) {
-  auto op = on_pool_thread<Result<WorkerWeights>>(
+Awaitable<Result<orch::WorkerWeights>> RolloutInference::weights(std::string worker, orch::TimePoint) {
+  auto op = on_pool_thread<Result<orch::WorkerWeights>>(
       [this, worker = std::move(worker)]() mutable { return weights_here(std::move(worker)); });
   co_return co_await std::move(op);
 }
 
-Awaitable<Result<WorkerWeights>> RolloutInference::weights_here(std::string worker) {
+Awaitable<Result<orch::WorkerWeights>> RolloutInference::weights_here(std::string worker) {
   auto a = admin(worker);
   if (!a) co_return std::unexpected(std::move(a).error());
   auto query = (*a)->weights();
   auto info = co_await std::move(query);
   if (!info) co_return std::unexpected(std::move(info).error());
-  co_return WorkerWeights{info->version.value_or(kNoVersion), info->checksum};
+  co_return orch::WorkerWeights{info->version.value_or(kNoVersion), info->checksum};
 }
 
 Awaitable<std::vector<std::string>> RolloutInference::silent_workers() {
@@ -223,13 +223,13 @@ namespace {
 // What orchestrator.overlong makes of each sample: a truncated one is dropped or masked, as
 // compute_advantages decided it. A group that the estimator drops for another reason (rloo with one
 // sample) trains at advantage 0, as ever.
-std::vector<SampleFate> overlong_fates(std::span<const rollout::SampleInput> samples,
-                                       rollout::TruncationPolicy policy) {
-  std::vector<SampleFate> out(samples.size(), SampleFate::kTrain);
+std::vector<orch::SampleFate> overlong_fates(std::span<const rollout::SampleInput> samples,
+                                             rollout::TruncationPolicy policy) {
+  std::vector<orch::SampleFate> out(samples.size(), orch::SampleFate::kTrain);
   for (std::size_t i = 0; i < samples.size(); ++i) {
     if (!samples[i].truncated) continue;
-    if (policy == rollout::TruncationPolicy::kDrop) out[i] = SampleFate::kDropped;
-    if (policy == rollout::TruncationPolicy::kMask) out[i] = SampleFate::kMasked;
+    if (policy == rollout::TruncationPolicy::kDrop) out[i] = orch::SampleFate::kDropped;
+    if (policy == rollout::TruncationPolicy::kMask) out[i] = orch::SampleFate::kMasked;
   }
   return out;
 }
@@ -242,8 +242,8 @@ RolloutScorer::RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOp
   advantages_.filter_equal_reward_groups = false;
 }
 
-Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> task,
-                                                    std::shared_ptr<const std::vector<Completion>> completions) {
+Awaitable<Result<orch::ScoredGroup>> RolloutScorer::score(
+    std::shared_ptr<const Task> task, std::shared_ptr<const std::vector<orch::Completion>> completions) {
   std::vector<rollout::Rollout> group;
   group.reserve(completions->size());
   for (std::size_t i = 0; i < completions->size(); ++i) {
@@ -259,7 +259,7 @@ Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> 
   }
   auto st = co_await scorer_.score_group(*task, group);
   if (!st) co_return std::unexpected(std::move(st).error());
-  ScoredGroup out;
+  orch::ScoredGroup out;
   std::vector<rollout::SampleInput> inputs;
   for (const auto& r : group) {
     out.rewards.push_back(r.reward.value_or(0.0));
@@ -273,4 +273,4 @@ Awaitable<Result<ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> 
   co_return out;
 }
 
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

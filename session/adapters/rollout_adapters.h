@@ -20,10 +20,12 @@
 #include "rollout/inference_pool.h"
 #include "rollout/reward_scorer.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
+
+namespace asio = boost::asio;
 
 // Worker pool for generation; one admin client per worker for pause / weights / resume.
-class RolloutInference final : public InferencePort {
+class RolloutInference final : public orch::InferencePort {
  public:
   // What `worker` (its admin url) needs to fetch version v (weight-sync block, manifest, dialect extras).
   using DescribeUpdate = std::function<rollout::WeightUpdate(const std::string& worker, Version)>;
@@ -43,12 +45,12 @@ class RolloutInference final : public InferencePort {
   // other request would fail alike, so the run should stop with this error.
   void on_unusable_server(std::function<void(const Error&)> callback) { on_unusable_ = std::move(callback); }
 
-  Awaitable<Result<GenerateResult>> generate(GenerateRequest request) override;
+  Awaitable<Result<orch::GenerateResult>> generate(orch::GenerateRequest request) override;
   std::vector<std::string> workers() const override;
-  Awaitable<Status> pause(std::string worker, PauseMode mode, TimePoint deadline) override;
-  Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) override;
-  Awaitable<Status> resume(std::string worker, TimePoint deadline) override;
-  Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint deadline) override;
+  Awaitable<Status> pause(std::string worker, PauseMode mode, orch::TimePoint deadline) override;
+  Awaitable<Status> update_weights(std::string worker, Version version, orch::TimePoint deadline) override;
+  Awaitable<Status> resume(std::string worker, orch::TimePoint deadline) override;
+  Awaitable<Result<orch::WorkerWeights>> weights(std::string worker, orch::TimePoint deadline) override;
   // The workers the pool finds silent (rollout::WorkerStatus::silent) with its circuit open,
   // or open or not, matched to their admin url; read on the pool's thread.
   Awaitable<std::vector<std::string>> silent_workers() override;
@@ -60,8 +62,8 @@ class RolloutInference final : public InferencePort {
   template <typename T, typename Make>
   Awaitable<T> on_pool_thread(Make make);
   // The calls themselves, on the pool's thread.
-  Awaitable<Result<GenerateResult>> generate_here(GenerateRequest request);
-  Awaitable<Result<WorkerWeights>> weights_here(std::string worker);
+  Awaitable<Result<orch::GenerateResult>> generate_here(orch::GenerateRequest request);
+  Awaitable<Result<orch::WorkerWeights>> weights_here(std::string worker);
   Awaitable<std::vector<std::string>> silent_workers_here(bool circuit_open);
   Awaitable<Status> admin_call_here(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
   Awaitable<Status> admin_call(std::string worker, std::function<Awaitable<Status>(rollout::AdminClient&)> call);
@@ -78,7 +80,7 @@ class RolloutInference final : public InferencePort {
 // An endless (or epoch-bounded) task stream, handing out the environment's tasks as they are (token
 // ids, where a run wants them, are added by its caller: session::RunTasks). The cursor holds the
 // stream's cursor and, as "seq", how many tasks it has handed out.
-class RolloutTasks final : public TaskSource {
+class RolloutTasks final : public orch::TaskSource {
  public:
   explicit RolloutTasks(std::shared_ptr<rollout::TaskStream> stream);
   Result<Task> next() override;
@@ -94,15 +96,15 @@ class RolloutTasks final : public TaskSource {
 // failure policy), then computes advantages with rollout's estimator. A sample left unscored by
 // the `drop` policy gets reward 0 and advantage 0. A completion cut off by max_tokens gets the fate
 // that the estimator's truncation policy (orchestrator.overlong) gives it: dropped, masked or trained.
-class RolloutScorer final : public ScorerPort {
+class RolloutScorer final : public orch::ScorerPort {
  public:
   RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOptions advantages);
-  Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task> task,
-                                       std::shared_ptr<const std::vector<Completion>> completions) override;
+  Awaitable<Result<orch::ScoredGroup>> score(std::shared_ptr<const Task> task,
+                                             std::shared_ptr<const std::vector<orch::Completion>> completions) override;
 
  private:
   rollout::RewardScorer& scorer_;
   rollout::AdvantageOptions advantages_;
 };
 
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

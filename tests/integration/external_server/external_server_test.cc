@@ -26,8 +26,8 @@
 #include "session/rollout_parts.h"
 #include "common/http.h"
 #include "common/async/io_thread.h"
-#include "orchestrator/adapters/bridge_trainer.h"
-#include "orchestrator/adapters/rollout_adapters.h"
+#include "session/adapters/bridge_trainer.h"
+#include "session/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "reference/tokenizer.h"
 #include "tests/integration/orchestrator_loop/orchestrator_run.h"
@@ -321,7 +321,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   asio::post(network.context(), [&pool] { pool.start(); });
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url));
-  orch::adapters::RolloutInference inference(
+  session::adapters::RolloutInference inference(
       pool, std::move(admins),
       [](const std::string&, arlo::Version) {
         rollout::WeightUpdate u;
@@ -336,7 +336,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   for (std::size_t i = 0; i < (*dataset)->size(); ++i) out.tasks.push_back(tasks.prepare((*dataset)->at(i)));
 
   rollout::RewardScorer reward(io, parts->reward, {});
-  orch::adapters::RolloutScorer scorer(reward, rollout::AdvantageOptions{});
+  session::adapters::RolloutScorer scorer(reward, rollout::AdvantageOptions{});
   bridge::ServerOptions bo;
   bo.transport = "dir";
   bo.run_dir = (dir / "bridge").string();
@@ -346,7 +346,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   ThreadPool threads(1);
   bridge::PackOptions pack;
   pack.seq_len = 128;
-  orch::adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
+  session::adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
 
   RealClock clock(io.get_executor());
   auto opt = orch::test::small_run_options(kSteps);

@@ -16,8 +16,8 @@
 
 #include "common/http.h"
 #include "common/metrics.h"
-#include "orchestrator/adapters/bridge_trainer.h"
-#include "orchestrator/adapters/rollout_adapters.h"
+#include "session/adapters/bridge_trainer.h"
+#include "session/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward.h"
 #include "tests/integration/orchestrator_loop/orchestrator_run.h"
@@ -102,7 +102,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u0));
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u1));
-  adapters::RolloutInference inference(pool, std::move(admins), [](const std::string&, Version) {
+  session::adapters::RolloutInference inference(pool, std::move(admins), [](const std::string&, Version) {
     rollout::WeightUpdate u;
     u.weight_sync = {{"transport", "filesystem"}};
     return u;
@@ -114,14 +114,14 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   auto source = rollout::make_arithmetic(ao);
   ASSERT_TRUE(source);
   auto stream = std::make_shared<rollout::TaskStream>(*source, rollout::TaskStream::Options{});
-  adapters::RolloutTasks tasks(stream);
+  session::adapters::RolloutTasks tasks(stream);
   std::vector<Task> eval_tasks;
   for (std::size_t i = 0; i < 4; ++i) eval_tasks.push_back((*source)->at(i));
 
   auto module = rollout::make_reward_module({{"kind", "exact_match"}});
   ASSERT_TRUE(module) << module.error().what();
   rollout::RewardScorer reward(io, std::shared_ptr<rollout::RewardModule>(std::move(*module)), {});
-  adapters::RolloutScorer scorer(reward, rollout::AdvantageOptions{});
+  session::adapters::RolloutScorer scorer(reward, rollout::AdvantageOptions{});
 
   bridge::ServerOptions bo;
   bo.transport = "dir";
@@ -131,7 +131,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   ThreadPool threads(1);
   bridge::PackOptions pack;
   pack.seq_len = 64;
-  adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
+  session::adapters::BridgeTrainer trainer(io, **bridge_server, threads, pack);
 
   RealClock clock(io.get_executor());
   auto opt = test::small_run_options(kSteps);

@@ -20,8 +20,7 @@ rules=(
   "trainer_bridge        common weight_sync trainer_bridge"
   "reference             common weight_sync reference"
   "web                   common web"
-  "orchestrator          common web orchestrator"  # the loop and its ports; never its adapters
-  "orchestrator/adapters common web weight_sync rollout trainer_bridge orchestrator"
+  "orchestrator          common orchestrator"  # the loop and its ports; session/ has their adapters
   "session               common web weight_sync rollout trainer_bridge reference orchestrator session"
   "apps/arlo             common web session apps/arlo"
 )
@@ -40,14 +39,13 @@ for rule in "${rules[@]}"; do
     [[ $other == "$folder"/* ]] && prune+=(-path "$other" -prune -o)
   done
   allowed_re="^($(echo "$allowed" | tr ' ' '|'))/"
-  [[ $folder == orchestrator ]] && deny_re='^orchestrator/adapters/' || deny_re='^$'
   while IFS= read -r file; do
     checked=$((checked + 1))
     while IFS=: read -r line include; do
       target=${include#*\"}
       target=${target%%\"*}
       [[ $target =~ ^$project ]] || continue
-      if [[ ! $target =~ $allowed_re || $target =~ $deny_re ]]; then
+      if [[ ! $target =~ $allowed_re ]]; then
         problems+="$file:$line: includes $target (${folder}/ may include: ${allowed})"$'\n'
       fi
     done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" || true)

@@ -1,4 +1,4 @@
-// arlo run's collective session (orchestrator/adapters/collective_session.h) over the real nccl
+// arlo run's collective session (session/adapters/collective_session.h) over the real nccl
 // publisher and stores, with the communicator's double: workers that ask together get one group;
 // their receiving() calls make one broadcast; a failure makes the next group a new generation; a
 // rejoining worker starts a new group with everyone who asks with it.
@@ -7,12 +7,12 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include "orchestrator/adapters/collective_session.h"
+#include "session/adapters/collective_session.h"
 #include "tests/unit/nccl_transport/nccl_trainer.h"
 #include "weight_sync/transports/nccl/testing.h"
 #include "weight_sync/wire.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 namespace {
 
 namespace asio = boost::asio;
@@ -132,4 +132,4 @@ TEST(CollectiveSession, NoAnnouncementYetIsAClearError) {
 }
 
 }  // namespace
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

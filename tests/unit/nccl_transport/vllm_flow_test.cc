@@ -9,7 +9,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "common/http.h"
-#include "orchestrator/adapters/collective_session.h"
+#include "session/adapters/collective_session.h"
 #include "rollout/admin.h"
 #include "tests/unit/nccl_transport/nccl_trainer.h"
 #include "tests/unit/rollout/rollout_test_util.h"
@@ -183,7 +183,7 @@ void one_update(rollout::AdminDialect dialect, const char* flavor, std::size_t c
   asio::io_context io;
   Srv server(io, *fake);
   auto session =
-      orch::adapters::TrainerCollective::create({.expected = 1, .flavor = flavor, .gather = 2s, .timeout = 10s});
+      session::adapters::TrainerCollective::create({.expected = 1, .flavor = flavor, .gather = 2s, .timeout = 10s});
   session->announce({{"weight_sync", ws::to_json(trainer.announcement(1))}});
   http::Client client(io);
   rollout::AdminOptions o;

@@ -11,11 +11,9 @@
 
 #include <unistd.h>
 
-#include "common/config/config.h"
 #include "common/http.h"
 #include "common/metrics.h"
 #include "orchestrator/checkpoint.h"
-#include "orchestrator/config_options.h"
 #include "orchestrator/orchestrator.h"
 #include "tests/unit/orchestrator/fakes.h"
 #include "tests/unit/rollout/rollout_test_util.h"
@@ -1269,26 +1267,6 @@ TEST(Trainer, WithoutASilenceTimeoutTheRunWaitsForTheTrainer) {
   h.trainer.heartbeat();  // back
   ASSERT_NO_FATAL_FAILURE(trainer_comes_back_and_the_run_finishes(h, 3));
   EXPECT_EQ(h.orch->trainer_silence_alarms(), 10u);
-}
-
-TEST(Options, EvalPassKAndCorrectThresholdComeFromTheConfig) {
-  auto cfg = config::load_string("eval:\n  k: 8\n  pass_k: [1, 4, 8]\n  correct_threshold: 0.5\n");
-  ASSERT_TRUE(cfg) << cfg.error().what();
-  auto o = options_from_config(*cfg);
-  ASSERT_TRUE(o) << o.error().what();
-  EXPECT_EQ(o->eval_pass_k, (std::vector<int>{1, 4, 8}));
-  EXPECT_DOUBLE_EQ(o->eval_correct_threshold, 0.5);
-  // Unset: pass@1 and pass@k.
-  auto dflt = options_from_config(*config::load_string("eval:\n  k: 4\n"));
-  ASSERT_TRUE(dflt);
-  EXPECT_EQ(dflt->eval_pass_k, (std::vector<int>{1, 4}));
-  // A k outside 1..eval.k, or not a number, is refused where it is written.
-  for (const char* bad : {"eval:\n  k: 4\n  pass_k: [1, 5]\n", "eval:\n  k: 4\n  pass_k: [one]\n"}) {
-    auto c = config::load_string(bad, "bad.yaml");
-    ASSERT_FALSE(c) << bad;
-    EXPECT_NE(c.error().what().find("eval.pass_k"), std::string::npos) << c.error().what();
-    EXPECT_NE(c.error().what().find("bad.yaml"), std::string::npos) << c.error().what();
-  }
 }
 
 TEST(Options, RejectsInconsistentValues) {

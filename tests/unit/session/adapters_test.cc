@@ -5,11 +5,15 @@
 
 #include <mutex>
 
-#include "orchestrator/adapters/rollout_adapters.h"
+#include "session/adapters/rollout_adapters.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
-namespace arlo::orch::adapters {
+namespace arlo::session::adapters {
 namespace {
+
+using orch::Completion;
+using orch::SampleFate;
+using orch::ScoredGroup;
 
 using rollout::test::sample_chat_task;
 using rollout::test::sample_completion_task;
@@ -122,4 +126,4 @@ TEST(Adapters, ScorerGivesCutOffCompletionsTheirOverlongFate) {
 }
 
 }  // namespace
-}  // namespace arlo::orch::adapters
+}  // namespace arlo::session::adapters

@@ -11,9 +11,9 @@
 #include <mutex>
 #include <thread>
 
-#include "orchestrator/launcher.h"
+#include "session/launcher.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 namespace {
 
 struct Lines {
@@ -101,4 +101,4 @@ TEST(Launcher, FreeLoopbackPortIsBindable) {
 }
 
 }  // namespace
-}  // namespace arlo::orch
+}  // namespace arlo::session

@@ -3,12 +3,13 @@
 // the window is past the bound, and a child that stays up longer than the window starts over.
 #include <gtest/gtest.h>
 
-#include "orchestrator/launcher.h"
-#include "tests/unit/orchestrator/fakes.h"
+#include "session/launcher.h"
+#include "common/async/fake_clock.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 namespace {
 
+using orch::Duration;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -65,4 +66,4 @@ TEST(RestartPolicy, RestartsOlderThanTheWindowNoLongerCount) {
 }
 
 }  // namespace
-}  // namespace arlo::orch
+}  // namespace arlo::session
