@@ -35,8 +35,9 @@ class InferencePort {
   // Names of the workers the admin calls address, fixed for the call sequence of one update.
   virtual std::vector<std::string> workers() const = 0;
   virtual Awaitable<Status> pause(std::string worker, PauseMode mode, TimePoint deadline) = 0;
-  // Makes `worker` fetch and apply `version` (prepare + commit in the arlo dialect).
-  virtual Awaitable<Status> update_weights(std::string worker, Version version, TimePoint deadline) = 0;
+  // Makes `worker` fetch and apply `round.version` (prepare + commit in the arlo dialect) from where
+  // the round says it is.
+  virtual Awaitable<Status> update_weights(std::string worker, WeightRound round, TimePoint deadline) = 0;
   virtual Awaitable<Status> resume(std::string worker, TimePoint deadline) = 0;
   // What `worker` serves now (read at the end of a run for summary.json).
   virtual Awaitable<Result<WorkerWeights>> weights(std::string worker, TimePoint deadline) = 0;

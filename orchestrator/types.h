@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,18 @@ struct VersionNotice {
   // Where `version` is staged and its checksum: the trainer's announcement (weight_sync/wire.h);
   // empty when the trainer said nothing of it (arlo_bridge_announce without one).
   nlohmann::json weight_sync = nlohmann::json::object();
+};
+
+// One worker's update call in a weight round, as the WeightWatcher knows it: the version, where
+// the trainer said it is (the notice's `weight_sync` announcement the round was started from; empty
+// when it said nothing), the workers (admin urls) that receive it in this round (not left out,
+// paused, not holding it already) and whether this worker's update already failed once in it. A
+// chain (weight_sync.topology chain) routes each worker around relays that are not receiving.
+struct WeightRound {
+  Version version = 0;
+  nlohmann::json weight_sync = nlohmann::json::object();
+  std::set<std::string> receivers;
+  bool retry = false;
 };
 
 }  // namespace arlo::orch

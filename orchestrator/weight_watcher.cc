@@ -111,9 +111,13 @@ Awaitable<Status> WeightWatcher::admin(AdminOp op, std::string worker, Version v
   Status last = ok();
   for (int attempt = 1; attempt <= opt_.admin_attempts; ++attempt) {
     const auto deadline = clock_.now() + opt_.admin_timeout;
-    auto call = op == AdminOp::kPause    ? inference_.pause(worker, mode, deadline)
-                : op == AdminOp::kUpdate ? inference_.update_weights(worker, v, deadline)
-                                         : inference_.resume(worker, deadline);
+    auto call =
+        op == AdminOp::kPause ? inference_.pause(worker, mode, deadline)
+        : op == AdminOp::kUpdate
+            ? inference_.update_weights(
+                  worker, WeightRound{v, round_weight_sync_, round_receivers_, round_retried_.count(worker) > 0},
+                  deadline)
+            : inference_.resume(worker, deadline);
     last = co_await with_deadline<void>(ex_, clock_, deadline, std::move(call), what.c_str());
     if (last) co_return last;
     if (op == AdminOp::kUpdate) round_retried_.insert(worker);  // its next attempt avoids a relay that failed it
@@ -238,6 +242,7 @@ Awaitable<void> WeightWatcher::sync(VersionNotice notice) {
   report.version = v;
   report.start = t0;
   report.trainer_metrics = notice.metrics;
+  round_weight_sync_ = notice.weight_sync;
   if (v != attempted_) {  // a new version: every worker may try it
     attempted_ = v;
     attempts_.clear();

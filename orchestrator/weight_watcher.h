@@ -26,11 +26,11 @@
 // (it serves what it holds) until a newer version comes, and is not tried again for that one; when
 // every worker is out of date for a version none of them took, the run stops with the reason
 // (SyncReport::gave_up).
-// Who receives a round's version (receives(): not left out, paused, not holding it) and whose
-// update already failed once in it (retrying()) is known to the update calls: a chain
-// (weight_sync.topology chain) routes each worker around relays that are dead, left out or already
-// hold the version. With Options::pause_all_first (chains) every worker pauses before any update
-// starts, so a relay that does not answer its pause is out of the round before anyone pulls from it.
+// Each update call gets the round (WeightRound): the version with the announcement it came from,
+// who receives it (not left out, paused, not holding it) and whether the worker's update already
+// failed once in it: a chain (weight_sync.topology chain) routes each worker around relays that
+// are dead, left out or already hold the version. With Options::pause_all_first (chains) every worker pauses before any
+// update starts, so a relay that does not answer its pause is out of the round before anyone pulls from it.
 //
 // Threading: the io_context thread only.
 #include <boost/asio/any_io_executor.hpp>
@@ -97,12 +97,6 @@ class WeightWatcher {
   const std::set<std::string>& left_out() const { return left_out_; }
   // Workers that failed the newest version version_attempts times (not tried again for it).
   const std::set<std::string>& out_of_date() const { return out_of_date_; }
-  // The round in progress (false between rounds): whether `worker` receives the round's version in
-  // it (it paused, was not left out, and does not hold that version: with pause_all_first as it
-  // says when asked after its pause, else as far as this watcher knows), and whether an update
-  // attempt of it already failed in it.
-  bool receives(const std::string& worker) const { return round_receivers_.count(worker) > 0; }
-  bool retrying(const std::string& worker) const { return round_retried_.count(worker) > 0; }
   std::uint64_t failures() const { return failures_; }
   double last_sync_seconds() const { return last_seconds_; }
   // Completes once `v` (or newer) is synced, or at `deadline` (returns false then), or on stop().
@@ -163,8 +157,9 @@ class WeightWatcher {
   std::set<std::string> out_of_date_;
   bool resync_ = false;                        // a worker rejoined: sync the current version again
   std::map<std::string, Version> held_;        // the newest version each worker took
-  std::set<std::string> round_receivers_;      // see receives()
-  std::set<std::string> round_retried_;        // see retrying()
+  nlohmann::json round_weight_sync_;           // the announcement of the round's version
+  std::set<std::string> round_receivers_;      // WeightRound::receivers
+  std::set<std::string> round_retried_;        // WeightRound::retry
   std::set<std::string> round_unanswering_;    // asked this round and answered nothing: asked no more
   std::set<std::string> round_silent_;         // left out of this round unasked: they answer nothing
   std::set<std::string> restarting_;           // see restarting()

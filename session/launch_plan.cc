@@ -80,14 +80,14 @@ rollout::WeightUpdate WeightSyncPlan::describe(std::size_t worker, std::int64_t 
   rollout::WeightUpdate u;
   u.version = version;
   if (collective) {
-    if (announced.contains("weight_sync")) collective->announce(announced);
+    if (!announced.empty()) collective->announce(announced);
     u.collective = collective;
     return u;
   }
   const std::string transport = block.value("transport", std::string());
   nlohmann::json endpoint = block;  // no announcement: the planned block names the endpoint
-  if (announced.contains("weight_sync")) {
-    auto a = weight_sync::parse_announcement(announced["weight_sync"]);
+  if (!announced.empty()) {
+    auto a = weight_sync::parse_announcement(announced);
     if (a)
       endpoint = a->endpoint;
     else

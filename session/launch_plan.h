@@ -47,15 +47,16 @@ struct WeightSyncPlan {
   // it pulls from is decided per round (ChainRole) and sent with each update.
   std::vector<std::pair<nlohmann::json, nlohmann::json>> relays;
   // A collective transport (nccl): every update joins the workers and the trainer's publisher in
-  // one group through this session (describe() hands it the newest announcement).
+  // one group through this session (describe() hands it the announcement of each round's version).
   std::shared_ptr<adapters::TrainerCollective> collective;
 
   // The update the WeightWatcher sends `worker` (index into LaunchPlan::workers) for `version` on
   // servers that can take what `server` says (inference.kind's dialect): {version, weight_sync: the
   // receiver block}, plus extra.model_path for a durable transport when the server takes_model_path;
-  // a collective transport: the session. `announced` is the trainer's newest announcement info ({"weight_sync": ...});
-  // without one, the planned block is used as is. In a chain, `role` is the worker's part in this round (none: the
-  // whole chain receives; worker k pulls from worker k-1 and relays unless it is last).
+  // a collective transport: the session. `announced` is the trainer's announcement of `version`
+  // (its weight_sync block, weight_sync/wire.h); without one, the planned block is used as is. In a chain, `role` is
+  // the worker's part in this round (none: the whole chain receives; worker k pulls from worker k-1 and relays unless
+  // it is last).
   rollout::WeightUpdate describe(std::size_t worker, std::int64_t version, const rollout::ServerCapabilities& server,
                                  const nlohmann::json& announced = nlohmann::json::object(),
                                  std::optional<ChainRole> role = std::nullopt) const;

@@ -199,7 +199,7 @@ class RunSession::Impl {
     bridge::PackOptions pack;
     pack.seq_len = static_cast<int>(s_.cfg.integer("orchestrator.seq_len"));
     adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
-    adapters::RolloutInference inference(pool, std::move(admins), update_describer(dialect.server, trainer), "",
+    adapters::RolloutInference inference(pool, std::move(admins), update_describer(dialect.server), "",
                                          network.executor(), dialect.completions);
     return run_loop(Adapters{network, pool, inference, tasks, scorer, trainer, **server});
   }
@@ -255,26 +255,24 @@ class RunSession::Impl {
     return admins;
   }
 
-  // What each worker is sent to fetch a version (WeightSyncPlan::describe): where the weights are is
-  // what the trainer announced (an external trainer's own address or directory) over what this run
-  // planned for an embedded one. A chain is routed per round, around relays that are dead, left out
-  // or already hold the version (the WeightWatcher knows the round's receivers; until the
-  // orchestrator exists there is none, and the whole chain receives).
-  adapters::RolloutInference::DescribeUpdate update_describer(const rollout::ServerCapabilities& server,
-                                                              adapters::BridgeTrainer& trainer) {
+  // What each worker is sent to fetch a round's version (WeightSyncPlan::describe): where the
+  // weights are is what the trainer announced with that version (an external trainer's own address
+  // or directory) over what this run planned for an embedded one. A chain is routed per round,
+  // around relays that are dead, left out or already hold the version (the round's receivers).
+  adapters::RolloutInference::DescribeUpdate update_describer(const rollout::ServerCapabilities& server) {
     std::map<std::string, std::size_t> worker_index;  // admin url -> position in the plan
     for (std::size_t i = 0; i < s_.plan.workers.size(); ++i) worker_index[s_.plan.workers[i].second] = i;
-    return [ws = s_.plan.weight_sync, server, worker_index, workers = s_.plan.workers, this, &trainer](
-               const std::string& worker, arlo::Version v) {
+    return [ws = s_.plan.weight_sync, server, worker_index, workers = s_.plan.workers](const std::string& worker,
+                                                                                       const orch::WeightRound& round) {
       const auto it = worker_index.find(worker);
       const std::size_t k = it == worker_index.end() ? workers.size() : it->second;
       std::optional<ChainRole> role;
-      if (ws.chain && watcher_ && k < workers.size()) {
+      if (ws.chain && k < workers.size()) {
         std::vector<bool> receiving;
-        for (const auto& [name, url] : workers) receiving.push_back(watcher_->receives(url));
-        role = chain_role(k, receiving, watcher_->retrying(worker));
+        for (const auto& [name, url] : workers) receiving.push_back(round.receivers.count(url) > 0);
+        role = chain_role(k, receiving, round.retry);
       }
-      return ws.describe(k, v, server, trainer.latest_announcement(), role);
+      return ws.describe(k, round.version, server, round.weight_sync, role);
     };
   }
 
@@ -287,7 +285,6 @@ class RunSession::Impl {
         io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, s_.parts.eval_tasks}, s_.options,
         &registry);
     orchestrator.serve_page(web::run_page());
-    watcher_ = &orchestrator.weight_watcher();
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);
     a.inference.on_unusable_server([this, &orchestrator](const Error& e) {
@@ -298,7 +295,6 @@ class RunSession::Impl {
     io_.run();
     a.network.stop();  // the network thread's work ends before anything it uses is destroyed
     children_.stop();
-    watcher_ = nullptr;
     return outcome(orchestrator.summary());
   }
 
@@ -543,7 +539,6 @@ class RunSession::Impl {
   std::string stop_reason_;
   std::map<std::string, RestartPolicy> restart_policies_;  // the supervised children, by name
   std::map<std::string, int> lives_;                       // deaths so far, by name
-  const orch::WeightWatcher* watcher_ = nullptr;           // the orchestrator's, while it runs
 };
 
 Result<std::unique_ptr<RunSession>> RunSession::create(const config::Config& cfg, const SessionOptions& options) {

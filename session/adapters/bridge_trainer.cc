@@ -11,7 +11,6 @@ BridgeTrainer::BridgeTrainer(boost::asio::io_context& io, bridge::BridgeServer& 
 void BridgeTrainer::on_version(std::function<void(orch::VersionNotice)> callback) {
   server_.on_version([this, cb = std::move(callback)](bridge::VersionEvent e) {
     if (alive_) alive_();
-    if (e.info.is_object()) latest_info_ = e.info;
     // The announcement carries where the weights are under "weight_sync" (weight_sync/wire.h) and
     // the step's trainer metrics under "metrics" (arlo-trainer: loss, grad_norm, mismatch_kl, ...).
     orch::VersionNotice notice{e.version};

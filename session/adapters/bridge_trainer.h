@@ -22,9 +22,6 @@ class BridgeTrainer final : public orch::TrainerPort {
   // heartbeat files a trainer writes, if it writes them).
   void on_alive(std::function<void()> callback) override;
   const bridge::PackReport& last_report() const { return last_; }
-  // What the trainer announced with the newest version it published (where the weights are: tcp
-  // address, shm name, filesystem dir), or an empty object before the first announcement.
-  const nlohmann::json& latest_announcement() const { return latest_info_; }
 
  private:
   boost::asio::io_context& io_;
@@ -32,7 +29,6 @@ class BridgeTrainer final : public orch::TrainerPort {
   ThreadPool& pool_;
   bridge::PackOptions pack_;
   bridge::PackReport last_;
-  nlohmann::json latest_info_ = nlohmann::json::object();
   std::function<void()> alive_;
 };
 

@@ -144,9 +144,9 @@ Awaitable<Status> update_then_salt(rollout::InferencePool& pool, std::string wor
 }
 }  // namespace
 
-Awaitable<Status> RolloutInference::update_weights(std::string worker, Version version, orch::TimePoint) {
-  rollout::WeightUpdate update = describe_ ? describe_(worker, version) : rollout::WeightUpdate{};
-  update.version = version;
+Awaitable<Status> RolloutInference::update_weights(std::string worker, orch::WeightRound round, orch::TimePoint) {
+  rollout::WeightUpdate update = describe_ ? describe_(worker, round) : rollout::WeightUpdate{};
+  update.version = round.version;
   std::function<Awaitable<Status>(rollout::AdminClient&)> call = [this, worker, update](rollout::AdminClient& a) {
     return update_then_salt(pool_, worker, a, update);
   };

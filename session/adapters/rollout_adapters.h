@@ -27,8 +27,9 @@ namespace asio = boost::asio;
 // Worker pool for generation; one admin client per worker for pause / weights / resume.
 class RolloutInference final : public orch::InferencePort {
  public:
-  // What `worker` (its admin url) needs to fetch version v (weight-sync block, manifest, dialect extras).
-  using DescribeUpdate = std::function<rollout::WeightUpdate(const std::string& worker, Version)>;
+  // What `worker` (its admin url) needs to fetch the round's version (weight-sync block, manifest,
+  // dialect extras), from where the round says it is.
+  using DescribeUpdate = std::function<rollout::WeightUpdate(const std::string& worker, const orch::WeightRound&)>;
   // `pool` and every admin client must outlive this adapter; workers are keyed by admin->url().
   // With `network`, the pool and the admin clients live on that executor's thread (another
   // io_context): every call hops there and its result comes back to the caller's loop, so request
@@ -48,7 +49,7 @@ class RolloutInference final : public orch::InferencePort {
   Awaitable<Result<orch::GenerateResult>> generate(orch::GenerateRequest request) override;
   std::vector<std::string> workers() const override;
   Awaitable<Status> pause(std::string worker, PauseMode mode, orch::TimePoint deadline) override;
-  Awaitable<Status> update_weights(std::string worker, Version version, orch::TimePoint deadline) override;
+  Awaitable<Status> update_weights(std::string worker, orch::WeightRound round, orch::TimePoint deadline) override;
   Awaitable<Status> resume(std::string worker, orch::TimePoint deadline) override;
   Awaitable<Result<orch::WorkerWeights>> weights(std::string worker, orch::TimePoint deadline) override;
   // The workers the pool finds silent (rollout::WorkerStatus::silent) with its circuit open,

@@ -323,7 +323,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url));
   session::adapters::RolloutInference inference(
       pool, std::move(admins),
-      [](const std::string&, arlo::Version) {
+      [](const std::string&, const orch::WeightRound&) {
         rollout::WeightUpdate u;
         u.weight_sync = {{"transport", "filesystem"}};
         return u;

@@ -102,7 +102,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   std::vector<std::unique_ptr<rollout::AdminClient>> admins;
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u0));
   admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), u1));
-  session::adapters::RolloutInference inference(pool, std::move(admins), [](const std::string&, Version) {
+  session::adapters::RolloutInference inference(pool, std::move(admins), [](const std::string&, const WeightRound&) {
     rollout::WeightUpdate u;
     u.weight_sync = {{"transport", "filesystem"}};
     return u;

@@ -51,9 +51,10 @@ class FakeInference final : public InferencePort {
     if (mode == PauseMode::kAbort) abort_all();
     co_return ok();
   }
-  Awaitable<Status> update_weights(std::string worker, Version v, TimePoint) override {
+  Awaitable<Status> update_weights(std::string worker, WeightRound round, TimePoint) override {
+    const Version v = round.version;
     log.push_back(fmt::format("update(v{}) {}", v, worker));
-    if (on_update) on_update(worker, v);
+    if (on_update) on_update(worker, round);
     if (dark.count(worker)) {  // its link went down after the pause: nothing answers
       Promise<Status> never(ex_);
       hung_.push_back(never);
@@ -164,7 +165,8 @@ class FakeInference final : public InferencePort {
   std::set<std::string> refuse_update;  // these workers answer every update with an error
   std::set<std::string> silent;         // what silent_workers() reports (the pool's open, silent circuits)
   std::set<std::string> unreachable;    // also in unreachable_workers(): silent, circuit closed (idle or paused)
-  std::function<void(const std::string& worker, Version v)> on_update;  // called as each update call starts
+  std::function<void(const std::string& worker, const WeightRound& round)>
+      on_update;                         // called as each update call starts
   std::map<std::string, Version> holds;  // what weights() reports for these workers (others: the last update's)
   std::vector<std::string> log;
 
@@ -273,7 +275,11 @@ class FakeTrainer final : public TrainerPort {
     if (alive_) alive_();
   }
   void publish(Version v) {
-    if (cb_) cb_({v, {{"loss", 0.5}, {"lr", 1e-3}, {"step", v}, {"note", "not a number"}}});
+    // Each version is announced where it lies (the announcement a real trainer sends with it).
+    if (cb_)
+      cb_({v,
+           {{"loss", 0.5}, {"lr", 1e-3}, {"step", v}, {"note", "not a number"}},
+           {{"version", v}, {"address", fmt::format("trainer:{}", v)}}});
   }
   void ack(std::int64_t step) {
     acked_ = static_cast<int>(std::max<std::int64_t>(acked_, step - first_step_offset));

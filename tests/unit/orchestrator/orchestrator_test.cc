@@ -646,7 +646,7 @@ TEST(WeightWatcherRestart, AWorkerRestartedWhileARoundRanIsSyncedNotLeftOut) {
   int w1_updates = 0;
   // The dead process refuses both attempts of the round (admin_attempts 2); arlo run reports the
   // restart between them; the restarted process takes the resync.
-  r.inf.on_update = [&](const std::string& w, Version) {
+  r.inf.on_update = [&](const std::string& w, const WeightRound&) {
     if (w != "w1") return;
     if (++w1_updates == 1) r.orch->weight_watcher().restarted("w1");
     if (w1_updates <= 2)
@@ -720,8 +720,8 @@ TEST(WeightWatcherRestart, AWorkerKilledAtTheEndIsWaitedForAndEndsOnTheFinalVers
     // It comes back without weights; arlo run says so; v3 is synced to it and the run ends with it.
     r.inf.hang_pause.clear();
     r.inf.holds["w1"] = kNoVersion;
-    r.inf.on_update = [&](const std::string& worker, Version v) {
-      if (worker == "w1") r.inf.holds["w1"] = v;
+    r.inf.on_update = [&](const std::string& worker, const WeightRound& round) {
+      if (worker == "w1") r.inf.holds["w1"] = round.version;
     };
     r.orch->weight_watcher().restarted("w1");
     ASSERT_TRUE(r.run_until([&] { return r.orch->finished(); }));
@@ -753,16 +753,14 @@ TEST(WeightWatcherRound, UpdatesKnowWhoReceivesAndWhoRetries) {
   r.opt.pause_all_first = true;
   r.start();
   std::vector<std::string> seen;  // "<worker> v<v>: receives w0 w1, retrying <worker>"
-  r.inf.on_update = [&](const std::string& worker, Version v) {
-    const auto& w = r.orch->weight_watcher();
-    seen.push_back(fmt::format("{} v{}: {}{}{}", worker, v, w.receives("w0") ? "w0 " : "",
-                               w.receives("w1") ? "w1 " : "", w.retrying(worker) ? "retrying" : "first"));
+  r.inf.on_update = [&](const std::string& worker, const WeightRound& round) {
+    seen.push_back(fmt::format("{} v{}: {}{}{}", worker, round.version, round.receivers.count("w0") ? "w0 " : "",
+                               round.receivers.count("w1") ? "w1 " : "", round.retry ? "retrying" : "first"));
   };
   r.inf.hang_pause = {"w1"};  // dead: it answers nothing
   ASSERT_TRUE(r.publish_and_settle(1));
   // w0's update came only after w1's pause had failed: w1 is not in the round.
   EXPECT_EQ(seen, (std::vector<std::string>{"w0 v1: w0 first"}));
-  EXPECT_FALSE(r.orch->weight_watcher().receives("w0")) << "between rounds nobody receives";
   // w1 comes back holding nothing: the resync of v1 goes to it alone (w0 holds v1; each says so).
   r.inf.hang_pause.clear();
   r.inf.holds["w1"] = kNoVersion;
@@ -776,6 +774,33 @@ TEST(WeightWatcherRound, UpdatesKnowWhoReceivesAndWhoRetries) {
   r.trainer.publish(2);
   ASSERT_TRUE(r.run_until([&] { return r.count("update(v2) w1") == 2; }, 1000));
   EXPECT_EQ(seen, (std::vector<std::string>{"w0 v2: w0 w1 first", "w1 v2: w0 w1 first", "w1 v2: w0 w1 retrying"}));
+}
+
+// Every update call is told where its own version lies (the announcement the round started from),
+// also when versions coalesce, a worker retries or a restarted worker is synced again.
+TEST(WeightWatcherRound, EachUpdateCarriesTheAnnouncementOfItsVersion) {
+  Harness r;
+  r.start();
+  std::vector<std::string> seen;  // "<worker> v<v> from <address>"
+  r.inf.on_update = [&](const std::string& worker, const WeightRound& round) {
+    seen.push_back(fmt::format("{} v{} from {}", worker, round.version, round.weight_sync.value("address", "?")));
+  };
+  ASSERT_TRUE(r.publish_and_settle(1));
+  r.inf.refuse_update = {"w1"};  // w1 retries v2
+  r.trainer.publish(2);
+  r.trainer.publish(3);  // arrives during the round of v2: the next round goes straight to v3
+  ASSERT_TRUE(
+      r.run_until([&] { return r.orch->weight_watcher().synced() == 3 && !r.orch->weight_watcher().syncing(); }, 1000));
+  r.inf.refuse_update.clear();
+  r.inf.holds["w1"] = kNoVersion;
+  r.orch->weight_watcher().restarted("w1");  // synced again to v3
+  ASSERT_TRUE(r.run_until([&] { return r.count("update(v3) w1") >= 2 && !r.orch->weight_watcher().syncing(); }, 1000));
+  ASSERT_FALSE(seen.empty());
+  for (const auto& s : seen) {
+    const auto v = s.substr(s.find(" v") + 2, s.find(" from") - s.find(" v") - 2);
+    EXPECT_EQ(s.substr(s.find("from trainer:") + 13), v) << s;
+  }
+  EXPECT_NE(std::find(seen.begin(), seen.end(), "w1 v3 from trainer:3"), seen.end());
 }
 
 TEST(Drain, StopsAtMaxStepsWithFinalEval) {

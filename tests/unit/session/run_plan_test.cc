@@ -39,7 +39,7 @@ nlohmann::json announced(arlo::Version version, const std::string& transport, nl
   a.version = version;
   a.transport = transport;
   a.endpoint = std::move(endpoint);
-  return {{"weight_sync", weight_sync::to_json(a)}};
+  return weight_sync::to_json(a);
 }
 
 TEST(ArloRunPlan, EmbeddedWorkersShareModelSeedAndTheTrainerBlock) {
