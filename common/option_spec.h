@@ -3,7 +3,7 @@
 // (common/registry.h): weight-sync transports (weight_sync/transport.h), reward kinds
 // (rollout/reward.h), admin dialects (rollout/admin.h) and environments (rollout/environment.h).
 // An entry of a registry carries its name, its factory and its options (type, default, bounds,
-// doc). The config schema (common/config/schema.cc) turns the options marked user_key() into config
+// doc). The config schema (config/schema.cc) turns the options marked user_key() into config
 // keys and docs/configuration.md; nothing else lists them.
 //
 //   string_option("dir", "", "where versions live").user_key("{run.dir}/weights").is_path()

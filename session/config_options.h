@@ -1,8 +1,8 @@
 #pragma once
-// Maps the loaded configuration (common/config) onto the orchestrator's Options: the only place
+// Maps the loaded configuration (config/) onto the orchestrator's Options: the only place
 // that knows config key names. Sections read: run, orchestrator, sampling, eval, inference, ckpt,
 // log, status, weight_sync.
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/result.h"
 #include "orchestrator/options.h"
 

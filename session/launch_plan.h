@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/result.h"
 #include "session/launcher.h"
 #include "rollout/admin.h"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/result.h"
 #include "session/launcher.h"
 #include "session/children.h"

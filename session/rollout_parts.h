@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/result.h"
 #include "session/adapters/rollout_adapters.h"
 #include "orchestrator/ports.h"

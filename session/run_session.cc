@@ -23,7 +23,7 @@
 #include "common/async/io_thread.h"
 #include "common/async/thread_pool.h"
 #include "common/auth.h"
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"

@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/result.h"
 
 namespace arlo::session {

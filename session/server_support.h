@@ -5,7 +5,7 @@
 // server by name: the transport descriptor's capabilities (weight_sync/transport.h) and the admin
 // dialect's (rollout::ServerCapabilities, in its registry entry) decide. docs/vllm.md and
 // docs/sglang.md describe the combinations that do run.
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/result.h"
 
 namespace arlo::session {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "session/launch_plan.h"
-#include "common/config/config.h"
+#include "config/config.h"
 #include "session/launcher.h"
 
 namespace arlo::session {

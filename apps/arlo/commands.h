@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/config/config.h"
+#include "config/config.h"
 
 namespace arlo::cli {
 

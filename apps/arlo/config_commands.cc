@@ -3,7 +3,7 @@
 
 #include "apps/arlo/commands.h"
 #include "session/server_support.h"
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/file.h"
 
 namespace arlo::cli {

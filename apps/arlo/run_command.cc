@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "apps/arlo/commands.h"
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/log.h"
 #include "session/run_session.h"
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "session/launch_plan.h"
 
 namespace arlo::cluster {

@@ -1,4 +1,4 @@
-// libFuzzer target for the config loader (common/config).
+// libFuzzer target for the config loader (config/).
 //
 // Input: YAML text, optionally followed by NUL-separated `--set` overrides. Properties checked:
 //   - resolve() never crashes, hangs or leaks, whatever the bytes (ASan, UBSan, libFuzzer limits);
@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/config/config.h"
+#include "config/config.h"
 
 namespace {
 

@@ -27,7 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "tests/cluster/netns.h"
 #include "tests/cluster/argv.h"
 #include "tests/e2e/spawn.h"

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "tests/e2e/spawn.h"
 
 namespace {

@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "tests/e2e/run_checks.h"
 #include "tests/e2e/spawn.h"
 

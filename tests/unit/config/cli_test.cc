@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "tests/temp_dir.h"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <map>
 #include <string_view>
 
-#include "common/config/config.h"
+#include "config/config.h"
 
 namespace arlo::config {
 namespace {

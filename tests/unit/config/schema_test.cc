@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "rollout/admin.h"
 #include "rollout/environment.h"
 #include "rollout/reward.h"
@@ -109,10 +109,9 @@ TEST(ProductSchema, DocsAreUpToDate) {
   std::ostringstream checked_in;
   checked_in << in.rdbuf();
   const std::string generated = generate_markdown(product_schema());
-  EXPECT_TRUE(checked_in.str() == generated)
-      << path << " is out of date with common/config/schema.cc. Regenerate it with:\n"
-      << "  arlo config-doc --output docs/configuration.md\n"
-      << "(the binary is build/apps/arlo/arlo)";
+  EXPECT_TRUE(checked_in.str() == generated) << path << " is out of date with config/schema.cc. Regenerate it with:\n"
+                                             << "  arlo config-doc --output docs/configuration.md\n"
+                                             << "(the binary is build/apps/arlo/arlo)";
 }
 
 TEST(ProductSchema, MarkdownListsEveryKey) {

@@ -14,17 +14,17 @@ rules=(
   "common                common"
   # The schema asks the registries for their keys and kinds: weight_sync's transports and rollout's
   # admin dialects, environments and reward modules.
-  "common/config         common weight_sync rollout"
+  "config                common weight_sync rollout config"
   "weight_sync           common weight_sync"
   "rollout               common rollout arlo"  # arlo/: the public reward plugin header (include/arlo)
   "trainer_bridge        common weight_sync trainer_bridge"
   "reference             common weight_sync reference"
   "web                   common web"
   "orchestrator          common orchestrator"  # the loop and its ports; session/ has their adapters
-  "session               common web weight_sync rollout trainer_bridge reference orchestrator session"
-  "apps/arlo             common web session apps/arlo"
+  "session               common config web weight_sync rollout trainer_bridge reference orchestrator session"
+  "apps/arlo             common config web session apps/arlo"
 )
-project='(common|weight_sync|rollout|trainer_bridge|reference|web|orchestrator|session|apps|bench|examples|tests|arlo)/'
+project='(common|config|weight_sync|rollout|trainer_bridge|reference|web|orchestrator|session|apps|bench|examples|tests|arlo)/'
 
 folders=()
 for rule in "${rules[@]}"; do folders+=("${rule%% *}"); done

@@ -18,6 +18,7 @@ rules=(
   "arlo_weight_sync    arlo_common arlo_third_party"
   "arlo_rollout        arlo_common arlo_third_party"
   "arlo_trainer_bridge arlo_common arlo_third_party arlo_weight_sync"
+  "arlo_config         arlo_common arlo_third_party arlo_weight_sync arlo_rollout"
 )
 
 declare -A links

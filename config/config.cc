@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/config/config.h"
-#include "common/config/config_impl.h"
+#include "config/config.h"
+#include "config/config_impl.h"
 
 namespace arlo::config {
 namespace {
@@ -15,8 +15,8 @@ namespace {
 // Reading an undeclared key, or a key with the wrong getter, is a bug in the caller, not a user
 // error: the schema guarantees every declared key has a value of its declared type.
 [[noreturn]] void misuse(std::string_view path, std::string_view problem) {
-  std::fprintf(stderr, "arlo::config: %.*s: %.*s (see common/config/schema.cc)\n", static_cast<int>(path.size()),
-               path.data(), static_cast<int>(problem.size()), problem.data());
+  std::fprintf(stderr, "arlo::config: %.*s: %.*s (see config/schema.cc)\n", static_cast<int>(path.size()), path.data(),
+               static_cast<int>(problem.size()), problem.data());
   std::fflush(stderr);
   std::abort();
 }

@@ -1,5 +1,5 @@
 #pragma once
-// Internal to common/config: the resolved values behind a Config. Not for other modules.
+// Internal to config/: the resolved values behind a Config. Not for other modules.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <variant>
 #include <vector>
 
-#include "common/config/config.h"
-#include "common/config/schema.h"
+#include "config/config.h"
+#include "config/schema.h"
 
 namespace arlo::config {
 

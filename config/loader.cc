@@ -18,9 +18,9 @@
 #include <set>
 #include <system_error>
 
-#include "common/config/config.h"
-#include "common/config/config_impl.h"
-#include "common/config/text.h"
+#include "config/config.h"
+#include "config/config_impl.h"
+#include "config/text.h"
 #include "common/log.h"
 
 namespace arlo::config {

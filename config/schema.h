@@ -1,6 +1,6 @@
 #pragma once
 // The declared configuration schema: every section and key of an arlo config, each with its type,
-// default, documentation and validation in one place (common/config/schema.cc).
+// default, documentation and validation in one place (config/schema.cc).
 //
 // The loader (config.h) checks user files against it, the typed getters of Config trust it, and
 // `arlo config-doc` renders it to docs/configuration.md. To add a key, add one line to the section in

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/result.h"
 
 namespace arlo::config {

@@ -1,4 +1,4 @@
-#include "common/config/text.h"
+#include "config/text.h"
 
 #include <algorithm>
 

@@ -2,8 +2,8 @@
 // gives the same bytes, so a test can compare it with the checked-in file.
 #include <string>
 
-#include "common/config/config.h"
-#include "common/config/config_impl.h"
+#include "config/config.h"
+#include "config/config_impl.h"
 #include "common/escape.h"
 
 namespace arlo::config {
@@ -62,7 +62,7 @@ std::string generate_markdown(const Schema& schema) {
   std::string out;
   out += "# Configuration reference\n\n";
   out +=
-      "<!-- Generated from common/config/schema.cc by `arlo config-doc --output docs/configuration.md`. "
+      "<!-- Generated from config/schema.cc by `arlo config-doc --output docs/configuration.md`. "
       "Do not edit by hand: change the schema and regenerate. -->\n\n";
   out +=
       "An arlo run is configured by one YAML file with the sections below; every key is optional and "

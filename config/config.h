@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/config/schema.h"
+#include "config/schema.h"
 #include "common/result.h"
 
 namespace arlo::config {
@@ -80,7 +80,7 @@ class Config {
   // Loading this text again yields the same configuration.
   std::string to_yaml() const;
 
-  // Internal to common/config (the loader builds Configs; the printer walks them).
+  // Internal to config/ (the loader builds Configs; the printer walks them).
   struct Impl;
   explicit Config(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   const Impl& impl() const { return *impl_; }

@@ -3,12 +3,12 @@
 //
 // Defaults are sized for the built-in CPU quickstart (a 2-layer, 64-wide policy learning arithmetic on
 // a 2-core machine).
-#include "common/config/schema.h"
+#include "config/schema.h"
 
 #include <algorithm>
 #include <cstdlib>
 
-#include "common/config/config.h"
+#include "config/config.h"
 #include "common/registry.h"
 #include "rollout/admin.h"
 #include "rollout/environment.h"
