@@ -1,38 +1,48 @@
 #pragma once
 // The admin plane of an inference server (docs/vllm.md, docs/sglang.md) behind one interface, with one
-// adapter per dialect. What each call sends (W = the adapter's url, the worker's name in the
-// CollectiveSession; C = update.collective; v = update.version; v' = the version C sent):
+// adapter per dialect. What each call sends, per dialect (W = the adapter's url, the worker's name in
+// the CollectiveSession; C = update.collective; v = update.version; v' = the version C sent):
 //
-//   operation        arlo                     vllm (native weight-transfer API, >= 0.22)         sglang
-//   pause(keep)      POST /pause?mode=keep    POST /pause?mode=keep                              POST /pause_generation
-//   {"mode":"in_place"}   (requests stay: flush_cache false) pause(abort)     POST /pause?mode=abort   POST
-//   /pause?mode=abort                             POST /pause_generation {"mode":"abort"}      (nothing runs:
-//   flush_cache true) pause(wait)      POST /pause?mode=wait    POST /pause?mode=wait                              POST
-//   /pause_generation {"mode":"in_place"}   (arlo drained its dispatcher first,
-//                                                                                                                                              so nothing runs: flush_cache true)
-//   resume()         POST /resume             POST /resume; verify_weights: then                 POST
-//   /continue_generation {}
-//                                               POST /weight_checker {"action":"checksum"|"compare"}
-//   prepare(update)  POST /weights/prepare    once: GET /version, GET /get_world_size            once: GET
-//   /get_server_info (tp_size; /server_info where that is gone)
-//                      {version, weight_sync, per generation of C: POST /init_weight_transfer_engine  per generation of
-//                      C: POST /init_weights_update_group
-//                       manifest}                {"init_info"} from C->group(W, world_size)          {master_address,
-//                       master_port, rank_offset, world_size, group_name, backend:"nccl"}
-//                                              POST /start_weight_update ({"is_checkpoint_format":  POST
-//                                              /update_weights_from_distributed {names, dtypes, shapes, group_name,
-//                                                true} up to 0.27; {} from 0.28)                      flush_cache,
-//                                                weight_version:"v"} in flight while C->receiving(W, gen, v);
-//                                              POST /update_weights {"update_info"} in flight         v' != v: POST
-//                                              /update_weight_version {"new_version":"v'"}
-//                                                while C->receiving(W, gen, v)                      without C: POST
-//                                                /update_weights_from_disk {model_path, load_format,
-//                                              without C: refused (no released vLLM loads a           flush_cache,
-//                                              weight_version}  (extra.model_path)
-//                                                directory over HTTP; use transport nccl)
-//   commit(v)        POST /weights/commit     POST /finish_weight_update {"weight_version":"v'"}  (applied by the
-//   update call; nothing to send) weights()        GET /weights             GET /weight_info, else the version
-//   committed here  GET /model_info (GET /get_weight_version where /model_info is 404)
+// arlo (arlo-worker)
+//   pause(mode)       POST /pause?mode=keep|abort|wait
+//   prepare(update)   POST /weights/prepare {version, weight_sync, manifest}
+//   commit(v)         POST /weights/commit
+//   resume()          POST /resume
+//   weights()         GET /weights
+//
+// vllm (its native weight-transfer API, >= 0.22)
+//   pause(keep)       POST /pause?mode=keep&clear_cache=false (kept requests need their KV cache)
+//   pause(abort|wait) POST /pause?mode=abort | /pause?mode=wait
+//   prepare(update)   once: GET /version, GET /get_world_size; then
+//     with C          per generation of C: POST /init_weight_transfer_engine {"init_info"} from
+//                     C->group(W, world_size); POST /start_weight_update ({"is_checkpoint_format":
+//                     true} up to 0.27, {} from 0.28); POST /update_weights {"update_info"} in flight
+//                     while C->receiving(W, gen, v)
+//     without C       arlo's transports through the "arlo" backend (python/arlo_vllm): once POST
+//                     /init_weight_transfer_engine {}; POST /start_weight_update; POST /update_weights
+//                     {version, weight_sync}; POST /collective_rpc arlo_weights (what the workers loaded)
+//   commit(v)         POST /finish_weight_update {"weight_version": "v'"}
+//   resume()          POST /resume; with verify_weights then POST /weight_checker
+//                     {"action": "checksum" | "compare"}
+//   weights()         GET /weight_info (else the version committed here); with the arlo backend
+//                     also POST /collective_rpc arlo_weights (the loaded checksum)
+//
+// sglang
+//   pause(keep)       POST /pause_generation {"mode": "in_place"} (flush_cache false)
+//   pause(abort)      POST /pause_generation {"mode": "abort"} (nothing runs: flush_cache true)
+//   pause(wait)       POST /pause_generation {"mode": "in_place"} (arlo drained its dispatcher first,
+//                     so nothing runs: flush_cache true)
+//   prepare(update)   once: GET /get_server_info (tp_size; /server_info where that is gone); then
+//     with C          per generation of C: POST /init_weights_update_group {master_address,
+//                     master_port, rank_offset, world_size, group_name, backend: "nccl"}; POST
+//                     /update_weights_from_distributed {names, dtypes, shapes, group_name,
+//                     flush_cache, weight_version: "v"} in flight while C->receiving(W, gen, v);
+//                     when v' != v, POST /update_weight_version {"new_version": "v'"}
+//     without C       POST /update_weights_from_disk {model_path, load_format, flush_cache,
+//                     weight_version} (extra.model_path)
+//   commit(v)         nothing to send (the update call applied it)
+//   resume()          POST /continue_generation {}
+//   weights()         GET /model_info (GET /get_weight_version where /model_info is 404)
 //
 // vLLM body shapes by the version GET /version reports (AdminOptions::server_version overrides;
 // a dev build counts as its x.y.z): before 0.22 refused (no /start_weight_update); 0.22-0.27 init_info

@@ -1,4 +1,4 @@
-// vLLM's admin dialect: its native weight-transfer API (rollout/admin.h has the table of calls).
+// vLLM's admin dialect: its native weight-transfer API (rollout/admin.h lists its calls).
 #include <charconv>
 
 #include "rollout/admin_dialects/admin_base.h"
