@@ -100,9 +100,9 @@ nlohmann::json to_json(const TrainBatch& b) {
     samples.push_back({{"prompt_tokens", s.prompt_tokens},
                        {"completion_tokens", s.completion_tokens},
                        {"logprobs", s.logprobs},
-                       {"token_versions", s.token_versions},
+                       {"token_versions", s.token_versions()},
                        {"advantage", s.advantage},
-                       {"reward", s.reward},
+                       {"reward", s.reward.value_or(0.0)},
                        {"supervised", s.supervised}});
   return {{"step", b.step}, {"samples", std::move(samples)}, {"metadata", b.metadata}};
 }
@@ -113,11 +113,11 @@ Result<TrainBatch> train_batch_from_json(const nlohmann::json& j) {
     b.step = j.at("step").get<std::int64_t>();
     b.metadata = j.value("metadata", nlohmann::json::object());
     for (const auto& s : j.at("samples")) {
-      TrainSample t;
+      Sample t;
       t.prompt_tokens = s.at("prompt_tokens").get<std::vector<std::int32_t>>();
       t.completion_tokens = s.at("completion_tokens").get<std::vector<std::int32_t>>();
       t.logprobs = s.at("logprobs").get<std::vector<float>>();
-      t.token_versions = s.at("token_versions").get<std::vector<std::int32_t>>();
+      t.version_spans = spans_of(s.at("token_versions").get<std::vector<std::int32_t>>());
       t.advantage = s.at("advantage").get<double>();
       t.reward = s.at("reward").get<double>();
       t.supervised = s.at("supervised").get<bool>();

@@ -20,18 +20,27 @@ std::string reason_of(const Error& e) { return std::string(to_string(e.code()));
 // Appends `add` (generated with prefix length `offset`) to `into`. When the server reported no
 // versions, the tokens are attributed to `launch_version`, the version the workers were at when
 // the request left: the oldest they can have come from, which is the safe side for staleness.
-void merge(Completion& into, Completion&& add, Version launch_version) {
-  const auto offset = static_cast<std::int64_t>(into.tokens.size());
-  if (add.spans.empty()) add.spans.push_back({launch_version, 0});
-  for (auto& s : add.spans) {
+void merge(Sample& into, Sample&& add, Version launch_version) {
+  const auto offset = static_cast<std::int64_t>(into.completion_tokens.size());
+  if (add.version_spans.empty()) add.version_spans.push_back({launch_version, 0});
+  for (auto& s : add.version_spans) {
     s.first_token += offset;
-    if (!into.spans.empty() && into.spans.back().version == s.version) continue;
-    into.spans.push_back(s);
+    if (!into.version_spans.empty() && into.version_spans.back().version == s.version) continue;
+    into.version_spans.push_back(s);
   }
-  into.tokens.insert(into.tokens.end(), add.tokens.begin(), add.tokens.end());
-  into.logprobs.insert(into.logprobs.end(), add.logprobs.begin(), add.logprobs.end());
-  into.text += add.text;
+  if (into.completion_tokens.empty() && into.logprobs.empty() && into.text.empty()) {
+    // The first answer for this sample: its tokens, logprobs and text move in whole.
+    into.completion_tokens = std::move(add.completion_tokens);
+    into.logprobs = std::move(add.logprobs);
+    into.text = std::move(add.text);
+  } else {
+    into.completion_tokens.insert(into.completion_tokens.end(), add.completion_tokens.begin(),
+                                  add.completion_tokens.end());
+    into.logprobs.insert(into.logprobs.end(), add.logprobs.begin(), add.logprobs.end());
+    into.text += add.text;
+  }
   into.finish_reason = add.finish_reason;
+  if (into.worker.empty()) into.worker = std::move(add.worker);
 }
 }  // namespace
 
@@ -167,6 +176,10 @@ RolloutDispatcher::Record& RolloutDispatcher::create_group(RolloutKind kind, std
   g->dispatched_at = clock_.now();
   g->prompt_tokens = g->task->prompt_tokens;
   g->completions.resize(samples);
+  for (int i = 0; i < samples; ++i) {
+    g->completions[i].task_id = g->task->id;
+    g->completions[i].sample_index = i;
+  }
   auto [it, inserted] = groups_.emplace(g->id, Record{});
   auto& rec = it->second;
   rec.group = std::move(g);
@@ -230,7 +243,7 @@ void RolloutDispatcher::on_result(std::uint64_t group_id, std::uint64_t request_
       for (std::size_t j = 0; j < samples.size(); ++j) {
         const int s = samples[j];
         auto& c = result->completions[j];
-        completion_tokens_ += c.tokens.size();
+        completion_tokens_ += c.completion_tokens.size();
         merge(g.completions[s], std::move(c), launch_version);
         if (g.completions[s].finish_reason == FinishReason::kAbort) {
           if (g.prompt_tokens.empty()) {
@@ -260,7 +273,7 @@ void RolloutDispatcher::launch_continuation(const Continuation& c) {
   auto& g = *rec.group;
   auto& done = g.completions[c.sample];
   const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
-  const auto left = sampling.max_tokens - static_cast<std::int64_t>(done.tokens.size());
+  const auto left = sampling.max_tokens - static_cast<std::int64_t>(done.completion_tokens.size());
   if (left <= 0) {
     done.finish_reason = FinishReason::kLength;
     end_sample(rec, c.sample, SampleState::kCompleted);
@@ -268,7 +281,7 @@ void RolloutDispatcher::launch_continuation(const Continuation& c) {
     return;
   }
   std::vector<std::int32_t> prompt = g.prompt_tokens;
-  prompt.insert(prompt.end(), done.tokens.begin(), done.tokens.end());
+  prompt.insert(prompt.end(), done.completion_tokens.begin(), done.completion_tokens.end());
   launch(rec, {c.sample}, std::move(prompt), left);
 }
 

@@ -62,7 +62,7 @@ void EvalSink::lost(GroupPtr g) {
 }
 
 Awaitable<void> EvalSink::score(GroupPtr g) {
-  std::shared_ptr<const std::vector<Completion>> completions(g, &g->completions);
+  std::shared_ptr<const std::vector<Sample>> completions(g, &g->completions);
   auto op = scorer_.score(g->task, std::move(completions));
   const auto deadline = clock_.now() + opt_.score_timeout;
   auto r = co_await with_deadline<ScoredGroup>(ex_, clock_, deadline, std::move(op), "score eval group");

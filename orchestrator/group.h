@@ -23,20 +23,20 @@ struct Group {
   TimePoint finished_at{};
   std::vector<std::int32_t> prompt_tokens;  // as the server tokenized it (for continuations, batches)
   std::string worker;                       // the server that answered its first request
-  std::vector<Completion> completions;      // index = sample index
+  std::vector<Sample> completions;          // index = sample index
   ScoredGroup scores;
 
   // The oldest policy version that produced any token of any sample (docs/architecture.md, "Versions and staleness").
   Version oldest_version() const {
     Version v = kNoVersion;
     for (const auto& c : completions)
-      for (const auto& s : c.spans)
+      for (const auto& s : c.version_spans)
         if (v == kNoVersion || s.version < v) v = s.version;
     return v == kNoVersion ? dispatch_version : v;
   }
   std::uint64_t completion_tokens() const {
     std::uint64_t n = 0;
-    for (const auto& c : completions) n += c.tokens.size();
+    for (const auto& c : completions) n += c.completion_tokens.size();
     return n;
   }
 };

@@ -67,7 +67,7 @@ class ScorerPort {
  public:
   virtual ~ScorerPort() = default;
   virtual Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task> task,
-                                               std::shared_ptr<const std::vector<Completion>> completions) = 0;
+                                               std::shared_ptr<const std::vector<Sample>> completions) = 0;
 };
 
 // The trainer. send() completes when the batch is accepted; under back-pressure (too many

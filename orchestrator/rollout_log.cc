@@ -15,9 +15,9 @@ nlohmann::json rollout_record(const Group& g) {
   for (std::size_t i = 0; i < g.completions.size(); ++i) {
     const auto& c = g.completions[i];
     auto versions = nlohmann::json::array();
-    for (const auto& s : c.spans) versions.push_back({s.version, s.first_token});
+    for (const auto& s : c.version_spans) versions.push_back({s.version, s.first_token});
     nlohmann::json sample = {{"completion", c.text},
-                             {"tokens", c.tokens.size()},
+                             {"tokens", c.completion_tokens.size()},
                              {"finish_reason", to_string(c.finish_reason)},
                              {"versions", versions}};
     if (i < g.scores.rewards.size()) sample["reward"] = g.scores.rewards[i];

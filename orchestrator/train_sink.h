@@ -87,7 +87,7 @@ class TrainSink {
 
  private:
   Awaitable<void> score(GroupPtr group);
-  std::size_t take_out_dropped(Group& group);
+  std::size_t take_out_dropped(GroupPtr& group);
   Awaitable<Result<TrainBatch>> cut_rl(std::int64_t step, StepReport& report);
   Result<TrainBatch> cut_sft(std::int64_t step, StepReport& report);
   Awaitable<void> alarm_while_waiting(std::int64_t step, TimePoint since, std::shared_ptr<bool> waiting);

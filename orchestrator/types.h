@@ -1,8 +1,9 @@
 #pragma once
 // Value types the orchestrator shares with its ports (docs/architecture.md section 2). They are plain
 // data: no behaviour, no I/O, cheap to move. Adapters convert between these and the rollout /
-// trainer_bridge types where they differ (requests, completions), so the orchestrator builds and is
-// tested without those modules; tasks are the shared vocabulary's and need no converting.
+// trainer_bridge types where they differ (requests), so the orchestrator builds and is tested
+// without those modules; tasks and samples (common/sample.h) are the shared vocabulary's and need
+// no converting.
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sample.h"
 #include "common/vocabulary.h"
 
 namespace arlo::orch {
@@ -23,7 +25,8 @@ using TimePoint = Clock_::time_point;
 using Duration = Clock_::duration;
 
 // Tasks, versions, version spans, pause modes, finish reasons and sampling parameters are the shared
-// vocabulary's (common/vocabulary.h, namespace arlo).
+// vocabulary's (common/vocabulary.h, namespace arlo); one generated sample is arlo::Sample
+// (common/sample.h) from the worker's answer to the trainer batch.
 
 // The weights a worker reports it serves (GET /weights): the version it committed last and the
 // checksum of its parameters ("" when the server does not report one).
@@ -53,28 +56,10 @@ struct GenerateRequest {
   TimePoint deadline{};
 };
 
-// One generated sample. `finish_reason` kAbort: aborted by a weight update in abort mode (the tokens
-// so far are kept and the sample is continued later).
-struct Completion {
-  std::vector<std::int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<VersionSpan> spans;  // empty: the server did not report versions
-  FinishReason finish_reason = FinishReason::kUnknown;
-  std::string text;
-};
-
 struct GenerateResult {
-  std::vector<Completion> completions;      // exactly n on success
+  std::vector<Sample> completions;          // exactly n on success (tokens, logprobs, spans, text, worker)
   std::vector<std::int32_t> prompt_tokens;  // the prompt as the server tokenized it
   std::string worker;                       // who served it
-};
-
-// What the advantage estimator decided for one sample (orchestrator.overlong, for a completion cut
-// off by sampling.max_tokens).
-enum class SampleFate {
-  kTrain,    // in the batch and in the loss
-  kMasked,   // in the batch, out of the loss: its loss mask is 0 on every token (ledger: "masked")
-  kDropped,  // never in a batch (ledger: "overlong")
 };
 
 // Scores for one whole group, index-aligned with its completions.
@@ -84,24 +69,12 @@ struct ScoredGroup {
   // Per sample, what the reward modules reported: "<module>" (its reward), "<module>/<metric>",
   // "reward/failed" = 1 for a sample whose scoring failed. May be empty.
   std::vector<std::map<std::string, double>> metrics;
-  std::vector<SampleFate> fates;  // empty: every sample trains
-};
-
-// One training sample as the trainer bridge packs it (docs/bring-your-own-trainer.md).
-struct TrainSample {
-  std::vector<std::int32_t> prompt_tokens;
-  std::vector<std::int32_t> completion_tokens;
-  std::vector<float> logprobs;               // inference logprob per completion token (0 for SFT)
-  std::vector<std::int32_t> token_versions;  // per completion token
-  double advantage = 0.0;
-  double reward = 0.0;
-  bool supervised = false;   // SFT warm-up sample: ce_weights = 1 on completion tokens
-  bool loss_masked = false;  // in the batch, out of the loss (SampleFate::kMasked): loss mask 0 on its tokens
+  std::vector<SampleFate> fates;  // empty: every sample trains (SampleFate: common/sample.h)
 };
 
 struct TrainBatch {
   std::int64_t step = 0;
-  std::vector<TrainSample> samples;
+  std::vector<Sample> samples;                         // with prompt, scores and fate set (common/sample.h)
   nlohmann::json metadata = nlohmann::json::object();  // version stats, reward stats
 };
 

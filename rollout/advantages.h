@@ -46,7 +46,7 @@ struct SampleInput {
   bool truncated = false;
 };
 
-enum class SampleFate { kTrain, kMasked, kDropped };
+using arlo::SampleFate;  // the sample's own (common/sample.h): train, masked, dropped
 
 struct GroupAdvantages {
   std::vector<double> advantages;  // one per input sample (0 for dropped and masked)

@@ -48,7 +48,7 @@ class PluginModule : public RewardModule {
     in.prompt = prompt.c_str();
     in.answer = task.answer.c_str();
     in.info_json = info.c_str();
-    in.completion = r.completion_text.c_str();
+    in.completion = r.text.c_str();
     in.completion_tokens = r.completion_tokens.data();
     in.num_completion_tokens = r.completion_tokens.size();
     in.finish_reason = finish.c_str();

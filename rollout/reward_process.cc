@@ -184,7 +184,7 @@ class RewardHost {
         {"op", "score"},
         {"task", {{"id", task.id}, {"prompt", task.prompt_text()}, {"answer", task.answer}, {"info", task.info}}},
         {"rollout",
-         {{"completion", r.completion_text},
+         {{"completion", r.text},
           {"tokens", r.completion_tokens},
           {"finish_reason", std::string(to_string(r.finish_reason))},
           {"sample_index", r.sample_index}}}};
@@ -573,7 +573,7 @@ Json answer(RewardModule& plugin, const Json& request) {
     Rollout r;
     const Json& ro = request.at("rollout");
     r.task_id = task.id;
-    r.completion_text = ro.value("completion", std::string());
+    r.text = ro.value("completion", std::string());
     r.completion_tokens = ro.value("tokens", std::vector<std::int32_t>{});
     r.finish_reason = parse_finish_reason(ro.value("finish_reason", std::string("unknown")));
     r.sample_index = ro.value("sample_index", 0);

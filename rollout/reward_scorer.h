@@ -11,7 +11,10 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -45,6 +48,13 @@ struct ScorerStats {
   std::uint64_t groups_lost = 0;  // groups failed whole: a call ended without a verdict (kCancelled)
 };
 
+// What the scorer made of one sample: its reward (the sample's own until scored; unset when the
+// `drop` policy left it unscored or its group was lost) and the metrics to add to the sample's.
+struct SampleScore {
+  std::optional<double> reward;
+  std::map<std::string, double> metrics;
+};
+
 class RewardScorer {
  public:
   RewardScorer(boost::asio::io_context& loop, std::shared_ptr<RewardModule> module, ScorerOptions options);
@@ -52,16 +62,26 @@ class RewardScorer {
   // Scores a complete group in place (reward, metrics). Samples are scored
   // concurrently. Returns an error only under the `fail` policy.
   boost::asio::awaitable<Status> score_group(const Task& task, std::vector<Rollout>& group);
+  // The same for a group the caller shares: the modules read its samples where they are, on their
+  // threads (no copy), and `out` gets one SampleScore per sample. A call abandoned past its timeout
+  // holds `group` until it returns: the caller changes the samples only once it holds them alone.
+  boost::asio::awaitable<Status> score_shared(std::shared_ptr<const Task> task,
+                                              std::shared_ptr<const std::vector<Rollout>> group,
+                                              std::vector<SampleScore>& out);
 
   const ScorerStats& stats() const { return stats_; }
   const RewardModule& module() const { return *module_; }
 
  private:
-  boost::asio::awaitable<Status> score_whole_group(const Task& task, std::vector<Rollout>& group);
-  Status handle_failure(Rollout& r, const Error& e);
-  Status apply(std::vector<Rollout>& group, std::vector<Result<Score>>& results);
-  Status apply_shared(std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared);
-  Status apply_group(std::vector<Rollout>& group, Result<std::vector<Score>>& scores);
+  boost::asio::awaitable<Status> score_whole_group(std::shared_ptr<const Task> task,
+                                                   std::shared_ptr<const std::vector<Rollout>> group,
+                                                   std::vector<SampleScore>& out);
+  Status handle_failure(const Rollout& r, const Error& e, SampleScore& out);
+  Status apply(const std::vector<Rollout>& group, std::vector<Result<Score>>& results, std::vector<SampleScore>& out);
+  Status apply_shared(const std::vector<Rollout>& group, Result<std::shared_ptr<std::vector<Score>>>& shared,
+                      std::vector<SampleScore>& out);
+  Status apply_group(const std::vector<Rollout>& group, Result<std::vector<Score>>& scores,
+                     std::vector<SampleScore>& out);
 
   boost::asio::io_context& loop_;
   std::shared_ptr<RewardModule> module_;

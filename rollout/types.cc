@@ -60,12 +60,13 @@ Result<Task> task_from_json(const Json& j) {
 Json to_json(const Rollout& r) {
   Json metrics = Json::object();
   for (const auto& [k, v] : r.metrics) metrics[k] = v;
+  // "group_id" stays in the form reward servers read; samples carry no group name (always "").
   return {{"task_id", r.task_id},
-          {"group_id", r.group_id},
+          {"group_id", ""},
           {"sample_index", r.sample_index},
           {"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", r.completion_tokens},
-          {"completion_text", r.completion_text},
+          {"completion_text", r.text},
           {"logprobs", r.logprobs},
           {"version_spans", to_json(r.version_spans)},
           {"finish_reason", std::string(to_string(r.finish_reason))},

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "common/sample.h"
 #include "common/vocabulary.h"
 
 namespace arlo::rollout {
@@ -61,20 +62,12 @@ struct Completion {
   int attempts = 1;                       // workers tried (1 = first try succeeded)
 };
 
-// One generated sample of a prompt group, as it travels to the trainer.
-struct Rollout {
-  std::string task_id;
-  std::string group_id;
-  int sample_index = 0;
-  std::vector<std::int32_t> prompt_tokens;
-  std::vector<std::int32_t> completion_tokens;
-  std::string completion_text;
-  std::vector<float> logprobs;             // one per completion token
-  std::vector<VersionSpan> version_spans;  // sorted by first_token; first starts at 0
-  FinishReason finish_reason = FinishReason::kUnknown;
-  std::optional<double> reward;  // unset until scored (or when dropped)
-  std::map<std::string, double> metrics;
-};
+// One generated sample of a prompt group, as reward modules see it: the shared Sample
+// (common/sample.h), the one value that travels from the inference adapter to the trainer batch.
+// Modules read task_id, sample_index, completion_tokens, text, logprobs, version_spans and
+// finish_reason; the scorer sets reward (unset until scored, and when the `drop` policy leaves it
+// unscored) and metrics.
+using Rollout = Sample;
 
 // JSON forms, used by the http reward module, checkpoints and logs. A task's JSON is what reward
 // plugins and HTTP reward servers receive: id, env, answer, info and prompt or messages, never its

@@ -48,6 +48,25 @@ struct Placed {
   std::size_t loss;        // of those, the ones in the loss (Sample::loss_mask)
 };
 
+// One sample as the packer reads it: views into the caller's sample (a bridge::Sample or an
+// arlo::Sample), so no token is copied before it lands in the batch.
+struct Row {
+  std::span<const std::int32_t> prompt, completion;
+  std::span<const float> logprobs;         // one per completion token (an arlo::Sample's may be short: 0)
+  std::span<const std::int32_t> versions;  // one per completion token
+  float advantage = 0.0f;
+  std::span<const float> ce_weights;        // empty, or one per completion token
+  bool ce_all = false;                      // cross-entropy weight 1 on every completion token
+  std::span<const std::uint8_t> loss_mask;  // empty: every completion token is in the loss
+  bool out_of_loss = false;                 // the whole sample is out of the loss
+
+  std::size_t size() const { return prompt.size() + completion.size(); }
+  bool has_ce() const { return ce_all || !ce_weights.empty(); }
+  bool in_loss(std::size_t k) const { return !out_of_loss && (loss_mask.empty() || loss_mask[k] != 0); }
+  float logprob(std::size_t k) const { return k < logprobs.size() ? logprobs[k] : 0.0f; }
+  float ce(std::size_t k) const { return ce_all ? 1.0f : ce_weights.empty() ? 0.0f : ce_weights[k]; }
+};
+
 }  // namespace
 
 std::map<std::string, std::string> RankBatch::metadata() const {
@@ -76,37 +95,25 @@ namespace {
 // The samples that go into the step, as Placed items, largest first (ties in input order, so the
 // result is deterministic). A sample longer than seq_len is truncated (its completion cut) or,
 // with Overlong::kReject or a prompt that fills seq_len alone, rejected; both are counted in
-// `report`. A sample whose per-token lists disagree in length is refused.
-Result<std::vector<Placed>> place_samples(std::span<const Sample> samples, std::size_t seq_len, Overlong overlong,
-                                          PackReport& report) {
+// `report`.
+std::vector<Placed> place_samples(std::span<const Row> samples, std::size_t seq_len, Overlong overlong,
+                                  PackReport& report) {
   std::vector<Placed> items;
   items.reserve(samples.size());
   for (std::size_t i = 0; i < samples.size(); ++i) {
-    const Sample& s = samples[i];
-    const std::size_t c = s.completion_tokens.size();
-    if (s.completion_logprobs.size() != c || s.token_versions.size() != c ||
-        (!s.ce_weights.empty() && s.ce_weights.size() != c) || (!s.loss_mask.empty() && s.loss_mask.size() != c)) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        fmt::format("pack: sample {} has {} completion tokens but {} logprobs, {} token versions, "
-                                    "{} ce_weights, {} loss_mask (each must match, ce_weights and loss_mask may be "
-                                    "empty)",
-                                    i, c, s.completion_logprobs.size(), s.token_versions.size(), s.ce_weights.size(),
-                                    s.loss_mask.size()));
-    }
-    std::size_t keep = c;
+    const Row& s = samples[i];
+    std::size_t keep = s.completion.size();
     if (s.size() > seq_len) {
-      if (overlong == Overlong::kReject || s.prompt_tokens.size() >= seq_len) {
+      if (overlong == Overlong::kReject || s.prompt.size() >= seq_len) {
         ++report.rejected;
         continue;
       }
-      keep = seq_len - s.prompt_tokens.size();
+      keep = seq_len - s.prompt.size();
       ++report.truncated;
     }
-    const std::size_t loss =
-        s.loss_mask.empty() ? keep
-                            : static_cast<std::size_t>(std::count_if(s.loss_mask.begin(), s.loss_mask.begin() + keep,
-                                                                     [](std::uint8_t m) { return m != 0; }));
-    items.push_back({i, s.prompt_tokens.size() + keep, keep, loss});
+    std::size_t loss = 0;
+    for (std::size_t k = 0; k < keep; ++k) loss += s.in_loss(k) ? 1 : 0;
+    items.push_back({i, s.prompt.size() + keep, keep, loss});
   }
   std::stable_sort(items.begin(), items.end(), [](const Placed& a, const Placed& b) { return a.length > b.length; });
   return items;
@@ -147,7 +154,7 @@ RankRows assign_rows(const std::vector<Placed>& items, int num_ranks, std::size_
 // rows packed for it: prompt tokens out of the loss, completion tokens in it (unless the sample's
 // loss_mask keeps them out) with their advantage, logprob and ce_weight, each with its version; padding pad_token_id,
 // position 0, sample id -1. Counts its samples and tokens and its policy-version range.
-void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::span<const Sample> samples,
+void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::span<const Row> samples,
                std::int32_t pad_token_id, bool any_ce) {
   const std::size_t seq_len = static_cast<std::size_t>(b.seq_len);
   const std::size_t max_segments = static_cast<std::size_t>(b.max_segments);
@@ -169,29 +176,29 @@ void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::
     std::size_t t = row * seq_len;
     for (std::size_t seg = 0; seg < rows[row].size(); ++seg) {
       const Placed& p = rows[row][seg];
-      const Sample& s = samples[p.index];
+      const Row& s = samples[p.index];
       b.seq_lens[row * max_segments + seg] = static_cast<std::int32_t>(p.length);
       std::int32_t pos = 0;
-      for (std::int32_t tok : s.prompt_tokens) {
+      for (std::int32_t tok : s.prompt) {
         b.input_ids[t] = tok;
         b.position_ids[t] = pos++;
         b.sample_ids[t] = static_cast<std::int32_t>(p.index);
         ++t;
       }
       for (std::size_t k = 0; k < p.completion; ++k) {
-        b.input_ids[t] = s.completion_tokens[k];
+        b.input_ids[t] = s.completion[k];
         b.position_ids[t] = pos++;
         b.sample_ids[t] = static_cast<std::int32_t>(p.index);
-        b.token_versions[t] = s.token_versions[k];
-        if (s.loss_mask.empty() || s.loss_mask[k] != 0) {
+        b.token_versions[t] = s.versions[k];
+        if (s.in_loss(k)) {
           b.loss_mask[t] = 1;
           b.advantages[t] = s.advantage;
-          b.inference_logprobs[t] = s.completion_logprobs[k];
-          if (!s.ce_weights.empty()) b.ce_weights[t] = s.ce_weights[k];
+          b.inference_logprobs[t] = s.logprob(k);
+          if (s.has_ce()) b.ce_weights[t] = s.ce(k);
         }
-        version_sum += s.token_versions[k];
-        vmin = std::min<std::int64_t>(vmin, s.token_versions[k]);
-        vmax = std::max<std::int64_t>(vmax, s.token_versions[k]);
+        version_sum += s.versions[k];
+        vmin = std::min<std::int64_t>(vmin, s.versions[k]);
+        vmax = std::max<std::int64_t>(vmax, s.versions[k]);
         ++t;
       }
       ++b.samples;
@@ -207,9 +214,7 @@ void fill_rank(RankBatch& b, const std::vector<std::vector<Placed>>& rows, std::
   }
 }
 
-}  // namespace
-
-Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const PackOptions& options) {
+Result<StepBatch> pack_rows(std::int64_t step, std::span<const Row> samples, const PackOptions& options) {
   if (options.seq_len < 2 || options.seq_len > kMaxSeqLen) {
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("pack: seq_len must be in [2, {}], got {}", kMaxSeqLen, options.seq_len));
@@ -223,9 +228,9 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
 
   StepBatch out;
   out.step = step;
-  ARLO_ASSIGN_OR_RETURN(const auto items, place_samples(samples, seq_len, options.overlong, out.report));
+  const auto items = place_samples(samples, seq_len, options.overlong, out.report);
   const bool any_ce =
-      std::any_of(items.begin(), items.end(), [&](const Placed& p) { return !samples[p.index].ce_weights.empty(); });
+      std::any_of(items.begin(), items.end(), [&](const Placed& p) { return samples[p.index].has_ce(); });
   const RankRows rows = assign_rows(items, num_ranks, seq_len);
   std::size_t max_rows = 1;
   for (const auto& rr : rows) max_rows = std::max(max_rows, rr.size());
@@ -263,6 +268,64 @@ Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const
                                               (static_cast<double>(out.report.rows) * static_cast<double>(seq_len))
                                         : 0.0;
   return out;
+}
+
+}  // namespace
+
+Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const PackOptions& options) {
+  std::vector<Row> rows;
+  rows.reserve(samples.size());
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const Sample& s = samples[i];
+    const std::size_t c = s.completion_tokens.size();
+    if (s.completion_logprobs.size() != c || s.token_versions.size() != c ||
+        (!s.ce_weights.empty() && s.ce_weights.size() != c) || (!s.loss_mask.empty() && s.loss_mask.size() != c)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("pack: sample {} has {} completion tokens but {} logprobs, {} token versions, "
+                                    "{} ce_weights, {} loss_mask (each must match, ce_weights and loss_mask may be "
+                                    "empty)",
+                                    i, c, s.completion_logprobs.size(), s.token_versions.size(), s.ce_weights.size(),
+                                    s.loss_mask.size()));
+    }
+    rows.push_back({.prompt = s.prompt_tokens,
+                    .completion = s.completion_tokens,
+                    .logprobs = s.completion_logprobs,
+                    .versions = s.token_versions,
+                    .advantage = s.advantage,
+                    .ce_weights = s.ce_weights,
+                    .ce_all = false,
+                    .loss_mask = s.loss_mask,
+                    .out_of_loss = false});
+  }
+  return pack_rows(step, rows, options);
+}
+
+Result<StepBatch> pack(std::int64_t step, std::span<const arlo::Sample> samples, const PackOptions& options) {
+  std::vector<std::vector<std::int32_t>> versions;  // the only per-token list the packer derives
+  versions.reserve(samples.size());
+  std::vector<Row> rows;
+  rows.reserve(samples.size());
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const arlo::Sample& s = samples[i];
+    const std::size_t c = s.completion_tokens.size();
+    if (s.logprobs.size() > c || (!s.loss_mask.empty() && s.loss_mask.size() != c)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("pack: sample {} has {} completion tokens but {} logprobs and {} loss_mask "
+                                    "(at most one logprob per token; loss_mask empty or one per token)",
+                                    i, c, s.logprobs.size(), s.loss_mask.size()));
+    }
+    versions.push_back(s.token_versions());
+    rows.push_back({.prompt = s.prompt_tokens,
+                    .completion = s.completion_tokens,
+                    .logprobs = s.logprobs,
+                    .versions = versions.back(),
+                    .advantage = static_cast<float>(s.advantage),
+                    .ce_weights = {},
+                    .ce_all = s.supervised,
+                    .loss_mask = s.loss_mask,
+                    .out_of_loss = !s.in_loss()});
+  }
+  return pack_rows(step, rows, options);
 }
 
 namespace {

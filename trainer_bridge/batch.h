@@ -52,12 +52,16 @@
 
 #include "common/result.h"
 #include "common/safetensors.h"
+#include "common/sample.h"
 
 namespace arlo::bridge {
 
 inline constexpr int kSchemaVersion = 1;
 
-// One finished rollout ready to train on. Loss applies to completion tokens only.
+// One finished rollout ready to train on, every per-token column spelt out (for trainers, tools and
+// tests that build rows by hand: fractional ce_weights, per-token versions). The orchestrator packs
+// its arlo::Sample (common/sample.h) directly with the overload of pack() below; this type is not on
+// its path. Loss applies to completion tokens only.
 struct Sample {
   std::vector<std::int32_t> prompt_tokens;
   std::vector<std::int32_t> completion_tokens;
@@ -135,6 +139,11 @@ struct StepBatch {
 // each rank's rows first-fit decreasing. Deterministic for a given input. Fails on malformed
 // samples (per-token vectors of the wrong length), seq_len < 2 or num_ranks < 1.
 Result<StepBatch> pack(std::int64_t step, std::span<const Sample> samples, const PackOptions& options);
+// The same from the orchestrator's samples, read in place: token_versions from each sample's version
+// spans, ce_weights 1 on the completion of a supervised one, loss_mask 0 on every token of a masked
+// one (fate kMasked) and where its own loss_mask is 0; missing logprobs count as 0. The batch is the
+// one pack() makes from the bridge::Sample rows those columns spell out.
+Result<StepBatch> pack(std::int64_t step, std::span<const arlo::Sample> samples, const PackOptions& options);
 
 // Encodes one rank's batch as a complete safetensors file image (header + data).
 Result<std::string> encode(const RankBatch& batch);

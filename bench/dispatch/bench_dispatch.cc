@@ -91,9 +91,10 @@ Task synthetic_task(std::uint64_t n) {
 class ParityScorer final : public ScorerPort {
  public:
   Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task>,
-                                       std::shared_ptr<const std::vector<Completion>> cs) override {
+                                       std::shared_ptr<const std::vector<Sample>> cs) override {
     ScoredGroup g;
-    for (const auto& c : *cs) g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
+    for (const auto& c : *cs)
+      g.rewards.push_back(!c.completion_tokens.empty() && c.completion_tokens[0] == 1 ? 1.0 : 0.0);
     std::vector<rollout::SampleInput> in;
     for (double r : g.rewards) in.push_back({.reward = r});
     g.advantages = rollout::compute_advantages(in, {.filter_equal_reward_groups = false}).advantages;

@@ -11,7 +11,7 @@ class ExactMatch : public NamedModule {
  public:
   ExactMatch(std::string name, bool case_sensitive) : NamedModule(std::move(name)), case_sensitive_(case_sensitive) {}
   Result<Score> score(const Task& task, const Rollout& r) override {
-    std::string a = trim(r.completion_text), b = trim(task.answer);
+    std::string a = trim(r.text), b = trim(task.answer);
     if (!case_sensitive_) {
       for (auto* s : {&a, &b})
         std::transform(s->begin(), s->end(), s->begin(), [](unsigned char c) { return std::tolower(c); });

@@ -8,7 +8,7 @@ class LcsRatio : public NamedModule {
  public:
   using NamedModule::NamedModule;
   Result<Score> score(const Task& task, const Rollout& r) override {
-    const std::string a = trim(r.completion_text), b = trim(task.answer);
+    const std::string a = trim(r.text), b = trim(task.answer);
     if (a.empty() && b.empty()) return Score{1.0, {}};
     return Score{2.0 * static_cast<double>(lcs_length(a, b)) / static_cast<double>(a.size() + b.size()), {}};
   }

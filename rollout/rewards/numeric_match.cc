@@ -18,7 +18,7 @@ class NumericMatch : public NamedModule {
     if (!expected)
       return make_error(ErrorCode::kInvalidArgument,
                         fmt::format("numeric_match: task '{}' answer '{}' has no number", task.id, task.answer));
-    auto got = last_number(r.completion_text);
+    auto got = last_number(r.text);
     Score s;
     s.metrics["parsed"] = got ? 1.0 : 0.0;
     if (got) {

@@ -14,7 +14,7 @@ class RegexMatch : public NamedModule {
       : NamedModule(std::move(name)), re_(std::move(re)), compare_answer_(compare_answer) {}
   Result<Score> score(const Task& task, const Rollout& r) override {
     std::smatch m;
-    const std::string& text = r.completion_text;
+    const std::string& text = r.text;
     if (!std::regex_search(text, m, re_)) return Score{0.0, {}};
     if (!compare_answer_) return Score{1.0, {}};
     const std::string captured = m.size() > 1 ? m[1].str() : m[0].str();

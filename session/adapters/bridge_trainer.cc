@@ -31,21 +31,9 @@ void BridgeTrainer::on_alive(std::function<void()> callback) {
 
 Awaitable<Status> BridgeTrainer::send(orch::TrainBatch batch) {
   const auto step = batch.step;
+  // The samples are packed where they are: no copy into another type on the way.
   auto work = [batch = std::move(batch), opts = pack_]() -> Result<bridge::StepBatch> {
-    std::vector<bridge::Sample> samples;
-    samples.reserve(batch.samples.size());
-    for (const auto& s : batch.samples) {
-      bridge::Sample b;
-      b.prompt_tokens = s.prompt_tokens;
-      b.completion_tokens = s.completion_tokens;
-      b.completion_logprobs = s.logprobs;
-      b.token_versions = s.token_versions;
-      b.advantage = static_cast<float>(s.advantage);
-      if (s.supervised) b.ce_weights.assign(s.completion_tokens.size(), 1.0f);
-      if (s.loss_masked) b.loss_mask.assign(s.completion_tokens.size(), 0);
-      samples.push_back(std::move(b));
-    }
-    return bridge::pack(batch.step, samples, opts);
+    return bridge::pack(batch.step, std::span<const Sample>(batch.samples), opts);
   };
   auto packed = co_await pool_.run(io_, std::move(work));
   if (!packed) co_return std::unexpected(Error(packed.error()).with_context(fmt::format("packing step {}", step)));

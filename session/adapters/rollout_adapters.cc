@@ -87,13 +87,15 @@ Awaitable<Result<orch::GenerateResult>> RolloutInference::generate_here(orch::Ge
   orch::GenerateResult out;
   out.prompt_tokens = std::move(completion->prompt_token_ids);
   out.worker = completion->worker;
+  // The wire's choices become samples once, by moves (common/sample.h).
   for (auto& ch : completion->choices) {
-    orch::Completion c;
-    c.tokens = std::move(ch.token_ids);
+    Sample c;
+    c.completion_tokens = std::move(ch.token_ids);
     c.logprobs = std::move(ch.logprobs);
-    c.spans = std::move(ch.version_spans);
+    c.version_spans = std::move(ch.version_spans);
     c.finish_reason = ch.finish_reason;
     c.text = std::move(ch.text);
+    c.worker = out.worker;
     out.completions.push_back(std::move(c));
   }
   co_return out;
@@ -223,13 +225,13 @@ namespace {
 // What orchestrator.overlong makes of each sample: a truncated one is dropped or masked, as
 // compute_advantages decided it. A group that the estimator drops for another reason (rloo with one
 // sample) trains at advantage 0, as ever.
-std::vector<orch::SampleFate> overlong_fates(std::span<const rollout::SampleInput> samples,
-                                             rollout::TruncationPolicy policy) {
-  std::vector<orch::SampleFate> out(samples.size(), orch::SampleFate::kTrain);
+std::vector<SampleFate> overlong_fates(std::span<const rollout::SampleInput> samples,
+                                       rollout::TruncationPolicy policy) {
+  std::vector<SampleFate> out(samples.size(), SampleFate::kTrain);
   for (std::size_t i = 0; i < samples.size(); ++i) {
     if (!samples[i].truncated) continue;
-    if (policy == rollout::TruncationPolicy::kDrop) out[i] = orch::SampleFate::kDropped;
-    if (policy == rollout::TruncationPolicy::kMask) out[i] = orch::SampleFate::kMasked;
+    if (policy == rollout::TruncationPolicy::kDrop) out[i] = SampleFate::kDropped;
+    if (policy == rollout::TruncationPolicy::kMask) out[i] = SampleFate::kMasked;
   }
   return out;
 }
@@ -242,29 +244,20 @@ RolloutScorer::RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOp
   advantages_.filter_equal_reward_groups = false;
 }
 
-Awaitable<Result<orch::ScoredGroup>> RolloutScorer::score(
-    std::shared_ptr<const Task> task, std::shared_ptr<const std::vector<orch::Completion>> completions) {
-  std::vector<rollout::Rollout> group;
-  group.reserve(completions->size());
-  for (std::size_t i = 0; i < completions->size(); ++i) {
-    const auto& c = (*completions)[i];
-    rollout::Rollout r;
-    r.task_id = task->id;
-    r.sample_index = static_cast<int>(i);
-    r.completion_tokens = c.tokens;
-    r.completion_text = c.text;
-    r.logprobs = c.logprobs;
-    r.finish_reason = c.finish_reason;
-    group.push_back(std::move(r));
-  }
-  auto st = co_await scorer_.score_group(*task, group);
+Awaitable<Result<orch::ScoredGroup>> RolloutScorer::score(std::shared_ptr<const Task> task,
+                                                          std::shared_ptr<const std::vector<Sample>> completions) {
+  // Rollout is Sample: the reward modules read the group's samples where they are (named by task
+  // and index by the dispatcher), on the scorer's threads; nothing is copied.
+  std::vector<rollout::SampleScore> scores;
+  auto st = co_await scorer_.score_shared(task, completions, scores);
   if (!st) co_return std::unexpected(std::move(st).error());
   orch::ScoredGroup out;
   std::vector<rollout::SampleInput> inputs;
-  for (const auto& r : group) {
-    out.rewards.push_back(r.reward.value_or(0.0));
-    out.metrics.push_back(r.metrics);
-    inputs.push_back({r.reward.value_or(0.0), r.completion_tokens.size(), r.finish_reason == FinishReason::kLength});
+  for (std::size_t i = 0; i < scores.size(); ++i) {
+    const auto& c = (*completions)[i];
+    out.rewards.push_back(scores[i].reward.value_or(0.0));
+    out.metrics.push_back(std::move(scores[i].metrics));
+    inputs.push_back({out.rewards.back(), c.completion_tokens.size(), c.finish_reason == FinishReason::kLength});
   }
   auto adv = rollout::compute_advantages(inputs, advantages_);
   out.advantages = std::move(adv.advantages);

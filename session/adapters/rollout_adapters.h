@@ -101,7 +101,7 @@ class RolloutScorer final : public orch::ScorerPort {
  public:
   RolloutScorer(rollout::RewardScorer& scorer, rollout::AdvantageOptions advantages);
   Awaitable<Result<orch::ScoredGroup>> score(std::shared_ptr<const Task> task,
-                                             std::shared_ptr<const std::vector<orch::Completion>> completions) override;
+                                             std::shared_ptr<const std::vector<Sample>> completions) override;
 
  private:
   rollout::RewardScorer& scorer_;

@@ -94,9 +94,9 @@ class FakeInference final : public InferencePort {
     co_return std::vector<std::string>(all.begin(), all.end());
   }
 
-  std::function<Completion(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
-    Completion c;
-    c.tokens = {j % 2, 10 + j, 20 + j};
+  std::function<Sample(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
+    Sample c;
+    c.completion_tokens = {j % 2, 10 + j, 20 + j};
     c.logprobs = {-0.5f, -0.5f, -0.5f};
     c.finish_reason = FinishReason::kStop;
     return c;
@@ -113,9 +113,9 @@ class FakeInference final : public InferencePort {
     r.prompt_tokens = p.request.prompt_tokens.empty() ? std::vector<std::int32_t>{1, 2} : p.request.prompt_tokens;
     for (int j = 0; j < p.request.n; ++j) {
       auto c = answer(p.request, j);
-      c.spans = {{p.version_at_submit, 0}};
-      if (version_ != p.version_at_submit && c.tokens.size() > 1)
-        c.spans.push_back({version_, static_cast<std::int64_t>(c.tokens.size() / 2)});
+      c.version_spans = {{p.version_at_submit, 0}};
+      if (version_ != p.version_at_submit && c.completion_tokens.size() > 1)
+        c.version_spans.push_back({version_, static_cast<std::int64_t>(c.completion_tokens.size() / 2)});
       r.completions.push_back(std::move(c));
     }
     p.promise.set(std::move(r));
@@ -137,10 +137,10 @@ class FakeInference final : public InferencePort {
       GenerateResult r;
       r.prompt_tokens = p.request.prompt_tokens.empty() ? std::vector<std::int32_t>{1, 2} : p.request.prompt_tokens;
       for (int j = 0; j < p.request.n; ++j) {
-        Completion c;
-        c.tokens = {j % 2};
+        Sample c;
+        c.completion_tokens = {j % 2};
         c.logprobs = {-0.1f};
-        c.spans = {{p.version_at_submit, 0}};
+        c.version_spans = {{p.version_at_submit, 0}};
         c.finish_reason = FinishReason::kAbort;
         r.completions.push_back(std::move(c));
       }
@@ -229,22 +229,19 @@ inline std::vector<double> grpo_advantages(const std::vector<double>& rewards) {
 class FakeScorer final : public ScorerPort {
  public:
   Awaitable<Result<ScoredGroup>> score(std::shared_ptr<const Task>,
-                                       std::shared_ptr<const std::vector<Completion>> cs) override {
+                                       std::shared_ptr<const std::vector<Sample>> cs) override {
     ScoredGroup g;
     std::vector<rollout::SampleInput> in;
     for (const auto& c : *cs) {
-      g.rewards.push_back(!c.tokens.empty() && c.tokens[0] == 1 ? 1.0 : 0.0);
+      g.rewards.push_back(!c.completion_tokens.empty() && c.completion_tokens[0] == 1 ? 1.0 : 0.0);
       // What a reward module reports: its reward and one figure of its own.
-      g.metrics.push_back({{"fake", g.rewards.back()}, {"fake/tokens", static_cast<double>(c.tokens.size())}});
-      in.push_back({g.rewards.back(), c.tokens.size(), c.finish_reason == FinishReason::kLength});
+      g.metrics.push_back(
+          {{"fake", g.rewards.back()}, {"fake/tokens", static_cast<double>(c.completion_tokens.size())}});
+      in.push_back({g.rewards.back(), c.completion_tokens.size(), c.finish_reason == FinishReason::kLength});
     }
     auto adv = rollout::compute_advantages(in, {.filter_equal_reward_groups = false, .truncated = overlong});
     g.advantages = std::move(adv.advantages);
-    if (overlong != rollout::TruncationPolicy::kKeep)
-      for (auto f : adv.fates)
-        g.fates.push_back(f == rollout::SampleFate::kDropped  ? SampleFate::kDropped
-                          : f == rollout::SampleFate::kMasked ? SampleFate::kMasked
-                                                              : SampleFate::kTrain);
+    if (overlong != rollout::TruncationPolicy::kKeep) g.fates = std::move(adv.fates);
     ++scored;
     co_return g;
   }

@@ -149,7 +149,7 @@ TEST(Gate, AsyncLevelZeroIsSynchronous) {
   h.settle();
   ASSERT_EQ(h.trainer.batches.size(), 2u);
   for (const auto& s : h.trainer.batches[1].samples)
-    for (auto v : s.token_versions) EXPECT_EQ(v, 1);
+    for (auto v : s.token_versions()) EXPECT_EQ(v, 1);
 }
 
 TEST(Gate, InflightBoundCountsSamples) {
@@ -170,8 +170,8 @@ TEST(Filter, EqualRewardGroupsAreReplacedOnlyUpToTheBudget) {
   h.trainer.auto_publish = true;
   // Every sample solves its task: every group has equal rewards.
   h.inf.answer = [](const GenerateRequest&, int) {
-    Completion c;
-    c.tokens = {1, 7};
+    Sample c;
+    c.completion_tokens = {1, 7};
     c.logprobs = {-0.1f, -0.1f};
     c.finish_reason = FinishReason::kStop;
     return c;
@@ -200,15 +200,15 @@ struct OverlongRun : Harness {
     trainer.auto_publish = true;
     scorer.overlong = policy;
     inf.answer = [](const GenerateRequest&, int j) {
-      Completion c;
-      c.tokens = {j % 2, 10 + j, 20 + j};
+      Sample c;
+      c.completion_tokens = {j % 2, 10 + j, 20 + j};
       c.logprobs = {-0.5f, -0.5f, -0.5f};
       c.finish_reason = j == 3 ? FinishReason::kLength : FinishReason::kStop;
       return c;
     };
     start();
   }
-  static bool cut_off(const TrainSample& s) { return s.completion_tokens.at(1) == 13; }
+  static bool cut_off(const Sample& s) { return s.completion_tokens.at(1) == 13; }
 };
 
 // drop: the cut-off samples never reach the trainer; the ledger counts them "overlong", the rest
@@ -221,7 +221,7 @@ TEST(Overlong, DropKeepsCutOffSamplesOutOfTheBatchAndCountsThemOverlong) {
     EXPECT_EQ(b.samples.size(), 6u);  // two groups of 3
     for (const auto& s : b.samples) {
       EXPECT_FALSE(OverlongRun::cut_off(s));
-      EXPECT_FALSE(s.loss_masked);
+      EXPECT_TRUE(s.in_loss());
       EXPECT_NE(s.advantage, 0.0);  // rewards 0, 1, 0 among the kept samples
     }
   }
@@ -242,8 +242,8 @@ TEST(Overlong, DropOfAWholeGroupIsReplaced) {
   h.scorer.overlong = rollout::TruncationPolicy::kDrop;
   int groups = 0;
   h.inf.answer = [&](const GenerateRequest& r, int j) {
-    Completion c;
-    c.tokens = {j % 2, 10 + j};
+    Sample c;
+    c.completion_tokens = {j % 2, 10 + j};
     c.logprobs = {-0.5f, -0.5f};
     c.finish_reason = r.group_id == 1 ? FinishReason::kLength : FinishReason::kStop;  // the first group is cut off
     if (j == 0) ++groups;
@@ -266,8 +266,8 @@ TEST(Overlong, MaskSendsCutOffSamplesOutOfTheLossAndCountsThemMasked) {
     ASSERT_EQ(b.samples.size(), 8u);
     int masked = 0;
     for (const auto& s : b.samples) {
-      EXPECT_EQ(s.loss_masked, OverlongRun::cut_off(s));
-      if (s.loss_masked) {
+      EXPECT_EQ(!s.in_loss(), OverlongRun::cut_off(s));
+      if (!s.in_loss()) {
         EXPECT_EQ(s.advantage, 0.0);
         ++masked;
       }
@@ -291,7 +291,7 @@ TEST(Overlong, KeepTrainsCutOffSamples) {
   ASSERT_EQ(h.trainer.batches.size(), 2u);
   for (const auto& b : h.trainer.batches) {
     EXPECT_EQ(b.samples.size(), 8u);
-    for (const auto& s : b.samples) EXPECT_FALSE(s.loss_masked);
+    for (const auto& s : b.samples) EXPECT_TRUE(s.in_loss());
   }
   EXPECT_EQ(h.orch->ledger().disposed("trained"), 16u);
 }
@@ -328,7 +328,7 @@ TEST(Staleness, DropCountsTimeSpentQueued) {
   ASSERT_GE(h.trainer.batches.size(), 3u);
   EXPECT_EQ(h.trainer.batches[2].step, 3);
   for (const auto& s : h.trainer.batches[2].samples)
-    for (auto v : s.token_versions) EXPECT_GE(v, 1);
+    for (auto v : s.token_versions()) EXPECT_GE(v, 1);
   ASSERT_GE(h.orch->step_reports().size(), 3u);
   EXPECT_EQ(h.orch->step_reports()[2].stale_samples, 2);
 }
@@ -390,7 +390,8 @@ TEST(WeightUpdate, KeepModeRecordsTokenVersions) {
   h.inf.complete_all();  // tokens from the midpoint on come from v1
   h.settle();
   ASSERT_GE(h.trainer.batches.size(), 1u);
-  for (const auto& s : h.trainer.batches[0].samples) EXPECT_EQ(s.token_versions, (std::vector<std::int32_t>{0, 1, 1}));
+  for (const auto& s : h.trainer.batches[0].samples)
+    EXPECT_EQ(s.token_versions(), (std::vector<std::int32_t>{0, 1, 1}));
 }
 
 TEST(WeightUpdate, WaitModeDrainsBeforeSwapping) {
@@ -411,8 +412,8 @@ TEST(WeightUpdate, WaitModeDrainsBeforeSwapping) {
   ASSERT_EQ(h.trainer.batches.size(), 2u);
   for (const auto& b : h.trainer.batches)
     for (const auto& s : b.samples)
-      for (auto v : s.token_versions) EXPECT_EQ(v, 0);  // no sample spans two versions
-  EXPECT_EQ(h.inf.requests().size(), 6u);               // step 3 after the swap
+      for (auto v : s.token_versions()) EXPECT_EQ(v, 0);  // no sample spans two versions
+  EXPECT_EQ(h.inf.requests().size(), 6u);                 // step 3 after the swap
   for (std::size_t i = 4; i < 6; ++i) EXPECT_EQ(h.inf.pending()[i].version_at_submit, 1);
 }
 
@@ -451,7 +452,7 @@ TEST(WeightUpdate, AbortModeContinuesSamplesFromTheirTokens) {
   for (const auto& s : h.trainer.batches[0].samples) {
     if (s.completion_tokens.size() == 4) {  // 1 aborted token + 3 continued
       found_continued = true;
-      EXPECT_EQ(s.token_versions, (std::vector<std::int32_t>{0, 1, 1, 1}));
+      EXPECT_EQ(s.token_versions(), (std::vector<std::int32_t>{0, 1, 1, 1}));
     }
   }
   EXPECT_TRUE(found_continued);

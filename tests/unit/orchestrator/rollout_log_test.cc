@@ -31,14 +31,14 @@ Group scored_group(std::uint64_t id) {
   g.prompt_tokens = {1, 2, 3, 4};
   g.dispatched_at = TimePoint{} + std::chrono::seconds(1);
   g.finished_at = g.dispatched_at + std::chrono::milliseconds(250);
-  Completion a;
+  Sample a;
   a.text = "7";
-  a.tokens = {5, 6};
-  a.spans = {{10, 0}, {11, 1}};
+  a.completion_tokens = {5, 6};
+  a.version_spans = {{10, 0}, {11, 1}};
   a.finish_reason = FinishReason::kStop;
-  Completion b;
+  Sample b;
   b.text = "\xff";  // not UTF-8: replaced, never a broken line
-  b.tokens = {9};
+  b.completion_tokens = {9};
   b.finish_reason = FinishReason::kLength;
   g.completions = {a, b};
   g.scores.rewards = {1.0, 0.0};

@@ -61,7 +61,7 @@ TEST(ExamplePlugin, BuildsOutOfTreeFromTheInstalledHeaderAndLoads) {
   t.prompt = "reverse abc:";
   t.answer = "cba";
   Rollout r;
-  r.completion_text = "it is cba";
+  r.text = "it is cba";
   r.finish_reason = FinishReason::kStop;
   auto s = (*module)->score(t, r);
   ASSERT_TRUE(s) << s.error().what();

@@ -81,8 +81,8 @@ Task task() {
 
 std::vector<Rollout> group() {
   std::vector<Rollout> g(2);
-  g[0].completion_text = "cba";
-  g[1].completion_text = "abc";
+  g[0].text = "cba";
+  g[1].text = "abc";
   g[1].sample_index = 1;
   return g;
 }

@@ -19,7 +19,7 @@ Task task(std::string answer) {
 
 Rollout sample(std::string text, std::size_t tokens = 0) {
   Rollout r;
-  r.completion_text = std::move(text);
+  r.text = std::move(text);
   r.completion_tokens.assign(tokens, 1);
   return r;
 }

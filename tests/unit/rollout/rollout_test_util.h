@@ -47,7 +47,7 @@ inline std::vector<Rollout> group(std::initializer_list<const char*> texts) {
     Rollout r;
     r.task_id = "t-7";
     r.sample_index = i++;
-    r.completion_text = t;
+    r.text = t;
     out.push_back(r);
   }
   return out;

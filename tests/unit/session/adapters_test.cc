@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <set>
 
 #include "session/adapters/rollout_adapters.h"
 #include "tests/unit/rollout/rollout_test_util.h"
@@ -11,8 +12,6 @@
 namespace arlo::session::adapters {
 namespace {
 
-using orch::Completion;
-using orch::SampleFate;
 using orch::ScoredGroup;
 
 using rollout::test::sample_chat_task;
@@ -59,11 +58,13 @@ class RecordingModule final : public rollout::RewardModule {
     std::lock_guard lock(mu);
     tasks.push_back(task);
     task_ids.push_back(r.task_id);
-    return rollout::Score{r.completion_text == task.answer ? 1.0 : 0.0, {}};
+    seen.push_back(&r);
+    return rollout::Score{r.text == task.answer ? 1.0 : 0.0, {}};
   }
   std::mutex mu;
   std::vector<Task> tasks;
   std::vector<std::string> task_ids;
+  std::vector<const rollout::Rollout*> seen;  // the samples it was handed, by address
 
  private:
   std::string name_ = "recording";
@@ -77,9 +78,10 @@ TEST(Adapters, ScorerGivesRewardModulesTheEnvironmentsTask) {
     rollout::RewardScorer reward(io, module, {.timeout = std::chrono::seconds(30), .threads = 1});
     RolloutScorer scorer(reward, rollout::AdvantageOptions{});
     auto task = std::make_shared<const Task>(sample_completion_task());
-    auto completions = std::make_shared<std::vector<Completion>>(2);
+    auto completions = std::make_shared<std::vector<Sample>>(2);
     (*completions)[0].text = "5";
     (*completions)[1].text = "3";
+    for (auto& c : *completions) c.task_id = task->id;  // the dispatcher names each sample by its task
     rollout::test::run(io,
                        [&]() -> boost::asio::awaitable<void> { scored = co_await scorer.score(task, completions); }());
   }
@@ -90,6 +92,31 @@ TEST(Adapters, ScorerGivesRewardModulesTheEnvironmentsTask) {
   ASSERT_EQ(module->tasks.size(), 2u);
   for (const auto& t : module->tasks) EXPECT_EQ(t, sample_completion_task());
   EXPECT_EQ(module->task_ids, (std::vector<std::string>{"arithmetic-7", "arithmetic-7"}));
+}
+
+// One sample, no copies: the reward modules read the orchestrator's samples where they lie (the
+// scorer's threads share the group), and the scores come back beside them.
+TEST(Adapters, ScorerHandsRewardModulesTheSamplesThemselves) {
+  boost::asio::io_context io;
+  auto module = std::make_shared<RecordingModule>();
+  auto completions = std::make_shared<std::vector<Sample>>(3);
+  const char* texts[] = {"5", "3", "5"};
+  for (int i = 0; i < 3; ++i) (*completions)[i].text = texts[i];
+  Result<ScoredGroup> scored = make_error(ErrorCode::kInternal, "not scored");
+  {
+    rollout::RewardScorer reward(io, module, {.timeout = std::chrono::seconds(30), .threads = 2});
+    RolloutScorer scorer(reward, rollout::AdvantageOptions{});
+    auto task = std::make_shared<const Task>(sample_completion_task());
+    rollout::test::run(io,
+                       [&]() -> boost::asio::awaitable<void> { scored = co_await scorer.score(task, completions); }());
+  }
+  rollout::test::drain(io);
+  ASSERT_TRUE(scored) << scored.error().what();
+  EXPECT_EQ(scored->rewards, (std::vector<double>{1.0, 0.0, 1.0}));
+  std::lock_guard lock(module->mu);
+  std::set<const rollout::Rollout*> seen(module->seen.begin(), module->seen.end());
+  EXPECT_EQ(seen, (std::set<const rollout::Rollout*>{&(*completions)[0], &(*completions)[1], &(*completions)[2]}));
+  for (const auto& c : *completions) EXPECT_FALSE(c.reward.has_value());  // the group itself is left as it was
 }
 
 // orchestrator.overlong reaches the orchestrator: a completion cut off by max_tokens is dropped or
@@ -103,7 +130,7 @@ TEST(Adapters, ScorerGivesCutOffCompletionsTheirOverlongFate) {
       rollout::RewardScorer reward(io, module, {.timeout = std::chrono::seconds(30), .threads = 1});
       RolloutScorer scorer(reward, rollout::AdvantageOptions{.truncated = policy});
       auto task = std::make_shared<const Task>(sample_completion_task());
-      auto completions = std::make_shared<std::vector<Completion>>(3);
+      auto completions = std::make_shared<std::vector<Sample>>(3);
       const char* texts[] = {"5", "3", "55555"};
       for (int i = 0; i < 3; ++i) {
         (*completions)[i].text = texts[i];

@@ -243,8 +243,67 @@ TEST(Packer, MalformedSampleIsAnError) {
   auto r = pack(1, samples, {.seq_len = 8});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
-  EXPECT_FALSE(pack(1, {}, {.seq_len = 1}));
-  EXPECT_FALSE(pack(1, {}, {.seq_len = 8, .num_ranks = 0}));
+  EXPECT_FALSE(pack(1, std::span<const Sample>{}, {.seq_len = 1}));
+  EXPECT_FALSE(pack(1, std::span<const Sample>{}, {.seq_len = 8, .num_ranks = 0}));
+}
+
+// The orchestrator's samples (arlo::Sample) pack, in place, to the very bytes of the bridge::Sample
+// rows they spell out: token versions from the version spans, ce_weights 1 on a supervised sample's
+// completion, loss mask 0 on every token of a masked one (fate kMasked) and where its own loss_mask
+// (a multi-turn trajectory's environment tokens) is 0; a short logprob list counts as 0.
+TEST(Packer, OrchestratorSamplesPackToTheBytesOfTheRowsTheySpellOut) {
+  std::mt19937 rng(11);
+  std::vector<arlo::Sample> samples;
+  std::vector<Sample> rows;
+  for (int i = 0; i < 24; ++i) {
+    Sample row = random_sample(rng, 12, 20, false);
+    const std::size_t c = row.completion_tokens.size();
+    arlo::Sample s;
+    s.prompt_tokens = row.prompt_tokens;
+    s.completion_tokens = row.completion_tokens;
+    s.logprobs = row.completion_logprobs;
+    s.version_spans = spans_of(row.token_versions);
+    s.advantage = row.advantage;
+    if (i % 4 == 1) {
+      s.supervised = true;
+      row.ce_weights.assign(c, 1.0f);
+    } else if (i % 4 == 2) {
+      s.fate = SampleFate::kMasked;
+      row.loss_mask.assign(c, 0);
+    } else if (i % 4 == 3) {
+      for (std::size_t k = 0; k < c; ++k) s.loss_mask.push_back(k % 3 == 0 ? 0 : 1);
+      row.loss_mask = s.loss_mask;
+    } else if (c > 0) {
+      s.logprobs.pop_back();
+      row.completion_logprobs.back() = 0.0f;
+    }
+    ASSERT_EQ(s.token_versions(), row.token_versions);
+    samples.push_back(std::move(s));
+    rows.push_back(std::move(row));
+  }
+  for (const PackOptions opt : {PackOptions{.seq_len = 64, .num_ranks = 1}, PackOptions{.seq_len = 24, .num_ranks = 2},
+                                PackOptions{.seq_len = 24, .overlong = Overlong::kReject}}) {
+    auto ours = pack(5, std::span<const arlo::Sample>(samples), opt);
+    auto theirs = pack(5, std::span<const Sample>(rows), opt);
+    ASSERT_TRUE(ours) << ours.error().what();
+    ASSERT_TRUE(theirs) << theirs.error().what();
+    ASSERT_EQ(ours->ranks.size(), theirs->ranks.size());
+    EXPECT_EQ(ours->report.loss_tokens, theirs->report.loss_tokens);
+    for (std::size_t r = 0; r < ours->ranks.size(); ++r) {
+      auto a = encode(ours->ranks[r]);
+      auto b = encode(theirs->ranks[r]);
+      ASSERT_TRUE(a && b);
+      EXPECT_EQ(*a, *b) << "rank " << r << " seq_len " << opt.seq_len;
+    }
+  }
+  // A loss mask that does not match the completion, or more logprobs than tokens, is refused.
+  arlo::Sample bad;
+  bad.completion_tokens = {1, 2};
+  bad.loss_mask = {1};
+  EXPECT_FALSE(pack(1, std::span<const arlo::Sample>(&bad, 1), {.seq_len = 8}));
+  bad.loss_mask.clear();
+  bad.logprobs = {0.0f, 0.0f, 0.0f};
+  EXPECT_FALSE(pack(1, std::span<const arlo::Sample>(&bad, 1), {.seq_len = 8}));
 }
 
 StepBatch sample_step(std::int64_t step, int ranks, bool ce) {
