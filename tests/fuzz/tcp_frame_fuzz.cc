@@ -1,5 +1,5 @@
-// libFuzzer target for the tcp weight transport's frames (weight_sync/transports/tcp_conn.cc and
-// what tcp.cc makes of them): the fuzzer's bytes are a peer's side of one link, read by a real
+// libFuzzer target for the tcp weight transport's frames (weight_sync/transports/tcp/conn.cc and
+// what tcp/receiver.cc makes of them): the fuzzer's bytes are a peer's side of one link, read by a real
 // detail::Conn (on one end of a socketpair) frame after frame with Conn::recv_frame until the
 // stream ends or is refused, as either side of a link reads them:
 //   HELLO    -> detail::parse_hello    (a sender reading a receiver, on gather and on resume)
@@ -19,7 +19,7 @@
 
 #include "tests/fuzz/check.h"
 #include "weight_sync/manifest.h"
-#include "weight_sync/transports/tcp_conn.h"
+#include "weight_sync/transports/tcp/conn.h"
 
 namespace {
 

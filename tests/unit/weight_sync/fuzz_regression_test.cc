@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weight_sync/manifest.h"
-#include "weight_sync/transports/tcp_conn.h"
+#include "weight_sync/transports/tcp/conn.h"
 
 namespace arlo::weight_sync {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "tests/log_capture.h"
 #include "weight_sync/manifest.h"
-#include "weight_sync/transports/tcp_conn.h"
+#include "weight_sync/transports/tcp/conn.h"
 #include "weight_sync/wire.h"
 
 namespace arlo::weight_sync {

@@ -1,4 +1,4 @@
-#include "weight_sync/transports/tcp_conn.h"
+#include "weight_sync/transports/tcp/conn.h"
 #include "weight_sync/wire.h"
 
 #include <boost/asio/connect.hpp>

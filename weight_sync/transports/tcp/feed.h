@@ -2,7 +2,7 @@
 // The tcp transport's buffering window between the side that produces a version's buckets (the
 // publisher's encoder, or a relay's upstream link) and the links that send them downstream, and
 // the per-bucket checksum cache those links share (each bucket hashed once, not once per link).
-// tcp.cc holds the protocol that uses it.
+// server.cc, sender.cc and receiver.cc hold the protocol that uses it.
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>

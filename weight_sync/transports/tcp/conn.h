@@ -2,7 +2,7 @@
 // Blocking-with-deadline operations on one Asio TCP socket, and the framing of the weight_sync
 // wire protocol. Each Conn owns its io_context and is driven by one thread at a time. Connect runs
 // as an Asio async operation under the deadline; reads and writes use the descriptor in blocking
-// mode with kernel timeouts (see tcp_conn.cc). Nothing here throws.
+// mode with kernel timeouts (see conn.cc). Nothing here throws.
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
