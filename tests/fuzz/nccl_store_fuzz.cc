@@ -1,5 +1,5 @@
 // libFuzzer target for the TCPStore request reader of the nccl transport's rendezvous store
-// (weight_sync/transports/nccl/store.cc): the fuzzer's bytes are requests of torch's c10d TCPStore
+// (weight_sync/transports/nccl/store_server.cc): the fuzzer's bytes are requests of torch's c10d TCPStore
 // protocol (either dialect) sent on up to three connections in turn (split at "\n--next--\n") to a
 // real StoreServer on loopback.
 //
