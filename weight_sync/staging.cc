@@ -3,15 +3,15 @@
 // SenderTransport directly, so it can serve one version many times (late joiners) and keep the
 // delta base itself.
 //
-// Slots: HostWeights snapshots reused across versions (a slot's pages stay mapped, so the copy is a
-// plain memcpy; the announcer touches a spare slot's pages ahead of time, so even the second
-// version's copy does not pay the first-touch page faults). A slot is in use while stage() copies
-// into it (`copying`) or while a thread announces, writes or serves it (`users`); the newest staged
-// version is `newest_`. A free
-// slot that is not the newest is reused first; then a new one up to keep_last; then the newest one
-// if nobody took it yet (that version is superseded before anyone pulled it: dropped); otherwise a
-// temporary extra slot (freed again once the count is above keep_last), so stage() never waits for
-// the publisher thread.
+// Slots: a fixed set of keep_last + 1 HostWeights snapshots (keep_last staged versions and the one
+// stage() copies into) reused across versions. The first stage() maps and touches the whole set
+// (the spare slots on threads of their own while it copies the version), so every later copy goes
+// into pages already mapped: a plain memcpy into warm memory, never a first-touch page fault (a
+// copy into untouched memory costs ~15x a warm one). A slot is in use while stage() copies into it
+// (`copying`) or while a thread announces, writes or serves it (`users`); the newest staged version
+// is `newest_`. A free slot that is not the newest is reused first; then the newest one if nobody
+// took it yet (that version is superseded before anyone pulled it: dropped); otherwise a temporary
+// extra slot (freed again once it is free), so stage() never waits for the publisher's threads.
 //
 // Two threads:
 //  - the announcer takes the newest version when it is newer than the last one it took, computes
@@ -141,6 +141,7 @@ class StagingPublisherImpl final : public StagingPublisher {
       bytes += v.bytes.size();
     }
     Slot* slot = nullptr;
+    std::vector<Slot*> spares;  // the first version: the rest of the set, touched while it copies
     {
       std::lock_guard l(mu_);
       if (reserved_ && version <= *reserved_)
@@ -148,12 +149,17 @@ class StagingPublisherImpl final : public StagingPublisher {
                           fmt::format("stage({}): versions must increase; last staged was {}", version, *reserved_));
       reserved_ = version;
       slot = claim_slot();
+      spares = reserve_set();
     }
+    std::vector<std::thread> touching;
+    for (Slot* spare : spares) touching.emplace_back([spare, &specs] { touch(*spare, specs); });
     if (!slot->weights || slot->weights->specs() != specs) slot->weights = std::make_unique<HostWeights>(specs);
     for (std::size_t t = 0; t < views.size(); ++t)
       if (!views[t].empty()) std::memcpy(slot->weights->bytes(t).data(), views[t].data(), views[t].size());
+    for (auto& t : touching) t.join();
     {
       std::lock_guard l(mu_);
+      for (Slot* spare : spares) spare->copying = false;
       slot->copying = false;
       slot->version = version;
       slot->held = held;
@@ -165,6 +171,31 @@ class StagingPublisherImpl final : public StagingPublisher {
   }
 
   static bool is_free(const Slot& s) { return !s.copying && s.users == 0; }
+  // The fixed set: keep_last staged versions and the one stage() copies into.
+  std::size_t capacity() const { return state_.options.keep_last + 1; }
+
+  // Under mu_: the first time, the slots that complete the set, marked copying (stage() touches
+  // them); then none.
+  std::vector<Slot*> reserve_set() {
+    std::vector<Slot*> spares;
+    if (set_reserved_) return spares;
+    set_reserved_ = true;
+    while (slots_.size() < capacity()) {
+      slots_.push_back(std::make_unique<Slot>());
+      spares.push_back(slots_.back().get());
+      spares.back()->copying = true;
+    }
+    return spares;
+  }
+
+  // Maps `s`'s pages for `specs` and writes each once, so a later copy into it is a warm memcpy.
+  static void touch(Slot& s, const std::vector<TensorSpec>& specs) {
+    s.weights = std::make_unique<HostWeights>(specs);
+    for (std::size_t t = 0; t < specs.size(); ++t) {
+      auto b = s.weights->bytes(t);
+      if (!b.empty()) std::memset(b.data(), 0, b.size());
+    }
+  }
 
   // Under mu_: a slot stage() may overwrite, marked copying.
   Slot* claim_slot() {
@@ -174,7 +205,11 @@ class StagingPublisherImpl final : public StagingPublisher {
         pick = s.get();
         break;
       }
-    if (!pick && slots_.size() >= state_.options.keep_last && newest_ && is_free(*newest_)) {
+    if (!pick && slots_.empty()) {
+      slots_.push_back(std::make_unique<Slot>());  // the first version's
+      pick = slots_.back().get();
+    }
+    if (!pick && newest_ && is_free(*newest_)) {
       pick = newest_;  // superseded before the publisher thread took it: dropped, never sent
       ARLO_DEBUG("weight_sync {}: version {} superseded before it was published", name_, newest_->version);
       newest_ = nullptr;
@@ -187,9 +222,9 @@ class StagingPublisherImpl final : public StagingPublisher {
     return pick;
   }
 
-  // Under mu_: frees extra slots beyond keep_last.
+  // Under mu_: frees temporary slots beyond the fixed set.
   void trim() {
-    for (auto it = slots_.begin(); it != slots_.end() && slots_.size() > state_.options.keep_last;) {
+    for (auto it = slots_.begin(); it != slots_.end() && slots_.size() > capacity();) {
       if (is_free(**it) && it->get() != newest_)
         it = slots_.erase(it);
       else
@@ -211,28 +246,9 @@ class StagingPublisherImpl final : public StagingPublisher {
       const bool announced = publish_new(*s);
       l.lock();
       if (durable_ || !announced) --s->users;  // streaming: serving_ keeps the reference taken above
-      prewarm(l);
     }
     if (serving_) --serving_->users;
     serving_ = nullptr;
-  }
-
-  // Under mu_ (released while touching pages): a spare slot with its pages mapped, while fewer than
-  // keep_last exist, so the next stage() copies into warm memory.
-  void prewarm(std::unique_lock<std::mutex>& l) {
-    if (slots_.size() >= state_.options.keep_last || !newest_ || !newest_->weights || stop_) return;
-    const auto specs = newest_->weights->specs();
-    slots_.push_back(std::make_unique<Slot>());
-    Slot* spare = slots_.back().get();
-    spare->copying = true;  // not claimable until touched
-    l.unlock();
-    spare->weights = std::make_unique<HostWeights>(specs);
-    for (std::size_t t = 0; t < specs.size(); ++t) {
-      auto b = spare->weights->bytes(t);
-      if (!b.empty()) std::memset(b.data(), 0, b.size());
-    }
-    l.lock();
-    spare->copying = false;
   }
 
   // Makes `s` the version the server serves (passing on the announcer's reference) and waits until
@@ -389,6 +405,7 @@ class StagingPublisherImpl final : public StagingPublisher {
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<std::unique_ptr<Slot>> slots_;
+  bool set_reserved_ = false;        // the first stage() made the fixed set of slots
   Slot* newest_ = nullptr;           // the newest staged version (complete)
   std::optional<Version> reserved_;  // the newest version stage() accepted (maybe still copying)
   std::optional<Version> announced_;

@@ -11,6 +11,9 @@
 // - stage(version, source) copies `source` into staging memory and returns; the trainer's step is
 //   never held longer than that copy. At most `keep_last` versions are staged (the newest; older
 //   ones are dropped once no transfer uses them).
+// - Staging memory is a fixed set of keep_last + 1 copies of the weights, mapped and touched by the
+//   first stage() (the spare copies in parallel with its own), so every later stage() is a copy
+//   into warm memory, never one that pays first-touch page faults.
 // - Streaming transports announce a version as soon as the publisher serves it (right after it is
 //   staged, within one 50 ms serve attempt), so a receiver told of it never meets an older one;
 //   receivers pull it when the orchestrator tells them to. Durable transports (filesystem) announce
