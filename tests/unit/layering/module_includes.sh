@@ -23,8 +23,10 @@ rules=(
   "orchestrator          common orchestrator"  # the loop and its ports; session/ has their adapters
   "session               common config web weight_sync rollout trainer_bridge reference orchestrator session"
   "apps/arlo             common config web session apps/arlo"
+  # Test support (tests and benches include it; no rule above lists it, so no module may).
+  "testing               common config web weight_sync rollout trainer_bridge reference orchestrator session testing"
 )
-project='(common|config|weight_sync|rollout|trainer_bridge|reference|web|orchestrator|session|apps|bench|examples|tests|arlo)/'
+project='(common|config|weight_sync|rollout|trainer_bridge|reference|web|orchestrator|session|apps|bench|examples|tests|testing|arlo)/'
 
 folders=()
 for rule in "${rules[@]}"; do folders+=("${rule%% *}"); done

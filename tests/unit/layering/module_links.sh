@@ -4,6 +4,8 @@
 # rules below. Includes are checked by module_includes.sh; this catches what includes cannot see,
 # a library that links a higher module without including its headers. Libraries without a rule may
 # link anything below session/; third-party libraries are not checked.
+# Test support (arlo_testing, testing/) is linked by tests and benches only: no library but the
+# test libraries below reaches it.
 # Usage: module_links.sh BUILD_DIR
 set -euo pipefail
 graph=${1:?usage: module_links.sh BUILD_DIR}/layering/links.txt
@@ -20,6 +22,9 @@ rules=(
   "arlo_trainer_bridge arlo_common arlo_third_party arlo_weight_sync"
   "arlo_config         arlo_common arlo_third_party arlo_weight_sync arlo_rollout"
 )
+
+# Libraries of tests and benches: they may link arlo_testing.
+test_libraries=" arlo_testing arlo_cluster_netns "
 
 declare -A links
 while IFS= read -r line; do
@@ -54,6 +59,13 @@ for lib in "${!links[@]}"; do
   [[ $lib == arlo_session* ]] && continue
   for dep in $(reach "$lib"); do
     [[ $dep == arlo_session* ]] && problems+="$lib links $dep (only apps and tests may link session/)"$'\n'
+  done
+done
+
+for lib in "${!links[@]}"; do
+  [[ $test_libraries == *" $lib "* ]] && continue
+  for dep in $(reach "$lib"); do
+    [[ $dep == arlo_testing ]] && problems+="$lib links $dep (only tests and benches may link testing/)"$'\n'
   done
 done
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "weight_sync/transports/nccl/group.h"
-#include "weight_sync/transports/nccl/testing.h"
+#include "testing/nccl_fake_backend.h"
 
 namespace arlo::weight_sync::nccl {
 namespace {

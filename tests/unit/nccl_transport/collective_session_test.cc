@@ -9,7 +9,7 @@
 
 #include "session/adapters/collective_session.h"
 #include "tests/unit/nccl_transport/nccl_trainer.h"
-#include "weight_sync/transports/nccl/testing.h"
+#include "testing/nccl_fake_backend.h"
 #include "weight_sync/wire.h"
 
 namespace arlo::session::adapters {

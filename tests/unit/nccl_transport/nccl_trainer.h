@@ -1,7 +1,7 @@
 #pragma once
 // The trainer side of the nccl transport tests: a StagingPublisher over nccl on loopback (its real
 // control and rendezvous stores) and what it announced. The communicator's double
-// (nccl/testing.h's ScopedBackend) must be in place before start() and outlive the trainer.
+// (testing/nccl_fake_backend.h's ScopedBackend) must be in place before start() and outlive the trainer.
 #include <gtest/gtest.h>
 
 #include <chrono>

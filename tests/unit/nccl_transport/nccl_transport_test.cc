@@ -1,6 +1,6 @@
 // The nccl transport without a GPU: the trainer's StagingPublisher over the real control and
 // rendezvous stores (loopback sockets), the orchestrator's CollectiveControl, arlo's own receiver,
-// and the communicator's recording double (nccl/testing.h) in place of libnccl and the device.
+// and the communicator's recording double (testing/nccl_fake_backend.h) in place of libnccl and the device.
 // What the double sees is what libnccl would be asked: the init's rank and world size, the vLLM
 // warm-up, the broadcasts in layout order with the staged bytes, the abort on a missed deadline.
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@
 #include "weight_sync/transports/nccl/layout.h"
 #include "weight_sync/transports/nccl/rendezvous.h"
 #include "weight_sync/transports/nccl/store.h"
-#include "weight_sync/transports/nccl/testing.h"
+#include "testing/nccl_fake_backend.h"
 #include "weight_sync/wire.h"
 
 namespace arlo::weight_sync {

@@ -16,7 +16,7 @@
 #include "weight_sync/staging.h"
 #include "weight_sync/transports/nccl/rendezvous.h"
 #include "weight_sync/transports/nccl/store.h"
-#include "weight_sync/transports/nccl/testing.h"
+#include "testing/nccl_fake_backend.h"
 #include "weight_sync/wire.h"
 
 namespace arlo {

@@ -1,6 +1,6 @@
 #pragma once
 // The collective interface: what a Group needs from NCCL and CUDA, and nothing more. The real
-// backend (backend_nccl.cc) calls the dlopen'ed libraries; the test double (testing.h) records the
+// backend (backend_nccl.cc) calls the dlopen'ed libraries; the test double (testing/nccl_fake_backend.h) records the
 // calls and lets a test decide when pending work completes.
 //
 // Handles are opaque pointers owned by the backend that made them. Every call returns promptly
@@ -66,13 +66,13 @@ class Backend {
 };
 
 // The backend for a libnccl path (empty: kDefaultLibraryPath): the override a test installed
-// (testing.h), else the real one, else (a build without NCCL) an error "built without NCCL".
+// (testing/nccl_fake_backend.h), else the real one, else (a build without NCCL) an error "built without NCCL".
 Result<std::shared_ptr<Backend>> open_backend(const std::string& library_path);
 
 // The real backend (backend_nccl.cc), in builds with ARLO_NCCL_BACKEND only; callers use open_backend.
 Result<std::shared_ptr<Backend>> open_nccl_backend(const std::string& library_path);
 
-// testing.h installs a factory here; nullptr restores the real backend. Process-wide.
+// testing/nccl_fake_backend.h installs a factory here; nullptr restores the real backend. Process-wide.
 using BackendFactory = std::function<Result<std::shared_ptr<Backend>>(const std::string& library_path)>;
 // Returns the factory it replaces.
 BackendFactory set_backend_factory(BackendFactory factory);

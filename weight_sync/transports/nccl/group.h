@@ -3,7 +3,7 @@
 //
 // libnccl and libcudart are loaded at run time (library.h), so arlo runs on machines without a GPU
 // driver and the NCCL version is the one the inference servers use, chosen by path. Every call
-// goes through a Backend (backend.h): the real one, or a test's double (testing.h).
+// goes through a Backend (backend.h): the real one, or a test's double (testing/nccl_fake_backend.h).
 //
 // Deadlines: NCCL has no operation timeout, so every wait here polls ncclCommGetAsyncError (and a
 // CUDA event for collectives) against its deadline and calls ncclCommAbort on expiry. After an

@@ -1,4 +1,4 @@
-#include "weight_sync/transports/nccl/testing.h"
+#include "testing/nccl_fake_backend.h"
 
 #include <cstring>
 #include <utility>
