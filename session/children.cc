@@ -2,9 +2,6 @@
 
 #include <unistd.h>
 
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 #include <cstdio>
 #include <filesystem>
 
@@ -50,7 +47,7 @@ std::string RunChildren::tail(const std::string& name) const {
   return out;
 }
 
-Status RunChildren::spawn(const ChildSpec& spec) {
+Result<pid_t> RunChildren::spawn(const ChildSpec& spec) {
   if (stopped_)
     return make_error(ErrorCode::kCancelled, fmt::format("not starting {}: the run is stopping", spec.name));
   auto pid = launcher_.spawn(spec);
@@ -58,10 +55,10 @@ Status RunChildren::spawn(const ChildSpec& spec) {
     return std::unexpected(
         Error(pid.error()).with_context(fmt::format("starting {} ({})", spec.name, spec.argv.at(0))));
   specs_.insert_or_assign(spec.name, spec);
-  return {};
+  return *pid;
 }
 
-Status RunChildren::restart(const std::string& name, bool as_first_started) {
+Result<pid_t> RunChildren::restart(const std::string& name, bool as_first_started) {
   auto it = specs_.find(name);
   if (it == specs_.end()) return make_error(ErrorCode::kNotFound, fmt::format("no child named {} to restart", name));
   ChildSpec spec = it->second;
@@ -70,7 +67,7 @@ Status RunChildren::restart(const std::string& name, bool as_first_started) {
   auto pid = launcher_.spawn(spec);
   if (!pid)
     return std::unexpected(Error(pid.error()).with_context(fmt::format("restarting {} ({})", name, spec.argv.at(0))));
-  return {};
+  return *pid;
 }
 
 std::optional<ChildExit> RunChildren::next_exit() {
@@ -82,37 +79,6 @@ std::optional<ChildExit> RunChildren::next_exit() {
 
 std::string RunChildren::describe(const ChildExit& e) const {
   return fmt::format("{}; its last lines:\n{}", e.describe(), tail(e.name));
-}
-
-Awaitable<Status> RunChildren::wait_healthy(boost::asio::io_context& io,
-                                            const std::vector<std::pair<std::string, std::string>>& workers,
-                                            std::chrono::steady_clock::time_point deadline) {
-  http::ClientOptions co;
-  co.retry.max_attempts = 1;
-  http::Client client(io, co);
-  std::vector<bool> ready(workers.size(), false);
-  boost::asio::steady_timer timer(io);
-  for (;;) {
-    bool all = true;
-    for (std::size_t i = 0; i < workers.size(); ++i) {
-      if (ready[i]) continue;
-      auto r = co_await client.get(workers[i].second + "/health", std::chrono::seconds(1));
-      ready[i] = r && r->status == 200;
-      all = all && ready[i];
-    }
-    if (all) co_return Status{};
-    if (std::chrono::steady_clock::now() >= deadline) {
-      for (std::size_t i = 0; i < workers.size(); ++i)
-        if (!ready[i])
-          co_return make_error(
-              ErrorCode::kTimeout,
-              fmt::format("{} at {} did not answer /health in time{}", workers[i].first, workers[i].second,
-                          tail(workers[i].first).empty() ? std::string(" (is it started?)")
-                                                         : "; its last lines:\n" + tail(workers[i].first)));
-    }
-    timer.expires_after(std::chrono::milliseconds(100));
-    co_await timer.async_wait(boost::asio::use_awaitable);
-  }
 }
 
 void RunChildren::stop(std::chrono::milliseconds grace) {

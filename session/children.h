@@ -1,15 +1,13 @@
 #pragma once
 // The child processes of an embedded `arlo run` (arlo-worker x N, arlo-trainer) on top of
-// orchestrator::Launcher: finds the binaries, forwards each child's lines to stdout with a
-// "[name] " prefix while keeping the last lines of each for error messages, waits until the
-// workers answer /health, reports exits (described with the child's last lines) and restarts a
-// child from the spec it was spawned with; nothing starts once stop() was called. The Launcher
+// session::Launcher: finds the binaries, forwards each child's lines to stdout with a
+// "[name] " prefix while keeping the last lines of each for error messages, reports exits
+// (described with the child's last lines) and restarts a child from the spec it was spawned with;
+// nothing starts once stop() was called. The Supervisor (session/supervisor.h) drives it. The Launcher
 // (and so this class's destructor) stops every child: no orphans.
 //
 // Thread-safety: spawn/restart/next_exit/stop from the event loop's thread; the line sink runs on the
 // launcher's reader threads and only touches the mutex-protected tails.
-#include <boost/asio/io_context.hpp>
-
 #include <chrono>
 #include <deque>
 #include <map>
@@ -18,10 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "common/http.h"
 #include "common/result.h"
 #include "session/launcher.h"
-#include "orchestrator/ports.h"
 
 namespace arlo::session {
 
@@ -37,19 +33,15 @@ class RunChildren {
   RunChildren(const RunChildren&) = delete;
   RunChildren& operator=(const RunChildren&) = delete;
 
-  Status spawn(const ChildSpec& spec);
+  // The pid of the started child.
+  Result<pid_t> spawn(const ChildSpec& spec);
   // Starts `name` again (same name, so its lines and tail continue) with its spec's restart_argv,
   // or the argv it was first started with when `as_first_started` or it has none; fails after stop().
-  Status restart(const std::string& name, bool as_first_started = false);
+  Result<pid_t> restart(const std::string& name, bool as_first_started = false);
   // An exit since the last call (reaped); nullopt when none.
   std::optional<ChildExit> next_exit();
   // The exit described with the child's last lines.
   std::string describe(const ChildExit& e) const;
-  // Polls GET <url>/health of every worker until each answers 200; fails at `deadline` (naming the
-  // worker that is not ready and its last lines). Exits are the caller's to watch (next_exit()).
-  Awaitable<Status> wait_healthy(boost::asio::io_context& io,
-                                 const std::vector<std::pair<std::string, std::string>>& workers,
-                                 std::chrono::steady_clock::time_point deadline);
   // SIGTERM, up to `grace` for the children to exit, SIGKILL; idempotent.
   void stop(std::chrono::milliseconds grace = std::chrono::seconds(5));
   std::string tail(const std::string& name) const;

@@ -2,9 +2,6 @@
 
 #include <unistd.h>
 
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 #include <cstdlib>
 #include <filesystem>
 
@@ -24,7 +21,6 @@ namespace fs = std::filesystem;
 // A monitor is restarted for as long as a run lasts, unless it keeps dying at once.
 constexpr RestartLimits kMonitorRestarts{10, std::chrono::minutes(10), std::chrono::milliseconds(500),
                                          std::chrono::seconds(30)};
-constexpr auto kPoll = std::chrono::milliseconds(200);
 
 // A monitor's own settings, from monitors.<kind>_* (the helper's --options).
 nlohmann::json monitor_options(const config::Config& cfg, const std::string& kind, const std::string& run_dir) {
@@ -65,7 +61,10 @@ std::vector<ChildSpec> monitor_specs(const config::Config& cfg, const std::strin
   return specs;
 }
 
-Monitors::Monitors(boost::asio::io_context& io, std::vector<ChildSpec> specs) : io_(io), specs_(std::move(specs)) {}
+Monitors::Monitors(boost::asio::io_context& io, std::vector<ChildSpec> specs)
+    : specs_(std::move(specs)),
+      clock_(io.get_executor()),
+      supervisor_(io, clock_, [this](const SupervisionEvent& e) { on_event(e); }) {}
 
 Monitors::~Monitors() { finished_ = true; }
 
@@ -77,47 +76,43 @@ Status Monitors::start() {
                       fmt::format("monitors: no Python interpreter at {}: `scripts/bootstrap --python` creates the "
                                   "project's environment (make test does), or set monitors.python or $ARLO_PYTHON",
                                   python));
+  supervisor_.use_restart_argv(true);  // a monitor has none: it starts again as it first did
   for (const auto& spec : specs_) {
-    ARLO_TRY(children_.spawn(spec));
-    policies_.emplace(spec.name, RestartPolicy(kMonitorRestarts));
+    ARLO_TRY(supervisor_.start(spec, Supervision{kMonitorRestarts, std::nullopt, {}}));
     restarts_[spec.name] = 0;
   }
-  arlo::spawn(io_.get_executor(), supervise());
   return ok();
 }
 
-Awaitable<void> Monitors::supervise() {
-  boost::asio::steady_timer timer(io_);
-  while (!finished_) {
-    if (auto e = children_.next_exit(); e && !finished_) {
-      auto& policy = policies_.at(e->name);
-      if (auto delay = policy.on_exit(std::chrono::steady_clock::now())) {
-        ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (the run goes on; it catches up from where it was)",
-                  children_.describe(*e), std::chrono::duration<double>(*delay).count());
-        arlo::spawn(io_.get_executor(), restart_after(e->name, *delay));
+// The log lines of what the supervisor saw; a monitor's end never stops the run.
+void Monitors::on_event(const SupervisionEvent& e) {
+  if (finished_) return;
+  switch (e.kind) {
+    case SupervisionEventKind::kRestarting:
+      ARLO_WARN(
+          "arlo run: {}; its last lines:\n{}; restarting it in {:.1f} s (the run goes on; it catches up from "
+          "where it was)",
+          e.exit->describe(), e.last_lines, std::chrono::duration<double>(e.delay).count());
+      break;
+    case SupervisionEventKind::kGaveUp:
+      if (e.gave_up == GaveUpReason::kRestartFailed) {
+        ARLO_ERROR("arlo run: {}; the run goes on without it", e.reason);
       } else {
-        ARLO_ERROR("arlo run: {}, after {} restarts within {} s: given up, the run goes on without it",
-                   children_.describe(*e), kMonitorRestarts.max_restarts,
-                   std::chrono::duration_cast<std::chrono::seconds>(kMonitorRestarts.window).count());
+        ARLO_ERROR(
+            "arlo run: {}; its last lines:\n{}, after {} restarts within {} s: given up, the run goes on "
+            "without it",
+            e.exit->describe(), e.last_lines, e.max_restarts,
+            std::chrono::duration_cast<std::chrono::seconds>(e.window).count());
       }
-      continue;
-    }
-    timer.expires_after(kPoll);
-    co_await timer.async_wait(boost::asio::use_awaitable);
+      break;
+    case SupervisionEventKind::kStarted:
+      if (e.restarted) {
+        ++restarts_[e.name];
+        ARLO_INFO("arlo run: {} restarted", e.name);
+      }
+      break;
+    default: break;
   }
-}
-
-Awaitable<void> Monitors::restart_after(std::string name, orch::Duration delay) {
-  boost::asio::steady_timer timer(io_);
-  timer.expires_after(delay);
-  co_await timer.async_wait(boost::asio::use_awaitable);
-  if (finished_) co_return;
-  if (auto st = children_.restart(name); !st) {
-    ARLO_ERROR("arlo run: {}; the run goes on without it", st.error().what());
-    co_return;
-  }
-  ++restarts_[name];
-  ARLO_INFO("arlo run: {} restarted", name);
 }
 
 void Monitors::finish(std::chrono::seconds grace) {
@@ -125,7 +120,7 @@ void Monitors::finish(std::chrono::seconds grace) {
   finished_ = true;
   if (specs_.empty()) return;
   ARLO_INFO("arlo run: monitors: logging the last records and the summary (up to {} s)", grace.count());
-  children_.stop(grace);
+  supervisor_.stop(grace);
 }
 
 }  // namespace arlo::session

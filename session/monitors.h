@@ -10,6 +10,9 @@
 // minutes it is given up with an error, and the run goes on without it. finish() lets each log what
 // is left and the run's summary before it is stopped.
 //
+// A Supervisor of their own (session/supervisor.h) runs them: their own process group, stopped by
+// finish() before the rest of the run.
+//
 // Thread-safety: everything from the event loop's thread.
 #include <boost/asio/io_context.hpp>
 
@@ -20,8 +23,9 @@
 
 #include "config/config.h"
 #include "common/result.h"
+#include "common/async/clock.h"
 #include "session/launcher.h"
-#include "session/children.h"
+#include "session/supervisor.h"
 
 namespace arlo::session {
 
@@ -48,15 +52,13 @@ class Monitors {
   const std::map<std::string, int>& restarts() const { return restarts_; }
 
  private:
-  Awaitable<void> supervise();
-  Awaitable<void> restart_after(std::string name, orch::Duration delay);
+  void on_event(const SupervisionEvent& e);
 
-  boost::asio::io_context& io_;
   std::vector<ChildSpec> specs_;
-  RunChildren children_;
-  std::map<std::string, RestartPolicy> policies_;
+  RealClock clock_;
   std::map<std::string, int> restarts_;
   bool finished_ = false;
+  Supervisor supervisor_;  // last: stopped first
 };
 
 }  // namespace arlo::session

@@ -13,11 +13,13 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "common/async/coro.h"
 #include "common/async/io_thread.h"
@@ -32,10 +34,10 @@
 #include "session/config_options.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
-#include "session/children.h"
 #include "session/monitors.h"
 #include "session/launch_plan.h"
 #include "session/rollout_parts.h"
+#include "session/supervisor.h"
 #include "rollout/admin.h"
 #include "session/trainer_command.h"
 #include "web/assets.h"
@@ -49,7 +51,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr auto kStartupDeadline = std::chrono::seconds(120);
-constexpr auto kChildPoll = std::chrono::milliseconds(200);
 // The exit status arlo's programs give a usage or configuration error (apps/arlo/commands.h
 // kExitBadConfig): a child that exits with it would fail the same way if restarted.
 constexpr int kChildUsageError = 2;
@@ -71,8 +72,8 @@ struct Setup {
 
 // What a run leaves in its directory (and the weights directory): a new run must not mix with it.
 constexpr const char* kRunEntries[] = {
-    "orchestrator", "checkpoints", "rollouts",    "weights", "metrics.jsonl", "trainer_metrics.jsonl",
-    "summary.json", "monitors",    "tensorboard", "wandb",   "rollouts.jsonl"};
+    "orchestrator", "checkpoints", "rollouts",    "weights", "metrics.jsonl",  "trainer_metrics.jsonl",
+    "summary.json", "monitors",    "tensorboard", "wandb",   "rollouts.jsonl", "supervision.jsonl"};
 
 // Without --resume, a directory holding a previous run is refused (its trainer checkpoint and
 // weights would silently be picked up), unless `overwrite` removes what the run left there.
@@ -219,11 +220,22 @@ class RunSession::Impl {
   bool embedded_inference() const { return s_.cfg.string("inference.launch") == "embedded"; }
   bool embedded_trainer() const { return s_.cfg.string("trainer.launch") == "embedded"; }
 
-  // Spawns the embedded workers (each supervised under its own RestartPolicy); external ones are
-  // only named. Fails on the first worker that cannot be started.
+  // Spawns the embedded workers, each supervised under its own RestartPolicy and probed on /health
+  // (restarted with its restart_argv it answers 503 until updated: any answer counts then);
+  // external ones are only probed. Fails on the first worker that cannot be started.
   Status start_workers() {
-    for (const auto& spec : s_.plan.worker_specs) ARLO_TRY(children_.spawn(spec));
-    for (const auto& spec : s_.plan.worker_specs) restart_policies_.emplace(spec.name, RestartPolicy{});
+    std::map<std::string, std::string> urls(s_.plan.workers.begin(), s_.plan.workers.end());
+    for (const auto& spec : s_.plan.worker_specs) {
+      HealthCheck health;
+      health.url = urls[spec.name];
+      health.restarted_answers_any = true;
+      ARLO_TRY(supervisor_.start(spec, Supervision{RestartLimits{}, health, {kChildUsageError}}));
+    }
+    for (const auto& [name, url] : s_.plan.workers) {
+      HealthCheck health;
+      health.url = url;
+      if (!supervisor_.supervises(name)) supervisor_.watch(name, health);
+    }
     if (!embedded_inference()) ARLO_INFO("arlo run: using {} external inference server(s)", s_.plan.workers.size());
     return ok();
   }
@@ -285,6 +297,7 @@ class RunSession::Impl {
         io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, s_.parts.eval_tasks}, s_.options,
         &registry);
     orchestrator.serve_page(web::run_page());
+    orchestrator_ = &orchestrator;  // for the supervision events (on_supervision)
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);
     a.inference.on_unusable_server([this, &orchestrator](const Error& e) {
@@ -294,7 +307,7 @@ class RunSession::Impl {
     arlo::spawn(io_.get_executor(), drive(orchestrator, a.pool, a.network, a.server, signals));
     io_.run();
     a.network.stop();  // the network thread's work ends before anything it uses is destroyed
-    children_.stop();
+    supervisor_.stop();
     return outcome(orchestrator.summary());
   }
 
@@ -311,7 +324,7 @@ class RunSession::Impl {
         finish_early("stopped by " + stop_reason_);
       }
       signals.async_wait([this](boost::system::error_code ec2, int) {
-        if (!ec2) children_.stop();
+        if (!ec2) supervisor_.stop();
       });
     });
   }
@@ -320,7 +333,6 @@ class RunSession::Impl {
   // of this file); then waits for the end and stops everything.
   Awaitable<void> drive(orch::Orchestrator& orchestrator, rollout::InferencePool& pool, IoThread& network,
                         bridge::BridgeServer& server, asio::signal_set& signals) {
-    spawn_child_watch(orchestrator);  // from the start: a worker that dies while starting is restarted too
     if (auto st = start_monitors(); !st) {
       finish_early(st.error().what());
       co_return;
@@ -328,8 +340,9 @@ class RunSession::Impl {
     {  // embedded or external: every worker answers /health before anything is sent to it
       if (!embedded_inference())
         ARLO_INFO("arlo run: waiting for {} server(s) to answer /health", s_.plan.workers.size());
-      auto st =
-          co_await children_.wait_healthy(io_, s_.plan.workers, std::chrono::steady_clock::now() + kStartupDeadline);
+      std::vector<std::string> names;
+      for (const auto& [name, url] : s_.plan.workers) names.push_back(name);
+      auto st = co_await supervisor_.wait_healthy(names, clock_.now() + kStartupDeadline);
       if (!st) {
         finish_early(st.error().what());
         co_return;
@@ -343,6 +356,7 @@ class RunSession::Impl {
       co_return;
     }
     started_ = true;
+    supervisor_.use_restart_argv(true);  // a worker restarted from now on starts without weights
     if (auto st = server.start(); !st) {
       error_ = st.error().what();
       orchestrator.request_stop(error_);
@@ -354,7 +368,7 @@ class RunSession::Impl {
     if (!summary.ok && error_.empty()) error_ = summary.error;
     asio::post(network.context(), [&pool] { pool.stop(); });
     server.stop();
-    children_.stop();
+    supervisor_.stop();
     signals.cancel();
     io_.stop();
   }
@@ -375,7 +389,7 @@ class RunSession::Impl {
       const auto spec = command_trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync,
                                              static_cast<int>(s_.plan.workers.size()), server.port());
       ARLO_INFO("arlo run: starting the trainer command: {}", fmt::join(spec.argv, " "));
-      if (auto st = children_.spawn(spec); !st) {
+      if (auto st = supervisor_.start(spec); !st) {  // its exit stops the run
         error_ = st.error().what();
         orchestrator.request_stop(error_);
       }
@@ -389,11 +403,10 @@ class RunSession::Impl {
     }
     const auto spec =
         trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync, static_cast<int>(s_.plan.workers.size()), server.port());
-    if (auto st = children_.spawn(spec); !st) {
+    if (auto st = supervisor_.start(spec, Supervision{RestartLimits{}, std::nullopt, {kChildUsageError}}); !st) {
       error_ = st.error().what();
       orchestrator.request_stop(error_);
     }
-    restart_policies_.emplace(spec.name, RestartPolicy{});
   }
 
   // The outcome of a run whose loop ended: the first error, else a stop by signal, else its end.
@@ -407,123 +420,102 @@ class RunSession::Impl {
     return o;
   }
 
-  // Watches the children while the run goes on (supervision). An embedded worker or the embedded
-  // trainer that dies is started again after a backoff (RestartPolicy: at most 5 restarts
-  // within 10 minutes, waiting 0.5 s, doubling to 10 s); the next death within that window, a
-  // usage error (exit code 2: a restart would fail the same way) or the exit of any other child
-  // stops the run with an error naming the child and its last lines.
-  void spawn_child_watch(orch::Orchestrator& orchestrator) {
-    arlo::spawn(io_.get_executor(), [this, &orchestrator]() -> Awaitable<void> {
-      asio::steady_timer timer(io_);
-      while (!done_) {
-        if (auto e = children_.next_exit()) {
-          if (done_) co_return;
-          if (!supervise(*e, orchestrator)) co_return;
-          continue;
-        }
-        timer.expires_after(kChildPoll);
-        co_await timer.async_wait(asio::use_awaitable);
+  // Supervision (session/supervisor.h): an embedded worker or the embedded trainer that dies is
+  // started again after a backoff (RestartPolicy: at most 5 restarts within 10 minutes, waiting
+  // 0.5 s, doubling to 10 s); the next death within that window, a usage error (exit code 2: a
+  // restart would fail the same way) or the exit of any other child stops the run with an error
+  // naming the child and its last lines. The run's log lines and actions, from the events.
+  void on_supervision(const SupervisionEvent& e) {
+    record(e);
+    if (done_) return;
+    switch (e.kind) {
+      case SupervisionEventKind::kRestarting: {
+        ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (restart {} of {} within {} s); its last lines:\n{}",
+                  e.exit->describe(), std::chrono::duration<double>(e.delay).count(), e.attempt, e.max_restarts,
+                  std::chrono::duration_cast<std::chrono::seconds>(e.window).count(), e.last_lines);
+        // The end of the run waits (bounded) for a worker coming back.
+        if (const auto url = worker_url(e.name); started_ && !url.empty())
+          orchestrator_->weight_watcher().restarting(url);
+        break;
       }
-    });
+      case SupervisionEventKind::kGaveUp: stop_run(gave_up_why(e)); break;
+      case SupervisionEventKind::kStarted:
+        if (e.restarted && worker_url(e.name).empty()) ARLO_INFO("arlo run: {} restarted", e.name);
+        break;
+      case SupervisionEventKind::kHealthy:
+        if (e.restarted && e.first_since_start) worker_back(e);
+        break;
+      case SupervisionEventKind::kUnhealthy:
+        ARLO_WARN("arlo run: {} stopped answering /health ({} probes in a row): {}", e.name, e.failed_probes, e.reason);
+        break;
+      case SupervisionEventKind::kExited: break;
+    }
   }
 
-  // Restarts the child after its backoff, or stops the run (returns false).
-  bool supervise(const ChildExit& e, orch::Orchestrator& orchestrator) {
-    ++lives_[e.name];
-    std::string why;
-    auto policy = restart_policies_.find(e.name);
-    if (policy == restart_policies_.end()) {
-      why = children_.describe(e);
-    } else if (WIFEXITED(e.status) && WEXITSTATUS(e.status) == kChildUsageError) {
-      why = fmt::format("{} (a usage error: not restarted); its last lines:\n{}", e.describe(), children_.tail(e.name));
-    } else if (auto delay = policy->second.on_exit(std::chrono::steady_clock::now())) {
-      const auto& limits = policy->second.limits();
-      ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (restart {} of {} within {} s); its last lines:\n{}",
-                e.describe(), std::chrono::duration<double>(*delay).count(),
-                policy->second.recent(std::chrono::steady_clock::now()), limits.max_restarts,
-                std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(), children_.tail(e.name));
-      if (started_)  // the end of the run waits (bounded) for a worker coming back
-        for (const auto& [n, u] : s_.plan.workers)
-          if (n == e.name) orchestrator.weight_watcher().restarting(u);
-      arlo::spawn(io_.get_executor(), restart(e.name, *delay, orchestrator));
-      return true;
-    } else {
-      const auto& limits = policy->second.limits();
-      why =
-          fmt::format("{}, after {} restarts within {} s (the bound): not restarted again; its last lines:\n{}",
-                      e.describe(), limits.max_restarts,
-                      std::chrono::duration_cast<std::chrono::seconds>(limits.window).count(), children_.tail(e.name));
+  // Each event as one line of <run dir>/supervision.jsonl (to_json; what the e2e tests read).
+  void record(const SupervisionEvent& e) {
+    if (!events_.is_open()) events_.open(fs::path(s_.run_dir) / "supervision.jsonl", std::ios::app);
+    events_ << to_json(e).dump() << '\n';
+    events_.flush();
+  }
+
+  static std::string gave_up_why(const SupervisionEvent& e) {
+    const auto window_s = std::chrono::duration_cast<std::chrono::seconds>(e.window).count();
+    switch (e.gave_up) {
+      case GaveUpReason::kNotRestartable:
+        return fmt::format("{}; its last lines:\n{}", e.exit->describe(), e.last_lines);
+      case GaveUpReason::kFinalExitCode:
+        return fmt::format("{} (a usage error: not restarted); its last lines:\n{}", e.exit->describe(), e.last_lines);
+      case GaveUpReason::kPastTheBound:
+        return fmt::format("{}, after {} restarts within {} s (the bound): not restarted again; its last lines:\n{}",
+                           e.exit->describe(), e.max_restarts, window_s, e.last_lines);
+      default: return e.reason;
     }
+  }
+
+  // The run stops with `why`: at once before the orchestrator started, else through it.
+  void stop_run(const std::string& why) {
     ARLO_ERROR("arlo run: {}", why);
     if (!started_) {
       finish_early(why);
-    } else {
-      if (error_.empty()) error_ = why;
-      orchestrator.request_stop(why);
+      return;
     }
-    return false;
+    if (error_.empty()) error_ = why;
+    orchestrator_->request_stop(why);
   }
 
-  // Starts `name` again after `delay`. Once the orchestrator started, a worker restarts with its
-  // restart_argv (no weights: it answers /health 503 and serves nothing until updated); before,
-  // as it first started (the seeded v0 every worker holds then, which the start-up waits for).
-  // A worker comes back on its URL; once it answers, the WeightWatcher syncs the current version to
-  // it. The trainer resumes from its own checkpoint and the bridge delivers again every step it did
-  // not ack.
-  Awaitable<void> restart(std::string name, orch::Duration delay, orch::Orchestrator& orchestrator) {
-    asio::steady_timer timer(io_);
-    timer.expires_after(delay);
-    co_await timer.async_wait(asio::use_awaitable);
-    if (done_) co_return;
-    const auto life = lives_[name];
-    const auto t0 = std::chrono::steady_clock::now();
-    if (auto st = children_.restart(name, /*as_first_started=*/!started_); !st) {
-      if (done_) co_return;
-      ARLO_ERROR("arlo run: {}", st.error().what());
-      if (!started_) {
-        finish_early(st.error().what());
-      } else {
-        if (error_.empty()) error_ = st.error().what();
-        orchestrator.request_stop(error_);
-      }
-      co_return;
-    }
-    std::string url;
+  std::string worker_url(const std::string& name) const {
     for (const auto& [n, u] : s_.plan.workers)
-      if (n == name) url = u;
-    if (url.empty()) {
-      ARLO_INFO("arlo run: {} restarted", name);
-      co_return;
-    }
-    http::ClientOptions co;
-    co.retry.max_attempts = 1;
-    http::Client client(io_, co);
-    const auto deadline = t0 + kStartupDeadline;
-    while (!done_ && lives_[name] == life && std::chrono::steady_clock::now() < deadline) {
-      if (auto r = co_await client.get(url + "/health", std::chrono::seconds(1)); r) break;  // any answer: it listens
-      timer.expires_after(std::chrono::milliseconds(100));
-      co_await timer.async_wait(asio::use_awaitable);
-    }
-    if (done_ || lives_[name] != life) co_return;  // the run ended, or it died again (supervised above)
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (n == name) return u;
+    return "";
+  }
+
+  // A restarted worker answers on its URL again. Once the orchestrator started, it came back with
+  // its restart_argv (no weights: it answers /health 503 and serves nothing until updated) and the
+  // WeightWatcher syncs the current version to it; before, it started as it first did (the seeded
+  // v0 every worker holds then, which the start-up waits for). The trainer resumes from its own
+  // checkpoint and the bridge delivers again every step it did not ack.
+  void worker_back(const SupervisionEvent& e) {
+    const auto url = worker_url(e.name);
+    const double took = std::chrono::duration<double>(e.since_start).count();
     if (!started_) {
-      ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s (before the run started)", name, url, took);
-      co_return;
+      ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s (before the run started)", e.name, url, took);
+      return;
     }
-    ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", name, url,
+    ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", e.name, url,
               took);
-    orchestrator.weight_watcher().restarted(url);
+    orchestrator_->weight_watcher().restarted(url);
   }
 
   void finish_early(const std::string& why) {
     if (error_.empty()) error_ = why;
     done_ = true;
-    children_.stop();
+    supervisor_.stop();
     io_.stop();
   }
 
   RunOutcome fail(const std::string& why) {
-    children_.stop();
+    supervisor_.stop();
     RunOutcome o;
     o.error = why;
     return o;
@@ -532,13 +524,14 @@ class RunSession::Impl {
   Setup s_;
   asio::io_context io_;
   Monitors monitors_;
-  RunChildren children_;
+  RealClock clock_{io_.get_executor()};  // the supervisor's
+  Supervisor supervisor_{io_, clock_, [this](const SupervisionEvent& e) { on_supervision(e); }};
+  orch::Orchestrator* orchestrator_ = nullptr;  // run_loop's, while it runs
+  std::ofstream events_;                        // supervision.jsonl
   bool started_ = false;
   bool done_ = false;
   std::string error_;
   std::string stop_reason_;
-  std::map<std::string, RestartPolicy> restart_policies_;  // the supervised children, by name
-  std::map<std::string, int> lives_;                       // deaths so far, by name
 };
 
 Result<std::unique_ptr<RunSession>> RunSession::create(const config::Config& cfg, const SessionOptions& options) {

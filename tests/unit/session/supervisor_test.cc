@@ -1,0 +1,222 @@
+// The Supervisor on the fake clock, with real child processes and a real local HTTP /health server:
+// the assertions are on its events (session/supervisor.h), never on log text. A child's end is
+// an event of its own (the test releases it through a FIFO, then waits for it to exit without
+// reaping it); time moves only when the test advances the clock.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/async/fake_clock.h"
+#include "common/http.h"
+#include "session/supervisor.h"
+#include "tests/temp_dir.h"
+
+namespace arlo::session {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Kind = SupervisionEventKind;
+constexpr auto kTick = milliseconds(100);  // Supervisor::Options{}.tick
+
+struct Recorder {
+  std::vector<SupervisionEvent> events;
+  Supervisor::Listener listener() {
+    return [this](const SupervisionEvent& e) { events.push_back(e); };
+  }
+  std::vector<Kind> kinds() const {
+    std::vector<Kind> k;
+    for (const auto& e : events) k.push_back(e.kind);
+    return k;
+  }
+};
+
+// Blocks until `pid` has exited, leaving it to be reaped by the supervisor.
+void wait_exited(pid_t pid) {
+  siginfo_t info{};
+  while (::waitid(P_PID, pid, &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+  }
+}
+
+// A child that runs until the test releases it (opening and closing the FIFO's writing end), then
+// exits with `code`.
+struct Gate {
+  test_files::TempDir dir{"arlo-supervisor"};
+  std::string fifo = (dir.path() / "gate").string();
+  Gate() { EXPECT_EQ(::mkfifo(fifo.c_str(), 0600), 0); }
+  ChildSpec child(const std::string& name, int code) const {
+    return {name, {"sh", "-c", fmt::format("cat '{}' >/dev/null; exit {}", fifo, code)}, {}};
+  }
+  void release() const {
+    const int fd = ::open(fifo.c_str(), O_WRONLY);  // waits for the child to open its end
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+  }
+};
+
+TEST(Supervisor, RestartsAnExitedChildAfterThePolicysBackoffThenGivesUpPastTheBound) {
+  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
+  boost::asio::io_context io;
+  Recorder rec;
+  Supervisor sup(io, clock, rec.listener());
+  Gate gate;
+  const RestartLimits limits{.max_restarts = 2,
+                             .window = std::chrono::minutes(10),
+                             .initial_backoff = milliseconds(500),
+                             .max_backoff = seconds(10)};
+  ASSERT_TRUE(sup.start(gate.child("crasher", 3), Supervision{limits, std::nullopt, {}}));
+  ASSERT_EQ(rec.kinds(), std::vector<Kind>{Kind::kStarted});
+  pid_t pid = rec.events.back().pid;
+  ASSERT_GT(pid, 0);
+  const std::vector<orch::Duration> delays = {milliseconds(500), seconds(1)};
+  for (std::size_t i = 0; i < delays.size(); ++i) {
+    SCOPED_TRACE(fmt::format("restart {}", i + 1));
+    gate.release();
+    wait_exited(pid);
+    rec.events.clear();
+    clock.advance(kTick);  // the poller reaps it
+    ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kExited, Kind::kRestarting}));
+    ASSERT_TRUE(rec.events[0].exit.has_value());
+    EXPECT_EQ(rec.events[0].pid, pid);
+    EXPECT_TRUE(WIFEXITED(rec.events[0].exit->status));
+    EXPECT_EQ(WEXITSTATUS(rec.events[0].exit->status), 3);
+    EXPECT_EQ(rec.events[1].delay, delays[i]);
+    EXPECT_EQ(rec.events[1].attempt, static_cast<int>(i) + 1);
+    EXPECT_EQ(rec.events[1].max_restarts, 2);
+    rec.events.clear();
+    clock.advance(delays[i] - milliseconds(1));
+    EXPECT_TRUE(rec.events.empty()) << "not restarted before its backoff";
+    clock.advance(milliseconds(1));
+    ASSERT_EQ(rec.kinds(), std::vector<Kind>{Kind::kStarted});
+    EXPECT_TRUE(rec.events[0].restarted);
+    EXPECT_NE(rec.events[0].pid, pid);
+    pid = rec.events[0].pid;
+  }
+  gate.release();
+  wait_exited(pid);
+  rec.events.clear();
+  clock.advance(kTick);
+  ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kExited, Kind::kGaveUp}));
+  EXPECT_EQ(rec.events[1].gave_up, GaveUpReason::kPastTheBound);
+  EXPECT_EQ(rec.events[1].max_restarts, 2);
+  EXPECT_FALSE(rec.events[1].reason.empty());
+  rec.events.clear();
+  clock.advance(std::chrono::minutes(1));
+  EXPECT_TRUE(rec.events.empty()) << "given up: never started again";
+}
+
+TEST(Supervisor, AFinalExitCodeOrAChildWithoutRestartsGivesUpAtOnce) {
+  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
+  boost::asio::io_context io;
+  Recorder rec;
+  Supervisor sup(io, clock, rec.listener());
+  ASSERT_TRUE(sup.start({"usage", {"sh", "-c", "exit 2"}, {}}, Supervision{RestartLimits{}, std::nullopt, {2}}));
+  ASSERT_TRUE(sup.start({"once", {"sh", "-c", "exit 0"}, {}}));  // no restart policy
+  ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kStarted, Kind::kStarted}));
+  wait_exited(rec.events[0].pid);
+  wait_exited(rec.events[1].pid);
+  rec.events.clear();
+  clock.advance(kTick);
+  ASSERT_EQ(rec.events.size(), 4u);
+  std::map<std::string, GaveUpReason> gave_up;
+  for (const auto& e : rec.events)
+    if (e.kind == Kind::kGaveUp) gave_up[e.name] = e.gave_up;
+  EXPECT_EQ(gave_up["usage"], GaveUpReason::kFinalExitCode);
+  EXPECT_EQ(gave_up["once"], GaveUpReason::kNotRestartable);
+  rec.events.clear();
+  clock.advance(seconds(30));
+  EXPECT_TRUE(rec.events.empty());
+}
+
+// Runs the loop until `done` (the guard is against a hang, not a timing).
+template <typename Done>
+bool run_until(boost::asio::io_context& io, Done done) {
+  const auto guard = std::chrono::steady_clock::now() + seconds(30);
+  while (!done() && std::chrono::steady_clock::now() < guard) {
+    io.run_one_for(milliseconds(100));
+    if (io.stopped()) io.restart();
+  }
+  return done();
+}
+
+TEST(Supervisor, AServerThatStopsAnsweringIsUnhealthyAfterTheConfiguredProbes) {
+  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
+  boost::asio::io_context io;
+  http::Server server(io, http::ServerOptions{});
+  server.route(http::Verb::get, "/health",
+               [](http::Request) -> Awaitable<http::Response> { co_return http::Response::text(200, "ok"); });
+  auto port = server.start();
+  ASSERT_TRUE(port);
+  Recorder rec;
+  Supervisor sup(io, clock, rec.listener());
+  HealthCheck check;
+  check.url = fmt::format("http://127.0.0.1:{}", *port);
+  check.starting_interval = milliseconds(100);
+  check.interval = seconds(1);
+  check.unhealthy_after = 3;
+  sup.watch("server", check);
+  clock.advance(kTick);  // the first probe
+  ASSERT_TRUE(run_until(io, [&] { return sup.probes("server") >= 1; }));
+  ASSERT_EQ(rec.kinds(), std::vector<Kind>{Kind::kHealthy});
+  EXPECT_EQ(rec.events[0].http_status, 200);
+  EXPECT_TRUE(rec.events[0].first_since_start);
+  EXPECT_TRUE(sup.healthy("server"));
+  rec.events.clear();
+  clock.advance(seconds(1));  // still answering: no event
+  ASSERT_TRUE(run_until(io, [&] { return sup.probes("server") >= 2; }));
+  EXPECT_TRUE(rec.events.empty());
+
+  server.close();
+  for (std::uint64_t failed = 1; failed <= 3; ++failed) {
+    clock.advance(seconds(1));
+    ASSERT_TRUE(run_until(io, [&] { return sup.probes("server") >= 2 + failed; }));
+    if (failed < 3) {
+      EXPECT_TRUE(rec.events.empty()) << failed << " failed probe(s): not yet unhealthy";
+    }
+  }
+  ASSERT_EQ(rec.kinds(), std::vector<Kind>{Kind::kUnhealthy});
+  EXPECT_EQ(rec.events[0].failed_probes, 3);
+  EXPECT_FALSE(sup.healthy("server"));
+}
+
+TEST(Supervisor, WaitHealthyEndsAtTheDeadlineOnTheClockNamingWhoIsNotHealthy) {
+  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
+  boost::asio::io_context io;
+  Recorder rec;
+  Supervisor sup(io, clock, rec.listener());
+  // Nothing listens on this port (bound and released).
+  auto port = free_loopback_port();
+  ASSERT_TRUE(port);
+  HealthCheck check;
+  check.url = fmt::format("http://127.0.0.1:{}", *port);
+  sup.watch("absent", check);
+  std::optional<Status> result;
+  const auto deadline = clock.now() + seconds(5);
+  const std::vector<std::string> names = {"absent"};  // (GCC 12: no string-literal lists in a coroutine)
+  arlo::spawn(io.get_executor(), [&]() -> Awaitable<void> { result = co_await sup.wait_healthy(names, deadline); });
+  io.poll();  // waiting
+  clock.advance(seconds(4));
+  io.poll();
+  EXPECT_FALSE(result.has_value()) << "still waiting before the deadline";
+  clock.advance(seconds(1));
+  ASSERT_TRUE(run_until(io, [&] { return result.has_value(); }));
+  ASSERT_FALSE(*result);
+  EXPECT_EQ(result->error().code(), ErrorCode::kTimeout);
+  EXPECT_TRUE(rec.events.empty());
+}
+
+}  // namespace
+}  // namespace arlo::session
