@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <map>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -19,6 +18,7 @@
 
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
 #include "weight_sync/staging.h"
+#include "weight_sync/subscriber.h"
 #include "weight_sync/wire.h"
 #endif
 
@@ -104,68 +104,6 @@ arlo::Result<ws::Options> weight_sync_options(const json& block) {
   base.peer_name = "trainer";
   return ws::options_from_json(block, base);
 }
-
-// The receiver's host copy of the newest version: a sink that takes whatever the publisher's
-// manifest names (the subscriber asks for every tensor before data moves) and a source for the
-// checksum. A tensor keeps its buffer while its name, dtype and shape stay (the base a delta applies
-// to); a new or reshaped one gets a fresh buffer that replaces the held one only at commit, so a
-// failed receive leaves the version held before it whole.
-class HeldWeights final : public ws::WeightSink, public ws::WeightSource {
- public:
-  // Called before each receive: the manifest that follows names the tensors anew.
-  void begin() {
-    asked_.clear();
-    fresh_.clear();
-  }
-  arlo::Result<std::span<std::byte>> buffer_for(const ws::TensorSpec& spec) override {
-    if (std::find(asked_.begin(), asked_.end(), spec.name) == asked_.end()) asked_.push_back(spec.name);
-    auto held = held_.find(spec.name);
-    if (held != held_.end() && held->second.spec == spec)
-      return std::span<std::byte>(held->second.data.get(), spec.nbytes());
-    auto& f = fresh_[spec.name];
-    if (!f.data || f.spec != spec)
-      f = Held{spec, std::make_unique<std::byte[]>(std::max<std::uint64_t>(spec.nbytes(), 1))};
-    return std::span<std::byte>(f.data.get(), spec.nbytes());
-  }
-  arlo::Status commit(arlo::Version) override {
-    for (auto& [name, f] : fresh_) held_[name] = std::move(f);
-    fresh_.clear();
-    std::erase_if(held_,
-                  [&](const auto& kv) { return std::find(asked_.begin(), asked_.end(), kv.first) == asked_.end(); });
-    specs_.clear();
-    views_.clear();
-    shapes_.clear();
-    shapes_.reserve(asked_.size());
-    for (const auto& name : asked_) specs_.push_back(held_.at(name).spec);
-    for (const auto& spec : specs_) {
-      shapes_.push_back(spec.shape);
-      views_.push_back(arlo_tensor{spec.name.c_str(), static_cast<int32_t>(spec.dtype),
-                                   static_cast<int32_t>(spec.shape.size()), shapes_.back().data(),
-                                   held_.at(spec.name).data.get(), spec.nbytes()});
-    }
-    return arlo::ok();
-  }
-  const std::vector<ws::TensorSpec>& specs() const override { return specs_; }
-  arlo::Result<ws::TensorView> view(std::size_t index) const override {
-    if (index >= specs_.size())
-      return arlo::make_error(ErrorCode::kNotFound, fmt::format("tensor index {} out of range", index));
-    const auto& spec = specs_[index];
-    return ws::TensorView{
-        &spec, {held_.at(spec.name).data.get(), static_cast<std::size_t>(spec.nbytes())}, ws::Device::cpu()};
-  }
-  const std::vector<arlo_tensor>& tensors() const { return views_; }
-
- private:
-  struct Held {
-    ws::TensorSpec spec;
-    std::unique_ptr<std::byte[]> data;
-  };
-  std::map<std::string, Held> held_, fresh_;  // the version held; this receive's new buffers
-  std::vector<std::string> asked_;            // this receive's manifest, in order
-  std::vector<ws::TensorSpec> specs_;
-  std::vector<std::vector<int64_t>> shapes_;
-  std::vector<arlo_tensor> views_;
-};
 #endif
 
 }  // namespace
@@ -184,10 +122,28 @@ struct arlo_bridge {
 };
 
 #ifdef ARLO_BRIDGE_HAVE_WEIGHT_SYNC
+// The receiving side (ws::StagingSubscriber) and the C views of the version it holds.
 struct arlo_receiver {
-  std::unique_ptr<ws::Subscriber> subscriber;
-  HeldWeights weights;
+  ws::StagingSubscriber subscriber;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<arlo_tensor> views;
   std::string report = "{}";
+
+  // The views of the tensors held now.
+  void describe() {
+    const auto& specs = subscriber.held().specs();
+    shapes.clear();
+    views.clear();
+    shapes.reserve(specs.size());
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto& spec = specs[i];
+      auto v = subscriber.held().view(i);
+      shapes.push_back(spec.shape);
+      views.push_back(arlo_tensor{spec.name.c_str(), static_cast<int32_t>(spec.dtype),
+                                  static_cast<int32_t>(spec.shape.size()), shapes.back().data(), v->bytes.data(),
+                                  spec.nbytes()});
+    }
+  }
 };
 #endif
 
@@ -465,10 +421,8 @@ arlo_status arlo_receiver_open(const char* block_json, arlo_receiver** out) {
     base.peer_name = "receiver";
     auto opts = ws::options_from_json(block, base);
     if (!opts) return fail(Error(opts.error()).with_context("arlo_receiver_open"));
-    auto sub = ws::Subscriber::create(*opts);
-    if (!sub) return fail(Error(sub.error()).with_context("arlo_receiver_open"));
     auto r = std::make_unique<arlo_receiver>();
-    r->subscriber = std::move(*sub);
+    if (auto st = r->subscriber.use(*opts); !st) return fail(Error(st.error()).with_context("arlo_receiver_open"));
     *out = r.release();
     return succeed();
   });
@@ -477,31 +431,25 @@ arlo_status arlo_receiver_open(const char* block_json, arlo_receiver** out) {
 arlo_status arlo_receiver_receive(arlo_receiver* receiver, int64_t timeout_ms, int64_t* version_out) {
   return guarded("arlo_receiver_receive", [&]() -> arlo_status {
     if (receiver == nullptr) return fail(ARLO_INVALID_ARGUMENT, "arlo_receiver_receive: receiver is NULL");
-    receiver->weights.begin();
-    auto got = receiver->subscriber->receive(receiver->weights, ws::Clock::now() + ms_or_forever(timeout_ms));
+    auto got = receiver->subscriber.pull(ws::Clock::now() + ms_or_forever(timeout_ms));
     if (!got) return fail(Error(got.error()).with_context("arlo_receiver_receive"));
-    auto sum = ws::weights_checksum(receiver->weights);
-    if (!sum) return fail(Error(sum.error()).with_context("arlo_receiver_receive: checksum"));
-    receiver->report =
-        json{{"version", got->version}, {"payload", ws::to_string(got->payload)},  {"wire_bytes", got->wire_bytes},
-             {"buckets", got->buckets}, {"retried_buckets", got->retried_buckets}, {"path", got->path},
-             {"seconds", got->seconds}, {"checksum", ws::checksum_hex(*sum)}}
-            .dump();
-    if (version_out != nullptr) *version_out = got->version;
+    receiver->describe();
+    receiver->report = ws::to_json(*got).dump();
+    if (version_out != nullptr) *version_out = got->report.version;
     return succeed();
   });
 }
 
 int64_t arlo_receiver_version(const arlo_receiver* receiver) {
   if (receiver == nullptr) return -1;
-  const auto v = receiver->subscriber->version();
+  const auto v = receiver->subscriber.version();
   return v ? *v : -1;
 }
 
 arlo_status arlo_receiver_tensors(const arlo_receiver* receiver, const arlo_tensor** tensors, size_t* num_tensors) {
   if (receiver == nullptr || tensors == nullptr || num_tensors == nullptr)
     return fail(ARLO_INVALID_ARGUMENT, "arlo_receiver_tensors: receiver, tensors and num_tensors must not be NULL");
-  const auto& views = receiver->weights.tensors();
+  const auto& views = receiver->views;
   *tensors = views.data();
   *num_tensors = views.size();
   return succeed();

@@ -17,6 +17,7 @@
 #include "common/auth.h"
 #include "common/log.h"
 #include "reference/model_weights.h"
+#include "weight_sync/subscriber.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/wire.h"
 
@@ -193,14 +194,16 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
   // retries a 5xx) gets the same answer, with the pull's reason, not "nothing was prepared".
   std::shared_ptr<Transfer> failed;
   std::thread transfer_thread;
-  std::unique_ptr<weight_sync::Subscriber> subscriber;  // used on transfer_thread only, one transfer at a time
-  std::string subscriber_key;
+  // Pulls each version; used on transfer_thread only, one transfer at a time (the io thread touches
+  // it only once the previous transfer thread was joined).
+  weight_sync::StagingSubscriber subscriber;
 
   Impl(asio::io_context& io_, http::ServerOptions http_options, WorkerOptions options_)
       : io(io_),
         options(std::move(options_)),
         server(io_, std::move(http_options)),
-        engine(options.model, options.engine) {}
+        engine(options.model, options.engine),
+        subscriber(options.weight_sync) {}
 
   ~Impl() {
     if (transfer_thread.joinable()) transfer_thread.join();
@@ -319,12 +322,11 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
 
   // The weight_sync options of one update: the body's "weight_sync" block (wire.h: the trainer's
   // announcement turned into a receiver block) over this worker's own block (--weight-sync).
-  static std::expected<weight_sync::Options, ApiError> transfer_options(const json& body,
-                                                                        const weight_sync::Options& base) {
+  std::expected<weight_sync::Options, ApiError> transfer_options(const json& body) const {
     if (!body.contains("weight_sync") || !body["weight_sync"].is_object())
       return std::unexpected(ApiError{
           400, "'weight_sync' (an object: the weight-sync block, docs/weight-sync.md) is required", "weight_sync"});
-    auto o = weight_sync::options_from_json(body["weight_sync"], base);
+    auto o = subscriber.options_for(body["weight_sync"]);
     if (!o) return std::unexpected(ApiError{400, o.error().message(), "weight_sync"});
     o->apply_mode = weight_sync::ApplyMode::kStaging;
     return *o;
@@ -346,7 +348,7 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     // Already there, or past it (a durable transport hands out the newest version, so an update
     // asked for v may have brought v+1): nothing to move; the commit reports what is held.
     if (version && *version >= requested && !transfer) co_return preparing_response(*version, true);
-    auto opts = transfer_options(*body, options.weight_sync);
+    auto opts = transfer_options(*body);
     if (!opts) co_return api_error(opts.error());
     if (auto why = refused_source((*body)["weight_sync"], *opts, options)) {
       registry.counter("worker/weights/refused").inc();
@@ -369,48 +371,31 @@ struct WorkerServer::Impl : std::enable_shared_from_this<Impl> {
     auto t = std::make_shared<Transfer>();
     t->requested = requested;
     transfer = t;
-    const std::string key = weight_sync::to_json(*opts).dump();  // same block: the same subscriber
-    const bool reuse = subscriber && key == subscriber_key;
-    if (!reuse) subscriber_key = key;
-    const std::optional<arlo::Version> held = version;
+    subscriber.assume_version(version);  // what a subscriber for a new block starts from
     const std::string from = addresses_of(opts->params);
     t->source = opts->transport + (from.empty() ? "" : " from " + from);
-    const auto timeout = opts->timeout;
-    transfer_thread = std::thread([self, t, staged, o = *opts, reuse, held, timeout, requested, from] {
-      Result<weight_sync::ReceiveReport> got = make_error(ErrorCode::kInternal, "not run");
-      std::string sum;
-      {
-        if (!reuse) {
-          self->subscriber.reset();
-          auto sub = weight_sync::Subscriber::create(o);
-          if (!sub) {
-            got = std::unexpected(sub.error());
-          } else {
-            self->subscriber = std::move(*sub);
-            self->subscriber->assume_version(held);
-          }
-        }
-        if (self->subscriber) {
-          // Where it comes from and, in a chain, where this worker serves the next one.
-          const std::string relay = o.relay ? addresses_of(self->subscriber->relay_endpoint()) : std::string();
-          ARLO_INFO("receiving weights v{} over {}{}{}", requested, o.transport, from.empty() ? "" : " from " + from,
-                    relay.empty() ? "" : ", relaying at " + relay);
-          reference::ModelWeights sink(*staged);
-          got = self->subscriber->receive(sink, weight_sync::deadline_in(timeout));
-          if (got) {
-            auto s = reference::weights_checksum_hex(*staged);
-            if (s) sum = *s;
-          }
-        }
+    transfer_thread = std::thread([self, t, staged, o = *opts, requested, from] {
+      Result<weight_sync::Pulled> got = make_error(ErrorCode::kInternal, "not run");
+      auto& sub = self->subscriber;
+      if (auto st = sub.use(o); !st) {
+        got = std::unexpected(st.error());
+      } else {
+        // Where it comes from and, in a chain, where this worker serves the next one.
+        const std::string relay = o.relay ? addresses_of(sub.relay_endpoint()) : std::string();
+        ARLO_INFO("receiving weights v{} over {}{}{}", requested, o.transport, from.empty() ? "" : " from " + from,
+                  relay.empty() ? "" : ", relaying at " + relay);
+        reference::ModelWeights sink(*staged);
+        got = sub.pull(sink, weight_sync::deadline_in(o.timeout));
       }
-      asio::post(self->io, [self, t, staged, got = std::move(got), sum] {
+      asio::post(self->io, [self, t, staged, got = std::move(got)] {
         t->done = true;
         if (got) {
-          t->received = got->version;
+          const auto& r = got->report;
+          t->received = r.version;
           t->staged = staged;
-          t->checksum = sum;
-          ARLO_INFO("received weights v{} ({} buckets, {} wire bytes, {:.3f}s)", got->version, got->buckets,
-                    got->wire_bytes, got->seconds);
+          t->checksum = weight_sync::checksum_hex(got->checksum);
+          ARLO_INFO("received weights v{} ({} buckets, {} wire bytes, {:.3f}s)", r.version, r.buckets, r.wire_bytes,
+                    r.seconds);
         } else {
           t->error = got.error();
           ARLO_WARN("weight transfer of v{} over {} failed: {}", t->requested, t->source, got.error().what());
