@@ -1,61 +1,26 @@
 #include "orchestrator/orchestrator.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 
-#include "common/file.h"
-#include "common/http.h"
 #include "common/log.h"
 #include "orchestrator/checkpoint.h"
 
 namespace arlo::orch {
 
 namespace {
-double wall_time() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
-
-// The unix time of a steady-clock instant (records carry unix seconds; the clock port is steady).
-double wall_time_of(TimePoint t, TimePoint now) { return wall_time() - seconds(now - t); }
-
 }  // namespace
 
-nlohmann::json RunSummary::to_json() const {
-  nlohmann::json j = {{"ok", ok},
-                      {"error", error},
-                      {"steps", steps},
-                      {"seconds", seconds},
-                      {"train/reward/first5", reward_first5},
-                      {"train/reward/last5", reward_last5},
-                      {"ledger", ledger},
-                      {"workers", workers},
-                      {"trainer", trainer},
-                      {"run_dir", run_dir}};
-  auto ev = [](const EvalReport& r) {
-    nlohmann::json e = {{"step", r.step}};
-    for (const auto& [env, x] : r.envs) {
-      e[fmt::format("eval/{}/avg@{}", env, r.samples_per_task)] = x.avg;
-      for (const auto& [k, p] : x.pass_at) e[fmt::format("eval/{}/pass@{}", env, k)] = p;
-    }
-    return e;
-  };
-  if (eval_first) j["eval_first"] = ev(*eval_first);
-  if (eval_last) j["eval_last"] = ev(*eval_last);
-  return j;
-}
-
-Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options options, metrics::Registry* registry)
+Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options options, RunObserver* observer)
     : io_(io),
       ports_(std::move(ports)),
       opt_(std::move(options)),
-      registry_(registry),
-      finished_signal_(io.get_executor()),
-      pacer_(opt_.step_line_interval_s) {
+      observer_(observer ? observer : &silent_),
+      finished_signal_(io.get_executor()) {
   auto ex = io_.get_executor();
   auto& clock = *ports_.clock;
   DispatcherHooks dh;
@@ -75,7 +40,7 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
   TrainSinkHooks th;
   th.on_cut = [this](std::int64_t s) { dispatcher_->on_step_cut(s); };
   th.on_step = [this](const StepReport& r) { on_step(r); };
-  th.on_scored = [this](const Group& g) { rollout_log_.add(g, wall_time()); };
+  th.on_scored = [this](const Group& g) { observer_->on_scored(g); };
   th.backlog_changed = [this] { dispatcher_->pump(); };
   th.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
   train_sink_ = std::make_unique<TrainSink>(ex, clock, *ports_.scorer, journal_ ? *journal_ : *ports_.trainer,
@@ -85,20 +50,14 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
       [this](std::uint64_t id, const std::vector<std::shared_ptr<const Task>>& tasks, int n) {
         dispatcher_->enqueue_eval(id, tasks, n);
       },
-      [this](const EvalReport& r) { on_eval(r); });
+      [this](const EvalReport& r) { observer_->on_eval(r); });
   watcher_ = std::make_unique<WeightWatcher>(ex, clock, *ports_.inference, *dispatcher_, opt_,
                                              [this](const SyncReport& r) { on_synced(r); });
   logger_ = std::make_unique<PeriodicLogger>(ex, clock, opt_.log_interval_s, [this] { tick(); });
   lag_ = std::make_unique<LagProbe>(clock, std::chrono::milliseconds(20));
-  tty_ = opt_.progress && ::isatty(STDOUT_FILENO) != 0;
 }
 
-Orchestrator::~Orchestrator() {
-  if (status_) status_->close();
-  if (metrics_file_) std::fclose(metrics_file_);
-}
-
-std::uint16_t Orchestrator::status_port() const { return status_ ? status_->port() : 0; }
+Orchestrator::~Orchestrator() = default;
 
 Status Orchestrator::start() {
   if (started_) return make_error(ErrorCode::kInternal, "orchestrator started twice");
@@ -114,34 +73,6 @@ Status Orchestrator::start() {
     std::error_code ec;
     std::filesystem::create_directories(opt_.run_dir, ec);
     if (ec) return make_error(ErrorCode::kIo, fmt::format("creating run dir {}: {}", opt_.run_dir, ec.message()));
-    const auto path = std::filesystem::path(opt_.run_dir) / "metrics.jsonl";
-    ARLO_TRY(drop_partial_last_line(path));  // a resume after a full disk or a kill mid-line
-    metrics_file_ = std::fopen(path.c_str(), "a");
-    if (!metrics_file_) return make_error(ErrorCode::kIo, fmt::format("opening {}", path.string()));
-    ARLO_TRY(rollout_log_.open(opt_.run_dir, opt_.rollouts_every));
-  }
-
-  for (const auto& w : ports_.inference->workers()) workers_[w].version = dispatcher_->version();
-  // /metrics is never empty: a scrape before the first record already sees the version served.
-  if (registry_) registry_->gauge("policy/version").set(static_cast<double>(dispatcher_->version()));
-  failed_at_last_line_ = ledger_.failed_total();
-  cancelled_at_last_line_ = ledger_.cancelled_total();
-  started_at_ = wall_time();
-  if (opt_.status_port >= 0) {
-    http::ServerOptions so;
-    so.bind = opt_.status_bind;
-    so.port = static_cast<std::uint16_t>(opt_.status_port);
-    so.token = opt_.status_token;
-    status_ = std::make_unique<http::Server>(io_, so);
-    add_status_routes();
-    auto port = status_->start();
-    if (!port)
-      return std::unexpected(
-          Error(port.error())
-              .with_context(fmt::format(
-                  "starting the status server on status.bind {} status.port {} (status.port 0 takes any free port)",
-                  opt_.status_bind, opt_.status_port)));
-    ARLO_INFO("status: http://{}:{}/ (live run page; /metrics for Prometheus)", opt_.status_bind, *port);
   }
 
   ports_.trainer->on_version([this](VersionNotice n) {
@@ -165,6 +96,8 @@ Status Orchestrator::start() {
   spawn(io_.get_executor(), logger_->run());
   lag_->start();
   spawn(io_.get_executor(), main_loop(start_step));
+  observer_->on_start({start_step, dispatcher_->version(), ports_.inference->workers(), ledger_.failed_total(),
+                       ledger_.cancelled_total()});
   ARLO_INFO(
       "orchestrator: steps {}..{} (warm-up {}), batch {} = {} groups x {}, max in flight {}, async level {}, "
       "off-policy bound {}, update mode {}",
@@ -178,53 +111,6 @@ Status Orchestrator::start() {
   }
   dispatcher_->pump();
   return ok();
-}
-
-void Orchestrator::add_status_routes() {
-  status_->route(http::Verb::get, "/metrics", [this](http::Request) -> Awaitable<http::Response> {
-    co_return http::Response::text(200, registry_ ? registry_->prometheus() : std::string(),
-                                   "text/plain; version=0.0.4; charset=utf-8");
-  });
-  status_->route(http::Verb::get, "/health", [this](http::Request) -> Awaitable<http::Response> {
-    co_return http::Response::json(200, {{"step", train_sink_->steps_cut()},
-                                         {"version", dispatcher_->version()},
-                                         {"finished", finished_},
-                                         {"ledger", ledger_.to_json()}});
-  });
-  status_->route(http::Verb::get, "/", [this](http::Request) -> Awaitable<http::Response> {
-    if (page_.empty())
-      co_return http::Response::text(200, "arlo status: /api/status, /api/records, /metrics, /health\n");
-    co_return http::Response::text(200, std::string(page_), "text/html; charset=utf-8");
-  });
-  status_->route(http::Verb::get, "/api/status", [this](http::Request) -> Awaitable<http::Response> {
-    co_return http::Response::json(200, status_json());
-  });
-  status_->route(http::Verb::get, "/api/records", [this](http::Request req) -> Awaitable<http::Response> {
-    const auto since = req.query_param("since").value_or("0");
-    char* end = nullptr;
-    const auto n = std::strtoull(since.c_str(), &end, 10);
-    if (since.empty() || *end != '\0' || since[0] == '-')
-      co_return http::Response::json(
-          400, {{"error", "since: expected a record index (a non-negative integer), got '" + since + "'"}});
-    co_return http::Response::text(200, records_.since(n), "application/json");
-  });
-}
-
-nlohmann::json Orchestrator::status_json() const {
-  auto workers = nlohmann::json::array();
-  for (const auto& [w, st] : workers_) workers.push_back(st.to_json(w));
-  return {{"run", opt_.run_name},
-          {"run_dir", opt_.run_dir},
-          {"max_steps", opt_.max_steps},
-          {"sft_warmup_steps", opt_.sft_warmup_steps},
-          {"step", train_sink_->steps_cut()},
-          {"version", dispatcher_->version()},
-          {"finished", finished_},
-          {"ok", !finished_ || summary_.ok},
-          {"error", finished_ ? summary_.error : std::string()},
-          {"started_at", started_at_},
-          {"ledger", ledger_.to_json()},
-          {"workers", std::move(workers)}};
 }
 
 Awaitable<void> Orchestrator::main_loop(std::int64_t start_step) {
@@ -345,78 +231,23 @@ void Orchestrator::on_fatal(Error e) {
 
 void Orchestrator::on_step(const StepReport& r) {
   const auto now = ports_.clock->now();
-  const double step_s = seconds(now - last_step_at_);
   const auto tokens = dispatcher_->completion_tokens_total();
-  const double tok_s = step_s > 0 ? static_cast<double>(tokens - tokens_at_last_step_) / step_s : 0.0;
-  const auto failed = ledger_.failed_total();
-  const auto cancelled = ledger_.cancelled_total();
   const double wait_s = dispatcher_->wait_for_policy_seconds();
+  StepObservation o;
+  o.report = r;
+  o.step_seconds = seconds(now - last_step_at_);
+  o.tokens_per_s = o.step_seconds > 0 ? static_cast<double>(tokens - tokens_at_last_step_) / o.step_seconds : 0.0;
+  o.wait_for_policy_seconds = wait_s - wait_at_last_step_;
+  o.last_sync_seconds = last_sync_seconds_;
+  o.completed = ledger_.completed_total();
+  o.failed = ledger_.failed_total();
+  o.cancelled = ledger_.cancelled_total();
+  o.ledger = ledger_.to_json();
   last_step_at_ = now;
   tokens_at_last_step_ = tokens;
-  steps_.push_back(r);
-
-  nlohmann::json rec = {{"step", r.step},
-                        {"time", wall_time()},
-                        {"train/samples/trainable", r.samples},
-                        {"train/samples/filtered", r.filtered_samples},
-                        {"train/samples/stale", r.stale_samples},
-                        {"rollouts/completed", ledger_.completed_total()},
-                        {"rollouts/failed", failed},
-                        {"rollouts/cancelled", cancelled},
-                        {"weight_sync/seconds", last_sync_seconds_},
-                        {"throughput/tokens_per_s", tok_s},
-                        {"time/step_seconds", step_s},
-                        {"time/wait_for_policy_seconds", wait_s - wait_at_last_step_},
-                        {"train/supervised", r.supervised}};
-  const auto ledger = ledger_.to_json();  // where every sample went so far, for the monitors' ledger
-  rec["ledger/dispatched"] = ledger["dispatched"];
-  rec["ledger/in_flight"] = ledger["in_flight"];
-  for (const auto& [k, v] : ledger["dispositions"].items()) rec["ledger/" + k] = v;
-  if (!r.supervised) {
-    rec["train/reward/mean"] = r.reward_mean;
-    rec["train/reward/std"] = r.reward_std;
-    rec["off_policy/mean"] = r.off_policy_mean;
-    rec["off_policy/max"] = r.off_policy_max;
-    rec["off_policy/histogram"] = r.off_policy_histogram;
-    // "<module>" is the module's reward, "<module>/<metric>" its other figures, "reward/failed" the
-    // share of samples whose scoring failed.
-    rec["train/reward/failed"] = 0.0;
-    for (const auto& [k, v] : r.reward_metrics) {
-      if (k == "reward/failed") {
-        rec["train/reward/failed"] = v;
-      } else {
-        rec["train/reward/" + k + (k.find('/') == std::string::npos ? "/mean" : "")] = v;
-      }
-    }
-  }
-  // The trainer's own figures, from the newest version it published, as it names them.
-  for (const auto& [k, v] : last_trainer_metrics_.items())
-    if (v.is_number()) rec["trainer/" + k] = v;
   wait_at_last_step_ = wait_s;
-  emit("step", std::move(rec));
-  if (opt_.console) print_step_line(r, step_s, tok_s);
-}
-
-// Errors and cancellations count since the previous printed line, so a paced console hides none.
-void Orchestrator::print_step_line(const StepReport& r, double step_s, double tok_s) {
-  const bool phase_changed = r.step == opt_.sft_warmup_steps + 1 || r.step == 1;
-  if (!pacer_.due(seconds(ports_.clock->now() - run_start_), r.step, opt_.max_steps, phase_changed)) return;
-  const auto errors = ledger_.failed_total() - failed_at_last_line_;
-  const auto cancels = ledger_.cancelled_total() - cancelled_at_last_line_;
-  failed_at_last_line_ = ledger_.failed_total();
-  cancelled_at_last_line_ = ledger_.cancelled_total();
-  const auto prefix =
-      tty_ ? progress_prefix(r.step, opt_.max_steps, pacer_.eta_seconds(r.step, opt_.max_steps)) : std::string();
-  if (r.supervised) {
-    ARLO_INFO("{}step {}/{} | {:.2f} s/step | sft warm-up | samples {} | errors {} | cancelled {} | sync {:.0f} ms",
-              prefix, r.step, opt_.max_steps, step_s, r.samples, errors, cancels, last_sync_seconds_ * 1e3);
-    return;
-  }
-  ARLO_INFO(
-      "{}step {}/{} | {:.2f} s/step | reward {:.3f} | trainable {} | off-policy {:.2f}/{:.0f} | errors {} | "
-      "cancelled {} | sync {:.0f} ms | {:.0f} tok/s",
-      prefix, r.step, opt_.max_steps, step_s, r.reward_mean, r.samples, r.off_policy_mean, r.off_policy_max, errors,
-      cancels, last_sync_seconds_ * 1e3, tok_s);
+  steps_.push_back(r);
+  observer_->on_step(o);
 }
 
 void Orchestrator::on_synced(const SyncReport& r) {
@@ -424,46 +255,9 @@ void Orchestrator::on_synced(const SyncReport& r) {
     on_fatal(Error(ErrorCode::kUnavailable, "weight sync: " + r.gave_up));
     return;
   }
-  const auto now = ports_.clock->now();
-  auto workers = nlohmann::json::array();
-  for (const auto& w : r.workers) {
-    workers.push_back({{"worker", w.worker},
-                       {"start", wall_time_of(w.start, now)},
-                       {"pause_s", w.pause_s},
-                       {"update_s", w.update_s},
-                       {"resume_s", w.resume_s},
-                       {"ok", w.ok()},
-                       {"error", w.error}});
-    auto& st = workers_[w.worker];
-    st.healthy = w.ok();
-    st.last_error = w.error;
-    if (w.ok()) {
-      st.version = r.version;
-      ++st.syncs;
-    } else {
-      ++st.failures;
-    }
-    if (registry_) {
-      registry_->gauge("weight_sync/worker_seconds", {{"worker", w.worker}}, "Seconds of the worker's last update.")
-          .set(w.pause_s + w.update_s + w.resume_s);
-      registry_->gauge("worker/version", {{"worker", w.worker}}, "The newest version the worker took.")
-          .set(static_cast<double>(st.version));
-    }
-  }
-  emit("weight_sync", {{"step", train_sink_->steps_cut()},
-                       {"time", wall_time()},
-                       {"version", r.version},
-                       {"applied", r.applied},
-                       {"start", wall_time_of(r.start, now)},
-                       {"weight_sync/seconds", r.seconds},
-                       {"weight_sync/workers_failed", r.workers_failed},
-                       {"workers", std::move(workers)}});
+  observer_->on_sync({r, train_sink_->steps_cut(), ports_.clock->now()});
   if (!r.applied) return;
   last_sync_seconds_ = r.seconds;
-  last_trainer_metrics_ = r.trainer_metrics.is_object() ? r.trainer_metrics : nlohmann::json::object();
-  ARLO_DEBUG("weight sync: v{} on {} workers in {:.0f} ms ({} failed)", r.version, r.workers.size(), r.seconds * 1e3,
-             r.workers_failed);
-  if (registry_) registry_->gauge("policy/version").set(static_cast<double>(r.version));
   const auto v = r.version;
   if (finished_ || fatal_ || stop_requested_ || v <= last_eval_version_) return;
   const bool at_start = opt_.eval_at_start && !start_eval_done_ && !opt_.resume && v >= opt_.sft_warmup_steps;
@@ -474,22 +268,6 @@ void Orchestrator::on_synced(const SyncReport& r) {
     last_eval_version_ = v;
     eval_sink_->start(v);
   }
-}
-
-void Orchestrator::on_eval(const EvalReport& r) {
-  nlohmann::json rec = {{"step", r.step}, {"time", wall_time()}, {"eval/seconds", r.seconds}};
-  std::string line = fmt::format("eval v{} ({:.1f} s):", r.step, r.seconds);
-  for (const auto& [env, e] : r.envs) {
-    rec[fmt::format("eval/{}/avg@{}", env, r.samples_per_task)] = e.avg;
-    line += fmt::format(" {} avg@{} {:.3f}", env, r.samples_per_task, e.avg);
-    for (const auto& [k, p] : e.pass_at) {
-      rec[fmt::format("eval/{}/pass@{}", env, k)] = p;
-      line += fmt::format(" pass@{} {:.3f}", k, p);
-    }
-    if (e.failed_groups) line += fmt::format(" ({} tasks failed)", e.failed_groups);
-  }
-  ARLO_INFO("{}", line);
-  emit("eval", std::move(rec));
 }
 
 void Orchestrator::tick() {
@@ -510,31 +288,7 @@ void Orchestrator::tick() {
   v.lag = lag_->take();
   last_tick_at_ = now;
   tokens_at_last_tick_ = tokens;
-  if (opt_.console) ARLO_INFO("{}", format_pipeline_view(v));
-  emit("pipeline", {{"step", v.step},
-                    {"time", wall_time()},
-                    {"pipeline/inflight", v.inflight},
-                    {"pipeline/queued_groups", v.queued_groups},
-                    {"pipeline/staleness", v.staleness},
-                    {"throughput/tokens_per_s", v.tokens_per_s},
-                    {"event_loop/lag_p50_seconds", v.lag.p50},
-                    {"event_loop/lag_p99_seconds", v.lag.p99}});
-}
-
-void Orchestrator::emit(const char* kind, nlohmann::json rec) {
-  rec["kind"] = kind;
-  if (registry_) {
-    for (const auto& [k, val] : rec.items())
-      if (val.is_number() && k != "time" && k != "start" && k != "step" && k != "version")
-        registry_->gauge(k).set(val.get<double>());
-  }
-  auto line = rec.dump();
-  if (metrics_file_) {
-    std::fwrite(line.data(), 1, line.size(), metrics_file_);
-    std::fputc('\n', metrics_file_);
-    std::fflush(metrics_file_);
-  }
-  records_.append(std::move(line));
+  observer_->on_pipeline(v);
 }
 
 // The data position after the cut of `step`: the tasks of batches <= step are out of it, every
@@ -611,8 +365,15 @@ void Orchestrator::finish() {
   watcher_->stop();
   logger_->stop();
   lag_->stop();
-  const auto steps = train_sink_->steps_cut();
-  summary_.steps = steps;
+  summarize();
+  finished_ = true;
+  observer_->on_end({summary_, ledger_.dispatched_total(), ledger_.completed_total(), ledger_.failed_total(),
+                     ledger_.cancelled_total()});
+  finished_signal_.notify();
+}
+
+void Orchestrator::summarize() {
+  summary_.steps = train_sink_->steps_cut();
   summary_.seconds = seconds(ports_.clock->now() - run_start_);
   summary_.run_dir = opt_.run_dir;
   std::vector<double> rl;
@@ -642,45 +403,10 @@ void Orchestrator::finish() {
   } else if (stop_requested_) {
     summary_.error = "stopped on request";
   }
-  ARLO_INFO(
-      "summary: {} steps in {:.1f} s | train reward first 5 {:.3f} -> last 5 {:.3f} | rollouts {} dispatched, "
-      "{} completed, {} failed, {} cancelled{}",
-      summary_.steps, summary_.seconds, summary_.reward_first5, summary_.reward_last5, ledger_.dispatched_total(),
-      ledger_.completed_total(), ledger_.failed_total(), ledger_.cancelled_total(),
-      summary_.run_dir.empty() ? std::string() : " | run dir " + summary_.run_dir);
-  if (summary_.eval_first && summary_.eval_last) {
-    for (const auto& [env, last] : summary_.eval_last->envs) {
-      auto first = summary_.eval_first->envs.find(env);
-      for (const auto& [kk, p] : last.pass_at)
-        ARLO_INFO("summary: eval {} pass@{}: v{} {:.3f} -> v{} {:.3f}", env, kk, summary_.eval_first->step,
-                  first != summary_.eval_first->envs.end() ? first->second.pass_at.at(kk) : 0.0,
-                  summary_.eval_last->step, p);
-    }
-  }
-  if (!summary_.ok) ARLO_ERROR("summary: run failed: {}", summary_.error);
-  if (!opt_.run_dir.empty()) {
-    if (auto st = write_file_atomically(std::filesystem::path(opt_.run_dir) / "summary.json",
-                                        summary_.to_json().dump(2) + "\n");
-        !st)
-      ARLO_ERROR("writing summary: {}", st.error().what());
-  }
-  finished_ = true;
-  // Pages and scrapers read the end (finished, the last records) before the port closes.
-  if (status_ && opt_.status_linger > Duration::zero()) {
-    linger_ = ports_.clock->schedule(ports_.clock->now() + opt_.status_linger, [this] { close(); });
-  } else {
-    close();
-  }
-}
-
-void Orchestrator::close() {
-  if (status_) status_->close();
-  closed_ = true;
-  finished_signal_.notify();
 }
 
 Awaitable<RunSummary> Orchestrator::wait() {
-  while (!closed_) co_await finished_signal_.wait();
+  while (!finished_) co_await finished_signal_.wait();
   co_return summary_;
 }
 

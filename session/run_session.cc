@@ -35,6 +35,7 @@
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
 #include "session/monitors.h"
+#include "session/reporter.h"
 #include "session/launch_plan.h"
 #include "session/rollout_parts.h"
 #include "session/supervisor.h"
@@ -169,7 +170,8 @@ bridge::ServerOptions bridge_options(const config::Config& cfg, const std::strin
 // The run on one event loop. Owns the children; execute() returns how the run ended.
 class RunSession::Impl {
  public:
-  explicit Impl(Setup setup) : s_(std::move(setup)), monitors_(io_, monitor_specs(s_.cfg, s_.run_dir)) {}
+  Impl(Setup setup, orch::RunObserver* observer)
+      : s_(std::move(setup)), observer_(observer), monitors_(io_, monitor_specs(s_.cfg, s_.run_dir)) {}
 
   const std::string& run_dir() const { return s_.run_dir; }
 
@@ -293,10 +295,15 @@ class RunSession::Impl {
   RunOutcome run_loop(const Adapters& a) {
     RealClock clock(io_.get_executor());
     metrics::Registry registry;
+    Reporter reporter(io_, clock, s_.options, &registry);  // metrics.jsonl, console, status page, summary
+    reporter.serve_page(web::run_page());
+    reporter_ = &reporter;
+    ObserverList observers;  // the reporter, then the caller's (SessionOptions::observer)
+    observers.add(&reporter);
+    observers.add(observer_);
     orch::Orchestrator orchestrator(
         io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, s_.parts.eval_tasks}, s_.options,
-        &registry);
-    orchestrator.serve_page(web::run_page());
+        &observers);
     orchestrator_ = &orchestrator;  // for the supervision events (on_supervision)
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);
@@ -351,6 +358,10 @@ class RunSession::Impl {
     }
     if (done_) co_return;
     asio::post(network.context(), [&pool] { pool.start(); });
+    if (auto st = reporter_->start(orchestrator); !st) {  // run files and status port, before the loop
+      finish_early(st.error().what());
+      co_return;
+    }
     if (auto st = orchestrator.start(); !st) {
       finish_early(st.error().what());
       co_return;
@@ -363,6 +374,7 @@ class RunSession::Impl {
     }
     start_or_await_trainer(orchestrator, server);
     auto summary = co_await orchestrator.wait();
+    co_await reporter_->wait_closed();  // the status port lingers after the end
     done_ = true;
     monitors_.finish(kMonitorGrace);
     if (!summary.ok && error_.empty()) error_ = summary.error;
@@ -522,8 +534,10 @@ class RunSession::Impl {
   }
 
   Setup s_;
+  orch::RunObserver* observer_;  // SessionOptions::observer (may be null)
   asio::io_context io_;
   Monitors monitors_;
+  Reporter* reporter_ = nullptr;         // run_loop's, while it runs
   RealClock clock_{io_.get_executor()};  // the supervisor's
   Supervisor supervisor_{io_, clock_, [this](const SupervisionEvent& e) { on_supervision(e); }};
   orch::Orchestrator* orchestrator_ = nullptr;  // run_loop's, while it runs
@@ -536,7 +550,7 @@ class RunSession::Impl {
 
 Result<std::unique_ptr<RunSession>> RunSession::create(const config::Config& cfg, const SessionOptions& options) {
   ARLO_ASSIGN_OR_RETURN(auto setup, prepare(cfg, options.resume, options.overwrite));
-  return std::unique_ptr<RunSession>(new RunSession(std::make_unique<Impl>(std::move(setup))));
+  return std::unique_ptr<RunSession>(new RunSession(std::make_unique<Impl>(std::move(setup), options.observer)));
 }
 
 RunSession::RunSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

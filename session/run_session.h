@@ -17,6 +17,7 @@
 
 #include "config/config.h"
 #include "common/result.h"
+#include "orchestrator/observer.h"
 
 namespace arlo::session {
 
@@ -24,6 +25,9 @@ namespace arlo::session {
 struct SessionOptions {
   bool resume = false;     // continue from the run directory's last checkpoint
   bool overwrite = false;  // start over in a run directory that holds a previous run
+  // Told what the loop reports (each step, weight sync, eval, pipeline view and the end), after the
+  // run's own reporter; it must outlive run(). Tests observe a run through it.
+  orch::RunObserver* observer = nullptr;
 };
 
 // How a run ended.

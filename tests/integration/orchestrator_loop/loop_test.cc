@@ -19,6 +19,7 @@
 #include "session/adapters/bridge_trainer.h"
 #include "session/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
+#include "session/reporter.h"
 #include "rollout/reward.h"
 #include "tests/integration/orchestrator_loop/orchestrator_run.h"
 
@@ -145,7 +146,9 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   opt.ckpt_interval = 1;
   opt.status_port = 0;
   metrics::Registry registry;
-  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, eval_tasks}, opt, &registry);
+  session::Reporter reporter(io, clock, opt, &registry);  // metrics.jsonl, summary.json, /metrics
+  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, eval_tasks}, opt, &reporter);
+  ASSERT_TRUE(reporter.start(orch));
   ASSERT_TRUE(orch.start());
   ASSERT_TRUE((*bridge_server)->start());
 

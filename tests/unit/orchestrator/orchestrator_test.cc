@@ -15,6 +15,7 @@
 #include "common/metrics.h"
 #include "orchestrator/checkpoint.h"
 #include "orchestrator/orchestrator.h"
+#include "session/reporter.h"
 #include "tests/unit/orchestrator/fakes.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
@@ -36,8 +37,56 @@ Task eval_task(std::uint64_t id, std::vector<std::int32_t> prompt) {
   return t;
 }
 
+// What the loop reported, in order; forwards every report to `next` (the session's Reporter) when set.
+struct RecordingObserver : RunObserver {
+  RunObserver* next = nullptr;
+  std::vector<std::string> order;  // "start", "step 1", "sync v1", "eval v3", "pipeline", "end"
+  std::vector<StartObservation> starts;
+  std::vector<StepObservation> steps;
+  std::vector<SyncObservation> syncs;
+  std::vector<EvalReport> evals;
+  std::vector<PipelineView> pipelines;
+  std::vector<EndObservation> ends;
+  std::size_t scored = 0;
+
+  void on_start(const StartObservation& s) override {
+    order.push_back("start");
+    starts.push_back(s);
+    if (next) next->on_start(s);
+  }
+  void on_scored(const Group& g) override {
+    ++scored;
+    if (next) next->on_scored(g);
+  }
+  void on_step(const StepObservation& s) override {
+    order.push_back(fmt::format("step {}", s.report.step));
+    steps.push_back(s);
+    if (next) next->on_step(s);
+  }
+  void on_sync(const SyncObservation& s) override {
+    order.push_back(fmt::format("sync v{}", s.report.version));
+    syncs.push_back(s);
+    if (next) next->on_sync(s);
+  }
+  void on_eval(const EvalReport& r) override {
+    order.push_back(fmt::format("eval v{}", r.step));
+    evals.push_back(r);
+    if (next) next->on_eval(r);
+  }
+  void on_pipeline(const PipelineView& v) override {
+    order.push_back("pipeline");
+    pipelines.push_back(v);
+    if (next) next->on_pipeline(v);
+  }
+  void on_end(const EndObservation& e) override {
+    order.push_back("end");
+    ends.push_back(e);
+    if (next) next->on_end(e);
+  }
+};
+
 // Declaration order matters: the clock outlives the io_context (pending frames cancel timers when
-// destroyed), and the io_context outlives the fakes and the orchestrator.
+// destroyed), and the io_context outlives the fakes, the reporter and the orchestrator.
 struct Harness {
   FakeClock clock;
   asio::io_context io;
@@ -46,6 +95,10 @@ struct Harness {
   FakeScorer scorer;
   FakeTrainer trainer{io.get_executor()};
   Options opt;
+  RecordingObserver seen;
+  bool report = false;  // the session's Reporter (metrics.jsonl, records, status port) behind `seen`
+  metrics::Registry registry;
+  std::unique_ptr<session::Reporter> reporter;
   std::unique_ptr<Orchestrator> orch;
   std::vector<std::unique_ptr<Timer>> keep;  // timers a test schedules on the fake clock
 
@@ -71,7 +124,16 @@ struct Harness {
   }
 
   void start(std::vector<Task> eval = {}) {
-    orch = std::make_unique<Orchestrator>(io, Ports{&inf, &tasks, &scorer, &trainer, &clock, std::move(eval)}, opt);
+    if (report) {
+      reporter = std::make_unique<session::Reporter>(io, clock, opt, &registry);
+      seen.next = reporter.get();
+    }
+    orch =
+        std::make_unique<Orchestrator>(io, Ports{&inf, &tasks, &scorer, &trainer, &clock, std::move(eval)}, opt, &seen);
+    if (reporter) {
+      auto rs = reporter->start(*orch);
+      ASSERT_TRUE(rs) << rs.error().what();
+    }
     auto st = orch->start();
     ASSERT_TRUE(st) << st.error().what();
     settle();
@@ -880,6 +942,7 @@ TEST(Resume, ContinuesAtTheSameStepAndDataPosition) {
     h.opt.max_steps = 4;
     h.opt.ckpt_interval = 1;
     h.opt.run_dir = dir.string();
+    h.report = true;  // metrics.jsonl
     h.trainer.auto_publish = true;
     h.start();
     h.inf.complete_all();
@@ -901,6 +964,7 @@ TEST(Resume, ContinuesAtTheSameStepAndDataPosition) {
     h.opt.ckpt_interval = 1;
     h.opt.run_dir = dir.string();
     h.opt.resume = true;
+    h.report = true;
     h.opt.initial_version = 2;
     h.inf.set_version(2);  // restarted workers loaded v2
     h.trainer.auto_publish = true;
@@ -1009,9 +1073,9 @@ TEST(Eval, UnbiasedPassAtK) {
   EXPECT_NEAR(pass_at_k(5, 2, 3), 0.9, 1e-12);
 }
 
-std::vector<nlohmann::json> records_of(const Orchestrator& o, const std::string& kind) {
+std::vector<nlohmann::json> records_of(const session::Reporter& r, const std::string& kind) {
   std::vector<nlohmann::json> out;
-  const auto all = nlohmann::json::parse(o.records().since(0));
+  const auto all = nlohmann::json::parse(r.records().since(0));
   for (const auto& r : all.at("records"))
     if (r.at("kind") == kind) out.push_back(r);
   return out;
@@ -1019,12 +1083,13 @@ std::vector<nlohmann::json> records_of(const Orchestrator& o, const std::string&
 
 TEST(Records, StepRecordsCarryTrainerRewardModuleAndStalenessFigures) {
   Harness h;
+  h.report = true;
   h.opt.max_steps = 3;
   h.inf.auto_complete = true;
   h.trainer.auto_publish = true;
   h.start();
   ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
-  const auto steps = records_of(*h.orch, "step");
+  const auto steps = records_of(*h.reporter, "step");
   ASSERT_EQ(steps.size(), 3u);
   for (const auto& r : steps) {
     const auto line = r.dump();
@@ -1046,7 +1111,7 @@ TEST(Records, StepRecordsCarryTrainerRewardModuleAndStalenessFigures) {
   for (const auto& r : steps) EXPECT_FALSE(r.contains("trainer/note")) << r.dump();
   // One weight_sync record per version pushed (notices that arrive during an update coalesce),
   // each worker's phases in it.
-  const auto syncs = records_of(*h.orch, "weight_sync");
+  const auto syncs = records_of(*h.reporter, "weight_sync");
   ASSERT_GE(syncs.size(), 2u);
   EXPECT_EQ(syncs.back().at("version").get<int>(), 3);
   int last_version = 0;
@@ -1060,7 +1125,7 @@ TEST(Records, StepRecordsCarryTrainerRewardModuleAndStalenessFigures) {
       for (const char* k : {"pause_s", "update_s", "resume_s", "start"}) EXPECT_GE(w.at(k).get<double>(), 0.0) << k;
     }
   }
-  const auto status = h.orch->status_json();
+  const auto status = h.reporter->status_json();
   ASSERT_EQ(status.at("workers").size(), 2u) << status.dump();
   for (const auto& w : status.at("workers")) {
     EXPECT_EQ(w.at("version").get<int>(), 3) << status.dump();
@@ -1072,10 +1137,11 @@ TEST(Records, StepRecordsCarryTrainerRewardModuleAndStalenessFigures) {
 
 TEST(Records, AWorkerThatFailsAnUpdateIsUnhealthyAndNamed) {
   Harness h;
+  h.report = true;
   h.inf.slow_pause = {"w1"};
   h.start();
   ASSERT_TRUE(h.publish_and_sync(1));
-  const auto syncs = records_of(*h.orch, "weight_sync");
+  const auto syncs = records_of(*h.reporter, "weight_sync");
   ASSERT_EQ(syncs.size(), 1u);
   EXPECT_EQ(syncs[0].at("weight_sync/workers_failed").get<int>(), 1) << syncs[0].dump();
   for (const auto& w : syncs[0].at("workers")) {
@@ -1088,7 +1154,7 @@ TEST(Records, AWorkerThatFailsAnUpdateIsUnhealthyAndNamed) {
     if (w.at("worker") == "w1") {
       EXPECT_DOUBLE_EQ(w.at("pause_s").get<double>(), 11.0) << syncs[0].dump();
     }
-  for (const auto& w : h.orch->status_json().at("workers")) {
+  for (const auto& w : h.reporter->status_json().at("workers")) {
     const bool hung = w.at("worker") == "w1";
     EXPECT_EQ(w.at("healthy").get<bool>(), !hung);
     EXPECT_EQ(w.at("version").get<int>(), hung ? 0 : 1);
@@ -1131,9 +1197,76 @@ TEST(Console, StepLinesArePacedAndTheEtaFollowsThePace) {
   EXPECT_EQ(progress_prefix(1, 2, 7300.0), "[##########..........]  50% ETA 2h01m ");
 }
 
+TEST(Observer, TheLoopReportsEachStepSyncEvalAndTheEndInOrder) {
+  Harness h;
+  h.opt.max_steps = 3;
+  h.opt.eval_at_end = true;
+  h.opt.eval_samples = 2;
+  h.opt.eval_pass_k = {1};
+  h.inf.auto_complete = true;
+  h.trainer.auto_publish = true;
+  h.start({eval_task(1000, {9, 9})});
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  const auto& seen = h.seen;
+  ASSERT_EQ(seen.starts.size(), 1u);
+  EXPECT_EQ(seen.order.front(), "start");
+  EXPECT_EQ(seen.starts[0].start_step, 0);
+  EXPECT_EQ(seen.starts[0].workers, (std::vector<std::string>{"w0", "w1"}));
+  ASSERT_EQ(seen.steps.size(), 3u);
+  for (std::size_t i = 0; i < seen.steps.size(); ++i) {
+    const auto& s = seen.steps[i];
+    EXPECT_EQ(s.report.step, static_cast<std::int64_t>(i + 1));
+    EXPECT_EQ(s.report.samples, 4);
+    EXPECT_GE(s.completed, 4u * (i + 1));  // every sample of the batches so far completed
+    EXPECT_EQ(s.ledger.at("dispatched").get<std::uint64_t>(),
+              s.completed + s.failed + s.cancelled + s.ledger.at("in_flight").get<std::uint64_t>());
+  }
+  EXPECT_GE(seen.scored, 6u);  // every group of the three batches was scored
+  ASSERT_FALSE(seen.syncs.empty());
+  Version last = kNoVersion;
+  for (const auto& s : seen.syncs) {
+    EXPECT_GT(s.report.version, last);
+    EXPECT_TRUE(s.report.applied);
+    EXPECT_EQ(s.report.workers.size(), 2u);
+    last = s.report.version;
+  }
+  EXPECT_EQ(last, 3);
+  ASSERT_EQ(seen.evals.size(), 1u);
+  EXPECT_EQ(seen.evals[0].step, 3);
+  // Once, last, after the final version was synced and evaluated; it carries what summary() holds.
+  ASSERT_EQ(seen.ends.size(), 1u);
+  EXPECT_EQ(seen.order.back(), "end");
+  const auto at = [&](const std::string& what) {
+    return std::find(seen.order.begin(), seen.order.end(), what) - seen.order.begin();
+  };
+  EXPECT_LT(at("step 3"), at("sync v3"));
+  EXPECT_LT(at("sync v3"), at("eval v3"));
+  const auto& end = seen.ends[0];
+  EXPECT_TRUE(end.summary.ok) << end.summary.error;
+  EXPECT_EQ(end.summary.steps, 3);
+  EXPECT_EQ(end.summary.ledger, h.orch->summary().ledger);
+  EXPECT_EQ(end.dispatched, h.orch->ledger().dispatched_total());
+  EXPECT_EQ(end.completed + end.failed + end.cancelled, end.dispatched);
+}
+
+TEST(Observer, APipelineViewEveryLogInterval) {
+  Harness h;
+  h.opt.log_interval_s = 5;
+  h.start();
+  h.inf.complete_all();  // steps 1 and 2 (async level 1); step 3 waits for v1
+  ASSERT_TRUE(h.run_until([&] { return h.seen.pipelines.size() >= 2; }));
+  const auto& v = h.seen.pipelines.back();
+  EXPECT_EQ(v.step, h.orch->step());
+  EXPECT_GE(v.step, 1);
+  EXPECT_EQ(v.max_steps, 10);
+  EXPECT_EQ(v.version, 0);
+  EXPECT_EQ(v.inflight, h.orch->dispatcher().inflight_samples());
+  EXPECT_TRUE(h.seen.ends.empty());
+}
+
 // GETs each path from the status port, stepping the io_context (real sockets) until all answered.
 std::map<std::string, Result<http::Response>> http_get(Harness& h, const std::vector<std::string>& paths) {
-  const std::string base = "http://127.0.0.1:" + std::to_string(h.orch->status_port());
+  const std::string base = "http://127.0.0.1:" + std::to_string(h.reporter->status_port());
   http::Client client(h.io);
   std::map<std::string, Result<http::Response>> got;
   spawn(h.io.get_executor(), [&]() -> Awaitable<void> {
@@ -1152,10 +1285,8 @@ TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
   h.opt.status_port = 0;
   h.opt.status_linger = std::chrono::seconds(3);
   h.inf.auto_complete = true;  // the trainer publishes v1 only: the gate holds the run at step 2
-  metrics::Registry registry;
-  h.orch = std::make_unique<Orchestrator>(h.io, Ports{&h.inf, &h.tasks, &h.scorer, &h.trainer, &h.clock, {}}, h.opt,
-                                          &registry);
-  ASSERT_TRUE(h.orch->start());
+  h.report = true;
+  h.start();
   ASSERT_TRUE(h.run_until([&] { return h.orch->train_sink().steps_cut() >= 2; }));
   h.trainer.publish(1);
   ASSERT_TRUE(h.run_until([&] { return h.orch->dispatcher().version() == 1; }));
@@ -1164,8 +1295,8 @@ TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
   for (const auto& [path, r] : got) ASSERT_TRUE(r) << path << ": " << r.error().what();
   auto records = got.at("/api/records?since=0")->parse_json();
   ASSERT_TRUE(records);
-  EXPECT_EQ(records->at("next").get<std::uint64_t>(), h.orch->records().next());
-  EXPECT_EQ(records->at("records").size(), h.orch->records().next());
+  EXPECT_EQ(records->at("next").get<std::uint64_t>(), h.reporter->records().next());
+  EXPECT_EQ(records->at("records").size(), h.reporter->records().next());
   int steps = 0;
   for (const auto& r : records->at("records")) steps += r.at("kind") == "step" ? 1 : 0;
   EXPECT_GE(steps, 2);
@@ -1185,7 +1316,7 @@ TEST(Records, StatusPortServesTheRecordsTheStatusAndLabelledMetricsOverHttp) {
   h.orch->request_stop("test over");
   bool waited = false;
   spawn(h.io.get_executor(), [&]() -> Awaitable<void> {
-    co_await h.orch->wait();
+    co_await h.reporter->wait_closed();
     waited = true;
   });
   ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
