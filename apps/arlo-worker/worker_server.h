@@ -13,6 +13,9 @@
 // http::ServerOptions::token set, every route but /health wants "Authorization: Bearer <token>"
 // (401 otherwise); /weights/prepare loads only from the sources WorkerOptions allows (403 otherwise).
 //
+// The data plane is serving.cc, the admin plane admin_plane.cc (which sources an update may name:
+// weight_sources.h), the state they share worker_impl.h, the route table worker_server.cc.
+//
 // Threads: handlers run on the io_context thread and never block: generation runs on the engine
 // thread, weight transfers on a dedicated thread; both hand results back by posting to the
 // io_context. All state below is owned by the io_context thread.
