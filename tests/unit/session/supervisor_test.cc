@@ -192,6 +192,51 @@ TEST(Supervisor, AServerThatStopsAnsweringIsUnhealthyAfterTheConfiguredProbes) {
   EXPECT_FALSE(sup.healthy("server"));
 }
 
+// A worker restarted once the run started comes back with its restart_argv and no weights: it
+// answers /health 503, which counts as healthy for it (restarted_answers_any), not at first start.
+TEST(Supervisor, ARestartUsesTheRestartArgvAndThenAnyAnswerIsHealthy) {
+  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
+  boost::asio::io_context io;
+  http::Server server(io, http::ServerOptions{});
+  server.route(http::Verb::get, "/health",
+               [](http::Request) -> Awaitable<http::Response> { co_return http::Response::text(503, "no weights"); });
+  auto port = server.start();
+  ASSERT_TRUE(port);
+  Recorder rec;
+  Supervisor sup(io, clock, rec.listener());
+  Gate gate;
+  ChildSpec spec = gate.child("worker-0", 1);
+  Gate restarted_gate;  // only the restart_argv opens this one
+  spec.restart_argv = restarted_gate.child("worker-0", 1).argv;
+  HealthCheck check;
+  check.url = fmt::format("http://127.0.0.1:{}", *port);
+  check.restarted_answers_any = true;
+  ASSERT_TRUE(sup.start(spec, Supervision{RestartLimits{}, check, {}}));
+  const pid_t first = rec.events.back().pid;
+  clock.advance(kTick);
+  ASSERT_TRUE(run_until(io, [&] { return sup.probes("worker-0") >= 1; }));
+  EXPECT_FALSE(sup.healthy("worker-0")) << "503 at its first start is not healthy";
+  EXPECT_EQ(rec.kinds(), std::vector<Kind>{Kind::kStarted});
+
+  sup.use_restart_argv(true);  // the run started
+  gate.release();
+  wait_exited(first);
+  rec.events.clear();
+  clock.advance(kTick);
+  ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kExited, Kind::kRestarting}));
+  clock.advance(rec.events[1].delay);
+  ASSERT_EQ(rec.events.back().kind, Kind::kStarted);
+  rec.events.clear();
+  const auto probes = sup.probes("worker-0");
+  clock.advance(kTick);
+  ASSERT_TRUE(run_until(io, [&] { return sup.probes("worker-0") > probes; }));
+  ASSERT_EQ(rec.kinds(), std::vector<Kind>{Kind::kHealthy});
+  EXPECT_EQ(rec.events[0].http_status, 503);
+  EXPECT_TRUE(rec.events[0].restarted);
+  EXPECT_TRUE(rec.events[0].first_since_start);
+  restarted_gate.release();  // returns once the restarted child opened its gate: it runs the restart_argv
+}
+
 TEST(Supervisor, WaitHealthyEndsAtTheDeadlineOnTheClockNamingWhoIsNotHealthy) {
   FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
   boost::asio::io_context io;
