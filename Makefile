@@ -1,9 +1,11 @@
 # The two commands a new user needs:  make run  |  make test
 # Both install what they need (scripts/bootstrap) and build with -j2: make run only the programs it
-# starts (target arlo_apps), make test everything and the Python environment (.venv) its tests use. A new build dir uses Ninja when it is installed.
+# starts (target arlo_apps), make test everything and the Python environment (.venv) its tests use. A new build dir uses Ninja when it is installed
+# and compiles each library's units in groups (a unity build, about half the CPU time; UNITY=OFF compiles them one by one).
 BUILD_DIR ?= build
 JOBS ?= 2
 BUILD_TYPE ?= Release
+UNITY ?= ON
 CMAKE_FLAGS ?=
 CONFIG ?= configs/quickstart.yaml
 FUZZ_SECONDS ?= 300
@@ -20,7 +22,7 @@ python-env:
 	@scripts/bootstrap --python
 
 $(BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(BUILD_DIR) $$(command -v ninja >/dev/null && echo -G Ninja) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD_DIR) $$(command -v ninja >/dev/null && echo -G Ninja) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DARLO_UNITY=$(UNITY) $(CMAKE_FLAGS)
 
 configure: bootstrap $(BUILD_DIR)/CMakeCache.txt
 
