@@ -34,7 +34,7 @@ set(ARLO_PCH_HEADERS
   <boost/beast/http/verb.hpp> <nlohmann/json.hpp> <fmt/format.h> <spdlog/spdlog.h>)
 set(ARLO_PCH_TEST_HEADERS <gtest/gtest.h> <gmock/gmock.h>)
 
-# Unity builds of the libraries (ARLO_UNITY; `make` turns it on for a new build dir): a library's
+# Unity builds of the libraries and programs (ARLO_UNITY; `make` turns it on for a new build dir): a library's
 # units are compiled in groups (at most ARLO_UNITY_GROUP_SIZE), each group one unit that includes them,
 # so the Asio coroutine, json and fmt code they share is instantiated and optimized once per group
 # instead of once per file (measured: common/'s 12 units took 71.6 s of CPU one by one and 35.3 s
@@ -60,10 +60,11 @@ function(arlo_unity_groups)
   get_property(targets GLOBAL PROPERTY ARLO_PCH_TARGETS)
   foreach(target ${targets})
     get_target_property(type ${target} TYPE)
-    if(NOT type STREQUAL "STATIC_LIBRARY")
-      continue()
-    endif()
     get_target_property(dir ${target} SOURCE_DIR)
+    string(FIND "${dir}/" "${PROJECT_SOURCE_DIR}/apps/" at)
+    if(NOT type STREQUAL "STATIC_LIBRARY" AND NOT (type STREQUAL "EXECUTABLE" AND at EQUAL 0))
+      continue()   # the libraries and the programs of apps/; tests and benches compile file by file
+    endif()
     get_target_property(sources ${target} SOURCES)
     set(members "")
     foreach(source ${sources})
