@@ -8,7 +8,6 @@ environment:
     .venv/bin/python tests/vllm/arlo_run_test.py --source . --arlo build/apps/arlo/arlo
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -20,6 +19,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from arlo_test_support import find_pid, run_unittest  # noqa: E402
 from vllm_server import VllmServer, kill_group, tail  # noqa: E402
 
 ARGS = None
@@ -117,28 +118,8 @@ class ArloRunTest(unittest.TestCase):
     def pid_of(model):
         """The trainer's pid: the process whose command line names this test's model directory and
         the trainer script."""
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if model.encode() in argv and any(a.endswith(b"hf_trainer/train.py") for a in argv):
-                return int(pid)
-        return None
-
-
-def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--source", required=True)
-    p.add_argument("--arlo", required=True)
-    ARGS, rest = p.parse_known_args()
-    sys.path.insert(0, os.path.join(ARGS.source, "python"))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+        return find_pid(lambda argv: model in argv and any(a.endswith("hf_trainer/train.py") for a in argv))
 
 
 if __name__ == "__main__":
-    main()
+    run_unittest(globals(), "--arlo")

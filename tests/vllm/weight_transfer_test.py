@@ -10,7 +10,6 @@ prefix KV computed under older weights. Run with the project's Python environmen
 The tests are numbered: they run in order against one server, each update building on the last.
 """
 
-import argparse
 import glob
 import json
 import os
@@ -22,6 +21,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from arlo_test_support import run_unittest  # noqa: E402
 from vllm_server import VllmServer, http_json, reference_logprobs, tail  # noqa: E402
 
 ARGS = None
@@ -250,14 +251,5 @@ class T5AlreadyHeld(unittest.TestCase):
         self.assertNotEqual(held.get("version"), int(version) + 1)
 
 
-def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--source", required=True, help="the arlo source tree (its python/ is imported)")
-    ARGS, rest = p.parse_known_args()
-    sys.path.insert(0, os.path.join(ARGS.source, "python"))
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
-
-
 if __name__ == "__main__":
-    main()
+    run_unittest(globals())

@@ -6,7 +6,6 @@ protobuf records (wandb_file.py). Run with the project's Python environment:
     .venv/bin/python tests/e2e/monitors/monitors_test.py --arlo build/apps/arlo/arlo --source .
 """
 
-import argparse
 import glob
 import json
 import os
@@ -22,6 +21,9 @@ import unittest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import wandb_file
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from arlo_test_support import find_pid, run_unittest  # noqa: E402
 
 ARGS = None
 STEPS, WARMUP = 40, 10
@@ -91,18 +93,7 @@ def wandb_rows(run_dir):
 
 
 def monitor_pid(run_dir, kind):
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        text = [c.decode(errors="replace") for c in cmd]
-        if any(t.endswith("arlo_monitor.py") for t in text) and kind in text and run_dir in text:
-            return int(pid)
-    return None
+    return find_pid(lambda argv: any(a.endswith("arlo_monitor.py") for a in argv) and kind in argv and run_dir in argv)
 
 
 def wait_until(what, check, timeout_s=120, proc=None, log_path=None):
@@ -287,8 +278,4 @@ class Monitors(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arlo", required=True)
-    ap.add_argument("--source", required=True)
-    ARGS, rest = ap.parse_known_args()
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    run_unittest(globals(), "--arlo")

@@ -11,7 +11,6 @@ import datetime
 import os
 import pickle
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -29,47 +28,12 @@ ID = bytes((i * 37 + 11) % 256 for i in range(128))
 VLLM_MODULE = "vllm.distributed.device_communicators.pynccl_wrapper"
 GROUP = "weight_update_group"
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "support"))
+from arlo_test_support import StoreDriver  # noqa: E402
+
 
 def seconds(s):
     return datetime.timedelta(seconds=s)
-
-
-class Driver:
-    """The C++ store process; answers 'get KEY' and 'connections' on its stdin."""
-
-    def __init__(self):
-        path = os.environ.get("ARLO_NCCL_STORE_DRIVER")
-        if not path or not os.path.exists(path):
-            sys.exit(f"FAIL: ARLO_NCCL_STORE_DRIVER={path!r} does not name the built driver")
-        self.proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        m = re.fullmatch(r"port (\d+)\n", line)
-        if not m:
-            sys.exit(f"FAIL: the driver printed {line!r} instead of 'port N'")
-        self.port = int(m.group(1))
-        self.lock = threading.Lock()
-
-    def ask(self, line):
-        with self.lock:
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-            answer = self.proc.stdout.readline()
-        if not answer:
-            sys.exit(f"FAIL: the driver died (exit {self.proc.poll()}) answering {line!r}")
-        return answer.strip()
-
-    def get(self, key):
-        a = self.ask("get " + key)
-        return None if a == "missing" else bytes.fromhex(a.split(" ", 1)[1])
-
-    def connections(self):
-        return int(self.ask("connections").split()[1])
-
-    def close(self):
-        self.proc.stdin.close()
-        rc = self.proc.wait(timeout=30)
-        if rc != 0:
-            sys.exit(f"FAIL: the driver exited with {rc}")
 
 
 def check(cond, what):
@@ -237,7 +201,7 @@ def sglang_unique_id(driver):
 
 def main():
     print(f"torch {torch.__version__} from {torch.__file__}")
-    driver = Driver()
+    driver = StoreDriver()
     start = time.monotonic()
     try:
         for name, kw in store_variants():

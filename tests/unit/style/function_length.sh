@@ -9,7 +9,7 @@ limit=${2:-100}
 ctags --version 2>/dev/null | grep -q "Universal Ctags" ||
   { echo "universal-ctags is missing (scripts/bootstrap installs it)" >&2; exit 1; }
 cd "$src"
-dirs=(apps common orchestrator rollout session trainer_bridge reference weight_sync web)
+dirs=(apps common config orchestrator rollout session trainer_bridge reference weight_sync web)
 present=()
 for d in "${dirs[@]}"; do [[ -d $d ]] && present+=("$d"); done
 long=$(ctags -R --languages=C++ --kinds-C++=f --fields=+ne --output-format=json -f - "${present[@]}" |
