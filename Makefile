@@ -1,11 +1,11 @@
 # The two commands a new user needs:  make run  |  make test
 # Both install what they need (scripts/bootstrap) and build with -j2: make run only the programs it
 # starts (target arlo_apps), make test everything and the Python environment (.venv) its tests use. A new build dir uses Ninja when it is installed
-# and compiles each library's and program's units in groups (a unity build, about half the CPU time; UNITY=OFF compiles them one by one).
+# and compiles units one by one; UNITY=ON compiles each library's and program's units in groups (a unity build, about half the CPU time).
 BUILD_DIR ?= build
 JOBS ?= 2
 BUILD_TYPE ?= Release
-UNITY ?= ON
+UNITY ?= OFF
 CMAKE_FLAGS ?=
 CONFIG ?= configs/quickstart.yaml
 FUZZ_SECONDS ?= 300
