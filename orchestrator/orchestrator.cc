@@ -1,5 +1,6 @@
 #include "orchestrator/orchestrator.h"
 
+#include <boost/asio/post.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -57,7 +58,9 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
   lag_ = std::make_unique<LagProbe>(clock, std::chrono::milliseconds(20));
 }
 
-Orchestrator::~Orchestrator() = default;
+Orchestrator::~Orchestrator() {
+  if (ports_.inference) ports_.inference->on_worker_back(nullptr);  // the port may outlive the loop
+}
 
 Status Orchestrator::start() {
   if (started_) return make_error(ErrorCode::kInternal, "orchestrator started twice");
@@ -84,6 +87,9 @@ Status Orchestrator::start() {
     // no longer needs that batch: the journal lets go of steps <= v.
     if (journal_) prune_journal(journal_dir(opt_.run_dir), n.version);
     watcher_->notify(std::move(n));
+  });
+  ports_.inference->on_worker_back([this](std::string worker) {
+    asio::post(io_, [this, worker = std::move(worker)] { watcher_->worker_back(worker); });
   });
   ports_.trainer->on_alive([this] {
     trainer_heard_at_ = ports_.clock->now();

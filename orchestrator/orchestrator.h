@@ -54,6 +54,10 @@ class Orchestrator {
   // Graceful stop: no new batches, drain, final checkpoint and summary (no final eval).
   void request_stop(const std::string& reason);
   bool finished() const { return finished_; }
+  // A supervisor's news of a worker (what WeightWatcher::restarting / restarted do with it): it died
+  // and will be started again; it was started again and answers (holding no weights).
+  void worker_restarting(const std::string& worker) { watcher_->restarting(worker); }
+  void worker_restarted(const std::string& worker) { watcher_->restarted(worker); }
   const RunSummary& summary() const { return summary_; }
   // Completes when finished (the observer heard on_end).
   Awaitable<RunSummary> wait();

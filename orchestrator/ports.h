@@ -49,6 +49,10 @@ class InferencePort {
   // idle or paused worker's does not: it holds no requests to fail over). An admin call that failed
   // on one is not retried: another would only wait out its deadline. Default: silent_workers().
   virtual Awaitable<std::vector<std::string>> unreachable_workers() { co_return co_await silent_workers(); }
+  // Calls `callback` (on any thread: the loop posts it to itself) with a worker that answers again
+  // after it answered nothing or failed (the pool's circuit closed): it may have been restarted and
+  // serve other weights than it last took. Default: never.
+  virtual void on_worker_back(std::function<void(std::string worker)> callback) { (void)callback; }
 };
 
 // Training tasks: an endless, seeded stream with a cursor that can be saved and restored, so a

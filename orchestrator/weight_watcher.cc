@@ -50,6 +50,27 @@ void WeightWatcher::restarting(const std::string& worker) {
   changed_.notify();
 }
 
+void WeightWatcher::worker_back(const std::string& worker) {
+  if (stopped_ || left_out_.count(worker) || restarting_.count(worker)) return;
+  spawn(ex_, check_back(worker));
+}
+
+Awaitable<void> WeightWatcher::check_back(std::string worker) {
+  while (syncing_ && !stopped_) co_await changed_.wait();  // what it holds is in flux until the round ends
+  const auto took = held_.count(worker) ? held_.at(worker) : opt_.initial_version;
+  const auto deadline = clock_.now() + opt_.admin_timeout;
+  auto query = inference_.weights(worker, deadline);
+  auto holds = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "asking a worker");
+  if (stopped_ || left_out_.count(worker) || restarting_.count(worker)) co_return;
+  if (holds && holds->version == took) co_return;
+  ARLO_INFO("weight sync: worker {} answers again and {}, not v{} it took: it was restarted", worker,
+            holds ? (holds->version == kNoVersion ? std::string("holds no arlo version")
+                                                  : fmt::format("holds v{}", holds->version))
+                  : "does not say what it holds (" + holds.error().what() + ")",
+            took);
+  restarted(worker);
+}
+
 void WeightWatcher::stop() {
   stopped_ = true;
   changed_.notify();
@@ -289,6 +310,7 @@ Awaitable<void> WeightWatcher::hold_dispatch(Version v, TimePoint t0, bool hold)
 void WeightWatcher::end_hold(bool hold) {
   if (hold) dispatcher_.hold(false);
   syncing_ = false;
+  changed_.notify();  // check_back waits for the round to end
 }
 
 Awaitable<void> WeightWatcher::choose_round_workers(const std::vector<std::string>& all, SyncReport& report) {

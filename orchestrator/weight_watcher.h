@@ -86,6 +86,11 @@ class WeightWatcher {
   // until restarted() it counts as coming back, so the end of a run waits for it (bounded) rather
   // than report a worker that failed an update meanwhile as gone. See restart_pending().
   void restarting(const std::string& worker);
+  // `worker` answers again after it answered nothing or failed (InferencePort::on_worker_back): it
+  // may have been restarted by someone other than arlo (an external server) and serve other weights.
+  // Asks what it holds; one that does not hold the version it last took is synced as restarted().
+  // Workers left out (their probe rejoins them) or restarting (restarted() follows) are skipped.
+  void worker_back(const std::string& worker);
   bool restart_pending(const std::string& worker) const { return restarting_.count(worker) > 0; }
   Awaitable<void> run();
   void stop();
@@ -138,6 +143,7 @@ class WeightWatcher {
   // either (the probe may not have timed out yet). Such a worker is not asked again this round.
   Awaitable<bool> answers_nothing(const std::string& worker, const Status& failure);
   Awaitable<void> probe(std::string worker);
+  Awaitable<void> check_back(std::string worker);
 
   asio::any_io_executor ex_;
   Clock& clock_;

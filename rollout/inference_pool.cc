@@ -235,10 +235,14 @@ asio::awaitable<bool> InferencePool::probe(Worker& s) {
   if (ok) {
     if (auto j = r->parse_json(); j && j->is_object() && j->contains("version") && (*j)["version"].is_number_integer())
       s.version = (*j)["version"].get<std::int64_t>();
-    if (s.circuit_open) ARLO_INFO("inference pool: {} is back, circuit closed", s.url);
+    const bool back = s.circuit_open;
     s.circuit_open = false;
     s.healthy = !s.removed;
     s.consecutive_failures = 0;
+    if (back) {
+      ARLO_INFO("inference pool: {} is back, circuit closed", s.url);
+      if (on_back_) on_back_(s.url);
+    }
   } else {
     Error why = r ? Error(ErrorCode::kUnavailable, fmt::format("/health answered HTTP {}", r->status)) : r.error();
     if (s.healthy)

@@ -30,6 +30,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -108,6 +109,11 @@ class InferencePool {
   // against the same long-lived server shares no prefix KV with this one). Empty for an unknown url.
   std::string cache_salt(const std::string& base_url) const;
 
+  // Called on the pool's thread with a worker's base_url when its circuit closes after it opened:
+  // it answers again after answering nothing or failing, and may have been restarted meanwhile (what
+  // it serves now is unknown to the pool).
+  void on_back(std::function<void(const std::string& base_url)> callback) { on_back_ = std::move(callback); }
+
   // Health-checks every worker now (used by start(); handy in tests). Completes when all answered.
   boost::asio::awaitable<void> check_all();
 
@@ -157,6 +163,7 @@ class InferencePool {
   std::deque<std::string> affinity_order_;
   boost::asio::steady_timer health_timer_;  // woken by the clock after health_interval, or by stop()
   bool running_ = false;
+  std::function<void(const std::string&)> on_back_;
   std::size_t round_robin_ = 0;  // breaks ties between equally loaded workers
   std::shared_ptr<bool> alive_;  // guards coroutines that outlive the pool
   std::string salt_id_;          // random per pool: the run's part of every cache_salt

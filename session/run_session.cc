@@ -446,8 +446,7 @@ class RunSession::Impl {
                   e.exit->describe(), std::chrono::duration<double>(e.delay).count(), e.attempt, e.max_restarts,
                   std::chrono::duration_cast<std::chrono::seconds>(e.window).count(), e.last_lines);
         // The end of the run waits (bounded) for a worker coming back.
-        if (const auto url = worker_url(e.name); started_ && !url.empty())
-          orchestrator_->weight_watcher().restarting(url);
+        if (const auto url = worker_url(e.name); started_ && !url.empty()) orchestrator_->worker_restarting(url);
         break;
       }
       case SupervisionEventKind::kGaveUp: stop_run(gave_up_why(e)); break;
@@ -516,7 +515,7 @@ class RunSession::Impl {
     }
     ARLO_INFO("arlo run: {} restarted, answering at {} after {:.1f} s; syncing the current version to it", e.name, url,
               took);
-    orchestrator_->weight_watcher().restarted(url);
+    orchestrator_->worker_restarted(url);
   }
 
   void finish_early(const std::string& why) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <span>
+#include <string_view>
 
 #include "rollout/openai.h"
 
@@ -22,6 +23,31 @@ RolloutInference::RolloutInference(rollout::InferencePool& pool,
     const auto url = a->url();
     admins_.emplace(url, std::move(a));
   }
+  // Registered before the pool starts (it is not running yet); the caller's callback comes later.
+  pool_.on_back([back = back_, this](const std::string& pool_url) {
+    std::lock_guard lock(back->mu);
+    if (!back->callback) return;  // no callback yet, or this adapter is gone (its destructor cleared it)
+    if (auto worker = worker_of(pool_url); !worker.empty()) back->callback(std::move(worker));
+  });
+}
+
+RolloutInference::~RolloutInference() {
+  std::lock_guard lock(back_->mu);
+  back_->callback = nullptr;
+}
+
+void RolloutInference::on_worker_back(std::function<void(std::string worker)> callback) {
+  std::lock_guard lock(back_->mu);
+  back_->callback = std::move(callback);
+}
+
+std::string RolloutInference::worker_of(const std::string& pool_url) const {
+  for (const auto& [url, a] : admins_) {
+    auto u = std::string_view(url);
+    while (!u.empty() && u.back() == '/') u.remove_suffix(1);
+    if (u == pool_url) return url;
+  }
+  return "";
 }
 
 std::vector<std::string> RolloutInference::workers() const {
@@ -188,15 +214,10 @@ Awaitable<std::vector<std::string>> RolloutInference::unreachable_workers() {
 }
 
 Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here(bool circuit_open) {
-  auto strip = [](std::string u) {
-    while (!u.empty() && u.back() == '/') u.pop_back();
-    return u;
-  };
   std::vector<std::string> out;
   for (const auto& s : pool_.status()) {
     if ((circuit_open && !s.circuit_open) || !s.silent || s.removed) continue;
-    for (const auto& [url, a] : admins_)
-      if (strip(url) == s.url) out.push_back(url);
+    if (auto worker = worker_of(s.url); !worker.empty()) out.push_back(std::move(worker));
   }
   co_return out;
 }

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ class RolloutInference final : public orch::InferencePort {
                    DescribeUpdate describe, std::string model = "",
                    std::optional<asio::any_io_executor> network = std::nullopt,
                    rollout::AdminDialect server = rollout::AdminDialect::kArlo);
+  ~RolloutInference() override;
   // Called once, on the caller's thread, with the first response that can never be trained on (a
   // server that returns no token ids, prompt ids or logprobs: rollout::check_token_data): every
   // other request would fail alike, so the run should stop with this error.
@@ -56,9 +58,17 @@ class RolloutInference final : public orch::InferencePort {
   // or open or not, matched to their admin url; read on the pool's thread.
   Awaitable<std::vector<std::string>> silent_workers() override;
   Awaitable<std::vector<std::string>> unreachable_workers() override;
+  void on_worker_back(std::function<void(std::string worker)> callback) override;
 
  private:
   Result<rollout::AdminClient*> admin(const std::string& worker);
+  // The admin url (the worker's name at the port) of the pool's worker `pool_url`; empty if none.
+  std::string worker_of(const std::string& pool_url) const;
+  // What the pool's on_back reaches (the pool may outlive this adapter, so it holds this, not it).
+  struct BackRelay {
+    std::mutex mu;  // the pool calls on its thread; on_worker_back runs on the caller's
+    std::function<void(std::string)> callback;
+  };
   // Runs the coroutine make() returns on the pool's thread (here when there is no network thread).
   template <typename T, typename Make>
   Awaitable<T> on_pool_thread(Make make);
@@ -76,6 +86,7 @@ class RolloutInference final : public orch::InferencePort {
   rollout::AdminDialect server_;
   std::function<void(const Error&)> on_unusable_;
   bool unusable_reported_ = false;
+  std::shared_ptr<BackRelay> back_ = std::make_shared<BackRelay>();
 };
 
 // An endless (or epoch-bounded) task stream, handing out the environment's tasks as they are (token
