@@ -105,6 +105,10 @@ class CApiDir : public ::testing::Test {
     EXPECT_EQ(arlo_bridge_connect(cfg.c_str(), &b), ARLO_OK) << arlo_bridge_last_error();
     return b;
   }
+  // A bridge that publishes through the filesystem transport into `weights`.
+  arlo_bridge* connect_filesystem(const fs::path& weights) {
+    return connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
+  }
   // The announcement of `version` (or newer) the orchestrator side received, parsed.
   arlo::weight_sync::Announcement announced(std::int64_t version) {
     std::unique_lock lock(mu_);
@@ -186,7 +190,7 @@ TEST_F(CApiDir, BatchViewsAckAndAnnounce) {
 
 TEST_F(CApiDir, PublishGoesThroughWeightSyncAndAnnounces) {
   const fs::path weights = run_dir_.path() / "weights";
-  arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
+  arlo_bridge* b = connect_filesystem(weights);
   std::vector<float> w1{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
   std::vector<std::int64_t> bias{7, 8};
   const std::int64_t s1[] = {2, 3}, s2[] = {2};
@@ -215,7 +219,8 @@ struct Weights {
 };
 
 // A version that cannot be written fails its publish with the reason, and every later one: the
-// orchestrator would wait for it in vain (the C ABI used to return ok and let the trainer go on).
+// orchestrator would wait for it in vain (the C ABI used to return ok and let the trainer go on);
+// closing `b` then fails too.
 void expect_publish_fails_once_unwritable(arlo_bridge* b, const std::function<void()>& make_unwritable,
                                           const std::string& reason) {
   Weights t;
@@ -230,6 +235,7 @@ void expect_publish_fails_once_unwritable(arlo_bridge* b, const std::function<vo
   error = arlo_bridge_last_error();
   EXPECT_NE(error.find("version 2 was not published"), std::string::npos) << error;
   EXPECT_NE(error.find(reason), std::string::npos) << error;
+  EXPECT_EQ(arlo_bridge_close(b), ARLO_IO) << "closed, but the last version was not published";
 }
 
 // The weights on a small tmpfs that the test fills after v1 (needs CAP_SYS_ADMIN, as the full-disk
@@ -243,10 +249,8 @@ TEST_F(CApiDir, PublishOnAFullDiskFailsWithTheReason) {
     fs::path p;
     ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
   } unmount{mnt};
-  arlo_bridge* b =
-      connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + (mnt / "weights").string() + "\"}");
   expect_publish_fails_once_unwritable(
-      b,
+      connect_filesystem(mnt / "weights"),
       [&] {
         std::FILE* f = std::fopen((mnt / "filler").c_str(), "w");
         ASSERT_NE(f, nullptr);
@@ -256,16 +260,14 @@ TEST_F(CApiDir, PublishOnAFullDiskFailsWithTheReason) {
         std::fclose(f);
       },
       "No space left on device");
-  EXPECT_EQ(arlo_bridge_close(b), ARLO_IO) << "closed, but the last version was not published";
 }
 
 // A regular file where the weights directory was: no version directory can be made (not even by
 // root, whom a read-only directory does not stop).
 TEST_F(CApiDir, PublishToADirectoryThatCannotBeMadeFailsWithTheReason) {
   const fs::path weights = run_dir_.path() / "weights";
-  arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
   expect_publish_fails_once_unwritable(
-      b,
+      connect_filesystem(weights),
       [&] {
         fs::rename(weights, run_dir_.path() / "weights.old");
         std::FILE* f = std::fopen(weights.c_str(), "w");
@@ -273,7 +275,6 @@ TEST_F(CApiDir, PublishToADirectoryThatCannotBeMadeFailsWithTheReason) {
         std::fclose(f);
       },
       "Not a directory");
-  EXPECT_EQ(arlo_bridge_close(b), ARLO_IO) << "closed, but the last version was not published";
 }
 
 // timeout_ms bounds the wait for the version to be written and announced: 64 MiB cannot be
@@ -281,7 +282,7 @@ TEST_F(CApiDir, PublishToADirectoryThatCannotBeMadeFailsWithTheReason) {
 // and is published later, and the next publish, given time, succeeds.
 TEST_F(CApiDir, PublishHonoursItsTimeout) {
   const fs::path weights = run_dir_.path() / "weights";
-  arlo_bridge* b = connect_c(R"(,"weight_sync":{"transport":"filesystem","dir":")" + weights.string() + "\"}");
+  arlo_bridge* b = connect_filesystem(weights);
   std::vector<float> big(16u << 20, 0.5f);
   const std::int64_t shape[] = {static_cast<std::int64_t>(big.size())};
   arlo_tensor t{"model.w.weight", ARLO_F32, 1, shape, big.data(), big.size() * 4};
