@@ -67,11 +67,51 @@ struct Gate {
   }
 };
 
-TEST(Supervisor, RestartsAnExitedChildAfterThePolicysBackoffThenGivesUpPastTheBound) {
+// Runs the loop until `done` (the guard is against a hang, not a timing).
+template <typename Done>
+bool run_until(boost::asio::io_context& io, Done done) {
+  const auto guard = std::chrono::steady_clock::now() + seconds(30);
+  while (!done() && std::chrono::steady_clock::now() < guard) {
+    io.run_one_for(milliseconds(100));
+    if (io.stopped()) io.restart();
+  }
+  return done();
+}
+
+// A local HTTP server whose /health answers every probe with `status` and `body`.
+struct HealthServer {
+  http::Server server;
+  std::uint16_t port = 0;
+  HealthServer(boost::asio::io_context& io, int status, const char* body) : server(io, http::ServerOptions{}) {
+    server.route(http::Verb::get, "/health", [status, body](http::Request) -> Awaitable<http::Response> {
+      co_return http::Response::text(status, body);
+    });
+    auto started = server.start();
+    EXPECT_TRUE(started) << started.error().what();
+    port = started.value_or(0);
+  }
+};
+
+std::string health_url(std::uint16_t port) { return fmt::format("http://127.0.0.1:{}", port); }
+
+// What every test drives: a Supervisor on the fake clock and a loop, recording its events; the
+// /health server, where a test has one, lives between the loop and the supervisor, as locals would.
+class SupervisorTest : public ::testing::Test {
+ protected:
+  // Starts the /health server; false when it did not start.
+  bool serve_health(int status, const char* body) {
+    health.emplace(io, status, body);
+    return health->port != 0;
+  }
+
   FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
   boost::asio::io_context io;
+  std::optional<HealthServer> health;
   Recorder rec;
-  Supervisor sup(io, clock, rec.listener());
+  Supervisor sup{io, clock, rec.listener()};
+};
+
+TEST_F(SupervisorTest, RestartsAnExitedChildAfterThePolicysBackoffThenGivesUpPastTheBound) {
   Gate gate;
   const RestartLimits limits{.max_restarts = 2,
                              .window = std::chrono::minutes(10),
@@ -118,11 +158,7 @@ TEST(Supervisor, RestartsAnExitedChildAfterThePolicysBackoffThenGivesUpPastTheBo
   EXPECT_TRUE(rec.events.empty()) << "given up: never started again";
 }
 
-TEST(Supervisor, AFinalExitCodeOrAChildWithoutRestartsGivesUpAtOnce) {
-  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
-  boost::asio::io_context io;
-  Recorder rec;
-  Supervisor sup(io, clock, rec.listener());
+TEST_F(SupervisorTest, AFinalExitCodeOrAChildWithoutRestartsGivesUpAtOnce) {
   ASSERT_TRUE(sup.start({"usage", {"sh", "-c", "exit 2"}, {}}, Supervision{RestartLimits{}, std::nullopt, {2}}));
   ASSERT_TRUE(sup.start({"once", {"sh", "-c", "exit 0"}, {}}));  // no restart policy
   ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kStarted, Kind::kStarted}));
@@ -141,29 +177,10 @@ TEST(Supervisor, AFinalExitCodeOrAChildWithoutRestartsGivesUpAtOnce) {
   EXPECT_TRUE(rec.events.empty());
 }
 
-// Runs the loop until `done` (the guard is against a hang, not a timing).
-template <typename Done>
-bool run_until(boost::asio::io_context& io, Done done) {
-  const auto guard = std::chrono::steady_clock::now() + seconds(30);
-  while (!done() && std::chrono::steady_clock::now() < guard) {
-    io.run_one_for(milliseconds(100));
-    if (io.stopped()) io.restart();
-  }
-  return done();
-}
-
-TEST(Supervisor, AServerThatStopsAnsweringIsUnhealthyAfterTheConfiguredProbes) {
-  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
-  boost::asio::io_context io;
-  http::Server server(io, http::ServerOptions{});
-  server.route(http::Verb::get, "/health",
-               [](http::Request) -> Awaitable<http::Response> { co_return http::Response::text(200, "ok"); });
-  auto port = server.start();
-  ASSERT_TRUE(port);
-  Recorder rec;
-  Supervisor sup(io, clock, rec.listener());
+TEST_F(SupervisorTest, AServerThatStopsAnsweringIsUnhealthyAfterTheConfiguredProbes) {
+  ASSERT_TRUE(serve_health(200, "ok"));
   HealthCheck check;
-  check.url = fmt::format("http://127.0.0.1:{}", *port);
+  check.url = health_url(health->port);
   check.starting_interval = milliseconds(100);
   check.interval = seconds(1);
   check.unhealthy_after = 3;
@@ -179,7 +196,7 @@ TEST(Supervisor, AServerThatStopsAnsweringIsUnhealthyAfterTheConfiguredProbes) {
   ASSERT_TRUE(run_until(io, [&] { return sup.probes("server") >= 2; }));
   EXPECT_TRUE(rec.events.empty());
 
-  server.close();
+  health->server.close();
   for (std::uint64_t failed = 1; failed <= 3; ++failed) {
     clock.advance(seconds(1));
     ASSERT_TRUE(run_until(io, [&] { return sup.probes("server") >= 2 + failed; }));
@@ -194,22 +211,14 @@ TEST(Supervisor, AServerThatStopsAnsweringIsUnhealthyAfterTheConfiguredProbes) {
 
 // A worker restarted once the run started comes back with its restart_argv and no weights: it
 // answers /health 503, which counts as healthy for it (restarted_answers_any), not at first start.
-TEST(Supervisor, ARestartUsesTheRestartArgvAndThenAnyAnswerIsHealthy) {
-  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
-  boost::asio::io_context io;
-  http::Server server(io, http::ServerOptions{});
-  server.route(http::Verb::get, "/health",
-               [](http::Request) -> Awaitable<http::Response> { co_return http::Response::text(503, "no weights"); });
-  auto port = server.start();
-  ASSERT_TRUE(port);
-  Recorder rec;
-  Supervisor sup(io, clock, rec.listener());
+TEST_F(SupervisorTest, ARestartUsesTheRestartArgvAndThenAnyAnswerIsHealthy) {
+  ASSERT_TRUE(serve_health(503, "no weights"));
   Gate gate;
   ChildSpec spec = gate.child("worker-0", 1);
   Gate restarted_gate;  // only the restart_argv opens this one
   spec.restart_argv = restarted_gate.child("worker-0", 1).argv;
   HealthCheck check;
-  check.url = fmt::format("http://127.0.0.1:{}", *port);
+  check.url = health_url(health->port);
   check.restarted_answers_any = true;
   ASSERT_TRUE(sup.start(spec, Supervision{RestartLimits{}, check, {}}));
   const pid_t first = rec.events.back().pid;
@@ -237,16 +246,12 @@ TEST(Supervisor, ARestartUsesTheRestartArgvAndThenAnyAnswerIsHealthy) {
   restarted_gate.release();  // returns once the restarted child opened its gate: it runs the restart_argv
 }
 
-TEST(Supervisor, WaitHealthyEndsAtTheDeadlineOnTheClockNamingWhoIsNotHealthy) {
-  FakeClock clock;  // outlives the loop: a probe still pending there holds a timer of it
-  boost::asio::io_context io;
-  Recorder rec;
-  Supervisor sup(io, clock, rec.listener());
+TEST_F(SupervisorTest, WaitHealthyEndsAtTheDeadlineOnTheClockNamingWhoIsNotHealthy) {
   // Nothing listens on this port (bound and released).
   auto port = free_loopback_port();
   ASSERT_TRUE(port);
   HealthCheck check;
-  check.url = fmt::format("http://127.0.0.1:{}", *port);
+  check.url = health_url(*port);
   sup.watch("absent", check);
   std::optional<Status> result;
   const auto deadline = clock.now() + seconds(5);
