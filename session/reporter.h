@@ -43,29 +43,20 @@ class ObserverList : public orch::RunObserver {
   void add(orch::RunObserver* o) {
     if (o) list_.push_back(o);
   }
-  void on_scored(const orch::Group& g) override {
-    for (auto* o : list_) o->on_scored(g);
-  }
-  void on_step(const orch::StepObservation& s) override {
-    for (auto* o : list_) o->on_step(s);
-  }
-  void on_sync(const orch::SyncObservation& s) override {
-    for (auto* o : list_) o->on_sync(s);
-  }
-  void on_eval(const orch::EvalReport& r) override {
-    for (auto* o : list_) o->on_eval(r);
-  }
-  void on_pipeline(const orch::PipelineView& v) override {
-    for (auto* o : list_) o->on_pipeline(v);
-  }
-  void on_end(const orch::EndObservation& e) override {
-    for (auto* o : list_) o->on_end(e);
-  }
-  void on_start(const orch::StartObservation& s) override {
-    for (auto* o : list_) o->on_start(s);
-  }
+  void on_start(const orch::StartObservation& s) override { tell(&RunObserver::on_start, s); }
+  void on_scored(const orch::Group& g) override { tell(&RunObserver::on_scored, g); }
+  void on_step(const orch::StepObservation& s) override { tell(&RunObserver::on_step, s); }
+  void on_sync(const orch::SyncObservation& s) override { tell(&RunObserver::on_sync, s); }
+  void on_eval(const orch::EvalReport& r) override { tell(&RunObserver::on_eval, r); }
+  void on_pipeline(const orch::PipelineView& v) override { tell(&RunObserver::on_pipeline, v); }
+  void on_end(const orch::EndObservation& e) override { tell(&RunObserver::on_end, e); }
 
  private:
+  template <typename Report>
+  void tell(void (orch::RunObserver::*report)(const Report&), const Report& r) {
+    for (auto* o : list_) (o->*report)(r);
+  }
+
   std::vector<orch::RunObserver*> list_;
 };
 
