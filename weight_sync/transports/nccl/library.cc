@@ -26,34 +26,51 @@ void resolve(void* handle, const char* name, Fn& slot, std::string& missing) {
   if (!slot && missing.empty()) missing = name;
 }
 
-Result<std::unique_ptr<NcclLibrary>> open_nccl(const std::string& path) {
+// dlopens `path` and resolves the library's functions into a new Library through
+// `resolve_all(handle, library, missing)`; on success the handle stays open for the life of the
+// process. Fails with what went wrong: kNotFound with dlerror's text when it does not load,
+// kMismatch with "no symbol <name>" (the first missing one) when it loads without a function.
+template <typename Library, typename ResolveAll>
+Result<std::unique_ptr<Library>> open_library(const std::string& path, ResolveAll resolve_all) {
   dlerror();
-  // RTLD_LOCAL: another libnccl in the process (torch's) keeps its own symbols.
+  // RTLD_LOCAL: another copy in the process (torch's) keeps its own symbols.
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    return make_error(ErrorCode::kNotFound, "nccl: cannot load libnccl from " + path + ": " + last_dlerror() +
+  if (!handle) return make_error(ErrorCode::kNotFound, last_dlerror());
+  auto lib = std::make_unique<Library>();
+  lib->path = path;
+  std::string missing;
+  resolve_all(handle, *lib, missing);
+  if (!missing.empty()) {
+    dlclose(handle);
+    return make_error(ErrorCode::kMismatch, "no symbol " + missing);
+  }
+  return lib;
+}
+
+Result<std::unique_ptr<NcclLibrary>> open_nccl(const std::string& path) {
+  auto lib = open_library<NcclLibrary>(path, [](void* handle, NcclLibrary& l, std::string& missing) {
+#define ARLO_RESOLVE_NCCL(name) resolve(handle, "nccl" #name, l.name, missing);
+    ARLO_NCCL_FUNCTIONS(ARLO_RESOLVE_NCCL)
+#undef ARLO_RESOLVE_NCCL
+  });
+  if (!lib && lib.error().code() == ErrorCode::kNotFound) {
+    return make_error(ErrorCode::kNotFound, "nccl: cannot load libnccl from " + path + ": " + lib.error().message() +
                                                 " (set the transport's nccl library path to the libnccl.so.2 "
                                                 "the inference servers use)");
   }
-  auto lib = std::make_unique<NcclLibrary>();
-  lib->path = path;
-  std::string missing;
-#define ARLO_RESOLVE_NCCL(name) resolve(handle, "nccl" #name, lib->name, missing);
-  ARLO_NCCL_FUNCTIONS(ARLO_RESOLVE_NCCL)
-#undef ARLO_RESOLVE_NCCL
-  if (!missing.empty()) {
-    dlclose(handle);
-    return make_error(ErrorCode::kMismatch, "nccl: " + path + " has no symbol " + missing +
+  if (!lib) {
+    return make_error(ErrorCode::kMismatch, "nccl: " + path + " has " + lib.error().message() +
                                                 " (arlo needs NCCL >= 2.14 with non-blocking communicators)");
   }
   int code = 0;
-  if (ncclResult_t r = lib->GetVersion(&code); r != ncclSuccess) {
-    return make_error(ErrorCode::kInternal, "nccl: ncclGetVersion failed in " + path + ": " + lib->GetErrorString(r));
+  if (ncclResult_t r = (*lib)->GetVersion(&code); r != ncclSuccess) {
+    return make_error(ErrorCode::kInternal,
+                      "nccl: ncclGetVersion failed in " + path + ": " + (*lib)->GetErrorString(r));
   }
   // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9.
-  lib->version =
+  (*lib)->version =
       std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." + std::to_string(code % 100);
-  return lib;  // the handle stays open for the life of the process
+  return std::move(*lib);
 }
 
 Result<std::unique_ptr<CudaRuntime>> open_cudart(const std::string& nccl_path) {
@@ -67,26 +84,15 @@ Result<std::unique_ptr<CudaRuntime>> open_cudart(const std::string& nccl_path) {
   candidates.push_back((std::filesystem::path("/usr/local/cuda/lib64") / soname).string());
   std::string tried;
   for (const std::string& candidate : candidates) {
-    dlerror();
-    void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      tried += "\n  " + candidate + ": " + last_dlerror();
-      continue;
-    }
-    auto rt = std::make_unique<CudaRuntime>();
-    rt->path = candidate;
-    std::string missing;
-#define ARLO_RESOLVE_CUDART(name) resolve(handle, "cuda" #name, rt->name, missing);
-    ARLO_CUDART_FUNCTIONS(ARLO_RESOLVE_CUDART)
+    auto rt = open_library<CudaRuntime>(candidate, [](void* handle, CudaRuntime& r, std::string& missing) {
+#define ARLO_RESOLVE_CUDART(name) resolve(handle, "cuda" #name, r.name, missing);
+      ARLO_CUDART_FUNCTIONS(ARLO_RESOLVE_CUDART)
 #undef ARLO_RESOLVE_CUDART
-    resolve(handle, "cudaMalloc", rt->Malloc, missing);
-    resolve(handle, "cudaHostAlloc", rt->HostAlloc, missing);
-    if (!missing.empty()) {
-      dlclose(handle);
-      tried += "\n  " + candidate + ": no symbol " + missing;
-      continue;
-    }
-    return rt;
+      resolve(handle, "cudaMalloc", r.Malloc, missing);
+      resolve(handle, "cudaHostAlloc", r.HostAlloc, missing);
+    });
+    if (rt) return rt;
+    tried += "\n  " + candidate + ": " + rt.error().message();
   }
   return make_error(ErrorCode::kNotFound,
                     "nccl: cannot load the CUDA runtime " + soname + "; tried:" + tried +
