@@ -104,11 +104,10 @@ struct StoreServer::Impl {
   bool incomplete_or_bad(const Request& q);
   // The commands whose handling takes more than a few lines; each returns what handle() returns.
   bool compare_set(Request& q);
-  bool add(Request& q);
-  bool keys_request(Request& q);  // CHECK, WAIT, MULTI_GET
+  bool counter_request(Request& q);  // ADD, BARRIER
+  bool keys_request(Request& q);     // CHECK, WAIT, MULTI_GET
   bool append(Request& q);
   bool multi_set(Request& q);
-  bool barrier(Request& q);
   // CANCEL_WAIT: drops every WAIT pending on connection `id`.
   void cancel_waits(std::uint64_t id, Conn& c);
   void flush(Conn& c);
@@ -430,7 +429,8 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
       store_append(c.out, it->second);
       return true;
     }
-    case Cmd::kAdd: return add(q);
+    case Cmd::kAdd:
+    case Cmd::kBarrier: return counter_request(q);
     case Cmd::kCheck:
     case Cmd::kWait:
     case Cmd::kMultiGet: return keys_request(q);
@@ -464,7 +464,6 @@ bool StoreServer::Impl::handle(std::uint64_t id, Conn& c, Reader& r, std::vector
       store_append(c.out, keys);
       return true;
     }
-    case Cmd::kBarrier: return barrier(q);
     case Cmd::kUnknown:
       ARLO_WARN("rendezvous store {}: unknown command byte {} from {} ({} dialect); closing that connection", address,
                 byte, c.peer, c.dialect == Dialect::kCurrent ? "torch >= 2.2" : "torch < 2.2");
@@ -508,24 +507,6 @@ bool StoreServer::Impl::compare_set(Request& q) {
     }
     store_append(q.c.out, it->second);
   }
-  return true;
-}
-
-bool StoreServer::Impl::add(Request& q) {
-  const auto key = q.r.key();
-  const auto delta = q.r.value<std::int64_t>();
-  if (!q.r.ok()) return incomplete_or_bad(q);
-  std::lock_guard lock(mu);
-  auto it = data.find(std::string(key));
-  std::int64_t sum = delta;
-  if (it != data.end()) {
-    auto old = parse_int(it->second);
-    if (!old) return fail(q, fmt::format("key {} holds {}, not an integer", show(key), show(it->second)));
-    sum = wrapping_add(*old, delta);
-  }
-  data[std::string(key)] = std::to_string(sum);
-  q.changed.emplace_back(key);
-  store_append(q.c.out, sum);
   return true;
 }
 
@@ -597,23 +578,31 @@ bool StoreServer::Impl::multi_set(Request& q) {
   return true;
 }
 
-// BARRIER key world_size: counts the arrival under `key` (a decimal counter, as torch's server
-// keeps it). The arrival that brings the count to world_size gets STOP_WAITING, and so does every
+// ADD key delta and BARRIER key world_size count under `key`, in a decimal counter as torch's
+// server keeps it (absent: 0; the sum wraps). ADD adds delta and answers the sum. BARRIER counts one
+// arrival: the arrival that brings the count to world_size gets STOP_WAITING, and so does every
 // earlier one, which waits like a WAIT on `key` until then (CANCEL_WAIT ends that wait alike).
-bool StoreServer::Impl::barrier(Request& q) {
+bool StoreServer::Impl::counter_request(Request& q) {
   const auto key = q.r.key();
-  const auto world_size = q.r.value<std::int64_t>();
+  const auto n = q.r.value<std::int64_t>();  // ADD: the delta; BARRIER: world_size
   if (!q.r.ok()) return incomplete_or_bad(q);
+  const bool barrier = q.cmd == Cmd::kBarrier;
+  const std::int64_t delta = barrier ? 1 : n;
   std::lock_guard lock(mu);
   auto it = data.find(std::string(key));
-  std::int64_t count = 1;
+  std::int64_t count = delta;
   if (it != data.end()) {
     auto old = parse_int(it->second);
-    if (!old) return fail(q, fmt::format("barrier key {} holds {}, not a count", show(key), show(it->second)));
-    count = wrapping_add(*old, 1);
+    if (!old)
+      return fail(q, fmt::format("{} {} holds {}, not {}", barrier ? "barrier key" : "key", show(key), show(it->second),
+                                 barrier ? "a count" : "an integer"));
+    count = wrapping_add(*old, delta);
   }
   data[std::string(key)] = std::to_string(count);
-  if (count >= world_size) {
+  if (!barrier) {
+    q.changed.emplace_back(key);
+    store_append(q.c.out, count);
+  } else if (count >= n) {
     store_append(q.c.out, kStopWaiting);
     q.changed.emplace_back(key);  // wakes the arrivals waiting on it
   } else {
