@@ -19,9 +19,33 @@
 namespace arlo::safetensors {
 namespace {
 
-constexpr std::array<DType, 12> kAllDTypes = {DType::F64,     DType::F32,     DType::F16, DType::BF16,
-                                              DType::F8_E4M3, DType::F8_E5M2, DType::I64, DType::I32,
-                                              DType::I16,     DType::I8,      DType::U8,  DType::BOOL};
+// Every dtype with its name in a file's header and its element size, in the enum's order.
+struct DTypeInfo {
+  DType dtype;
+  std::string_view name;
+  std::size_t size;
+};
+constexpr std::array<DTypeInfo, 12> kDTypes = {{{DType::F64, "F64", 8},
+                                                {DType::F32, "F32", 4},
+                                                {DType::F16, "F16", 2},
+                                                {DType::BF16, "BF16", 2},
+                                                {DType::F8_E4M3, "F8_E4M3", 1},
+                                                {DType::F8_E5M2, "F8_E5M2", 1},
+                                                {DType::I64, "I64", 8},
+                                                {DType::I32, "I32", 4},
+                                                {DType::I16, "I16", 2},
+                                                {DType::I8, "I8", 1},
+                                                {DType::U8, "U8", 1},
+                                                {DType::BOOL, "BOOL", 1}}};
+static_assert(std::ranges::all_of(kDTypes,
+                                  [](const DTypeInfo& d) { return &d - kDTypes.data() == static_cast<int>(d.dtype); }),
+              "kDTypes lists the dtypes in the enum's order");
+
+// The row of `dtype`; null for a value outside the enum.
+const DTypeInfo* dtype_info(DType dtype) {
+  const auto i = static_cast<std::size_t>(dtype);
+  return i < kDTypes.size() ? &kDTypes[i] : nullptr;
+}
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -383,44 +407,18 @@ Status validate_decls(const std::vector<TensorDecl>& tensors, const std::map<std
 // ---------------------------------------------------------------------------------------------
 
 std::size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::F64:
-    case DType::I64: return 8;
-    case DType::F32:
-    case DType::I32: return 4;
-    case DType::F16:
-    case DType::BF16:
-    case DType::I16: return 2;
-    case DType::F8_E4M3:
-    case DType::F8_E5M2:
-    case DType::I8:
-    case DType::U8:
-    case DType::BOOL: return 1;
-  }
-  return 1;
+  const DTypeInfo* d = dtype_info(dtype);
+  return d ? d->size : 1;
 }
 
 std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::F64: return "F64";
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::F8_E4M3: return "F8_E4M3";
-    case DType::F8_E5M2: return "F8_E5M2";
-    case DType::I64: return "I64";
-    case DType::I32: return "I32";
-    case DType::I16: return "I16";
-    case DType::I8: return "I8";
-    case DType::U8: return "U8";
-    case DType::BOOL: return "BOOL";
-  }
-  return "?";
+  const DTypeInfo* d = dtype_info(dtype);
+  return d ? d->name : "?";
 }
 
 Result<DType> parse_dtype(std::string_view name) {
-  for (DType d : kAllDTypes) {
-    if (dtype_name(d) == name) return d;
+  for (const DTypeInfo& d : kDTypes) {
+    if (d.name == name) return d.dtype;
   }
   return make_error(ErrorCode::kParse, "unknown dtype " + q_name(name) +
                                            " (supported: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 I64 I32 I16 I8 U8 BOOL)");
