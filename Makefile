@@ -1,11 +1,12 @@
 # The two commands a new user needs:  make run  |  make test
 # Both install what they need (scripts/bootstrap) and build with -j2: make run only the programs it
 # starts (target arlo_apps), make test everything and the Python environment (.venv) its tests use. A new build dir uses Ninja when it is installed
-# and compiles units one by one; UNITY=ON compiles each library's and program's units in groups (a unity build, about half the CPU time).
+# and compiles each library's and program's units in groups (a unity build, about half the CPU time of
+# compiling them one by one, which UNITY=OFF does: quicker rebuilds after editing one file).
 BUILD_DIR ?= build
 JOBS ?= 2
 BUILD_TYPE ?= Release
-UNITY ?= OFF
+UNITY ?= ON
 CMAKE_FLAGS ?=
 CONFIG ?= configs/quickstart.yaml
 FUZZ_SECONDS ?= 300
