@@ -120,3 +120,19 @@ function(arlo_process_test name)
     target_compile_definitions(${name} PRIVATE ${define}="$<TARGET_FILE:${program}>")
   endforeach()
 endfunction()
+
+# arlo_script_test(NAME REQUIRES <target>... COMMAND <program> <args>... [LABELS ...] [TIMEOUT s] [ENVIRONMENT VAR=value...])
+# A test that is a script (Python, node), not a gtest binary, driving the project's programs as real
+# processes. As arlo_process_test, it is not defined where a REQUIRES target is not part of this
+# configuration; it runs with OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1 besides its ENVIRONMENT.
+function(arlo_script_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "COMMAND;REQUIRES;LABELS;ENVIRONMENT" ${ARGN})
+  foreach(target IN LISTS ARG_REQUIRES)
+    if(NOT TARGET ${target})
+      return()
+    endif()
+  endforeach()
+  add_test(NAME ${name} COMMAND ${ARG_COMMAND})
+  set(environment OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 ${ARG_ENVIRONMENT})
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "${environment}")
+endfunction()
