@@ -24,6 +24,8 @@ double seconds(orch::Duration d) { return std::chrono::duration<double>(d).count
 // The unix time of a steady-clock instant (records carry unix seconds; the clock port is steady).
 double wall_time_of(orch::TimePoint t, orch::TimePoint now) { return wall_time() - seconds(now - t); }
 
+// An eval's figures as the records and summary.json name them: its step, "eval/<env>/avg@<n>" and
+// "eval/<env>/pass@<k>".
 nlohmann::json eval_json(const orch::EvalReport& r) {
   nlohmann::json e = {{"step", r.step}};
   for (const auto& [env, x] : r.envs) {
@@ -278,15 +280,13 @@ void Reporter::on_sync(const orch::SyncObservation& s) {
 }
 
 void Reporter::on_eval(const orch::EvalReport& r) {
-  nlohmann::json rec = {{"step", r.step}, {"time", wall_time()}, {"eval/seconds", r.seconds}};
+  nlohmann::json rec = eval_json(r);
+  rec["time"] = wall_time();
+  rec["eval/seconds"] = r.seconds;
   std::string line = fmt::format("eval v{} ({:.1f} s):", r.step, r.seconds);
   for (const auto& [env, e] : r.envs) {
-    rec[fmt::format("eval/{}/avg@{}", env, r.samples_per_task)] = e.avg;
     line += fmt::format(" {} avg@{} {:.3f}", env, r.samples_per_task, e.avg);
-    for (const auto& [k, p] : e.pass_at) {
-      rec[fmt::format("eval/{}/pass@{}", env, k)] = p;
-      line += fmt::format(" pass@{} {:.3f}", k, p);
-    }
+    for (const auto& [k, p] : e.pass_at) line += fmt::format(" pass@{} {:.3f}", k, p);
     if (e.failed_groups) line += fmt::format(" ({} tasks failed)", e.failed_groups);
   }
   ARLO_INFO("{}", line);
