@@ -93,6 +93,11 @@ class FakeInference final : public InferencePort {
     all.insert(silent.begin(), silent.end());
     co_return std::vector<std::string>(all.begin(), all.end());
   }
+  void on_worker_back(std::function<void(std::string)> callback) override { back_ = std::move(callback); }
+  // The pool saw `worker` answer again after its circuit opened (InferencePort::on_worker_back).
+  void worker_back(const std::string& worker) {
+    if (back_) back_(worker);
+  }
 
   std::function<Sample(const GenerateRequest&, int sample)> answer = [](const GenerateRequest&, int j) {
     Sample c;
@@ -171,6 +176,7 @@ class FakeInference final : public InferencePort {
   std::vector<std::string> log;
 
  private:
+  std::function<void(std::string)> back_;
   asio::any_io_executor ex_;
   std::vector<std::string> workers_;
   std::vector<Pending> pending_;

@@ -726,6 +726,28 @@ TEST(WeightWatcherRestart, AWorkerRestartedWhileARoundRanIsSyncedNotLeftOut) {
   EXPECT_EQ(r.count("weights w1"), 0) << "it was left out and probed instead of synced at once";
 }
 
+// The pool saw a worker answer again after its circuit opened (nobody told the run of a restart: an
+// external server). It is asked what it holds: one restarted unseen (it holds its own v0) is synced
+// the current version; one that only went quiet (it holds what it took) is not updated again.
+TEST(WeightWatcherRestart, AWorkerBackFromAnOpenCircuitIsAskedAndSyncedOnlyIfItLostItsVersion) {
+  Harness r;
+  r.start();
+  ASSERT_TRUE(r.publish_and_settle(1));
+  ASSERT_EQ(r.count("update(v1) w1"), 1);
+  r.inf.holds["w1"] = 1;  // went quiet, came back with its weights
+  r.inf.worker_back("w1");
+  r.settle();
+  EXPECT_EQ(r.count("weights w1"), 1);
+  EXPECT_EQ(r.count("update(v1) w1"), 1);
+  r.inf.holds["w1"] = 0;  // restarted by its user: its own seeded v0
+  r.inf.worker_back("w1");
+  r.settle();
+  EXPECT_EQ(r.count("weights w1"), 2);
+  EXPECT_EQ(r.count("update(v1) w1"), 2);
+  EXPECT_EQ(r.orch->weight_watcher().synced(), 1);
+  EXPECT_FALSE(r.orch->weight_watcher().syncing());
+}
+
 TEST(WeightWatcherRestart, ALeftOutWorkerRejoinsAtOnceAndItsProbeEnds) {
   Harness r;
   r.start();
