@@ -535,6 +535,8 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
   };
   InferencePool pool(io, fast_options());
   for (auto* s : {&a, &b, &victim}) pool.add_worker(s->url());
+  std::vector<std::string> back;  // on_back: circuits that closed after they opened
+  pool.on_back([&](const std::string& url) { back.push_back(url); });
   pool.start();
 
   constexpr int kRequests = 30;
@@ -571,11 +573,14 @@ TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
     EXPECT_EQ(status_of(st, a.url()).completed + status_of(st, b.url()).completed,
               static_cast<std::uint64_t>(kRequests));
     EXPECT_FALSE(status_of(st, victim.url()).healthy);
+    EXPECT_TRUE(back.empty());
 
-    // Back on the same port: the pool probes it, closes the circuit and routes to it again.
+    // Back on the same port: the pool probes it, closes the circuit (on_back says so, once) and
+    // routes to it again.
     victim.hold = false;
     victim.start(victim_port);
     EXPECT_TRUE(co_await test::eventually([&] { return status_of(pool.status(), victim.url()).healthy; }));
+    EXPECT_EQ(back, std::vector<std::string>{victim.url()});
     std::vector<asio::awaitable<Result<Completion>>> calls;
     for (int i = 0; i < 9; ++i)
       calls.push_back(pool.submit(request("after-" + std::to_string(i)), std::chrono::seconds(10)));
