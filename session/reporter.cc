@@ -224,7 +224,7 @@ void Reporter::print_step_line(const orch::StepObservation& s) {
   failed_at_last_line_ = s.failed;
   cancelled_at_last_line_ = s.cancelled;
   const auto prefix =
-      tty_ ? orch::progress_prefix(r.step, opt_.max_steps, pacer_.eta_seconds(r.step, opt_.max_steps)) : std::string();
+      tty_ ? progress_prefix(r.step, opt_.max_steps, pacer_.eta_seconds(r.step, opt_.max_steps)) : std::string();
   if (r.supervised) {
     ARLO_INFO("{}step {}/{} | {:.2f} s/step | sft warm-up | samples {} | errors {} | cancelled {} | sync {:.0f} ms",
               prefix, r.step, opt_.max_steps, s.step_seconds, r.samples, errors, cancels, s.last_sync_seconds * 1e3);

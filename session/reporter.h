@@ -25,8 +25,8 @@
 #include "common/metrics.h"
 #include "orchestrator/observer.h"
 #include "orchestrator/options.h"
-#include "orchestrator/rollout_log.h"
-#include "orchestrator/run_view.h"
+#include "session/rollout_log.h"
+#include "session/run_view.h"
 
 namespace arlo::http {
 class Server;
@@ -81,7 +81,7 @@ class Reporter : public orch::RunObserver {
 
   std::uint16_t status_port() const;
   // The records written to metrics.jsonl this process (what GET /api/records serves).
-  const orch::RecordLog& records() const { return records_; }
+  const RecordLog& records() const { return records_; }
   // GET /api/status: the run's position, the ledger and each worker's state.
   nlohmann::json status_json() const;
 
@@ -110,10 +110,10 @@ class Reporter : public orch::RunObserver {
   std::unique_ptr<http::Server> status_;
   std::string_view page_;  // served at "/"
   std::FILE* metrics_file_ = nullptr;
-  orch::RolloutLog rollout_log_;
-  orch::RecordLog records_;
-  std::map<std::string, orch::WorkerState> workers_;
-  orch::StepLinePacer pacer_;
+  RolloutLog rollout_log_;
+  RecordLog records_;
+  std::map<std::string, WorkerState> workers_;
+  StepLinePacer pacer_;
   bool tty_ = false;
   orch::TimePoint run_start_{};
   double started_at_ = 0.0;                // unix seconds

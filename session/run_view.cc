@@ -1,10 +1,10 @@
-#include "orchestrator/run_view.h"
+#include "session/run_view.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-namespace arlo::orch {
+namespace arlo::session {
 
 void RecordLog::append(std::string record_json) {
   records_.push_back(std::move(record_json));
@@ -61,4 +61,4 @@ std::string progress_prefix(std::int64_t step, std::int64_t total, double eta_s)
   return fmt::format("[{}{}] {:3}%{} ", std::string(filled, '#'), std::string(kWidth - filled, '.'), percent, eta);
 }
 
-}  // namespace arlo::orch
+}  // namespace arlo::session

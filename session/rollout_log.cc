@@ -1,4 +1,4 @@
-#include "orchestrator/rollout_log.h"
+#include "session/rollout_log.h"
 
 #include <chrono>
 #include <filesystem>
@@ -8,9 +8,9 @@
 #include "common/file.h"
 #include "common/log.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 
-nlohmann::json rollout_record(const Group& g) {
+nlohmann::json rollout_record(const orch::Group& g) {
   auto samples = nlohmann::json::array();
   for (std::size_t i = 0; i < g.completions.size(); ++i) {
     const auto& c = g.completions[i];
@@ -52,7 +52,7 @@ Status RolloutLog::open(const std::string& run_dir, int every) {
   return ok();
 }
 
-void RolloutLog::add(const Group& g, double wall_time) {
+void RolloutLog::add(const orch::Group& g, double wall_time) {
   if (!file_ || g.id % static_cast<std::uint64_t>(every_) != 0) return;
   auto rec = rollout_record(g);
   rec["time"] = wall_time;
@@ -61,4 +61,4 @@ void RolloutLog::add(const Group& g, double wall_time) {
     ARLO_WARN_EVERY(60.0, "rollouts.jsonl: a write failed (disk full?); samples are missing from it");
 }
 
-}  // namespace arlo::orch
+}  // namespace arlo::session

@@ -10,11 +10,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "orchestrator/rollout_log.h"
+#include "session/rollout_log.h"
 #include "tests/temp_dir.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 namespace {
+
+using orch::Group;
+using orch::TimePoint;
 
 Group scored_group(std::uint64_t id) {
   Group g;
@@ -114,4 +117,4 @@ TEST(RolloutLog, OffWithoutARunDirOrWithEveryZero) {
 }
 
 }  // namespace
-}  // namespace arlo::orch
+}  // namespace arlo::session

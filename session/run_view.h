@@ -18,7 +18,7 @@
 
 #include "orchestrator/types.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 
 class RecordLog {
  public:
@@ -61,4 +61,4 @@ class StepLinePacer {
 // "[#####...............] 25% ETA 3m12s " (the ETA only when known).
 std::string progress_prefix(std::int64_t step, std::int64_t total, double eta_s);
 
-}  // namespace arlo::orch
+}  // namespace arlo::session

@@ -16,10 +16,10 @@
 #include "common/result.h"
 #include "orchestrator/group.h"
 
-namespace arlo::orch {
+namespace arlo::session {
 
 // One scored group as its rollouts.jsonl line (without "time").
-nlohmann::json rollout_record(const Group& g);
+nlohmann::json rollout_record(const orch::Group& g);
 
 class RolloutLog {
  public:
@@ -31,11 +31,11 @@ class RolloutLog {
   // Appends to <run_dir>/rollouts.jsonl; `every` 0 (or no run dir) keeps it off.
   Status open(const std::string& run_dir, int every);
   // Writes `g` when its id is a multiple of `every`; `wall_time` is unix seconds.
-  void add(const Group& g, double wall_time);
+  void add(const orch::Group& g, double wall_time);
 
  private:
   std::FILE* file_ = nullptr;
   int every_ = 0;
 };
 
-}  // namespace arlo::orch
+}  // namespace arlo::session
