@@ -73,6 +73,16 @@ void expect_holds(const HeldVersion& held, const HostWeights& want) {
   }
 }
 
+// `sub` pulls the announced version as a delta over the one it holds, and then holds `w`.
+void expect_pulls_delta(StagingSubscriber& sub, const Announcement& a, const HostWeights& w) {
+  auto got = sub.pull(deadline_in(60s));
+  ASSERT_TRUE(got) << got.error().what();
+  EXPECT_EQ(got->report.version, a.version);
+  EXPECT_EQ(got->report.payload, PayloadKind::kDelta);
+  EXPECT_EQ(got->checksum, a.checksum);
+  expect_holds(sub.held(), w);
+}
+
 TEST(StagingSubscriber, PullsAnAnnouncedVersionWithItsChecksumAndKeepsItsConnectionForDeltas) {
   Trainer trainer(PayloadKind::kDelta);
   StagingSubscriber sub(own_block());
@@ -99,12 +109,7 @@ TEST(StagingSubscriber, PullsAnAnnouncedVersionWithItsChecksumAndKeepsItsConnect
   auto o2 = sub.options_for(a2);
   ASSERT_TRUE(o2);
   ASSERT_TRUE(sub.use(*o2));  // the same block: the same connection, which holds v1 as the delta base
-  got = sub.pull(deadline_in(60s));
-  ASSERT_TRUE(got) << got.error().what();
-  EXPECT_EQ(got->report.version, 2);
-  EXPECT_EQ(got->report.payload, PayloadKind::kDelta);
-  EXPECT_EQ(got->checksum, a2.checksum);
-  expect_holds(sub.held(), w);
+  expect_pulls_delta(sub, a2, w);
 }
 
 TEST(StagingSubscriber, ANewBlockStartsFromTheVersionHeldSoItsFirstDeltaApplies) {
@@ -120,12 +125,7 @@ TEST(StagingSubscriber, ANewBlockStartsFromTheVersionHeldSoItsFirstDeltaApplies)
   auto block = receiver_block(a2);
   block["timeout_ms"] = 30000;  // another block: a new transport subscriber
   ASSERT_TRUE(sub.use(sub.options_for(block).value()));
-  auto got = sub.pull(deadline_in(60s));
-  ASSERT_TRUE(got) << got.error().what();
-  EXPECT_EQ(got->report.version, 2);
-  EXPECT_EQ(got->report.payload, PayloadKind::kDelta);  // told it holds v1
-  EXPECT_EQ(got->checksum, a2.checksum);
-  expect_holds(sub.held(), w);
+  expect_pulls_delta(sub, a2, w);  // told it holds v1
 }
 
 TEST(StagingSubscriber, AFailedPullKeepsTheVersionHeldBeforeIt) {
