@@ -43,7 +43,7 @@
 #include "session/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/advantages.h"
-#include "tests/unit/orchestrator/fakes.h"
+#include "testing/loop_fakes.h"
 
 namespace asio = boost::asio;
 using namespace arlo;

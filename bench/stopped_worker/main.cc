@@ -27,7 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -18,7 +18,7 @@
 // receivers pull each announced one; per version, how long stage() held the trainer against the
 // staging copy it reports and an independent memcpy, and the time until every receiver held it.
 // With --cluster it prints only the shaped-link table instead: the sender in simulated host 0 and
-// each receiver in a host of its own (network namespaces, tests/cluster/netns.h), every link shaped
+// each receiver in a host of its own (network namespaces, testing/netns.h), every link shaped
 // to --link-mbit; star, chain and the gloo peer at 1, 2 and 4 receivers against the link limit.
 // The output is described in bench/weight_sync/README.md.
 #include <fcntl.h>
@@ -55,10 +55,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/auth.h"
-#include "tests/e2e/spawn.h"
-#ifdef ARLO_BENCH_CLUSTER
-#include "tests/cluster/netns.h"
-#endif
+#include "testing/process.h"
+#include "testing/netns.h"
 #include "weight_sync/qwen3.h"
 #include "weight_sync/staging.h"
 #include "weight_sync/transport.h"
@@ -1043,7 +1041,6 @@ std::optional<std::vector<const ws::TransportDescriptor*>> chosen_transports(con
   return out;
 }
 
-#ifdef ARLO_BENCH_CLUSTER
 // "1.20 0.85 0.60": the load averages, printed with every figure (the machine may be shared).
 std::string loadavg() {
   std::ifstream in("/proc/loadavg");
@@ -1247,7 +1244,6 @@ int run_cluster(Args args, const std::vector<const ws::TransportDescriptor*>& ch
   g_hosts.clear();
   return all_match ? 0 : 1;
 }
-#endif
 
 }  // namespace
 
@@ -1428,17 +1424,10 @@ int main(int argc, char** argv) {
   std::string names;
   for (const auto* d : *chosen) names += (names.empty() ? "" : ",") + d->name;
   if (args.cluster) {
-#ifdef ARLO_BENCH_CLUSTER
     const int rc = run_cluster(args, *chosen, *specs, bytes);
     std::error_code cluster_ec;
     std::filesystem::remove_all(dir, cluster_ec);
     return rc;
-#else
-    std::fprintf(stderr,
-                 "--cluster: this build has no simulated hosts (configure with -DARLO_BUILD_TESTS=ON; they come "
-                 "from tests/cluster)\n");
-    return 2;
-#endif
   }
 
   std::printf(

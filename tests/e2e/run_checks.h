@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace arlo::e2e {
 

@@ -1,4 +1,4 @@
-// Faults across simulated hosts (tests/cluster/netns.h): `arlo run` in host 0 with an external
+// Faults across simulated hosts (testing/netns.h): `arlo run` in host 0 with an external
 // trainer and external workers, arlo-trainer in host 1 (socket bridge to host 0), two arlo-workers
 // in hosts 2 and 3, each started as an operator starts them on their machines, one token file
 // shared. Each test puts one network fault on a link at a moment chosen by what the run wrote
@@ -43,10 +43,10 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
-#include "tests/cluster/netns.h"
+#include "testing/netns.h"
 #include "tests/cluster/argv.h"
 #include "tests/e2e/run_checks.h"
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

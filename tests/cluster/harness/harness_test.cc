@@ -10,7 +10,7 @@
 #include <fstream>
 #include <thread>
 
-#include "tests/cluster/netns.h"
+#include "testing/netns.h"
 
 namespace {
 

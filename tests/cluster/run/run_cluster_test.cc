@@ -1,4 +1,4 @@
-// `arlo run` across simulated hosts (tests/cluster/netns.h: network namespaces on a bridge, links
+// `arlo run` across simulated hosts (testing/netns.h: network namespaces on a bridge, links
 // shaped by tc): every part in a host of its own, reaching the others by address, with the run's
 // token (security.token_file; the children read $ARLO_TOKEN_FILE):
 // - star: the orchestrator (host 0), an external arlo-trainer (host 1) publishing on every
@@ -28,9 +28,9 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
-#include "tests/cluster/netns.h"
+#include "testing/netns.h"
 #include "tests/cluster/argv.h"
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

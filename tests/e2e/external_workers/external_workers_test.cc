@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

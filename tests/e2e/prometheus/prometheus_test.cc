@@ -40,7 +40,7 @@
 
 #include "common/http.h"
 #include "tests/e2e/prometheus/exposition.h"
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

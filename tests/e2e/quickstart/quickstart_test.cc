@@ -24,7 +24,7 @@
 
 #include "config/config.h"
 #include "tests/e2e/run_checks.h"
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

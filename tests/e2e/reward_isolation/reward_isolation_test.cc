@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/e2e/run_checks.h"
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "common/http.h"
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 #include "tests/unit/weight_sync/test_util.h"
 #include "trainer_bridge/bridge.h"
 #include "weight_sync/weight_sync.h"

@@ -25,7 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/e2e/spawn.h"
+#include "testing/process.h"
 
 namespace {
 

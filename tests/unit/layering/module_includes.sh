@@ -25,6 +25,8 @@ rules=(
   "apps/arlo             common config web session apps/arlo"
   # Test support (tests and benches include it; no rule above lists it, so no module may).
   "testing               common config web weight_sync rollout trainer_bridge reference orchestrator session testing"
+  # Benches use the modules and the test support, never a test's own files (tests/).
+  "bench                 common config web weight_sync rollout trainer_bridge reference orchestrator session testing bench"
 )
 project='(common|config|weight_sync|rollout|trainer_bridge|reference|web|orchestrator|session|apps|bench|examples|tests|testing|arlo)/'
 

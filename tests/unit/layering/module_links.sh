@@ -24,7 +24,7 @@ rules=(
 )
 
 # Libraries of tests and benches: they may link arlo_testing.
-test_libraries=" arlo_testing arlo_cluster_netns "
+test_libraries=" arlo_testing "
 
 declare -A links
 while IFS= read -r line; do

@@ -16,7 +16,7 @@
 #include "orchestrator/checkpoint.h"
 #include "orchestrator/orchestrator.h"
 #include "session/reporter.h"
-#include "tests/unit/orchestrator/fakes.h"
+#include "testing/loop_fakes.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
 namespace arlo::orch {

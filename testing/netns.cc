@@ -1,4 +1,4 @@
-#include "tests/cluster/netns.h"
+#include "testing/netns.h"
 
 #include <fcntl.h>
 #include <sched.h>
