@@ -48,7 +48,7 @@ def main():
     sys.path.insert(0, os.path.join(args.source, "tests", "vllm"))
     import arlo_tiny_model
     import torch
-    from arlo_bridge import Bridge
+    from arlo.bridge import Bridge
     from safetensors.torch import load_file
     from vllm_server import VllmServer, http_json
 

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from arlo_bridge import CANCELLED, Bridge, BridgeError, TimeoutError_
+from arlo.bridge import CANCELLED, Bridge, BridgeError, TimeoutError_
 
 
 def arlo_defaults(env):

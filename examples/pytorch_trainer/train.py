@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from arlo_bridge import Bridge, BridgeError, TimeoutError_, CANCELLED  # noqa: E402
+from arlo.bridge import Bridge, BridgeError, TimeoutError_, CANCELLED  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------

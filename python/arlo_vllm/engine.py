@@ -64,7 +64,7 @@ class ArloWeightTransferEngine(WeightTransferEngine[ArloInitInfo, ArloUpdateInfo
         self.last_report: Dict[str, Any] = {}
 
     def init_transfer_engine(self, init_info: ArloInitInfo) -> None:
-        import arlo_bridge
+        from arlo import bridge as arlo_bridge
 
         self._library = init_info.library
         arlo_bridge.load_library(self._library)  # a missing or stale library fails here, not mid-update
@@ -108,7 +108,7 @@ class ArloWeightTransferEngine(WeightTransferEngine[ArloInitInfo, ArloUpdateInfo
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: ArloUpdateInfo) -> None:
-        import arlo_bridge
+        from arlo import bridge as arlo_bridge
 
         block = dict(update_info.weight_sync)
         block.setdefault("peer_name", f"vllm-rank{getattr(self.parallel_config, 'rank', 0)}")

@@ -1,6 +1,6 @@
 """arlo's weight transports inside a real vLLM: the "arlo" weight-transfer backend (python/arlo_vllm,
 registered through vLLM's plugin entry point) in `vllm serve` of the tiny model, fed by arlo's own
-publisher (arlo_bridge.Bridge.publish, the trainer's side). After each update over tcp, shm and
+publisher (arlo.bridge.Bridge.publish, the trainer's side). After each update over tcp, shm and
 filesystem, with full and delta payloads, vLLM's logprobs on a fixed prompt must match a transformers
 forward of the new weights and not of the old ones; the per-version cache_salt keeps a request off
 prefix KV computed under older weights. Run with the project's Python environment:
@@ -70,11 +70,11 @@ def tearDownModule():
 
 
 class Publisher:
-    """A trainer's publisher: arlo_bridge.Bridge over a run directory of its own, announcing where
+    """A trainer's publisher: arlo.bridge.Bridge over a run directory of its own, announcing where
     each version is (<run>/rollouts/versions/v<N>.json, the orchestrator's input)."""
 
     def __init__(self, name, weight_sync):
-        from arlo_bridge import Bridge
+        from arlo.bridge import Bridge
         self.run = os.path.join(World.tmp, f"run-{name}")
         self.bridge = Bridge(transport="dir", run_dir=self.run, weight_sync=weight_sync)
 

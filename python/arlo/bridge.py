@@ -1,6 +1,6 @@
 """arlo trainer bridge for Python trainers: batches in, weights out (ctypes over libarlo_bridge.so).
 
-    from arlo_bridge import Bridge
+    from arlo.bridge import Bridge
 
     with Bridge(transport="dir", run_dir="runs/x", rank=0, start_after_step=ckpt_step,
                 weight_sync={"transport": "filesystem", "dir": "runs/x/weights"}) as bridge:
@@ -96,7 +96,7 @@ def load_library(path: Optional[str] = None) -> ctypes.CDLL:
         candidates.append(path)
     if os.environ.get("ARLO_BRIDGE_LIB"):
         candidates.append(os.environ["ARLO_BRIDGE_LIB"])
-    root = os.path.abspath(os.path.join(os.path.dirname(os.path.realpath(__file__)), ".."))
+    root = os.path.abspath(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", ".."))
     candidates += sorted(glob.glob(os.path.join(root, "build*", "trainer_bridge", "libarlo_bridge.so")),
                          key=lambda p: -os.path.getmtime(p))
     candidates.append("libarlo_bridge.so")
