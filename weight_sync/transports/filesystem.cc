@@ -515,7 +515,7 @@ TransportDescriptor filesystem_transport() {
   TransportDescriptor d;
   d.name = "filesystem";
   d.doc = "safetensors shards under dir/v<N>/ (durable; also what vLLM and SGLang load from disk)";
-  d.capabilities.durable = true;
+  d.capabilities = {.durable = true};
   d.options = {
       string_option("dir", "", "where versions v<N>/ are written").user_key("{run.dir}/weights").is_path(),
       int_option("poll_interval_ms", 50, "how often a receiver looks for a new STABLE version").range(1, 60000),
