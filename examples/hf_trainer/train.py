@@ -6,7 +6,7 @@ scripts/make-tiny-model in the real-vLLM test; a GPU trainer for real models is 
     .venv/bin/python examples/hf_trainer/train.py --model DIR [--lr 1e-4] [--steps N]
 
 Per step: token-level policy gradient with truncated importance sampling between this trainer's
-logprobs and the inference engine's (ratio capped at --is-high), normalised by the step's loss
+logprobs and the inference engine's (ratio capped at --is-high; arlo.loss, docs/loss.md), normalised by the step's loss
 tokens; gradient clipping; AdamW. The packed rows of a batch are unpacked into their samples
 (seq_lens), padded and run as one batch, so no sample attends to another. The initial weights are
 published as v0; every step's weights as that step's version, after the step is acknowledged.
@@ -22,22 +22,9 @@ import time
 
 import torch
 
-from arlo.bridge import CANCELLED, Bridge, BridgeError, TimeoutError_
-
-
-def arlo_defaults(env):
-    """argparse defaults from arlo run's environment ({} when not run by arlo)."""
-    if not env.get("ARLO_BRIDGE_TRANSPORT"):
-        return {}
-    d = {"transport": env["ARLO_BRIDGE_TRANSPORT"], "run_dir": env.get("ARLO_RUN_DIR")}
-    host, _, port = env.get("ARLO_BRIDGE_ADDRESS", "").rpartition(":")
-    if port:
-        d["host"], d["port"] = host, int(port)
-    if env.get("ARLO_WEIGHT_SYNC"):
-        d["weight_sync"] = json.loads(env["ARLO_WEIGHT_SYNC"])
-    if d["run_dir"]:
-        d["metrics"] = os.path.join(d["run_dir"], "trainer_metrics.jsonl")
-    return d
+from arlo import loss as arlo_loss
+from arlo import trainer_support
+from arlo.bridge import Bridge
 
 
 def samples_of(t):
@@ -67,13 +54,10 @@ def policy_loss(model, t, loss_tokens, is_high):
     # The logprob of token t comes from the logits at t - 1 (position 0 is never in the loss).
     logp = torch.zeros_like(mask)
     logp[:, 1:] = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-    log_ratio = (logp.detach() - inf_lp) * mask
-    ratio = torch.exp(log_ratio).clamp(max=is_high)
-    denom = max(1.0, float(loss_tokens))
-    loss = -(ratio * adv * logp * mask).sum() / denom
-    d = (inf_lp - logp.detach()) * mask
-    mismatch_kl = float(((torch.exp(-d) - 1 + d) * mask).sum() / denom)
-    return loss, {"mismatch_kl": mismatch_kl, "samples": len(samples)}
+    loss, metrics = arlo_loss.policy_gradient_loss(logp, inf_lp, adv, mask, correction="token_tis", is_high=is_high,
+                                                   normalizer=max(1.0, float(loss_tokens)),
+                                                   logits=torch.nn.functional.pad(logits[:, :-1], (0, 0, 1, 0)))
+    return loss, {**metrics, "samples": len(samples)}
 
 
 def published_state(model):
@@ -85,7 +69,7 @@ def published_state(model):
 
 
 def main(argv=None):
-    defaults = arlo_defaults(os.environ)
+    defaults = trainer_support.arlo_defaults(os.environ)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a Hugging Face model directory (config, safetensors)")
     ap.add_argument("--transport", default="dir", choices=["dir", "socket"])
@@ -114,44 +98,28 @@ def main(argv=None):
 
     bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port,
                     weight_sync=args.weight_sync)
-    metrics = open(args.metrics, "a") if args.metrics else None
+    metrics = trainer_support.MetricsLog(args.metrics)
     step = 0
     try:
         bridge.publish(0, published_state(model))
         print("trainer: published v0", flush=True)
-        while not stop.is_set():
-            try:
-                batch = bridge.next_batch(timeout_s=0.5)
-            except TimeoutError_:
-                continue
-            except BridgeError as e:
-                if e.status == CANCELLED:
-                    break
-                raise
+        for batch in trainer_support.next_batches(bridge, None, stop):
             t0 = time.time()
             t = batch.tensors(torch=True)
             loss_tokens = batch.meta_int("step_loss_tokens") / batch.num_ranks
-            model.train()
-            opt.zero_grad(set_to_none=True)
-            loss, extra = policy_loss(model, t, loss_tokens, args.is_high)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            opt.step()
+            loss, extra, grad_norm = trainer_support.train_step(
+                model, opt, lambda: policy_loss(model, t, loss_tokens, args.is_high), args.max_grad_norm)
             step = batch.step
             bridge.ack(step)
             bridge.publish(step, published_state(model))
             record = {"step": step, "loss": float(loss.detach()), "grad_norm": float(grad_norm), **extra,
                       "time/step_seconds": time.time() - t0}
-            print(json.dumps(record), flush=True)
-            if metrics:
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
+            metrics.write(record, echo=True)
             if args.steps and step >= args.steps:
                 break
     finally:
         bridge.close()
-        if metrics:
-            metrics.close()
+        metrics.close()
     print(f"trainer: stopped after step {step}", flush=True)
     return 0
 

@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-from arlo.bridge import Bridge, BridgeError, TimeoutError_, CANCELLED  # noqa: E402
+from arlo import trainer_support  # noqa: E402
+from arlo.bridge import Bridge  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,45 +183,18 @@ def policy_loss(model, t, loss_tokens, is_high):
 # Started by arlo run (trainer.launch: command): defaults from the environment it gives.
 
 def arlo_defaults(env):
-    """argparse defaults from arlo run's environment ({} when not run by arlo), the weight-sync block
-    it asks this trainer to publish with included."""
-    if not env.get("ARLO_BRIDGE_TRANSPORT"):
-        return {}
-    d = {"transport": env["ARLO_BRIDGE_TRANSPORT"], "run_dir": env.get("ARLO_RUN_DIR")}
-    address = env.get("ARLO_BRIDGE_ADDRESS", "")
-    if address:
-        host, _, port = address.rpartition(":")
-        d["host"], d["port"] = host, int(port)
+    """argparse defaults from arlo run's environment ({} when not run by arlo): the bridge and
+    weight-sync ones of arlo.trainer_support, plus the model shape and seed ($ARLO_MODEL) and threads."""
+    d = trainer_support.arlo_defaults(env)
+    if not d:
+        return d
     if env.get("ARLO_MODEL"):
         model = json.loads(env["ARLO_MODEL"])
         d.update({k: int(model[k]) for k in ("layers", "hidden", "heads", "seed") if k in model})
     if env.get("OMP_NUM_THREADS", "").isdigit():
         d["threads"] = int(env["OMP_NUM_THREADS"])
-    if d["run_dir"]:
-        d["metrics"] = os.path.join(d["run_dir"], "trainer_metrics.jsonl")
     d["log_every"] = 50
-    if env.get("ARLO_WEIGHT_SYNC"):
-        d["weight_sync"] = json.loads(env["ARLO_WEIGHT_SYNC"])
     return d
-
-
-def next_batches(bridge, idle_timeout, stop):
-    """Batches as they come, until `stop` is set or idle_timeout seconds pass without one. Polls in
-    short waits so a stop is seen within half a second. An unacknowledged batch comes again."""
-    last = time.monotonic()
-    while not stop.is_set():
-        try:
-            batch = bridge.next_batch(timeout_s=0.5)
-        except TimeoutError_:
-            if idle_timeout is not None and time.monotonic() - last > idle_timeout:
-                return
-            continue
-        except BridgeError as e:
-            if e.status == CANCELLED:  # the bridge was closed
-                return
-            raise
-        last = time.monotonic()
-        yield batch
 
 
 def main(argv=None):
@@ -296,24 +270,20 @@ def main(argv=None):
         ws = {"transport": "filesystem", "dir": os.path.join(args.run_dir, "weights")}
     bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port, rank=args.rank,
                     start_after_step=step, weight_sync=ws)
-    metrics_file = open(args.metrics, "a") if args.metrics else None
+    metrics = trainer_support.MetricsLog(args.metrics)
     try:
         # v0 at start; after a restart, the version of the checkpoint (the workers may not hold it,
         # and a resumed orchestrator waits for it before the first rollout).
         bridge.publish(step, model.hf_state_dict())
         print(f"published v{step}", flush=True)
-        for batch in next_batches(bridge, args.idle_timeout, stop):
+        for batch in trainer_support.next_batches(bridge, args.idle_timeout, stop):
             t0 = time.time()
             t = batch.tensors(torch=True)
             loss_tokens = batch.meta_int("step_loss_tokens") / batch.num_ranks
             for group in opt.param_groups:
                 group["lr"] = args.sft_lr if "ce_weights" in t and args.sft_lr > 0 else args.lr
-            model.train()
-            opt.zero_grad(set_to_none=True)
-            loss, extra = policy_loss(model, t, loss_tokens, args.is_high)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            opt.step()
+            loss, extra, grad_norm = trainer_support.train_step(
+                model, opt, lambda: policy_loss(model, t, loss_tokens, args.is_high), args.max_grad_norm)
             step = batch.step
             if ckpt:  # durable before the ack, so a crash after this line never trains the step again
                 os.makedirs(args.checkpoint_dir, exist_ok=True)
@@ -326,17 +296,12 @@ def main(argv=None):
                       "samples": batch.meta_int("samples"), "loss_tokens": batch.meta_int("loss_tokens"),
                       "policy_version_mean": float(batch.metadata["policy_version_mean"]),
                       "time/step_seconds": time.time() - t0}
-            if args.log_every and step % args.log_every == 0:
-                print(json.dumps(record), flush=True)
-            if metrics_file:
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
+            metrics.write(record, echo=bool(args.log_every and step % args.log_every == 0))
             if args.steps and step >= args.steps:
                 break
     finally:
         bridge.close()
-        if metrics_file:
-            metrics_file.close()
+        metrics.close()
     if stop.is_set():
         why = "SIGTERM (arlo run ended)"
     else:
