@@ -1,6 +1,6 @@
 #pragma once
 // `trainer.launch: command`: arlo run starts the user's own trainer (trainer.command, e.g. a PyTorch
-// script using python/arlo_bridge.py) as its "trainer" child, after the bridge server started, and
+// script using arlo.bridge, python/arlo/bridge.py) as its "trainer" child, after the bridge server started, and
 // tells it where everything is through its environment (docs/bring-your-own-trainer.md):
 //   ARLO_RUN_DIR           the run directory (absolute)
 //   ARLO_BRIDGE_TRANSPORT  dir | socket
