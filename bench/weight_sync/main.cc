@@ -282,11 +282,22 @@ int wait_all(const std::vector<pid_t>& pids) {
 
 // ---- baselines ------------------------------------------------------------------------------
 
-nlohmann::json baseline_memcpy(std::uint64_t bytes) {
+// Runs `body` in one child process and returns the one result it emits ({} if none).
+template <typename F>
+nlohmann::json in_one_child(F body) {
   int fds[2];
   if (::pipe(fds) != 0) return {};
   g_result_fd = fds[1];
-  auto pid = spawn([&] {
+  auto pid = spawn(body);
+  ::close(fds[1]);
+  auto r = collect(fds[0]);
+  ::close(fds[0]);
+  wait_all({pid});
+  return r.empty() ? nlohmann::json{} : r[0];
+}
+
+nlohmann::json baseline_memcpy(std::uint64_t bytes) {
+  return in_one_child([&] {
     std::vector<std::byte> a(bytes), b(bytes);  // value-initialised: both touched
     fill_random(a, 1);
     double best = 1e30;
@@ -298,11 +309,6 @@ nlohmann::json baseline_memcpy(std::uint64_t bytes) {
     emit({{"seconds", best}, {"check", static_cast<int>(b[bytes / 2])}});
     return 0;
   });
-  ::close(fds[1]);
-  auto r = collect(fds[0]);
-  ::close(fds[0]);
-  wait_all({pid});
-  return r.empty() ? nlohmann::json{} : r[0];
 }
 
 // Raw blast chunk (--blast-chunk-kb, default 4 MiB: measured the strongest baseline here).
@@ -380,10 +386,7 @@ nlohmann::json baseline_socket(std::uint64_t bytes) {
 }
 
 nlohmann::json baseline_fs(std::uint64_t bytes, const std::filesystem::path& dir) {
-  int fds[2];
-  if (::pipe(fds) != 0) return {};
-  g_result_fd = fds[1];
-  auto pid = spawn([&] {
+  return in_one_child([&] {
     std::vector<std::byte> a(bytes), b(bytes);
     fill_random(a, 3);
     const auto path = dir / "baseline.bin";
@@ -410,11 +413,6 @@ nlohmann::json baseline_fs(std::uint64_t bytes, const std::filesystem::path& dir
     emit({{"seconds", best}});
     return 0;
   });
-  ::close(fds[1]);
-  auto r = collect(fds[0]);
-  ::close(fds[0]);
-  wait_all({pid});
-  return r.empty() ? nlohmann::json{} : r[0];
 }
 
 nlohmann::json baseline_gloo(std::uint64_t bytes, int receivers, std::uint64_t bucket) {

@@ -103,12 +103,9 @@ struct Harness {
   std::vector<std::unique_ptr<Timer>> keep;  // timers a test schedules on the fake clock
 
   Harness() {
-    opt.batch_size = 4;
-    opt.group_size = 2;
+    shape(4, 2, 10, 1);
     opt.max_inflight = 64;
-    opt.max_async_level = 1;
     opt.max_off_policy_steps = 2;
-    opt.max_steps = 10;
     opt.log_interval_s = 1000;
     opt.console = false;
     opt.eval_at_start = false;
@@ -116,6 +113,13 @@ struct Harness {
     opt.admin_timeout = std::chrono::seconds(5);
     opt.admin_attempts = 2;
     opt.admin_backoff = std::chrono::seconds(1);
+  }
+  // Batch and group sizes, RL steps and async level of the run.
+  void shape(int batch, int group, int steps, int async_level) {
+    opt.batch_size = batch;
+    opt.group_size = group;
+    opt.max_steps = steps;
+    opt.max_async_level = async_level;
   }
   // Every run ends with its ledger adding up, whatever the test checked before.
   ~Harness() {
@@ -254,10 +258,7 @@ TEST(Filter, EqualRewardGroupsAreReplacedOnlyUpToTheBudget) {
 // max_tokens. Two RL steps of two groups, synchronous.
 struct OverlongRun : Harness {
   explicit OverlongRun(rollout::TruncationPolicy policy) {
-    opt.batch_size = 8;
-    opt.group_size = 4;
-    opt.max_steps = 2;
-    opt.max_async_level = 0;
+    shape(8, 4, 2, 0);
     inf.auto_complete = true;
     trainer.auto_publish = true;
     scorer.overlong = policy;
