@@ -17,14 +17,15 @@
 #include "common/async/coro.h"
 #include "common/async/fake_clock.h"
 #include "rollout/inference_pool.h"
+#include "testing/inference_server_fake.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
 namespace arlo::rollout {
 namespace {
 
 using arlo::FakeClock;
+using arlo::testing::InferenceServerFake;
 using test::Event;
-using test::FakeOpenAIServer;
 using test::run;
 namespace asio = boost::asio;
 
@@ -84,7 +85,8 @@ class InferencePoolOnAFakeClock : public ::testing::Test {
  protected:
   // The pool, with `o` on this clock (kept in `options`), over `servers`; its health loop started
   // unless `start` is false.
-  InferencePool& make_pool(PoolOptions o, std::initializer_list<const FakeOpenAIServer*> servers, bool start = true) {
+  InferencePool& make_pool(PoolOptions o, std::initializer_list<const InferenceServerFake*> servers,
+                           bool start = true) {
     options = std::move(o);
     options.clock = &clock;
     pool_ = std::make_unique<InferencePool>(io, options);
@@ -100,7 +102,7 @@ class InferencePoolOnAFakeClock : public ::testing::Test {
     }());
   }
   // From now on `server`'s requests and its health checks get no answer (its link is down).
-  static void go_dark(FakeOpenAIServer& server) {
+  static void go_dark(InferenceServerFake& server) {
     server.hold = true;
     server.health_delay = std::chrono::seconds(60);
   }
@@ -115,7 +117,7 @@ class InferencePoolOnAFakeClock : public ::testing::Test {
 
 TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
   asio::io_context io;
-  FakeOpenAIServer a(io), b(io);
+  InferenceServerFake a(io), b(io);
   a.version = 3;
   InferencePool pool(io, fast_options());
   pool.add_worker(a.url());
@@ -151,7 +153,7 @@ TEST(InferencePool, ParsesCompletionsAndRoutesGroupsByAffinity) {
 // change (a pause, an update), then one no earlier request carried.
 TEST(InferencePool, CacheSaltNamesTheWorkersWeightsAndChangesWithThem) {
   asio::io_context io;
-  FakeOpenAIServer a(io);
+  InferenceServerFake a(io);
   InferencePool pool(io, fast_options());
   pool.add_worker(a.url());
   auto salted = [](const std::string& key) {
@@ -202,7 +204,7 @@ TEST(InferencePool, CacheSaltNamesTheWorkersWeightsAndChangesWithThem) {
 
 TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
   asio::io_context io;
-  FakeOpenAIServer a(io), b(io), c(io);
+  InferenceServerFake a(io), b(io), c(io);
   for (auto* s : {&a, &b, &c}) s->hold = true;
   Event all_held(io);
   int held = 0;
@@ -236,7 +238,7 @@ TEST(InferencePool, LeastOutstandingSpreadsLoadAcrossServers) {
 
 TEST(InferencePool, RetriesOn5xxOnAnotherServerAndOpensTheCircuit) {
   asio::io_context io;
-  FakeOpenAIServer bad(io), good(io);
+  InferenceServerFake bad(io), good(io);
   bad.fail_with_status = 503;
   InferencePool pool(io, fast_options());
   for (auto* s : {&bad, &good}) pool.add_worker(s->url());
@@ -255,7 +257,7 @@ TEST(InferencePool, RetriesOn5xxOnAnotherServerAndOpensTheCircuit) {
 // deadlines of the requests `server` holds) and waits until `server`'s probe of that round began and
 // every other probe of it answered, then until the pool counted the probe of `server` a failure
 // (at once for a refusal; for a probe that gets no answer, `then` moves time past health_timeout).
-asio::awaitable<void> next_health_check(FakeClock& clock, const InferencePool& pool, const FakeOpenAIServer& server,
+asio::awaitable<void> next_health_check(FakeClock& clock, const InferencePool& pool, const InferenceServerFake& server,
                                         const PoolOptions& o, Duration then = {}) {
   const auto timers = [&] { return static_cast<std::size_t>(server.held) + 1; };
   EXPECT_TRUE(co_await test::eventually([&] { return clock.pending() == timers(); }));
@@ -269,7 +271,7 @@ asio::awaitable<void> next_health_check(FakeClock& clock, const InferencePool& p
 
 // One health round in which `dark`'s probe gets no answer: it times out and is counted.
 asio::awaitable<void> probe_dark_until_it_times_out(FakeClock& clock, const InferencePool& pool,
-                                                    const FakeOpenAIServer& dark, const PoolOptions& o) {
+                                                    const InferenceServerFake& dark, const PoolOptions& o) {
   co_await next_health_check(clock, pool, dark, o, o.health_timeout);
 }
 
@@ -277,7 +279,7 @@ asio::awaitable<void> probe_dark_until_it_times_out(FakeClock& clock, const Infe
 // SIGSTOPped worker would look): once its circuit opens, the request waiting on it is cut off and
 // answered by the other server, long before its deadline; the parked one never answers.
 TEST_F(InferencePoolOnAFakeClock, ARequestOnAServerThatStopsAnsweringMovesToAnother) {
-  FakeOpenAIServer stuck(io), good(io);
+  InferenceServerFake stuck(io), good(io);
   auto& pool = make_pool(fast_options(), {&stuck, &good});
   run_once_healthy([&]() -> asio::awaitable<void> {
     stuck.hold = true;
@@ -319,7 +321,7 @@ PoolOptions silence_options() {
 // (failure_threshold is out of reach here), the requests it held are answered by the other server,
 // each exactly once, and the answers the dark server produces once it wakes up are dropped.
 TEST_F(InferencePoolOnAFakeClock, AProbeTimeoutWhileRequestsWaitOpensTheCircuitAtOnceAndTheyMove) {
-  FakeOpenAIServer dark(io), good(io);
+  InferenceServerFake dark(io), good(io);
   auto& pool = make_pool(silence_options(), {&dark, &good});
   constexpr int kRequests = 6;
   std::map<int, int> completions_per_request;
@@ -367,7 +369,7 @@ TEST_F(InferencePoolOnAFakeClock, AProbeTimeoutWhileRequestsWaitOpensTheCircuitA
 // A server that is slow (its health checks time out) but answers its requests keeps its circuit
 // closed: a probe timeout counts as one failure only, since requests were answered meanwhile.
 TEST_F(InferencePoolOnAFakeClock, ASlowServerThatAnswersItsRequestsDoesNotFlap) {
-  FakeOpenAIServer slow(io);
+  InferenceServerFake slow(io);
   auto& pool = make_pool(silence_options(), {&slow});
   int done = 0, moved = 0;
   run_once_healthy([&]() -> asio::awaitable<void> {
@@ -417,7 +419,7 @@ TEST_F(InferencePoolOnAFakeClock, ASlowServerThatAnswersItsRequestsDoesNotFlap) 
 
 // open_on_silence = false: a silent server with requests waiting is only counted, as before.
 TEST_F(InferencePoolOnAFakeClock, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
-  FakeOpenAIServer dark(io), good(io);
+  InferenceServerFake dark(io), good(io);
   auto silence_only_counts = silence_options();
   silence_only_counts.open_on_silence = false;
   auto& pool = make_pool(silence_only_counts, {&dark, &good});
@@ -448,7 +450,7 @@ TEST_F(InferencePoolOnAFakeClock, WithoutOpenOnSilenceAProbeTimeoutOnlyCounts) {
 // cancels it cleanly, also when the pool runs on the caller's own io_context: no exception escapes
 // the loop, and the server's slot is given back.
 TEST_F(InferencePoolOnAFakeClock, ACancelledRequestEndsWithoutThrowing) {
-  FakeOpenAIServer stuck(io);
+  InferenceServerFake stuck(io);
   auto& pool = make_pool(fast_options(), {&stuck});
   Event parked(io);
   stuck.on_held = [&] { parked.set(); };
@@ -473,7 +475,7 @@ TEST_F(InferencePoolOnAFakeClock, ACancelledRequestEndsWithoutThrowing) {
 }
 
 TEST_F(InferencePoolOnAFakeClock, RejectedRequestsAreNotRetriedAndDeadlinesHold) {
-  FakeOpenAIServer a(io);
+  InferenceServerFake a(io);
   // Not started: no health loop timer beside the request's deadline.
   auto& pool = make_pool(fast_options(), {&a}, /*start=*/false);
   Event parked(io);
@@ -508,7 +510,7 @@ TEST_F(InferencePoolOnAFakeClock, RejectedRequestsAreNotRetriedAndDeadlinesHold)
 
 TEST(InferencePool, ServersJoinAndLeaveAtRuntime) {
   asio::io_context io;
-  FakeOpenAIServer a(io), b(io);
+  InferenceServerFake a(io), b(io);
   InferencePool pool(io, fast_options());
   pool.add_worker(a.url());
   pool.start();
@@ -527,7 +529,7 @@ TEST(InferencePool, ServersJoinAndLeaveAtRuntime) {
 // exactly once on the survivors, and the killed server takes traffic again once it is back.
 TEST(InferencePool, KeepsServingWhenOneOfThreeServersIsKilledMidRun) {
   asio::io_context io;
-  FakeOpenAIServer a(io), b(io), victim(io);
+  InferenceServerFake a(io), b(io), victim(io);
   victim.hold = true;  // requests that reach it stay in flight until it dies
   Event victim_busy(io);
   victim.on_held = [&] {

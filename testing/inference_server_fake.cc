@@ -1,0 +1,112 @@
+#include "testing/inference_server_fake.h"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <utility>
+
+namespace arlo::testing {
+
+namespace asio = boost::asio;
+
+namespace {
+
+constexpr auto kNoThrow = asio::as_tuple(asio::use_awaitable);
+
+asio::awaitable<void> sleep_for(std::chrono::steady_clock::duration d) {
+  asio::steady_timer t(co_await asio::this_coro::executor, d);
+  co_await t.async_wait(kNoThrow);
+}
+
+}  // namespace
+
+InferenceServerFake::InferenceServerFake(asio::io_context& io, std::uint16_t port, Dialect dialect)
+    : io_(io), dialect_(dialect), release_(io, std::chrono::steady_clock::time_point::max()) {
+  start(port);
+}
+
+InferenceServerFake::~InferenceServerFake() { close(); }
+
+void InferenceServerFake::start(std::uint16_t port) {
+  http::ServerOptions o;
+  o.port = port;
+  o.stop_grace = std::chrono::milliseconds(100);
+  server_ = std::make_unique<http::Server>(io_, o);
+  server_->route(http::Verb::get, "/health", [this](http::Request req) { return health(std::move(req)); });
+  server_->route(http::Verb::post, "/v1/completions", [this](http::Request req) { return complete(std::move(req)); });
+  auto port_or = server_->start();
+  if (!port_or) throw std::runtime_error(port_or.error().what());
+  port_ = *port_or;
+  closed_ = false;
+}
+
+asio::awaitable<http::Response> InferenceServerFake::health(http::Request) {
+  ++health_calls;
+  if (health_delay.count() > 0) co_await sleep_for(health_delay);  // slow, or past a timeout silent
+  if (health_status != 200) co_return http::Response::error(health_status, "injected health failure", "server_error");
+  co_return http::Response::json(200, {{"status", "ok"}, {"version", version}});
+}
+
+asio::awaitable<http::Response> InferenceServerFake::complete(http::Request req) {
+  ++received;
+  auto body = req.json();
+  if (!body) co_return http::Response::error(400, body.error().what());
+  bodies.push_back(*body);
+  if (fail_with_status) co_return http::Response::error(fail_with_status, "injected failure", "server_error");
+  if (answer_delay.count() > 0) co_await sleep_for(answer_delay);
+  if (hold) {
+    ++held;
+    if (on_held) on_held();
+    co_await wait_released();
+    if (closed_) co_return http::Response::error(503, "closed");
+  }
+  ++answered;
+  co_return http::Response::json(200, answer(*body));
+}
+
+asio::awaitable<void> InferenceServerFake::wait_released() {
+  while (!released_) co_await release_.async_wait(kNoThrow);
+}
+
+Json InferenceServerFake::answer(const Json& body) const {
+  std::string prompt =
+      body.value("prompt", Json("")).is_string() ? body["prompt"].get<std::string>() : body["prompt"].dump();
+  const int n = body.value("n", 1);
+  Json choices = Json::array();
+  for (int i = 0; i < n; ++i) {
+    std::string text = "echo:" + prompt;
+    Json ids = Json::array(), lps = Json::array();
+    for (unsigned char c : text) {
+      ids.push_back(static_cast<int>(c));
+      lps.push_back(-0.5);
+    }
+    choices.push_back({{"index", i},
+                       {"text", text},
+                       {"token_ids", ids},
+                       {"logprobs", {{"token_logprobs", lps}}},
+                       {"finish_reason", "stop"},
+                       {"version_spans", Json::array({Json::array({version, 0})})}});
+  }
+  return {{"id", "cmpl-test"}, {"model", "fake"}, {"prompt_token_ids", Json::array({1, 2, 3})}, {"choices", choices}};
+}
+
+void InferenceServerFake::close() {
+  if (!server_) return;
+  closed_ = true;
+  server_->close();
+  release_all();
+  graveyard_.push_back(std::move(server_));
+}
+
+void InferenceServerFake::release_all() {
+  released_ = true;
+  release_.cancel();
+}
+
+std::string InferenceServerFake::url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+
+}  // namespace arlo::testing
