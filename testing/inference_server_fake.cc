@@ -24,8 +24,8 @@ asio::awaitable<void> sleep_for(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
-InferenceServerFake::InferenceServerFake(asio::io_context& io, std::uint16_t port, Dialect dialect)
-    : io_(io), dialect_(dialect), release_(io, std::chrono::steady_clock::time_point::max()) {
+InferenceServerFake::InferenceServerFake(asio::io_context& io, std::uint16_t port)
+    : io_(io), release_(io, std::chrono::steady_clock::time_point::max()) {
   start(port);
 }
 

@@ -1,12 +1,12 @@
 // A fake inference server on a real loopback socket (common/http.h Server) for the tests: it serves
-// the OpenAI-compatible completion routes in every personality, answering "echo:<prompt>" with token
+// the OpenAI-compatible completion routes, answering "echo:<prompt>" with token
 // ids = the text's bytes, logprobs -0.5 per token and version spans [[version, 0]], records what it
 // was asked, and has the failure knobs the rollout tests turn (an injected status, a slow or parked
 // answer, a failing or slow health check, a crash).
 //
-// The personality says which inference server it plays: the generic OpenAI-compatible one, vLLM or
-// SGLang. Each answers GET /health and POST /v1/completions the same way; the dialects' admin planes
-// (pause, resume, weight updates) still live in tests/unit/rollout/admin_collective_test.cc.
+// It plays a generic OpenAI-compatible server (GET /health, POST /v1/completions). The admin planes
+// of vLLM and SGLang (pause, resume, weight updates) are still fakes of their own in
+// tests/unit/rollout/admin_collective_test.cc; they join this one as dialect personalities.
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
@@ -28,12 +28,10 @@ namespace arlo::testing {
 
 using Json = nlohmann::json;
 
-enum class Dialect { openai, vllm, sglang };
-
 class InferenceServerFake {
  public:
   // Listens on 127.0.0.1:`port` (0: any free port); throws when it cannot.
-  explicit InferenceServerFake(boost::asio::io_context& io, std::uint16_t port = 0, Dialect dialect = Dialect::openai);
+  explicit InferenceServerFake(boost::asio::io_context& io, std::uint16_t port = 0);
   ~InferenceServerFake();
   InferenceServerFake(const InferenceServerFake&) = delete;
   InferenceServerFake& operator=(const InferenceServerFake&) = delete;
@@ -48,7 +46,6 @@ class InferenceServerFake {
   // The completion response to `body` (what an unparked, unfailed request gets).
   Json answer(const Json& body) const;
 
-  Dialect dialect() const { return dialect_; }
   std::uint16_t port() const { return port_; }
   std::string url() const;
 
@@ -74,7 +71,6 @@ class InferenceServerFake {
   boost::asio::awaitable<void> wait_released();
 
   boost::asio::io_context& io_;
-  Dialect dialect_;
   std::unique_ptr<http::Server> server_;
   // Closed servers are kept until this fake goes away: their connection coroutines may still be
   // queued on the io_context.
