@@ -51,8 +51,14 @@ void WeightWatcher::restarting(const std::string& worker) {
 }
 
 void WeightWatcher::worker_back(const std::string& worker) {
-  if (stopped_ || left_out_.count(worker) || restarting_.count(worker)) return;
+  if (!back_is_news(worker)) return;
   spawn(ex_, check_back(worker));
+}
+
+// A worker answering again is for check_back only while no other path owns it: the probe of a left-out
+// worker and the supervisor's restart resync it themselves.
+bool WeightWatcher::back_is_news(const std::string& worker) const {
+  return !stopped_ && !left_out_.count(worker) && !restarting_.count(worker);
 }
 
 Awaitable<void> WeightWatcher::check_back(std::string worker) {
@@ -61,7 +67,7 @@ Awaitable<void> WeightWatcher::check_back(std::string worker) {
   const auto deadline = clock_.now() + opt_.admin_timeout;
   auto query = inference_.weights(worker, deadline);
   auto holds = co_await with_deadline<WorkerWeights>(ex_, clock_, deadline, std::move(query), "asking a worker");
-  if (stopped_ || left_out_.count(worker) || restarting_.count(worker)) co_return;
+  if (!back_is_news(worker)) co_return;
   if (holds && holds->version == took) co_return;
   ARLO_INFO("weight sync: worker {} answers again and {}, not v{} it took: it was restarted", worker,
             holds ? (holds->version == kNoVersion ? std::string("holds no arlo version")

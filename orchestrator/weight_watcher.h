@@ -143,6 +143,7 @@ class WeightWatcher {
   // either (the probe may not have timed out yet). Such a worker is not asked again this round.
   Awaitable<bool> answers_nothing(const std::string& worker, const Status& failure);
   Awaitable<void> probe(std::string worker);
+  bool back_is_news(const std::string& worker) const;
   Awaitable<void> check_back(std::string worker);
 
   asio::any_io_executor ex_;
