@@ -1,14 +1,17 @@
 """A policy-gradient trainer for a Hugging Face causal LM, started by `arlo run` (trainer.launch:
 command) and fed through the trainer bridge: batches in, new weights out with their Hugging Face
-names (what vLLM and SGLang load). Small and CPU-first: it trains the tiny model of
-scripts/make-tiny-model in the real-vLLM test; a GPU trainer for real models is the same loop.
+names (what vLLM and SGLang load). The training itself is arlo.hf_trainer's reference trainer; this
+file is the loop around it: the bridge, the published versions, the metrics file.
 
     .venv/bin/python examples/hf_trainer/train.py --model DIR [--lr 1e-4] [--steps N]
 
-Per step: token-level policy gradient with truncated importance sampling between this trainer's
-logprobs and the inference engine's (ratio capped at --is-high; arlo.loss, docs/loss.md), normalised by the step's loss
-tokens; gradient clipping; AdamW. The packed rows of a batch are unpacked into their samples
-(seq_lens), padded and run as one batch, so no sample attends to another. The initial weights are
+Per step (arlo.hf_trainer, docs/loss.md): the SFT warm-up's cross-entropy on batches with
+ce_weights, token-level policy gradient with truncated importance sampling between this trainer's
+logprobs and the inference engine's (ratio capped at --is-high; --correction for the others),
+normalised by the step's loss tokens; micro-batches of at most --max-tokens-per-micro-batch packed
+tokens; gradient clipping; AdamW with a linear warm-up over --warmup-steps. With $ARLO_NUM_RANKS > 1
+(arlo run sets it with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) the ranks train their part of each
+step data parallel (FSDP2; gloo on CPU, nccl on GPU) and rank 0 publishes. The initial weights are
 published as v0; every step's weights as that step's version, after the step is acknowledged.
 """
 
@@ -22,50 +25,11 @@ import time
 
 import torch
 
-from arlo import loss as arlo_loss
 from arlo import trainer_support
 from arlo.bridge import Bridge
-
-
-def samples_of(t):
-    """The batch's samples: (ids, loss_mask, advantages, inference_logprobs) per packed segment."""
-    out = []
-    rows = t["input_ids"].shape[0]
-    for r in range(rows):
-        start = 0
-        for n in t["seq_lens"][r].tolist():
-            if n <= 0:
-                break
-            sl = slice(start, start + n)
-            out.append((t["input_ids"][r, sl].long(), t["loss_mask"][r, sl].float(), t["advantages"][r, sl].float(),
-                        t["inference_logprobs"][r, sl].float()))
-            start += n
-    return out
-
-
-def policy_loss(model, t, loss_tokens, is_high):
-    samples = samples_of(t)
-    n = max(len(s[0]) for s in samples)
-    pad = lambda x, v: torch.nn.functional.pad(x, (0, n - len(x)), value=v)  # noqa: E731
-    ids = torch.stack([pad(s[0], 0) for s in samples])
-    attn = torch.stack([pad(torch.ones(len(s[0]), dtype=torch.long), 0) for s in samples])
-    mask, adv, inf_lp = (torch.stack([pad(s[k], 0.0) for s in samples]) for k in (1, 2, 3))
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()
-    # The logprob of token t comes from the logits at t - 1 (position 0 is never in the loss).
-    logp = torch.zeros_like(mask)
-    logp[:, 1:] = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
-    loss, metrics = arlo_loss.policy_gradient_loss(logp, inf_lp, adv, mask, correction="token_tis", is_high=is_high,
-                                                   normalizer=max(1.0, float(loss_tokens)),
-                                                   logits=torch.nn.functional.pad(logits[:, :-1], (0, 0, 1, 0)))
-    return loss, {**metrics, "samples": len(samples)}
-
-
-def published_state(model):
-    """The state dict under the checkpoint's names: a tied LM head is not a tensor of its own."""
-    sd = model.state_dict()
-    if getattr(model.config, "tie_word_embeddings", False):
-        sd.pop("lm_head.weight", None)
-    return {k: v.detach().contiguous() for k, v in sd.items()}
+from arlo.hf_trainer import HFTrainer, TrainerConfig
+from arlo.loss import CORRECTIONS
+from arlo.packing import samples_from_batch
 
 
 def main(argv=None):
@@ -77,9 +41,17 @@ def main(argv=None):
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--weight-sync", type=json.loads, help="the weight-sync block (arlo run: $ARLO_WEIGHT_SYNC)")
+    ap.add_argument("--rank", type=int, default=int(os.environ.get("ARLO_RANK", "0")),
+                    help="this rank (arlo run: $ARLO_RANK; with $ARLO_NUM_RANKS > 1 the ranks train data parallel)")
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--sft-lr", type=float, default=0.0, help="lr on the SFT warm-up batches (0: --lr)")
+    ap.add_argument("--warmup-steps", type=int, default=0, help="linear lr warm-up over this many steps")
+    ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    ap.add_argument("--correction", default="token_tis", choices=CORRECTIONS, help="off-policy correction")
+    ap.add_argument("--is-low", type=float, default=0.0, help="bottom of the masked corrections' band")
     ap.add_argument("--is-high", type=float, default=2.0, help="cap of the importance ratio")
+    ap.add_argument("--max-tokens-per-micro-batch", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0, help="stop after this step (0: until arlo run ends)")
@@ -90,31 +62,33 @@ def main(argv=None):
         ap.error("--weight-sync is required (arlo run passes it as $ARLO_WEIGHT_SYNC)")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if int(os.environ.get("ARLO_NUM_RANKS", "1")) > 1:  # arlo run set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", args.rank)) % torch.cuda.device_count())
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    trainer = HFTrainer(args.model, TrainerConfig(
+        lr=args.lr, sft_lr=args.sft_lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm, correction=args.correction, is_low=args.is_low, is_high=args.is_high,
+        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch))
+    leader = trainer.rank == 0  # publishes and writes the metrics
+    print(f"trainer: rank {trainer.rank} of {trainer.world_size}, {trainer.packing_mode} micro-batches "
+          f"({trainer.packing_note}), bf16 {trainer.bf16}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
-    bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port,
-                    weight_sync=args.weight_sync)
-    metrics = trainer_support.MetricsLog(args.metrics)
+    bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port, rank=args.rank,
+                    weight_sync=args.weight_sync if leader else None)
+    metrics = trainer_support.MetricsLog(args.metrics if leader else None)
     step = 0
     try:
-        bridge.publish(0, published_state(model))
-        print("trainer: published v0", flush=True)
+        publish(bridge, trainer, 0)
         for batch in trainer_support.next_batches(bridge, None, stop):
             t0 = time.time()
-            t = batch.tensors(torch=True)
-            loss_tokens = batch.meta_int("step_loss_tokens") / batch.num_ranks
-            loss, extra, grad_norm = trainer_support.train_step(
-                model, opt, lambda: policy_loss(model, t, loss_tokens, args.is_high), args.max_grad_norm)
+            record = trainer.step(samples_from_batch(batch.tensors(torch=True)), split=False)
             step = batch.step
             bridge.ack(step)
-            bridge.publish(step, published_state(model))
-            record = {"step": step, "loss": float(loss.detach()), "grad_norm": float(grad_norm), **extra,
-                      "time/step_seconds": time.time() - t0}
-            metrics.write(record, echo=True)
+            publish(bridge, trainer, step)
+            metrics.write({"step": step, **record, "time/step_seconds": time.time() - t0}, echo=leader)
             if args.steps and step >= args.steps:
                 break
     finally:
@@ -122,6 +96,15 @@ def main(argv=None):
         metrics.close()
     print(f"trainer: stopped after step {step}", flush=True)
     return 0
+
+
+def publish(bridge, trainer, version):
+    """Every rank gathers (FSDP2 shards), rank 0 publishes."""
+    state = trainer.published_state()
+    if trainer.rank == 0:
+        bridge.publish(version, state)
+        if version == 0:
+            print("trainer: published v0", flush=True)
 
 
 if __name__ == "__main__":
