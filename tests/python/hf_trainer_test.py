@@ -126,17 +126,23 @@ class ScheduleTest(unittest.TestCase):
             lr_multiplier(5, 2, "linear")
 
 
-class TrainerTest(unittest.TestCase):
+class TinyModelCase(unittest.TestCase):
+    """A tiny model of seed SEED in a temporary directory, written once for the class."""
+    SEED = 0
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.model_dir = os.path.join(cls.tmp.name, "tiny")
-        arlo_tiny_model.write(cls.model_dir, seed=0, layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32,
+        arlo_tiny_model.write(cls.model_dir, seed=cls.SEED, layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32,
                               intermediate=128)
 
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
+
+
+class TrainerTest(TinyModelCase):
 
     def trainer(self, **kw):
         return HFTrainer(self.model_dir, TrainerConfig(device="cpu", **kw))
@@ -207,17 +213,8 @@ class TrainerTest(unittest.TestCase):
         self.assertGreater(max(float((want[k] - start[k]).abs().max()) for k in want), 1e-4)
 
 
-class BadInputTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.model_dir = os.path.join(cls.tmp.name, "tiny")
-        arlo_tiny_model.write(cls.model_dir, seed=1, layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32,
-                              intermediate=128)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
+class BadInputTest(TinyModelCase):
+    SEED = 1
 
     def test_a_directory_that_is_not_a_causal_lm(self):
         d = os.path.join(self.tmp.name, "vit")
