@@ -231,7 +231,9 @@ class HFTrainer:
             except Exception as e:  # noqa: BLE001 - any refusal of the 4-D mask means unpacked
                 return "unpacked", f"the model refused a 4-D attention mask: {type(e).__name__}: {e}"
         diff = max(float((packed[0, 5 * k:5 * k + n] - alone[k, :n]).abs().max()) for k, n in ((0, 5), (1, 3)))
-        tolerance = 0.05 if self.bf16 else 1e-3
+        # Relative to the logits' scale: bf16 kernels differ with the shape; a leak across samples is of
+        # the order of the logits themselves.
+        tolerance = (0.03 if self.bf16 else 1e-3) * max(1.0, float(alone.abs().max()))
         if diff > tolerance:
             return "unpacked", f"a packed row's logits differ from the samples' own by {diff:.3g} (mask ignored)"
         return "packed", f"packed logits match the samples' own (max difference {diff:.2g})"

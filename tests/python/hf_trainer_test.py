@@ -190,6 +190,16 @@ class TrainerTest(TinyModelCase):
         self.assertGreater(m["grad_norm"], 0.0)
         self.assertEqual(m["samples"], len(LENGTHS))
 
+    def test_bf16_autocast_when_asked(self):
+        # off by default on CPU; asked for, the forward runs in bf16 and the loss stays near float32's
+        fp32 = self.trainer()
+        self.assertFalse(fp32.bf16)
+        bf16 = self.trainer(bf16=True)
+        want, got = fp32.backward(make_samples(fp32.vocab_size)), bf16.backward(make_samples(bf16.vocab_size))
+        self.assertNotEqual(got["loss"], want["loss"])
+        self.assertAlmostEqual(got["loss"], want["loss"], delta=0.05 * abs(want["loss"]))
+        self.assertIn(bf16.packing_mode, ("packed", "unpacked"))
+
     def test_two_ranks_over_gloo_match_one_rank(self):
         import torch.multiprocessing as mp
 
