@@ -8,9 +8,12 @@
 // A transport owns the whole exchange of one version (handshake, buckets, acknowledgement) because
 // the kinds differ in shape: streaming (tcp, shm) versus durable files (filesystem). The shared
 // pieces (manifest planning, payload codecs, verify-then-apply) live in codec.h and are used by each.
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -39,17 +42,28 @@ struct Capabilities {
   std::vector<Device::Kind> devices{Device::Kind::kCpu};  // where source and sink memory may live
 };
 
-// Test-only fault injection (weight_sync/testing.h sets it; transports read it).
-struct Faults {
-  std::optional<std::size_t> corrupt_bucket;      // the sender flips one byte of it, once per version
-  std::optional<std::size_t> stop_before_bucket;  // this side raises SIGSTOP just before it
+// Watches the buckets one side moves: the streaming data paths (tcp, shm) call it where one is set
+// (Publisher::create / Subscriber::create take it; none in production). Calls may come from several
+// threads at once (tcp serves each link on its own) and again for a bucket that is sent again. A tcp
+// relay shows its tap the buckets it receives, not the ones it forwards.
+class BucketTap {
+ public:
+  virtual ~BucketTap() = default;
+  // This side is about to move bucket `bucket` of `version` (a sender to hand it over, a receiver to take it).
+  virtual void before(Version /*version*/, std::size_t /*bucket*/) {}
+  // Sender: `bytes` of the bucket were hashed into its checksum and are about to be handed over. They
+  // are this side's own copy (a buffer, the wire copy, the shared segment), never the source's memory,
+  // and may be one piece of the bucket; empty where receivers read the source itself (shm direct
+  // read). `checksum`, where not null, is the bucket's checksum about to be posted.
+  virtual void sealed(Version /*version*/, std::size_t /*bucket*/, std::span<std::byte> /*bytes*/,
+                      std::uint64_t* /*checksum*/) {}
 };
 
 // State the Publisher keeps across versions and lends to its transport.
 struct SenderState {
   Options options;
-  nlohmann::json params;  // options.params with the descriptor's defaults filled in
-  Faults faults;
+  nlohmann::json params;                // options.params with the descriptor's defaults filled in
+  std::shared_ptr<BucketTap> tap;       // null but where the creator gave one
   std::optional<Version> last_version;  // last version published (the delta base)
   std::unique_ptr<HostWeights> base;    // snapshot of last_version; kept only for the delta payload
 };
@@ -58,7 +72,7 @@ struct SenderState {
 struct ReceiverState {
   Options options;
   nlohmann::json params;
-  Faults faults;
+  std::shared_ptr<BucketTap> tap;
   std::optional<Version> version;  // what the sink holds
   std::vector<TensorSpec> specs;   // tensors of the last applied manifest
 };
@@ -121,8 +135,8 @@ inline Result<const TransportDescriptor*> find_transport(std::string_view name) 
 // descriptor's defaults filled in for absent keys.
 Result<nlohmann::json> resolve_params(const TransportDescriptor& d, const nlohmann::json& params);
 
-// A side of a transfer made from `options` (checked; params resolved; the test seam's faults of
-// that side taken): what Publisher, Subscriber and StagingPublisher are built on.
+// A side of a transfer made from `options` (checked; params resolved) with `tap` in its state: what
+// Publisher, Subscriber and StagingPublisher are built on.
 struct SenderSide {
   const TransportDescriptor* descriptor = nullptr;
   SenderState state;
@@ -133,7 +147,7 @@ struct ReceiverSide {
   ReceiverState state;
   std::unique_ptr<ReceiverTransport> transport;
 };
-Result<SenderSide> make_sender(const Options& options);
-Result<ReceiverSide> make_receiver(const Options& options);
+Result<SenderSide> make_sender(const Options& options, std::shared_ptr<BucketTap> tap = nullptr);
+Result<ReceiverSide> make_receiver(const Options& options, std::shared_ptr<BucketTap> tap = nullptr);
 
 }  // namespace arlo::weight_sync

@@ -4,28 +4,10 @@
 
 #include "weight_sync/xxh.h"
 
-#include <mutex>
-
 #include "common/log.h"
-#include "weight_sync/testing.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::weight_sync {
-
-namespace testing {
-namespace {
-std::mutex faults_mu;
-Faults side_faults[2];
-}  // namespace
-void set_faults(Side side, Faults f) {
-  std::lock_guard lock(faults_mu);
-  side_faults[static_cast<int>(side)] = f;
-}
-Faults faults(Side side) {
-  std::lock_guard lock(faults_mu);
-  return side_faults[static_cast<int>(side)];
-}
-}  // namespace testing
 
 namespace {
 
@@ -104,38 +86,37 @@ class SubscriberImpl final : public Subscriber {
 };
 
 // Either side: the descriptor of options' transport, the state (options, params with the
-// descriptor's defaults, the test faults of `who`) and the transport the descriptor's `factory`
-// makes from that state.
+// descriptor's defaults, `tap`) and the transport the descriptor's `factory` makes from that state.
 template <typename Side, typename Factory>
-Result<Side> make_side(const Options& options, testing::Side who, Factory TransportDescriptor::*factory) {
+Result<Side> make_side(const Options& options, std::shared_ptr<BucketTap> tap, Factory TransportDescriptor::*factory) {
   Side side;
   ARLO_ASSIGN_OR_RETURN(side.descriptor, descriptor_for(options));
   side.state.options = options;
   ARLO_ASSIGN_OR_RETURN(side.state.params, resolve_params(*side.descriptor, options.params));
-  side.state.faults = testing::faults(who);
+  side.state.tap = std::move(tap);
   ARLO_ASSIGN_OR_RETURN(side.transport, (side.descriptor->*factory)(side.state));
   return side;
 }
 
 }  // namespace
 
-Result<SenderSide> make_sender(const Options& options) {
+Result<SenderSide> make_sender(const Options& options, std::shared_ptr<BucketTap> tap) {
   if (options.relay)
     return make_error(ErrorCode::kInvalidArgument, "weight_sync: relay is a receiver option, not a publisher's");
-  return make_side<SenderSide>(options, testing::Side::kPublisher, &TransportDescriptor::sender);
+  return make_side<SenderSide>(options, std::move(tap), &TransportDescriptor::sender);
 }
 
-Result<ReceiverSide> make_receiver(const Options& options) {
-  return make_side<ReceiverSide>(options, testing::Side::kSubscriber, &TransportDescriptor::receiver);
+Result<ReceiverSide> make_receiver(const Options& options, std::shared_ptr<BucketTap> tap) {
+  return make_side<ReceiverSide>(options, std::move(tap), &TransportDescriptor::receiver);
 }
 
-Result<std::unique_ptr<Publisher>> Publisher::create(const Options& options) {
-  ARLO_ASSIGN_OR_RETURN(auto side, make_sender(options));
+Result<std::unique_ptr<Publisher>> Publisher::create(const Options& options, std::shared_ptr<BucketTap> tap) {
+  ARLO_ASSIGN_OR_RETURN(auto side, make_sender(options, std::move(tap)));
   return std::unique_ptr<Publisher>(new PublisherImpl(std::move(side.transport), std::move(side.state)));
 }
 
-Result<std::unique_ptr<Subscriber>> Subscriber::create(const Options& options) {
-  ARLO_ASSIGN_OR_RETURN(auto side, make_receiver(options));
+Result<std::unique_ptr<Subscriber>> Subscriber::create(const Options& options, std::shared_ptr<BucketTap> tap) {
+  ARLO_ASSIGN_OR_RETURN(auto side, make_receiver(options, std::move(tap)));
   return std::unique_ptr<Subscriber>(new SubscriberImpl(std::move(side.transport), std::move(side.state)));
 }
 

@@ -58,6 +58,8 @@
 
 namespace arlo::weight_sync {
 
+class BucketTap;  // transport.h: watches the buckets a side moves
+
 enum class PayloadKind {
   kFull,      // bytes as trained
   kCastBf16,  // floating tensors rounded to bf16 on the wire (RNE), decoded back to their dtype
@@ -129,7 +131,8 @@ struct ReceiveReport {
 class Publisher {
  public:
   virtual ~Publisher() = default;
-  static Result<std::unique_ptr<Publisher>> create(const Options& options);
+  // `tap`, where given, watches the buckets this side moves (transport.h).
+  static Result<std::unique_ptr<Publisher>> create(const Options& options, std::shared_ptr<BucketTap> tap = nullptr);
 
   // Sends `version` of `source` to every receiver and waits until each applied it or failed.
   // Returns an error only when nothing could be delivered (no receiver, bad source); per-peer
@@ -143,7 +146,7 @@ class Publisher {
 class Subscriber {
  public:
   virtual ~Subscriber() = default;
-  static Result<std::unique_ptr<Subscriber>> create(const Options& options);
+  static Result<std::unique_ptr<Subscriber>> create(const Options& options, std::shared_ptr<BucketTap> tap = nullptr);
 
   // Waits for the next version (newer than version()), receives it into `sink` and commits it.
   virtual Result<ReceiveReport> receive(WeightSink& sink, Deadline deadline) = 0;

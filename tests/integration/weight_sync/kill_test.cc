@@ -1,5 +1,5 @@
 // Real processes: a receiver or the sender is killed mid-transfer (it stops itself with SIGSTOP at
-// a chosen bucket through the test seam's Faults::stop_before_bucket, the test then SIGKILLs it), and
+// a chosen bucket through faults::stop_before_bucket of testing/fault_injection.h, the test then SIGKILLs it), and
 // every survivor must end on a consistent version. Runs for every registered streaming transport.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "testing/fault_injection.h"
 #include "tests/unit/weight_sync/test_util.h"
-#include "weight_sync/testing.h"
 #include "weight_sync/transport.h"
 #include "weight_sync/weight_sync.h"
 
@@ -45,21 +45,20 @@ std::thread kill_when_stopped(pid_t pid) {
   });
 }
 
-// A publisher in a child process, created with `faults` in place: it hands its endpoint to this
+// A publisher in a child process, created with `tap` (a fault): it hands its endpoint to this
 // process through a pipe, publishes version `v` of odd_specs() filled from `seed` and exits 0 when
 // every receiver got it (20: not created, 21: the endpoint not handed on, 22: a receiver failed).
 struct SenderProcess {
   pid_t pid = -1;
   nlohmann::json endpoint;  // discarded where the child handed none on
 };
-SenderProcess fork_sender(const std::string& transport, const std::string& channel, Faults faults, Version v,
-                          std::uint64_t seed) {
+SenderProcess fork_sender(const std::string& transport, const std::string& channel, std::shared_ptr<BucketTap> tap,
+                          Version v, std::uint64_t seed) {
   int fds[2];
   if (::pipe(fds) != 0) return {};
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ScopedFaults f(Side::kPublisher, faults);
-    auto pub = Publisher::create(base_options(transport, channel));
+    auto pub = Publisher::create(base_options(transport, channel), std::move(tap));
     if (!pub) ::_exit(20);
     const std::string ep = (*pub)->endpoint().dump() + "\n";
     if (::write(fds[1], ep.data(), ep.size()) < 0) ::_exit(21);
@@ -75,9 +74,8 @@ SenderProcess fork_sender(const std::string& transport, const std::string& chann
 }
 
 // Child: receive one version and compare with the deterministic expectation. Never returns.
-[[noreturn]] void run_receiver(Options o, std::uint64_t seed, Faults faults = {}) {
-  ScopedFaults f(Side::kSubscriber, faults);
-  auto sub = Subscriber::create(o);
+[[noreturn]] void run_receiver(Options o, std::uint64_t seed, std::shared_ptr<BucketTap> tap = nullptr) {
+  auto sub = Subscriber::create(o, std::move(tap));
   if (!sub) ::_exit(10);
   HostWeights sink(odd_specs());
   auto r = (*sub)->receive(sink, deadline_in(30s));
@@ -102,7 +100,7 @@ TEST_P(WeightSyncKillTest, KilledReceiverLeavesTheOtherReceiverConsistent) {
   if (survivor == 0) run_receiver(so, 5);
   so.peer_name = "victim";
   const pid_t victim = ::fork();
-  if (victim == 0) run_receiver(so, 5, testing::stop_before_bucket(1));
+  if (victim == 0) run_receiver(so, 5, faults::stop_before_bucket(1));
   auto killer = kill_when_stopped(victim);
 
   auto report = pub->publish(1, filled(5), deadline_in(30s));
@@ -137,12 +135,11 @@ TEST_P(WeightSyncKillTest, StalledReceiversDoNotHoldTheOthers) {
   po.gather_window = 10s;  // all three take part in the transfer
   auto pub = Publisher::create(po).value();
   Options so = testing::reaching(po, pub->endpoint());
-  auto receive = [&](const char* name, Faults faults) {
+  auto receive = [&](const char* name, std::shared_ptr<BucketTap> tap) {
     const pid_t pid = ::fork();
     if (pid != 0) return pid;
-    ScopedFaults f(Side::kSubscriber, faults);
     so.peer_name = name;
-    auto sub = Subscriber::create(so);
+    auto sub = Subscriber::create(so, std::move(tap));
     if (!sub) ::_exit(10);
     HostWeights sink(specs), expect(specs);
     auto r = (*sub)->receive(sink, deadline_in(120s));
@@ -153,9 +150,9 @@ TEST_P(WeightSyncKillTest, StalledReceiversDoNotHoldTheOthers) {
     fill(expect, 9);
     ::_exit(same_bytes(sink, expect) ? 0 : 12);
   };
-  std::vector<pid_t> stalled = {receive("stalled-0", testing::stop_before_bucket(0)),
-                                receive("stalled-1", testing::stop_before_bucket(0))};
-  const pid_t survivor = receive("survivor", {});
+  std::vector<pid_t> stalled = {receive("stalled-0", faults::stop_before_bucket(0)),
+                                receive("stalled-1", faults::stop_before_bucket(0))};
+  const pid_t survivor = receive("survivor", nullptr);
   std::thread publisher([&] {
     HostWeights w(specs);
     fill(w, 9);
@@ -187,7 +184,7 @@ TEST_P(WeightSyncKillTest, StalledReceiversDoNotHoldTheOthers) {
 TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
   for (auto mode : {ApplyMode::kStaging, ApplyMode::kInPlace}) {
     const std::string channel = shm_channel(mode == ApplyMode::kStaging ? "ks" : "ki");
-    const auto sender = fork_sender(GetParam(), channel, testing::stop_before_bucket(1), 2, 99);
+    const auto sender = fork_sender(GetParam(), channel, faults::stop_before_bucket(1), 2, 99);
     ASSERT_GT(sender.pid, 0) << "fork: " << std::strerror(errno);
     auto killer = kill_when_stopped(sender.pid);
     if (!sender.endpoint.is_object()) killer.join();  // the child ended: nothing to receive
@@ -221,13 +218,13 @@ TEST_P(WeightSyncKillTest, KilledSenderLeavesReceiversOnTheirPreviousVersion) {
   }
 }
 
-// A sender process that flips one byte of bucket 1 on the wire (the test seam corrupts it after the
-// checksum): the receiver detects it and never applies wrong weights. A transport that resends
+// A sender process that flips one byte of bucket 1 on the wire (faults::corrupt_bucket, after the
+// checksum was taken): the receiver detects it and never applies wrong weights. A transport that resends
 // (tcp) ends with the exact version; one that does not (shm) fails the receive naming the bucket's
 // checksum and applies nothing.
 TEST_P(WeightSyncKillTest, ACorruptedByteNeverYieldsWrongWeights) {
   const std::string channel = shm_channel("kc");
-  const auto sender = fork_sender(GetParam(), channel, testing::corrupt_bucket(1), 3, 77);
+  const auto sender = fork_sender(GetParam(), channel, faults::corrupt_bucket(1), 3, 77);
   ASSERT_GT(sender.pid, 0) << "fork: " << std::strerror(errno);
   int status = 0;
   if (!sender.endpoint.is_object()) ::waitpid(sender.pid, &status, 0);

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <future>
 
+#include "testing/fault_injection.h"
 #include "tests/unit/weight_sync/test_util.h"
 #include "weight_sync/staging.h"
-#include "weight_sync/testing.h"
 #include "weight_sync/transport.h"
 
 namespace arlo::weight_sync {
@@ -145,14 +145,11 @@ TEST_P(Conformance, SupersededVersionIsNotReceived) {
   expect_new_receiver_gets(receiver(pub->endpoint(), "w"), 3, w);
 }
 
-// One byte flipped on the way (the sender's fault seam): the receiver ends with the right weights
-// (the bucket came again) or with a clear error and its previous version; never wrong weights.
+// One byte flipped on the way (a publisher with faults::corrupt_bucket): the receiver ends with the
+// right weights (the bucket came again) or with a clear error and its previous version; never wrong
+// weights. A transport that shows its buckets to no tap (files) sends them intact.
 TEST_P(Conformance, FlippedByteNeverYieldsWrongWeights) {
-  std::unique_ptr<Publisher> pub;
-  {
-    testing::ScopedFaults faults(testing::Side::kPublisher, testing::corrupt_bucket(1));
-    pub = Publisher::create(publisher()).value();
-  }
+  auto pub = Publisher::create(publisher(), faults::corrupt_bucket(1)).value();
   auto sub = Subscriber::create(receiver(pub->endpoint(), "w")).value();
   auto sent = send_second_version(*pub, *sub, 51, 30s);
   const auto& r = sent.transfer.received;

@@ -16,8 +16,8 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <nlohmann/json.hpp>
 
+#include "testing/fault_injection.h"
 #include "tests/unit/weight_sync/test_util.h"
-#include "weight_sync/testing.h"
 #include "weight_sync/weight_sync.h"
 
 namespace arlo::weight_sync {
@@ -62,9 +62,9 @@ class Channel {
     o.peer_name = name;
     return o;
   }
-  // A publisher of publisher_options() and receiver `name` of it.
-  Link connect(const std::string& name) const {
-    return testing::connect(base_, subscriber_options(nlohmann::json::object(), name));
+  // A publisher of publisher_options() (with `publisher_tap`) and receiver `name` of it.
+  Link connect(const std::string& name, std::shared_ptr<BucketTap> publisher_tap = nullptr) const {
+    return testing::connect(base_, subscriber_options(nlohmann::json::object(), name), std::move(publisher_tap));
   }
   Options base_;
   std::filesystem::path dir_;
@@ -173,8 +173,7 @@ TEST(WeightSyncTcpFaults, AReceiverThatConnectsAndGoesDarkHoldsNoOther) {
 TEST(WeightSyncTcpFaults, FlippedByteIsRetransmittedNeverApplied) {
   for (auto mode : {ApplyMode::kInPlace, ApplyMode::kStaging}) {
     Channel ch("tcp", {}, mode);
-    ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
-    auto [pub, sub] = ch.connect("w");
+    auto [pub, sub] = ch.connect("w", faults::corrupt_bucket(1));
     HostWeights w = filled(31);
     HostWeights sink(odd_specs());
     auto [report, r] = publish_while_receiving(*pub, 1, w, *sub, sink, 20s);
@@ -189,11 +188,7 @@ TEST(WeightSyncTcpFaults, FlippedByteIsRetransmittedNeverApplied) {
 // on the first link reaches the second one too. Both must detect it and resume; both end intact.
 TEST(WeightSyncTcpFaults, FlippedByteInAChainIsCaughtAtEveryHop) {
   Channel ch("tcp", {}, ApplyMode::kInPlace);
-  std::unique_ptr<Publisher> pub;
-  {
-    ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
-    pub = Publisher::create(ch.publisher_options()).value();
-  }
+  auto pub = Publisher::create(ch.publisher_options(), faults::corrupt_bucket(1)).value();
   Options relay_o = ch.subscriber_options(pub->endpoint(), "relay");
   relay_o.relay = true;
   relay_o.params["relay_listen"] = "127.0.0.1:0";
@@ -244,8 +239,7 @@ TEST(WeightSyncTcp, PublisherOnEveryInterfaceAnnouncesTheAdvertisedHost) {
 
 TEST(WeightSyncShmFaults, FlippedByteIsReportedAndPreviousVersionKept) {
   Channel ch("shm", {}, ApplyMode::kStaging);
-  ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
-  auto [pub, sub] = ch.connect("w");
+  auto [pub, sub] = ch.connect("w", faults::corrupt_bucket(1));
   auto sent = send_second_version(*pub, *sub, 41, 20s);
   const auto& [report, r] = sent.transfer;
   ASSERT_FALSE(r);
@@ -294,8 +288,7 @@ TEST(WeightSyncShmFaults, FlippedByteInPlaceDiscardsNeverCommits) {
   for (bool direct_read : {false, true}) {
     Channel ch("shm", {}, ApplyMode::kInPlace);
     ch.base_.params["direct_read"] = direct_read;
-    ScopedFaults faults(Side::kPublisher, testing::corrupt_bucket(1));
-    auto [pub, sub] = ch.connect("w");
+    auto [pub, sub] = ch.connect("w", faults::corrupt_bucket(1));
     auto sent = send_second_version(*pub, *sub, 43, 20s);
     const auto& [report, r] = sent.transfer;
     ASSERT_FALSE(r) << "direct_read " << direct_read;

@@ -153,18 +153,6 @@ inline Options reaching(Options o, const nlohmann::json& endpoint) {
   return o;
 }
 
-// Faults for testing::ScopedFaults (designated initializers trip -Wmissing-field-initializers).
-inline Faults corrupt_bucket(std::size_t i) {
-  Faults f;
-  f.corrupt_bucket = i;
-  return f;
-}
-inline Faults stop_before_bucket(std::size_t i) {
-  Faults f;
-  f.stop_before_bucket = i;
-  return f;
-}
-
 inline bool same_bytes(const HostWeights& a, const HostWeights& b) {
   if (a.specs() != b.specs()) return false;
   for (std::size_t t = 0; t < a.specs().size(); ++t)
@@ -215,10 +203,12 @@ struct Link {
   std::unique_ptr<Subscriber> sub;
 };
 
-// Creates the publisher from `publisher`, then the subscriber from `receiver` with the publisher's
-// endpoint (as reaching()); throws (failing the test) where either cannot be created.
-inline Link connect(const Options& publisher, const Options& receiver) {
-  auto pub = Publisher::create(publisher).value();
+// Creates the publisher from `publisher` (with `publisher_tap`, e.g. a fault of
+// testing/fault_injection.h), then the subscriber from `receiver` with the publisher's endpoint (as
+// reaching()); throws (failing the test) where either cannot be created.
+inline Link connect(const Options& publisher, const Options& receiver,
+                    std::shared_ptr<BucketTap> publisher_tap = nullptr) {
+  auto pub = Publisher::create(publisher, std::move(publisher_tap)).value();
   auto sub = Subscriber::create(reaching(receiver, pub->endpoint())).value();
   return {std::move(pub), std::move(sub)};
 }

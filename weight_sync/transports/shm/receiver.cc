@@ -2,7 +2,6 @@
 // reader slot, answers each session's manifest, and takes the buckets on the session's path (ring,
 // direct read or slots; see shm.cc), verifying each before it counts.
 #include <algorithm>
-#include <csignal>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -21,7 +20,7 @@ class ShmReceiver final : public ReceiverTransport {
   explicit ShmReceiver(const ReceiverState& s)
       : name_(segment_name(s.params.at("shm_name").get<std::string>())),
         direct_read_(s.params.at("direct_read").get<bool>()),
-        faults_(s.faults),
+        tap_(s.tap),
         peer_name_(s.options.peer_name) {}
   ~ShmReceiver() override {
     if (seg_ && slot_ >= 0 && seg_->h->readers[slot_].pid.load() == static_cast<std::uint32_t>(::getpid())) {
@@ -301,7 +300,7 @@ class ShmReceiver final : public ReceiverTransport {
     const DirectTable table = mode != kModeSlots ? DirectTable::at(seg_->at(h->table_offset)) : DirectTable{};
     std::uint64_t ring_pos = 0;
     for (std::size_t i = 0; i < m.buckets.size(); ++i) {
-      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
+      if (tap_) tap_->before(m.version, i);
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
       std::uint64_t wire = 0;
       Status st;
@@ -402,7 +401,7 @@ class ShmReceiver final : public ReceiverTransport {
 
   std::string name_;
   bool direct_read_;
-  Faults faults_;
+  std::shared_ptr<BucketTap> tap_;
   std::string peer_name_;
   std::unique_ptr<Segment> seg_;
   int slot_ = -1;

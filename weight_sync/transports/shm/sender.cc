@@ -2,7 +2,6 @@
 // the manifest, admits the receivers that accept it, streams the buckets on the session's path
 // (ring, direct read or slots; see shm.cc) and collects what each receiver applied.
 #include <algorithm>
-#include <csignal>
 #include <cstring>
 
 #include "common/log.h"
@@ -22,7 +21,7 @@ class ShmSender final : public SenderTransport {
         name_(segment_name(channel_)),
         expected_(s.options.expected_receivers),
         direct_read_(s.params.at("direct_read").get<bool>()),
-        faults_(s.faults),
+        tap_(s.tap),
         probe_(std::make_unique<std::uint64_t>(kMagic)) {
     if (direct_read_)
       ARLO_INFO("weight_sync shm {}: direct reads by receivers: {}", name_, detail::allow_same_user_readers());
@@ -286,14 +285,9 @@ class ShmSender final : public SenderTransport {
   // hashing the source once while they copy.
   void post_direct_checksums(Session& s, const Manifest& m, const BucketParts& bucket_parts, const DirectTable& table) {
     for (std::size_t i = 0; i < m.buckets.size() && !s.active.empty(); ++i) {
-      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
+      if (tap_) tap_->before(m.version, i);
       std::uint64_t checksum = xxh3(bucket_parts[i]);
-      if (faults_.corrupt_bucket && *faults_.corrupt_bucket == i && !fault_done_) {
-        // Fault injection: receivers read the true bytes, so announce a checksum that they do not
-        // match (the effect of one flipped byte in transit).
-        checksum ^= 0x5A;
-        fault_done_ = true;
-      }
+      if (tap_) tap_->sealed(m.version, i, {}, &checksum);  // receivers read the source itself
       table.checksums[i] = checksum;
       s.h->hashed.store(i + 1, std::memory_order_release);
       futex_bump_and_wake(s.h->doorbell);
@@ -311,14 +305,10 @@ class ShmSender final : public SenderTransport {
     const std::uint64_t ring_size = h->ring_bytes;
     std::uint64_t pos = 0;
     for (std::size_t i = 0; i < m.buckets.size() && !s.active.empty(); ++i) {
-      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
+      if (tap_) tap_->before(m.version, i);
       const Deadline bd = std::min(deadline, Clock::now() + o.bucket_timeout);
-      const bool corrupt = faults_.corrupt_bucket && *faults_.corrupt_bucket == i && !fault_done_;
       XXH3_state_t st;
       XXH3_64bits_reset(&st);
-      std::uint64_t bucket_bytes = 0;
-      for (const auto& part : bucket_parts[i]) bucket_bytes += part.size();
-      const std::uint64_t bucket_start = pos;
       for (const auto& part : bucket_parts[i]) {
         for (std::size_t off = 0; off < part.size() && !s.active.empty();) {
           const std::uint64_t n = std::min<std::uint64_t>({kPiece, part.size() - off, ring_size - pos % ring_size});
@@ -344,10 +334,7 @@ class ShmSender final : public SenderTransport {
           std::byte* dst = ring + pos % ring_size;
           XXH3_64bits_update(&st, part.data() + off, n);
           std::memcpy(dst, part.data() + off, n);
-          if (corrupt && bucket_start + bucket_bytes / 2 >= pos && bucket_start + bucket_bytes / 2 < pos + n) {
-            dst[bucket_start + bucket_bytes / 2 - pos] ^= std::byte{0x5A};  // fault injection, after hashing
-            fault_done_ = true;
-          }
+          if (tap_) tap_->sealed(m.version, i, {dst, static_cast<std::size_t>(n)}, nullptr);
           pos += n;
           off += n;
           h->ring_filled.store(pos);
@@ -383,14 +370,13 @@ class ShmSender final : public SenderTransport {
         wait_slot_free(s, i, std::min(deadline, Clock::now() + o.bucket_timeout));
         if (s.active.empty()) break;
       }
-      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
-      const bool corrupt = faults_.corrupt_bucket && *faults_.corrupt_bucket == i && !fault_done_;
+      if (tap_) tap_->before(m.version, i);
       auto& slot = h->slots[k];
       Filled f;
       if (enc.zero_copy()) {
-        ARLO_ASSIGN_OR_RETURN(f, fill_slot_streamed(h, k, enc, i, corrupt));
+        ARLO_ASSIGN_OR_RETURN(f, fill_slot_streamed(h, k, enc, m.version, i));
       } else {
-        ARLO_ASSIGN_OR_RETURN(f, fill_slot_encoded(h, k, enc, i, corrupt));
+        ARLO_ASSIGN_OR_RETURN(f, fill_slot_encoded(h, k, enc, m.version, i));
       }
       slot.checksum = f.checksum;
       slot.sealed.store(1, std::memory_order_release);
@@ -426,8 +412,8 @@ class ShmSender final : public SenderTransport {
 
   // Slots, the source's own bytes: announces bucket i in slot k, then publishes it chunk by chunk
   // (each piece hashed while hot, then copied), so an in-place receiver copies while this side is
-  // still writing. `corrupt` flips a byte after hashing (fault injection).
-  Result<Filled> fill_slot_streamed(Header* h, int k, BucketEncoder& enc, std::size_t i, bool corrupt) {
+  // still writing. A tap is shown each piece in the slot once hashed, before it is announced.
+  Result<Filled> fill_slot_streamed(Header* h, int k, BucketEncoder& enc, Version v, std::size_t i) {
     std::byte* dst = seg_->slot(k);
     auto& slot = h->slots[k];
     ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {}, /*with_checksum=*/false));
@@ -449,10 +435,7 @@ class ShmSender final : public SenderTransport {
           XXH3_64bits_update(&st, part.data() + p + q, c);
           std::memcpy(dst + off + q, part.data() + p + q, c);
         }
-        if (corrupt && wire / 2 >= off && wire / 2 < off + n) {
-          dst[wire / 2] ^= std::byte{0x5A};
-          fault_done_ = true;
-        }
+        if (tap_) tap_->sealed(v, i, {dst + off, n}, nullptr);
         off += n;
         slot.filled.store(off, std::memory_order_release);
         futex_bump_and_wake(h->doorbell);
@@ -462,15 +445,12 @@ class ShmSender final : public SenderTransport {
   }
 
   // Slots, an encoded payload: encodes bucket i straight into slot k, then announces it whole.
-  // `corrupt` flips a byte after the checksum was taken (fault injection).
-  Result<Filled> fill_slot_encoded(Header* h, int k, BucketEncoder& enc, std::size_t i, bool corrupt) {
+  // A tap is shown the encoded bucket and its checksum before it is announced.
+  Result<Filled> fill_slot_encoded(Header* h, int k, BucketEncoder& enc, Version v, std::size_t i) {
     std::byte* dst = seg_->slot(k);
     auto& slot = h->slots[k];
     ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {dst, h->slot_capacity}));
-    if (corrupt && b.wire_bytes > 0) {
-      dst[b.wire_bytes / 2] ^= std::byte{0x5A};
-      fault_done_ = true;
-    }
+    if (tap_) tap_->sealed(v, i, {dst, static_cast<std::size_t>(b.wire_bytes)}, &b.checksum);
     slot.sealed.store(0);
     slot.wire_bytes = b.wire_bytes;
     slot.filled.store(b.wire_bytes);
@@ -534,9 +514,8 @@ class ShmSender final : public SenderTransport {
   std::string name_;
   std::size_t expected_;
   bool direct_read_;
-  Faults faults_;
+  std::shared_ptr<BucketTap> tap_;  // shown each bucket this side publishes (transport.h); usually null
   std::unique_ptr<Segment> seg_;
-  bool fault_done_ = false;
   std::unique_ptr<std::uint64_t> probe_;  // kMagic at a stable address: receivers test read permission on it
   std::string last_path_;                 // path of the previous session (logged when it changes)
 };

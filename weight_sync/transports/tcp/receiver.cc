@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <thread>
 
 #include "common/auth.h"
@@ -71,7 +70,7 @@ class TcpReceiver final : public ReceiverTransport {
         token_(std::move(token)),
         address_(s.params.at("address").get<std::string>()),
         reconnect_window_(reconnect_window(s.params)),
-        faults_(s.faults) {
+        tap_(s.tap) {
     if (name_.empty()) name_ = "receiver-" + std::to_string(::getpid());
   }
 
@@ -225,7 +224,7 @@ class TcpReceiver final : public ReceiverTransport {
                                                            " in in_place mode with payload " +
                                                            std::string(to_string(t.m.payload.kind)));
           },
-          o, deadline, nullptr);
+          o, deadline);
     });
   }
 
@@ -248,7 +247,7 @@ class TcpReceiver final : public ReceiverTransport {
         }
         buf = {t.bufs[i % 2].get(), t.cap};
       }
-      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
+      if (tap_) tap_->before(m.version, i);
       const Status s = take_bucket(*conn, t, i, buf, std::min(deadline, Clock::now() + o.bucket_timeout));
       if (s) {
         ++i;
@@ -374,7 +373,7 @@ class TcpReceiver final : public ReceiverTransport {
   std::string token_;    // proves this receiver to the upstream
   std::string address_;  // upstream host:port
   std::chrono::milliseconds reconnect_window_;
-  Faults faults_;
+  std::shared_ptr<BucketTap> tap_;
   tcp::endpoint upstream_ep_;
 };
 

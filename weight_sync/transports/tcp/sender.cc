@@ -55,7 +55,6 @@ class TcpSender final : public SenderTransport {
     }
     ARLO_ASSIGN_OR_RETURN(auto enc, BucketEncoder::create(m, source, state.base.get()));
     const std::size_t n = m.buckets.size();
-    std::atomic<bool> fault_pending{server_->faults().corrupt_bucket.has_value()};
     PublishReport report;
     report.version = version;
     report.payload = m.payload.kind;
@@ -74,7 +73,7 @@ class TcpSender final : public SenderTransport {
           [](std::size_t i, auto&) -> Result<Parts> {
             return make_error(ErrorCode::kInternal, "bucket " + std::to_string(i) + " missing");
           },
-          o, deadline, &fault_pending);
+          o, deadline);
     } else {
       // Double buffering: the encoder thread fills bucket i+1 while links send bucket i.
       const std::uint64_t cap = std::max<std::uint64_t>(enc.max_capacity(), 1);
@@ -97,7 +96,7 @@ class TcpSender final : public SenderTransport {
             ARLO_ASSIGN_OR_RETURN(auto b, enc.encode(i, {scratch.get(), cap}, /*with_checksum=*/false));
             return b.parts;
           },
-          o, deadline, &fault_pending);
+          o, deadline);
       feed.fail(Error(ErrorCode::kCancelled, "links finished"));
       encoder.join();
     }

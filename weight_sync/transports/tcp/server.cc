@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <thread>
 
 #include "common/auth.h"
@@ -19,9 +18,10 @@ namespace {
 // Sends bucket i: header, data, trailer checksum. The checksum comes from the feed when known;
 // otherwise the first link to send the bucket computes it chunk by chunk while sending (each chunk
 // hashed while hot in cache) and posts it for the other links, even when its own link fails
-// midway; another link hashes the bucket itself rather than wait long for a stalled first one. `corrupt` flips one
-// byte on the wire (fault injection) after the checksum saw the true byte.
-Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline, bool corrupt, Feed& feed) {
+// midway; another link hashes the bucket itself rather than wait long for a stalled first one. A
+// `tap` is shown a copy of each chunk once it was hashed, and that copy goes on the wire.
+Status send_bucket(Conn& c, Version v, std::size_t i, const Parts& parts, Deadline deadline, BucketTap* tap,
+                   Feed& feed) {
   FrameHeader h;
   h.type = static_cast<std::uint32_t>(Frame::kBucket);
   h.a = i;
@@ -48,11 +48,10 @@ Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline
       }
       if (cut_through) s = feed.wait_avail(i, sent + n, deadline);
       if (!s) break;
-      if (corrupt) {
+      if (tap) {
         tmp.assign(data, data + n);
-        tmp[n / 2] ^= std::byte{0x5A};
+        tap->sealed(v, i, tmp, nullptr);
         data = tmp.data();
-        corrupt = false;
       }
       s = c.write({asio::buffer(data, n)}, deadline);
       sent += n;
@@ -85,10 +84,11 @@ Status send_bucket(Conn& c, std::size_t i, const Parts& parts, Deadline deadline
 }  // namespace
 
 Result<std::unique_ptr<Server>> Server::listen(const std::string& address, const std::string& advertise_host,
-                                               std::chrono::milliseconds reconnect_window, Faults faults) {
+                                               std::chrono::milliseconds reconnect_window,
+                                               std::shared_ptr<BucketTap> tap) {
   auto s = std::unique_ptr<Server>(new Server());
   s->reconnect_window_ = reconnect_window;
-  s->faults_ = faults;
+  s->tap_ = std::move(tap);
   ARLO_ASSIGN_OR_RETURN(s->token_, auth::process_token());
   ARLO_TRY(auth::require_token_off_loopback("the tcp weight publisher", auth::host_of(address), s->token_));
   ARLO_ASSIGN_OR_RETURN(auto ep, detail::resolve(address));
@@ -198,15 +198,14 @@ void Server::offer(const Manifest& m, Deadline deadline) {
                        " failed: no answer to the manifest while the other receivers answered (a dark link?)";
 }
 
-void Server::stream(const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline,
-                    std::atomic<bool>* fault_pending) {
+void Server::stream(const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline) {
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (std::size_t k = 0; k < peers_.size(); ++k) {
     Peer& p = *peers_[k];
     if (!p.error.empty() || p.answer.state != "accepted") continue;
     feed.add_consumer(static_cast<int>(k), p.answer.start);
-    threads.emplace_back([&, k] { serve(static_cast<int>(k), m, feed, regen, o, deadline, fault_pending); });
+    threads.emplace_back([&, k] { serve(static_cast<int>(k), m, feed, regen, o, deadline); });
   }
   std::thread acceptor([&] { accept_resumes(m, o, stop); });
   for (auto& t : threads) t.join();
@@ -262,8 +261,7 @@ Result<std::unique_ptr<Conn>> Server::accept(Deadline deadline) {
   return c;
 }
 
-void Server::serve(int k, const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline,
-                   std::atomic<bool>* fault_pending) {
+void Server::serve(int k, const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline) {
   Peer& p = *peers_[k];
   std::unique_ptr<std::byte[]> scratch;
   std::size_t i = p.answer.start;
@@ -277,11 +275,9 @@ void Server::serve(int k, const Manifest& m, Feed& feed, const Regen& regen, con
       auto parts = feed.get(i, std::min(deadline, Clock::now() + o.bucket_timeout));
       if (!parts && parts.error().code() == ErrorCode::kNotFound) parts = regen(i, scratch);
       if (!parts) return fail(vb(m.version, i) + ": " + parts.error().what());
-      if (faults_.stop_before_bucket && *faults_.stop_before_bucket == i) ::raise(SIGSTOP);
-      bool corrupt = false;
-      if (fault_pending && faults_.corrupt_bucket && *faults_.corrupt_bucket == i)
-        corrupt = fault_pending->exchange(false);
-      s = send_bucket(*p.conn, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), corrupt, feed);
+      if (tap_) tap_->before(m.version, i);
+      s = send_bucket(*p.conn, m.version, i, *parts, std::min(deadline, Clock::now() + o.bucket_timeout), tap_.get(),
+                      feed);
       if (s) {
         for (const auto& part : *parts) p.wire_bytes += part.size();
         feed.advance(k, ++i);

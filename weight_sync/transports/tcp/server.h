@@ -36,9 +36,9 @@ class Server {
   // set (a publisher bound to every interface announces where receivers reach it), else the bound
   // address.
   static Result<std::unique_ptr<Server>> listen(const std::string& address, const std::string& advertise_host,
-                                                std::chrono::milliseconds reconnect_window, Faults faults);
+                                                std::chrono::milliseconds reconnect_window,
+                                                std::shared_ptr<BucketTap> tap);
   const std::string& endpoint() const { return endpoint_; }
-  const Faults& faults() const { return faults_; }
 
   // How much longer than the others a receiver may take over a handshake or its answer to a
   // manifest before it is cut off (a live one takes milliseconds; a dark link never answers).
@@ -77,8 +77,7 @@ class Server {
   // Streams buckets to every accepted peer (one thread each) and collects their DONE reports.
   // `regen(i, scratch)` re-creates a bucket that left the feed's window (resume).
   using Regen = std::function<Result<Parts>(std::size_t, std::unique_ptr<std::byte[]>&)>;
-  void stream(const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline,
-              std::atomic<bool>* fault_pending);
+  void stream(const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline);
 
   // Drops every link of the finished version.
   void reset();
@@ -92,8 +91,7 @@ class Server {
 
   Result<std::unique_ptr<Conn>> accept(Deadline deadline);
 
-  void serve(int k, const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline,
-             std::atomic<bool>* fault_pending);
+  void serve(int k, const Manifest& m, Feed& feed, const Regen& regen, const Options& o, Deadline deadline);
 
   void accept_resumes(const Manifest& m, const Options& o, std::atomic<bool>& stop);
 
@@ -106,7 +104,7 @@ class Server {
   std::string endpoint_;
   std::string token_;  // receivers must prove they hold it (empty: anyone)
   std::chrono::milliseconds reconnect_window_{5000};
-  Faults faults_;
+  std::shared_ptr<BucketTap> tap_;  // shown each bucket this side serves (transport.h); usually null
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Peer>> pending_;
 };

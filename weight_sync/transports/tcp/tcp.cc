@@ -66,7 +66,7 @@ TransportDescriptor tcp_transport() {
   d.sender = [](const SenderState& s) -> Result<std::unique_ptr<SenderTransport>> {
     const auto& address = s.params.at("address").get_ref<const std::string&>();
     const auto& advertise = s.params.at("advertise_host").get_ref<const std::string&>();
-    ARLO_ASSIGN_OR_RETURN(auto server, Server::listen(address, advertise, reconnect_window(s.params), s.faults));
+    ARLO_ASSIGN_OR_RETURN(auto server, Server::listen(address, advertise, reconnect_window(s.params), s.tap));
     const auto bound = auth::host_of(server->endpoint());
     if (advertise.empty() && (bound == "0.0.0.0" || bound == "::"))
       return make_error(ErrorCode::kInvalidArgument,
@@ -80,7 +80,7 @@ TransportDescriptor tcp_transport() {
     std::unique_ptr<Server> relay;
     const auto& relay_listen = s.params.at("relay_listen").get_ref<const std::string&>();
     if (s.options.relay) {
-      ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, "", reconnect_window(s.params), s.faults));
+      ARLO_ASSIGN_OR_RETURN(relay, Server::listen(relay_listen, "", reconnect_window(s.params), nullptr));
     }
     ARLO_ASSIGN_OR_RETURN(auto token, auth::process_token());
     return detail::make_tcp_receiver(s, std::move(relay), std::move(token));
