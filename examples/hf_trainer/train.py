@@ -55,6 +55,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0, help="stop after this step (0: until arlo run ends)")
+    ap.add_argument("--checkpoint-dir", help="checkpoint every step here before acknowledging it; resume from it")
+    ap.add_argument("--keep-checkpoints", type=int, default=2, help="how many of the newest checkpoints to keep")
     ap.add_argument("--metrics", help="append one JSON line per step to this file")
     ap.set_defaults(**defaults)
     args = ap.parse_args(argv)
@@ -76,19 +78,26 @@ def main(argv=None):
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
+    step, saved = trainer.load_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else (0, None)
+    if step:
+        print(f"trainer: resumed from {args.checkpoint_dir} at step {step}", flush=True)
+        if leader and saved and args.metrics and step not in logged_steps(args.metrics):
+            trainer_support.MetricsLog(args.metrics).write(saved["record"])  # killed before its line
     bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port, rank=args.rank,
-                    weight_sync=args.weight_sync if leader else None)
+                    start_after_step=step, weight_sync=args.weight_sync if leader else None)
     metrics = trainer_support.MetricsLog(args.metrics if leader else None)
-    step = 0
     try:
-        publish(bridge, trainer, 0)
+        publish(bridge, trainer, step, first=True)  # v0, or the checkpoint's version (a restarted run waits for it)
         for batch in trainer_support.next_batches(bridge, None, stop):
             t0 = time.time()
             record = trainer.step(samples_from_batch(batch.tensors(torch=True)), split=False)
             step = batch.step
+            record = {"step": step, **record, "time/step_seconds": time.time() - t0}
+            if args.checkpoint_dir:  # durable before the ack: a kill after it never trains the step again
+                trainer.save_checkpoint(args.checkpoint_dir, step, {"record": record}, keep=args.keep_checkpoints)
             bridge.ack(step)
             publish(bridge, trainer, step)
-            metrics.write({"step": step, **record, "time/step_seconds": time.time() - t0}, echo=leader)
+            metrics.write(record, echo=leader)
             if args.steps and step >= args.steps:
                 break
     finally:
@@ -98,13 +107,21 @@ def main(argv=None):
     return 0
 
 
-def publish(bridge, trainer, version):
+def publish(bridge, trainer, version, first=False):
     """Every rank gathers (FSDP2 shards), rank 0 publishes."""
     state = trainer.published_state()
     if trainer.rank == 0:
         bridge.publish(version, state)
-        if version == 0:
-            print("trainer: published v0", flush=True)
+        if first:
+            print(f"trainer: published v{version}", flush=True)
+
+
+def logged_steps(path):
+    """The steps the metrics file already has a line for."""
+    if not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {json.loads(line)["step"] for line in f if line.strip()}
 
 
 if __name__ == "__main__":

@@ -35,6 +35,14 @@ Either averages gradients over ranks; the loss is scaled by the world size so th
 by tokens, deterministic); `step(samples, split=False)` takes a share the bridge already split.
 Ranks with fewer micro-batches run empty ones, so every rank enters the same collectives.
 
+Checkpoints (save_checkpoint / load_checkpoint, collective): the model and the AdamW state as full
+state dicts under the checkpoint's names (torch.distributed.checkpoint.state_dict with
+full_state_dict: FSDP2 shards and DDP's wrapper come out the same, so a checkpoint of any of the
+three layouts loads into any other), the optimizer steps taken (the lr schedule's position), every
+rank's RNG state and the bridge step; rank 0 writes <dir>/step-<k>.pt atomically (arlo.checkpoint).
+On load rank 0 picks the newest complete file and every rank loads that one (the directory must be
+visible to every rank: one host, or a shared filesystem).
+
 Bad input fails with HFTrainerError (a ValueError) naming what and where: a model directory that is
 not a causal LM, a tokenizer with more tokens than the model's input embedding, a batch token id
 outside the vocabulary (sample index, sample_id and position; raised on every rank).
@@ -49,6 +57,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from arlo import checkpoint
 from arlo import loss as arlo_loss
 from arlo.packing import BatchError, Sample, build_micro_batch, check_token_ids, pack_micro_batches, split_for_ranks
 
@@ -378,6 +387,56 @@ class HFTrainer:
             if self.rank == 0:
                 out[name] = value.detach().to("cpu").contiguous()
         return out
+
+    def save_checkpoint(self, directory: str, step: int, extra: Optional[Dict] = None, keep: int = 2) -> str:
+        """Writes the bridge step `step`'s checkpoint (model, optimizer, steps_done, every rank's RNG, `extra`)
+        to <directory>/step-<step>.pt on rank 0, atomically, keeping the newest `keep`. Collective; call it
+        after step() and before acknowledging the step. Returns the path."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, [self.optimizer],
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        rngs = [rng]
+        if self.world_size > 1:
+            rngs = [None] * self.world_size
+            dist.all_gather_object(rngs, rng)
+        where = checkpoint.path(directory, step)
+        if self.rank == 0:
+            checkpoint.save(directory, step, {"format": 1, "step": int(step), "steps_done": self.steps_done,
+                                              "model": model_sd, "optimizer": optim_sd, "rng": rngs,
+                                              "world_size": self.world_size, "extra": extra}, keep=keep)
+        if self.world_size > 1:
+            dist.barrier()  # no rank acknowledges before the file is there
+        return where
+
+    def load_checkpoint(self, directory: str) -> Tuple[int, Optional[Dict]]:
+        """Loads the newest complete checkpoint of `directory` (rank 0 chooses; every rank loads the same
+        one): (its bridge step, its `extra`), or (0, None) when there is none. Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        chosen = [checkpoint.latest_step(directory) if self.rank == 0 else 0]
+        if self.world_size > 1:
+            dist.broadcast_object_list(chosen, src=0)
+        step = int(chosen[0])
+        if step == 0:
+            return 0, None
+        try:
+            state = checkpoint.load(directory, step)
+        except OSError as e:
+            raise HFTrainerError(f"rank {self.rank}: checkpoint {checkpoint.path(directory, step)} (rank 0's newest) "
+                                 f"cannot be read here: {e}; the checkpoint directory must be visible to every "
+                                 "rank") from e
+        set_state_dict(self.model, [self.optimizer], model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        self.steps_done = int(state["steps_done"])
+        rngs = state["rng"]
+        rng = rngs[self.rank] if len(rngs) == self.world_size else rngs[0]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        return step, state.get("extra")
 
     def published_state(self) -> Dict[str, torch.Tensor]:
         """full_state_dict without a tied LM head (not a tensor of its own in the checkpoint)."""
