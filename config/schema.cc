@@ -443,6 +443,12 @@ Section trainer_section() {
                       "command: the argv of your trainer, e.g. [/usr/bin/python3, examples/pytorch_trainer/train.py]; "
                       "started in the directory arlo run is started in (relative paths are relative to it), "
                       "stopped with SIGTERM when the run ends."),
+          int_key("num_ranks", 1,
+                  "command and external: the trainer's data-parallel ranks. The bridge splits each step's batch "
+                  "over them (balanced by tokens); arlo run starts trainer.command once per rank with ARLO_RANK, "
+                  "ARLO_NUM_RANKS and torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its "
+                  "environment; any rank's exit stops the run. The built-in trainer is one rank.")
+              .range(1, 1024),
           float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
           float_key("sft_lr", 0.0,
                     "Learning rate on the supervised warm-up batches (orchestrator.sft_warmup_steps); 0 uses lr. "
@@ -678,6 +684,15 @@ void command_trainer_needs_command(const Config& c, std::vector<Violation>& out)
   }
 }
 
+void embedded_trainer_is_one_rank(const Config& c, std::vector<Violation>& out) {
+  if (c.string("trainer.launch") == "embedded" && c.integer("trainer.num_ranks") != 1) {
+    out.push_back({c.where("trainer.num_ranks"),
+                   "trainer.num_ranks is " + std::to_string(c.integer("trainer.num_ranks")) +
+                       ", but the built-in trainer (trainer.launch: embedded) is one rank; data parallel needs "
+                       "trainer.launch command or external"});
+  }
+}
+
 // Each reward.modules item gives the keys its kind requires, with values its kind accepts.
 void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
   const auto& modules = c.objects("reward.modules");
@@ -741,6 +756,7 @@ std::vector<Rule> product_rules() {
       {"model.heads divides model.hidden.", heads_divide_hidden},
       {"trainer.is_low < trainer.is_high.", is_bounds_ordered},
       {"trainer.command is not empty when trainer.launch is command.", command_trainer_needs_command},
+      {"trainer.num_ranks is 1 when trainer.launch is embedded.", embedded_trainer_is_one_rank},
       {reward_rule_doc(), reward_modules_complete},
       {"monitors.use names wandb or tensorboard, each at most once.", monitors_known},
   };

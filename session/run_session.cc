@@ -156,6 +156,7 @@ bridge::ServerOptions bridge_options(const config::Config& cfg, const std::strin
   bo.transport = cfg.string("bridge.transport");
   bo.run_dir = run_dir;
   bo.max_pending_batches = static_cast<std::size_t>(cfg.integer("bridge.max_pending_batches"));
+  bo.num_ranks = static_cast<int>(cfg.integer("trainer.num_ranks"));
   if (bo.transport == "socket") {
     const auto& address = cfg.string("bridge.address");
     const auto colon = address.rfind(':');
@@ -201,6 +202,7 @@ class RunSession::Impl {
     ThreadPool pack_threads(1);
     bridge::PackOptions pack;
     pack.seq_len = static_cast<int>(s_.cfg.integer("orchestrator.seq_len"));
+    pack.num_ranks = bo.num_ranks;
     adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
     adapters::RolloutInference inference(pool, std::move(admins), update_describer(dialect.server), "",
                                          network.executor(), dialect.completions);
@@ -398,10 +400,15 @@ class RunSession::Impl {
   void start_or_await_trainer(orch::Orchestrator& orchestrator, bridge::BridgeServer& server) {
     if (!error_.empty()) return;
     if (s_.cfg.string("trainer.launch") == "command") {
-      const auto spec = command_trainer_spec(s_.cfg, s_.run_dir, s_.plan.weight_sync,
-                                             static_cast<int>(s_.plan.workers.size()), server.port());
-      ARLO_INFO("arlo run: starting the trainer command: {}", fmt::join(spec.argv, " "));
-      if (auto st = supervisor_.start(spec); !st) {  // its exit stops the run
+      auto specs = command_trainer_specs(s_.cfg, s_.run_dir, s_.plan.weight_sync,
+                                         static_cast<int>(s_.plan.workers.size()), server.port());
+      if (specs && !specs->empty())
+        ARLO_INFO("arlo run: starting the trainer command ({} rank(s)): {}", specs->size(),
+                  fmt::join(specs->front().argv, " "));
+      auto st = specs ? ok() : Status(std::unexpected(specs.error()));
+      for (std::size_t r = 0; st && r < specs->size(); ++r)
+        st = supervisor_.start((*specs)[r]);  // an exit stops the run
+      if (!st) {
         error_ = st.error().what();
         orchestrator.request_stop(error_);
       }

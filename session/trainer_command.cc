@@ -18,11 +18,9 @@ std::string bridge_address(const config::Config& cfg, std::uint16_t port) {
 
 }  // namespace
 
-ChildSpec command_trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws,
-                               int num_workers, std::uint16_t bridge_port) {
-  ChildSpec spec;
-  spec.name = "trainer";
-  spec.argv = cfg.strings("trainer.command");
+Result<std::vector<ChildSpec>> command_trainer_specs(const config::Config& cfg, const std::string& run_dir,
+                                                     const WeightSyncPlan& ws, int num_workers,
+                                                     std::uint16_t bridge_port) {
   const auto& transport = cfg.string("bridge.transport");
   const nlohmann::json model = {{"layers", cfg.integer("model.layers")},
                                 {"hidden", cfg.integer("model.hidden")},
@@ -30,14 +28,30 @@ ChildSpec command_trainer_spec(const config::Config& cfg, const std::string& run
                                 {"context", cfg.integer("model.context")},
                                 {"seed", cfg.integer("model.seed")}};
   const auto threads = std::to_string(cfg.integer("trainer.threads"));
-  spec.env = {{"ARLO_RUN_DIR", run_dir},
-              {"ARLO_BRIDGE_TRANSPORT", transport},
-              {"ARLO_BRIDGE_ADDRESS", transport == "socket" ? bridge_address(cfg, bridge_port) : std::string()},
-              {"ARLO_WEIGHT_SYNC", ws.trainer_block(num_workers).dump()},
-              {"ARLO_MODEL", model.dump()},
-              {"OMP_NUM_THREADS", threads},
-              {"MKL_NUM_THREADS", threads}};
-  return spec;
+  const auto num_ranks = cfg.integer("trainer.num_ranks");
+  ARLO_ASSIGN_OR_RETURN(const auto master_port, free_loopback_port());  // the ranks' torch.distributed store
+  std::vector<ChildSpec> specs;
+  for (std::int64_t rank = 0; rank < num_ranks; ++rank) {
+    ChildSpec spec;
+    spec.name = num_ranks == 1 ? "trainer" : fmt::format("trainer-{}", rank);
+    spec.argv = cfg.strings("trainer.command");
+    spec.env = {{"ARLO_RUN_DIR", run_dir},
+                {"ARLO_BRIDGE_TRANSPORT", transport},
+                {"ARLO_BRIDGE_ADDRESS", transport == "socket" ? bridge_address(cfg, bridge_port) : std::string()},
+                {"ARLO_WEIGHT_SYNC", ws.trainer_block(num_workers).dump()},
+                {"ARLO_MODEL", model.dump()},
+                {"ARLO_RANK", std::to_string(rank)},
+                {"ARLO_NUM_RANKS", std::to_string(num_ranks)},
+                {"RANK", std::to_string(rank)},
+                {"LOCAL_RANK", std::to_string(rank)},
+                {"WORLD_SIZE", std::to_string(num_ranks)},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", std::to_string(master_port)},
+                {"OMP_NUM_THREADS", threads},
+                {"MKL_NUM_THREADS", threads}};
+    specs.push_back(std::move(spec));
+  }
+  return specs;
 }
 
 }  // namespace arlo::session

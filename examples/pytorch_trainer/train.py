@@ -204,7 +204,9 @@ def main(argv=None):
     ap.add_argument("--run-dir", help="dir transport: the orchestrator's run directory")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="socket transport: the orchestrator's bridge port")
-    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--rank", type=int, default=int(os.environ.get("ARLO_RANK", "0")),
+                    help="this rank (arlo run: $ARLO_RANK); with $ARLO_NUM_RANKS > 1 the ranks average their "
+                    "gradients over torch.distributed (gloo, env:// rendezvous) and rank 0 publishes")
     ap.add_argument("--weight-sync", type=json.loads,
                     help="the weight-sync block as JSON (docs/weight-sync.md), e.g. '{\"transport\": \"tcp\", "
                     "\"address\": \"0.0.0.0:0\", \"expected_receivers\": 2}'; run by arlo: $ARLO_WEIGHT_SYNC; "
@@ -247,6 +249,12 @@ def main(argv=None):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    data_parallel = int(os.environ.get("ARLO_NUM_RANKS", "1")) > 1
+    if data_parallel:  # arlo run set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    leader = args.rank == 0  # publishes, checkpoints and writes the metrics
     model = Policy(layers=args.layers, hidden=args.hidden, heads=args.heads, intermediate=args.intermediate)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2), weight_decay=args.weight_decay)
     step = 0
@@ -269,13 +277,14 @@ def main(argv=None):
             ap.error("--weight-sync is required without --run-dir (or ARLO_WEIGHT_SYNC)")
         ws = {"transport": "filesystem", "dir": os.path.join(args.run_dir, "weights")}
     bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port, rank=args.rank,
-                    start_after_step=step, weight_sync=ws)
-    metrics = trainer_support.MetricsLog(args.metrics)
+                    start_after_step=step, weight_sync=ws if leader else None)
+    metrics = trainer_support.MetricsLog(args.metrics if leader else None)
     try:
         # v0 at start; after a restart, the version of the checkpoint (the workers may not hold it,
         # and a resumed orchestrator waits for it before the first rollout).
-        bridge.publish(step, model.hf_state_dict())
-        print(f"published v{step}", flush=True)
+        if leader:
+            bridge.publish(step, model.hf_state_dict())
+            print(f"published v{step}", flush=True)
         for batch in trainer_support.next_batches(bridge, args.idle_timeout, stop):
             t0 = time.time()
             t = batch.tensors(torch=True)
@@ -283,20 +292,23 @@ def main(argv=None):
             for group in opt.param_groups:
                 group["lr"] = args.sft_lr if "ce_weights" in t and args.sft_lr > 0 else args.lr
             loss, extra, grad_norm = trainer_support.train_step(
-                model, opt, lambda: policy_loss(model, t, loss_tokens, args.is_high), args.max_grad_norm)
+                model, opt, lambda: policy_loss(model, t, loss_tokens, args.is_high), args.max_grad_norm,
+                data_parallel)
             step = batch.step
-            if ckpt:  # durable before the ack, so a crash after this line never trains the step again
+            if ckpt and leader:  # durable before the ack, so a crash after this line never trains the step again
                 os.makedirs(args.checkpoint_dir, exist_ok=True)
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt + ".tmp")
                 os.replace(ckpt + ".tmp", ckpt)
             bridge.ack(step)
-            bridge.publish(step, model.hf_state_dict())
+            if leader:
+                bridge.publish(step, model.hf_state_dict())
             record = {"step": step, "loss": float(loss), "grad_norm": float(grad_norm),
                       "mismatch_kl": extra["mismatch_kl"], "clipped_frac": extra["clipped_frac"],
                       "samples": batch.meta_int("samples"), "loss_tokens": batch.meta_int("loss_tokens"),
                       "policy_version_mean": float(batch.metadata["policy_version_mean"]),
                       "time/step_seconds": time.time() - t0}
-            metrics.write(record, echo=bool(args.log_every and step % args.log_every == 0))
+            record["num_ranks"] = batch.num_ranks
+            metrics.write(record, echo=bool(leader and args.log_every and step % args.log_every == 0))
             if args.steps and step >= args.steps:
                 break
     finally:

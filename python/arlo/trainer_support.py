@@ -67,15 +67,25 @@ class MetricsLog:
             self._file = None
 
 
-def train_step(model, optimizer, loss_fn, max_grad_norm):
-    """One optimizer step: gradients zeroed, (loss, extra) = loss_fn() backpropagated, the gradient
-    norm clipped to max_grad_norm, the optimizer stepped. Returns (loss, extra, grad_norm)."""
+def train_step(model, optimizer, loss_fn, max_grad_norm, data_parallel=False):
+    """One optimizer step: gradients zeroed, (loss, extra) = loss_fn() backpropagated, averaged
+    over the ranks of torch.distributed's default group when data_parallel (each rank's loss_fn
+    covers its part of the step's batch), the gradient norm clipped to max_grad_norm, the optimizer
+    stepped. Returns (loss, extra, grad_norm)."""
     import torch
 
     model.train()
     optimizer.zero_grad(set_to_none=True)
     loss, extra = loss_fn()
     loss.backward()
+    if data_parallel:
+        import torch.distributed as dist
+
+        for p in model.parameters():
+            if p.grad is None:  # a parameter this rank's part did not reach still takes part
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= dist.get_world_size()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     return loss, extra, grad_norm

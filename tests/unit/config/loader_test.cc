@@ -284,11 +284,14 @@ TEST(ConfigLoad, CrossKeyRules) {
       "orchestrator:\n  batch_size: 30\n  group_size: 8\n"
       "env:\n  kind: jsonl\n"
       "inference:\n  launch: external\n"
-      "model:\n  hidden: 64\n  heads: 5\n");
+      "model:\n  hidden: 64\n  heads: 5\n"
+      "trainer:\n  num_ranks: 2\n");
   refused(r, {"test.yaml:2:3: orchestrator.batch_size (30) must be a multiple of orchestrator.group_size (8)",
               "test.yaml:5:3: env.path is required when env.kind is jsonl",
               "inference.urls must list the servers when inference.launch is external",
-              "model.heads must divide model.hidden"});
+              "model.heads must divide model.hidden",
+              "test.yaml:12:3: trainer.num_ranks is 2, but the built-in trainer (trainer.launch: embedded) is one "
+              "rank"});
 }
 
 TEST(ConfigOverrides, SetWinsOverFileAndIsTypeChecked) {
