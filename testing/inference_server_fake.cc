@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -24,9 +25,19 @@ asio::awaitable<void> sleep_for(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
+std::set<std::string> json_keys(const Json& j) {
+  std::set<std::string> out;
+  if (j.is_object())
+    for (const auto& [k, v] : j.items()) out.insert(k);
+  return out;
+}
+
 InferenceServerFake::InferenceServerFake(asio::io_context& io, std::uint16_t port)
-    : io_(io), release_(io, std::chrono::steady_clock::time_point::max()) {
-  start(port);
+    : InferenceServerFake(io, InferenceServerOptions{.port = port}) {}
+
+InferenceServerFake::InferenceServerFake(asio::io_context& io, InferenceServerOptions options)
+    : io_(io), options_(std::move(options)), release_(io, std::chrono::steady_clock::time_point::max()) {
+  start(options_.port);
 }
 
 InferenceServerFake::~InferenceServerFake() { close(); }
@@ -36,15 +47,49 @@ void InferenceServerFake::start(std::uint16_t port) {
   o.port = port;
   o.stop_grace = std::chrono::milliseconds(100);
   server_ = std::make_unique<http::Server>(io_, o);
-  server_->route(http::Verb::get, "/health", [this](http::Request req) { return health(std::move(req)); });
-  server_->route(http::Verb::post, "/v1/completions", [this](http::Request req) { return complete(std::move(req)); });
+  on(http::Verb::get, "/health", [this](Json, http::Request) { return health(); });
+  on(http::Verb::post, "/v1/completions", [this](Json, http::Request req) { return complete(std::move(req)); });
+  if (options_.dialect == Dialect::kVllm) serve_vllm();
+  if (options_.dialect == Dialect::kSglang) serve_sglang();
   auto port_or = server_->start();
   if (!port_or) throw std::runtime_error(port_or.error().what());
   port_ = *port_or;
   closed_ = false;
 }
 
-asio::awaitable<http::Response> InferenceServerFake::health(http::Request) {
+void InferenceServerFake::on(http::Verb verb, const std::string& path, Handler handler) {
+  std::string name = fmt::format("{} {}", verb == http::Verb::get ? "GET" : "POST", path);
+  server_->route(verb, path, [this, name = std::move(name), handler = std::move(handler)](http::Request req) {
+    requests.push_back(name);
+    Json body = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) body = Json();
+    request_bodies.push_back(body);
+    return handler(std::move(body), std::move(req));
+  });
+}
+
+Json InferenceServerFake::body_of(const std::string& request, int nth) const {
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (requests[i] == request && nth-- == 0) return request_bodies[i];
+  return Json();
+}
+
+int InferenceServerFake::count(const std::string& request) const {
+  return static_cast<int>(std::count(requests.begin(), requests.end(), request));
+}
+
+http::Response InferenceServerFake::violation(std::string what) {
+  violations.push_back(what);
+  if (on_violation) on_violation(what);
+  return http::Response::json(400, Json{{"error", std::move(what)}});
+}
+
+asio::awaitable<std::optional<http::Response>> InferenceServerFake::weights_request(Json body) {
+  if (!on_weights_request) co_return std::nullopt;
+  co_return co_await on_weights_request(std::move(body));
+}
+
+asio::awaitable<http::Response> InferenceServerFake::health() {
   ++health_calls;
   if (health_delay.count() > 0) co_await sleep_for(health_delay);  // slow, or past a timeout silent
   if (health_status != 200) co_return http::Response::error(health_status, "injected health failure", "server_error");

@@ -1,18 +1,23 @@
-// The vllm and sglang admin dialects driving a collective weight update, against test servers on
-// real loopback sockets that model the servers' ordering rules and refuse (failing the test) any
-// request out of order, and a CollectiveSession double that completes a broadcast only once the
-// server holds the metadata request (as NCCL does: the receivers allocate from it), while the
-// server answers that request only once the broadcast ended or was aborted.
+// The vllm and sglang admin dialects driving a collective weight update, against
+// InferenceServerFake's vLLM and SGLang personalities (testing/inference_server_fake.h): real
+// loopback servers that model the servers' ordering rules and refuse any request out of order (here
+// failing the test), and a CollectiveSession double that completes a broadcast only once the server
+// holds the metadata request (as NCCL does: the receivers allocate from it), while the server
+// answers that request only once the broadcast ended or was aborted (the servers' weights hook).
 #include <gtest/gtest.h>
 
 #include <set>
 
 #include "rollout/admin.h"
+#include "testing/inference_server_fake.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
 namespace arlo::rollout {
 namespace {
 
+using arlo::testing::Dialect;
+using arlo::testing::InferenceServerFake;
+using arlo::testing::json_keys;
 using test::run;
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
@@ -143,363 +148,6 @@ class FakeSession final : public CollectiveSession {
   std::shared_ptr<Rendezvous> rv_;
 };
 
-// Shared plumbing of the two test servers: a route table on a loopback http::Server, a log of
-// requests, and a violation list (each also fails the test where it is found).
-class TestServer {
- public:
-  explicit TestServer(asio::io_context& io, std::shared_ptr<Rendezvous> rv) : rv_(std::move(rv)) {
-    http::ServerOptions o;
-    o.stop_grace = 100ms;
-    server_ = std::make_unique<http::Server>(io, o);
-  }
-  virtual ~TestServer() { server_->close(); }
-  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
-  std::vector<std::string> requests;  // "POST /path" in arrival order
-  std::vector<Json> bodies;           // parallel to requests (null when empty)
-  std::vector<std::string> violations;
-
-  Json body_of(const std::string& request, int nth = 0) const {
-    for (std::size_t i = 0; i < requests.size(); ++i)
-      if (requests[i] == request && nth-- == 0) return bodies[i];
-    return Json();
-  }
-  int count(const std::string& request) const {
-    return static_cast<int>(std::count(requests.begin(), requests.end(), request));
-  }
-
- protected:
-  using Handler = std::function<asio::awaitable<http::Response>(const Json&, const http::Request&)>;
-  void on(http::Verb verb, std::string path, Handler h) {
-    const std::string name = fmt::format("{} {}", verb == http::Verb::get ? "GET" : "POST", path);
-    server_->route(verb, path, [this, name, h = std::move(h)](http::Request req) -> asio::awaitable<http::Response> {
-      requests.push_back(name);
-      Json body = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
-      bodies.push_back(body);
-      co_return co_await h(body, req);
-    });
-  }
-  void start() { port_ = *server_->start(); }
-  http::Response violation(std::string what) {
-    ADD_FAILURE() << "server saw a violation: " << what;
-    violations.push_back(what);
-    return http::Response::json(400, Json{{"error", what}});
-  }
-  // Answers a metadata request the way both servers do: after the broadcast into it ended (or the
-  // group was aborted, which a real server reports as a failed update).
-  asio::awaitable<std::optional<http::Response>> hold_for_broadcast() {
-    auto b = rv_->get();
-    if (b->arrived.is_set()) co_return violation("a second metadata request while one is in flight");
-    b->arrived.set();
-    while (!b->ended.is_set() && !b->aborted.is_set()) {
-      auto w = b->ended.wait(50ms);
-      co_await std::move(w);
-    }
-    rv_->current.reset();
-    if (!b->ended.is_set())
-      co_return http::Response::json(500, Json{{"error", "NCCL error: the communicator was aborted"}});
-    co_return std::nullopt;
-  }
-
-  std::shared_ptr<Rendezvous> rv_;
-  std::unique_ptr<http::Server> server_;
-  std::uint16_t port_ = 0;
-};
-
-std::set<std::string> keys(const Json& j) {
-  std::set<std::string> out;
-  if (j.is_object())
-    for (const auto& [k, v] : j.items()) out.insert(k);
-  return out;
-}
-
-struct VllmShape {
-  int minor = 26;
-};
-
-// vLLM's dev-mode RL routes, with the per-version validation its dataclasses do (unknown keys
-// refused) and the layerwise-reload session rules (start, update..., finish).
-class FakeVllm final : public TestServer {
- public:
-  FakeVllm(asio::io_context& io, std::shared_ptr<Rendezvous> rv, std::string version, int world_size,
-           bool weight_info = true)
-      : TestServer(io, std::move(rv)), version_(std::move(version)), world_size_(world_size) {
-    minor_ = std::stoi(version_.substr(version_.find('.') + 1));
-    on(http::Verb::get, "/version", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, Json{{"version", version_}});
-    });
-    on(http::Verb::get, "/get_world_size",
-       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-         co_return http::Response::json(200, Json{{"world_size", world_size_}});
-       });
-    on(http::Verb::post, "/pause", [this](const Json&, const http::Request& r) -> asio::awaitable<http::Response> {
-      paused = true;
-      pause_targets.push_back(r.target);
-      co_return http::Response::json(200, Json{{"status", "paused"}});
-    });
-    on(http::Verb::post, "/resume", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-      paused = false;
-      co_return http::Response::json(200, Json{{"status", "resumed"}});
-    });
-    on(http::Verb::post, "/init_weight_transfer_engine",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> { co_return init(b); });
-    on(http::Verb::post, "/start_weight_update",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> { co_return start_update(b); });
-    on(http::Verb::post, "/update_weights",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         if (auto refused = check_update(b)) co_return *refused;
-         if (fail_update)
-           co_return http::Response::json(500,
-                                          Json{{"error", "CUDA out of memory while allocating the receive buffer"}});
-         if (!arlo_backend) {  // arlo's backend pulls over its own transport: no broadcast to join
-           auto held = co_await hold_for_broadcast();
-           if (held) co_return *held;
-         }
-         updated_since_start_ = true;
-         co_return http::Response::json(200, Json{{"message", "Weights updated"}});
-       });
-    on(http::Verb::post, "/finish_weight_update",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         if (!in_update_) co_return violation("/finish_weight_update without /start_weight_update");
-         if (!updated_since_start_) co_return violation("/finish_weight_update before /update_weights returned");
-         in_update_ = false;
-         if (!b.is_object() || !b.contains("weight_version") || !b["weight_version"].is_string())
-           co_return violation("/finish_weight_update without a string weight_version: " + b.dump());
-         weight_version = b["weight_version"].get<std::string>();
-         co_return http::Response::json(200, Json{{"message", "Weight update finished"}});
-       });
-    if (weight_info)
-      on(http::Verb::get, "/weight_info", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-        co_return http::Response::json(
-            200, Json{{"weight_version", weight_version.empty() ? Json() : Json(weight_version)}});
-      });
-    on(http::Verb::post, "/collective_rpc",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         if (!arlo_backend || b != Json{{"method", "arlo_weights"}}) co_return violation("/collective_rpc " + b.dump());
-         Json report = streamed.empty() ? Json::object()
-                                        : Json{{"version", streamed.back()["version"].get<std::int64_t>() + ahead},
-                                               {"checksum", loaded_checksum}};
-         co_return http::Response::json(200, Json{{"results", Json::array({report, report})}});
-       });
-    on(http::Verb::post, "/weight_checker",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         if (paused)
-           co_return http::Response::json(409, Json{{"detail", "weight_checker requires an awake, unpaused engine"}});
-         if (b.value("action", "") == "checksum") co_return http::Response::json(200, Json{{"checksums", checksums}});
-         if (b.value("action", "") == "compare") {
-           Json mismatches = Json::array();
-           for (const auto& [name, hex] : checksums.items())
-             if (b["baseline"].value(name, "") != hex) mismatches.push_back(name);
-           co_return http::Response::json(200, Json{{"match", mismatches.empty()}, {"mismatches", mismatches}});
-         }
-         co_return violation("/weight_checker action " + b.dump());
-       });
-    start();
-  }
-
-  bool paused = false;
-  bool fail_update = false;
-  bool refuse_unique_id = false;
-  bool fail_init = false;
-  std::vector<std::string> pause_targets;
-  bool arlo_backend = false;   // --weight-transfer-config '{"backend": "arlo"}' (python/arlo_vllm)
-  std::vector<Json> streamed;  // the update_info of each arlo-backend update
-  std::string loaded_checksum = "9cb6f9b675c9fd58";  // what its two workers' arlo_weights() report
-  std::int64_t ahead = 0;                            // the publisher held this many versions past the one asked for
-  std::string weight_version;
-  Json checksums = {{"model.embed_tokens.weight", "aa11"}, {"lm_head.weight", "bb22"}};
-  std::vector<int> init_ports;
-
- private:
-  http::Response init(const Json& b) {
-    if (!b.is_object() || !b.contains("init_info")) return violation("/init_weight_transfer_engine without init_info");
-    if (fail_init)
-      return http::Response::json(500,
-                                  Json{{"detail", "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"}});
-    const Json& info = b["init_info"];
-    if (info == Json::object()) {  // arlo's backend takes nothing up front; vLLM's NCCL engine refuses that
-      if (!arlo_backend)
-        return http::Response::json(500,
-                                    Json{{"error",
-                                          {{"message",
-                                            "Call to collective_rpc method failed: Worker failed with error "
-                                            "'Invalid init_info for NCCLWeightTransferEngine: __init__() missing 4 "
-                                            "required positional arguments'"}}}});
-      engine_ready_ = true;
-      return http::Response::json(200, Json{{"message", "Weight transfer initialized"}});
-    }
-    std::set<std::string> want = {"rank_offset", "world_size"};
-    if (info.contains("nccl_unique_id_b64")) {
-      if (minor_ < 29) return violation("nccl_unique_id_b64 sent to vLLM " + version_);
-      if (refuse_unique_id)  // a release without vllm PR #53784: its dataclass has no such field
-        return http::Response::json(
-            400, Json{{"detail",
-                       "Invalid init_info for NCCLWeightTransferEngine: NCCLWeightTransferInitInfo.__init__() "
-                       "got an unexpected keyword argument 'nccl_unique_id_b64'"}});
-      if (info.contains("master_address") || info.contains("master_port"))
-        return violation("both rendezvous modes in init_info");
-      want.insert("nccl_unique_id_b64");
-    } else {
-      want.insert({"master_address", "master_port"});
-    }
-    if (minor_ >= 28) want.insert({"packed", "packed_buffer_size_bytes", "packed_num_buffers"});
-    if (keys(info) != want) return violation("Invalid init_info for vLLM " + version_ + ": " + info.dump());
-    const int port = info.value("master_port", 0);
-    if (port != 0 && std::find(init_ports.begin(), init_ports.end(), port) != init_ports.end())
-      return violation("a second init for the group on port " + std::to_string(port));
-    init_ports.push_back(port);
-    engine_ready_ = true;
-    in_update_ = false;
-    return http::Response::json(200, Json{{"message", "Weight transfer initialized"}});
-  }
-  http::Response start_update(const Json& b) {
-    if (!engine_ready_) return violation("/start_weight_update before /init_weight_transfer_engine");
-    if (in_update_) return violation("/start_weight_update while an update is open");
-    // Handlers that read `await raw_request.json()` answer an empty body with 400.
-    if (!b.is_object()) return http::Response::json(400, Json{{"detail", "There was an error parsing the body"}});
-    if (minor_ >= 28 && !b.empty())
-      return violation("is_checkpoint_format (removed in 0.28) sent to vLLM " + version_ + ": " + b.dump());
-    if (minor_ < 28 && b != Json{{"is_checkpoint_format", true}})
-      return violation("/start_weight_update body " + b.dump());
-    in_update_ = true;
-    updated_since_start_ = false;
-    return http::Response::json(200, Json{{"message", "Weight update started"}});
-  }
-  std::optional<http::Response> check_update(const Json& b) {
-    if (!in_update_) return violation("/update_weights without /start_weight_update");
-    if (!b.is_object() || !b.contains("update_info")) return violation("/update_weights without update_info");
-    const Json& info = b["update_info"];
-    if (arlo_backend) {
-      if (keys(info) != std::set<std::string>{"version", "weight_sync"} || !info["version"].is_number_integer() ||
-          !info["weight_sync"].is_object())
-        return violation("Invalid update_info for ArloWeightTransferEngine: " + info.dump());
-      streamed.push_back(info);
-      return std::nullopt;
-    }
-    std::set<std::string> want = {"names", "dtype_names", "shapes"};
-    if (minor_ < 28) want.insert({"packed", "packed_buffer_size_bytes", "packed_num_buffers"});
-    if (keys(info) != want) return violation("Invalid update_info for vLLM " + version_ + ": " + info.dump());
-    if (info["names"] != Json::array({"model.embed_tokens.weight", "lm_head.weight"}) ||
-        info["dtype_names"] != Json::array({"bfloat16", "float32"}) || info["shapes"][1] != Json::array({32, 8}))
-      return violation("update_info lists other tensors: " + info.dump());
-    return std::nullopt;
-  }
-
-  std::string version_;
-  int minor_ = 0;
-  int world_size_ = 1;
-  bool engine_ready_ = false;
-  bool in_update_ = false;
-  bool updated_since_start_ = false;
-};
-
-// SGLang's weight-update routes: a group per group_name, updates that assert (here: a violation)
-// when the cache is flushed with requests running, {"success": false} answers on refusal.
-class FakeSglang final : public TestServer {
- public:
-  FakeSglang(asio::io_context& io, std::shared_ptr<Rendezvous> rv, int tp_size)
-      : TestServer(io, std::move(rv)), tp_size_(tp_size) {
-    on(http::Verb::get, "/get_server_info",
-       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-         co_return http::Response::json(
-             200, Json{{"tp_size", tp_size_}, {"dp_size", dp_size}, {"pp_size", 1}, {"version", "0.5.9"}});
-       });
-    on(http::Verb::post, "/pause_generation",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         const std::string mode = b.value("mode", "");
-         if (mode == "abort")
-           running = 0;
-         else if (mode != "in_place")
-           co_return violation("pause mode " + b.dump());
-         paused = true;
-         co_return http::Response::json(200, Json{{"message", "paused"}});
-       });
-    on(http::Verb::post, "/continue_generation",
-       [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-         paused = false;
-         co_return http::Response::json(200, Json{{"message", "continued"}});
-       });
-    on(http::Verb::post, "/destroy_weights_update_group",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         if (!groups_.erase(b.value("group_name", ""))) co_return violation("destroy of an unknown group " + b.dump());
-         co_return http::Response::json(200, Json{{"success", true}, {"message", "destroyed"}});
-       });
-    on(http::Verb::post, "/init_weights_update_group",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         const std::set<std::string> want = {"master_address", "master_port", "rank_offset",
-                                             "world_size",     "group_name",  "backend"};
-         if (keys(b) != want || b.value("backend", "") != "nccl")
-           co_return violation("init_weights_update_group body " + b.dump());
-         if (groups_.count(b["group_name"].get<std::string>()))
-           co_return violation("a second init of group " + b["group_name"].dump());
-         groups_.insert(b["group_name"].get<std::string>());
-         co_return http::Response::json(
-             200, Json{{"success", true}, {"message", "Succeeded to initialize custom process group."}});
-       });
-    on(http::Verb::post, "/update_weights_from_distributed",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         if (!groups_.count(b.value("group_name", "")))
-           co_return violation("update for an unknown group " + b.value("group_name", ""));
-         if (b["names"] != Json::array({"model.embed_tokens.weight", "lm_head.weight"}) ||
-             b["dtypes"] != Json::array({"bfloat16", "float32"}))
-           co_return violation("update lists other tensors: " + b.dump());
-         if (b.value("flush_cache", true) && running > 0)
-           co_return violation("flush_cache with running requests (SGLang asserts)");
-         if (refuse_update)
-           co_return http::Response::json(
-               200, Json{{"success", false}, {"message", "Failed to update parameter online: shape mismatch"}});
-         auto held = co_await hold_for_broadcast();
-         if (held) co_return *held;
-         weight_version = b.value("weight_version", "");
-         co_return http::Response::json(200,
-                                        Json{{"success", true}, {"message", "Succeeded to update parameter online."}});
-       });
-    on(http::Verb::post, "/update_weights_from_disk",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         if (b.value("flush_cache", true) && running > 0)
-           co_return violation("flush_cache with running requests (SGLang asserts)");
-         if (b.value("model_path", "") != "/runs/x/weights/v8")
-           co_return http::Response::json(
-               400, Json{{"success", false}, {"message", "model_path does not exist"}, {"num_paused_requests", 0}});
-         weight_version = b.value("weight_version", "");
-         co_return http::Response::json(
-             200,
-             Json{{"success", true}, {"message", "Succeeded to update model weights."}, {"num_paused_requests", 0}});
-       });
-    on(http::Verb::post, "/update_weight_version",
-       [this](const Json& b, const http::Request&) -> asio::awaitable<http::Response> {
-         weight_version = b.value("new_version", "");
-         co_return http::Response::json(200, Json{{"success", true}, {"new_version", weight_version}});
-       });
-    // Current SGLang: the version is in /model_info; the old routes answer 404 (FastAPI's
-    // HTTPException body). `legacy` is a server from before that: no /model_info.
-    on(http::Verb::get, "/model_info", [this](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-      if (legacy) co_return http::Response::json(404, Json{{"detail", "Not Found"}});
-      co_return http::Response::json(
-          200, Json{{"model_path", "Qwen/Qwen3-1.7B"}, {"is_generation", true}, {"weight_version", weight_version}});
-    });
-    for (const char* route : {"/get_weight_version", "/weight_version"})
-      on(http::Verb::get, route, [this, route](const Json&, const http::Request&) -> asio::awaitable<http::Response> {
-        if (legacy) co_return http::Response::json(200, Json{{"weight_version", weight_version}});
-        co_return http::Response::json(
-            404,
-            Json{{"detail", fmt::format("Endpoint '{}' is deprecated. Please use '/model_info' instead.", route)}});
-      });
-    start();
-  }
-
-  bool legacy = false;  // a server from before /model_info carried the version
-
-  int running = 0;  // requests in the server's batch
-  int dp_size = 1;
-  bool paused = false;
-  bool refuse_update = false;
-  std::string weight_version;
-
- private:
-  int tp_size_;
-  std::set<std::string> groups_;
-};
-
 AdminOptions fast() {
   AdminOptions o;
   o.call_timeout = 5s;
@@ -520,10 +168,44 @@ struct Rig {
   std::shared_ptr<Rendezvous> rv = std::make_shared<Rendezvous>(io.get_executor());
   std::shared_ptr<FakeSession> session = std::make_shared<FakeSession>(rv);
   http::Client client{io};
+  std::vector<std::unique_ptr<InferenceServerFake>> servers;  // destroyed before io
+
+  // A vLLM server of `version` with `world_size` workers, coupled to the session's broadcasts.
+  InferenceServerFake& vllm(std::string version, int world_size, bool weight_info = true) {
+    return serve({.dialect = Dialect::kVllm,
+                  .vllm_version = std::move(version),
+                  .world_size = world_size,
+                  .weight_info = weight_info});
+  }
+  InferenceServerFake& sglang(int tp_size) { return serve({.dialect = Dialect::kSglang, .world_size = tp_size}); }
+
   // An admin client of `dialect` for the server at `url`, the worker the session names "W".
   std::unique_ptr<AdminClient> admin_for_worker(AdminDialect dialect, const std::string& url) {
     session->worker_url = url;
     return make_admin_client(dialect, client, url, fast());
+  }
+
+ private:
+  InferenceServerFake& serve(testing::InferenceServerOptions o) {
+    auto& srv = *servers.emplace_back(std::make_unique<InferenceServerFake>(io, std::move(o)));
+    srv.on_violation = [](const std::string& what) { ADD_FAILURE() << "server saw a violation: " << what; };
+    srv.on_weights_request = [this, &srv](Json) { return hold_for_broadcast(srv); };
+    return srv;
+  }
+  // Answers a metadata request the way both servers do: after the broadcast into it ended (or the
+  // group was aborted, which a real server reports as a failed update).
+  asio::awaitable<std::optional<http::Response>> hold_for_broadcast(InferenceServerFake& srv) {
+    auto b = rv->get();
+    if (b->arrived.is_set()) co_return srv.violation("a second metadata request while one is in flight");
+    b->arrived.set();
+    while (!b->ended.is_set() && !b->aborted.is_set()) {
+      auto w = b->ended.wait(50ms);
+      co_await std::move(w);
+    }
+    rv->current.reset();
+    if (!b->ended.is_set())
+      co_return http::Response::json(500, Json{{"error", "NCCL error: the communicator was aborted"}});
+    co_return std::nullopt;
   }
 };
 
@@ -532,7 +214,7 @@ std::string what(const Status& s) { return s ? std::string("ok") : s.error().wha
 // ---- vLLM ----
 
 // One full cycle per version, twice, for a server of the given version.
-void vllm_two_updates(Rig& rig, FakeVllm& srv, int world_size) {
+void vllm_two_updates(Rig& rig, InferenceServerFake& srv, int world_size) {
   auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     for (std::int64_t v : {1, 2}) {
@@ -559,7 +241,7 @@ void vllm_two_updates(Rig& rig, FakeVllm& srv, int world_size) {
 
 TEST(AdminVllmCollective, Version026SendsPackedFieldsWithTheUpdateAndACheckpointStart) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.26.0", 2);
+  auto& srv = rig.vllm("0.26.0", 2);
   vllm_two_updates(rig, srv, 2);
   const Json init = srv.body_of("POST /init_weight_transfer_engine")["init_info"];
   EXPECT_EQ(init,
@@ -578,7 +260,7 @@ TEST(AdminVllmCollective, Version026SendsPackedFieldsWithTheUpdateAndACheckpoint
 
 TEST(AdminVllmCollective, Version028MovesPackingIntoInitAndStartsWithAnEmptyObject) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.28.0", 2);
+  auto& srv = rig.vllm("0.28.0", 2);
   vllm_two_updates(rig, srv, 2);  // the session offers a unique id too: 0.28 has no such field
   const Json init = srv.body_of("POST /init_weight_transfer_engine")["init_info"];
   EXPECT_FALSE(init.contains("nccl_unique_id_b64"));
@@ -586,13 +268,13 @@ TEST(AdminVllmCollective, Version028MovesPackingIntoInitAndStartsWithAnEmptyObje
   EXPECT_EQ(init["packed_num_buffers"], 2);
   EXPECT_EQ(srv.body_of("POST /start_weight_update", 0), Json::object());
   EXPECT_EQ(srv.body_of("POST /start_weight_update", 1), Json::object());
-  EXPECT_EQ(keys(srv.body_of("POST /update_weights")["update_info"]),
+  EXPECT_EQ(json_keys(srv.body_of("POST /update_weights")["update_info"]),
             (std::set<std::string>{"names", "dtype_names", "shapes"}));
 }
 
 TEST(AdminVllmCollective, MainBuildTakesTheUniqueIdInsteadOfTheStore) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.30.0rc1.dev42+g0123abc", 1);
+  auto& srv = rig.vllm("0.30.0rc1.dev42+g0123abc", 1);
   vllm_two_updates(rig, srv, 1);
   const Json init = srv.body_of("POST /init_weight_transfer_engine")["init_info"];
   EXPECT_EQ(init["nccl_unique_id_b64"], std::string(172, 'A'));
@@ -605,15 +287,15 @@ TEST(AdminVllmCollective, MainBuildTakesTheUniqueIdInsteadOfTheStore) {
 // store's fields for every later group.
 TEST(AdminVllmCollective, AServerRefusingTheUniqueIdJoinsTheSameGroupThroughTheStore) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.29.0", 1);
-  srv.refuse_unique_id = true;
+  auto& srv = rig.vllm("0.29.0", 1);
+  srv.vllm.refuse_unique_id = true;
   auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(1, rig.session))), "ok");
     EXPECT_EQ(what(co_await admin->commit_weights(1)), "ok");
-    srv.fail_update = true;  // the group fails: the next update joins a new generation
+    srv.vllm.fail_update = true;  // the group fails: the next update joins a new generation
     EXPECT_FALSE(co_await admin->prepare_weights(collective_update(2, rig.session)));
-    srv.fail_update = false;
+    srv.vllm.fail_update = false;
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(3, rig.session))), "ok");
     EXPECT_EQ(what(co_await admin->commit_weights(3)), "ok");
   }());
@@ -639,9 +321,9 @@ TEST(AdminVllmCollective, AServerRefusingTheUniqueIdJoinsTheSameGroupThroughTheS
 // Any other init failure is not retried: it aborts the group.
 TEST(AdminVllmCollective, AnInitFailureNotAboutTheUniqueIdIsNotRetried) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.29.0", 1);
+  auto& srv = rig.vllm("0.29.0", 1);
   auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
-  srv.fail_init = true;
+  srv.vllm.fail_init = true;
   run(rig.io, [&]() -> asio::awaitable<void> {
     EXPECT_FALSE(co_await admin->prepare_weights(collective_update(1, rig.session)));
   }());
@@ -653,14 +335,14 @@ TEST(AdminVllmCollective, AnInitFailureNotAboutTheUniqueIdIsNotRetried) {
 TEST(AdminVllmCollective, MainBuildWithoutAUniqueIdUsesTheStore) {
   Rig rig;
   rig.session->offer_uid = false;
-  FakeVllm srv(rig.io, rig.rv, "0.30.0", 1);
+  auto& srv = rig.vllm("0.30.0", 1);
   vllm_two_updates(rig, srv, 1);
   EXPECT_EQ(srv.body_of("POST /init_weight_transfer_engine")["init_info"]["master_address"], "127.0.0.1");
 }
 
 TEST(AdminVllmCollective, ServerWithoutStartAndFinishIsRefusedBeforeAnyTransferCall) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.19.1", 1);
+  auto& srv = rig.vllm("0.19.1", 1);
   auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
   run(rig.io, [&]() -> asio::awaitable<void> {
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));
@@ -674,23 +356,23 @@ TEST(AdminVllmCollective, ServerWithoutStartAndFinishIsRefusedBeforeAnyTransferC
 
 TEST(AdminVllmCollective, FailedUpdateCallAbortsTheGroupOnceAndTheNextUpdateJoinsANewGeneration) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.26.0", 1);
+  auto& srv = rig.vllm("0.26.0", 1);
   auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
-    srv.fail_update = true;
+    srv.vllm.fail_update = true;
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));
     EXPECT_FALSE(r);
     EXPECT_NE(what(r).find("POST " + srv.url() + "/update_weights: HTTP 500"), std::string::npos) << what(r);
     EXPECT_NE(what(r).find("CUDA out of memory"), std::string::npos) << what(r);
     EXPECT_FALSE(co_await admin->commit_weights(1));  // nothing prepared
-    srv.fail_update = false;
+    srv.vllm.fail_update = false;
     // The open layerwise session ends with the failed server's engine re-initialised.
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(2, rig.session))), "ok");
     EXPECT_EQ(what(co_await admin->commit_weights(2)), "ok");
   }());
   EXPECT_TRUE(srv.violations.empty());
   EXPECT_EQ(srv.count("POST /update_weights"), 2);  // not retried
-  EXPECT_EQ(srv.init_ports, (std::vector<int>{29500, 29501}));
+  EXPECT_EQ(srv.vllm.init_ports, (std::vector<int>{29500, 29501}));
   EXPECT_EQ(rig.session->log,
             (std::vector<std::string>{"group W 1", "receiving v1 g0", "failed W g0", "receiving aborted", "group W 1",
                                       "receiving v2 g1", "broadcast v2"}));
@@ -700,7 +382,7 @@ TEST(AdminVllmCollective, FailedUpdateCallAbortsTheGroupOnceAndTheNextUpdateJoin
 
 TEST(AdminVllmCollective, FailedBroadcastFailsThePrepareAndTheServerAnswersOnlyAfterIt) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.28.0", 1);
+  auto& srv = rig.vllm("0.28.0", 1);
   auto admin = rig.admin_for_worker(AdminDialect::kVllm, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
     rig.session->fail_receiving = true;
@@ -717,7 +399,7 @@ TEST(AdminVllmCollective, FailedBroadcastFailsThePrepareAndTheServerAnswersOnlyA
 
 TEST(AdminVllmCollective, ANewerVersionSentIsTheOneFinished) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.28.0", 1, /*weight_info=*/false);
+  auto& srv = rig.vllm("0.28.0", 1, /*weight_info=*/false);
   rig.session->sent_instead = 3;
   auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
   run(rig.io, [&]() -> asio::awaitable<void> {
@@ -731,7 +413,7 @@ TEST(AdminVllmCollective, ANewerVersionSentIsTheOneFinished) {
 
 TEST(AdminVllmCollective, VerifyChecksumsEveryParameterOnceResumedAndComparesToABaseline) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.28.0", 1);
+  auto& srv = rig.vllm("0.28.0", 1);
   AdminOptions o = fast();
   o.verify_weights = true;
   auto plain = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), o);
@@ -765,8 +447,8 @@ TEST(AdminVllmCollective, VerifyChecksumsEveryParameterOnceResumedAndComparesToA
 // and the receiver block), finish with the version; the session's group is never joined.
 TEST(AdminVllmStreamed, UpdatesNameTheVersionAndTheReceiverBlock) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);
-  srv.arlo_backend = true;
+  auto& srv = rig.vllm("0.32.0", 1);
+  srv.vllm.arlo_backend = true;
   auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
   const Json block = {{"transport", "tcp"}, {"address", "10.0.0.5:29500"}, {"timeout_ms", 120000}};
   run(rig.io, [&]() -> asio::awaitable<void> {
@@ -785,8 +467,8 @@ TEST(AdminVllmStreamed, UpdatesNameTheVersionAndTheReceiverBlock) {
   EXPECT_TRUE(srv.violations.empty()) << srv.violations.front();
   EXPECT_EQ(srv.count("POST /init_weight_transfer_engine"), 1);
   EXPECT_EQ(srv.count("GET /get_world_size"), 0);
-  ASSERT_EQ(srv.streamed.size(), 2u);
-  EXPECT_EQ(srv.streamed[1], Json({{"version", 4}, {"weight_sync", block}}));
+  ASSERT_EQ(srv.vllm.streamed.size(), 2u);
+  EXPECT_EQ(srv.vllm.streamed[1], Json({{"version", 4}, {"weight_sync", block}}));
   EXPECT_EQ(srv.weight_version, "4");
 }
 
@@ -795,21 +477,21 @@ TEST(AdminVllmStreamed, UpdatesNameTheVersionAndTheReceiverBlock) {
 // keep must not clear the KV of the requests it keeps (vLLM clears caches unless told not to).
 TEST(AdminVllmStreamed, KeepPausesWithoutClearingTheCache) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);
+  auto& srv = rig.vllm("0.32.0", 1);
   auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
   run(rig.io, [&]() -> asio::awaitable<void> {
     for (auto mode : {PauseMode::kKeep, PauseMode::kWait, PauseMode::kAbort})
       EXPECT_EQ(what(co_await admin->pause(mode)), "ok");
   }());
-  EXPECT_EQ(srv.pause_targets,
+  EXPECT_EQ(srv.vllm.pause_targets,
             (std::vector<std::string>{"/pause?mode=keep&clear_cache=false", "/pause?mode=wait", "/pause?mode=abort"}));
 }
 
 TEST(AdminVllmStreamed, ANewerVersionReceivedIsTheOneFinished) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);
-  srv.arlo_backend = true;
-  srv.ahead = 1;
+  auto& srv = rig.vllm("0.32.0", 1);
+  srv.vllm.arlo_backend = true;
+  srv.vllm.ahead = 1;
   auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
   WeightUpdate u;
   u.version = 3;
@@ -823,7 +505,7 @@ TEST(AdminVllmStreamed, ANewerVersionReceivedIsTheOneFinished) {
 
 TEST(AdminVllmStreamed, AServerWithoutArlosBackendIsToldWhatToStartItWith) {
   Rig rig;
-  FakeVllm srv(rig.io, rig.rv, "0.32.0", 1);  // vLLM's default backend: NCCL
+  auto& srv = rig.vllm("0.32.0", 1);  // vLLM's default backend: NCCL
   auto admin = make_admin_client(AdminDialect::kVllm, rig.client, srv.url(), fast());
   WeightUpdate u;
   u.version = 4;
@@ -840,14 +522,31 @@ TEST(AdminVllmStreamed, AServerWithoutArlosBackendIsToldWhatToStartItWith) {
   EXPECT_EQ(srv.count("POST /start_weight_update"), 0);
 }
 
+// The fakes' own contract: a request out of order is logged, answered 400 and reported to the hook.
+TEST(AdminVllmCollective, TheFakeReportsARequestOutOfOrder) {
+  Rig rig;
+  auto& srv = rig.vllm("0.28.0", 1);
+  std::vector<std::string> seen;
+  srv.on_violation = [&](const std::string& what) { seen.push_back(what); };
+  const Json finish = {{"weight_version", "1"}};
+  run(rig.io, [&]() -> asio::awaitable<void> {
+    auto r = co_await rig.client.post_json(srv.url() + "/finish_weight_update", finish);
+    EXPECT_TRUE(r && r->status == 400);
+  }());
+  EXPECT_EQ(seen, std::vector<std::string>{"/finish_weight_update without /start_weight_update"});
+  EXPECT_EQ(srv.violations, seen);
+  EXPECT_EQ(srv.requests, std::vector<std::string>{"POST /finish_weight_update"});
+  EXPECT_TRUE(srv.weight_version.empty());
+}
+
 // ---- SGLang ----
 
 TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
   Rig rig;
-  FakeSglang srv(rig.io, rig.rv, 2);
+  auto& srv = rig.sglang(2);
   auto admin = rig.admin_for_worker(AdminDialect::kSglang, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
-    srv.running = 3;  // keep: the requests stay in the batch
+    srv.sglang.running = 3;  // keep: the requests stay in the batch
     EXPECT_EQ(what(co_await admin->pause(PauseMode::kKeep)), "ok");
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(1, rig.session))), "ok");
     EXPECT_EQ(what(co_await admin->commit_weights(1)), "ok");
@@ -855,11 +554,11 @@ TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
     EXPECT_EQ(what(co_await admin->pause(PauseMode::kAbort)), "ok");  // aborts the 3
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(2, rig.session))), "ok");
     EXPECT_EQ(what(co_await admin->resume()), "ok");
-    srv.running = 0;  // wait: arlo drained its dispatcher before pausing
+    srv.sglang.running = 0;  // wait: arlo drained its dispatcher before pausing
     EXPECT_EQ(what(co_await admin->pause(PauseMode::kWait)), "ok");
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(3, rig.session))), "ok");
     EXPECT_EQ(what(co_await admin->resume()), "ok");
-    srv.running = 2;  // an update without a pause: requests may run
+    srv.sglang.running = 2;  // an update without a pause: requests may run
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(4, rig.session))), "ok");
     auto w = co_await admin->weights();
     EXPECT_TRUE(w && w->version == 4);
@@ -889,8 +588,9 @@ TEST(AdminSglangCollective, GroupOncePerGenerationAndFlushOnlyWhenNothingRuns) {
 
 TEST(AdminSglangCollective, TheVersionComesFromModelInfoAndFromTheOldRouteOnlyWhereThatIsMissing) {
   Rig rig;
-  FakeSglang current(rig.io, rig.rv, 1), legacy(rig.io, rig.rv, 1);
-  legacy.legacy = true;
+  auto& current = rig.sglang(1);
+  auto& legacy = rig.sglang(1);
+  legacy.sglang.legacy = true;
   current.weight_version = "7";
   legacy.weight_version = "6";
   auto a = make_admin_client(AdminDialect::kSglang, rig.client, current.url(), fast());
@@ -911,10 +611,10 @@ TEST(AdminSglangCollective, TheVersionComesFromModelInfoAndFromTheOldRouteOnlyWh
 
 TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoinsANewOne) {
   Rig rig;
-  FakeSglang srv(rig.io, rig.rv, 1);
+  auto& srv = rig.sglang(1);
   auto admin = rig.admin_for_worker(AdminDialect::kSglang, srv.url());
   run(rig.io, [&]() -> asio::awaitable<void> {
-    srv.refuse_update = true;
+    srv.sglang.refuse_update = true;
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));
     EXPECT_NE(
         what(r).find(
@@ -922,7 +622,7 @@ TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoin
             "/update_weights_from_distributed: refused (HTTP 200): Failed to update parameter online: shape mismatch"),
         std::string::npos)
         << what(r);
-    srv.refuse_update = false;
+    srv.sglang.refuse_update = false;
     EXPECT_EQ(what(co_await admin->prepare_weights(collective_update(2, rig.session))), "ok");
   }());
   EXPECT_TRUE(srv.violations.empty());
@@ -937,7 +637,7 @@ TEST(AdminSglangCollective, RefusalWithHttp200AbortsTheGroupAndTheNextUpdateJoin
 
 TEST(AdminSglangCollective, ANewerVersionSentIsRelabelled) {
   Rig rig;
-  FakeSglang srv(rig.io, rig.rv, 1);
+  auto& srv = rig.sglang(1);
   rig.session->sent_instead = 5;
   auto admin = make_admin_client(AdminDialect::kSglang, rig.client, srv.url(), fast());
   run(rig.io, [&]() -> asio::awaitable<void> {
@@ -950,7 +650,7 @@ TEST(AdminSglangCollective, ANewerVersionSentIsRelabelled) {
 
 TEST(AdminSglangCollective, DiskUpdateFollowsTheFlushRuleAndReportsTheServersMessage) {
   Rig rig;
-  FakeSglang srv(rig.io, rig.rv, 1);
+  auto& srv = rig.sglang(1);
   auto admin = make_admin_client(AdminDialect::kSglang, rig.client, srv.url(), fast());
   WeightUpdate good;
   good.version = 8;
@@ -959,7 +659,7 @@ TEST(AdminSglangCollective, DiskUpdateFollowsTheFlushRuleAndReportsTheServersMes
   const WeightUpdate neither;  // neither a session nor a path
   missing.extra = {{"model_path", "/runs/x/weights/v9"}};
   run(rig.io, [&]() -> asio::awaitable<void> {
-    srv.running = 1;
+    srv.sglang.running = 1;
     EXPECT_EQ(what(co_await admin->pause(PauseMode::kKeep)), "ok");
     EXPECT_EQ(what(co_await admin->prepare_weights(good)), "ok");
     auto r = co_await admin->prepare_weights(missing);
@@ -978,8 +678,8 @@ TEST(AdminSglangCollective, DiskUpdateFollowsTheFlushRuleAndReportsTheServersMes
 
 TEST(AdminSglangCollective, DataParallelServerIsRefused) {
   Rig rig;
-  FakeSglang srv(rig.io, rig.rv, 1);
-  srv.dp_size = 2;
+  auto& srv = rig.sglang(1);
+  srv.sglang.dp_size = 2;
   auto admin = make_admin_client(AdminDialect::kSglang, rig.client, srv.url(), fast());
   run(rig.io, [&]() -> asio::awaitable<void> {
     auto r = co_await admin->prepare_weights(collective_update(1, rig.session));
