@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import json
+import re
 import tempfile
 import threading
 import time
@@ -277,6 +278,51 @@ class VllmChatTest(unittest.TestCase):
             self.assertLess(abs(item.logprob - ref[len(want) - 1 + k]), LOGPROB_TOL)
 
 
+class VllmJudgeTest(unittest.TestCase):
+    """arlo's judge reward (kind: judge, through tests/unit/rollout/judge_probe.cc) with this vLLM as the
+    judge: greedy, so the reward must be what the parser makes of vLLM's own answer to the same request;
+    a repeated request is answered from the cache."""
+    TEMPLATE = "Reference: {answer}\nAnswer: {completion}\nIs the answer correct? Reply yes or no."
+
+    def probe(self, spec, *completions):
+        spec = {"kind": "judge", "url": Vllm.url, "model": "tiny", "template": self.TEMPLATE, **spec}
+        out = subprocess.run([ARGS.judge_probe, json.dumps(spec), json.dumps({"prompt": "23+45=", "answer": "68"}),
+                              *completions], capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    def vllm_answer(self, completion, endpoint):
+        prompt = self.TEMPLATE.replace("{answer}", "68").replace("{completion}", completion)
+        body = {"model": "tiny", "temperature": 0, "max_tokens": 8}
+        if endpoint == "chat":
+            status, out = http_json(Vllm.url + "/v1/chat/completions",
+                                    {**body, "messages": [{"role": "user", "content": prompt}]})
+            self.assertEqual(status, 200, out)
+            return out["choices"][0]["message"]["content"]
+        status, out = http_json(Vllm.url + "/v1/completions", {**body, "prompt": prompt})
+        self.assertEqual(status, 200, out)
+        return out["choices"][0]["text"]
+
+    def test_yes_no_on_the_chat_endpoint_and_the_cache(self):
+        lines = self.probe({"parser": "yes_no", "max_tokens": 8}, "68", "68", "67")
+        self.assertEqual(lines[-1], {"stats": {"requests": 2, "cache_hits": 1}})
+        for completion, line in zip(["68", "68", "67"], lines):
+            word = re.match(r"[A-Za-z]*", self.vllm_answer(completion, "chat").strip()).group(0).lower()
+            if word in ("yes", "no"):
+                self.assertEqual(line["reward"], 1.0 if word == "yes" else 0.0, line)
+            else:
+                self.assertIn("neither yes nor no", line["error"])
+        self.assertEqual(lines[0], lines[1] if "error" in lines[0] else {**lines[1], "metrics": {"cached": 0.0}})
+
+    def test_number_on_the_completions_endpoint(self):
+        lines = self.probe({"parser": "number", "endpoint": "completions", "max_tokens": 8, "max_score": 10}, "68")
+        m = re.search(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?", self.vllm_answer("68", "completions"))
+        if m:
+            self.assertAlmostEqual(lines[0]["reward"], min(1.0, max(0.0, float(m.group(0)) / 10)), places=12)
+        else:
+            self.assertIn("holds no number", lines[0]["error"])
+
+
 class ArloWorkerSdkTest(unittest.TestCase):
     """The official openai SDK against arlo-worker: completions, chat, errors."""
     TOKEN = "arlo-test-token"
@@ -351,4 +397,4 @@ class ArloWorkerSdkTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    run_unittest(globals(), "--arlo-worker")
+    run_unittest(globals(), "--arlo-worker", "--judge-probe")
