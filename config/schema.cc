@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 
 #include "config/config.h"
 #include "common/registry.h"
@@ -437,15 +438,30 @@ Section trainer_section() {
           string_key("launch", "embedded",
                      "embedded: arlo starts arlo-trainer; external: a trainer you start connects through the "
                      "bridge; command: arlo starts trainer.command (your trainer) with the bridge address, run "
-                     "dir, weight-sync block and model shape in its environment (docs/bring-your-own-trainer.md).")
-              .one_of({"embedded", "external", "command"}),
+                     "dir, weight-sync block and model shape in its environment (docs/bring-your-own-trainer.md); "
+                     "hf: arlo starts its reference trainer for the Hugging Face model in trainer.model "
+                     "(examples/hf_trainer/train.py on arlo.hf_trainer, FSDP2 over trainer.num_ranks ranks) in the "
+                     "project's Python environment.")
+              .one_of({"embedded", "external", "command", "hf"}),
+          string_key("model", "",
+                     "hf: the causal LM to train, a Hugging Face model directory (config.json, safetensors, "
+                     "tokenizer), e.g. one scripts/make-tiny-model made."),
+          int_key("warmup_steps", 0, "hf: the learning rate rises linearly from 0 over this many steps.")
+              .range(0, 1 << 30),
+          int_key("max_tokens_per_micro_batch", 4096,
+                  "hf: samples are packed into micro-batches of at most this many tokens; gradients accumulate "
+                  "over the step's micro-batches (the update does not depend on it).")
+              .range(1, 1 << 30),
+          string_key("python", "",
+                     "hf: the Python interpreter that runs the reference trainer (empty: $ARLO_PYTHON, else the "
+                     "environment `scripts/bootstrap --python` makes in the source tree)."),
           strings_key("command", {},
                       "command: the argv of your trainer, e.g. [/usr/bin/python3, examples/pytorch_trainer/train.py]; "
                       "started in the directory arlo run is started in (relative paths are relative to it), "
                       "stopped with SIGTERM when the run ends."),
           int_key("num_ranks", 1,
-                  "command and external: the trainer's data-parallel ranks. The bridge splits each step's batch "
-                  "over them (balanced by tokens); arlo run starts trainer.command once per rank with ARLO_RANK, "
+                  "command, hf and external: the trainer's data-parallel ranks. The bridge splits each step's "
+                  "batch over them (balanced by tokens); arlo run starts the trainer once per rank with ARLO_RANK, "
                   "ARLO_NUM_RANKS and torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its "
                   "environment; any rank's exit stops the run. The built-in trainer is one rank.")
               .range(1, 1024),
@@ -684,6 +700,18 @@ void command_trainer_needs_command(const Config& c, std::vector<Violation>& out)
   }
 }
 
+void hf_trainer_needs_a_model(const Config& c, std::vector<Violation>& out) {
+  if (c.string("trainer.launch") != "hf") return;
+  const auto& model = c.string("trainer.model");
+  if (model.empty()) {
+    out.push_back({c.where("trainer.launch"),
+                   "trainer.model must name a Hugging Face model directory when trainer.launch is hf"});
+  } else if (std::error_code ec; !std::filesystem::is_regular_file(std::filesystem::path(model) / "config.json", ec)) {
+    out.push_back({c.where("trainer.model"),
+                   "trainer.model " + model + " is not a Hugging Face model directory (no config.json in it)"});
+  }
+}
+
 void embedded_trainer_is_one_rank(const Config& c, std::vector<Violation>& out) {
   if (c.string("trainer.launch") == "embedded" && c.integer("trainer.num_ranks") != 1) {
     out.push_back({c.where("trainer.num_ranks"),
@@ -691,6 +719,22 @@ void embedded_trainer_is_one_rank(const Config& c, std::vector<Violation>& out) 
                        ", but the built-in trainer (trainer.launch: embedded) is one rank; data parallel needs "
                        "trainer.launch command or external"});
   }
+}
+
+// The options a built-in kind reads from a reward.modules item's `config` map: known to the kind, of
+// their type, within their bounds and choices, and passing their checks (a plugin's map is its own).
+void reward_config_options(const Config& m, const rollout::RewardKind& kind, const std::string& name,
+                           std::vector<Violation>& out) {
+  if (std::any_of(kind.options.begin(), kind.options.end(), [](const auto& o) { return o.key == "config"; })) return;
+  const nlohmann::json& given = m.map("config");
+  if (auto resolved = resolve_options(name + ".config", kind.options, given, {}); !resolved) {
+    out.push_back({m.where("config"), resolved.error().message()});
+    return;
+  }
+  for (const auto& o : kind.options)
+    if (given.is_object() && given.contains(o.key))
+      if (const std::string what = check_option_value(o, given[o.key]); !what.empty())
+        out.push_back({m.where("config"), name + ".config." + o.key + ": " + what});
 }
 
 // Each reward.modules item gives the keys its kind requires, with values its kind accepts.
@@ -710,6 +754,7 @@ void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
       if (const std::string what = o.check(m.string(o.key)); !what.empty())
         out.push_back({m.where(o.key), name + "." + o.key + ": " + what});
     }
+    reward_config_options(m, *kind, name, out);
   }
 }
 
@@ -757,6 +802,7 @@ std::vector<Rule> product_rules() {
       {"trainer.is_low < trainer.is_high.", is_bounds_ordered},
       {"trainer.command is not empty when trainer.launch is command.", command_trainer_needs_command},
       {"trainer.num_ranks is 1 when trainer.launch is embedded.", embedded_trainer_is_one_rank},
+      {"trainer.model is a Hugging Face model directory when trainer.launch is hf.", hf_trainer_needs_a_model},
       {reward_rule_doc(), reward_modules_complete},
       {"monitors.use names wandb or tensorboard, each at most once.", monitors_known},
   };

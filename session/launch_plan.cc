@@ -285,7 +285,6 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
   return plan;
 }
 
-// The trainer checkpoints with the orchestrator unless told otherwise: a resume needs both.
 std::int64_t trainer_ckpt_interval(const config::Config& cfg) {
   const auto own = cfg.integer("trainer.ckpt_interval");
   return own > 0 ? own : cfg.integer("ckpt.interval");

@@ -83,6 +83,10 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
 // this process so every child inherits it (never argv). Call after the run directory is claimed.
 Result<std::string> run_token(const config::Config& cfg, const std::string& run_dir);
 
+// The trainer's checkpoint interval in steps: trainer.ckpt_interval, else ckpt.interval (a resume
+// needs both sides' checkpoints); 0: none.
+std::int64_t trainer_ckpt_interval(const config::Config& cfg);
+
 // The arlo-trainer child; `bridge_port` is the socket transport's bound port (0 for dir).
 ChildSpec trainer_spec(const config::Config& cfg, const std::string& run_dir, const WeightSyncPlan& ws, int num_workers,
                        std::uint16_t bridge_port);

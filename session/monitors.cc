@@ -36,8 +36,8 @@ nlohmann::json monitor_options(const config::Config& cfg, const std::string& kin
 
 }  // namespace
 
-std::string monitor_python(const config::Config& cfg) {
-  if (const auto& p = cfg.string("monitors.python"); !p.empty()) return p;
+std::string project_python(const std::string& configured) {
+  if (!configured.empty()) return configured;
   if (const char* env = std::getenv("ARLO_PYTHON"); env && *env) return env;
   return ARLO_DEFAULT_PYTHON;
 }
@@ -47,7 +47,7 @@ std::vector<ChildSpec> monitor_specs(const config::Config& cfg, const std::strin
   for (const auto& kind : cfg.strings("monitors.use")) {
     ChildSpec spec;
     spec.name = "monitor-" + kind;
-    spec.argv = {monitor_python(cfg),
+    spec.argv = {project_python(cfg.string("monitors.python")),
                  ARLO_MONITOR_SCRIPT,
                  "--kind",
                  kind,

@@ -399,7 +399,7 @@ class RunSession::Impl {
 
   void start_or_await_trainer(orch::Orchestrator& orchestrator, bridge::BridgeServer& server) {
     if (!error_.empty()) return;
-    if (s_.cfg.string("trainer.launch") == "command") {
+    if (const auto& launch = s_.cfg.string("trainer.launch"); launch == "command" || launch == "hf") {
       auto specs = command_trainer_specs(s_.cfg, s_.run_dir, s_.plan.weight_sync,
                                          static_cast<int>(s_.plan.workers.size()), server.port());
       if (specs && !specs->empty())

@@ -3,6 +3,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <filesystem>
+
+#include "session/monitors.h"
+
 namespace arlo::session {
 
 namespace {
@@ -14,6 +19,32 @@ std::string bridge_address(const config::Config& cfg, std::uint16_t port) {
   std::string host = address.substr(0, address.rfind(':'));
   if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
   return fmt::format("{}:{}", host, port);
+}
+
+// trainer.launch hf: the reference trainer's command line from trainer.*.
+std::vector<std::string> hf_trainer_argv(const config::Config& cfg, const std::string& run_dir) {
+  const auto& correction = cfg.string("trainer.is_correction");
+  std::vector<std::string> argv = {project_python(cfg.string("trainer.python")),
+                                   ARLO_HF_TRAINER_SCRIPT,
+                                   "--model",
+                                   cfg.string("trainer.model"),
+                                   "--correction",
+                                   correction == "seq_tis" ? "sequence_tis" : correction,
+                                   "--seed",
+                                   std::to_string(cfg.integer("model.seed")),
+                                   "--warmup-steps",
+                                   std::to_string(cfg.integer("trainer.warmup_steps")),
+                                   "--max-tokens-per-micro-batch",
+                                   std::to_string(cfg.integer("trainer.max_tokens_per_micro_batch"))};
+  for (const auto* key : {"lr", "sft_lr", "weight_decay", "max_grad_norm", "is_low", "is_high"}) {
+    std::string flag = fmt::format("--{}", key);
+    std::replace(flag.begin() + 2, flag.end(), '_', '-');
+    argv.insert(argv.end(), {flag, fmt::format("{}", cfg.number(fmt::format("trainer.{}", key)))});
+  }
+  // Checkpointed before each step's ack, so a restarted rank trains no step twice and skips none.
+  if (trainer_ckpt_interval(cfg) > 0)
+    argv.insert(argv.end(), {"--checkpoint-dir", (std::filesystem::path(run_dir) / "trainer").string()});
+  return argv;
 }
 
 }  // namespace
@@ -34,7 +65,7 @@ Result<std::vector<ChildSpec>> command_trainer_specs(const config::Config& cfg, 
   for (std::int64_t rank = 0; rank < num_ranks; ++rank) {
     ChildSpec spec;
     spec.name = num_ranks == 1 ? "trainer" : fmt::format("trainer-{}", rank);
-    spec.argv = cfg.strings("trainer.command");
+    spec.argv = cfg.string("trainer.launch") == "hf" ? hf_trainer_argv(cfg, run_dir) : cfg.strings("trainer.command");
     spec.env = {{"ARLO_RUN_DIR", run_dir},
                 {"ARLO_BRIDGE_TRANSPORT", transport},
                 {"ARLO_BRIDGE_ADDRESS", transport == "socket" ? bridge_address(cfg, bridge_port) : std::string()},

@@ -1,5 +1,6 @@
 #pragma once
-// `trainer.launch: command`: arlo run starts the user's own trainer (trainer.command, e.g. a PyTorch
+// `trainer.launch: command` (or `hf`, arlo's reference trainer examples/hf_trainer/train.py for
+// trainer.model, its flags from trainer.*): arlo run starts the user's own trainer (trainer.command, e.g. a PyTorch
 // script using arlo.bridge, python/arlo/bridge.py) as its "trainer" child, after the bridge server started, and
 // tells it where everything is through its environment (docs/bring-your-own-trainer.md):
 //   ARLO_RUN_DIR           the run directory (absolute)
@@ -23,7 +24,7 @@
 
 namespace arlo::session {
 
-// The children of a command trainer, one per rank ("trainer", or "trainer-<rank>" for several).
+// The children of a command (or hf) trainer, one per rank ("trainer", or "trainer-<rank>" for several).
 // `bridge_port` is the socket bridge's bound port (unused for dir).
 Result<std::vector<ChildSpec>> command_trainer_specs(const config::Config& cfg, const std::string& run_dir,
                                                      const WeightSyncPlan& ws, int num_workers,

@@ -67,15 +67,14 @@ class ArloRunTest(unittest.TestCase):
 
         run_dir = os.path.join(tmp, "run")
         log = os.path.join(tmp, "arlo.log")
-        trainer = [sys.executable, os.path.join(ARGS.source, "examples/hf_trainer/train.py"), "--model", model,
-                   "--lr", "1e-3"]
         argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
                 "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={MAX_STEPS}",
                 "--set", "inference.urls=" + json.dumps([s.url for s in servers]),
-                "--set", "trainer.command=" + json.dumps(trainer)]
+                "--set", f"trainer.model={model}", "--set", "trainer.lr=1e-3"]
         with open(log, "w") as out:
             arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ARGS.source,
-                                    start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                                    start_new_session=True,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1", ARLO_PYTHON=sys.executable))
         self.addCleanup(kill_group, arlo)
         wait_for(f"step {KILL_AT_STEP}", lambda: last_step(run_dir) >= KILL_AT_STEP, 300, arlo, log)
 

@@ -294,6 +294,14 @@ TEST(ConfigLoad, CrossKeyRules) {
               "rank"});
 }
 
+TEST(ConfigLoad, TheReferenceTrainerNeedsAModelDirectory) {
+  refused(load("trainer:\n  launch: hf\n"),
+          {"test.yaml:2:3: trainer.model must name a Hugging Face model directory when trainer.launch is hf"});
+  refused(load("trainer:\n  launch: hf\n  model: /nonexistent/tiny\n"),
+          {"test.yaml:3:3: trainer.model /nonexistent/tiny is not a Hugging Face model directory (no config.json "
+           "in it)"});
+}
+
 TEST(ConfigOverrides, SetWinsOverFileAndIsTypeChecked) {
   Resolution r = load("orchestrator:\n  batch_size: 8\n  group_size: 4\n",
                       {"orchestrator.batch_size=16", "sampling.stop=[a, \"b c\"]", "run.name=exp-7",
