@@ -52,6 +52,7 @@ def main(argv=None):
     ap.add_argument("--is-low", type=float, default=0.0, help="bottom of the masked corrections' band")
     ap.add_argument("--is-high", type=float, default=2.0, help="cap of the importance ratio")
     ap.add_argument("--max-tokens-per-micro-batch", type=int, default=4096)
+    ap.add_argument("--data-parallel", default="fsdp2", choices=["fsdp2", "ddp"], help="with more than one rank")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0, help="stop after this step (0: until arlo run ends)")
@@ -71,7 +72,7 @@ def main(argv=None):
     trainer = HFTrainer(args.model, TrainerConfig(
         lr=args.lr, sft_lr=args.sft_lr, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm, correction=args.correction, is_low=args.is_low, is_high=args.is_high,
-        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch))
+        max_tokens_per_micro_batch=args.max_tokens_per_micro_batch, data_parallel=args.data_parallel))
     leader = trainer.rank == 0  # publishes and writes the metrics
     print(f"trainer: rank {trainer.rank} of {trainer.world_size}, {trainer.packing_mode} micro-batches "
           f"({trainer.packing_note}), bf16 {trainer.bf16}", flush=True)
