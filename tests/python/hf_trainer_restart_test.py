@@ -76,20 +76,22 @@ class RestartTest(unittest.TestCase):
         cls.tmp.cleanup()
 
     def run_feeder_and_trainer(self, name, first_run):
-        """The feeder serving steps 1..STEPS, first_run(cmd, events) with the trainer's command line, then a
-        trainer started again to the end: (its output, the metrics file's steps)."""
+        """The feeder serving steps 1..STEPS (one step outstanding at a time), first_run(cmd, events, metrics,
+        feeder) with the trainer's command line, then a trainer started again to the end: (its output, the
+        metrics file's steps)."""
         self.assertTrue(os.path.exists(FEEDER), f"{FEEDER}: not built (target arlo_bridge_test_feeder)")
         run_dir, metrics = (os.path.join(self.tmp.name, f"{name}_{n}") for n in ("run", "metrics.jsonl"))
         os.makedirs(run_dir)
         feeder = subprocess.Popen([FEEDER, "--transport", "dir", "--run-dir", run_dir, "--samples", self.samples,
-                                   "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64", "--timeout", "240"],
+                                   "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64", "--timeout", "240",
+                                   "--max-pending", "1"],
                                   stdout=subprocess.PIPE, text=True)
         cmd = [sys.executable, TRAIN, "--model", self.model, "--transport", "dir", "--run-dir", run_dir,
                "--weight-sync", json.dumps({"transport": "filesystem", "dir": os.path.join(run_dir, "weights")}),
                "--checkpoint-dir", os.path.join(run_dir, "ckpt"), "--metrics", metrics, "--lr", "1e-3"]
         try:
             events = Lines(feeder)
-            first_run(cmd, events, metrics)
+            first_run(cmd, events, metrics, feeder)
             out = subprocess.run(cmd + ["--steps", str(STEPS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, timeout=240).stdout
             self.assertIn(f"trainer: stopped after step {STEPS}", out)
@@ -104,13 +106,17 @@ class RestartTest(unittest.TestCase):
             return out, [json.loads(line)["step"] for line in f]
 
     def test_kill_after_an_acked_step_trains_every_step_once(self):
-        def killed(cmd, events, _):
+        def killed(cmd, events, _, feeder):
             trainer = subprocess.Popen(cmd + ["--steps", str(STEPS)], stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)
             try:
                 events.wait_for(f"acked {KILL_AFTER_ACK}")
+                # The feeder paused hands out at most one more step, so the trainer cannot finish before
+                # the kill however slowly this process gets to it: it is in that step or waiting.
+                feeder.send_signal(signal.SIGSTOP)
                 trainer.send_signal(signal.SIGKILL)
             finally:
+                feeder.send_signal(signal.SIGCONT)
                 self.first_out = trainer.communicate(timeout=60)[0]
             self.assertEqual(trainer.returncode, -signal.SIGKILL, self.first_out)
 
@@ -122,7 +128,7 @@ class RestartTest(unittest.TestCase):
         print(f"killed after ack {KILL_AFTER_ACK}; {resumed[0]}; metrics steps {steps}", flush=True)
 
     def test_a_step_checkpointed_but_not_logged_gets_its_line_from_the_checkpoint(self):
-        def stopped_before_the_line(cmd, events, metrics):
+        def stopped_before_the_line(cmd, events, metrics, _):
             # a run to step 2, then its last metrics line removed: the kill between checkpoint and line
             subprocess.run(cmd + ["--steps", "2"], stdout=subprocess.DEVNULL, check=True, timeout=240)
             with open(metrics) as f:
