@@ -23,6 +23,8 @@ asio::awaitable<void> sleep_for(std::chrono::steady_clock::duration d) {
   co_await t.async_wait(kNoThrow);
 }
 
+asio::awaitable<http::Response> busy() { co_return http::Response::error(503, "busy", "server_error"); }
+
 }  // namespace
 
 std::set<std::string> json_keys(const Json& j) {
@@ -48,7 +50,9 @@ void InferenceServerFake::start(std::uint16_t port) {
   o.stop_grace = std::chrono::milliseconds(100);
   server_ = std::make_unique<http::Server>(io_, o);
   on(http::Verb::get, "/health", [this](Json, http::Request) { return health(); });
-  on(http::Verb::post, "/v1/completions", [this](Json, http::Request req) { return complete(std::move(req)); });
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"})
+    on(http::Verb::post, path, [this, path](Json, http::Request req) { return complete(path, std::move(req)); });
+  if (options_.dialect == Dialect::kArlo) serve_arlo();
   if (options_.dialect == Dialect::kVllm) serve_vllm();
   if (options_.dialect == Dialect::kSglang) serve_sglang();
   auto port_or = server_->start();
@@ -64,6 +68,11 @@ void InferenceServerFake::on(http::Verb verb, const std::string& path, Handler h
     Json body = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
     if (body.is_discarded()) body = Json();
     request_bodies.push_back(body);
+    targets.push_back(req.target);
+    if (fail_next > 0) {
+      --fail_next;
+      return busy();
+    }
     return handler(std::move(body), std::move(req));
   });
 }
@@ -89,6 +98,11 @@ asio::awaitable<std::optional<http::Response>> InferenceServerFake::weights_requ
   co_return co_await on_weights_request(std::move(body));
 }
 
+std::optional<http::Response> InferenceServerFake::group_init(const Json& init) {
+  if (!on_group_init) return std::nullopt;
+  return on_group_init(init);
+}
+
 asio::awaitable<http::Response> InferenceServerFake::health() {
   ++health_calls;
   if (health_delay.count() > 0) co_await sleep_for(health_delay);  // slow, or past a timeout silent
@@ -96,7 +110,7 @@ asio::awaitable<http::Response> InferenceServerFake::health() {
   co_return http::Response::json(200, {{"status", "ok"}, {"version", version}});
 }
 
-asio::awaitable<http::Response> InferenceServerFake::complete(http::Request req) {
+asio::awaitable<http::Response> InferenceServerFake::complete(std::string path, http::Request req) {
   ++received;
   auto body = req.json();
   if (!body) co_return http::Response::error(400, body.error().what());
@@ -110,6 +124,8 @@ asio::awaitable<http::Response> InferenceServerFake::complete(http::Request req)
     if (closed_) co_return http::Response::error(503, "closed");
   }
   ++answered;
+  if (on_completion) co_return on_completion(path, *body);
+  if (path != "/v1/completions") co_return http::Response::error(404, "no answer for " + path, "not_found_error");
   co_return http::Response::json(200, answer(*body));
 }
 
@@ -123,7 +139,7 @@ Json InferenceServerFake::answer(const Json& body) const {
   const int n = body.value("n", 1);
   Json choices = Json::array();
   for (int i = 0; i < n; ++i) {
-    std::string text = "echo:" + prompt;
+    std::string text = reply ? reply(body, i) : "echo:" + prompt;
     Json ids = Json::array(), lps = Json::array();
     for (unsigned char c : text) {
       ids.push_back(static_cast<int>(c));

@@ -95,7 +95,9 @@ http::Response InferenceServerFake::SglangRoutes::init_group(InferenceServerFake
   if (json_keys(b) != want || field(b, "backend") != "nccl")
     return s.violation("init_weights_update_group body " + b.dump());
   const std::string name = field(b, "group_name");
-  if (!s.groups_.insert(name).second) return s.violation("a second init of group " + b["group_name"].dump());
+  if (s.groups_.count(name)) return s.violation("a second init of group " + b["group_name"].dump());
+  if (auto refused = s.group_init(b)) return *refused;
+  s.groups_.insert(name);
   return http::Response::json(200,
                               Json{{"success", true}, {"message", "Succeeded to initialize custom process group."}});
 }

@@ -98,6 +98,7 @@ http::Response InferenceServerFake::VllmRoutes::init(InferenceServerFake& s, con
   auto& ports = s.vllm.init_ports;
   if (port != 0 && std::find(ports.begin(), ports.end(), port) != ports.end())
     return s.violation("a second init for the group on port " + std::to_string(port));
+  if (auto refused = s.group_init(info)) return *refused;
   ports.push_back(port);
   s.engine_ready_ = true;
   s.in_update_ = false;
