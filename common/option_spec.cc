@@ -89,6 +89,16 @@ std::string_view type_name(OptionSpec::Type type) {
   return "?";
 }
 
+std::string check_option_value(const OptionSpec& o, const nlohmann::json& v) {
+  if (v.is_number() && ((o.min && v.get<double>() < *o.min) || (o.max && v.get<double>() > *o.max)))
+    return fmt::format("{} is outside [{}, {}]", v.dump(), o.min ? fmt::format("{}", *o.min) : "-inf",
+                       o.max ? fmt::format("{}", *o.max) : "inf");
+  if (v.is_string() && !o.choices.empty() &&
+      std::find(o.choices.begin(), o.choices.end(), v.get<std::string>()) == o.choices.end())
+    return fmt::format("'{}' is not one of {}", v.get<std::string>(), join_names(o.choices, ", "));
+  return o.check ? o.check(v) : std::string();
+}
+
 Result<nlohmann::json> resolve_options(std::string_view who, const std::vector<OptionSpec>& declared,
                                        const nlohmann::json& options, const std::vector<std::string>& keys_ok) {
   nlohmann::json out = options.is_object() ? options : nlohmann::json::object();

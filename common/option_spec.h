@@ -60,6 +60,10 @@ OptionSpec any_option(std::string key, std::string doc);
 // "bool", "int", "float", "string", "any".
 std::string_view type_name(OptionSpec::Type type);
 
+// What is wrong with a given `value` of option `o` beyond its type (resolve_options checks that):
+// outside its bounds, not one of its choices, or refused by its check. "" when nothing is.
+std::string check_option_value(const OptionSpec& o, const nlohmann::json& value);
+
 // `options` with each declared option's type checked and its default filled in where absent;
 // `keys_ok` lists keys that are not options but allowed (name, weight). Errors start with `who`:
 //   "<who>: unknown option 'x' (known: <keys_ok>, <options>)"

@@ -10,7 +10,6 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -448,16 +447,7 @@ std::vector<OptionSpec> judge_options();
 Status check_given(const RewardSpec& s) {
   for (const auto& o : judge_options()) {
     if (!s.options.contains(o.key)) continue;
-    const Json& v = s.options[o.key];
-    std::string what;
-    if (v.is_number() && ((o.min && v.get<double>() < *o.min) || (o.max && v.get<double>() > *o.max)))
-      what = fmt::format("{} is outside [{}, {}]", v.dump(), o.min.value_or(0), o.max.value_or(0));
-    else if (v.is_string() && !o.choices.empty() &&
-             std::find(o.choices.begin(), o.choices.end(), v.get<std::string>()) == o.choices.end())
-      what = fmt::format("'{}' is not one of {}", v.get<std::string>(), fmt::join(o.choices, ", "));
-    else if (o.check)
-      what = o.check(v);
-    if (!what.empty())
+    if (const std::string what = check_option_value(o, s.options[o.key]); !what.empty())
       return make_error(ErrorCode::kInvalidArgument, fmt::format("reward '{}' (judge): {}: {}", s.name, o.key, what));
   }
   return ok();

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "config/config.h"
 #include "rollout/reward_scorer.h"
 #include "rollout/rewards/judge.h"
 #include "testing/inference_server_fake.h"
@@ -143,6 +144,30 @@ TEST(JudgeConfig, RefusesWhatCannotWorkNamingIt) {
                       {"pattern", ""},
                       {"config", {{"model", "m"}, {"template", "{completion}"}, {"parser", "yes_no"}}}};
   EXPECT_TRUE(make_reward_module(schema_form)) << failure(make_reward_module(schema_form));
+}
+
+// arlo check-config (the config loader's rules) checks the options in a judge item's config map as
+// the judge itself does, naming each problem.
+TEST(JudgeConfig, CheckConfigChecksTheConfigMap) {
+  auto problems = [](const std::string& config) {
+    auto r = config::load_string(
+        "reward:\n  modules:\n    - {kind: judge, url: 'http://127.0.0.1:1', config: " + config + "}\n");
+    return failure(r);
+  };
+  EXPECT_EQ(problems("{model: m, template: 'Is {completion} right?', parser: yes_no}"), "");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{model: m, template: 'Rate {respone}'}",
+       "reward.modules[0].config.template: judge template: unknown "
+       "placeholder {respone}"},
+      {"{model: m, template: '{completion}', parser: score}", "config.parser: 'score' is not one of number, regex"},
+      {"{model: m, template: '{completion}', retries: -1}", "config.retries: -1 is outside [0, 100]"},
+      {"{model: m, template: '{completion}', tempo: 1}", "reward.modules[0].config: unknown option 'tempo'"},
+      {"{model: m, template: '{completion}', max_tokens: many}", "option 'max_tokens' has the wrong type"},
+  };
+  for (const auto& [config, expected] : cases)
+    EXPECT_NE(problems(config).find(expected), std::string::npos) << config << " -> " << problems(config);
+  auto numeric = config::load_string("reward:\n  modules:\n    - {kind: numeric_match, config: {rel_tol: x}}\n");
+  EXPECT_NE(failure(numeric).find("option 'rel_tol' has the wrong type"), std::string::npos) << failure(numeric);
 }
 
 // ------------------------------------------------------------------ retries, on the fake server
