@@ -83,13 +83,15 @@ def main(argv=None):
     if step:
         print(f"trainer: resumed from {args.checkpoint_dir} at step {step}", flush=True)
         if leader and saved and args.metrics and step not in logged_steps(args.metrics):
-            trainer_support.MetricsLog(args.metrics).write(saved["record"])  # killed before its line
+            with open(args.metrics, "a") as f:  # killed between the checkpoint and the step's line
+                f.write(json.dumps(saved["record"]) + "\n")
     bridge = Bridge(transport=args.transport, run_dir=args.run_dir, host=args.host, port=args.port, rank=args.rank,
                     start_after_step=step, weight_sync=args.weight_sync if leader else None)
     metrics = trainer_support.MetricsLog(args.metrics if leader else None)
     try:
         publish(bridge, trainer, step, first=True)  # v0, or the checkpoint's version (a restarted run waits for it)
-        for batch in trainer_support.next_batches(bridge, None, stop):
+        done = stop.is_set() or bool(args.steps and step >= args.steps)  # resumed at --steps already
+        for batch in () if done else trainer_support.next_batches(bridge, None, stop):
             t0 = time.time()
             record = trainer.step(samples_from_batch(batch.tensors(torch=True)), split=False)
             step = batch.step

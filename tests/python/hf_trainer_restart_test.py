@@ -103,7 +103,7 @@ class RestartTest(unittest.TestCase):
                 feeder.wait()
             feeder.stdout.close()
         with open(metrics) as f:
-            return out, [json.loads(line)["step"] for line in f]
+            return out, [json.loads(line)["step"] for line in f], cmd, metrics
 
     def test_kill_after_an_acked_step_trains_every_step_once(self):
         def killed(cmd, events, _, feeder):
@@ -120,7 +120,7 @@ class RestartTest(unittest.TestCase):
                 self.first_out = trainer.communicate(timeout=60)[0]
             self.assertEqual(trainer.returncode, -signal.SIGKILL, self.first_out)
 
-        out, steps = self.run_feeder_and_trainer("kill", killed)
+        out, steps, _, _ = self.run_feeder_and_trainer("kill", killed)
         resumed = [line for line in out.splitlines() if line.startswith("trainer: resumed from")]
         self.assertEqual(len(resumed), 1, out)
         self.assertGreaterEqual(int(resumed[0].split()[-1]), KILL_AFTER_ACK, out)
@@ -137,9 +137,16 @@ class RestartTest(unittest.TestCase):
             with open(metrics, "w") as f:
                 f.writelines(lines[:1])
 
-        out, steps = self.run_feeder_and_trainer("unlogged", stopped_before_the_line)
+        out, steps, cmd, metrics = self.run_feeder_and_trainer("unlogged", stopped_before_the_line)
         self.assertIn("resumed from", out)
         self.assertEqual(steps, list(range(1, STEPS + 1)), out)
+        # started again at --steps already reached: it publishes its version and stops, training nothing
+        out = subprocess.run(cmd + ["--steps", str(STEPS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, timeout=240).stdout
+        self.assertIn(f"trainer: resumed from {os.path.join(self.tmp.name, 'unlogged_run', 'ckpt')} at step {STEPS}\n", out)
+        self.assertIn(f"trainer: stopped after step {STEPS}", out)
+        with open(metrics) as f:
+            self.assertEqual(len(f.readlines()), STEPS)
 
 
 if __name__ == "__main__":
