@@ -1,5 +1,5 @@
-// The orchestrator with real parts on every port: HTTP completion servers (arlo admin dialect,
-// answering every other sample correctly), rollout's InferencePool, arithmetic tasks,
+// The orchestrator with real parts on every port: HTTP completion servers (InferenceServerFake
+// with arlo's admin plane, answering every other sample correctly), rollout's InferencePool, arithmetic tasks,
 // exact_match scoring on the scorer's threads, and a trainer thread on the bridge's dir transport
 // that acknowledges each batch and publishes its version.
 #include <gtest/gtest.h>
@@ -21,6 +21,7 @@
 #include "orchestrator/orchestrator.h"
 #include "session/reporter.h"
 #include "rollout/reward.h"
+#include "testing/inference_server_fake.h"
 #include "tests/integration/orchestrator_loop/orchestrator_run.h"
 
 namespace arlo::orch {
@@ -28,62 +29,33 @@ namespace {
 
 namespace asio = boost::asio;
 
-// A completion server speaking the OpenAI completions API and the arlo admin dialect. Sample j of a
-// request answers the sum of "a+b=" when j is even, "0" otherwise; tokens carry the held version.
-class CompletionServer {
- public:
-  explicit CompletionServer(asio::io_context& io) : server_(io, http::ServerOptions{}) {
-    server_.route(http::Verb::post, "/v1/completions",
-                  [this](http::Request r) -> asio::awaitable<http::Response> { co_return complete(r); });
-    server_.route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, {{"status", "ok"}, {"version", version_}});
-    });
-    for (const char* p : {"/pause", "/resume", "/weights/prepare", "/weights/commit"}) {
-      server_.route(http::Verb::post, p, [this, p](http::Request r) -> asio::awaitable<http::Response> {
-        std::string entry = std::string(p);
-        if (auto j = r.json(); j && j->is_object() && j->contains("version")) {
-          entry += " v" + std::to_string((*j)["version"].get<std::int64_t>());
-          if (std::string(p) == "/weights/commit") version_ = (*j)["version"].get<std::int64_t>();
-        }
-        if (auto mode = r.query_param("mode")) entry += " " + *mode;
-        admin_log.push_back(entry);
-        co_return http::Response::json(200, nlohmann::json::object());
-      });
-    }
-  }
-  std::uint16_t start() { return *server_.start(); }
-  void close() { server_.close(); }
-  std::vector<std::string> admin_log;
-  int completions = 0;
-
- private:
-  http::Response complete(const http::Request& r) {
-    auto body = r.json();
-    if (!body) return http::Response::error(400, body.error().what());
-    const auto prompt = body->value("prompt", std::string());
+// A completion server (InferenceServerFake, arlo's admin plane) whose sample j of a request answers
+// the sum of "a+b=" when j is even, "0" otherwise; tokens carry the version it committed last.
+std::unique_ptr<testing::InferenceServerFake> completion_server(asio::io_context& io) {
+  auto s = std::make_unique<testing::InferenceServerFake>(
+      io, testing::InferenceServerOptions{.dialect = testing::Dialect::kArlo});
+  s->reply = [](const nlohmann::json& body, int j) {
     int a = 0, b = 0;
-    std::sscanf(prompt.c_str(), "%d+%d=", &a, &b);
-    const int n = body->value("n", 1);
-    nlohmann::json choices = nlohmann::json::array();
-    for (int j = 0; j < n; ++j) {
-      const std::string text = j % 2 == 0 ? std::to_string(a + b) : "0";
-      std::vector<int> ids;
-      for (char c : text) ids.push_back(static_cast<int>(c));
-      choices.push_back({{"index", j},
-                         {"text", text},
-                         {"token_ids", ids},
-                         {"logprobs", {{"token_logprobs", std::vector<double>(ids.size(), -0.1)}}},
-                         {"finish_reason", "stop"},
-                         {"version_spans", {{{"version", version_}, {"first_token", 0}}}}});
-    }
-    ++completions;
-    std::vector<int> prompt_ids;
-    for (char c : prompt) prompt_ids.push_back(static_cast<int>(c));
-    return http::Response::json(200, {{"choices", choices}, {"prompt_token_ids", prompt_ids}});
+    std::sscanf(body.value("prompt", std::string()).c_str(), "%d+%d=", &a, &b);
+    return j % 2 == 0 ? std::to_string(a + b) : std::string("0");
+  };
+  return s;
+}
+
+// The admin requests `s` was asked, in order: "/pause keep", "/weights/prepare v3", "/resume", ...
+std::vector<std::string> admin_log(const testing::InferenceServerFake& s) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < s.requests.size(); ++i) {
+    if (s.requests[i].rfind("POST /", 0) != 0 || s.requests[i] == "POST /v1/completions") continue;
+    std::string entry = s.requests[i].substr(5);
+    const auto& body = s.request_bodies[i];
+    if (body.is_object() && body.contains("version")) entry += " v" + body["version"].dump();
+    if (const auto mode = s.targets[i].find("mode="); mode != std::string::npos)
+      entry += " " + s.targets[i].substr(mode + 5);
+    out.push_back(entry);
   }
-  http::Server server_;
-  std::int64_t version_ = 0;
-};
+  return out;
+}
 
 TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   const auto run_dir = std::filesystem::temp_directory_path() / fmt::format("arlo_orch_loop_{}", ::getpid());
@@ -92,11 +64,10 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   constexpr int kSteps = 3;
 
   asio::io_context io;
-  CompletionServer s0(io), s1(io);
-  const auto p0 = s0.start(), p1 = s1.start();
+  auto s0 = completion_server(io), s1 = completion_server(io);
 
   rollout::InferencePool pool(io);
-  const std::string u0 = fmt::format("http://127.0.0.1:{}", p0), u1 = fmt::format("http://127.0.0.1:{}", p1);
+  const std::string u0 = s0->url(), u1 = s1->url();
   pool.add_worker(u0);
   pool.add_worker(u1);
   pool.start();
@@ -176,8 +147,8 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   const bool timed_out = test::run_to_the_end(io, orch, std::chrono::seconds(90), [&] {
     pool.stop();
     (*bridge_server)->stop();
-    s0.close();
-    s1.close();
+    s0->close();
+    s1->close();
   });
   trainer_thread.join();
 
@@ -191,8 +162,8 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   EXPECT_TRUE(st) << st.error().what();
   // The final version reached both workers through pause -> prepare -> commit -> resume, and the
   // versions each worker committed only went up (notices that arrive during an update coalesce).
-  for (auto* s : {&s0, &s1}) {
-    const auto& log = s->admin_log;
+  for (const auto* s : {s0.get(), s1.get()}) {
+    const auto log = admin_log(*s);
     auto commit = std::find(log.begin(), log.end(), "/weights/commit v" + std::to_string(kSteps));
     ASSERT_NE(commit, log.end());
     ASSERT_GE(commit - log.begin(), 2);
