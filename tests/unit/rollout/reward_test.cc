@@ -151,14 +151,14 @@ TEST(Rewards, RegistryHoldsEachKindOnceAndItsErrorsListThem) {
     names.push_back(k.name);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"exact_match", "numeric_match", "lcs_ratio", "regex_match",
-                                             "length_penalty", "plugin", "http", "weighted", "judge"}));
+                                             "length_penalty", "plugin", "http", "code_exec", "weighted", "judge"}));
   // The messages users saw before the registry, word for word.
   auto r = make_reward_module({{"kind", "nope"}});
   ASSERT_FALSE(r);
   EXPECT_EQ(
       r.error().message(),
       "unknown reward kind 'nope': use exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin, "
-      "http, weighted or judge");
+      "http, code_exec, weighted or judge");
   r = make_reward_module({{"kind", "numeric_match"}, {"tol", 1}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message(),
