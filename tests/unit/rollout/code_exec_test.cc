@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -152,6 +153,34 @@ TEST(CodeExec, ConfigAndTaskErrors) {
   EXPECT_NE(s.error().what().find("no tests"), std::string::npos) << s.error().what();
   s = m->score(task_with({{"cases", {{{"input", 1}}}}}), completion("x = 1"));
   ASSERT_FALSE(s);
+}
+
+// Where user namespaces are off (here: a child process in a user namespace of its own whose
+// user.max_user_namespaces is 0), building the module fails with the reason; nothing runs unsandboxed.
+TEST(CodeExec, RefusesWhereTheMachineCannotSandbox) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    const std::string map = fmt::format("0 {} 1\n", ::geteuid());
+    std::string said = "could not set up the child";
+    if (::unshare(CLONE_NEWUSER) == 0 && (std::ofstream("/proc/self/uid_map") << map).flush() &&
+        (std::ofstream("/proc/sys/user/max_user_namespaces") << "0\n").flush()) {
+      auto m = make_reward_module(spec());
+      said = m ? "built" : m.error().what();
+    }
+    [[maybe_unused]] auto n = ::write(fds[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string said;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_NE(said.find("cannot run the code sandbox"), std::string::npos) << said;
+  EXPECT_NE(said.find("new user"), std::string::npos) << said;
 }
 
 // ---- hostile programs -------------------------------------------------------------------------------
