@@ -8,8 +8,9 @@
 // checks that every request carries text or messages (never built-in ids) and asks for token ids
 // and logprobs, and answers with its ids. The trainer thread checks that every packed sample is
 // exactly the server's prompt ids (chat template included) followed by the server's completion
-// ids, with the server's logprobs. Weight updates use arlo's admin routes on the same server (the
-// vLLM and SGLang admin dialects have their own tests in tests/unit/rollout/admin_test.cc).
+// ids, with the server's logprobs. The server is InferenceServerFake with its completion answers
+// replaced (on_completion); weight updates use its arlo admin plane (the vLLM and SGLang admin
+// dialects have their own tests in tests/unit/rollout/admin_test.cc).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 #include "session/adapters/rollout_adapters.h"
 #include "orchestrator/orchestrator.h"
 #include "reference/tokenizer.h"
+#include "testing/inference_server_fake.h"
 #include "tests/integration/orchestrator_loop/orchestrator_run.h"
 
 namespace arlo::session {
@@ -86,32 +88,20 @@ enum class Shape {
 };
 
 // Answers "...a+b=" with the sum for even samples and "0" for odd ones (so groups have reward
-// variance), in `shape`'s response format, and the arlo admin routes for weight updates.
+// variance), in `shape`'s response format, on InferenceServerFake's completion routes; weight updates
+// go to the fake's arlo admin plane.
 class ExternalServer {
  public:
-  ExternalServer(asio::io_context& io, Shape shape) : server_(io, http::ServerOptions{}), shape_(shape) {
-    server_.route(http::Verb::post, "/v1/completions",
-                  [this](http::Request r) -> asio::awaitable<http::Response> { co_return answer(r, false); });
-    server_.route(http::Verb::post, "/v1/chat/completions",
-                  [this](http::Request r) -> asio::awaitable<http::Response> { co_return answer(r, true); });
-    server_.route(http::Verb::get, "/health", [this](http::Request) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, {{"status", "ok"}, {"version", version_}});
-    });
-    server_.route(http::Verb::get, "/weights", [this](http::Request) -> asio::awaitable<http::Response> {
-      co_return http::Response::json(200, {{"version", version_}, {"checksum", ""}});
-    });
-    for (const char* p : {"/pause", "/resume", "/weights/prepare", "/weights/commit"}) {
-      server_.route(http::Verb::post, p, [this, p](http::Request r) -> asio::awaitable<http::Response> {
-        if (auto j = r.json(); j && j->is_object() && j->contains("version") && std::string(p) == "/weights/commit")
-          version_ = (*j)["version"].get<std::int64_t>();
-        co_return http::Response::json(200, json::object());
-      });
-    }
+  ExternalServer(asio::io_context& io, Shape shape)
+      : fake_(io, testing::InferenceServerOptions{.dialect = testing::Dialect::kArlo}), shape_(shape) {
+    fake_.on_completion = [this](const std::string& path, const json& body) {
+      return answer(body, path == "/v1/chat/completions");
+    };
   }
-  std::string start() { return fmt::format("http://127.0.0.1:{}", *server_.start()); }
-  void close() { server_.close(); }
+  std::string url() const { return fake_.url(); }
+  void close() { fake_.close(); }
+  int requests() const { return fake_.received; }
 
-  int requests = 0;
   std::vector<std::string> violations;  // what a request got wrong
 
  private:
@@ -119,11 +109,7 @@ class ExternalServer {
     if (!ok && violations.size() < 20) violations.push_back(what);
   }
 
-  http::Response answer(const http::Request& r, bool chat) {
-    auto body = r.json();
-    if (!body) return http::Response::error(400, body.error().what());
-    ++requests;
-    const json& b = *body;
+  http::Response answer(const json& b, bool chat) {
     std::string question;  // the text holding "a+b="
     Ids prompt_ids;
     if (chat) {
@@ -166,7 +152,7 @@ class ExternalServer {
       const Ids ids = server_completion_ids(text, chat);
       choices.push_back(chat ? chat_choice(j, text, ids, prompt_ids) : completion_choice(j, text, ids, prompt_ids));
     }
-    json out = {{"id", fmt::format("req-{}", requests)},
+    json out = {{"id", fmt::format("req-{}", fake_.received)},
                 {"object", chat ? "chat.completion" : "text_completion"},
                 {"created", 1},
                 {"model", "served-model"},
@@ -245,9 +231,8 @@ class ExternalServer {
     return ch;
   }
 
-  http::Server server_;
+  testing::InferenceServerFake fake_;
   Shape shape_;
-  std::int64_t version_ = 0;
 };
 
 // One packed training sample as the trainer reads it back from the batch.
@@ -291,7 +276,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   Outcome out;
   asio::io_context io;
   ExternalServer server(io, shape);
-  const std::string url = server.start();
+  const std::string url = server.url();
 
   config::LoadOptions lo;
   lo.overrides = {"inference.launch=external",
@@ -412,7 +397,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   trainer_thread.join();
   EXPECT_FALSE(timed_out);
   out.summary = orchestrator.summary();
-  out.requests = server.requests;
+  out.requests = server.requests();
   out.violations = server.violations;
   fs::remove_all(dir);
   return out;
