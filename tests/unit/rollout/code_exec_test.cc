@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -198,14 +199,31 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
-// Pids of processes whose PID namespace is `inode`.
-std::vector<int> processes_in(std::uint64_t inode) {
+// Clock ticks since boot (the unit of /proc/<pid>/stat's start time).
+unsigned long long ticks_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  const auto hz = static_cast<unsigned long long>(::sysconf(_SC_CLK_TCK));
+  return static_cast<unsigned long long>(ts.tv_sec) * hz +
+         static_cast<unsigned long long>(ts.tv_nsec) * hz / 1000000000ull;
+}
+
+// Pids of processes in the PID namespace `inode` that started by `until` (a namespace's inode number
+// is reused once it is gone: a later sandbox of a test running alongside may hold it now).
+std::vector<int> processes_in(std::uint64_t inode, unsigned long long until) {
   std::vector<int> out;
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     struct stat st {};
-    if (::stat((e.path() / "ns/pid").c_str(), &st) == 0 && st.st_ino == inode) out.push_back(std::stoi(name));
+    if (::stat((e.path() / "ns/pid").c_str(), &st) != 0 || st.st_ino != inode) continue;
+    const std::string stat = read_text(e.path() / "stat");
+    if (stat.find(')') == std::string::npos) continue;  // gone meanwhile
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+    std::string field;
+    for (int i = 3; i <= 22 && fields >> field; ++i) {
+    }
+    if (!field.empty() && std::stoull(field) <= until) out.push_back(std::stoi(name));
   }
   return out;
 }
@@ -259,7 +277,8 @@ class CodeExecHostile : public ::testing::Test {
     EXPECT_EQ(res->out.find("s3cr3t"), std::string::npos);
     EXPECT_LE(res->out.size(), 65536u);
     EXPECT_NE(res->pid_namespace, 0u);
-    EXPECT_TRUE(processes_in(res->pid_namespace).empty()) << "processes left in the sandbox's PID namespace";
+    EXPECT_TRUE(processes_in(res->pid_namespace, ticks_now()).empty())
+        << "processes left in the sandbox's PID namespace";
     EXPECT_EQ(::waitpid(static_cast<pid_t>(res->init_pid), nullptr, WNOHANG), -1);  // reaped: not our child now
     EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), 0);  // only the bystander is a child, and it lives
     EXPECT_EQ(::kill(bystander_, 0), 0) << "the bystander in the test's process group was killed";
