@@ -1,8 +1,9 @@
-// Admin adapters against a real local HTTP server that records each request and answers with the
-// response shapes the arlo, vLLM and SGLang servers document.
+// Admin adapters against InferenceServerFake's arlo, vLLM and SGLang personalities on loopback: the
+// routes, bodies and retries each adapter sends, from the fake's request log.
 #include <gtest/gtest.h>
 
 #include "rollout/admin.h"
+#include "testing/inference_server_fake.h"
 #include "tests/unit/rollout/rollout_test_util.h"
 
 namespace arlo::rollout {
@@ -11,47 +12,8 @@ namespace {
 using test::run;
 namespace asio = boost::asio;
 
-struct Recorded {
-  std::string method;
-  std::string target;
-  Json body;
-};
-
-// Records every request; answers from a table of (path -> response), default {} with 200.
-class RecordingServer {
- public:
-  RecordingServer(asio::io_context& io, std::vector<std::string> post_paths, std::vector<std::string> get_paths) {
-    http::ServerOptions o;
-    o.stop_grace = std::chrono::milliseconds(100);
-    server_ = std::make_unique<http::Server>(io, o);
-    auto handler = [this](http::Request req) -> asio::awaitable<http::Response> {
-      Recorded r;
-      r.method = req.method == http::Verb::get ? "GET" : "POST";
-      r.target = req.target;
-      r.body = req.body.empty() ? Json() : Json::parse(req.body, nullptr, false);
-      calls.push_back(r);
-      if (fail_next > 0) {
-        --fail_next;
-        co_return http::Response::error(503, "busy");
-      }
-      auto it = answers.find(req.path);
-      co_return it == answers.end() ? http::Response::json(200, Json::object()) : it->second;
-    };
-    for (const auto& p : post_paths) server_->route(http::Verb::post, p, handler);
-    for (const auto& p : get_paths) server_->route(http::Verb::get, p, handler);
-    port_ = *server_->start();
-  }
-  ~RecordingServer() { server_->close(); }
-  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
-
-  std::vector<Recorded> calls;
-  std::map<std::string, http::Response> answers;
-  int fail_next = 0;
-
- private:
-  std::unique_ptr<http::Server> server_;
-  std::uint16_t port_ = 0;
-};
+using testing::Dialect;
+using testing::InferenceServerFake;
 
 // Built outside coroutines: GCC 12 mis-compiles string literals in braced initialisers inside them.
 WeightUpdate upd(std::int64_t version, std::string transport, Json manifest, Json extra) {
@@ -78,8 +40,8 @@ Json manifest() {
 
 TEST(AdminArlo, RoutesAndBodiesFollowDesignSection3) {
   asio::io_context io;
-  RecordingServer srv(io, {"/pause", "/resume", "/weights/prepare", "/weights/commit"}, {"/weights"});
-  srv.answers["/weights"] = http::Response::json(200, {{"version", 5}, {"checksum", "abc123"}});
+  InferenceServerFake srv(io, {.dialect = Dialect::kArlo});
+  srv.arlo.checksum = "abc123";  // GET /weights reports it with the committed version
   http::Client client(io);
   auto admin = make_admin_client(AdminDialect::kArlo, client, srv.url(), fast());
   run(io, [&]() -> asio::awaitable<void> {
@@ -95,23 +57,23 @@ TEST(AdminArlo, RoutesAndBodiesFollowDesignSection3) {
       EXPECT_EQ(w->checksum, "abc123");
     }
   }());
-  ASSERT_EQ(srv.calls.size(), 6u);
-  EXPECT_EQ(srv.calls[0].target, "/pause?mode=keep");
-  EXPECT_EQ(srv.calls[1].target, "/pause?mode=keep");
-  EXPECT_EQ(srv.calls[2].target, "/weights/prepare");
-  EXPECT_EQ(srv.calls[2].body["version"], 5);
-  EXPECT_EQ(srv.calls[2].body["weight_sync"]["transport"], "tcp");
-  EXPECT_EQ(srv.calls[2].body["manifest"], manifest());
-  EXPECT_EQ(srv.calls[3].body, Json({{"version", 5}}));
-  EXPECT_EQ(srv.calls[4].target, "/resume");
-  EXPECT_EQ(srv.calls[5].method, "GET");
+  ASSERT_EQ(srv.requests.size(), 6u);
+  EXPECT_EQ(srv.targets[0], "/pause?mode=keep");
+  EXPECT_EQ(srv.targets[1], "/pause?mode=keep");
+  EXPECT_EQ(srv.targets[2], "/weights/prepare");
+  EXPECT_EQ(srv.request_bodies[2]["version"], 5);
+  EXPECT_EQ(srv.request_bodies[2]["weight_sync"]["transport"], "tcp");
+  EXPECT_EQ(srv.request_bodies[2]["manifest"], manifest());
+  EXPECT_EQ(srv.request_bodies[3], Json({{"version", 5}}));
+  EXPECT_EQ(srv.targets[4], "/resume");
+  EXPECT_EQ(srv.requests[5], "GET /weights");
 }
 
 // The collective sequences are in admin_collective_test.cc; here the plain routes and the retry rule.
 TEST(AdminVllm, PauseResumeRoutesAndProbesRetried) {
   asio::io_context io;
-  RecordingServer srv(io, {"/pause", "/resume"}, {"/weight_info"});
-  srv.answers["/weight_info"] = http::Response::json(200, {{"weight_version", "12"}});
+  InferenceServerFake srv(io, {.dialect = Dialect::kVllm});
+  srv.weight_version = "12";  // what /weight_info reports
   http::Client client(io);
   auto admin = make_admin_client(AdminDialect::kVllm, client, srv.url(), fast());
   run(io, [&]() -> asio::awaitable<void> {
@@ -121,14 +83,12 @@ TEST(AdminVllm, PauseResumeRoutesAndProbesRetried) {
     auto w = co_await admin->weights();
     EXPECT_TRUE(w && w->version == 12);
   }());
-  std::vector<std::string> targets;
-  for (const auto& c : srv.calls) targets.push_back(c.target);
-  EXPECT_EQ(targets, (std::vector<std::string>{"/pause?mode=wait", "/resume", "/weight_info", "/weight_info"}));
+  EXPECT_EQ(srv.targets, (std::vector<std::string>{"/pause?mode=wait", "/resume", "/weight_info", "/weight_info"}));
 }
 
 TEST(AdminSglang, TransferCallsAreNotRetriedButPausesAre) {
   asio::io_context io;
-  RecordingServer srv(io, {"/pause_generation", "/update_weights_from_disk"}, {});
+  InferenceServerFake srv(io, {.dialect = Dialect::kSglang});
   http::Client client(io);
   auto admin = make_admin_client(AdminDialect::kSglang, client, srv.url(), fast());
   const Json disk_extra = {{"model_path", "/runs/x/weights/v8"}};
@@ -143,9 +103,9 @@ TEST(AdminSglang, TransferCallsAreNotRetriedButPausesAre) {
       EXPECT_NE(r.error().what().find("/update_weights_from_disk: HTTP 503"), std::string::npos) << r.error().what();
     }
   }());
-  ASSERT_EQ(srv.calls.size(), 3u);
-  EXPECT_EQ(srv.calls[1].body, Json({{"mode", "abort"}}));
-  EXPECT_EQ(srv.calls[2].body["flush_cache"], true);  // after abort nothing runs
+  ASSERT_EQ(srv.requests.size(), 3u);
+  EXPECT_EQ(srv.request_bodies[1], Json({{"mode", "abort"}}));
+  EXPECT_EQ(srv.request_bodies[2]["flush_cache"], true);  // after abort nothing runs
 }
 
 TEST(Admin, UnreachableServerFailsWithinTheDeadline) {
