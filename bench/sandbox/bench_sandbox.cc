@@ -1,7 +1,8 @@
 // arlo-bench-sandbox: executions per second of one program run in the code_exec sandbox
 // (rollout/sandbox.h: namespaces, read-only root, limits, output capture) against the same program
-// started with a plain fork/exec (output captured through a pipe, nothing else), with the same
-// number of threads each starting one program at a time. Two programs: a small Python program (the
+// started with a plain fork/exec (the same environment, output captured through a pipe, nothing
+// else), with the same number of threads each starting one program at a time, in alternating
+// rounds (so that a change in the machine's load falls on both sides). Two programs: a small Python program (the
 // reward's case) and /bin/true (the sandbox's own cost, nothing to hide it). Prints the rates and
 // their ratio (the target: at least 0.5x for Python on 2 cores). No thresholds.
 //
@@ -43,7 +44,15 @@ bool plain_run(const std::vector<std::string>& argv, const std::string& cwd) {
   if (pid == 0) {
     ::dup2(fds[1], 1);
     if (::chdir(cwd.c_str()) != 0) ::_exit(126);
-    ::execv(args[0], args.data());
+    // The sandbox's environment, so that both interpreters start alike (no user site-packages).
+    const std::string home = "HOME=" + cwd, tmp = "TMPDIR=" + cwd;
+    char* env[] = {const_cast<char*>("PATH=/usr/local/bin:/usr/bin:/bin"),
+                   const_cast<char*>(home.c_str()),
+                   const_cast<char*>(tmp.c_str()),
+                   const_cast<char*>("LANG=C.UTF-8"),
+                   const_cast<char*>("PYTHONDONTWRITEBYTECODE=1"),
+                   nullptr};
+    ::execve(args[0], args.data(), env);
     ::_exit(127);
   }
   ::close(fds[1]);
@@ -56,9 +65,9 @@ bool plain_run(const std::vector<std::string>& argv, const std::string& cwd) {
   return pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-// Runs `one` `runs` times over `threads` threads; returns runs per second (0 when one failed).
+// Runs `one` `runs` times over `threads` threads; returns the seconds taken (negative when one failed).
 template <typename Fn>
-double rate(int runs, int threads, Fn one) {
+double timed(int runs, int threads, Fn one) {
   std::atomic<int> next{0};
   std::atomic<bool> failed{false};
   const auto start = std::chrono::steady_clock::now();
@@ -70,7 +79,7 @@ double rate(int runs, int threads, Fn one) {
     });
   for (auto& th : pool) th.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return failed ? 0.0 : runs / s;
+  return failed ? -1.0 : s;
 }
 
 void compare(const char* name, int runs, int threads, const Sandbox& box, const std::vector<std::string>& argv,
@@ -82,12 +91,19 @@ void compare(const char* name, int runs, int threads, const Sandbox& box, const 
     req.argv.push_back("main.py");
     req.files.push_back({"main.py", file});
   }
-  rate(threads * 2, threads, [&] { return plain_run(plain_argv, dir); });  // warm the page cache
-  const double plain = rate(runs, threads, [&] { return plain_run(plain_argv, dir); });
-  const double boxed = rate(runs, threads, [&] {
+  const auto plain_one = [&] { return plain_run(plain_argv, dir); };
+  const auto boxed_one = [&] {
     auto r = box.run(req);
     return r && r->exited_ok();
-  });
+  };
+  timed(threads * 2, threads, plain_one);  // warm the page cache
+  constexpr int kRounds = 5;
+  double plain_s = 0, boxed_s = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    plain_s += timed(runs / kRounds, threads, plain_one);
+    boxed_s += timed(runs / kRounds, threads, boxed_one);
+  }
+  const double plain = plain_s > 0 ? runs / plain_s : 0, boxed = boxed_s > 0 ? runs / boxed_s : 0;
   std::printf("%-12s plain fork/exec %8.1f runs/s   sandboxed %8.1f runs/s   ratio %.2fx\n", name, plain, boxed,
               plain > 0 ? boxed / plain : 0.0);
 }
