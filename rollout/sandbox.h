@@ -24,6 +24,9 @@
 // Where the machine cannot build this (no user namespaces, no new mount API, ...), create() fails
 // with the reason: the sandbox never runs a program with less isolation than it describes.
 //
+// arlo writes the id maps of its child through /proc: when not root it must be dumpable (as any
+// program started normally is; one that dropped root by setuid without an exec is not).
+//
 // Thread-safety: a Sandbox is immutable after create(); run() may be called from many threads at once
 // (each call blocks its thread until its program has ended and its namespace is gone).
 #include <cstdint>

@@ -5,9 +5,11 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -156,21 +159,14 @@ TEST(CodeExec, ConfigAndTaskErrors) {
   ASSERT_FALSE(s);
 }
 
-// Where user namespaces are off (here: a child process in a user namespace of its own whose
-// user.max_user_namespaces is 0), building the module fails with the reason; nothing runs unsandboxed.
-TEST(CodeExec, RefusesWhereTheMachineCannotSandbox) {
+// What `body` says, run in a forked child (which may change its ids and namespaces; the test keeps them).
+std::string in_child(const std::function<std::string()>& body) {
   int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
+  if (::pipe(fds) != 0) return "pipe failed";
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
-    const std::string map = fmt::format("0 {} 1\n", ::geteuid());
-    std::string said = "could not set up the child";
-    if (::unshare(CLONE_NEWUSER) == 0 && (std::ofstream("/proc/self/uid_map") << map).flush() &&
-        (std::ofstream("/proc/sys/user/max_user_namespaces") << "0\n").flush()) {
-      auto m = make_reward_module(spec());
-      said = m ? "built" : m.error().what();
-    }
+    const std::string said = body();
     [[maybe_unused]] auto n = ::write(fds[1], said.data(), said.size());
     ::_exit(0);
   }
@@ -180,8 +176,38 @@ TEST(CodeExec, RefusesWhereTheMachineCannotSandbox) {
   for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
   ::close(fds[0]);
   ::waitpid(pid, nullptr, 0);
+  return said;
+}
+
+// Where user namespaces are off (here: a child process in a user namespace of its own whose
+// user.max_user_namespaces is 0), building the module fails with the reason; nothing runs unsandboxed.
+TEST(CodeExec, RefusesWhereTheMachineCannotSandbox) {
+  const std::string said = in_child([] {
+    const std::string map = fmt::format("0 {} 1\n", ::geteuid());
+    if (::unshare(CLONE_NEWUSER) != 0 || !(std::ofstream("/proc/self/uid_map") << map).flush() ||
+        !(std::ofstream("/proc/sys/user/max_user_namespaces") << "0\n").flush())
+      return std::string("could not set up the child");
+    auto m = make_reward_module(spec());
+    return m ? std::string("built") : m.error().what();
+  });
   EXPECT_NE(said.find("cannot run the code sandbox"), std::string::npos) << said;
   EXPECT_NE(said.find("new user"), std::string::npos) << said;
+}
+
+// Run by an unprivileged user (when the test is root: a child that becomes nobody), the sandbox maps
+// that user's own id and scores as it does for root.
+TEST(CodeExec, WorksWithoutRoot) {
+  const std::string said = in_child([] {
+    if (::geteuid() == 0 && (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+                             ::setresuid(65534, 65534, 65534) != 0))
+      return std::string("could not become nobody");
+    ::prctl(PR_SET_DUMPABLE, 1);  // as a process started as nobody is (a set*id call cleared it)
+    auto m = make_reward_module(spec());
+    if (!m) return m.error().what();
+    auto s = (*m)->score(task_with({{"asserts", kAddAsserts}}), completion("def add(a, b):\n    return a * b\n"));
+    return s ? fmt::format("reward {}", s->reward) : s.error().what();
+  });
+  EXPECT_EQ(said, "reward 0.5");
 }
 
 // ---- hostile programs -------------------------------------------------------------------------------
