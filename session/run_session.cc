@@ -51,7 +51,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto kStartupDeadline = std::chrono::seconds(120);
 // The exit status arlo's programs give a usage or configuration error (apps/arlo/commands.h
 // kExitBadConfig): a child that exits with it would fail the same way if restarted.
 constexpr int kChildUsageError = 2;
@@ -351,7 +350,9 @@ class RunSession::Impl {
         ARLO_INFO("arlo run: waiting for {} server(s) to answer /health", s_.plan.workers.size());
       std::vector<std::string> names;
       for (const auto& [name, url] : s_.plan.workers) names.push_back(name);
-      auto st = co_await supervisor_.wait_healthy(names, clock_.now() + kStartupDeadline);
+      auto st = co_await supervisor_.wait_healthy(
+          names,
+          clock_.now() + std::chrono::milliseconds(std::llround(1000 * s_.cfg.number("inference.start_timeout_s"))));
       if (!st) {
         finish_early(st.error().what());
         co_return;

@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "session/monitors.h"
-
 namespace arlo::session {
 
 namespace {

@@ -51,6 +51,16 @@ def last_step(run_dir):
         return 0
 
 
+def healthy_again(run_dir, name):
+    """Whether the run's supervision events (supervision.jsonl) show `name` restarted and healthy."""
+    try:
+        with open(os.path.join(run_dir, "supervision.jsonl")) as f:
+            kinds = [e["event"] for e in map(json.loads, f) if e.get("name") == name]
+    except (OSError, ValueError, KeyError):
+        return False
+    return "restarting" in kinds and "healthy" in kinds[kinds.index("restarting"):]
+
+
 class ArloRunTest(unittest.TestCase):
     def test_a_run_keeps_every_server_on_the_trainers_weights_through_a_kill(self):
         import arlo_tiny_model
@@ -69,13 +79,9 @@ class ArloRunTest(unittest.TestCase):
         log = os.path.join(tmp, "arlo.log")
         argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
                 "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={MAX_STEPS}",
-                "--set", "inference.urls=" + json.dumps([s.url for s in servers]),
+                "--set", "inference.launch=external", "--set", "inference.urls=" + json.dumps([s.url for s in servers]),
                 "--set", f"trainer.model={model}", "--set", "trainer.lr=1e-3"]
-        with open(log, "w") as out:
-            arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ARGS.source,
-                                    start_new_session=True,
-                                    env=dict(os.environ, OMP_NUM_THREADS="1", ARLO_PYTHON=sys.executable))
-        self.addCleanup(kill_group, arlo)
+        arlo = self.start_arlo(argv, log)
         wait_for(f"step {KILL_AT_STEP}", lambda: last_step(run_dir) >= KILL_AT_STEP, 300, arlo, log)
 
         # Server 1 dies mid-run: the next update fails on it and leaves it out. The trainer is then
@@ -112,6 +118,53 @@ class ArloRunTest(unittest.TestCase):
             text = f.read()
         self.assertIn(f"worker {servers[1].url}", text)
         print(f"arlo_run_test: {MAX_STEPS} steps, ledger {ledger}, both servers on {want}", file=sys.stderr)
+
+    def test_arlo_starts_its_vllm_server_and_restarts_it_after_a_kill(self):
+        """inference.launch embedded: arlo run starts the vLLM server itself (configs/vllm-cpu.yaml, one
+        server here), waits for its /health, and when it is killed mid-run starts it again; the
+        restarted server loads the model from disk and is synced the current version before the run
+        ends on the trainer's last one."""
+        import arlo_tiny_model
+        tmp = tempfile.mkdtemp(prefix="arlo-vllm-embedded-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        model = os.path.join(tmp, "tiny")
+        arlo_tiny_model.write(model, seed=0)
+        run_dir = os.path.join(tmp, "run")
+        log = os.path.join(tmp, "arlo.log")
+        steps = 12
+        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
+                "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={steps}", "--set", "inference.num_workers=1",
+                "--set", f"trainer.model={model}", "--set", "trainer.lr=1e-3"]
+        arlo = self.start_arlo(argv, log)
+        wait_for("step 2", lambda: last_step(run_dir) >= 2, 300, arlo, log)
+        server = find_pid(lambda argv: "vllm.entrypoints.openai.api_server" in argv and model in argv)
+        self.assertTrue(server, "no vLLM server process of this run")
+        trainer_pid = wait_for("the trainer's pid", lambda: self.pid_of(model), 30)
+        os.kill(trainer_pid, signal.SIGSTOP)  # the run cannot end before the server is back
+        try:
+            os.kill(server, signal.SIGKILL)
+            wait_for("the server's restart", lambda: healthy_again(run_dir, "vllm-0"), 180, arlo, log)
+        finally:
+            os.kill(trainer_pid, signal.SIGCONT)
+        self.assertEqual(arlo.wait(timeout=400), 0, tail(log))
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        want = summary["trainer"]["checksum"]
+        self.assertEqual(summary["trainer"]["version"], steps)
+        self.assertEqual(len(summary["workers"]), 1, summary["workers"])
+        for url, held in summary["workers"].items():
+            self.assertEqual(held, {"version": steps, "checksum": want}, url)
+        print(f"arlo_run_test: embedded vLLM restarted, {steps} steps, on {want}", file=sys.stderr)
+
+    def start_arlo(self, argv, log):
+        """`arlo run` with argv, its output in `log`, from the source tree, killed with its group at the
+        end; the trainer and vLLM run in this Python's environment."""
+        with open(log, "w") as out:
+            arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ARGS.source,
+                                    start_new_session=True,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1", ARLO_PYTHON=sys.executable))
+        self.addCleanup(kill_group, arlo)
+        return arlo
 
     @staticmethod
     def pid_of(model):

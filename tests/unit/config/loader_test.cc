@@ -302,6 +302,15 @@ TEST(ConfigLoad, TheReferenceTrainerNeedsAModelDirectory) {
            "in it)"});
 }
 
+TEST(ConfigLoad, ArloLaunchesArloWorkerAndVllmWithAModel) {
+  refused(load("inference:\n  launch: embedded\n  kind: vllm\n"),
+          {"test.yaml:2:3: inference.model (or trainer.model) must name the model directory when arlo launches "
+           "vLLM"});
+  refused(load("inference:\n  launch: embedded\n  kind: sglang\n"),
+          {"test.yaml:3:3: inference.kind sglang needs inference.launch: external (arlo launches arlo-worker and "
+           "vLLM)"});
+}
+
 TEST(ConfigOverrides, SetWinsOverFileAndIsTypeChecked) {
   Resolution r = load("orchestrator:\n  batch_size: 8\n  group_size: 4\n",
                       {"orchestrator.batch_size=16", "sampling.stop=[a, \"b c\"]", "run.name=exp-7",
