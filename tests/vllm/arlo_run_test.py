@@ -2,8 +2,9 @@
 arlo's weight-transfer backend, the Hugging Face trainer of examples/hf_trainer, weights over tcp)
 for a few dozen steps. One server is killed with SIGKILL mid-run and started again: it is left out,
 answers again, and rejoins with a resync. At the end the ledger adds up and every server holds the
-trainer's last version with the trainer's checksum (summary.json). Run with the project's Python
-environment:
+trainer's last version with the trainer's checksum (summary.json). And a run whose one server arlo
+starts itself (inference.launch embedded) and restarts after a SIGKILL. Run with the project's Python
+environment (a test's name after the flags runs that one):
 
     .venv/bin/python tests/vllm/arlo_run_test.py --source . --arlo build/apps/arlo/arlo
 """
