@@ -49,8 +49,21 @@ struct Sample {
   std::vector<std::uint8_t> loss_mask;
 
   FinishReason finish_reason = FinishReason::kUnknown;  // kAbort: continued later from its tokens
-  std::string text;                                     // the completion as text
-  std::string worker;                                   // the server that answered
+  // The completion as text; of a multi-turn trajectory, its last model turn (what answer-checking
+  // reward modules read).
+  std::string text;
+  std::string worker;  // the server that answered (a trajectory's turns all go to it while it is up)
+
+  // A multi-turn trajectory (docs/environments.md); all empty or unset for a single-turn sample.
+  // `turns`: what followed the prompt, in order: the model's turns (role "assistant", its text) and
+  // the environment's messages (role "user" or "tool"). `env_state`: the environment's opaque state
+  // of this trajectory (from reset, then each step). `env_reward`: the reward the environment gave
+  // when it ended the trajectory (read by the `env` reward module). `turn_versions`: the version the
+  // workers served when each model turn was requested.
+  std::vector<ChatMessage> turns;
+  nlohmann::json env_state;
+  std::optional<double> env_reward;
+  std::vector<Version> turn_versions;
 
   // Scores: the reward (unset until scored, and when the failure policy `drop` left it unscored),
   // what the reward modules reported ("<module>", "<module>/<metric>", "reward/failed"), the

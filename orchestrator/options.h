@@ -33,6 +33,11 @@ struct Options {
   Duration trainer_silence_timeout{};  // a trainer not heard from (TrainerPort::on_alive) this long is fatal; 0 = wait
   Version initial_version = 0;         // the version workers hold at start; kNoVersion = wait for v0
 
+  // --- multi-turn trajectories (env.max_turns ...; used only for tasks EnvironmentPort::multi_turn) ---
+  int max_turns = 8;                          // model turns per trajectory at most; then it ends (finish "length")
+  std::int64_t max_trajectory_tokens = 1024;  // completion + environment tokens at most (then "length")
+  Duration env_timeout = std::chrono::seconds(30);  // per reset / step call
+
   // --- weight updates ---
   PauseMode update_mode = PauseMode::kKeep;
   Duration admin_timeout = std::chrono::seconds(60);  // per admin call attempt

@@ -40,7 +40,8 @@ struct Ports {
   ScorerPort* scorer = nullptr;
   TrainerPort* trainer = nullptr;
   Clock* clock = nullptr;
-  std::vector<Task> eval_tasks;  // the eval set (may be empty: no eval)
+  EnvironmentPort* environment = nullptr;  // multi-turn environments; nullptr: every task is single-turn
+  std::vector<Task> eval_tasks;            // the eval set (may be empty: no eval)
 };
 
 class Orchestrator {

@@ -65,6 +65,25 @@ class TaskSource {
   virtual Status restore(const nlohmann::json& cursor) = 0;
 };
 
+// Multi-turn environments (docs/environments.md): built-in ones in C++, others over HTTP. The
+// dispatcher calls reset before a multi-turn group's first request and step after each model turn
+// of each sample, each call with a deadline; an error fails that sample (its code is the reason),
+// never the run.
+class EnvironmentPort {
+ public:
+  virtual ~EnvironmentPort() = default;
+  // Whether `task` runs several turns (false: the single-turn path, no reset or step).
+  virtual bool multi_turn(const Task& task) const = 0;
+  // A trajectory of `task` starts: its first messages (non-empty: they replace the task's prompt
+  // for the whole group) and the initial state every sample of the group starts from.
+  virtual Awaitable<Result<EnvReply>> reset(std::shared_ptr<const Task> task, TimePoint deadline) = 0;
+  // The model has ended a turn: `trajectory` holds everything so far (its last turn the model's,
+  // its worker the server that answered it; prompt_tokens: the group's prompt ids). What the
+  // environment adds, tokenized for that worker.
+  virtual Awaitable<Result<EnvReply>> step(std::shared_ptr<const Task> task, const Sample& trajectory,
+                                           std::vector<std::int32_t> prompt_tokens, TimePoint deadline) = 0;
+};
+
 // Scores one complete group off the event loop (reward modules on a thread pool, or a remote reward
 // server) and computes its advantages.
 class ScorerPort {

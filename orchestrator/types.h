@@ -62,6 +62,21 @@ struct GenerateResult {
   std::string worker;                       // who served it
 };
 
+// What an environment answers (EnvironmentPort): to reset, a trajectory's first messages; to a step,
+// the messages that follow the model's turn (tool results, feedback). `tokens` are those messages as
+// token ids that extend the trajectory's ids exactly (token-in/token-out: never a re-tokenization
+// of the conversation), from the serving worker's own tokenizer and chat template, ending with what
+// opens the model's next turn; empty on reset and when `done`. `done` ends the trajectory, `reward`
+// is the environment's reward for it (usually given with done), `state` its opaque state, passed
+// back on the next step.
+struct EnvReply {
+  std::vector<ChatMessage> messages;
+  std::vector<std::int32_t> tokens;
+  bool done = false;
+  std::optional<double> reward;
+  nlohmann::json state;
+};
+
 // Scores for one whole group, index-aligned with its completions.
 struct ScoredGroup {
   std::vector<double> rewards;
