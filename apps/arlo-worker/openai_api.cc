@@ -54,6 +54,9 @@ std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body,
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       return bad("each message needs a string 'role'", "messages");
     Tokenizer::Message msg{m["role"].get<std::string>(), ""};
+    // The template knows system, user and assistant: a tool's result (an environment's message in a
+    // multi-turn trajectory) is rendered as a user turn.
+    if (msg.role == "tool") msg.role = "user";
     const json content = m.value("content", json());
     if (content.is_string()) {
       msg.content = content.get<std::string>();
@@ -70,7 +73,7 @@ std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body,
     messages.push_back(std::move(msg));
   }
   auto ids = tok.apply_chat_template(messages);
-  if (!ids) return bad("message roles must be system, user or assistant", "messages");
+  if (!ids) return bad("message roles must be system, user, assistant or tool", "messages");
   return std::move(*ids);
 }
 
@@ -295,6 +298,32 @@ json completion_response(const CompletionJob& job, const std::vector<reference::
   };
   if (job.prompts.size() == 1) out["prompt_token_ids"] = job.prompts[0];
   return out;
+}
+
+std::expected<json, ApiError> tokenize_request(const json& body, const Tokenizer& tok, int context) {
+  if (!body.is_object()) return bad("the request body must be a JSON object");
+  auto flag = [&](const char* key, bool fallback) -> std::expected<bool, ApiError> {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) return bad(fmt::format("'{}' must be a boolean", key), key);
+    return it->get<bool>();
+  };
+  std::vector<std::int32_t> ids;
+  if (body.contains("messages")) {
+    auto generation_prompt = flag("add_generation_prompt", true);
+    if (!generation_prompt) return std::unexpected(generation_prompt.error());
+    auto rendered = chat_prompt(body, tok);
+    if (!rendered) return std::unexpected(rendered.error());
+    ids = std::move(*rendered);
+    if (!*generation_prompt) ids.pop_back();  // the template's closing <|assistant|>
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end() || !it->is_string()) return bad("'prompt' (a string) or 'messages' is required", "prompt");
+    auto special = flag("add_special_tokens", true);
+    if (!special) return std::unexpected(special.error());
+    ids = *special ? tok.encode_prompt(it->get<std::string>()) : tok.encode(it->get<std::string>());
+  }
+  return json{{"count", ids.size()}, {"max_model_len", context}, {"tokens", ids}};
 }
 
 json error_body(const ApiError& e) {

@@ -7,8 +7,9 @@
 //   <bos> prepended, token-id prompts are used as given. max_tokens (default 16), temperature (1),
 //   top_p (1), n (1), seed, stop (string or list), logprobs (null or 0..5: 0 = the chosen token's
 //   logprob only), ignore_eos; echo, stream, best_of > n, suffix are refused with 400.
-// Chat (POST /v1/chat/completions): messages [{role: system|user|assistant, content: string or
-//   [{type: "text", text}]}] through the tokenizer's chat template; max_tokens or
+// Chat (POST /v1/chat/completions): messages [{role: system|user|assistant|tool, content: string or
+//   [{type: "text", text}]}] through the tokenizer's chat template (a "tool" message is rendered as
+//   a user turn: the template has no tool role); max_tokens or
 //   max_completion_tokens (default: what fits in the context); logprobs (bool), top_logprobs (0..20).
 // Responses follow the OpenAI reference (id, object, created, model, choices, usage) and add, per
 // choice, token_ids, prompt_token_ids, version_spans ([[version, first_token], ...]) and
@@ -54,6 +55,13 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const nlohmann::
 nlohmann::json completion_response(const CompletionJob& job, const std::vector<reference::Generation>& generations,
                                    const std::string& model, const reference::Tokenizer& tokenizer,
                                    const std::string& id, std::int64_t created);
+
+// POST /tokenize, with vLLM's fields: {"messages", "add_generation_prompt" (default true)} renders
+// the conversation through the chat template (without the closing <|assistant|> when false);
+// {"prompt", "add_special_tokens" (default true: <bos> first)} encodes the text. Answers
+// {"count", "max_model_len", "tokens"}.
+std::expected<nlohmann::json, ApiError> tokenize_request(const nlohmann::json& body,
+                                                         const reference::Tokenizer& tokenizer, int context);
 
 // {"error": {"message", "type", "param", "code"}}
 nlohmann::json error_body(const ApiError& e);

@@ -27,6 +27,12 @@ void WorkerServer::Impl::routes() {
   // Handlers that answer at once: computed eagerly, handed back as a ready awaitable.
   auto sync = [self](auto fn) { return [self, fn](http::Request r) { return ready(fn(*self, r)); }; };
   server.route(Verb::get, "/health", sync([](Impl& s, const http::Request&) { return s.health(); }));
+  server.route(Verb::post, "/tokenize", sync([](Impl& s, const http::Request& r) {
+                 auto body = r.json();
+                 if (!body) return api_error(400, "the request body is not valid JSON: " + body.error().message());
+                 auto out = tokenize_request(*body, s.engine.tokenizer(), s.options.model.context);
+                 return out ? http::Response::json(200, *out) : api_error(out.error());
+               }));
   server.route(Verb::get, "/v1/models", sync([](Impl& s, const http::Request&) { return s.models(); }));
   server.route(Verb::get, "/metrics", sync([](Impl& s, const http::Request&) { return s.metrics_text(); }));
   server.route(Verb::post, "/resume", sync([](Impl& s, const http::Request&) { return s.resume(); }));

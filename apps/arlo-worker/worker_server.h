@@ -1,7 +1,7 @@
 #pragma once
 // arlo-worker's HTTP surface over the generation engine.
 //
-// Data plane: POST /v1/completions, POST /v1/chat/completions (openai_api.h), GET /v1/models,
+// Data plane: POST /v1/completions, POST /v1/chat/completions, POST /tokenize (openai_api.h), GET /v1/models,
 // GET /health (200 with the version held; 503 before the worker holds one), GET /metrics.
 // Admin plane: POST /pause?mode=keep|wait|abort (answers once paused), POST /resume,
 // POST /weights/prepare {version, weight_sync: the receiver's weight-sync block (weight_sync/wire.h),

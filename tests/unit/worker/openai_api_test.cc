@@ -47,5 +47,38 @@ TEST(WorkerOpenAiApi, FuzzContentPartWithNonStringTypeIsRefused) {
   EXPECT_EQ(job->prompts.size(), 1u);
 }
 
+// POST /tokenize takes vLLM's fields: a prompt with or without <bos>, a conversation with or without
+// the generation prompt; a tool message renders as a user turn.
+TEST(WorkerOpenAiApi, TokenizeMatchesTheTokenizerAndTheChatTemplate) {
+  const reference::Tokenizer tok;
+  auto plain = tokenize_request(json::parse(R"({"prompt": "12+3", "add_special_tokens": false})"), tok, 256);
+  ASSERT_TRUE(plain.has_value()) << plain.error().message;
+  EXPECT_EQ((*plain)["tokens"].get<std::vector<std::int32_t>>(), tok.encode("12+3"));
+  EXPECT_EQ((*plain)["count"], 4);
+  EXPECT_EQ((*plain)["max_model_len"], 256);
+  auto with_bos = tokenize_request(json::parse(R"({"prompt": "12+3"})"), tok, 256);
+  EXPECT_EQ((*with_bos)["tokens"].get<std::vector<std::int32_t>>(), tok.encode_prompt("12+3"));
+
+  const auto chat = json::parse(R"({"messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "b"}, {"role": "tool", "content": "c"}]})");
+  auto rendered = tokenize_request(chat, tok, 256);
+  ASSERT_TRUE(rendered.has_value()) << rendered.error().message;
+  const auto expected = tok.apply_chat_template({{"user", "a"}, {"assistant", "b"}, {"user", "c"}});
+  EXPECT_EQ((*rendered)["tokens"].get<std::vector<std::int32_t>>(), *expected);
+  auto open = chat;
+  open["add_generation_prompt"] = false;
+  auto without = tokenize_request(open, tok, 256);
+  ASSERT_TRUE(without.has_value());
+  EXPECT_EQ((*without)["tokens"].get<std::vector<std::int32_t>>(),
+            std::vector<std::int32_t>(expected->begin(), expected->end() - 1));
+
+  for (const char* body : {R"({})", R"({"prompt": 5})", R"({"prompt": "x", "add_special_tokens": "no"})",
+                           R"({"messages": [{"role": "robot", "content": "x"}]})", R"([1])"}) {
+    auto refused = tokenize_request(json::parse(body), tok, 256);
+    ASSERT_FALSE(refused.has_value()) << body;
+    EXPECT_EQ(refused.error().status, 400);
+  }
+}
+
 }  // namespace
 }  // namespace arlo::worker
