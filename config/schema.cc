@@ -307,6 +307,16 @@ Section env_section() {
           int_key("size", 10000, "Number of tasks generated (procedural kinds) or used (jsonl; 0 means all).")
               .at_least(0),
           bool_key("shuffle", true, "Shuffle the tasks each epoch."),
+          int_key("max_turns", 8, "Multi-turn kinds: model turns per trajectory at most (then it ends, finish length).")
+              .at_least(1),
+          int_key("max_trajectory_tokens", 1024,
+                  "Multi-turn kinds: the model's and the environment's tokens after the prompt at most (then the "
+                  "trajectory ends, finish length).")
+              .at_least(1),
+          float_key("step_timeout_s", 30.0,
+                    "Multi-turn kinds: deadline for one environment call (reset, or step with its tokenizing); a "
+                    "missed one fails that sample (env_timeout).")
+              .range(0.001, 86400.0),
       }};
   for (const auto& k : rollout::environment_kinds()) add_option_keys(s.keys, k.options, k.name + ": ");
   return s;

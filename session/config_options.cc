@@ -35,6 +35,10 @@ Result<orch::Options> options_from_config(const config::Config& cfg) {
   o.sampling.max_tokens = cfg.integer("sampling.max_tokens");
   o.sampling.stop = cfg.strings("sampling.stop");
 
+  o.max_turns = static_cast<int>(cfg.integer("env.max_turns"));
+  o.max_trajectory_tokens = cfg.integer("env.max_trajectory_tokens");
+  o.env_timeout = seconds(cfg.number("env.step_timeout_s"));
+
   o.request_timeout = seconds(cfg.number("inference.request_timeout_s"));
   o.trainer_timeout = seconds(cfg.number("trainer.accept_timeout_s"));
   o.trainer_alarm = seconds(cfg.number("trainer.alarm_s"));

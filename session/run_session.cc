@@ -303,8 +303,8 @@ class RunSession::Impl {
     observers.add(&reporter);
     observers.add(observer_);
     orch::Orchestrator orchestrator(
-        io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, s_.parts.eval_tasks}, s_.options,
-        &observers);
+        io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, nullptr, s_.parts.eval_tasks},
+        s_.options, &observers);
     orchestrator_ = &orchestrator;  // for the supervision events (on_supervision)
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);

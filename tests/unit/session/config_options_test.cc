@@ -26,5 +26,28 @@ TEST(Options, EvalPassKAndCorrectThresholdComeFromTheConfig) {
   }
 }
 
+// env.max_turns, env.max_trajectory_tokens and env.step_timeout_s bound a multi-turn trajectory; each
+// must be positive.
+TEST(Options, MultiTurnLimitsComeFromTheEnvSection) {
+  auto dflt = options_from_config(*config::load_string("run:\n  max_steps: 1\n"));
+  ASSERT_TRUE(dflt);
+  EXPECT_EQ(dflt->max_turns, 8);
+  EXPECT_EQ(dflt->max_trajectory_tokens, 1024);
+  EXPECT_EQ(dflt->env_timeout, std::chrono::seconds(30));
+  auto cfg = config::load_string("env:\n  max_turns: 3\n  max_trajectory_tokens: 200\n  step_timeout_s: 2.5\n");
+  ASSERT_TRUE(cfg) << cfg.error().what();
+  auto o = options_from_config(*cfg);
+  ASSERT_TRUE(o) << o.error().what();
+  EXPECT_EQ(o->max_turns, 3);
+  EXPECT_EQ(o->max_trajectory_tokens, 200);
+  EXPECT_EQ(o->env_timeout, std::chrono::milliseconds(2500));
+  for (const char* bad :
+       {"env:\n  max_turns: 0\n", "env:\n  max_trajectory_tokens: 0\n", "env:\n  step_timeout_s: 0\n"}) {
+    auto c = config::load_string(bad, "bad.yaml");
+    ASSERT_FALSE(c) << bad;
+    EXPECT_NE(c.error().what().find("bad.yaml"), std::string::npos) << c.error().what();
+  }
+}
+
 }  // namespace
 }  // namespace arlo::session
