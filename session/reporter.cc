@@ -150,11 +150,14 @@ void Reporter::add_status_routes() {
   });
   status_->route(http::Verb::get, "/", [this](http::Request) -> Awaitable<http::Response> {
     if (page_.empty())
-      co_return http::Response::text(200, "arlo status: /api/status, /api/records, /metrics, /health\n");
+      co_return http::Response::text(200, "arlo status: /api/status, /api/records, /api/samples, /metrics, /health\n");
     co_return http::Response::text(200, std::string(page_), "text/html; charset=utf-8");
   });
   status_->route(http::Verb::get, "/api/status", [this](http::Request) -> Awaitable<http::Response> {
     co_return http::Response::json(200, status_json());
+  });
+  status_->route(http::Verb::get, "/api/samples", [this](http::Request) -> Awaitable<http::Response> {
+    co_return http::Response::json(200, {{"samples", rollout_log_.recent()}});
   });
   status_->route(http::Verb::get, "/api/records", [this](http::Request req) -> Awaitable<http::Response> {
     const auto since = req.query_param("since").value_or("0");

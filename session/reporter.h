@@ -3,7 +3,7 @@
 // metrics.jsonl (one record per step, weight sync, eval and pipeline tick; the W&B and TensorBoard
 // monitors follow it), rollouts.jsonl, the console lines (step, pipeline, eval, summary) and
 // summary.json; it keeps the metrics registry's gauges and serves the status port: the live run
-// page at "/", /api/status, /api/records, /metrics and /health.
+// page at "/", /api/status, /api/records, /api/samples (the newest samples), /metrics and /health.
 //
 // Lifecycle: construct before the orchestrator (which takes it as its observer), start() before
 // Orchestrator::start() (opens the files, starts the status server); after the end the status port

@@ -131,4 +131,6 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
   return parts;
 }
 
+Result<std::shared_ptr<rollout::RewardModule>> build_reward(const config::Config& cfg) { return make_reward(cfg); }
+
 }  // namespace arlo::session

@@ -51,5 +51,7 @@ struct RolloutParts {
 
 // kInvalidArgument citing the config location when a part cannot be built (e.g. a missing jsonl).
 Result<RolloutParts> build_rollout_parts(const config::Config& cfg);
+// The weighted reward module of reward.modules alone (RolloutParts::reward; `arlo replay` scores with it).
+Result<std::shared_ptr<rollout::RewardModule>> build_reward(const config::Config& cfg);
 
 }  // namespace arlo::session

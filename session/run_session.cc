@@ -37,6 +37,7 @@
 #include "session/monitors.h"
 #include "session/reporter.h"
 #include "session/launch_plan.h"
+#include "session/replay.h"
 #include "session/rollout_parts.h"
 #include "session/supervisor.h"
 #include "rollout/admin.h"
@@ -127,6 +128,7 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
   if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.weights_dir, overwrite, cfg));
+  ARLO_TRY(write_run_config(s.run_dir, cfg));                      // what `arlo replay` scores with
   ARLO_ASSIGN_OR_RETURN(s.plan.token, run_token(cfg, s.run_dir));  // the children inherit it ($ARLO_TOKEN)
   // The status page stays open on loopback (a local browser sends no token); elsewhere it is locked.
   if (!auth::is_loopback(s.options.status_bind)) s.options.status_token = s.plan.token;

@@ -45,4 +45,18 @@ struct ReportArgs {
 // problem (file and line for a corrupt metrics.jsonl line) and nothing is written (exit 2).
 int report(const ReportArgs& args);
 
+struct ReplayArgs {
+  std::string run_dir;
+  std::optional<std::string> config;   // default: RUN_DIR/resolved_config.yaml (written by arlo run)
+  std::vector<std::string> overrides;  // "section.key=value"
+  std::optional<std::string> output;   // default: RUN_DIR/replay.jsonl
+};
+
+// Scores the samples of RUN_DIR/rollouts.jsonl again with the configuration's reward modules
+// (session/replay.h), prints per module the old and the new mean reward and writes one line per
+// sample with both to the output. A missing file, a line that is not a group (named) or a reward
+// configuration that cannot be built: exit 2; scoring that fails under reward.on_failure fail: exit 1.
+// A build without the session's rollout parts says replay is unavailable (exit 3).
+int replay(const ReplayArgs& args);
+
 }  // namespace arlo::cli

@@ -47,6 +47,16 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--output,-o", report.output, "The HTML file to write; the PNGs go next to it")
       ->capture_default_str();
 
+  arlo::cli::ReplayArgs replay;
+  auto* replay_cmd = app.add_subcommand(
+      "replay",
+      "Score a run's stored rollouts (RUN_DIR/rollouts.jsonl) again with a reward config, without generating");
+  replay_cmd->add_option("run_dir", replay.run_dir, "Run directory (holds rollouts.jsonl)")->required();
+  replay_cmd->add_option("--config", replay.config, "YAML config (default: RUN_DIR/resolved_config.yaml)");
+  replay_cmd->add_option("--set", replay.overrides, "Override a key: section.key=value (repeatable)");
+  replay_cmd->add_option("--output,-o", replay.output,
+                         "Per-sample old and new rewards (default: RUN_DIR/replay.jsonl)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,5 +70,6 @@ int main(int argc, char** argv) {
   if (*bench_cmd) return arlo::cli::bench(bench_name, bench_cmd->remaining());
   if (*run_cmd) return arlo::cli::run_command(run);
   if (*report_cmd) return arlo::cli::report(report);
+  if (*replay_cmd) return arlo::cli::replay(replay);
   return arlo::cli::kExitFailure;
 }

@@ -19,4 +19,10 @@ int run_command(const RunArgs& args) {
   return kExitUnavailable;
 }
 
+int replay(const ReplayArgs&) {
+  std::fprintf(stderr,
+               "arlo replay: not available: this arlo was built without the orchestrator and reward modules.\n");
+  return kExitUnavailable;
+}
+
 }  // namespace arlo::cli
