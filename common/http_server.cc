@@ -160,6 +160,18 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   asio::awaitable<void> accept_loop(std::shared_ptr<Impl> self);
   asio::awaitable<void> session(std::shared_ptr<Impl> self, std::shared_ptr<Connection> conn);
   asio::awaitable<Response> dispatch(Request request);
+  // A route registered as "<prefix>*" serves every path that starts with <prefix> and has no exact
+  // route of its own (the longest such prefix wins): per-resource paths such as /t/<id>/v1/...
+  using Routes = std::unordered_map<std::string, std::vector<std::pair<Verb, Handler>>>;
+  Routes::iterator prefix_route(const std::string& path) {
+    auto best = routes.end();
+    for (auto it = routes.begin(); it != routes.end(); ++it) {
+      const auto& key = it->first;
+      if (key.empty() || key.back() != '*' || path.compare(0, key.size() - 1, key, 0, key.size() - 1) != 0) continue;
+      if (best == routes.end() || key.size() > best->first.size()) best = it;
+    }
+    return best;
+  }
   // Writes `response` for a request of HTTP version `version`; returns false when the write failed.
   asio::awaitable<bool> write(Connection& conn, Response response, unsigned version, bool keep_alive,
                               bool head_only = false);
@@ -286,7 +298,8 @@ asio::awaitable<Response> Server::Impl::dispatch(Request request) {
       co_return r;
     }
   }
-  const auto route = routes.find(request.path);
+  auto route = routes.find(request.path);
+  if (route == routes.end()) route = prefix_route(request.path);
   if (route == routes.end()) {
     co_return Response::error(404, fmt::format("no route for {}", request.path), "not_found_error");
   }

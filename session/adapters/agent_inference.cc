@@ -1,0 +1,57 @@
+#include "session/adapters/agent_inference.h"
+
+namespace arlo::session::adapters {
+
+AgentInference::AgentInference(orch::InferencePort& inner, AgentRunner& runner,
+                               std::optional<boost::asio::any_io_executor> network)
+    : inner_(inner), runner_(runner), network_(std::move(network)) {}
+
+Awaitable<Result<orch::GenerateResult>> AgentInference::generate(orch::GenerateRequest request) {
+  // A continuation (prompt ids already hold a partial completion) is never an agent's: the gateway
+  // continues aborted calls itself, so only whole groups reach the runner.
+  const bool agent = request.task && request.prompt_tokens.empty() && runner_.handles(*request.task);
+  if (!agent) {
+    auto op = inner_.generate(std::move(request));
+    co_return co_await std::move(op);
+  }
+  if (!network_) {
+    auto op = runner_.run(std::move(request));
+    co_return co_await std::move(op);
+  }
+  auto op = run_on<Result<orch::GenerateResult>>(
+      *network_, [this, request = std::move(request)]() mutable { return runner_.run(std::move(request)); });
+  co_return co_await std::move(op);
+}
+
+Awaitable<Status> AgentInference::pause(std::string worker, PauseMode mode, orch::TimePoint deadline) {
+  auto op = inner_.pause(std::move(worker), mode, deadline);
+  co_return co_await std::move(op);
+}
+
+Awaitable<Status> AgentInference::update_weights(std::string worker, orch::WeightRound round,
+                                                 orch::TimePoint deadline) {
+  auto op = inner_.update_weights(std::move(worker), std::move(round), deadline);
+  co_return co_await std::move(op);
+}
+
+Awaitable<Status> AgentInference::resume(std::string worker, orch::TimePoint deadline) {
+  auto op = inner_.resume(std::move(worker), deadline);
+  co_return co_await std::move(op);
+}
+
+Awaitable<Result<orch::WorkerWeights>> AgentInference::weights(std::string worker, orch::TimePoint deadline) {
+  auto op = inner_.weights(std::move(worker), deadline);
+  co_return co_await std::move(op);
+}
+
+Awaitable<std::vector<std::string>> AgentInference::silent_workers() {
+  auto op = inner_.silent_workers();
+  co_return co_await std::move(op);
+}
+
+Awaitable<std::vector<std::string>> AgentInference::unreachable_workers() {
+  auto op = inner_.unreachable_workers();
+  co_return co_await std::move(op);
+}
+
+}  // namespace arlo::session::adapters
