@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <sstream>
 
 #include "common/log.h"
@@ -42,10 +43,29 @@ void merge(Sample& into, Sample&& add, Version launch_version) {
   into.finish_reason = add.finish_reason;
   if (into.worker.empty()) into.worker = std::move(add.worker);
 }
+
+// An environment's step over a copy of the trajectory that lives as long as the call: the call may
+// go on after the dispatcher stopped waiting for it (deadline, cancellation).
+Awaitable<Result<EnvReply>> step_holding(EnvironmentPort& env, std::shared_ptr<const Task> task,
+                                         std::shared_ptr<const Sample> trajectory, std::vector<std::int32_t> prompt,
+                                         TimePoint deadline) {
+  auto op = env.step(std::move(task), *trajectory, std::move(prompt), deadline);
+  co_return co_await std::move(op);
+}
+
+// Cuts a sample's tokens (and what runs beside them) to `size`.
+void truncate(Sample& c, std::size_t size) {
+  c.completion_tokens.resize(size);
+  if (c.logprobs.size() > size) c.logprobs.resize(size);
+  if (c.loss_mask.size() > size) c.loss_mask.resize(size);
+  while (c.version_spans.size() > 1 && c.version_spans.back().first_token >= static_cast<std::int64_t>(size))
+    c.version_spans.pop_back();
+}
 }  // namespace
 
 RolloutDispatcher::RolloutDispatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference,
-                                     TaskSource& tasks, Ledger& ledger, const Options& options, DispatcherHooks hooks)
+                                     TaskSource& tasks, Ledger& ledger, const Options& options, DispatcherHooks hooks,
+                                     EnvironmentPort* environment)
     : ex_(ex),
       clock_(clock),
       inference_(inference),
@@ -53,6 +73,7 @@ RolloutDispatcher::RolloutDispatcher(asio::any_io_executor ex, Clock& clock, Inf
       ledger_(ledger),
       opt_(options),
       hooks_(std::move(hooks)),
+      environment_(environment),
       idle_(ex),
       rng_(options.seed),
       version_(options.initial_version) {}
@@ -111,9 +132,7 @@ void RolloutDispatcher::pump() {
       eval_queue_.pop_front();
       auto& rec = create_group(RolloutKind::kEval, item.task, item.samples);
       rec.group->eval_id = item.eval_id;
-      std::vector<int> all(item.samples);
-      for (int i = 0; i < item.samples; ++i) all[i] = i;
-      launch(rec, std::move(all), item.task->prompt_tokens, opt_.eval_sampling.max_tokens);
+      start_group(rec, opt_.eval_sampling.max_tokens);
       continue;
     }
     if (train_allowed()) {
@@ -128,9 +147,7 @@ void RolloutDispatcher::pump() {
       auto& rec = create_group(RolloutKind::kTrain, std::move(*task), opt_.group_size);
       rec.group->target_step = target;
       ++inflight_train_groups_;
-      std::vector<int> all(opt_.group_size);
-      for (int i = 0; i < opt_.group_size; ++i) all[i] = i;
-      launch(rec, std::move(all), rec.group->task->prompt_tokens, opt_.sampling.max_tokens);
+      start_group(rec, opt_.sampling.max_tokens);
       continue;
     }
     break;
@@ -182,6 +199,7 @@ RolloutDispatcher::Record& RolloutDispatcher::create_group(RolloutKind kind, std
   }
   auto [it, inserted] = groups_.emplace(g->id, Record{});
   auto& rec = it->second;
+  rec.source_task = g->task;
   rec.group = std::move(g);
   rec.states.assign(samples, SampleState::kInFlight);
   rec.open = samples;
@@ -253,6 +271,8 @@ void RolloutDispatcher::on_result(std::uint64_t group_id, std::uint64_t request_
             rec.states[s] = SampleState::kAwaitingContinuation;
             continuations_.push_back({group_id, s});
           }
+        } else if (rec.multi_turn) {
+          end_model_turn(rec, s);
         } else {
           end_sample(rec, s, SampleState::kCompleted);
         }
@@ -268,32 +288,206 @@ void RolloutDispatcher::launch_continuation(const Continuation& c) {
   auto it = groups_.find(c.group_id);
   if (it == groups_.end()) return;  // group cancelled meanwhile
   auto& rec = it->second;
+  if (c.sample == kWholeGroup) {
+    launch_group_turn(rec);
+    return;
+  }
   if (rec.states[c.sample] != SampleState::kAwaitingContinuation) return;
   rec.states[c.sample] = SampleState::kInFlight;
   auto& g = *rec.group;
   auto& done = g.completions[c.sample];
-  const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
-  const auto left = sampling.max_tokens - static_cast<std::int64_t>(done.completion_tokens.size());
+  if (c.new_turn) rec.turns[c.sample].turn_start = done.completion_tokens.size();
+  const auto left = turn_budget(rec, c.sample);
   if (left <= 0) {
     done.finish_reason = FinishReason::kLength;
     end_sample(rec, c.sample, SampleState::kCompleted);
     maybe_finish(c.group_id);
     return;
   }
+  if (c.new_turn) {  // Sample::text becomes this turn's text
+    done.turn_versions.push_back(version_);
+    done.text.clear();
+  }
   std::vector<std::int32_t> prompt = g.prompt_tokens;
   prompt.insert(prompt.end(), done.completion_tokens.begin(), done.completion_tokens.end());
   launch(rec, {c.sample}, std::move(prompt), left);
 }
 
+std::int64_t RolloutDispatcher::turn_budget(const Record& rec, int sample) const {
+  const auto& g = *rec.group;
+  const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
+  const auto size = static_cast<std::int64_t>(g.completions[sample].completion_tokens.size());
+  if (!rec.multi_turn) return sampling.max_tokens - size;
+  const auto turn = size - static_cast<std::int64_t>(rec.turns[sample].turn_start);
+  return std::min(sampling.max_tokens - turn, opt_.max_trajectory_tokens - size);
+}
+
+void RolloutDispatcher::start_group(Record& rec, std::int64_t max_tokens) {
+  const auto& g = *rec.group;
+  if (environment_ == nullptr || !environment_->multi_turn(*g.task)) {
+    std::vector<int> all(g.completions.size());
+    std::iota(all.begin(), all.end(), 0);
+    launch(rec, std::move(all), g.task->prompt_tokens, max_tokens);
+    return;
+  }
+  rec.multi_turn = true;
+  rec.turns.assign(g.completions.size(), TurnState{});
+  std::fill(rec.states.begin(), rec.states.end(), SampleState::kAwaitingEnv);
+  const auto id = next_request_id_++;
+  auto cancel = std::make_shared<asio::cancellation_signal>();
+  rec.requests.emplace(id, cancel);
+  spawn(ex_, run_reset(g.id, id, g.task, std::move(cancel)));
+}
+
+Awaitable<void> RolloutDispatcher::run_reset(std::uint64_t group_id, std::uint64_t call_id,
+                                             std::shared_ptr<const Task> task,
+                                             std::shared_ptr<asio::cancellation_signal> cancel) {
+  const auto deadline = clock_.now() + opt_.env_timeout;
+  auto op = environment_->reset(std::move(task), deadline);
+  auto reply =
+      co_await with_deadline<EnvReply>(ex_, clock_, deadline, std::move(op), "environment reset", std::move(cancel));
+  on_reset(group_id, call_id, std::move(reply));
+}
+
+void RolloutDispatcher::on_reset(std::uint64_t group_id, std::uint64_t call_id, Result<EnvReply> reply) {
+  auto it = groups_.find(group_id);
+  if (it == groups_.end() || it->second.requests.erase(call_id) == 0) return;  // cancelled meanwhile
+  auto& rec = it->second;
+  auto& g = *rec.group;
+  if (!reply) {
+    ARLO_WARN_EVERY(5.0, "dispatcher: group {}: environment reset failed: {}", group_id, reply.error().what());
+    for (int s = 0; s < static_cast<int>(rec.states.size()); ++s) {
+      if (rec.states[s] != SampleState::kAwaitingEnv) continue;
+      ++env_failed_;
+      end_sample(rec, s, SampleState::kFailed, "env_" + reason_of(reply.error()));
+    }
+    maybe_finish(group_id);
+    pump();
+    return;
+  }
+  if (!reply->messages.empty()) {  // the environment's first messages are the group's prompt
+    auto task = std::make_shared<Task>(*g.task);
+    task->prompt.reset();
+    task->messages = std::move(reply->messages);
+    task->prompt_tokens.clear();
+    g.task = std::move(task);
+    g.prompt_tokens.clear();
+  }
+  for (int s = 0; s < static_cast<int>(rec.states.size()); ++s) {
+    g.completions[s].env_state = reply->state;
+    if (rec.states[s] == SampleState::kAwaitingEnv) rec.states[s] = SampleState::kAwaitingContinuation;
+  }
+  continuations_.push_back({group_id, kWholeGroup, true});
+  pump();
+}
+
+void RolloutDispatcher::launch_group_turn(Record& rec) {
+  auto& g = *rec.group;
+  std::vector<int> samples;
+  for (int s = 0; s < static_cast<int>(rec.states.size()); ++s) {
+    if (rec.states[s] != SampleState::kAwaitingContinuation) continue;
+    rec.states[s] = SampleState::kInFlight;
+    g.completions[s].turn_versions.push_back(version_);
+    samples.push_back(s);
+  }
+  if (samples.empty()) return;
+  const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
+  launch(rec, std::move(samples), g.prompt_tokens, std::min(sampling.max_tokens, opt_.max_trajectory_tokens));
+}
+
+void RolloutDispatcher::end_model_turn(Record& rec, int sample) {
+  auto& g = *rec.group;
+  auto& c = g.completions[sample];
+  ++rec.turns[sample].model_turns;
+  ++model_turns_;
+  c.loss_mask.resize(c.completion_tokens.size(), 1);  // the model's tokens train
+  c.logprobs.resize(c.completion_tokens.size(), 0.0f);
+  c.turns.push_back({"assistant", c.text});
+  if (g.prompt_tokens.empty()) {
+    // Without the prompt's token ids the next turn cannot extend the trajectory's ids exactly.
+    end_sample(rec, sample, SampleState::kFailed, "multi_turn_without_prompt_tokens");
+    return;
+  }
+  const auto budget = static_cast<std::size_t>(opt_.max_trajectory_tokens);
+  if (c.completion_tokens.size() > budget) {  // a server that overran max_tokens
+    truncate(c, budget);
+    complete_trajectory(rec, sample, FinishReason::kLength);
+    return;
+  }
+  rec.states[sample] = SampleState::kAwaitingEnv;
+  const auto id = next_request_id_++;
+  auto cancel = std::make_shared<asio::cancellation_signal>();
+  rec.requests.emplace(id, cancel);
+  spawn(ex_, run_step(g.id, id, sample, g.task, std::make_shared<const Sample>(c), g.prompt_tokens, std::move(cancel)));
+}
+
+Awaitable<void> RolloutDispatcher::run_step(std::uint64_t group_id, std::uint64_t call_id, int sample,
+                                            std::shared_ptr<const Task> task, std::shared_ptr<const Sample> trajectory,
+                                            std::vector<std::int32_t> prompt,
+                                            std::shared_ptr<asio::cancellation_signal> cancel) {
+  const auto deadline = clock_.now() + opt_.env_timeout;
+  auto op = step_holding(*environment_, std::move(task), std::move(trajectory), std::move(prompt), deadline);
+  auto reply =
+      co_await with_deadline<EnvReply>(ex_, clock_, deadline, std::move(op), "environment step", std::move(cancel));
+  on_step(group_id, call_id, sample, std::move(reply));
+}
+
+void RolloutDispatcher::on_step(std::uint64_t group_id, std::uint64_t call_id, int sample, Result<EnvReply> reply) {
+  auto it = groups_.find(group_id);
+  if (it == groups_.end()) return;  // the group ended meanwhile (cancelled): a late reply is ignored
+  auto& rec = it->second;
+  if (rec.requests.erase(call_id) == 0 || rec.states[sample] != SampleState::kAwaitingEnv) return;
+  if (!reply) {
+    ARLO_WARN_EVERY(5.0, "dispatcher: group {} sample {}: environment step failed: {}", group_id, sample,
+                    reply.error().what());
+    ++env_failed_;
+    end_sample(rec, sample, SampleState::kFailed, "env_" + reason_of(reply.error()));
+  } else {
+    apply_step(rec, sample, std::move(*reply));
+  }
+  maybe_finish(group_id);
+  pump();
+}
+
+void RolloutDispatcher::apply_step(Record& rec, int sample, EnvReply&& reply) {
+  auto& c = rec.group->completions[sample];
+  for (auto& m : reply.messages) c.turns.push_back(std::move(m));
+  if (!reply.state.is_null()) c.env_state = std::move(reply.state);
+  if (reply.reward) c.env_reward = reply.reward;
+  if (reply.done) {
+    complete_trajectory(rec, sample, c.finish_reason);
+    return;
+  }
+  // The environment's tokens: out of the loss, logprob 0, in the span of the model's last token.
+  const auto room = static_cast<std::size_t>(opt_.max_trajectory_tokens) - c.completion_tokens.size();
+  const auto n = std::min(room, reply.tokens.size());
+  c.completion_tokens.insert(c.completion_tokens.end(), reply.tokens.begin(),
+                             reply.tokens.begin() + static_cast<std::ptrdiff_t>(n));
+  c.logprobs.resize(c.completion_tokens.size(), 0.0f);
+  c.loss_mask.resize(c.completion_tokens.size(), 0);
+  if (n < reply.tokens.size() || rec.turns[sample].model_turns >= opt_.max_turns) {
+    complete_trajectory(rec, sample, FinishReason::kLength);
+    return;
+  }
+  rec.states[sample] = SampleState::kAwaitingContinuation;
+  continuations_.push_back({rec.group->id, sample, true});
+}
+
+void RolloutDispatcher::complete_trajectory(Record& rec, int sample, FinishReason reason) {
+  rec.group->completions[sample].finish_reason = reason;
+  end_sample(rec, sample, SampleState::kCompleted);
+}
+
 void RolloutDispatcher::end_sample(Record& rec, int sample, SampleState state, const std::string& reason) {
   auto& cur = rec.states[sample];
-  if (cur != SampleState::kInFlight && cur != SampleState::kAwaitingContinuation) {
+  if (cur != SampleState::kInFlight && cur != SampleState::kAwaitingContinuation && cur != SampleState::kAwaitingEnv) {
     ARLO_ERROR("dispatcher: sample {} of group {} ended twice", sample, rec.group->id);
     std::abort();
   }
   cur = state;
   --rec.open;
   --inflight_samples_;
+  if (rec.multi_turn) ++trajectories_;
   switch (state) {
     case SampleState::kCompleted: ledger_.completed(); break;
     case SampleState::kFailed: ledger_.failed(reason); break;
@@ -363,7 +557,8 @@ void RolloutDispatcher::cancel_where(const std::string& reason, bool train_only)
     for (auto& [rid, sig] : rec.requests) sig->emit(asio::cancellation_type::terminal);
     rec.requests.clear();
     for (int s = 0; s < static_cast<int>(rec.states.size()); ++s)
-      if (rec.states[s] == SampleState::kInFlight || rec.states[s] == SampleState::kAwaitingContinuation)
+      if (rec.states[s] == SampleState::kInFlight || rec.states[s] == SampleState::kAwaitingContinuation ||
+          rec.states[s] == SampleState::kAwaitingEnv)
         end_sample(rec, s, SampleState::kCancelled, reason);
     maybe_finish(id);
   }
@@ -382,7 +577,7 @@ void RolloutDispatcher::requeue(std::vector<Task> tasks) {
 std::vector<Task> RolloutDispatcher::unfinished_train_tasks() const {
   std::vector<std::pair<std::uint64_t, Task>> v;
   for (const auto& [id, rec] : groups_)
-    if (rec.group->kind == RolloutKind::kTrain) v.emplace_back(id, *rec.group->task);
+    if (rec.group->kind == RolloutKind::kTrain) v.emplace_back(id, *rec.source_task);
   std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Task> out;
   for (auto& t : requeued_) out.push_back(t);

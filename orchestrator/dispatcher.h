@@ -10,6 +10,12 @@
 // complete groups to the sinks through hooks. Event-driven: pump() dispatches what is allowed now
 // and is called after every change that can open the gate.
 //
+// Multi-turn trajectories (a task EnvironmentPort::multi_turn says so): the environment's reset
+// runs before the group's first request; after each model turn of a sample its step runs, and the
+// next turn is a continuation (prompt = the group's prompt ids + every token of the sample so far:
+// token-in/token-out), until the environment says done, max_turns or max_trajectory_tokens. An
+// environment that fails or times out fails that sample ("env_<code>"), never the run.
+//
 // Threading: the io_context thread only. Lifetime: must outlive the io_context's pending handlers
 // (the Orchestrator destroys the io_context's work first).
 #include <boost/asio/any_io_executor.hpp>
@@ -42,8 +48,9 @@ struct DispatcherHooks {
 
 class RolloutDispatcher {
  public:
+  // `environment` may be null: every task is single-turn.
   RolloutDispatcher(asio::any_io_executor ex, Clock& clock, InferencePort& inference, TaskSource& tasks, Ledger& ledger,
-                    const Options& options, DispatcherHooks hooks);
+                    const Options& options, DispatcherHooks hooks, EnvironmentPort* environment = nullptr);
 
   // Dispatches everything allowed now: continuations, then eval groups, then train groups.
   void pump();
@@ -77,6 +84,11 @@ class RolloutDispatcher {
   // Whether the version gate (alone) currently stops train dispatch.
   bool blocked_by_version() const;
   std::uint64_t completion_tokens_total() const { return completion_tokens_; }
+  // Multi-turn trajectories: model turns completed so far, trajectories ended (completed, failed or
+  // cancelled), and samples failed by their environment (reset or step error or timeout).
+  std::uint64_t model_turns_total() const { return model_turns_; }
+  std::uint64_t trajectories_total() const { return trajectories_; }
+  std::uint64_t env_failed_total() const { return env_failed_; }
   // Seconds the version gate alone kept dispatch stopped (time/wait_for_policy_seconds).
   double wait_for_policy_seconds() const;
 
@@ -84,16 +96,29 @@ class RolloutDispatcher {
   Status restore_rng(const std::string& state);
 
  private:
-  enum class SampleState { kInFlight, kAwaitingContinuation, kCompleted, kFailed, kCancelled };
+  // kAwaitingEnv: a multi-turn sample whose environment call (the group's reset, or its step) is out.
+  enum class SampleState { kInFlight, kAwaitingContinuation, kAwaitingEnv, kCompleted, kFailed, kCancelled };
+  // Where a multi-turn sample stands: its model turns so far and where the current one began in
+  // its completion_tokens (the per-turn max_tokens counts from there).
+  struct TurnState {
+    int model_turns = 0;
+    std::size_t turn_start = 0;
+  };
   struct Record {
     GroupPtr group;
     std::vector<SampleState> states;
     int open = 0;  // samples not yet ended
+    // Requests and environment calls out, by id (cancelled together).
     std::unordered_map<std::uint64_t, std::shared_ptr<asio::cancellation_signal>> requests;
+    bool multi_turn = false;
+    std::shared_ptr<const Task> source_task;  // as drawn (checkpoints), before a reset replaced its prompt
+    std::vector<TurnState> turns;             // multi-turn only, per sample
   };
+  static constexpr int kWholeGroup = -1;
   struct Continuation {
     std::uint64_t group_id;
-    int sample;
+    int sample;             // kWholeGroup: a multi-turn group's first turn, after its reset
+    bool new_turn = false;  // multi-turn: the next model turn (else an aborted turn goes on)
   };
   struct EvalItem {
     std::uint64_t eval_id;
@@ -111,6 +136,21 @@ class RolloutDispatcher {
   void on_result(std::uint64_t group_id, std::uint64_t request_id, const std::vector<int>& samples,
                  Version launch_version, Result<GenerateResult> result);
   void launch_continuation(const Continuation& c);
+  // A new group's first requests: at once, or after the environment's reset for a multi-turn task.
+  void start_group(Record& rec, std::int64_t max_tokens);
+  Awaitable<void> run_reset(std::uint64_t group_id, std::uint64_t call_id, std::shared_ptr<const Task> task,
+                            std::shared_ptr<asio::cancellation_signal> cancel);
+  void on_reset(std::uint64_t group_id, std::uint64_t call_id, Result<EnvReply> reply);
+  void launch_group_turn(Record& rec);
+  // A multi-turn sample's model turn ended (not aborted): record it and call the environment.
+  void end_model_turn(Record& rec, int sample);
+  Awaitable<void> run_step(std::uint64_t group_id, std::uint64_t call_id, int sample, std::shared_ptr<const Task> task,
+                           std::shared_ptr<const Sample> trajectory, std::vector<std::int32_t> prompt,
+                           std::shared_ptr<asio::cancellation_signal> cancel);
+  void on_step(std::uint64_t group_id, std::uint64_t call_id, int sample, Result<EnvReply> reply);
+  void apply_step(Record& rec, int sample, EnvReply&& reply);
+  void complete_trajectory(Record& rec, int sample, FinishReason reason);
+  std::int64_t turn_budget(const Record& rec, int sample) const;
   void end_sample(Record& rec, int sample, SampleState state, const std::string& reason = {});
   void maybe_finish(std::uint64_t group_id);
   void cancel_where(const std::string& reason, bool train_only);
@@ -123,6 +163,7 @@ class RolloutDispatcher {
   Ledger& ledger_;
   const Options& opt_;
   DispatcherHooks hooks_;
+  EnvironmentPort* environment_;
   Signal idle_;
 
   std::unordered_map<std::uint64_t, Record> groups_;
@@ -136,6 +177,9 @@ class RolloutDispatcher {
   std::int64_t inflight_train_groups_ = 0;
   std::int64_t outstanding_requests_ = 0;
   std::uint64_t completion_tokens_ = 0;
+  std::uint64_t model_turns_ = 0;
+  std::uint64_t trajectories_ = 0;
+  std::uint64_t env_failed_ = 0;
   Version version_;
   std::int64_t steps_cut_ = 0;
   bool held_ = false;

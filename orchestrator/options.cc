@@ -46,6 +46,10 @@ Status Options::validate() const {
   if (log_interval_s <= 0) return bad("log.interval_s: must be > 0");
   if (ckpt_interval < 0) return bad("ckpt.interval: must be >= 0");
   if (sampling.max_tokens < 1) return bad("sampling.max_tokens: must be >= 1");
+  if (max_turns < 1) return bad(fmt::format("env.max_turns: must be >= 1, got {}", max_turns));
+  if (max_trajectory_tokens < 1)
+    return bad(fmt::format("env.max_trajectory_tokens: must be >= 1, got {}", max_trajectory_tokens));
+  if (env_timeout <= Duration::zero()) return bad("env.step_timeout_s: must be > 0");
   return ok();
 }
 

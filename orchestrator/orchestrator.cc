@@ -30,8 +30,8 @@ Orchestrator::Orchestrator(boost::asio::io_context& io, Ports ports, Options opt
   dh.on_eval_group_lost = [this](GroupPtr g) { eval_sink_->lost(std::move(g)); };
   dh.backlog_groups = [this] { return train_sink_->backlog_groups(); };
   dh.on_fatal = [this](Error e) { on_fatal(std::move(e)); };
-  dispatcher_ =
-      std::make_unique<RolloutDispatcher>(ex, clock, *ports_.inference, *ports_.tasks, ledger_, opt_, std::move(dh));
+  dispatcher_ = std::make_unique<RolloutDispatcher>(ex, clock, *ports_.inference, *ports_.tasks, ledger_, opt_,
+                                                    std::move(dh), ports_.environment);
 
   // Checkpointing on: every batch is journaled, with the checkpoint of its cut, before it leaves
   // (orchestrator/checkpoint.h, docs/checkpoints.md).

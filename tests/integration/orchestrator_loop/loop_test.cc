@@ -118,7 +118,7 @@ TEST(OrchestratorLoop, RealAdaptersEndToEnd) {
   opt.status_port = 0;
   metrics::Registry registry;
   session::Reporter reporter(io, clock, opt, &registry);  // metrics.jsonl, summary.json, /metrics
-  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, eval_tasks}, opt, &reporter);
+  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, nullptr, eval_tasks}, opt, &reporter);
   ASSERT_TRUE(reporter.start(orch));
   ASSERT_TRUE(orch.start());
   ASSERT_TRUE((*bridge_server)->start());

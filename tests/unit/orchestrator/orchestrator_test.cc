@@ -132,8 +132,8 @@ struct Harness {
       reporter = std::make_unique<session::Reporter>(io, clock, opt, &registry);
       seen.next = reporter.get();
     }
-    orch =
-        std::make_unique<Orchestrator>(io, Ports{&inf, &tasks, &scorer, &trainer, &clock, std::move(eval)}, opt, &seen);
+    orch = std::make_unique<Orchestrator>(io, Ports{&inf, &tasks, &scorer, &trainer, &clock, nullptr, std::move(eval)},
+                                          opt, &seen);
     if (reporter) {
       auto rs = reporter->start(*orch);
       ASSERT_TRUE(rs) << rs.error().what();

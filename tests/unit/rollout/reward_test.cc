@@ -142,6 +142,28 @@ TEST(Rewards, TheFormerNameTypeIsReadWithAWarningNamingKind) {
   EXPECT_EQ(both.error().message(), "reward spec: give 'kind' (or its former name 'type'), not both");
 }
 
+// env: the multi-turn environment's reward; a sample without one fails with the reason.
+TEST(Rewards, EnvIsTheEnvironmentsRewardAndFailsWithoutOne) {
+  auto m = make_reward_module({{"kind", "env"}});
+  ASSERT_TRUE(m) << m.error().what();
+  Rollout r = sample("the last turn");
+  r.turns = {{"assistant", "3"}, {"user", "no"}, {"assistant", "the last turn"}};
+  r.env_reward = 0.75;
+  auto s = (*m)->score(task("x"), r);
+  ASSERT_TRUE(s) << s.error().what();
+  EXPECT_EQ(s->reward, 0.75);
+  EXPECT_EQ(s->metrics, (std::map<std::string, double>{{"turns", 2.0}}));
+  r.env_reward.reset();
+  s = (*m)->score(task("x"), r);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message().find("no environment reward"), std::string::npos) << s.error().message();
+  // Weighted with another module, under a name of its own.
+  r.env_reward = 1.0;
+  EXPECT_NEAR(score_of(Json::array({{{"kind", "env"}, {"weight", 0.5}}, {{"kind", "exact_match"}, {"weight", 0.5}}}),
+                       task("the last turn"), r),
+              1.0, 1e-12);
+}
+
 TEST(Rewards, RegistryHoldsEachKindOnceAndItsErrorsListThem) {
   std::vector<std::string> names;
   for (const auto& k : reward_kinds()) {
@@ -150,15 +172,16 @@ TEST(Rewards, RegistryHoldsEachKindOnceAndItsErrorsListThem) {
     EXPECT_EQ(std::count(names.begin(), names.end(), k.name), 0) << k.name << " registered twice";
     names.push_back(k.name);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"exact_match", "numeric_match", "lcs_ratio", "regex_match",
-                                             "length_penalty", "plugin", "http", "code_exec", "weighted", "judge"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"exact_match", "numeric_match", "lcs_ratio", "regex_match", "length_penalty",
+                                      "plugin", "http", "code_exec", "weighted", "judge", "env"}));
   // The messages users saw before the registry, word for word.
   auto r = make_reward_module({{"kind", "nope"}});
   ASSERT_FALSE(r);
   EXPECT_EQ(
       r.error().message(),
       "unknown reward kind 'nope': use exact_match, numeric_match, lcs_ratio, regex_match, length_penalty, plugin, "
-      "http, code_exec, weighted or judge");
+      "http, code_exec, weighted, judge or env");
   r = make_reward_module({{"kind", "numeric_match"}, {"tol", 1}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message(),
