@@ -1,7 +1,8 @@
 // The live run page: polls the orchestrator's status port (/api/records?since=N for new records,
-// /api/status for the header, workers and ledger) and redraws the charts of charts.js.
-// window.arlo exposes what the page shows, for tests: {charts: {id: data}, drawn: {id: points uPlot
-// holds}, records (how many taken), state ("connecting", "running", "finished", "disconnected"), status}.
+// /api/status for the header, workers and ledger, /api/samples for the newest samples' table) and
+// redraws the charts of charts.js. window.arlo exposes what the page shows, for tests: {charts: {id:
+// data}, drawn: {id: points uPlot holds}, records (how many taken), state ("connecting", "running",
+// "finished", "disconnected"), status, samples (the rows of the samples table)}.
 "use strict";
 
 (() => {
@@ -16,7 +17,7 @@
   const ds = new Dataset();
   const charts = {};
   const syncCharts = new Map();  // worker URL -> SyncChart
-  const page = {charts: {}, drawn: {}, records: 0, state: "connecting", status: null, polls: 0};
+  const page = {charts: {}, drawn: {}, records: 0, state: "connecting", status: null, samples: [], polls: 0};
   window.arlo = page;
   let next = 0;
   let status = null;
@@ -153,6 +154,39 @@
     }
   }
 
+  // The newest samples: a multi-turn trajectory's cell lists its turns, "role: text" each.
+  function renderSamples() {
+    const body = $("samples").querySelector("tbody");
+    body.replaceChildren();
+    for (const r of page.samples) {
+      const tr = document.createElement("tr");
+      cell(tr, r.step ?? "-", "num");
+      cell(tr, r.version ?? "-", "num");
+      cell(tr, String(r.worker || "").replace(/^https?:\/\//, ""));
+      cell(tr, r.prompt || "", "text");
+      const out = document.createElement("td");
+      out.className = "text";
+      if (Array.isArray(r.turns) && r.turns.length) {
+        r.turns.forEach((t, i) => {
+          const role = document.createElement("span");
+          role.className = "role";
+          role.textContent = `${i ? "\n" : ""}${t.role}: `;
+          out.append(role, document.createTextNode(t.content));
+        });
+      } else {
+        out.textContent = r.completion || "";
+      }
+      tr.appendChild(out);
+      cell(tr, typeof r.reward === "number" ? fmt(r.reward) : "-", "num");
+      body.appendChild(tr);
+    }
+    if (!page.samples.length) {
+      const tr = document.createElement("tr");
+      cell(tr, "no scored samples yet");
+      body.appendChild(tr);
+    }
+  }
+
   function renderCharts() {
     for (const spec of SPECS) {
       charts[spec.id].set(spec.build(ds));
@@ -181,6 +215,7 @@
     for (const t of TILES) $(`tile-${t.id}`).textContent = fmt(t.get());
     renderWorkers();
     renderLedger();
+    renderSamples();
     page.records = ds.count;
   }
 
@@ -205,6 +240,8 @@
     status = await getJson("/api/status");
     page.status = status;
     lastStatusAt = Date.now();
+    const j = await getJson("/api/samples");
+    if (Array.isArray(j.samples)) page.samples = j.samples;
   }
 
   function finished(detail) {

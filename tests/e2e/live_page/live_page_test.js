@@ -2,8 +2,9 @@
 // processes, arlo-trainer) with its status port on a port picked here, and Debian's chromium, headless,
 // driven by playwright-core, on http://127.0.0.1:<port>/. Checks that the page loads without console
 // errors, that its charts hold the run's data (compared with /api/records during the run and with
-// metrics.jsonl after it: the same records), that they grow as steps arrive, and that the page shows
-// the finished state. Screenshots during and after the run go to $ARLO_SCREENSHOT_DIR when set.
+// metrics.jsonl after it: the same records), that they grow as steps arrive, that the page shows
+// the finished state and the newest samples' table. Screenshots during and after the run go to
+// $ARLO_SCREENSHOT_DIR when set.
 //
 // Usage: node live_page_test.js --arlo <arlo binary> --source <repo root>
 //          [--steps 150] [--warmup 20] [--eval-interval 20] [--during-step S]
@@ -180,6 +181,14 @@ async function main() {
     assert.equal(after.charts["sync-1"].series.map((s) => s.label).join(","), "pause,transfer,resume");
     assert.equal(await page.locator("#workers tbody tr").count(), 2, "one row per worker");
     assert.equal(await page.textContent("#step"), String(MAX_STEPS));
+    // The newest samples' table (/api/samples): a row per sample, each with its prompt, completion and reward.
+    assert.ok(after.samples.length > 0 && after.samples.length <= 20, `samples table: ${after.samples.length} rows`);
+    assert.equal(await page.locator("#samples tbody tr").count(), after.samples.length, "one table row per sample");
+    for (const r of after.samples) {
+      assert.ok(r.prompt && typeof r.completion === "string" && typeof r.reward === "number", JSON.stringify(r));
+      assert.ok(r.step > WARMUP && r.step <= MAX_STEPS + 2 && r.version >= 0, `sample row ${JSON.stringify(r)}`);
+    }
+    assert.equal((await page.locator("#samples tbody tr").first().locator("td").nth(3).textContent()), after.samples[0].prompt);
     assert.ok(Number(after.status.ledger.completed) > 0, "the ledger shows completed rollouts");
 
     assert.deepEqual(elsewhere, [], "requests the page made to other places than the status port");
