@@ -595,6 +595,27 @@ Section security_section() {
           }};
 }
 
+Section gateway_section() {
+  return {
+      "gateway",
+      "The policy gateway (docs/environments.md): an OpenAI-compatible endpoint that agent programs use as "
+      "their model; each call goes through the run's workers and is recorded into the trajectory it names.",
+      {
+          bool_key("enabled", false, "Serve the gateway (on whenever agent_url is set)."),
+          string_key("bind", "127.0.0.1",
+                     "Address the gateway listens on; off loopback it needs the run's token (security)."),
+          int_key("port", 0, "Port of the gateway (0: any free port, logged at start).").range(0, 65535),
+          string_key("agent_url", "",
+                     "The agent program's URL: each trajectory of an agent task is POSTed there ({task, trajectory, "
+                     "base_url, api_key, sampling}) and closed by its answer {\"reward\": r}."),
+          strings_key("envs", {},
+                      "Task environments the agent program drives (empty: every task, when agent_url is set)."),
+          float_key("agent_timeout_s", 600.0,
+                    "How long the program may take for one trajectory when its group has no deadline of its own.")
+              .range(0.001, 86400.0),
+      }};
+}
+
 Section monitors_section() {
   return {"monitors",
           "Where else the run's records go: Weights & Biases and TensorBoard, through their own clients in a "
@@ -624,7 +645,8 @@ std::vector<Section> product_sections() {
   return {run_section(),     orchestrator_section(), sampling_section(),    env_section(),
           eval_section(),    reward_section(),       inference_section(),   model_section(),
           trainer_section(), bridge_section(),       weight_sync_section(), log_section(),
-          ckpt_section(),    status_section(),       security_section(),    monitors_section()};
+          ckpt_section(),    status_section(),       security_section(),    gateway_section(),
+          monitors_section()};
 }
 
 // --- Rules between keys ---------------------------------------------------------------------------

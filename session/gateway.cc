@@ -289,6 +289,20 @@ struct Gateway::Trajectory {
   }
 };
 
+bool gateway_enabled(const config::Config& cfg) {
+  return cfg.boolean("gateway.enabled") || !cfg.string("gateway.agent_url").empty();
+}
+
+GatewayOptions gateway_options(const config::Config& cfg) {
+  GatewayOptions o;
+  o.bind = cfg.string("gateway.bind");
+  o.port = static_cast<std::uint16_t>(cfg.integer("gateway.port"));
+  o.agent_url = cfg.string("gateway.agent_url");
+  o.envs = cfg.strings("gateway.envs");
+  o.agent_timeout = std::chrono::milliseconds(std::llround(1000 * cfg.number("gateway.agent_timeout_s")));
+  return o;
+}
+
 Gateway::Gateway(boost::asio::io_context& io, rollout::InferencePool& pool, GatewayOptions options)
     : io_(io),
       pool_(pool),

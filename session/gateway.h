@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/http.h"
+#include "config/config.h"
 #include "rollout/admin.h"
 #include "rollout/inference_pool.h"
 #include "session/adapters/agent_inference.h"
@@ -65,6 +66,11 @@ struct GatewayStats {
   std::uint64_t call_failures = 0;        // 502/504: the pool could not answer
   std::uint64_t agent_failures = 0;       // trajectories whose program failed, timed out or answered garbage
 };
+
+// Whether the configuration serves the gateway (gateway.enabled, or gateway.agent_url set), and its
+// options from the gateway section (the token, model and server are the run's: the caller's).
+bool gateway_enabled(const config::Config& cfg);
+GatewayOptions gateway_options(const config::Config& cfg);
 
 class Gateway final : public adapters::AgentRunner {
  public:

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -29,9 +30,11 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "session/adapters/agent_inference.h"
 #include "session/adapters/bridge_trainer.h"
 #include "session/adapters/rollout_adapters.h"
 #include "session/config_options.h"
+#include "session/gateway.h"
 #include "orchestrator/orchestrator.h"
 #include "rollout/reward_scorer.h"
 #include "session/monitors.h"
@@ -187,6 +190,7 @@ class RunSession::Impl {
     // Requests to the workers live on their own thread (see IoThread); the loop only orchestrates.
     IoThread network(kNetworkThreadNice);
     rollout::InferencePool pool(network.context(), pool_options());
+    std::unique_ptr<Gateway> gateway;  // destroyed after the network thread it serves on has stopped
     struct StopNetworkFirst {  // before the pool and its clients are destroyed, on every path
       IoThread& network;
       ~StopNetworkFirst() { network.stop(); }
@@ -207,6 +211,10 @@ class RunSession::Impl {
     adapters::BridgeTrainer trainer(io_, **server, pack_threads, pack);
     adapters::RolloutInference inference(pool, std::move(admins), update_describer(dialect.server), "",
                                          network.executor(), dialect.completions);
+    std::optional<adapters::AgentInference> agents;  // agent tasks through the policy gateway
+    if (auto st = start_gateway(network, pool, dialect.completions, gateway); !st) return fail(st.error().what());
+    if (gateway) agents.emplace(inference, *gateway, network.executor());
+    inference_port_ = agents ? static_cast<orch::InferencePort*>(&*agents) : &inference;
     return run_loop(Adapters{network, pool, inference, tasks, scorer, trainer, **server});
   }
 
@@ -305,7 +313,7 @@ class RunSession::Impl {
     observers.add(&reporter);
     observers.add(observer_);
     orch::Orchestrator orchestrator(
-        io_, orch::Ports{&a.inference, &a.tasks, &a.scorer, &a.trainer, &clock, nullptr, s_.parts.eval_tasks},
+        io_, orch::Ports{inference_port_, &a.tasks, &a.scorer, &a.trainer, &clock, nullptr, s_.parts.eval_tasks},
         s_.options, &observers);
     orchestrator_ = &orchestrator;  // for the supervision events (on_supervision)
     asio::signal_set signals(io_, SIGINT, SIGTERM);
@@ -384,10 +392,29 @@ class RunSession::Impl {
     monitors_.finish(kMonitorGrace);
     if (!summary.ok && error_.empty()) error_ = summary.error;
     asio::post(network.context(), [&pool] { pool.stop(); });
+    if (gateway_) asio::post(network.context(), [g = gateway_] { g->close(); });
     server.stop();
     supervisor_.stop();
     signals.cancel();
     io_.stop();
+  }
+
+  // The policy gateway when the config serves it (gateway.*), started on the network thread with the
+  // run's token: agent programs reach the workers through it.
+  Status start_gateway(IoThread& network, rollout::InferencePool& pool, rollout::AdminDialect server,
+                       std::unique_ptr<Gateway>& gateway) {
+    if (!gateway_enabled(s_.cfg)) return ok();
+    GatewayOptions o = gateway_options(s_.cfg);
+    o.token = s_.plan.token;
+    o.server = server;
+    gateway = std::make_unique<Gateway>(network.context(), pool, o);
+    Result<std::uint16_t> port = 0;
+    network.run_and_wait([&] { port = gateway->start(); });
+    if (!port) return std::unexpected(port.error());
+    gateway_ = gateway.get();
+    ARLO_INFO("arlo run: policy gateway on {}/v1 (agent program: {})", gateway->url(),
+              o.agent_url.empty() ? "none" : o.agent_url);
+    return ok();
   }
 
   // The monitors, with the resolved configuration W&B records (monitors/config.yaml).
@@ -546,6 +573,8 @@ class RunSession::Impl {
   orch::RunObserver* observer_;  // SessionOptions::observer (may be null)
   asio::io_context io_;
   Monitors monitors_;
+  orch::InferencePort* inference_port_ = nullptr;  // the pool's adapter, or the gateway's decorator of it
+  Gateway* gateway_ = nullptr;                      // when gateway.enabled; lives on the network thread
   Reporter* reporter_ = nullptr;         // run_loop's, while it runs
   RealClock clock_{io_.get_executor()};  // the supervisor's
   Supervisor supervisor_{io_, clock_, [this](const SupervisionEvent& e) { on_supervision(e); }};
