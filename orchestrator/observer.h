@@ -64,6 +64,11 @@ struct StepObservation {
   std::uint64_t completed = 0;           // rollouts so far (the ledger's totals)
   std::uint64_t failed = 0;
   std::uint64_t cancelled = 0;
+  // Multi-turn trajectories so far: model turns completed, trajectories ended (completed, failed or
+  // cancelled) and samples their environment failed (also in the ledger as failed "env_<code>").
+  std::uint64_t model_turns = 0;
+  std::uint64_t trajectories = 0;
+  std::uint64_t env_failed = 0;
   nlohmann::json ledger;  // Ledger::to_json(): where every sample went so far
 };
 

@@ -248,6 +248,9 @@ void Orchestrator::on_step(const StepReport& r) {
   o.completed = ledger_.completed_total();
   o.failed = ledger_.failed_total();
   o.cancelled = ledger_.cancelled_total();
+  o.model_turns = dispatcher_->model_turns_total();
+  o.trajectories = dispatcher_->trajectories_total();
+  o.env_failed = dispatcher_->env_failed_total();
   o.ledger = ledger_.to_json();
   last_step_at_ = now;
   tokens_at_last_step_ = tokens;

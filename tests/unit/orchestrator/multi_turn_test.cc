@@ -498,7 +498,11 @@ TEST(MultiTurn, ARunTrainsTrajectories) {
   r.opt.log_interval_s = 1000;
   r.inf.auto_complete = true;
   trainer.auto_publish = true;
-  Orchestrator orch(r.io, Ports{&r.inf, &r.tasks, &scorer, &trainer, &r.clock, &r.env, {}}, r.opt, nullptr);
+  struct LastStep : RunObserver {
+    StepObservation seen;
+    void on_step(const StepObservation& o) override { seen = o; }
+  } last;
+  Orchestrator orch(r.io, Ports{&r.inf, &r.tasks, &scorer, &trainer, &r.clock, &r.env, {}}, r.opt, &last);
   ASSERT_TRUE(orch.start());
   while (!orch.finished()) {
     r.settle();
@@ -518,6 +522,11 @@ TEST(MultiTurn, ARunTrainsTrajectories) {
   const auto& l = orch.ledger();
   EXPECT_TRUE(l.check());
   EXPECT_EQ(l.disposed("trained"), 12u);
+  // The step records count the trajectories' turns: two a trajectory here.
+  EXPECT_EQ(last.seen.report.step, 3);
+  EXPECT_GE(last.seen.trajectories, 12u);
+  EXPECT_EQ(last.seen.model_turns, 2 * last.seen.trajectories);
+  EXPECT_EQ(last.seen.env_failed, 0u);
 }
 
 TEST(MultiTurn, OptionsRejectNoTurnsAndNoTokenBudget) {
