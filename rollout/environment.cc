@@ -194,13 +194,31 @@ const ExtensionRegistry<EnvironmentKind>& environment_kinds() {
   return kinds;
 }
 
-Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {
+namespace {
+
+// The kind named `kind` and `spec` with that kind's options checked and defaulted.
+Result<std::pair<const EnvironmentKind*, EnvironmentSpec>> resolve_kind(std::string_view kind,
+                                                                        const EnvironmentSpec& spec) {
   ARLO_ASSIGN_OR_RETURN(const EnvironmentKind* k, find_environment_kind(kind));
   const std::string who = fmt::format("environment '{}'", k->name);
   ARLO_ASSIGN_OR_RETURN(Json options, resolve_options(who, k->options, spec.options, {}));
   EnvironmentSpec resolved = spec;
   resolved.options = std::move(options);
-  return k->make(resolved);
+  return std::pair{k, std::move(resolved)};
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {
+  ARLO_ASSIGN_OR_RETURN(auto resolved, resolve_kind(kind, spec));
+  return resolved.first->make(resolved.second);
+}
+
+Result<std::shared_ptr<MultiTurnEnvironment>> make_multi_turn_environment(std::string_view kind,
+                                                                          const EnvironmentSpec& spec) {
+  ARLO_ASSIGN_OR_RETURN(auto resolved, resolve_kind(kind, spec));
+  if (!resolved.first->make_environment) return std::shared_ptr<MultiTurnEnvironment>();
+  return resolved.first->make_environment(resolved.second);
 }
 
 }  // namespace arlo::rollout

@@ -21,6 +21,8 @@
 
 namespace arlo::rollout {
 
+class MultiTurnEnvironment;  // rollout/multi_turn.h
+
 // An immutable, indexable list of tasks.
 class TaskSet {
  public:
@@ -97,6 +99,9 @@ struct EnvironmentKind {
   // may use the kind). nullptr: none.
   std::pair<std::string, std::string> (*check)(const Json& options) = nullptr;
   std::string check_doc;  // the check in words, for docs/configuration.md ("env.min_len <= env.max_len.")
+  // Multi-turn kinds: the environment its tasks run in (rollout/multi_turn.h), made from the same
+  // spec (options resolved). nullptr: a single-turn kind.
+  std::function<Result<std::shared_ptr<MultiTurnEnvironment>>(const EnvironmentSpec&)> make_environment = nullptr;
 };
 // Every registered kind, in registration order (rollout/environments/registry.inc).
 const ExtensionRegistry<EnvironmentKind>& environment_kinds();
@@ -106,6 +111,10 @@ inline Result<const EnvironmentKind*> find_environment_kind(std::string_view nam
 }
 // A source of kind `kind` (its options checked, defaults filled in).
 Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec);
+// The multi-turn environment of kind `kind` (options checked and defaulted as above); nullptr for a
+// single-turn kind.
+Result<std::shared_ptr<MultiTurnEnvironment>> make_multi_turn_environment(std::string_view kind,
+                                                                          const EnvironmentSpec& spec);
 
 // Splits a source into disjoint train and eval views: `eval_size` tasks chosen by a seeded shuffle
 // go to eval, the rest to train. Both views keep the parent's task objects (no copies).

@@ -185,7 +185,8 @@ TEST(TaskStream, RestoredCursorContinuesExactly) {
 TEST(Environments, RegistryBuildsEachKindFromItsCheckedOptions) {
   std::vector<std::string> names;
   for (const auto& k : environment_kinds()) names.push_back(k.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"arithmetic", "reverse_text", "jsonl"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"arithmetic", "reverse_text", "jsonl", "parquet", "hf_dataset",
+                                             "arithmetic_retry", "calculator", "http"}));
 
   // A kind's source is the one its own function makes, options defaulted from its declaration.
   EnvironmentSpec spec;
@@ -223,7 +224,9 @@ TEST(Environments, RegistryBuildsEachKindFromItsCheckedOptions) {
             "environment 'arithmetic': unknown option 'min_len' (known: max_operand, num_terms)");
   bad = make_task_source("mnist", spec);
   ASSERT_FALSE(bad);
-  EXPECT_EQ(bad.error().message(), "unknown environment kind 'mnist': use arithmetic, reverse_text or jsonl");
+  EXPECT_EQ(bad.error().message(),
+            "unknown environment kind 'mnist': use arithmetic, reverse_text, jsonl, parquet, "
+            "hf_dataset, arithmetic_retry, calculator or http");
 
   const EnvironmentKind* rt = *find_environment_kind("reverse_text");
   ASSERT_TRUE(rt->check);
