@@ -18,8 +18,9 @@ Records, by kind (docs/architecture.md names the keys): every number of a `step`
 `off_policy/histogram` as a histogram, `eval` records at their version, `weight_sync` records at
 their step with each worker's pause, update and resume seconds; `pipeline` records (the console's
 view, not drawn on the page) are left out. W&B also gets the resolved config, the run's summary at
-the end, and a table `rollouts` of the newest sampled rollouts (prompt, completion, reward, version),
-logged again as new ones come (at most every TABLE_EVERY_S seconds, and at the end).
+the end, and a table `rollouts` of the newest sampled rollouts (prompt, completion or a multi-turn
+trajectory's turns, reward, version), logged again as new ones come (at most every TABLE_EVERY_S
+seconds, and at the end).
 """
 
 import argparse
@@ -156,8 +157,11 @@ class Wandb:
         """One rollouts.jsonl group: its samples become the newest rows of the table."""
         for s in rec.get("samples", []):
             versions = s.get("versions") or [[rec.get("dispatch_version"), 0]]
-            self.table_rows.append([rec.get("step"), versions[-1][0], rec.get("prompt", ""), s.get("completion", ""),
-                                    s.get("reward"), rec.get("answer", ""), rec.get("worker", "")])
+            # A multi-turn trajectory: its turns, "role: text" each, in place of the last model turn.
+            turns = "\n".join(f"{t.get('role')}: {t.get('content')}" for t in s.get("turns") or [])
+            self.table_rows.append([rec.get("step"), versions[-1][0], rec.get("prompt", ""),
+                                    turns or s.get("completion", ""), s.get("reward"), rec.get("answer", ""),
+                                    rec.get("worker", "")])
         del self.table_rows[:-TABLE_ROWS]
         self.table_step = max(self.table_step, rec.get("step") or 0)
         self.table_new = True

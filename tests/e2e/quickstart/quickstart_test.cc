@@ -4,7 +4,8 @@
 // ledger adds up exactly once: every dispatched rollout completed, failed or was cancelled, and every
 // completed one has one disposition) and metrics.jsonl (one record per step with the DESIGN
 // section 9 names, supervised steps marked); that the GRPO phase raises the reward it optimises;
-// and that `arlo run --resume` continues a finished run at the next step and data position.
+// that `arlo run --resume` continues a finished run at the next step and data position; and that
+// `arlo replay` scores the run's stored rollouts again.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -192,6 +193,45 @@ TEST(QuickstartE2E, ShortRunCompletesWithExactlyOnceAccounting) {
 // one token each). `drop` never sends them: the ledger counts them "overlong", every sample the
 // trainer got is one the ledger counts "trained", and none is masked.
 constexpr int kOverlongSteps = 2;
+// `arlo replay` on the run dir of a short run: under the run's own reward config (its
+// resolved_config.yaml) every stored sample gets the score it had; under another reward config the
+// new scores are that module's; a corrupt line is named and exits 2.
+TEST(QuickstartE2E, ReplayScoresTheStoredRolloutsAgain) {
+  const fs::path run_dir = scratch("replay");
+  fs::remove_all(run_dir);
+  const std::vector<std::string> sets = {"run.max_steps=15", "orchestrator.sft_warmup_steps=5", "eval.interval=0",
+                                         "log.rollouts_every=2"};
+  ASSERT_TRUE(run_quickstart(run_dir, sets).value("ok", false));
+  ASSERT_TRUE(fs::exists(run_dir / "resolved_config.yaml"));
+  const auto same = arlo::e2e::run_to_end({ARLO_BINARY, "replay", run_dir.string()}, run_dir.string() + ".replay.log");
+  ASSERT_TRUE(same.exited_with(0)) << same.output;
+  EXPECT_NE(same.output.find("reward (total)"), std::string::npos) << same.output;
+  const auto lines = read_jsonl(run_dir / "replay.jsonl");
+  ASSERT_FALSE(lines.empty());
+  for (const auto& l : lines) EXPECT_EQ(l.at("old"), l.at("new")) << l.dump();
+
+  const auto other =
+      arlo::e2e::run_to_end({ARLO_BINARY, "replay", run_dir.string(), "--set",
+                             "reward.modules=[{kind: lcs_ratio, weight: 2}]", "-o", (run_dir / "lcs.jsonl").string()},
+                            run_dir.string() + ".replay.log");
+  ASSERT_TRUE(other.exited_with(0)) << other.output;
+  const auto scored = read_jsonl(run_dir / "lcs.jsonl");
+  ASSERT_EQ(scored.size(), lines.size());
+  for (const auto& l : scored) {
+    const double lcs = l.at("new").at("scores").at("lcs_ratio").get<double>();
+    EXPECT_DOUBLE_EQ(l.at("new").at("reward").get<double>(), 2 * lcs) << l.dump();
+    EXPECT_TRUE(l.at("old").at("scores").contains("exact_match")) << l.dump();
+  }
+
+  const auto groups = read_jsonl(run_dir / "rollouts.jsonl").size();
+  std::ofstream(run_dir / "rollouts.jsonl", std::ios::app) << "{\"group\": 1\n";  // a line that is no group
+  const auto bad = arlo::e2e::run_to_end({ARLO_BINARY, "replay", run_dir.string()}, run_dir.string() + ".replay.log");
+  EXPECT_TRUE(bad.exited_with(2)) << bad.output;
+  const auto named = "rollouts.jsonl:" + std::to_string(groups + 1) + ": not valid JSON";
+  EXPECT_NE(bad.output.find(named), std::string::npos) << bad.output;
+  fs::remove_all(run_dir);
+}
+
 TEST(QuickstartE2E, OverlongSamplesAreMaskedOrDroppedNotTrained) {
   auto run = [](const std::string& policy, int batch_size) {
     const fs::path run_dir = scratch("overlong_" + policy);
