@@ -294,6 +294,30 @@ std::string path_kinds() {
   return join_names(names);
 }
 
+std::vector<Key> reward_module_keys();
+
+// env.sources[]: one task source each.
+std::vector<Key> source_item_keys() {
+  return {
+      string_key("kind", "", "The source's environment kind (as env.kind).")
+          .one_of(entry_names(rollout::environment_kinds()))
+          .must_be_given(),
+      string_key("name", "",
+                 "Its tasks' env name, by which eval and the step records report it and reward modules are chosen "
+                 "(empty: the kind; names are unique)."),
+      string_key("path", "", "The dataset, for kinds that read one (as env.path)."),
+      int_key("size", 10000, "Tasks generated or used (as env.size; 0: all of a dataset).").at_least(0),
+      int_key("seed", 1, "Seed for generating and shuffling its tasks.").at_least(0),
+      float_key("ratio", 1.0, "Its share of the tasks is ratio / (sum of the ratios).").range(1e-6, 1e6),
+      map_key("options", "{}",
+              "The kind's own options by their env.* names without `env.`, e.g. {max_operand: 50} or "
+              "{prompt_column: question, answer_column: solution}."),
+      objects_key("reward", reward_module_keys(), "[]",
+                  "Its own reward modules, each with the keys of a reward.modules item (empty: reward.modules).")
+          .range(0, 64),
+  };
+}
+
 Section env_section() {
   Section s{
       "env",
@@ -302,11 +326,18 @@ Section env_section() {
           string_key("kind", "arithmetic", "Task source: " + names_with_docs(rollout::environment_kinds()) + ".")
               .one_of(entry_names(rollout::environment_kinds())),
           string_key("path", "",
-                     path_kinds() + " only: the dataset (one object per line with prompt or messages, answer, info)."),
+                     path_kinds() + " only: the dataset (jsonl: one object per line with prompt or messages, "
+                                    "answer, info; the others' columns: env.prompt_column and the rest)."),
           int_key("seed", 1, "Seed for generating and shuffling tasks.").at_least(0),
           int_key("size", 10000, "Number of tasks generated (procedural kinds) or used (jsonl; 0 means all).")
               .at_least(0),
           bool_key("shuffle", true, "Shuffle the tasks each epoch."),
+          objects_key("sources", source_item_keys(), "[]",
+                      "Several task sources in one run, served in the ratio of their `ratio`s, which holds exactly "
+                      "over time (each source within one task of its share); they replace env.kind, path, size, "
+                      "seed and the kinds' env.* keys (env.shuffle applies to each). Empty: the one source of "
+                      "env.kind (docs/environments.md, Several sources).")
+              .range(0, 64),
           int_key("max_turns", 8, "Multi-turn kinds: model turns per trajectory at most (then it ends, finish length).")
               .at_least(1),
           int_key("max_trajectory_tokens", 1024,
@@ -642,11 +673,10 @@ Section monitors_section() {
 
 // Every section, in the order of docs/configuration.md.
 std::vector<Section> product_sections() {
-  return {run_section(),     orchestrator_section(), sampling_section(),    env_section(),
-          eval_section(),    reward_section(),       inference_section(),   model_section(),
-          trainer_section(), bridge_section(),       weight_sync_section(), log_section(),
-          ckpt_section(),    status_section(),       security_section(),    gateway_section(),
-          monitors_section()};
+  return {run_section(),         orchestrator_section(), sampling_section(), env_section(),     eval_section(),
+          reward_section(),      inference_section(),    model_section(),    trainer_section(), bridge_section(),
+          weight_sync_section(), log_section(),          ckpt_section(),     status_section(),  security_section(),
+          gateway_section(),     monitors_section()};
 }
 
 // --- Rules between keys ---------------------------------------------------------------------------
@@ -785,12 +815,12 @@ void reward_config_options(const Config& m, const rollout::RewardKind& kind, con
         out.push_back({m.where("config"), name + ".config." + o.key + ": " + what});
 }
 
-// Each reward.modules item gives the keys its kind requires, with values its kind accepts.
-void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
-  const auto& modules = c.objects("reward.modules");
+// Each item of a list of reward modules (reward.modules, env.sources[i].reward, named `list`) gives
+// the keys its kind requires, with values its kind accepts.
+void check_reward_modules(const std::vector<Config>& modules, const std::string& list, std::vector<Violation>& out) {
   for (std::size_t i = 0; i < modules.size(); ++i) {
     const Config& m = modules[i];
-    const std::string name = "reward.modules[" + std::to_string(i) + "]";
+    const std::string name = list + "[" + std::to_string(i) + "]";
     const std::string& kind_name = m.string("kind");
     const rollout::RewardKind* kind = find_entry(rollout::reward_kinds(), kind_name);
     if (!kind) continue;  // the loader already refused it (not one of kind's choices)
@@ -803,6 +833,51 @@ void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
         out.push_back({m.where(o.key), name + "." + o.key + ": " + what});
     }
     reward_config_options(m, *kind, name, out);
+  }
+}
+
+void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
+  check_reward_modules(c.objects("reward.modules"), "reward.modules", out);
+}
+
+// An env.sources item's options: known to its kind, of their type, within bounds, passing the kind's checks.
+void source_options(const Config& s, const rollout::EnvironmentKind& kind, const std::string& item,
+                    std::vector<Violation>& out) {
+  const nlohmann::json& given = s.map("options");
+  auto resolved = resolve_options(item + ".options", kind.options, given, {});
+  if (!resolved) {
+    out.push_back({s.where("options"), resolved.error().message()});
+    return;
+  }
+  for (const auto& o : kind.options)
+    if (given.is_object() && given.contains(o.key))
+      if (const std::string what = check_option_value(o, given[o.key]); !what.empty())
+        out.push_back({s.where("options"), item + ".options." + o.key + ": " + what});
+  if (!kind.check) return;
+  if (const auto [key, what] = kind.check(*resolved); !key.empty())
+    out.push_back({s.where("options"), item + ".options." + key + " " + what});
+}
+
+// Each env.sources item: a path where its kind reads a dataset, options its kind accepts, its own
+// reward modules complete, and a name no other source has.
+void sources_complete(const Config& c, std::vector<Violation>& out) {
+  const auto& sources = c.objects("env.sources");
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const Config& s = sources[i];
+    const std::string item = "env.sources[" + std::to_string(i) + "]";
+    const rollout::EnvironmentKind* kind = find_entry(rollout::environment_kinds(), s.string("kind"));
+    if (!kind) continue;  // the loader already refused it
+    if (kind->needs_path && s.string("path").empty())
+      out.push_back({s.where("kind"), item + ".path is required when its kind is " + kind->name});
+    source_options(s, *kind, item, out);
+    const std::string name = s.string("name").empty() ? kind->name : s.string("name");
+    if (auto same = std::find(names.begin(), names.end(), name); same != names.end())
+      out.push_back({s.where("name"), item + ".name: '" + name + "' is also env.sources[" +
+                                          std::to_string(same - names.begin()) +
+                                          "]'s name; give each source its own name"});
+    names.push_back(name);
+    check_reward_modules(s.objects("reward"), item + ".reward", out);
   }
 }
 
@@ -853,6 +928,9 @@ std::vector<Rule> product_rules() {
       {"trainer.num_ranks is 1 when trainer.launch is embedded.", embedded_trainer_is_one_rank},
       {"trainer.model is a Hugging Face model directory when trainer.launch is hf.", hf_trainer_needs_a_model},
       {reward_rule_doc(), reward_modules_complete},
+      {"Each env.sources item has a path when its kind reads a dataset, options its kind accepts (as its env.* keys), "
+       "its own reward modules complete, and a name (or kind) no other source has.",
+       sources_complete},
       {"monitors.use names wandb or tensorboard, each at most once.", monitors_known},
   };
 }

@@ -1,0 +1,128 @@
+// env.sources in `arlo run` (session/rollout_parts.cc): the task mix in its ratio with tasks named by
+// source, the eval set of each source, the resume cursor, the reward modules chosen per source with
+// their per-source metrics, check-config's errors naming env.sources[i].key, and a single-source
+// config whose cursor is what it was.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "session/rollout_parts.h"
+#include "tests/unit/session/session_test_util.h"
+
+namespace arlo::session {
+namespace {
+
+const char* kTwoSources = R"(run: {name: t}
+eval: {interval: 5, size: 3}
+env:
+  sources:
+    - {kind: arithmetic, ratio: 2, options: {max_operand: 30}}
+    - kind: reverse_text
+      name: rev
+      seed: 5
+      reward: [{kind: lcs_ratio}]
+)";
+
+Result<config::Config> load_yaml(const std::string& yaml) { return config::load_string(yaml, "<test>", {}); }
+
+RolloutParts parts_of(const std::string& yaml) {
+  auto cfg = load_yaml(yaml);
+  EXPECT_TRUE(cfg) << cfg.error().what();
+  auto parts = build_rollout_parts(*cfg);
+  EXPECT_TRUE(parts) << parts.error().what();
+  return *parts;
+}
+
+TEST(RunSources, TasksComeInTheRatioNamedBySource) {
+  auto parts = parts_of(kTwoSources);
+  RunTasks tasks(parts.stream, parts.tokenize);
+  std::string pattern;
+  for (int i = 0; i < 9; ++i) {
+    auto t = tasks.next();
+    ASSERT_TRUE(t) << t.error().what();
+    pattern += t->env == "rev" ? 'r' : t->env == "arithmetic" ? 'a' : '?';
+    EXPECT_FALSE(t->prompt_tokens.empty());  // prepared for arlo-worker as before
+  }
+  EXPECT_EQ(pattern, "araaraara");
+  ASSERT_EQ(parts.eval_tasks.size(), 6u);  // eval.size of each source
+  EXPECT_EQ(parts.eval_tasks[0].env, "arithmetic");
+  EXPECT_EQ(parts.eval_tasks[5].env, "rev");
+}
+
+TEST(RunSources, ResumeContinuesTheMix) {
+  auto a = parts_of(kTwoSources);
+  RunTasks first(a.stream, a.tokenize);
+  for (int i = 0; i < 11; ++i) ASSERT_TRUE(first.next());
+  auto b = parts_of(kTwoSources);
+  RunTasks second(b.stream, b.tokenize);
+  ASSERT_TRUE(second.restore(first.cursor())) << first.cursor().dump();
+  for (int i = 0; i < 20; ++i) {
+    auto x = first.next(), y = second.next();
+    ASSERT_EQ(x->id, y->id);
+    ASSERT_EQ(x->env, y->env);
+  }
+}
+
+TEST(RunSources, EachSourceItsOwnRewardModules) {
+  auto parts = parts_of(kTwoSources);
+  Task rev;
+  rev.env = "rev";
+  rev.prompt = "reverse abcd:";
+  rev.answer = "dcba";
+  rollout::Rollout r;
+  r.text = "dcbx";
+  auto own = parts.reward->score(rev, r);  // lcs_ratio: partial credit
+  ASSERT_TRUE(own) << own.error().what();
+  EXPECT_GT(own->reward, 0.5);
+  EXPECT_LT(own->reward, 1.0);
+  EXPECT_EQ(own->metrics.at("source/rev/share"), 1.0);
+  EXPECT_EQ(own->metrics.at("source/rev/reward"), own->reward);
+  Task sum = rev;
+  sum.env = "arithmetic";  // reward.modules: exact_match
+  auto fallback = parts.reward->score(sum, r);
+  ASSERT_TRUE(fallback);
+  EXPECT_EQ(fallback->reward, 0.0);
+  EXPECT_EQ(fallback->metrics.count("source/arithmetic/share"), 1u);
+}
+
+TEST(RunSources, CheckConfigNamesTheSourceAndKey) {
+  auto cfg = load_yaml(R"(env:
+  sources:
+    - {kind: arithmetic, options: {max_opernd: 3}}
+    - {kind: jsonl}
+    - {kind: arithmetic, options: {max_operand: 0}, reward: [{kind: regex_match}]}
+)");
+  ASSERT_FALSE(cfg);
+  const std::string e = cfg.error().what();
+  EXPECT_NE(e.find("env.sources[0].options: unknown option 'max_opernd'"), std::string::npos) << e;
+  EXPECT_NE(e.find("env.sources[1].path is required when its kind is jsonl"), std::string::npos) << e;
+  EXPECT_NE(e.find("env.sources[2].options.max_operand"), std::string::npos) << e;
+  EXPECT_NE(e.find("env.sources[2].name: 'arithmetic' is also env.sources[0]'s name"), std::string::npos) << e;
+  EXPECT_NE(e.find("env.sources[2].reward[0]: kind regex_match needs 'pattern'"), std::string::npos) << e;
+  auto bad_ratio = load_yaml("env:\n  sources: [{kind: arithmetic, ratio: 0}]\n");
+  ASSERT_FALSE(bad_ratio);
+  EXPECT_NE(std::string(bad_ratio.error().what()).find("env.sources[0].ratio"), std::string::npos)
+      << bad_ratio.error().what();
+}
+
+TEST(RunSources, OneSourceKeepsItsCursorAndNames) {
+  auto parts = build_rollout_parts(test::load({}));
+  ASSERT_TRUE(parts) << parts.error().what();
+  RunTasks tasks(parts->stream, parts->tokenize);
+  auto t = tasks.next();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->env, "arithmetic");
+  const auto c = tasks.cursor();
+  EXPECT_EQ(c["seq"], 1);
+  EXPECT_EQ(c["stream"]["source"], "arithmetic");  // TaskStream's own cursor, as before env.sources
+  Task task = *t;
+  rollout::Rollout r;
+  r.text = task.answer;
+  auto s = parts->reward->score(task, r);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->reward, 1.0);
+  EXPECT_EQ(s->metrics.count("source/arithmetic/share"), 0u);  // no per-source metrics without sources
+}
+
+}  // namespace
+}  // namespace arlo::session
