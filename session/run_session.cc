@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -32,6 +33,7 @@
 #include "common/metrics.h"
 #include "session/adapters/agent_inference.h"
 #include "session/adapters/bridge_trainer.h"
+#include "session/adapters/environment_adapter.h"
 #include "session/adapters/rollout_adapters.h"
 #include "session/config_options.h"
 #include "session/gateway.h"
@@ -191,7 +193,7 @@ class RunSession::Impl {
     IoThread network(kNetworkThreadNice);
     rollout::InferencePool pool(network.context(), pool_options());
     std::unique_ptr<Gateway> gateway;  // destroyed after the network thread it serves on has stopped
-    struct StopNetworkFirst {  // before the pool and its clients are destroyed, on every path
+    struct StopNetworkFirst {          // before the pool and its clients are destroyed, on every path
       IoThread& network;
       ~StopNetworkFirst() { network.stop(); }
     } stop_network_first{network};
@@ -215,7 +217,10 @@ class RunSession::Impl {
     if (auto st = start_gateway(network, pool, dialect.completions, gateway); !st) return fail(st.error().what());
     if (gateway) agents.emplace(inference, *gateway, network.executor());
     inference_port_ = agents ? static_cast<orch::InferencePort*>(&*agents) : &inference;
-    return run_loop(Adapters{network, pool, inference, tasks, scorer, trainer, **server});
+    // Multi-turn tasks: what an environment adds is tokenized by the worker that served the trajectory.
+    adapters::WorkerTokenizer env_tokenizer(pool.client(), network.executor());
+    adapters::EnvironmentAdapter environment(s_.parts.environments, env_tokenizer);
+    return run_loop(Adapters{network, pool, inference, tasks, scorer, trainer, **server, environment});
   }
 
  private:
@@ -228,6 +233,7 @@ class RunSession::Impl {
     adapters::RolloutScorer& scorer;
     adapters::BridgeTrainer& trainer;
     bridge::BridgeServer& server;
+    adapters::EnvironmentAdapter& environment;
   };
 
   bool embedded_inference() const { return s_.cfg.string("inference.launch") == "embedded"; }
@@ -312,9 +318,13 @@ class RunSession::Impl {
     ObserverList observers;  // the reporter, then the caller's (SessionOptions::observer)
     observers.add(&reporter);
     observers.add(observer_);
-    orch::Orchestrator orchestrator(
-        io_, orch::Ports{inference_port_, &a.tasks, &a.scorer, &a.trainer, &clock, nullptr, s_.parts.eval_tasks},
-        s_.options, &observers);
+    const bool multi_turn =
+        std::ranges::any_of(s_.parts.environments, [](const auto& e) { return e.second != nullptr; });
+    a.environment.on_extension_failed([&registry] { registry.counter("multi_turn/extension_failed").inc(); });
+    orch::Orchestrator orchestrator(io_,
+                                    orch::Ports{inference_port_, &a.tasks, &a.scorer, &a.trainer, &clock,
+                                                multi_turn ? &a.environment : nullptr, s_.parts.eval_tasks},
+                                    s_.options, &observers);
     orchestrator_ = &orchestrator;  // for the supervision events (on_supervision)
     asio::signal_set signals(io_, SIGINT, SIGTERM);
     watch_signals(signals, orchestrator);
@@ -574,9 +584,9 @@ class RunSession::Impl {
   asio::io_context io_;
   Monitors monitors_;
   orch::InferencePort* inference_port_ = nullptr;  // the pool's adapter, or the gateway's decorator of it
-  Gateway* gateway_ = nullptr;                      // when gateway.enabled; lives on the network thread
-  Reporter* reporter_ = nullptr;         // run_loop's, while it runs
-  RealClock clock_{io_.get_executor()};  // the supervisor's
+  Gateway* gateway_ = nullptr;                     // when gateway.enabled; lives on the network thread
+  Reporter* reporter_ = nullptr;                   // run_loop's, while it runs
+  RealClock clock_{io_.get_executor()};            // the supervisor's
   Supervisor supervisor_{io_, clock_, [this](const SupervisionEvent& e) { on_supervision(e); }};
   orch::Orchestrator* orchestrator_ = nullptr;  // run_loop's, while it runs
   std::ofstream events_;                        // supervision.jsonl
