@@ -3,6 +3,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/this_coro.hpp>
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "common/http.h"
@@ -90,7 +92,8 @@ Status parse_done_and_reward(const Json& body, EnvCall call, EnvTurn& turn) {
   if (call == EnvCall::kReset && turn.done)
     return parse_error(call, "'done' must be false (a reset starts a trajectory)");
   if (body.contains("reward") && !body["reward"].is_null()) {
-    if (!body["reward"].is_number()) return parse_error(call, "'reward' must be a number or null");
+    if (!body["reward"].is_number() || !std::isfinite(body["reward"].get<double>()))
+      return parse_error(call, "'reward' must be a finite number or null");
     if (call == EnvCall::kReset) return parse_error(call, "'reward' is not allowed (nothing was generated yet)");
     turn.reward = body["reward"].get<double>();
   }

@@ -120,6 +120,16 @@ write("openai_response_fuzz", "sglang_meta", j({
                  "version_spans": [{"version": 1, "first_token": 0}]}]}))
 write("openai_response_fuzz", "error", j({"error": {"message": "overloaded", "code": 503}}))
 
+# ---- Environment protocol replies (rollout/multi_turn.h): /reset and /step
+write("env_message_fuzz", "reset", j({"messages": [{"role": "user", "content": "guess: "}],
+                                      "state": {"secret": 37, "guesses": 0}}))
+write("env_message_fuzz", "step", j({"messages": [{"role": "tool", "content": "=102\n12+34+56="}], "done": False,
+                                     "reward": None, "state": {"calls": 1}}))
+write("env_message_fuzz", "step_done", j({"messages": [], "done": True, "reward": 0.8, "state": [1, "x", None]}))
+write("env_message_fuzz", "null_content", j({"messages": [{"role": "assistant", "content": None}], "done": False}))
+write("env_message_fuzz", "wrong_types", j({"messages": {"role": 1}, "done": "yes", "reward": "1"}))
+write("env_message_fuzz", "not_utf8", b'{"done": false, "messages": [{"role": "user", "content": "\xc3\x28"}]}')
+
 # ---- HTTP requests
 write("http_request_fuzz", "get_query", b"GET /?mode=keep&x=%41+b&flag HTTP/1.1\r\nHost: a\r\n\r\n")
 write("http_request_fuzz", "post_json", b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"

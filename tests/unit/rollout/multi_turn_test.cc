@@ -212,7 +212,8 @@ TEST(EnvReply, NamesTheFieldOfEachMalformedReply) {
       {R"({"messages": [{"role": "user", "content": 1}], "done": false})", EnvCall::kStep, "messages[0].content"},
       {R"({"messages": []})", EnvCall::kStep, "'done' (true or false) is missing"},
       {R"({"done": "yes"})", EnvCall::kStep, "'done' must be true or false"},
-      {R"({"done": false, "reward": "1"})", EnvCall::kStep, "'reward' must be a number"},
+      {R"({"done": false, "reward": "1"})", EnvCall::kStep, "'reward' must be a finite number"},
+      {R"({"done": false, "reward": 1e400})", EnvCall::kStep, "not JSON"},  // out of a double's range
       {R"({"done": true})", EnvCall::kReset, "'done' must be false"},
       {R"({"reward": 1})", EnvCall::kReset, "'reward' is not allowed"},
       {"{\"done\": false, \"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}", EnvCall::kStep,
