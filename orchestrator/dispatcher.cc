@@ -34,6 +34,12 @@ void merge(Sample& into, Sample&& add, Version launch_version) {
     into.completion_tokens = std::move(add.completion_tokens);
     into.logprobs = std::move(add.logprobs);
     into.text = std::move(add.text);
+    // A trajectory the inference port recorded whole (an agent program's, through the policy
+    // gateway): its loss mask, turns, turn versions and reward come with it.
+    if (!add.loss_mask.empty()) into.loss_mask = std::move(add.loss_mask);
+    if (into.turns.empty()) into.turns = std::move(add.turns);
+    if (into.turn_versions.empty()) into.turn_versions = std::move(add.turn_versions);
+    if (add.env_reward) into.env_reward = add.env_reward;
   } else {
     into.completion_tokens.insert(into.completion_tokens.end(), add.completion_tokens.begin(),
                                   add.completion_tokens.end());
