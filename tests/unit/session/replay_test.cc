@@ -123,6 +123,35 @@ TEST_F(ReplayTest, ScoresTheStoredSamplesAgainWithAnotherRewardConfig) {
   EXPECT_NE(text.find("numeric_match"), std::string::npos) << text;
 }
 
+TEST_F(ReplayTest, AMultiTurnTrajectorysEnvRewardAndTurnsReachTheEnvModule) {
+  {
+    RolloutLog log;
+    ASSERT_TRUE(log.open(dir.path().string(), 1));
+    auto g = group(1);
+    g.completions[0].turns = {{"assistant", "8"}, {"user", "no"}, {"assistant", "7"}};
+    g.completions[0].env_reward = 0.5;
+    log.add(g, 1.0);
+  }
+  const auto s = replay(reward_config("    - kind: env\n"));
+  ASSERT_TRUE(s) << s.error().what();
+  EXPECT_EQ(s->samples, 3u);
+  EXPECT_EQ(s->failed, 2u);  // the two samples without an env reward (reward.on_failure assign)
+  const auto lines = output_lines();
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["new"]["reward"], 0.5);
+  EXPECT_EQ(lines[0]["new"]["scores"]["env/turns"], 2.0);
+  EXPECT_EQ(lines[1]["new"]["scores"]["reward/failed"], 1.0);
+  EXPECT_NE(format_replay_summary(*s).find("2 failed now"), std::string::npos);
+
+  // Under reward.on_failure fail the first failure stops the replay, naming its line.
+  auto strict = config::load_string("run:\n  name: t\nreward:\n  on_failure: fail\n  modules:\n    - kind: env\n");
+  ASSERT_TRUE(strict) << strict.error().what();
+  const auto failed = replay(*strict);
+  ASSERT_FALSE(failed);
+  EXPECT_NE(failed.error().what().find("rollouts.jsonl:1: scoring: "), std::string::npos) << failed.error().what();
+  EXPECT_FALSE(fs::exists(output.string() + ".tmp"));
+}
+
 TEST_F(ReplayTest, TheSameConfigGivesTheSameScores) {
   write_groups(2);
   const auto s = replay(reward_config("    - kind: exact_match\n"));
