@@ -134,6 +134,29 @@ TEST_F(CliTest, BenchRunsTheBinaryNextToArloWithArguments) {
   EXPECT_THAT(output, HasSubstr("bench-args: --scale 2 -x"));
 }
 
+TEST_F(CliTest, ReplayNamesWhatIsMissingAndScoresAStoredSample) {
+  Outcome none = arlo("replay " + (dir_ / "no-run").string());
+  if (none.status == 3) GTEST_SKIP() << "replay is not in this build: " << none.output;
+  EXPECT_EQ(none.status, 2) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("rollouts.jsonl: no such file"));
+  write("rollouts.jsonl", R"({"task_id": "t", "prompt": "1+1=", "answer": "2", "samples": [)"
+                          R"({"completion": "2", "reward": 1.0, "scores": {"exact_match": 1.0}}]})"
+                          "\n");
+  Outcome no_config = arlo("replay " + dir_.string());
+  EXPECT_EQ(no_config.status, 2) << no_config.output;
+  EXPECT_THAT(no_config.output, HasSubstr("resolved_config.yaml: no such file"));
+  EXPECT_THAT(no_config.output, HasSubstr("--config"));
+  const std::string cfg = write("reward.yaml", "reward:\n  modules:\n    - kind: lcs_ratio\n");
+  Outcome unknown = arlo("replay " + dir_.string() + " --config " + cfg + " --set 'reward.modules=[{kind: nope}]'");
+  EXPECT_EQ(unknown.status, 2) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("got 'nope'"));
+  Outcome ok = arlo("replay " + dir_.string() + " --config " + cfg);
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  EXPECT_THAT(ok.output, HasSubstr("1 group(s), 1 sample(s) scored again; 0 failed now"));
+  EXPECT_THAT(ok.output, HasSubstr("lcs_ratio"));
+  EXPECT_TRUE(fs::exists(dir_ / "replay.jsonl"));
+}
+
 TEST_F(CliTest, UsageErrorsExit2) {
   EXPECT_EQ(arlo("").status, 2);
   EXPECT_EQ(arlo("check-config").status, 2);
