@@ -693,6 +693,10 @@ void batch_is_whole_groups(const Config& c, std::vector<Violation>& out) {
 
 void kind_needs_path(const Config& c, std::vector<Violation>& out) {
   for (const auto& k : rollout::environment_kinds()) {
+    const std::string used = c.string("env.kind") == k.name ? "env.kind" : "eval.env_kind";
+    for (const auto& o : k.options)  // the kind's keys that must be given (the http kind's env.url)
+      if (o.required && o.config_key && c.string(used) == k.name && c.string("env." + o.key).empty())
+        out.push_back({c.where(used), "env." + o.key + " is required when " + used + " is " + k.name});
     if (!k.needs_path) continue;
     if (c.string("env.kind") == k.name && c.string("env.path").empty())
       out.push_back({c.where("env.kind"), "env.path is required when env.kind is " + k.name});
@@ -896,7 +900,13 @@ void monitors_known(const Config& c, std::vector<Violation>& out) {
 // The rules' docs that name registered kinds.
 std::string path_rule_doc() {
   const std::string kinds = path_kinds();
-  return "env.path is given when env.kind is " + kinds + "; eval.env_path when eval.env_kind is " + kinds + ".";
+  std::string required;
+  for (const auto& k : rollout::environment_kinds())
+    for (const auto& o : k.options)
+      if (o.required && o.config_key)
+        required += " env." + o.key + " is given when env.kind or eval.env_kind is " + k.name + ".";
+  return "env.path is given when env.kind is " + kinds + "; eval.env_path when eval.env_kind is " + kinds + "." +
+         required;
 }
 std::string environment_checks_doc() {
   std::string doc;

@@ -294,6 +294,15 @@ TEST(ConfigLoad, CrossKeyRules) {
               "rank"});
 }
 
+TEST(ConfigLoad, TheHttpEnvironmentNeedsAUrl) {
+  refused(load("env:\n  kind: http\n  path: tasks.jsonl\n"),
+          {"test.yaml:2:3: env.url is required when env.kind is http"});
+  refused(load("eval:\n  env_kind: http\n  env_path: tasks.jsonl\n"),
+          {"test.yaml:2:3: env.url is required when eval.env_kind is http"});
+  Resolution given = load("env:\n  kind: http\n  path: tasks.jsonl\n  url: http://127.0.0.1:8765\n");
+  EXPECT_TRUE(given.config) << all_text(given);
+}
+
 TEST(ConfigLoad, TheReferenceTrainerNeedsAModelDirectory) {
   refused(load("trainer:\n  launch: hf\n"),
           {"test.yaml:2:3: trainer.model must name a Hugging Face model directory when trainer.launch is hf"});
