@@ -14,6 +14,7 @@
 #include "orchestrator/ports.h"
 #include "rollout/multi_turn.h"
 #include "rollout/reward.h"
+#include "rollout/task_mix.h"
 
 namespace arlo::session {
 
@@ -23,14 +24,15 @@ namespace arlo::session {
 // and its response reports the ids its own tokenizer and chat template produced (rollout/openai.h).
 bool uses_builtin_tokenizer(const config::Config& cfg);
 
-// Task source for the orchestrator: the environment's stream. With `tokenize`, prompts are
+// Task source for the orchestrator: the environment's task mix (one stream, or env.sources in their
+// ratio). The cursor is {"stream": the mix's cursor, "seq": tasks served}. With `tokenize`, prompts are
 // tokenized as arlo-worker tokenizes a text prompt (<bos> + characters) and reference answers as
 // the completion the policy should produce (characters + <eos>), so the supervised warm-up teaches
 // the policy to stop; without, tasks carry text only. Single-threaded: used on the orchestrator's
 // event loop.
 class RunTasks final : public orch::TaskSource {
  public:
-  RunTasks(std::shared_ptr<rollout::TaskStream> stream, bool tokenize);
+  RunTasks(std::shared_ptr<rollout::TaskMix> mix, bool tokenize);
   Result<arlo::Task> next() override;
   nlohmann::json cursor() const override { return inner_.cursor(); }
   Status restore(const nlohmann::json& cursor) override { return inner_.restore(cursor); }
@@ -46,9 +48,12 @@ class RunTasks final : public orch::TaskSource {
 void tokenize_task(arlo::Task& task);
 
 struct RolloutParts {
-  std::shared_ptr<rollout::TaskStream> stream;
+  // The training tasks: env.kind's stream alone, or the mix of env.sources (tasks named by source).
+  std::shared_ptr<rollout::TaskMix> stream;
   bool tokenize = true;                // uses_builtin_tokenizer(): how RunTasks prepares the stream's tasks
-  std::vector<arlo::Task> eval_tasks;  // empty when eval.interval is 0
+  std::vector<arlo::Task> eval_tasks;  // empty when eval.interval is 0; with env.sources, eval.size of each
+  // reward.modules weighted; with env.sources, each task scored by its source's own modules (else
+  // reward.modules), and metrics source/<name>/share and source/<name>/reward added.
   std::shared_ptr<rollout::RewardModule> reward;
   // The environments of env.kind and eval's kind by kind name (a single-turn kind: nullptr), and
   // under "" the one of tasks whose env names no kind (a dataset's lines): see EnvironmentAdapter.
@@ -57,7 +62,8 @@ struct RolloutParts {
 
 // kInvalidArgument citing the config location when a part cannot be built (e.g. a missing jsonl).
 Result<RolloutParts> build_rollout_parts(const config::Config& cfg);
-// The weighted reward module of reward.modules alone (RolloutParts::reward; `arlo replay` scores with it).
+// The run's reward module alone (RolloutParts::reward: reward.modules, per source with env.sources;
+// `arlo replay` scores with it).
 Result<std::shared_ptr<rollout::RewardModule>> build_reward(const config::Config& cfg);
 
 }  // namespace arlo::session

@@ -222,7 +222,10 @@ Awaitable<std::vector<std::string>> RolloutInference::silent_workers_here(bool c
   co_return out;
 }
 
-RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream) : stream_(std::move(stream)) {}
+RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskStream> stream)
+    : stream_(std::make_shared<rollout::TaskMix>(std::move(stream))) {}
+
+RolloutTasks::RolloutTasks(std::shared_ptr<rollout::TaskMix> mix) : stream_(std::move(mix)) {}
 
 Result<Task> RolloutTasks::next() {
   ARLO_ASSIGN_OR_RETURN(auto t, stream_->next());

@@ -20,6 +20,7 @@
 #include "rollout/environment.h"
 #include "rollout/inference_pool.h"
 #include "rollout/reward_scorer.h"
+#include "rollout/task_mix.h"
 
 namespace arlo::session::adapters {
 
@@ -89,18 +90,20 @@ class RolloutInference final : public orch::InferencePort {
   std::shared_ptr<BackRelay> back_ = std::make_shared<BackRelay>();
 };
 
-// An endless (or epoch-bounded) task stream, handing out the environment's tasks as they are (token
-// ids, where a run wants them, are added by its caller: session::RunTasks). The cursor holds the
-// stream's cursor and, as "seq", how many tasks it has handed out.
+// An endless (or epoch-bounded) task stream, or the mix of several (env.sources), handing out the
+// environment's tasks as they are (token ids, where a run wants them, are added by its caller:
+// session::RunTasks). The cursor holds the stream's (or the mix's) cursor and, as "seq", how many
+// tasks it has handed out.
 class RolloutTasks final : public orch::TaskSource {
  public:
   explicit RolloutTasks(std::shared_ptr<rollout::TaskStream> stream);
+  explicit RolloutTasks(std::shared_ptr<rollout::TaskMix> mix);
   Result<Task> next() override;
   nlohmann::json cursor() const override;
   Status restore(const nlohmann::json& cursor) override;
 
  private:
-  std::shared_ptr<rollout::TaskStream> stream_;
+  std::shared_ptr<rollout::TaskMix> stream_;
   std::uint64_t served_ = 0;
 };
 
