@@ -172,7 +172,17 @@ Result<std::string> last_model_turn(std::string_view who, const std::vector<Chat
   if (turns.empty() || turns.back().role != "assistant")
     return make_error(ErrorCode::kInvalidArgument,
                       fmt::format("{}: step needs the model's turn last (role assistant)", who));
-  return turns.back().content;
+  const std::string& text = turns.back().content;
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return std::string();
+  return text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
+}
+
+Result<std::int64_t> state_counter(std::string_view who, const Json& state, const std::string& key) {
+  if (!state.is_object() || !state.contains(key) || !state[key].is_number_integer() ||
+      state[key].get<std::int64_t>() < 0)
+    return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: state must be {{\"{}\": <n >= 0>}}", who, key));
+  return state[key].get<std::int64_t>();
 }
 
 std::string_view to_string(EnvCall call) { return call == EnvCall::kReset ? "reset" : "step"; }

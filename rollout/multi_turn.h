@@ -67,9 +67,13 @@ class LocalEnvironment : public MultiTurnEnvironment {
                                   Deadline deadline) override;
 };
 
-// The text of the model's latest turn: the content of the last entry of `turns`, which must be the
-// assistant's (kInvalidArgument naming `who` otherwise).
+// For built-in environments: the text of the model's latest turn without surrounding whitespace, the
+// content of the last entry of `turns`, which must be the assistant's (kInvalidArgument naming `who`
+// otherwise).
 Result<std::string> last_model_turn(std::string_view who, const std::vector<ChatMessage>& turns);
+// For built-in environments whose state is one counter, {"<key>": n}: n, or kInvalidArgument naming
+// `who` when the state is not that object with an integer n >= 0.
+Result<std::int64_t> state_counter(std::string_view who, const Json& state, const std::string& key);
 
 // The protocol's messages, for the client, the tests and the fuzz target.
 enum class EnvCall { kReset, kStep };

@@ -83,8 +83,8 @@ def make_handler(max_guesses):
         def reply(self, status, obj):
             data = json.dumps(obj).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
+            for name, value in (("Content-Type", "application/json"), ("Content-Length", str(len(data)))):
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 

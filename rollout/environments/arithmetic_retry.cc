@@ -15,31 +15,19 @@ namespace {
 
 constexpr const char* kName = "arithmetic_retry";
 
-std::string trimmed(std::string_view s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
-}
-
 class ArithmeticRetry : public LocalEnvironment {
  public:
   ArithmeticRetry(int max_tries, double discount) : max_tries_(max_tries), discount_(discount) {}
 
-  Result<EnvTurn> reset_now(const Task& /*task*/) const override {
-    EnvTurn t;
-    t.state = {{"tries", 0}};
-    return t;
-  }
+  Result<EnvTurn> reset_now(const Task& /*task*/) const override { return EnvTurn{{}, false, {}, {{"tries", 0}}}; }
 
   Result<EnvTurn> step_now(const Task& task, const Json& state, const std::vector<ChatMessage>& turns) const override {
-    ARLO_ASSIGN_OR_RETURN(std::string text, last_model_turn(kName, turns));
-    if (!state.is_object() || !state.contains("tries") || !state["tries"].is_number_integer() ||
-        state["tries"].get<std::int64_t>() < 0)
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: state must be {{\"tries\": <n >= 0>}}", kName));
-    const auto tries = state["tries"].get<std::int64_t>() + 1;
+    ARLO_ASSIGN_OR_RETURN(const std::string answer, last_model_turn(kName, turns));
+    ARLO_ASSIGN_OR_RETURN(const std::int64_t tried, state_counter(kName, state, "tries"));
+    const std::int64_t tries = tried + 1;
     EnvTurn t;
     t.state = {{"tries", tries}};
-    if (trimmed(text) == task.answer) {
+    if (answer == task.answer) {
       t.done = true;
       t.reward = std::pow(discount_, static_cast<double>(tries - 1));
     } else if (tries >= max_tries_) {

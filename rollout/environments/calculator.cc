@@ -24,12 +24,6 @@ namespace {
 
 constexpr const char* kName = "calculator";
 
-std::string_view trim(std::string_view s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
 // The value of "a+b-c..." (integers of at most 12 digits, at most 64 of them); nullopt when malformed.
 std::optional<long long> evaluate_calc(std::string_view expr) {
   long long total = 0;
@@ -55,21 +49,14 @@ class Calculator : public LocalEnvironment {
  public:
   explicit Calculator(int max_calls) : max_calls_(max_calls) {}
 
-  Result<EnvTurn> reset_now(const Task& /*task*/) const override {
-    EnvTurn t;
-    t.state = {{"calls", 0}};
-    return t;
-  }
+  Result<EnvTurn> reset_now(const Task& /*task*/) const override { return EnvTurn{{}, false, {}, {{"calls", 0}}}; }
 
   Result<EnvTurn> step_now(const Task& task, const Json& state, const std::vector<ChatMessage>& turns) const override {
-    ARLO_ASSIGN_OR_RETURN(std::string text, last_model_turn(kName, turns));
-    if (!state.is_object() || !state.contains("calls") || !state["calls"].is_number_integer() ||
-        state["calls"].get<std::int64_t>() < 0)
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: state must be {{\"calls\": <n >= 0>}}", kName));
+    ARLO_ASSIGN_OR_RETURN(const std::string text, last_model_turn(kName, turns));
+    ARLO_ASSIGN_OR_RETURN(std::int64_t calls, state_counter(kName, state, "calls"));
     if (!task.info.contains("sum") || !task.info["sum"].is_number_integer())
       return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: task {} has no info.sum", kName, task.id));
-    const std::string_view turn = trim(text);
-    auto calls = state["calls"].get<std::int64_t>();
+    const std::string_view turn = text;
     EnvTurn t;
     if (turn.starts_with("calc(")) {
       ++calls;
@@ -119,21 +106,21 @@ Result<std::shared_ptr<const TaskSet>> make_calculator_tasks(const EnvironmentSp
 }  // namespace
 
 EnvironmentKind calculator_environment() {
-  return {kName,
-          "long sums with a calc(...) tool",
-          {int_option("max_operand", 20, "largest operand.").range(1, 1000000000).user_key(),
-           int_option("calc_terms", 4, "numbers in each sum.").range(2, 8).user_key(),
-           int_option("max_calls", 1, "tool calls allowed before the answer.").range(0, 100).user_key(),
-           string_option("calc_answer", "call", "the task's answer: call (the ideal first turn) or sum.")
-               .one_of({"call", "sum"})
-               .user_key()},
-          false,
-          make_calculator_tasks,
-          nullptr,
-          {},
-          [](const EnvironmentSpec& s) -> Result<std::shared_ptr<MultiTurnEnvironment>> {
-            return std::make_shared<Calculator>(static_cast<int>(s.options["max_calls"].get<std::int64_t>()));
-          }};
+  EnvironmentKind kind;
+  kind.name = kName;
+  kind.doc = "long sums with a calc(...) tool";
+  // max_operand is arithmetic's key (one config key for both); the number of terms is its own.
+  kind.options.push_back(int_option("max_operand", 20, "largest operand.").range(1, 1000000000).user_key());
+  kind.options.push_back(int_option("calc_terms", 4, "numbers in each sum.").range(2, 8).user_key());
+  kind.options.push_back(int_option("max_calls", 1, "tool calls allowed before the answer.").range(0, 100).user_key());
+  kind.options.push_back(string_option("calc_answer", "call", "the task's answer: call (the ideal first turn) or sum.")
+                             .one_of({"call", "sum"})
+                             .user_key());
+  kind.make = make_calculator_tasks;
+  kind.make_environment = [](const EnvironmentSpec& s) -> Result<std::shared_ptr<MultiTurnEnvironment>> {
+    return std::make_shared<Calculator>(static_cast<int>(s.options["max_calls"].get<std::int64_t>()));
+  };
+  return kind;
 }
 
 }  // namespace arlo::rollout

@@ -269,12 +269,12 @@ struct EnvServerDouble {
   std::vector<http::Request> requests;
 };
 
-Task http_task() {
-  Task task;
-  task.id = "guess-1";
-  task.env = "http";
-  task.prompt = "guess:";
-  return task;
+Task http_task() { return *task_from_json({{"id", "guess-1"}, {"env", "http"}, {"prompt", "guess:"}}); }
+
+// `r` failed with `code`.
+void expect_failed(const Result<EnvTurn>& r, ErrorCode code) {
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), code) << r.error().what();
 }
 
 TEST(HttpEnvironment, PostsResetAndStepAndParsesTheReplies) {
@@ -349,18 +349,10 @@ TEST(HttpEnvironment, AServerThatNeverAnswersTimesOutAtTheDeadline) {
   auto env = *make_http_environment({fake.url()});
   const Task task = http_task();
   test::run(io, [&]() -> asio::awaitable<void> {
-    auto r = co_await env->reset(task, SteadyClock::now() + 200ms);
-    EXPECT_FALSE(r);
-    if (!r) {
-      EXPECT_EQ(r.error().code(), ErrorCode::kTimeout) << r.error().what();
-    }
+    expect_failed(co_await env->reset(task, SteadyClock::now() + 200ms), ErrorCode::kTimeout);
     // A deadline already past fails before anything is sent.
     const std::size_t sent = fake.requests.size();
-    auto late = co_await env->reset(task, SteadyClock::now() - 1s);
-    EXPECT_FALSE(late);
-    if (!late) {
-      EXPECT_EQ(late.error().code(), ErrorCode::kTimeout);
-    }
+    expect_failed(co_await env->reset(task, SteadyClock::now() - 1s), ErrorCode::kTimeout);
     EXPECT_EQ(fake.requests.size(), sent);
     fake.release.set();
     co_await fake.server.stop();
@@ -373,11 +365,7 @@ TEST(HttpEnvironment, AServerThatIsNotThereIsUnavailable) {
   auto env = *make_http_environment({"http://127.0.0.1:" + std::to_string(port)});
   const Task task = http_task();
   test::run(io, [&]() -> asio::awaitable<void> {
-    auto r = co_await env->reset(task, SteadyClock::now() + 5s);
-    EXPECT_FALSE(r);
-    if (!r) {
-      EXPECT_EQ(r.error().code(), ErrorCode::kUnavailable) << r.error().what();
-    }
+    expect_failed(co_await env->reset(task, SteadyClock::now() + 5s), ErrorCode::kUnavailable);
   }());
 }
 
