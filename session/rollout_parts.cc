@@ -193,6 +193,23 @@ Result<std::shared_ptr<rollout::TaskMix>> training_tasks(const config::Config& c
   return mix;
 }
 
+// With env.sources: each source's multi-turn environment (nullptr for a single-turn kind) under its
+// name, which its tasks carry as their env, made with the source's own options.
+Status add_source_environments(const config::Config& cfg, RolloutParts& parts) {
+  const auto& items = cfg.objects("env.sources");
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    rollout::EnvironmentSpec spec;
+    spec.path = items[i].string("path");
+    spec.options = items[i].map("options");
+    auto env = rollout::make_multi_turn_environment(items[i].string("kind"), spec);
+    if (!env)
+      return std::unexpected(
+          Error(env.error()).with_context(fmt::format("env.sources[{}] ({})", i, items[i].where("kind"))));
+    parts.environments[source_name(items[i])] = std::move(*env);
+  }
+  return ok();
+}
+
 // With env.sources and eval.env_kind same: eval.size tasks of each source (eval.seed), named by source.
 Status add_source_eval_tasks(const config::Config& cfg, RolloutParts& parts) {
   const auto& items = cfg.objects("env.sources");
@@ -249,6 +266,7 @@ Result<RolloutParts> build_rollout_parts(const config::Config& cfg) {
   parts.tokenize = uses_builtin_tokenizer(cfg);
   if (auto st = add_environment(cfg, env_kind, cfg.string("env.path"), parts.environments); !st)
     return std::unexpected(Error(st.error()).with_context(fmt::format("env ({})", cfg.where("env.kind"))));
+  ARLO_TRY(add_source_environments(cfg, parts));
   // The warm-up trains on reference answers as token ids: arlo has them only in the built-in
   // tokenizer's vocabulary, which is not a vLLM or SGLang model's.
   if (!parts.tokenize && cfg.integer("orchestrator.sft_warmup_steps") > 0)

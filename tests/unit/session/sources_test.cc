@@ -1,7 +1,7 @@
 // env.sources in `arlo run` (session/rollout_parts.cc): the task mix in its ratio with tasks named by
 // source, the eval set of each source, the resume cursor, the reward modules chosen per source with
-// their per-source metrics, check-config's errors naming env.sources[i].key, and a single-source
-// config whose cursor is what it was.
+// their per-source metrics, multi-turn environments by source name, check-config's errors naming
+// env.sources[i].key, and a single-source config whose cursor is what it was.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -103,6 +103,17 @@ TEST(RunSources, CheckConfigNamesTheSourceAndKey) {
   ASSERT_FALSE(bad_ratio);
   EXPECT_NE(std::string(bad_ratio.error().what()).find("env.sources[0].ratio"), std::string::npos)
       << bad_ratio.error().what();
+}
+
+TEST(RunSources, MultiTurnSourcesFindTheirEnvironmentByName) {
+  auto parts = parts_of(R"(env:
+  sources:
+    - {kind: arithmetic}
+    - {kind: arithmetic_retry, name: retry, options: {max_tries: 2}}
+)");
+  ASSERT_TRUE(parts.environments.contains("retry"));
+  EXPECT_NE(parts.environments.at("retry"), nullptr);  // the tasks named "retry" run several turns
+  EXPECT_EQ(parts.environments.at("arithmetic"), nullptr);
 }
 
 TEST(RunSources, OneSourceKeepsItsCursorAndNames) {
