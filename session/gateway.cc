@@ -357,8 +357,29 @@ bool Gateway::handles(const Task& task) const {
          std::find(options_.envs.begin(), options_.envs.end(), task.env) != options_.envs.end();
 }
 
+void Gateway::count(std::uint64_t& field, std::uint64_t n) {
+  field += n;
+  if (!registry_ || n == 0) return;
+  static constexpr std::pair<std::uint64_t GatewayStats::*, const char*> kNames[] = {
+      {&GatewayStats::trajectories, "trajectories"},
+      {&GatewayStats::calls, "calls"},
+      {&GatewayStats::unknown_trajectory, "unknown_trajectory"},
+      {&GatewayStats::closed_trajectory, "closed_trajectory"},
+      {&GatewayStats::malformed, "malformed"},
+      {&GatewayStats::busy, "busy"},
+      {&GatewayStats::rewrites, "rewrites"},
+      {&GatewayStats::stop_tokens_dropped, "stop_tokens_dropped"},
+      {&GatewayStats::call_failures, "call_failures"},
+      {&GatewayStats::agent_failures, "agent_failures"},
+  };
+  for (const auto& [member, name] : kNames)
+    if (&(stats_.*member) == &field)
+      registry_->counter(fmt::format("gateway/{}", name), "policy gateway (docs/environments.md)")
+          .inc(static_cast<double>(n));
+}
+
 http::Response Gateway::refuse(std::uint64_t& counter, int status, std::string message, std::string param) {
-  ++counter;
+  count(counter);
   ARLO_WARN_EVERY(5.0, "policy gateway: {} ({})", message, status);
   const char* type = status == 404 ? "not_found_error" : status == 409 ? "conflict_error" : "invalid_request_error";
   return http::Response::error(status, std::move(message), type, std::move(param));
@@ -430,7 +451,7 @@ Awaitable<http::Response> Gateway::call(std::string id, http::Request request, b
   }
   const auto dropped = now.stop_tokens_dropped;
   const bool recorded = now.record(done->prompt_token_ids, done->choices.front(), done->worker);
-  stats_.stop_tokens_dropped += now.stop_tokens_dropped - dropped;
+  count(stats_.stop_tokens_dropped, now.stop_tokens_dropped - dropped);
   if (!recorded) {
     now.ended = true;
     co_return refuse(stats_.rewrites, 409,
@@ -440,7 +461,7 @@ Awaitable<http::Response> Gateway::call(std::string id, http::Request request, b
                      chat ? "messages" : "prompt");
   }
   now.note_turns(cr, done->choices.front().text);
-  ++stats_.calls;
+  count(stats_.calls);
   co_return http::Response::json(200, response_body(chat, *done, options_.model, fmt::format("{}-{}", id, now.calls)));
 }
 
@@ -511,7 +532,7 @@ Awaitable<Result<orch::GenerateResult>> Gateway::run(orch::GenerateRequest reque
     asks.push_back(ask_agent(request.task, t->id, deadline, request.sampling));
     open_.emplace(t->id, std::move(t));
   }
-  stats_.trajectories += ids.size();
+  count(stats_.trajectories, ids.size());
   auto all = when_all(std::move(asks));
   auto rewards = co_await std::move(all);
   std::vector<std::unique_ptr<Trajectory>> done;
@@ -520,7 +541,7 @@ Awaitable<Result<orch::GenerateResult>> Gateway::run(orch::GenerateRequest reque
     forget(id);
   }
   for (const auto& r : rewards)
-    if (!r) ++stats_.agent_failures;
+    if (!r) count(stats_.agent_failures);
   co_return assemble(done, rewards);
 }
 

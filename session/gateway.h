@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/http.h"
+#include "common/metrics.h"
 #include "config/config.h"
 #include "rollout/admin.h"
 #include "rollout/inference_pool.h"
@@ -90,6 +91,8 @@ class Gateway final : public adapters::AgentRunner {
   bool handles(const Task& task) const override;
   Awaitable<Result<orch::GenerateResult>> run(orch::GenerateRequest request) override;
   GatewayStats stats() const { return stats_; }
+  // Also counts into `registry` (gateway/<counter>, on /metrics) from now on; null: stats() only.
+  void count_into(metrics::Registry* registry) { registry_ = registry; }
 
   struct Trajectory;  // gateway.cc
 
@@ -98,6 +101,7 @@ class Gateway final : public adapters::AgentRunner {
   Awaitable<http::Response> call(std::string id, http::Request request, bool chat);
   Awaitable<Result<double>> ask_agent(std::shared_ptr<const Task> task, std::string id,
                                       std::chrono::steady_clock::time_point deadline, SamplingParams sampling);
+  void count(std::uint64_t& field, std::uint64_t n = 1);
   http::Response refuse(std::uint64_t& counter, int status, std::string message, std::string param);
   void forget(const std::string& id);
 
@@ -111,6 +115,7 @@ class Gateway final : public adapters::AgentRunner {
   std::deque<std::string> closed_order_;
   std::uint64_t next_id_ = 0;
   GatewayStats stats_;
+  metrics::Registry* registry_ = nullptr;
 };
 
 }  // namespace arlo::session

@@ -315,6 +315,7 @@ class RunSession::Impl {
     Reporter reporter(io_, clock, s_.options, &registry);  // metrics.jsonl, console, status page, summary
     reporter.serve_page(web::run_page());
     reporter_ = &reporter;
+    if (gateway_) a.network.run_and_wait([this, &registry] { gateway_->count_into(&registry); });
     ObserverList observers;  // the reporter, then the caller's (SessionOptions::observer)
     observers.add(&reporter);
     observers.add(observer_);

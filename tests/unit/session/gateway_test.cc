@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/http.h"
+#include "common/metrics.h"
 #include "rollout/inference_pool.h"
 #include "session/adapters/agent_inference.h"
 #include "session/gateway.h"
@@ -293,6 +294,8 @@ TEST_F(GatewayTest, BadCallsAreClearCountedErrorsAndTheRunGoesOn) {
   auto port = agent.server.start();
   ASSERT_TRUE(port);
   start_gateway(fmt::format("http://127.0.0.1:{}/", *port));
+  metrics::Registry registry;
+  gateway_->count_into(&registry);
   auto r = run_group(1);
   ASSERT_TRUE(r) << r.error().what();
   const std::vector<std::pair<int, std::string>> expected = {
@@ -305,6 +308,9 @@ TEST_F(GatewayTest, BadCallsAreClearCountedErrorsAndTheRunGoesOn) {
   EXPECT_EQ(st.calls, 1U);
   EXPECT_EQ(st.rewrites, 1U);
   EXPECT_EQ(st.closed_trajectory, 1U);
+  EXPECT_EQ(registry.counter("gateway/malformed").value(), 6.0);  // the same counts on /metrics
+  EXPECT_EQ(registry.counter("gateway/calls").value(), 1.0);
+  EXPECT_EQ(registry.counter("gateway/rewrites").value(), 1.0);
   ASSERT_EQ(r->completions.size(), 1U);
   const auto& s = r->completions[0];
   EXPECT_EQ(s.env_reward, 0.25);
