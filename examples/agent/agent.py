@@ -69,25 +69,14 @@ class Model:
 
             self.client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0)
 
-    def complete(self, prompt):
-        """One /completions call; returns the parsed answer (raises on an HTTP error)."""
-        body = {"model": "policy", "prompt": prompt, "max_tokens": self.sampling.get("max_tokens", 8),
-                "temperature": self.sampling.get("temperature", 1.0)}
+    def call(self, route, **fields):
+        """One model call (route "completions" or "chat/completions"); raises Ended on a 409."""
+        body = dict(model="policy", max_tokens=self.sampling.get("max_tokens", 8),
+                    temperature=self.sampling.get("temperature", 1.0), **fields)
         if self.client is not None:
-            return self.client.completions.create(**body).model_dump()
-        status, answer = post(self.base_url + "/completions", body, self.api_key)
-        if status == 409:
-            raise Ended(answer)
-        if status != 200:
-            raise RuntimeError(f"gateway answered {status}: {answer}")
-        return answer
-
-    def chat(self, messages):
-        body = {"model": "policy", "messages": messages, "max_tokens": self.sampling.get("max_tokens", 8),
-                "temperature": self.sampling.get("temperature", 1.0)}
-        if self.client is not None:
-            return self.client.chat.completions.create(**body).model_dump()
-        status, answer = post(self.base_url + "/chat/completions", body, self.api_key)
+            api = self.client.completions if route == "completions" else self.client.chat.completions
+            return api.create(**body).model_dump()
+        status, answer = post(f"{self.base_url}/{route}", body, self.api_key)
         if status == 409:
             raise Ended(answer)
         if status != 200:
@@ -98,9 +87,9 @@ class Model:
 def ask(model, args, messages, prompt, ids):
     """One model call of the trajectory; returns (answer, its text)."""
     if args.mode == "chat":
-        out = model.chat(messages)
+        out = model.call("chat/completions", messages=messages)
         return out, out["choices"][0]["message"]["content"] or ""
-    out = model.complete(ids if args.behave == "token_ids" and ids is not None else prompt)
+    out = model.call("completions", prompt=ids if args.behave == "token_ids" and ids is not None else prompt)
     return out, out["choices"][0]["text"]
 
 

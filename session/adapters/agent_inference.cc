@@ -24,35 +24,4 @@ Awaitable<Result<orch::GenerateResult>> AgentInference::generate(orch::GenerateR
   co_return co_await std::move(op);
 }
 
-Awaitable<Status> AgentInference::pause(std::string worker, PauseMode mode, orch::TimePoint deadline) {
-  auto op = inner_.pause(std::move(worker), mode, deadline);
-  co_return co_await std::move(op);
-}
-
-Awaitable<Status> AgentInference::update_weights(std::string worker, orch::WeightRound round,
-                                                 orch::TimePoint deadline) {
-  auto op = inner_.update_weights(std::move(worker), std::move(round), deadline);
-  co_return co_await std::move(op);
-}
-
-Awaitable<Status> AgentInference::resume(std::string worker, orch::TimePoint deadline) {
-  auto op = inner_.resume(std::move(worker), deadline);
-  co_return co_await std::move(op);
-}
-
-Awaitable<Result<orch::WorkerWeights>> AgentInference::weights(std::string worker, orch::TimePoint deadline) {
-  auto op = inner_.weights(std::move(worker), deadline);
-  co_return co_await std::move(op);
-}
-
-Awaitable<std::vector<std::string>> AgentInference::silent_workers() {
-  auto op = inner_.silent_workers();
-  co_return co_await std::move(op);
-}
-
-Awaitable<std::vector<std::string>> AgentInference::unreachable_workers() {
-  auto op = inner_.unreachable_workers();
-  co_return co_await std::move(op);
-}
-
 }  // namespace arlo::session::adapters

@@ -38,16 +38,25 @@ class AgentInference final : public orch::InferencePort {
                  std::optional<boost::asio::any_io_executor> network = std::nullopt);
 
   Awaitable<Result<orch::GenerateResult>> generate(orch::GenerateRequest request) override;
+  // The rest is the wrapped port's: each returns its (lazy) operation, arguments moved into it.
   std::vector<std::string> workers() const override { return inner_.workers(); }
-  Awaitable<Status> pause(std::string worker, PauseMode mode, orch::TimePoint deadline) override;
-  Awaitable<Status> update_weights(std::string worker, orch::WeightRound round, orch::TimePoint deadline) override;
-  Awaitable<Status> resume(std::string worker, orch::TimePoint deadline) override;
-  Awaitable<Result<orch::WorkerWeights>> weights(std::string worker, orch::TimePoint deadline) override;
-  Awaitable<std::vector<std::string>> silent_workers() override;
-  Awaitable<std::vector<std::string>> unreachable_workers() override;
   void on_worker_back(std::function<void(std::string worker)> callback) override {
     inner_.on_worker_back(std::move(callback));
   }
+  Awaitable<Status> pause(std::string worker, PauseMode mode, orch::TimePoint deadline) override {
+    return inner_.pause(std::move(worker), mode, deadline);
+  }
+  Awaitable<Status> resume(std::string worker, orch::TimePoint deadline) override {
+    return inner_.resume(std::move(worker), deadline);
+  }
+  Awaitable<Status> update_weights(std::string worker, orch::WeightRound round, orch::TimePoint deadline) override {
+    return inner_.update_weights(std::move(worker), std::move(round), deadline);
+  }
+  Awaitable<Result<orch::WorkerWeights>> weights(std::string worker, orch::TimePoint deadline) override {
+    return inner_.weights(std::move(worker), deadline);
+  }
+  Awaitable<std::vector<std::string>> silent_workers() override { return inner_.silent_workers(); }
+  Awaitable<std::vector<std::string>> unreachable_workers() override { return inner_.unreachable_workers(); }
 
  private:
   orch::InferencePort& inner_;

@@ -40,18 +40,15 @@ TEST(GatewayE2E, AgentProgramRunsEveryTrajectoryThroughTheGateway) {
 
   const fs::path run_dir = dir / "run";
   const int steps = 3;
-  const std::vector<std::string> sets = {"run.dir=" + run_dir.string(),
-                                         "log.progress=false",
-                                         "status.port=0",
-                                         "run.max_steps=" + std::to_string(steps),
-                                         "orchestrator.sft_warmup_steps=0",
-                                         "orchestrator.batch_size=16",
-                                         "orchestrator.group_size=4",
-                                         "orchestrator.max_inflight=16",
-                                         "orchestrator.filter_equal_reward_groups=false",
-                                         "eval.size=8",
-                                         "reward.modules=[{kind: env}]",
-                                         "gateway.agent_url=http://" + address + "/"};
+  // The quickstart, short: no warm-up (the agent's reward is what trains), small groups, every
+  // group kept, the env reward module, and the agent program.
+  std::vector<std::string> sets = {"gateway.agent_url=http://" + address + "/", "reward.modules=[{kind: env}]"};
+  for (const char* s : {"orchestrator.sft_warmup_steps=0", "orchestrator.batch_size=16", "orchestrator.group_size=4",
+                        "orchestrator.max_inflight=16", "orchestrator.filter_equal_reward_groups=false", "eval.size=8",
+                        "log.progress=false", "status.port=0"})
+    sets.push_back(s);
+  sets.push_back("run.dir=" + run_dir.string());
+  sets.push_back("run.max_steps=" + std::to_string(steps));
   const auto args = arlo::e2e::arlo_run_argv(ARLO_BINARY, std::string(src) + "/configs/quickstart.yaml", sets);
   const auto run = arlo::e2e::run_to_end(args, dir / "arlo.log");
   ::kill(agent, SIGTERM);
