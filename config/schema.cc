@@ -803,20 +803,32 @@ void embedded_trainer_is_one_rank(const Config& c, std::vector<Violation>& out) 
   }
 }
 
-// The options a built-in kind reads from a reward.modules item's `config` map: known to the kind, of
-// their type, within their bounds and choices, and passing their checks (a plugin's map is its own).
+// The map `key` of item `m` (named `name`) as options of `declared`: known, of their type, within
+// their bounds and choices, and passing their checks. The options resolved (defaults filled in), or
+// nullopt when something is wrong (each problem in `out`, as "<name>.<key>.<option>: what").
+std::optional<nlohmann::json> checked_options(const Config& m, const std::string& key,
+                                              const std::vector<OptionSpec>& declared, const std::string& name,
+                                              std::vector<Violation>& out) {
+  const nlohmann::json& given = m.map(key);
+  auto resolved = resolve_options(name + "." + key, declared, given, {});
+  if (!resolved) {
+    out.push_back({m.where(key), resolved.error().message()});
+    return std::nullopt;
+  }
+  const std::size_t before = out.size();
+  for (const auto& o : declared)
+    if (given.is_object() && given.contains(o.key))
+      if (const std::string what = check_option_value(o, given[o.key]); !what.empty())
+        out.push_back({m.where(key), name + "." + key + "." + o.key + ": " + what});
+  if (out.size() != before) return std::nullopt;
+  return *resolved;
+}
+
+// The options a built-in kind reads from a reward.modules item's `config` map (a plugin's map is its own).
 void reward_config_options(const Config& m, const rollout::RewardKind& kind, const std::string& name,
                            std::vector<Violation>& out) {
   if (std::any_of(kind.options.begin(), kind.options.end(), [](const auto& o) { return o.key == "config"; })) return;
-  const nlohmann::json& given = m.map("config");
-  if (auto resolved = resolve_options(name + ".config", kind.options, given, {}); !resolved) {
-    out.push_back({m.where("config"), resolved.error().message()});
-    return;
-  }
-  for (const auto& o : kind.options)
-    if (given.is_object() && given.contains(o.key))
-      if (const std::string what = check_option_value(o, given[o.key]); !what.empty())
-        out.push_back({m.where("config"), name + ".config." + o.key + ": " + what});
+  (void)checked_options(m, "config", kind.options, name, out);
 }
 
 // Each item of a list of reward modules (reward.modules, env.sources[i].reward, named `list`) gives
@@ -844,20 +856,11 @@ void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
   check_reward_modules(c.objects("reward.modules"), "reward.modules", out);
 }
 
-// An env.sources item's options: known to its kind, of their type, within bounds, passing the kind's checks.
+// An env.sources item's options: as checked_options, then the kind's own check across them.
 void source_options(const Config& s, const rollout::EnvironmentKind& kind, const std::string& item,
                     std::vector<Violation>& out) {
-  const nlohmann::json& given = s.map("options");
-  auto resolved = resolve_options(item + ".options", kind.options, given, {});
-  if (!resolved) {
-    out.push_back({s.where("options"), resolved.error().message()});
-    return;
-  }
-  for (const auto& o : kind.options)
-    if (given.is_object() && given.contains(o.key))
-      if (const std::string what = check_option_value(o, given[o.key]); !what.empty())
-        out.push_back({s.where("options"), item + ".options." + o.key + ": " + what});
-  if (!kind.check) return;
+  const auto resolved = checked_options(s, "options", kind.options, item, out);
+  if (!resolved || !kind.check) return;
   if (const auto [key, what] = kind.check(*resolved); !key.empty())
     out.push_back({s.where("options"), item + ".options." + key + " " + what});
 }
