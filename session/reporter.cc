@@ -16,6 +16,10 @@ namespace arlo::session {
 
 namespace {
 
+// The registry's counter of chat trajectories whose template did not extend them (a counter, not
+// one of the records' gauges).
+constexpr const char* kExtensionFailed = "multi_turn/extension_failed";
+
 double wall_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -210,11 +214,32 @@ void Reporter::on_step(const orch::StepObservation& s) {
   rec["ledger/in_flight"] = s.ledger["in_flight"];
   for (const auto& [k, v] : s.ledger["dispositions"].items()) rec["ledger/" + k] = v;
   if (!r.supervised) add_rl_figures(rec, r);
+  add_multi_turn_figures(rec, s);
   // The trainer's own figures, from the newest version it published, as it names them.
   for (const auto& [k, v] : last_trainer_metrics_.items())
     if (v.is_number()) rec["trainer/" + k] = v;
   emit("step", std::move(rec));
   if (opt_.console) print_step_line(s);
+}
+
+// A multi-turn run's figures (nothing in a single-turn run's records): model turns per trajectory
+// ended since the previous step that ended one (turns_mean, absent while none ended), the samples an
+// environment failed so far, and the chat trajectories a worker's template did not extend so far (the
+// registry's counter, which the environment adapter's callback increments: session/run_session.cc).
+void Reporter::add_multi_turn_figures(nlohmann::json& rec, const orch::StepObservation& s) {
+  if (s.model_turns == 0 && s.trajectories == 0 && s.env_failed == 0) return;
+  if (s.trajectories > trajectories_at_last_step_) {
+    rec["multi_turn/turns_mean"] = static_cast<double>(s.model_turns - model_turns_at_last_step_) /
+                                   static_cast<double>(s.trajectories - trajectories_at_last_step_);
+    model_turns_at_last_step_ = s.model_turns;
+    trajectories_at_last_step_ = s.trajectories;
+  }
+  rec["multi_turn/env_failed"] = s.env_failed;
+  if (registry_) {
+    const auto counters = registry_->snapshot();
+    const auto it = counters.find(kExtensionFailed);
+    rec[kExtensionFailed] = it != counters.end() && it->is_number() ? static_cast<std::uint64_t>(it->get<double>()) : 0;
+  }
 }
 
 // Errors and cancellations count since the previous printed line, so a paced console hides none.
@@ -312,7 +337,7 @@ void Reporter::emit(const char* kind, nlohmann::json rec) {
   rec["kind"] = kind;
   if (registry_) {
     for (const auto& [k, val] : rec.items())
-      if (val.is_number() && k != "time" && k != "start" && k != "step" && k != "version")
+      if (val.is_number() && k != "time" && k != "start" && k != "step" && k != "version" && k != kExtensionFailed)
         registry_->gauge(k).set(val.get<double>());
   }
   auto line = rec.dump();

@@ -99,6 +99,7 @@ class Reporter : public orch::RunObserver {
   void add_status_routes();
   void emit(const char* kind, nlohmann::json record);
   void print_step_line(const orch::StepObservation& s);
+  void add_multi_turn_figures(nlohmann::json& rec, const orch::StepObservation& s);
   void log_summary(const orch::EndObservation& e) const;
   void close();
 
@@ -119,6 +120,8 @@ class Reporter : public orch::RunObserver {
   double started_at_ = 0.0;                // unix seconds
   std::uint64_t failed_at_last_line_ = 0;  // console: counts at the previous printed step line
   std::uint64_t cancelled_at_last_line_ = 0;
+  std::uint64_t model_turns_at_last_step_ = 0;  // multi_turn/turns_mean: the counts when it was last written
+  std::uint64_t trajectories_at_last_step_ = 0;
   nlohmann::json last_trainer_metrics_ = nlohmann::json::object();
   std::unique_ptr<Timer> linger_;
   bool closed_ = false;
