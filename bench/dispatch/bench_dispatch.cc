@@ -155,7 +155,7 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   opt.console = false;
   opt.eval_at_start = opt.eval_at_end = false;
   opt.filter_equal_reward_groups = false;
-  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, {}}, opt);
+  Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, nullptr, {}}, opt);
   LagProbe probe(clock, std::chrono::milliseconds(20));
   double network_cpu0 = 0, network_cpu1 = 0;
   network.run_and_wait([&] { network_cpu0 = thread_cpu_seconds(); });

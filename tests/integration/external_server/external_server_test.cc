@@ -340,7 +340,7 @@ Outcome run(Shape shape, const std::string& kind, bool chat) {
   opt.console = false;
   opt.progress = false;
   opt.log_interval_s = 60;
-  orch::Orchestrator orchestrator(io, orch::Ports{&inference, &tasks, &scorer, &trainer, &clock, {}}, opt);
+  orch::Orchestrator orchestrator(io, orch::Ports{&inference, &tasks, &scorer, &trainer, &clock, nullptr, {}}, opt);
   inference.on_unusable_server([&](const Error& e) {
     out.unusable = e;
     orchestrator.request_stop(e.what());
