@@ -9,7 +9,10 @@
 // env.calc_answer: "call" makes it the ideal trajectory's first model turn, the call itself, so the
 // warm-up teaches the syntax (a char-level model would never emit "calc(" by chance) and reinforcement
 // learning then has to learn to read the tool's answer; "sum" makes it the sum, for a run that must
-// find the tool without being shown it. info holds {"terms", "sum"} either way.
+// find the tool without being shown it; "mix" makes every other task's answer the ideal trajectory
+// written out, "calc(12+34+56+7)\n=109\n12+34+56+7=109", and the others' the sum, so the warmed-up
+// model sometimes calls and sometimes adds by itself, and reinforcement learning can find that calling
+// pays (the multi-turn learning test). info holds {"terms", "sum"} either way.
 #include <charconv>
 #include <optional>
 #include <string>
@@ -89,16 +92,22 @@ Result<std::shared_ptr<const TaskSet>> make_calculator_tasks(const EnvironmentSp
   o.max_value = static_cast<int>(s.options["max_operand"].get<std::int64_t>());
   ARLO_ASSIGN_OR_RETURN(auto sums, make_arithmetic(o));
   const std::string answer = s.options["calc_answer"].get<std::string>();
-  if (answer != "call" && answer != "sum")
+  if (answer != "call" && answer != "sum" && answer != "mix")
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("{}: calc_answer must be call or sum, got '{}'", kName, answer));
-  const bool teach_call = answer == "call";
+                      fmt::format("{}: calc_answer must be call, sum or mix, got '{}'", kName, answer));
   std::size_t i = 0;
   return generated_tasks(kName, sums->size(), [&](Task& t) {
+    const bool even = i % 2 == 0;
     const Task& sum = sums->at(i++);
     const std::string& p = *sum.prompt;  // "12+34+56+7="
+    const std::string call = "calc(" + p.substr(0, p.size() - 1) + ")";
     t.prompt = p;
-    t.answer = teach_call ? "calc(" + p.substr(0, p.size() - 1) + ")" : sum.answer;
+    if (answer == "call")
+      t.answer = call;
+    else if (answer == "mix" && even)
+      t.answer = call + "\n=" + sum.answer + "\n" + p + sum.answer;  // the model's stop "\n", the tool's reply, the sum
+    else
+      t.answer = sum.answer;
     t.info = {{"terms", sum.info["terms"]}, {"sum", std::stoll(sum.answer)}};
   });
 }
@@ -113,8 +122,10 @@ EnvironmentKind calculator_environment() {
   kind.options.push_back(int_option("max_operand", 20, "largest operand.").range(1, 1000000000).user_key());
   kind.options.push_back(int_option("calc_terms", 4, "numbers in each sum.").range(2, 8).user_key());
   kind.options.push_back(int_option("max_calls", 1, "tool calls allowed before the answer.").range(0, 100).user_key());
-  kind.options.push_back(string_option("calc_answer", "call", "the task's answer: call (the ideal first turn) or sum.")
-                             .one_of({"call", "sum"})
+  kind.options.push_back(string_option("calc_answer", "call",
+                                       "the task's answer: call (the ideal first turn), sum, or mix (every other "
+                                       "task's the whole ideal trajectory, the others' the sum).")
+                             .one_of({"call", "sum", "mix"})
                              .user_key());
   kind.make = make_calculator_tasks;
   kind.make_environment = [](const EnvironmentSpec& s) -> Result<std::shared_ptr<MultiTurnEnvironment>> {

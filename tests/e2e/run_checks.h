@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,17 @@
 #include "testing/process.h"
 
 namespace arlo::e2e {
+
+// Extra --set overrides for a test's runs, from ARLO_E2E_SET ("key=value;key=value"), for measuring the
+// tests under other settings by hand (e.g. ARLO_E2E_SET=trainer.lr=0 shows a learning test fail).
+inline std::vector<std::string> extra_sets() {
+  std::vector<std::string> out;
+  const char* env = std::getenv("ARLO_E2E_SET");
+  std::stringstream ss(env ? env : "");
+  for (std::string item; std::getline(ss, item, ';');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
 
 // The sum of a ledger's per-reason counts ({"timeout": 2, "error": 1} is 3).
 inline std::uint64_t sum_counts(const nlohmann::json& counts) {

@@ -30,21 +30,11 @@
 namespace {
 
 namespace fs = std::filesystem;
+using arlo::e2e::extra_sets;
 using arlo::e2e::read_text;
 
 fs::path scratch(const std::string& name) {
   return fs::temp_directory_path() / ("arlo_quickstart_e2e_" + name + "_" + std::to_string(::getpid()));
-}
-
-// Extra --set overrides for every run, from ARLO_E2E_SET ("key=value;key=value"), for measuring the
-// tests under other settings by hand (e.g. ARLO_E2E_SET=trainer.lr=0 shows the learning test fail).
-std::vector<std::string> extra_sets() {
-  std::vector<std::string> out;
-  const char* env = std::getenv("ARLO_E2E_SET");
-  std::stringstream ss(env ? env : "");
-  for (std::string item; std::getline(ss, item, ';');)
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 // `arlo run configs/quickstart.yaml` into run_dir with the given --set overrides (and extra flags);
