@@ -110,7 +110,7 @@ Gains learn(const std::string& config, const std::string& name) {
   return g;
 }
 
-// arithmetic_retry (configs/multi-turn.yaml): gains +0.156 to +0.234 over 3 runs (load average 6-8
+// arithmetic_retry (configs/multi-turn.yaml): gains +0.156 to +0.234 over 4 runs (load average 4-8
 // from other jobs); with trainer.lr=0 +0.039 (sampling noise: a rate that cannot move).
 constexpr double kMinRetrySuccessGain = 0.075;
 
@@ -126,8 +126,8 @@ TEST(MultiTurnLearning, FeedbackAndRetriesRaiseTheSuccessRate) {
   EXPECT_GE(gain, kMinRetrySuccessGain);
 }
 
-// calculator (configs/multi-turn-calculator.yaml): over 3 runs (load average 6-8) tool use gained
-// +0.619 to +0.649 and success +0.526 to +0.581; with trainer.lr=0 -0.016 and +0.019.
+// calculator (configs/multi-turn-calculator.yaml): over 4 runs (load average 4-8) tool use gained
+// +0.611 to +0.649 and success +0.526 to +0.581; with trainer.lr=0 -0.016 and +0.019.
 constexpr double kMinToolUseGain = 0.30;
 constexpr double kMinToolSuccessGain = 0.25;
 
