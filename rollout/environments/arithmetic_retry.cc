@@ -13,7 +13,7 @@
 namespace arlo::rollout {
 namespace {
 
-constexpr const char* kName = "arithmetic_retry";
+constexpr const char* kRetryName = "arithmetic_retry";
 
 class ArithmeticRetry : public LocalEnvironment {
  public:
@@ -22,8 +22,8 @@ class ArithmeticRetry : public LocalEnvironment {
   Result<EnvTurn> reset_now(const Task& /*task*/) const override { return EnvTurn{{}, false, {}, {{"tries", 0}}}; }
 
   Result<EnvTurn> step_now(const Task& task, const Json& state, const std::vector<ChatMessage>& turns) const override {
-    ARLO_ASSIGN_OR_RETURN(const std::string answer, last_model_turn(kName, turns));
-    ARLO_ASSIGN_OR_RETURN(const std::int64_t tried, state_counter(kName, state, "tries"));
+    ARLO_ASSIGN_OR_RETURN(const std::string answer, last_model_turn(kRetryName, turns));
+    ARLO_ASSIGN_OR_RETURN(const std::int64_t tried, state_counter(kRetryName, state, "tries"));
     const std::int64_t tries = tried + 1;
     EnvTurn t;
     t.state = {{"tries", tries}};
@@ -47,7 +47,7 @@ class ArithmeticRetry : public LocalEnvironment {
 }  // namespace
 
 EnvironmentKind arithmetic_retry_environment() {
-  return {kName,
+  return {kRetryName,
           "sums with feedback and up to env.max_tries tries",
           {int_option("max_operand", 20, "largest operand.").range(1, 1000000000).user_key(),
            int_option("num_terms", 2, "numbers in each sum.").range(2, 16).user_key(),
@@ -64,7 +64,7 @@ EnvironmentKind arithmetic_retry_environment() {
             o.max_value = static_cast<int>(s.options["max_operand"].get<std::int64_t>());
             ARLO_ASSIGN_OR_RETURN(auto sums, make_arithmetic(o));
             std::size_t i = 0;
-            return generated_tasks(kName, sums->size(), [&](Task& t) {
+            return generated_tasks(kRetryName, sums->size(), [&](Task& t) {
               const Task& sum = sums->at(i++);
               t.prompt = sum.prompt;
               t.answer = sum.answer;

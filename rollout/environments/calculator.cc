@@ -25,7 +25,7 @@
 namespace arlo::rollout {
 namespace {
 
-constexpr const char* kName = "calculator";
+constexpr const char* kCalculatorName = "calculator";
 
 // The value of "a+b-c..." (integers of at most 12 digits, at most 64 of them); nullopt when malformed.
 std::optional<long long> evaluate_calc(std::string_view expr) {
@@ -55,10 +55,10 @@ class Calculator : public LocalEnvironment {
   Result<EnvTurn> reset_now(const Task& /*task*/) const override { return EnvTurn{{}, false, {}, {{"calls", 0}}}; }
 
   Result<EnvTurn> step_now(const Task& task, const Json& state, const std::vector<ChatMessage>& turns) const override {
-    ARLO_ASSIGN_OR_RETURN(const std::string text, last_model_turn(kName, turns));
-    ARLO_ASSIGN_OR_RETURN(std::int64_t calls, state_counter(kName, state, "calls"));
+    ARLO_ASSIGN_OR_RETURN(const std::string text, last_model_turn(kCalculatorName, turns));
+    ARLO_ASSIGN_OR_RETURN(std::int64_t calls, state_counter(kCalculatorName, state, "calls"));
     if (!task.info.contains("sum") || !task.info["sum"].is_number_integer())
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: task {} has no info.sum", kName, task.id));
+      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: task {} has no info.sum", kCalculatorName, task.id));
     const std::string_view turn = text;
     EnvTurn t;
     if (turn.starts_with("calc(")) {
@@ -94,9 +94,9 @@ Result<std::shared_ptr<const TaskSet>> make_calculator_tasks(const EnvironmentSp
   const std::string answer = s.options["calc_answer"].get<std::string>();
   if (answer != "call" && answer != "sum" && answer != "mix")
     return make_error(ErrorCode::kInvalidArgument,
-                      fmt::format("{}: calc_answer must be call, sum or mix, got '{}'", kName, answer));
+                      fmt::format("{}: calc_answer must be call, sum or mix, got '{}'", kCalculatorName, answer));
   std::size_t i = 0;
-  return generated_tasks(kName, sums->size(), [&](Task& t) {
+  return generated_tasks(kCalculatorName, sums->size(), [&](Task& t) {
     const bool even = i % 2 == 0;
     const Task& sum = sums->at(i++);
     const std::string& p = *sum.prompt;  // "12+34+56+7="
@@ -116,7 +116,7 @@ Result<std::shared_ptr<const TaskSet>> make_calculator_tasks(const EnvironmentSp
 
 EnvironmentKind calculator_environment() {
   EnvironmentKind kind;
-  kind.name = kName;
+  kind.name = kCalculatorName;
   kind.doc = "long sums with a calc(...) tool";
   // max_operand is arithmetic's key (one config key for both); the number of terms is its own.
   kind.options.push_back(int_option("max_operand", 20, "largest operand.").range(1, 1000000000).user_key());
