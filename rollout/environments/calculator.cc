@@ -58,7 +58,8 @@ class Calculator : public LocalEnvironment {
     ARLO_ASSIGN_OR_RETURN(const std::string text, last_model_turn(kCalculatorName, turns));
     ARLO_ASSIGN_OR_RETURN(std::int64_t calls, state_counter(kCalculatorName, state, "calls"));
     if (!task.info.contains("sum") || !task.info["sum"].is_number_integer())
-      return make_error(ErrorCode::kInvalidArgument, fmt::format("{}: task {} has no info.sum", kCalculatorName, task.id));
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("{}: task {} has no info.sum", kCalculatorName, task.id));
     const std::string_view turn = text;
     EnvTurn t;
     if (turn.starts_with("calc(")) {
