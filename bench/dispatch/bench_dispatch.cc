@@ -44,6 +44,7 @@
 #include "orchestrator/orchestrator.h"
 #include "rollout/advantages.h"
 #include "testing/loop_fakes.h"
+#include "testing/one_worker_inference.h"
 
 namespace asio = boost::asio;
 using namespace arlo;
@@ -131,47 +132,25 @@ Figures run_orchestrator(std::uint16_t port, int inflight, long rollouts, int ma
   asio::io_context io;
   RealClock clock(io.get_executor());
   IoThread network(kNetworkThreadNice);
-  rollout::PoolOptions po;
-  po.client.max_idle_per_host = static_cast<std::size_t>(inflight);
-  rollout::InferencePool pool(network.context(), po);
-  const std::string url = fmt::format("http://127.0.0.1:{}", port);
-  pool.add_worker(url);
-  std::vector<std::unique_ptr<rollout::AdminClient>> admins;
-  admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url, {}));
-  session::adapters::RolloutInference inference(pool, std::move(admins), {}, "policy", network.executor());
+  arlo::testing::OneWorkerInference worker(network, port, static_cast<std::size_t>(inflight));
+  auto& pool = worker.pool;
+  auto& inference = worker.inference;
   network.run_and_wait([&] { pool.start(); });
-  testing::NumberedTasks tasks(synthetic_task);
+  orch::testing::NumberedTasks tasks(synthetic_task);
   ParityScorer scorer;
   InstantTrainer trainer(io);
-  Options opt;
-  opt.group_size = 1;  // one completion per request, exactly what the Python client sends
-  opt.batch_size = 256;
-  opt.max_inflight = inflight;
-  opt.max_async_level = 1 << 20;  // the gate never binds: we measure the loop, not the trainer
-  opt.max_off_policy_steps = 1 << 20;
-  opt.max_steps = (rollouts + opt.batch_size - 1) / opt.batch_size;
-  opt.sampling.max_tokens = max_tokens;
-  opt.log_interval_s = 1e6;
-  opt.console = false;
-  opt.eval_at_start = opt.eval_at_end = false;
-  opt.filter_equal_reward_groups = false;
+  // One completion per request, exactly what the Python client sends.
+  const Options opt = arlo::testing::free_server_loop_options(inflight, rollouts, max_tokens);
   Orchestrator orch(io, Ports{&inference, &tasks, &scorer, &trainer, &clock, nullptr, {}}, opt);
   LagProbe probe(clock, std::chrono::milliseconds(20));
   double network_cpu0 = 0, network_cpu1 = 0;
   network.run_and_wait([&] { network_cpu0 = thread_cpu_seconds(); });
   const double cpu0 = thread_cpu_seconds();
   const auto t0 = Clock_::now();
-  if (auto st = orch.start(); !st) {
+  if (auto st = arlo::testing::run_probed(io, orch, probe); !st) {
     ARLO_ERROR("bench: {}", st.error().what());
     std::exit(1);
   }
-  probe.start();
-  spawn(io.get_executor(), [&]() -> Awaitable<void> {
-    co_await orch.wait();
-    probe.stop();
-    io.stop();
-  });
-  io.run();
   Figures f;
   f.wall_s = std::chrono::duration<double>(Clock_::now() - t0).count();
   f.cpu_s = thread_cpu_seconds() - cpu0;

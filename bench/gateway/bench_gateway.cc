@@ -42,6 +42,7 @@
 #include "session/adapters/rollout_adapters.h"
 #include "session/gateway.h"
 #include "testing/loop_fakes.h"
+#include "testing/one_worker_inference.h"
 #include "testing/process.h"
 
 namespace {
@@ -289,22 +290,6 @@ class PublishingTrainer final : public arlo::orch::TrainerPort {
   std::function<void(arlo::orch::VersionNotice)> published_;
 };
 
-arlo::orch::Options loop_options(int concurrency, long rollouts, int max_tokens) {
-  arlo::orch::Options opt;
-  opt.group_size = 1;  // one trajectory per request: concurrency trajectories open at once
-  opt.batch_size = 256;
-  opt.max_inflight = concurrency;
-  opt.max_async_level = 1 << 20;  // the gate never binds: we measure the loops, not the trainer
-  opt.max_off_policy_steps = 1 << 20;
-  opt.max_steps = (rollouts + opt.batch_size - 1) / opt.batch_size;
-  opt.sampling.max_tokens = max_tokens;
-  opt.log_interval_s = 1e6;
-  opt.console = false;
-  opt.eval_at_start = opt.eval_at_end = false;
-  opt.filter_equal_reward_groups = false;
-  return opt;
-}
-
 // One run of the whole orchestrator loop; through the gateway when `agent_port` is set.
 LoopFigures run_loop(std::uint16_t server_port, std::optional<std::uint16_t> agent_port, int concurrency, long rollouts,
                      int max_tokens) {
@@ -312,14 +297,9 @@ LoopFigures run_loop(std::uint16_t server_port, std::optional<std::uint16_t> age
   asio::io_context io;
   RealClock clock(io.get_executor());
   IoThread network(kNetworkThreadNice);
-  rollout::PoolOptions po;
-  po.client.max_idle_per_host = static_cast<std::size_t>(concurrency);
-  rollout::InferencePool pool(network.context(), po);
-  const std::string url = fmt::format("http://127.0.0.1:{}", server_port);
-  pool.add_worker(url);
-  std::vector<std::unique_ptr<rollout::AdminClient>> admins;
-  admins.push_back(rollout::make_admin_client(rollout::AdminDialect::kArlo, pool.client(), url, {}));
-  session::adapters::RolloutInference inference(pool, std::move(admins), {}, "policy", network.executor());
+  arlo::testing::OneWorkerInference worker(network, server_port, static_cast<std::size_t>(concurrency));
+  auto& pool = worker.pool;
+  auto& inference = worker.inference;
   std::unique_ptr<session::Gateway> gateway;
   std::optional<session::adapters::AgentInference> agents;
   if (agent_port) {
@@ -348,22 +328,16 @@ LoopFigures run_loop(std::uint16_t server_port, std::optional<std::uint16_t> age
   PublishingTrainer trainer(io);
   orch::InferencePort* port = agents ? static_cast<orch::InferencePort*>(&*agents) : &inference;
   orch::Orchestrator orchestrator(io, orch::Ports{port, &tasks, &scorer, &trainer, &clock, nullptr, {}},
-                                  loop_options(concurrency, rollouts, max_tokens));
+                                  arlo::testing::free_server_loop_options(concurrency, rollouts, max_tokens));
   orch::LagProbe probe(clock, std::chrono::milliseconds(20));
   LoopFigures f;
   const auto t0 = SteadyClock::now();
-  if (auto st = started ? orchestrator.start() : arlo::make_error(ErrorCode::kUnavailable, "gateway did not bind");
+  if (auto st = started ? arlo::testing::run_probed(io, orchestrator, probe)
+                        : arlo::make_error(ErrorCode::kUnavailable, "gateway did not bind");
       !st) {
     fmt::print(stderr, "bench: {}\n", st.error().what());
     std::exit(1);
   }
-  probe.start();
-  spawn(io.get_executor(), [&]() -> Awaitable<void> {
-    co_await orchestrator.wait();
-    probe.stop();
-    io.stop();
-  });
-  io.run();
   f.wall_s = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   network.run_and_wait([&] {
     f.network_p99_s = network_probe->take().p99;
