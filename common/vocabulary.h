@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <expected>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,23 +47,39 @@ std::string_view to_string(FinishReason reason);  // "stop" | "length" | "abort"
 // "abort" | "cancelled" | "canceled" -> kAbort, "error" -> kError, anything else -> kUnknown.
 FinishReason parse_finish_reason(std::string_view text);
 
-// One chat message of a task's prompt.
+// One chat message: of a task's prompt, a trajectory's turns, a gateway call. The OpenAI format's
+// tool fields: an assistant message's `tool_calls` ([{"id", "type": "function", "function": {"name",
+// "arguments": a JSON string}}], null when it calls none) and a tool result's `tool_call_id` (role
+// "tool"); `name` is the optional participant or tool name.
 struct ChatMessage {
-  std::string role;  // "system" | "user" | "assistant" | ...
+  std::string role;  // "system" | "user" | "assistant" | "tool" | ...
   std::string content;
+  nlohmann::json tool_calls{};  // null, or the OpenAI array above
+  std::string tool_call_id{};
+  std::string name{};
   bool operator==(const ChatMessage&) const = default;
 };
+
+// The message in the OpenAI format: {"role", "content"} plus the tool fields that are set.
+nlohmann::json to_json(const ChatMessage& message);
+std::vector<nlohmann::json> to_json(const std::vector<ChatMessage>& messages);
+// A message from the OpenAI format: "role" a string; "content" a string, null, absent or an array of
+// {"type": "text", "text"} parts (joined); "tool_calls" null or an array of objects each with a
+// "function" object holding a string "name" and "arguments" (a string, or an object that is dumped);
+// "tool_call_id" and "name" strings. The error names the field ("content must be ...").
+std::expected<ChatMessage, std::string> chat_message_from_json(const nlohmann::json& j);
 
 // One task from an environment, from the environment through the orchestrator to the reward
 // modules. Exactly one of `prompt` / `messages` is set. `prompt_tokens` may be empty when the
 // inference server tokenizes the prompt; `answer_tokens` is needed only for the supervised warm-up
 // (ce_weights). Reward modules and plugins see it as JSON without the token ids (rollout::to_json).
 struct Task {
-  std::string id;                                  // unique within its environment
-  std::string env;                                 // environment name ("arithmetic", "gsm8k", ...)
-  std::optional<std::string> prompt;               // completions-style prompt
-  std::vector<ChatMessage> messages;               // chat-style prompt (used when `prompt` is empty)
-  std::string answer;                              // reference answer for reward modules ("" when none)
+  std::string id;                     // unique within its environment
+  std::string env;                    // environment name ("arithmetic", "gsm8k", ...)
+  std::optional<std::string> prompt;  // completions-style prompt
+  std::vector<ChatMessage> messages;  // chat-style prompt (used when `prompt` is empty)
+  nlohmann::json tools{};             // OpenAI-format tool schemas the model may call (null: none); chat tasks
+  std::string answer;                 // reference answer for reward modules ("" when none)
   nlohmann::json info = nlohmann::json::object();  // free-form, passed to reward modules untouched
   std::vector<std::int32_t> prompt_tokens{};       // the prompt as token ids (empty: not tokenized)
   std::vector<std::int32_t> answer_tokens{};       // the answer as token ids (empty: not tokenized)

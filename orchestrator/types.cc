@@ -12,10 +12,9 @@ nlohmann::json task_checkpoint_json(const Task& t) {
   if (t.prompt) {
     j["prompt"] = *t.prompt;
   } else {
-    auto messages = nlohmann::json::array();
-    for (const auto& m : t.messages) messages.push_back({{"role", m.role}, {"content", m.content}});
-    j["messages"] = std::move(messages);
+    j["messages"] = to_json(t.messages);
   }
+  if (!t.tools.is_null()) j["tools"] = t.tools;
   return j;
 }
 
@@ -41,8 +40,12 @@ Task task_from_checkpoint_json(const nlohmann::json& j) {
   t.info = j.value("info", nlohmann::json::object());
   t.id = checkpoint_task_id(j.at("id"), t.info);
   // Earlier versions wrote the prompt as text beside a chat task's messages: messages win.
-  for (const auto& m : j.value("messages", nlohmann::json::array()))
-    t.messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+  for (const auto& m : j.value("messages", nlohmann::json::array())) {
+    auto message = chat_message_from_json(m);
+    if (!message) throw std::invalid_argument("task " + t.id + ": " + message.error());
+    t.messages.push_back(std::move(*message));
+  }
+  t.tools = j.value("tools", nlohmann::json());
   if (t.messages.empty() && j.contains("prompt")) t.prompt = j.at("prompt").get<std::string>();
   t.prompt_tokens = j.value("prompt_tokens", std::vector<std::int32_t>{});
   t.answer = j.value("answer", std::string());

@@ -68,13 +68,17 @@ struct GenerateResult {
 // of the conversation), from the serving worker's own tokenizer and chat template, ending with what
 // opens the model's next turn; empty on reset and when `done`. `done` ends the trajectory, `reward`
 // is the environment's reward for it (usually given with done), `state` its opaque state, passed
-// back on the next step.
+// back on the next step. `tools` (reset only): the OpenAI-format tool schemas the trajectory's model
+// may call (null: the task's own). `ended_because`: when the environment ended the trajectory
+// early for a reason worth counting (e.g. "malformed_tool_call"), that reason (counted per reason).
 struct EnvReply {
   std::vector<ChatMessage> messages;
   std::vector<std::int32_t> tokens;
   bool done = false;
   std::optional<double> reward;
   nlohmann::json state;
+  nlohmann::json tools;
+  std::string ended_because;
 };
 
 // Scores for one whole group, index-aligned with its completions.

@@ -71,12 +71,10 @@ Result<std::vector<ChatMessage>> parse_messages(const Json& body, EnvCall call) 
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
     const std::string field = fmt::format("messages[{}]", i);
-    if (!m.is_object()) return parse_error(call, field + " must be an object {\"role\", \"content\"}");
-    if (!m.contains("role") || !m["role"].is_string()) return parse_error(call, field + ".role must be a string");
     // OpenAI's form allows a null content (a message of tool calls only): it adds no text.
-    const bool has_content = m.contains("content") && !m["content"].is_null();
-    if (has_content && !m["content"].is_string()) return parse_error(call, field + ".content must be a string");
-    ChatMessage msg{m["role"].get<std::string>(), has_content ? m["content"].get<std::string>() : std::string()};
+    auto parsed = chat_message_from_json(m);
+    if (!parsed) return parse_error(call, field + ": " + parsed.error());
+    ChatMessage msg = std::move(*parsed);
     if (!valid_utf8(msg.role)) return parse_error(call, field + ".role is not valid UTF-8");
     if (!valid_utf8(msg.content)) return parse_error(call, field + ".content is not valid UTF-8");
     out.push_back(std::move(msg));
@@ -190,9 +188,7 @@ std::string_view to_string(EnvCall call) { return call == EnvCall::kReset ? "res
 Json env_request_json(const Task& task) { return {{"task", to_json(task)}}; }
 
 Json env_request_json(const Task& task, const Json& state, const std::vector<ChatMessage>& turns) {
-  Json t = Json::array();
-  for (const auto& m : turns) t.push_back({{"role", m.role}, {"content", m.content}});
-  return {{"task", to_json(task)}, {"state", state}, {"turns", std::move(t)}};
+  return {{"task", to_json(task)}, {"state", state}, {"turns", to_json(turns)}};
 }
 
 Result<EnvTurn> parse_env_reply(std::string_view body, EnvCall call) {

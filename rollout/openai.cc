@@ -15,9 +15,7 @@ Json to_openai_body(const CompletionRequest& r) {
   Json b = Json::object();
   if (!r.model.empty()) b["model"] = r.model;
   if (r.is_chat()) {
-    Json msgs = Json::array();
-    for (const auto& m : r.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
-    b["messages"] = std::move(msgs);
+    b["messages"] = to_json(r.messages);
     if (r.sampling.logprobs) b["logprobs"] = true;
   } else {
     if (!r.prompt_token_ids.empty())

@@ -15,10 +15,9 @@ Json to_json(const Task& task) {
   if (task.prompt) {
     j["prompt"] = *task.prompt;
   } else {
-    Json msgs = Json::array();
-    for (const auto& m : task.messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
-    j["messages"] = std::move(msgs);
+    j["messages"] = to_json(task.messages);
   }
+  if (!task.tools.is_null()) j["tools"] = task.tools;
   return j;
 }
 
@@ -34,11 +33,10 @@ Result<Task> task_from_json(const Json& j) {
     } else if (j.contains("messages")) {
       if (!j["messages"].is_array() || j["messages"].empty())
         return make_error(ErrorCode::kParse, "task: 'messages' must be a non-empty array of {role, content}");
-      for (const auto& m : j["messages"]) {
-        if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
-            !m["content"].is_string())
-          return make_error(ErrorCode::kParse, "task: each message needs string 'role' and 'content'");
-        t.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      for (std::size_t i = 0; i < j["messages"].size(); ++i) {
+        auto m = chat_message_from_json(j["messages"][i]);
+        if (!m) return make_error(ErrorCode::kParse, fmt::format("task: messages[{}]: {}", i, m.error()));
+        t.messages.push_back(std::move(*m));
       }
     } else {
       return make_error(ErrorCode::kParse, "task: needs 'prompt' (string) or 'messages' (array)");

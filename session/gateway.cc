@@ -73,32 +73,14 @@ std::optional<BodyError> parse_sampling(const json& body, SamplingParams& s) {
   return std::nullopt;
 }
 
-// A message's content: a string, null, or an array of {"type": "text", "text"} parts.
-std::optional<std::string> content_text(const json& content) {
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return std::nullopt;
-  std::string out;
-  for (const auto& part : content) {
-    if (!part.is_object() || !part.contains("text") || !part["text"].is_string()) return std::nullopt;
-    out += part["text"].get<std::string>();
-  }
-  return out;
-}
-
 std::optional<BodyError> parse_messages(const json& body, std::vector<ChatMessage>& out) {
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return BodyError{"'messages' must be a non-empty array of {role, content}", "messages"};
   const auto& messages = body["messages"];
   for (std::size_t i = 0; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      return BodyError{fmt::format("messages[{}] needs a string 'role'", i), fmt::format("messages[{}].role", i)};
-    auto text = content_text(m.value("content", json()));
-    if (!text)
-      return BodyError{fmt::format("messages[{}].content must be a string, null or text parts", i),
-                       fmt::format("messages[{}].content", i)};
-    out.push_back({m["role"].get<std::string>(), std::move(*text)});
+    auto m = chat_message_from_json(messages[i]);
+    if (!m) return BodyError{fmt::format("messages[{}]: {}", i, m.error()), fmt::format("messages[{}]", i)};
+    out.push_back(std::move(*m));
   }
   return std::nullopt;
 }

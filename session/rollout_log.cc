@@ -13,15 +13,9 @@ namespace arlo::session {
 
 namespace {
 
-nlohmann::json messages_json(const std::vector<ChatMessage>& messages) {
-  auto out = nlohmann::json::array();
-  for (const auto& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
-  return out;
-}
-
 // What a multi-turn trajectory adds to its sample's line (nothing for a single-turn sample).
 void add_trajectory(const Sample& c, nlohmann::json& sample) {
-  if (!c.turns.empty()) sample["turns"] = messages_json(c.turns);
+  if (!c.turns.empty()) sample["turns"] = to_json(c.turns);
   if (!c.loss_mask.empty()) {
     const auto model = static_cast<std::size_t>(std::count(c.loss_mask.begin(), c.loss_mask.end(), 1));
     sample["model_tokens"] = model;
@@ -71,7 +65,7 @@ nlohmann::json rollout_record(const orch::Group& g) {
                         {"prompt_tokens", g.prompt_tokens.size()},
                         {"seconds", std::chrono::duration<double>(g.finished_at - g.dispatched_at).count()},
                         {"samples", std::move(samples)}};
-  if (g.task && g.task->is_chat()) rec["messages"] = messages_json(g.task->messages);
+  if (g.task && g.task->is_chat()) rec["messages"] = to_json(g.task->messages);
   if (g.task && !(g.task->info.is_object() && g.task->info.empty())) rec["info"] = g.task->info;
   return rec;
 }
@@ -132,7 +126,11 @@ namespace {
 
 std::vector<ChatMessage> messages_from(const nlohmann::json& j) {
   std::vector<ChatMessage> out;
-  for (const auto& m : j) out.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+  for (const auto& m : j) {
+    auto message = chat_message_from_json(m);
+    if (!message) throw std::invalid_argument(message.error());
+    out.push_back(std::move(*message));
+  }
   return out;
 }
 

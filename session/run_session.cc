@@ -580,9 +580,11 @@ class RunSession::Impl {
     return o;
   }
 
+  // First, so destroyed last: what the run's parts bound to it (an http environment's client and
+  // its idle connections, in s_.parts) must be gone before the io_context they were opened on.
+  asio::io_context io_;
   Setup s_;
   orch::RunObserver* observer_;  // SessionOptions::observer (may be null)
-  asio::io_context io_;
   Monitors monitors_;
   orch::InferencePort* inference_port_ = nullptr;  // the pool's adapter, or the gateway's decorator of it
   Gateway* gateway_ = nullptr;                     // when gateway.enabled; lives on the network thread

@@ -13,12 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-json messages_json(const std::vector<ChatMessage>& messages) {
-  json out = json::array();
-  for (const auto& m : messages) out.push_back({{"role", m.role}, {"content", m.content}});
-  return out;
-}
-
 // The "tokens" of a /tokenize answer: a list of integers.
 Result<std::vector<std::int32_t>> parse_tokens(const std::string& worker, const http::Response& response) {
   if (response.status >= 500)
@@ -64,7 +58,7 @@ Awaitable<Result<std::vector<std::int32_t>>> WorkerTokenizer::text(std::string w
 Awaitable<Result<std::vector<std::int32_t>>> WorkerTokenizer::chat(std::string worker,
                                                                    std::vector<ChatMessage> messages,
                                                                    orch::TimePoint deadline) {
-  json body = {{"messages", messages_json(messages)}, {"add_generation_prompt", true}};
+  json body = {{"messages", to_json(messages)}, {"add_generation_prompt", true}};
   auto op = call(std::move(worker), std::move(body), deadline);
   co_return co_await std::move(op);
 }
