@@ -26,6 +26,19 @@ namespace arlo {
 
 // What becomes of a sample at the batch: the advantage estimator's verdict (orchestrator.overlong
 // for a completion cut off by sampling.max_tokens).
+// One earlier piece of a split trajectory (docs/environments.md, "When a trajectory splits"): its
+// prompt (the group's prompt, or the worker's rendering of the conversation where the previous piece
+// ended), what followed it (the model's and the environment's tokens), their logprobs, loss mask
+// (empty: every token is the model's) and version spans. Trains as a row of its own with the
+// trajectory's reward, advantage and fate.
+struct TrajectorySegment {
+  std::vector<std::int32_t> prompt_tokens;
+  std::vector<std::int32_t> completion_tokens;
+  std::vector<float> logprobs;
+  std::vector<std::uint8_t> loss_mask;
+  std::vector<VersionSpan> version_spans;
+};
+
 enum class SampleFate {
   kTrain,    // in the batch and in the loss
   kMasked,   // in the batch, out of the loss: loss mask 0 on every token (ledger: "masked")
@@ -64,6 +77,11 @@ struct Sample {
   nlohmann::json env_state;
   std::optional<double> env_reward;
   std::vector<Version> turn_versions;
+  // A split trajectory's earlier pieces, in order (empty for all others): where the worker's chat
+  // template did not extend the trajectory's ids, the trajectory went on from a fresh rendering of
+  // the conversation. The sample's own prompt and completion are then its last piece; every piece
+  // trains as its own row sharing the reward (the ledger counts the trajectory once).
+  std::vector<TrajectorySegment> split_segments;
 
   // Scores: the reward (unset until scored, and when the failure policy `drop` left it unscored),
   // what the reward modules reported ("<module>", "<module>/<metric>", "reward/failed"), the

@@ -71,6 +71,10 @@ struct GenerateResult {
 // back on the next step. `tools` (reset only): the OpenAI-format tool schemas the trajectory's model
 // may call (null: the task's own). `ended_because`: when the environment ended the trajectory
 // early for a reason worth counting (e.g. "malformed_tool_call"), that reason (counted per reason).
+// `restart_prompt` (non-empty, with `tokens` empty): the worker's rendering of the conversation did
+// not extend the trajectory's ids; the trajectory goes on as a new piece whose prompt is these ids
+// (the whole conversation with the generation prompt), and the earlier piece is kept in
+// Sample::split_segments.
 struct EnvReply {
   std::vector<ChatMessage> messages;
   std::vector<std::int32_t> tokens;
@@ -79,6 +83,7 @@ struct EnvReply {
   nlohmann::json state;
   nlohmann::json tools;
   std::string ended_because;
+  std::vector<std::int32_t> restart_prompt;
 };
 
 // Scores for one whole group, index-aligned with its completions.
