@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/http.h"
+#include "rollout/tool_calls.h"
 
 namespace arlo::rollout {
 namespace {
@@ -201,6 +202,11 @@ Result<EnvTurn> parse_env_reply(std::string_view body, EnvCall call) {
   ARLO_ASSIGN_OR_RETURN(turn.messages, parse_messages(j, call));
   ARLO_TRY(parse_done_and_reward(j, call, turn));
   if (j.contains("state")) turn.state = std::move(j["state"]);
+  if (j.contains("tools") && !j["tools"].is_null()) {
+    if (call == EnvCall::kStep) return parse_error(call, "'tools' is only for reset");
+    if (auto names = tool_names(j["tools"]); !names) return parse_error(call, names.error().message());
+    turn.tools = std::move(j["tools"]);
+  }
   return turn;
 }
 

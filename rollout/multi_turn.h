@@ -18,10 +18,14 @@
 //   POST <url>/reset {"task": {...}}                                 -> {"messages": [...], "state": ...}
 //   POST <url>/step  {"task": {...}, "state": ..., "turns": [...]}   -> {"messages": [...], "done": bool,
 //                                                                         "reward": number|null, "state": ...}
-// A message is {"role": string, "content": string}. The task is rollout::to_json(task). A call that
-// misses its deadline (kTimeout), a non-2xx answer (kUnavailable), a body that is not JSON or has a
-// field of the wrong type or text that is not UTF-8 (kParse, naming the field) is an Error, never a
-// crash.
+// reset's reply may also give "tools" (an array of OpenAI tool schemas, {"type": "function",
+// "function": {"name", "description", "parameters"}}): the trajectory's model may call them.
+// Tool calls (docs/environments.md, "Tool calls"): the model's turn in `turns` carries its calls as
+// OpenAI "tool_calls" (parsed from its <tool_call> blocks, rollout/tool_calls.h), and the
+// environment answers each with a {"role": "tool", "content", "tool_call_id"} message.
+// A message is {"role": string, "content": string} plus those tool fields. The task is rollout::to_json(task). A call
+// that misses its deadline (kTimeout), a non-2xx answer (kUnavailable), a body that is not JSON or has a field of the
+// wrong type or text that is not UTF-8 (kParse, naming the field) is an Error, never a crash.
 //
 // Threading: an environment is shared by every trajectory of a run; its calls run on the caller's
 // io_context thread. The http client binds to the io_context of its first call.
@@ -43,6 +47,7 @@ struct EnvTurn {
   bool done = false;                  // the trajectory ends (always false from reset)
   std::optional<double> reward{};     // the trajectory's reward, when the environment gives one
   Json state = nullptr;               // handed back to the next step
+  Json tools = nullptr;               // reset only: the OpenAI tool schemas the model may call (null: none)
 };
 
 // The arguments of reset and step are references: co_await the call before they go away.

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "rollout/tool_calls.h"
+
 namespace arlo::rollout {
 
 std::string endpoint_path(const CompletionRequest& r) {
@@ -17,6 +19,10 @@ Json to_openai_body(const CompletionRequest& r) {
   if (r.is_chat()) {
     b["messages"] = to_json(r.messages);
     if (r.sampling.logprobs) b["logprobs"] = true;
+    if (r.tools.is_array() && !r.tools.empty()) {
+      b["tools"] = r.tools;
+      if (!r.tool_choice.is_null()) b["tool_choice"] = r.tool_choice;
+    }
   } else {
     if (!r.prompt_token_ids.empty())
       b["prompt"] = r.prompt_token_ids;
@@ -172,6 +178,23 @@ Status check_token_data(const Completion& c, bool chat, bool logprobs, AdminDial
   return ok();
 }
 
+// A chat choice's message: its content, and its tool_calls (a server's tool parser, e.g. vLLM's
+// `hermes`, takes the calls out of the content). The text keeps the calls in the documented syntax
+// (rollout/tool_calls.h) after the content, so that what the model wrote stays in the turn's text.
+static Status parse_chat_message(const Json& message, const std::string& where, CompletionChoice& out) {
+  const auto& content = message.value("content", Json());
+  out.text = content.is_string() ? content.get<std::string>() : "";
+  if (!message.contains("tool_calls") || message["tool_calls"].is_null()) return ok();
+  auto parsed = chat_message_from_json(Json{{"role", "assistant"}, {"tool_calls", message["tool_calls"]}});
+  if (!parsed) return make_error(ErrorCode::kParse, fmt::format("{}.message: {}", where, parsed.error()));
+  if (parsed->tool_calls.is_array() && !parsed->tool_calls.empty()) {
+    out.tool_calls = std::move(parsed->tool_calls);
+    if (out.text.find(kToolCallOpen) == std::string::npos)
+      out.text += (out.text.empty() ? "" : "\n") + render_tool_calls(out.tool_calls);
+  }
+  return ok();
+}
+
 Result<Completion> parse_openai_response(const Json& body, bool chat) {
   if (!body.is_object()) return make_error(ErrorCode::kParse, "completion response: expected a JSON object");
   if (body.contains("error")) {
@@ -203,8 +226,7 @@ Result<Completion> parse_openai_response(const Json& body, bool chat) {
     if (chat) {
       if (!ch.contains("message") || !ch["message"].is_object())
         return make_error(ErrorCode::kParse, where + ": missing 'message'");
-      const auto& content = ch["message"].value("content", Json());
-      out.text = content.is_string() ? content.get<std::string>() : "";
+      ARLO_TRY(parse_chat_message(ch["message"], where, out));
     } else {
       if (!ch.contains("text") || !ch["text"].is_string())
         return make_error(ErrorCode::kParse, where + ": missing 'text'");

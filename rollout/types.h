@@ -33,6 +33,8 @@ struct CompletionRequest {
   std::optional<std::string> prompt;
   std::vector<std::int32_t> prompt_token_ids;
   std::vector<ChatMessage> messages;  // non-empty => /v1/chat/completions
+  Json tools = nullptr;               // chat only: OpenAI tool schemas, sent as "tools" (null/empty: none)
+  Json tool_choice = nullptr;         // chat only: "tool_choice" when tools are sent (null: the server's default)
   SamplingParams sampling;
   std::string affinity_key;     // requests with the same key go to the same worker
   Json extra = Json::object();  // merged into the request body (server-specific knobs)
@@ -51,6 +53,7 @@ struct CompletionChoice {
   std::vector<float> logprobs;  // one per generated token when requested
   FinishReason finish_reason = FinishReason::kUnknown;
   std::vector<VersionSpan> version_spans;  // empty when the server does not report versions
+  Json tool_calls = nullptr;               // chat: the message's OpenAI tool_calls (null: none)
 };
 
 struct Completion {

@@ -63,7 +63,11 @@ def step(body, max_guesses):
 
 
 def make_handler(max_guesses):
-    routes = {"/reset": reset, "/step": step}
+    return make_handler_for({"/reset": reset, "/step": step}, max_guesses)
+
+
+def make_handler_for(routes, limit):
+    """The protocol's HTTP handler: each route is route(body, limit) -> the reply (tool_server.py too)."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as arlo's client expects
@@ -75,7 +79,7 @@ def make_handler(max_guesses):
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
-                answer = route(body, max_guesses)
+                answer = route(body, limit)
             except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
                 return self.reply(400, {"error": f"bad request: {e!r}"})
             self.reply(200, answer)

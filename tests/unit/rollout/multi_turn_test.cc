@@ -207,9 +207,10 @@ TEST(EnvReply, NamesTheFieldOfEachMalformedReply) {
       {"{\"done\": tru", EnvCall::kStep, "not JSON"},
       {"[1]", EnvCall::kStep, "expected a JSON object"},
       {R"({"messages": {}, "done": false})", EnvCall::kStep, "'messages' must be an array"},
-      {R"({"messages": [3], "done": false})", EnvCall::kStep, "messages[0] must be an object"},
-      {R"({"messages": [{"content": "x"}], "done": false})", EnvCall::kStep, "messages[0].role"},
-      {R"({"messages": [{"role": "user", "content": 1}], "done": false})", EnvCall::kStep, "messages[0].content"},
+      {R"({"messages": [3], "done": false})", EnvCall::kStep, "messages[0]: a message must be an object"},
+      {R"({"messages": [{"content": "x"}], "done": false})", EnvCall::kStep, "messages[0]: role must be a string"},
+      {R"({"messages": [{"role": "user", "content": 1}], "done": false})", EnvCall::kStep,
+       "messages[0]: content must be"},
       {R"({"messages": []})", EnvCall::kStep, "'done' (true or false) is missing"},
       {R"({"done": "yes"})", EnvCall::kStep, "'done' must be true or false"},
       {R"({"done": false, "reward": "1"})", EnvCall::kStep, "'reward' must be a finite number"},
@@ -321,7 +322,7 @@ TEST(HttpEnvironment, EachBadAnswerIsAClearError) {
       {200, "<html>hello</html>", ErrorCode::kParse, "not JSON: '<html>hello</html>'"},
       {200, R"({"done": 1})", ErrorCode::kParse, "'done' must be true or false"},
       {200, R"({"done": false, "messages": [{"role": "user", "content": ["x"]}]})", ErrorCode::kParse,
-       "messages[0].content must be a string"},
+       "messages[0]: content must be a string"},
       {200, "{\"done\": false, \"messages\": [{\"role\": \"user\", \"content\": \"\xc3\x28\"}]}", ErrorCode::kParse,
        "not valid UTF-8"},
   };
@@ -416,6 +417,61 @@ TEST(PythonEnvServer, GuessTheNumberThroughTheClient) {
   EXPECT_EQ(hints, (std::vector<std::string>{"\nlower\nguess: ", "\nhigher\nguess: "}));
   ASSERT_TRUE(reward);
   EXPECT_DOUBLE_EQ(*reward, 0.8);
+}
+
+// Tool calls (docs/environments.md, "Tool calls"): reset's "tools" are checked and kept, and the
+// example tool server answers the turn's OpenAI tool_calls with tool messages.
+TEST(EnvReply, ResetMayGiveToolsStepMayNot) {
+  auto reset = parse_env_reply(R"({"tools": [{"type": "function", "function": {"name": "add"}}]})", EnvCall::kReset);
+  ASSERT_TRUE(reset) << reset.error().what();
+  EXPECT_EQ(reset->tools[0]["function"]["name"], "add");
+  auto bad = parse_env_reply(R"({"tools": [{"type": "function"}]})", EnvCall::kReset);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().what().find("tools[0]"), std::string::npos);
+  auto step = parse_env_reply(R"({"done": false, "tools": []})", EnvCall::kStep);
+  ASSERT_FALSE(step);
+  EXPECT_NE(step.error().what().find("'tools' is only for reset"), std::string::npos);
+}
+
+TEST(PythonEnvServer, TheToolServerAnswersToolCalls) {
+  const auto dir = e2e::fresh_temp_dir("arlo_tool_server_test");
+  const auto log = dir / "server.log";
+  const std::string script =
+      std::string(ARLO_ENV_SERVER).substr(0, std::string(ARLO_ENV_SERVER).rfind('/')) + "/tool_server.py";
+  const pid_t pid = e2e::spawn_logged({ARLO_PYTHON_BINARY, script, "--port", "0"}, log);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(e2e::wait_for_text(log, "listening on port ", pid, std::chrono::seconds(60))) << e2e::read_text(log);
+  const std::string text = e2e::read_text(log);
+  const std::string port = text.substr(text.find("port ") + 5, text.find('\n') - text.find("port ") - 5);
+  auto env = *make_http_environment({"http://127.0.0.1:" + port});
+  Task task = *task_from_json(
+      {{"id", "sum-1"}, {"env", "http"}, {"messages", {{{"role", "user"}, {"content", "2+3?"}}}}, {"answer", "5"}});
+  asio::io_context io;
+  test::run(io, [&]() -> asio::awaitable<void> {
+    auto start = co_await env->reset(task, SteadyClock::now() + 30s);
+    EXPECT_TRUE(start) << (start ? "" : start.error().what());
+    if (!start) co_return;
+    EXPECT_EQ(start->tools[0]["function"]["name"], "add");
+    ChatMessage call{"assistant", ""};
+    call.tool_calls = Json::parse(
+        R"([{"id": "call_0", "type": "function", "function": {"name": "add", "arguments": "{\"terms\": [2, 3]}"}}])");
+    std::vector<ChatMessage> turns{call};
+    auto r = co_await env->step(task, start->state, turns, SteadyClock::now() + 30s);
+    EXPECT_TRUE(r) << (r ? "" : r.error().what());
+    if (!r) co_return;
+    EXPECT_FALSE(r->done);
+    EXPECT_EQ(r->messages.size(), 1u);
+    if (r->messages.empty()) co_return;
+    EXPECT_EQ(r->messages[0].role, "tool");
+    EXPECT_EQ(r->messages[0].tool_call_id, "call_0");
+    EXPECT_EQ(r->messages[0].content, "5.0");
+    turns.insert(turns.end(), r->messages.begin(), r->messages.end());
+    turns.push_back({"assistant", "5"});
+    auto end = co_await env->step(task, r->state, turns, SteadyClock::now() + 30s);
+    EXPECT_TRUE(end && end->done && end->reward == 1.0);
+  }());
+  ::kill(pid, SIGTERM);
+  ::waitpid(pid, nullptr, 0);
 }
 
 }  // namespace

@@ -92,6 +92,29 @@ TEST(OpenAI, ParsesChatLogprobsAndTopLevelPromptIds) {
   EXPECT_EQ(c->choices[0].version_spans, (std::vector<VersionSpan>{{12, 0}}));
 }
 
+// Tools go in a chat body (tool_choice only with them); a message's tool_calls (a server's tool
+// parser took them out of the content) are kept and rendered back into the text.
+TEST(OpenAI, ChatToolsGoInTheBodyAndToolCallsComeBack) {
+  CompletionRequest r;
+  r.messages = {{"user", "hi"}};
+  r.tool_choice = "auto";
+  EXPECT_FALSE(to_openai_body(r).contains("tools"));
+  EXPECT_FALSE(to_openai_body(r).contains("tool_choice"));
+  r.tools = Json::parse(R"([{"type": "function", "function": {"name": "add"}}])");
+  EXPECT_EQ(to_openai_body(r)["tools"], r.tools);
+  EXPECT_EQ(to_openai_body(r)["tool_choice"], "auto");
+  const Json body = Json::parse(R"({"choices": [{"index": 0, "finish_reason": "tool_calls",
+    "message": {"role": "assistant", "content": null, "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function",
+      "function": {"name": "add", "arguments": "{\"terms\": [1]}"}}]}}]})");
+  auto c = parse_openai_response(body, true);
+  ASSERT_TRUE(c) << c.error().what();
+  EXPECT_EQ(c->choices[0].tool_calls[0]["function"]["name"], "add");
+  EXPECT_EQ(c->choices[0].text, "<tool_call>{\"arguments\":{\"terms\":[1]},\"name\":\"add\"}</tool_call>");
+  auto bad =
+      parse_openai_response(Json::parse(R"({"choices": [{"message": {"content": "", "tool_calls": 3}}]})"), true);
+  EXPECT_FALSE(bad);
+}
+
 TEST(OpenAI, MalformedResponsesNameTheField) {
   auto r = parse_openai_response(Json::parse(R"({"choices": [{"index": 0}]})"), false);
   ASSERT_FALSE(r);
