@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "rollout/tool_calls.h"
+
 namespace arlo::worker {
 namespace {
 
@@ -43,6 +45,40 @@ std::vector<int> byte_list(const std::string& s) {
   return out;
 }
 
+// An assistant message's "tool_calls" rendered after its content in the documented syntax
+// (rollout/tool_calls.h: one <tool_call>{"name", "arguments"}</tool_call> block per call).
+std::optional<ApiError> append_tool_calls(const json& m, std::string& content) {
+  if (!m.contains("tool_calls") || m["tool_calls"].is_null()) return std::nullopt;
+  auto parsed = arlo::chat_message_from_json(m);
+  if (!parsed) return bad(parsed.error(), "messages").error();
+  const std::string calls = arlo::rollout::render_tool_calls(parsed->tool_calls);
+  if (!calls.empty()) content += (content.empty() ? "" : "\n") + calls;
+  return std::nullopt;
+}
+
+// A chat request's "tools" (checked: each names a function) and "tool_choice" ("none": no parsing).
+std::optional<ApiError> read_tools(const json& body, json& tools) {
+  if (!body.contains("tools") || body["tools"].is_null()) return std::nullopt;
+  if (auto names = arlo::rollout::tool_names(body["tools"]); !names)
+    return bad(names.error().message(), "tools").error();
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null() && !body["tool_choice"].is_string() &&
+      !body["tool_choice"].is_object())
+    return bad("tool_choice must be a string or an object", "tool_choice").error();
+  if (body.value("tool_choice", json()) != "none") tools = body["tools"];
+  return std::nullopt;
+}
+
+// A chat choice's message: with tools, its well-formed <tool_call> blocks become tool_calls.
+json chat_message(const CompletionJob& job, const std::string& text) {
+  json message = {{"role", "assistant"}, {"content", text}};
+  if (!job.tools.is_array() || job.tools.empty()) return message;
+  auto parsed = arlo::rollout::parse_tool_calls(text, job.tools);
+  if (!parsed || parsed->tool_calls.is_null()) return message;
+  message["content"] = parsed->content.empty() ? json() : json(parsed->content);
+  message["tool_calls"] = std::move(parsed->tool_calls);
+  return message;
+}
+
 // A chat request's prompt: its 'messages' (string content, or a list of text parts) through the
 // chat template.
 std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body, const Tokenizer& tok) {
@@ -55,9 +91,10 @@ std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body,
       return bad("each message needs a string 'role'", "messages");
     Tokenizer::Message msg{m["role"].get<std::string>(), ""};
     // The template knows system, user and assistant: a tool's result (an environment's message in a
-    // multi-turn trajectory) is rendered as a user turn.
+    // multi-turn trajectory) is rendered as a user turn holding its content.
     if (msg.role == "tool") msg.role = "user";
     const json content = m.value("content", json());
+
     if (content.is_string()) {
       msg.content = content.get<std::string>();
     } else if (content.is_array()) {
@@ -70,6 +107,7 @@ std::expected<std::vector<std::int32_t>, ApiError> chat_prompt(const json& body,
     } else if (!content.is_null()) {
       return bad("message content must be a string or a list of text parts", "messages");
     }
+    if (auto e = append_tool_calls(m, msg.content)) return std::unexpected(*e);
     messages.push_back(std::move(msg));
   }
   auto ids = tok.apply_chat_template(messages);
@@ -207,6 +245,7 @@ std::expected<CompletionJob, ApiError> parse_completion_request(const json& body
     auto ids = chat_prompt(body, tok);
     if (!ids) return std::unexpected(ids.error());
     job.prompts.push_back(std::move(*ids));
+    if (auto e = read_tools(body, job.tools)) return std::unexpected(*e);
   } else if (auto e = completion_prompts(body, tok, job.prompts)) {
     return std::unexpected(*e);
   }
@@ -238,7 +277,8 @@ json completion_response(const CompletionJob& job, const std::vector<reference::
     for (const auto& s : g.version_spans) spans.push_back({s.version, s.first_token});
     json c = {{"index", k}, {"finish_reason", std::string(arlo::to_string(g.finish))}};
     if (job.chat) {
-      c["message"] = {{"role", "assistant"}, {"content", g.text}};
+      c["message"] = chat_message(job, g.text);
+      if (c["message"].contains("tool_calls") && g.finish == FinishReason::kStop) c["finish_reason"] = "tool_calls";
     } else {
       c["text"] = g.text;
     }

@@ -11,6 +11,12 @@
 //   [{type: "text", text}]}] through the tokenizer's chat template (a "tool" message is rendered as
 //   a user turn: the template has no tool role); max_tokens or
 //   max_completion_tokens (default: what fits in the context); logprobs (bool), top_logprobs (0..20).
+//   Tool calls (docs/environments.md, "Tool calls"): "tools" (OpenAI function schemas; checked, not
+//   rendered: the template has no tool section) and "tool_choice" ("none" turns parsing off); an
+//   assistant message's "tool_calls" are rendered after its content as <tool_call>{"name",
+//   "arguments"}</tool_call> blocks. With tools, a choice whose text holds well-formed blocks answers
+//   message.tool_calls (ids "call_<k>"), the content without them, finish_reason "tool_calls"; a
+//   malformed block stays in the content as text.
 // Responses follow the OpenAI reference (id, object, created, model, choices, usage) and add, per
 // choice, token_ids, prompt_token_ids, version_spans ([[version, first_token], ...]) and
 // stop_reason (the matched stop string or null), as vLLM does with return_token_ids.
@@ -40,8 +46,9 @@ struct CompletionJob {
   std::vector<std::vector<std::int32_t>> prompts;
   arlo::SamplingParams params;  // seed, if any, is the request's; see choice_params()
   int n = 1;
-  bool logprobs = false;  // report per-token logprobs
-  int top_logprobs = 0;   // alternatives per token
+  bool logprobs = false;           // report per-token logprobs
+  int top_logprobs = 0;            // alternatives per token
+  nlohmann::json tools = nullptr;  // chat: the request's "tools" (null: none, or tool_choice "none")
 
   // The sampling parameters of choice `k` (prompt-major: prompt p, sample i -> k = p * n + i).
   arlo::SamplingParams choice_params(int k) const;

@@ -80,5 +80,49 @@ TEST(WorkerOpenAiApi, TokenizeMatchesTheTokenizerAndTheChatTemplate) {
   }
 }
 
+// Tool calls (docs/environments.md, "Tool calls"): "tools" is checked, an assistant message's
+// tool_calls render as <tool_call> blocks after its content, and a choice's well-formed blocks come
+// back as message.tool_calls with finish_reason "tool_calls".
+TEST(WorkerOpenAiApi, ToolsAreCheckedRenderedAndParsed) {
+  const reference::Tokenizer tok;
+  const char* tools = R"([{"type": "function", "function": {"name": "calc"}}])";
+  auto job = parse(std::string(R"({"messages": [{"role": "user", "content": "a"}], "tools": )") + tools + "}", true);
+  ASSERT_TRUE(job.has_value()) << job.error().message;
+  EXPECT_EQ(job->tools.size(), 1u);
+  for (const char* bad_tools : {R"("calc")", R"([{"type": "function"}])"}) {
+    auto refused =
+        parse(std::string(R"({"messages": [{"role": "user", "content": "a"}], "tools": )") + bad_tools + "}", true);
+    ASSERT_FALSE(refused.has_value()) << bad_tools;
+    EXPECT_EQ(refused.error().param, "tools");
+  }
+
+  const auto structured = json::parse(R"({"messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "ok", "tool_calls": [{"id": "x", "type": "function",
+        "function": {"name": "calc", "arguments": "{\"e\": \"1\"}"}}]},
+      {"role": "tool", "tool_call_id": "x", "content": "1"}]})");
+  const auto as_text = json::parse(R"({"messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "ok\n<tool_call>{\"arguments\":{\"e\":\"1\"},\"name\":\"calc\"}</tool_call>"},
+      {"role": "tool", "content": "1"}]})");
+  auto a = tokenize_request(structured, tok, 256);
+  auto b = tokenize_request(as_text, tok, 256);
+  ASSERT_TRUE(a.has_value()) << a.error().message;
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  EXPECT_EQ((*a)["tokens"], (*b)["tokens"]);
+
+  reference::Generation g;
+  g.finish = FinishReason::kStop;
+  g.text = R"(sure <tool_call>{"name": "calc", "arguments": {"e": "2"}}</tool_call>)";
+  auto response = completion_response(*job, {g}, "m", tok, "id", 0);
+  const json& choice = response["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "sure");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "calc");
+  g.text = "<tool_call>{broken";  // malformed: stays text
+  response = completion_response(*job, {g}, "m", tok, "id", 0);
+  EXPECT_EQ(response["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(response["choices"][0]["message"]["content"], "<tool_call>{broken");
+  EXPECT_FALSE(response["choices"][0]["message"].contains("tool_calls"));
+}
+
 }  // namespace
 }  // namespace arlo::worker
