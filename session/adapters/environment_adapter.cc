@@ -6,6 +6,7 @@
 
 #include "common/async/coro.h"
 #include "common/log.h"
+#include "rollout/tool_calls.h"
 
 namespace arlo::session::adapters {
 
@@ -57,8 +58,9 @@ Awaitable<Result<std::vector<std::int32_t>>> WorkerTokenizer::text(std::string w
 
 Awaitable<Result<std::vector<std::int32_t>>> WorkerTokenizer::chat(std::string worker,
                                                                    std::vector<ChatMessage> messages,
-                                                                   orch::TimePoint deadline) {
+                                                                   orch::TimePoint deadline, json tools) {
   json body = {{"messages", to_json(messages)}, {"add_generation_prompt", true}};
+  if (tools.is_array() && !tools.empty()) body["tools"] = std::move(tools);  // rendered as the model saw them
   auto op = call(std::move(worker), std::move(body), deadline);
   co_return co_await std::move(op);
 }
@@ -124,6 +126,7 @@ Awaitable<Result<orch::EnvReply>> EnvironmentAdapter::reset(std::shared_ptr<cons
   orch::EnvReply reply;
   reply.messages = std::move(turn->messages);
   reply.state = std::move(turn->state);
+  reply.tools = std::move(turn->tools);
   co_return reply;
 }
 
@@ -133,7 +136,23 @@ Awaitable<Result<orch::EnvReply>> EnvironmentAdapter::step(std::shared_ptr<const
   auto env = environment(*task);
   if (!env) co_return std::unexpected(env.error());
   ++stats_.steps;
-  auto op = (*env)->step(*task, trajectory.env_state, trajectory.turns, deadline);
+  // The model's tool calls go to the environment as OpenAI tool_calls (rollout/tool_calls.h); a
+  // malformed one ends the trajectory with env reward 0 (the model is penalized, not dropped).
+  std::vector<ChatMessage> turns = trajectory.turns;
+  if (!turns.empty()) {
+    auto parsed = rollout::with_parsed_tool_calls(turns.back(), task->tools);
+    if (!parsed) {
+      ARLO_WARN_EVERY(5.0, "environment: task {}: malformed tool call, the trajectory ends: {}", task->id,
+                      parsed.error().message());
+      orch::EnvReply ended;
+      ended.done = true;
+      ended.reward = 0.0;
+      ended.ended_because = "malformed_tool_call";
+      co_return ended;
+    }
+    turns.back() = std::move(*parsed);
+  }
+  auto op = (*env)->step(*task, trajectory.env_state, turns, deadline);
   auto turn = co_await std::move(op);
   if (!turn) co_return std::unexpected(turn.error());
   orch::EnvReply reply;
@@ -176,7 +195,7 @@ Awaitable<Result<std::optional<std::vector<std::int32_t>>>> EnvironmentAdapter::
   std::vector<ChatMessage> conversation = task.messages;
   conversation.insert(conversation.end(), trajectory.turns.begin(), trajectory.turns.end());
   conversation.insert(conversation.end(), turn.messages.begin(), turn.messages.end());
-  auto op = tokenizer_.chat(trajectory.worker, std::move(conversation), deadline);
+  auto op = tokenizer_.chat(trajectory.worker, std::move(conversation), deadline, task.tools);
   auto rendered = co_await std::move(op);
   if (!rendered) co_return std::unexpected(rendered.error());
   co_return extension_of(*rendered, prompt, trajectory.completion_tokens);

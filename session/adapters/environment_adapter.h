@@ -50,8 +50,9 @@ class WorkerTokenizer {
   // `text` alone, no special tokens.
   Awaitable<Result<std::vector<std::int32_t>>> text(std::string worker, std::string text, orch::TimePoint deadline);
   // The conversation through the worker's chat template, with the generation prompt.
+  // `tools`: the task's OpenAI tool schemas (null: none), sent so the rendering matches the model's.
   Awaitable<Result<std::vector<std::int32_t>>> chat(std::string worker, std::vector<ChatMessage> messages,
-                                                    orch::TimePoint deadline);
+                                                    orch::TimePoint deadline, nlohmann::json tools = nullptr);
 
  private:
   Awaitable<Result<std::vector<std::int32_t>>> call(std::string worker, nlohmann::json body, orch::TimePoint deadline);

@@ -94,6 +94,7 @@ Awaitable<Result<orch::GenerateResult>> RolloutInference::generate_here(orch::Ge
       cr.messages = req.task->messages;
     else
       cr.prompt = req.task->prompt_text();
+    cr.tools = req.task->tools;  // chat tasks: the tools go in the body (rollout/openai.cc)
   }
   cr.sampling = req.sampling;
   cr.sampling.n = req.n;

@@ -296,5 +296,34 @@ TEST_F(EnvironmentAdapterTest, TokenizeFailuresCarryTheirCodes) {
   EXPECT_EQ(wrong.error().code(), ErrorCode::kNotFound);
 }
 
+// Tool calls (docs/environments.md, "Tool calls"): a malformed <tool_call> in the model's turn ends
+// the trajectory with env reward 0 and the counted reason, without calling the environment; a
+// well-formed one goes on (the /tokenize body carries the task's tools).
+TEST_F(EnvironmentAdapterTest, AMalformedToolCallEndsTheTrajectoryWithRewardZero) {
+  Task t = *chat_task();
+  t.tools = Json::parse(R"([{"type": "function", "function": {"name": "add"}}])");
+  auto task = std::make_shared<const Task>(std::move(t));
+  const Ids prompt = *tok_.apply_chat_template({{"system", "add"}, {"user", "23+45="}});
+  Sample trajectory;
+  trajectory.worker = url_;
+  trajectory.env_state = {{"turn", 0}};
+  trajectory.turns = {{"assistant", "<tool_call>{\"name\": \"sub\"}</tool_call>"}};
+  auto reply = step(task, trajectory, prompt);
+  ASSERT_TRUE(reply) << reply.error().what();
+  EXPECT_TRUE(reply->done);
+  EXPECT_EQ(reply->reward, 0.0);
+  EXPECT_EQ(reply->ended_because, "malformed_tool_call");
+
+  const std::string call = "<tool_call>{\"name\": \"add\"}</tool_call>";
+  trajectory.text = call;
+  trajectory.completion_tokens = tok_.encode(call + "\n");
+  trajectory.turns = {{"assistant", call}};
+  auto ok = step(task, trajectory, prompt);
+  ASSERT_TRUE(ok) << ok.error().what();
+  EXPECT_FALSE(ok->done);
+  EXPECT_TRUE(ok->ended_because.empty());
+  EXPECT_FALSE(ok->tokens.empty());
+}
+
 }  // namespace
 }  // namespace arlo::session::adapters
