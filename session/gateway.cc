@@ -190,6 +190,21 @@ Awaitable<Result<rollout::Completion>> submit_whole(rollout::InferencePool& pool
   co_return first;
 }
 
+// Each trajectory in flight holds about three descriptors in this process: its request to the agent
+// program (open while the program runs), the program's connection to the gateway and the pool's to a
+// worker; the rest of the process gets a margin.
+Status check_open_files(std::size_t inflight) {
+  auto limit = http::raise_open_file_limit();
+  if (!limit) return std::unexpected(limit.error());
+  const std::uint64_t need = 3 * static_cast<std::uint64_t>(inflight) + 256;
+  if (*limit >= need) return ok();
+  return make_error(ErrorCode::kResourceExhausted,
+                    fmt::format("policy gateway: {} trajectories in flight (orchestrator.max_inflight) hold about {} "
+                                "open files, but this process may open {} (RLIMIT_NOFILE, already raised to its hard "
+                                "limit): raise the hard limit (ulimit -Hn, LimitNOFILE) or lower max_inflight",
+                                inflight, need, *limit));
+}
+
 }  // namespace
 
 struct Gateway::Trajectory {
@@ -282,6 +297,8 @@ GatewayOptions gateway_options(const config::Config& cfg) {
   o.agent_url = cfg.string("gateway.agent_url");
   o.envs = cfg.strings("gateway.envs");
   o.agent_timeout = std::chrono::milliseconds(std::llround(1000 * cfg.number("gateway.agent_timeout_s")));
+  o.call_timeout = std::chrono::milliseconds(std::llround(1000 * cfg.number("gateway.call_timeout_s")));
+  o.max_inflight = static_cast<std::size_t>(std::max<std::int64_t>(1, cfg.integer("orchestrator.max_inflight")));
   return o;
 }
 
@@ -303,6 +320,7 @@ Gateway::Gateway(boost::asio::io_context& io, rollout::InferencePool& pool, Gate
         http::ClientOptions co;
         co.token = options_.token;
         co.retry.max_attempts = 1;
+        co.max_idle_per_host = options_.max_inflight;  // else each trajectory past it opens a connection
         return co;
       }()) {
   auto route = [this](bool chat) {
@@ -320,6 +338,7 @@ Gateway::~Gateway() { server_.close(); }
 
 Result<std::uint16_t> Gateway::start() {
   ARLO_TRY(auth::require_token_off_loopback("policy gateway", options_.bind, options_.token));
+  ARLO_TRY(check_open_files(options_.max_inflight));
   return server_.start();
 }
 
@@ -352,6 +371,7 @@ void Gateway::count(std::uint64_t& field, std::uint64_t n) {
       {&GatewayStats::rewrites, "rewrites"},
       {&GatewayStats::stop_tokens_dropped, "stop_tokens_dropped"},
       {&GatewayStats::call_failures, "call_failures"},
+      {&GatewayStats::call_timeouts, "call_timeouts"},
       {&GatewayStats::agent_failures, "agent_failures"},
   };
   for (const auto& [member, name] : kNames)
@@ -363,7 +383,11 @@ void Gateway::count(std::uint64_t& field, std::uint64_t n) {
 http::Response Gateway::refuse(std::uint64_t& counter, int status, std::string message, std::string param) {
   count(counter);
   ARLO_WARN_EVERY(5.0, "policy gateway: {} ({})", message, status);
-  const char* type = status == 404 ? "not_found_error" : status == 409 ? "conflict_error" : "invalid_request_error";
+  const char* type = status == 404   ? "not_found_error"
+                     : status == 409 ? "conflict_error"
+                     : status == 504 ? "timeout_error"
+                     : status == 502 ? "server_error"
+                                     : "invalid_request_error";
   return http::Response::error(status, std::move(message), type, std::move(param));
 }
 
@@ -419,7 +443,10 @@ Awaitable<http::Response> Gateway::call(std::string id, http::Request request, b
   cr.extra = rollout::token_data_request(options_.server, cr.is_chat());
   cr.cache_salt = options_.server == rollout::AdminDialect::kVllm || options_.server == rollout::AdminDialect::kSglang;
   t.busy = true;
-  auto op = submit_whole(pool_, cr, t.deadline, options_.server);
+  const auto call_deadline = options_.call_timeout.count() > 0
+                                 ? std::min(t.deadline, SteadyTime::clock::now() + options_.call_timeout)
+                                 : t.deadline;
+  auto op = submit_whole(pool_, cr, call_deadline, options_.server);
   auto done = co_await std::move(op);
   it = open_.find(id);  // the program's answer may have closed it meanwhile
   if (it == open_.end())
@@ -427,6 +454,12 @@ Awaitable<http::Response> Gateway::call(std::string id, http::Request request, b
                      "trajectory");
   Trajectory& now = *it->second;
   now.busy = false;
+  if (!done && done.error().code() == ErrorCode::kTimeout && call_deadline < now.deadline)
+    co_return refuse(stats_.call_timeouts, 504,
+                     fmt::format("trajectory {}: the model call took longer than gateway.call_timeout_s ({} s) and "
+                                 "was dropped; the trajectory goes on",
+                                 id, std::chrono::duration<double>(options_.call_timeout).count()),
+                     "trajectory");
   if (!done) {
     const int status = done.error().code() == ErrorCode::kTimeout ? 504 : 502;
     co_return refuse(stats_.call_failures, status, done.error().what(), "model");

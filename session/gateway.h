@@ -3,10 +3,10 @@
 // (/v1/chat/completions, /v1/completions) that agent programs use as their model during a run. Each
 // call names its trajectory (the per-trajectory base URL http://host:port/t/<id>/v1, the header
 // X-Arlo-Trajectory or the query parameter `trajectory`), goes through the run's worker pool (sticky
-// to one worker per trajectory: the id is the pool's affinity key) under the trajectory's deadline,
-// and is recorded into the trajectory: the ids its prompt adds beyond what the trajectory holds (loss
-// mask 0), then the completion (loss mask 1, its logprobs and versions). An aborted call (abort-mode
-// weight update) is continued here from its tokens, so the program sees one answer.
+// to one worker per trajectory: the id is the pool's affinity key) under the trajectory's deadline
+// (and a per-call one, call_timeout), and is recorded into the trajectory: the ids its prompt adds beyond what the
+// trajectory holds (loss mask 0), then the completion (loss mask 1, its logprobs and versions). An aborted call
+// (abort-mode weight update) is continued here from its tokens, so the program sees one answer.
 //
 // An agent task's group (AgentRunner::run) opens n trajectories and POSTs to the agent program
 // (gateway.agent_url) {"task", "trajectory", "base_url", "api_key", "sampling"} for each; the
@@ -48,6 +48,13 @@ struct GatewayOptions {
   std::vector<std::string> envs;  // task environments the program drives (empty: every task)
   // How long a program may take for one trajectory when the request has no deadline of its own.
   std::chrono::milliseconds agent_timeout{std::chrono::minutes(10)};
+  // How long one model call may take (0: up to the trajectory's deadline). A call past it gets a 504
+  // naming its trajectory, is counted (call_timeouts), and the trajectory goes on.
+  std::chrono::milliseconds call_timeout{0};
+  // Trajectories in flight at once (orchestrator.max_inflight): the client to the agent program keeps
+  // as many idle connections (one per trajectory's request), and start() checks that this process may
+  // open the descriptors they hold.
+  std::size_t max_inflight = 64;
   std::string model;  // the model name sent to the workers ("" lets them pick)
   rollout::AdminDialect server = rollout::AdminDialect::kArlo;
   std::size_t max_body_bytes = 4u << 20;
@@ -65,6 +72,7 @@ struct GatewayStats {
   std::uint64_t rewrites = 0;             // 409: the prompt did not extend the trajectory (it ended there)
   std::uint64_t stop_tokens_dropped = 0;  // a turn's final stop token the next prompt left out (not trained)
   std::uint64_t call_failures = 0;        // 502/504: the pool could not answer
+  std::uint64_t call_timeouts = 0;        // 504: a call ran past call_timeout (its trajectory went on)
   std::uint64_t agent_failures = 0;       // trajectories whose program failed, timed out or answered garbage
 };
 
@@ -81,7 +89,9 @@ class Gateway final : public adapters::AgentRunner {
   Gateway(const Gateway&) = delete;
   Gateway& operator=(const Gateway&) = delete;
 
-  // Binds (refused off loopback without a token) and serves; returns the port.
+  // Binds (refused off loopback without a token) and serves; returns the port. Raises the open-file
+  // limit to its hard limit first, and refuses (kResourceExhausted) when that cannot hold the
+  // descriptors max_inflight trajectories need.
   Result<std::uint16_t> start();
   void close();
   std::uint16_t port() const;

@@ -169,10 +169,11 @@ int bench(const Args& args, const std::string& worker_url) {
 // --lag: the event-loop lag p99 with --concurrency trajectories open at once through the gateway.
 //
 // Wired as `arlo run` wires a gateway run: the orchestrator's loop on this thread, the worker pool
-// and the gateway on a network thread (nice 5). Outside both, on a third thread (nice 5, as a
-// remote machine would not compete): a free completion server (answers at once: what is measured is
-// arlo's loops, not a model) and the agent program, which runs each trajectory as --calls calls
-// through the gateway. Two runs against the same server in one process: single-turn (the
+// and the gateway on a network thread (nice 5). Outside both, in a child process (nice 5, as a
+// remote machine would not compete, and holding the far ends of the sockets as it would): a free
+// completion server (answers at once: what is measured is arlo's loops, not a model) and the agent
+// program, which runs each trajectory as --calls calls through the gateway. Two runs against the
+// same server: single-turn (the
 // orchestrator calls the pool itself, one call per rollout, as `arlo bench dispatch` measures it)
 // and gateway (each rollout is an agent trajectory). Lag is LagProbe's (20 ms period), on the
 // orchestrator's loop (the one the target is about) and on the network thread (where the gateway
@@ -186,6 +187,7 @@ struct LagArgs {
 struct LoopFigures {
   long rollouts = 0, errors = 0;
   double wall_s = 0, lag_p50_s = 0, lag_p99_s = 0, network_p99_s = 0;
+  std::uint64_t gateway_calls = 0;
 };
 
 // The free server's answer: n completions of max_tokens ids each, the prompt's ids echoed back.
@@ -215,7 +217,7 @@ arlo::http::ClientOptions client_options(int concurrency) {
   return o;
 }
 
-// The free server and the agent program, on a thread of their own.
+// The free server and the agent program: run in a child process of their own (see start_outside).
 class Outside {
  public:
   Outside(const Args& args, int concurrency)
@@ -236,31 +238,21 @@ class Outside {
           auto job = json::parse(req.body);
           const auto n = std::stoull(job["task"]["id"].get<std::string>());
           json prompt = {101, 2023, 2003, 1037, 2460, 25732, static_cast<std::int32_t>(n % 30000)};
+          std::vector<double> times;
           auto op =
-              trajectory(client_, job["base_url"].get<std::string>(), args.calls, args.max_tokens, n, calls_, prompt);
+              trajectory(client_, job["base_url"].get<std::string>(), args.calls, args.max_tokens, n, times, prompt);
           const bool ok = co_await std::move(op);
           co_return arlo::http::Response::json(ok ? 200 : 500, {{"reward", static_cast<double>(n % 2)}});
         });
   }
   // The server's and the agent's ports; nullopt when either cannot bind.
-  std::optional<std::pair<std::uint16_t, std::uint16_t>> start() {
+  std::optional<std::pair<std::uint16_t, std::uint16_t>> bind() {
     auto s = server_.start();
     auto a = agent_.start();
     if (!s || !a) return std::nullopt;
-    thread_ = std::thread([this] {
-      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), arlo::kNetworkThreadNice);
-      io_.run();
-    });
     return std::pair{*s, *a};
   }
-  void stop() {
-    guard_.reset();
-    asio::co_spawn(io_, server_.stop(), asio::detached);
-    asio::co_spawn(io_, agent_.stop(), asio::detached);
-    asio::post(io_, [this] { client_.close_idle(); });
-    thread_.join();
-  }
-  std::size_t calls() const { return calls_.size(); }  // after stop()
+  void run() { io_.run(); }
 
  private:
   asio::io_context io_;
@@ -268,9 +260,43 @@ class Outside {
   arlo::http::Server server_;
   arlo::http::Server agent_;
   arlo::http::Client client_;
-  std::vector<double> calls_;
-  std::thread thread_;
 };
+
+struct OutsideProcess {
+  pid_t pid = -1;
+  std::uint16_t server_port = 0, agent_port = 0;
+};
+
+// Forks the free server and the agent program into a child process (nice 5), as they would run
+// apart from arlo: the far end of every socket (about 3 per trajectory in flight) lives there, not in
+// the measured process's descriptor table, which then holds what `arlo run` would. Call before any
+// thread starts. SIGTERM ends the child.
+std::optional<OutsideProcess> start_outside(const Args& args, int concurrency) {
+  int fds[2];
+  if (::pipe(fds) != 0) return std::nullopt;
+  OutsideProcess out;
+  out.pid = ::fork();
+  if (out.pid == 0) {
+    ::close(fds[0]);
+    ::setpriority(PRIO_PROCESS, 0, arlo::kNetworkThreadNice);
+    Outside outside(args, concurrency);
+    const auto ports = outside.bind();
+    const std::uint16_t p[2] = {ports ? ports->first : std::uint16_t{0}, ports ? ports->second : std::uint16_t{0}};
+    const bool told = ::write(fds[1], p, sizeof p) == static_cast<ssize_t>(sizeof p);
+    ::close(fds[1]);
+    if (ports && told) outside.run();
+    ::_exit(1);
+  }
+  ::close(fds[1]);
+  std::uint16_t p[2] = {0, 0};
+  const bool got = out.pid > 0 && ::read(fds[0], p, sizeof p) == static_cast<ssize_t>(sizeof p);
+  ::close(fds[0]);
+  out.server_port = p[0];
+  out.agent_port = p[1];
+  if (got && p[0] != 0 && p[1] != 0) return out;
+  if (out.pid > 0) ::kill(out.pid, SIGTERM);
+  return std::nullopt;
+}
 
 // Takes each batch at once and then says its version is out, with nothing to fetch: the workers'
 // weight updates are admin calls the free server answers at once.
@@ -305,15 +331,19 @@ LoopFigures run_loop(std::uint16_t server_port, std::optional<std::uint16_t> age
   if (agent_port) {
     session::GatewayOptions go;
     go.agent_url = fmt::format("http://127.0.0.1:{}/", *agent_port);
+    go.max_inflight = static_cast<std::size_t>(concurrency);
     gateway = std::make_unique<session::Gateway>(network.context(), pool, go);
     agents.emplace(inference, *gateway, network.executor());
   }
   std::unique_ptr<RealClock> network_clock;
   std::unique_ptr<orch::LagProbe> network_probe;
-  bool started = true;
+  arlo::Status started = arlo::ok();
   network.run_and_wait([&] {
     pool.start();
-    if (gateway) started = gateway->start().has_value();
+    if (gateway) {
+      auto port = gateway->start();
+      if (!port) started = std::unexpected(port.error());
+    }
     network_clock = std::make_unique<RealClock>(network.executor());
     network_probe = std::make_unique<orch::LagProbe>(*network_clock, std::chrono::milliseconds(20));
     network_probe->start();
@@ -332,9 +362,7 @@ LoopFigures run_loop(std::uint16_t server_port, std::optional<std::uint16_t> age
   orch::LagProbe probe(clock, std::chrono::milliseconds(20));
   LoopFigures f;
   const auto t0 = SteadyClock::now();
-  if (auto st = started ? arlo::testing::run_probed(io, orchestrator, probe)
-                        : arlo::make_error(ErrorCode::kUnavailable, "gateway did not bind");
-      !st) {
+  if (auto st = started ? arlo::testing::run_probed(io, orchestrator, probe) : started; !st) {
     fmt::print(stderr, "bench: {}\n", st.error().what());
     std::exit(1);
   }
@@ -342,7 +370,10 @@ LoopFigures run_loop(std::uint16_t server_port, std::optional<std::uint16_t> age
   network.run_and_wait([&] {
     f.network_p99_s = network_probe->take().p99;
     network_probe->stop();
-    if (gateway) gateway->close();
+    if (gateway) {
+      f.gateway_calls = gateway->stats().calls;
+      gateway->close();
+    }
     pool.stop();
   });
   network.stop();
@@ -358,12 +389,14 @@ LoopFigures run_loop(std::uint16_t server_port, std::optional<std::uint16_t> age
 int lag_bench(const Args& args, const LagArgs& lag) {
   arlo::log::Options log_options;
   log_options.level = "warn";
+  (void)arlo::http::raise_open_file_limit();  // before the fork: the child's limit too
+  const auto outside = start_outside(args, lag.concurrency);
+  if (!outside) {
+    fmt::print(stderr, "bench: the free server and agent process did not start\n");
+    return 1;
+  }
   (void)arlo::log::init(log_options);
-  (void)arlo::http::raise_open_file_limit();
   const long n = lag.trajectories > 0 ? lag.trajectories : 2L * lag.concurrency;
-  Outside outside(args, lag.concurrency);
-  const auto ports = outside.start();
-  if (!ports) return 1;
   fmt::print(
       "arlo-bench-gateway --lag: {} rollouts in flight, {} per run, free local server, {} tokens per call; gateway "
       "trajectories make {} calls each\n",
@@ -375,12 +408,13 @@ int lag_bench(const Args& args, const LagArgs& lag) {
                static_cast<double>(f.rollouts) / std::max(f.wall_s, 1e-9), f.lag_p50_s * 1e3, f.lag_p99_s * 1e3,
                f.network_p99_s * 1e3, f.errors);
   };
-  const auto single = run_loop(ports->first, std::nullopt, lag.concurrency, n, args.max_tokens);
+  const auto single = run_loop(outside->server_port, std::nullopt, lag.concurrency, n, args.max_tokens);
   row("single-turn", single);
-  const auto through = run_loop(ports->first, ports->second, lag.concurrency, n, args.max_tokens);
+  const auto through = run_loop(outside->server_port, outside->agent_port, lag.concurrency, n, args.max_tokens);
   row("gateway", through);
-  outside.stop();
-  fmt::print("gateway model calls: {}\n", outside.calls());
+  ::kill(outside->pid, SIGTERM);
+  ::waitpid(outside->pid, nullptr, 0);
+  fmt::print("gateway model calls: {}\n", through.gateway_calls);
   // A run with failed rollouts (e.g. the open-file limit: every socket has both ends in this process)
   // did not hold the concurrency it claims: it does not pass.
   const bool pass = through.lag_p99_s < 0.010 && through.errors == 0 && single.errors == 0;

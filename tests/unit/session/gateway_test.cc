@@ -87,10 +87,11 @@ class GatewayTest : public ::testing::Test {
     io_.run_for(std::chrono::milliseconds(50));
   }
 
-  void start_gateway(std::string agent_url) {
+  void start_gateway(std::string agent_url, std::chrono::milliseconds call_timeout = {}) {
     GatewayOptions o;
     o.token = kToken;
     o.agent_url = std::move(agent_url);
+    o.call_timeout = call_timeout;
     gateway_ = std::make_unique<Gateway>(io_, *pool_, o);
     auto port = gateway_->start();
     ASSERT_TRUE(port) << port.error().what();
@@ -342,6 +343,63 @@ TEST_F(GatewayTest, BadCallsAreClearCountedErrorsAndTheRunGoesOn) {
   EXPECT_EQ(call("/t/7-0-0/v1/completions", {}), 401);
   EXPECT_EQ(gateway_->stats().unknown_trajectory, 3U);
   agent.server.close();
+}
+
+// An agent whose first call meets a paused worker (keep mode: the worker holds the call, answering
+// nothing): past gateway.call_timeout_s the gateway answers it 504 with an OpenAI error naming the
+// trajectory, and counts it. The agent resumes the worker and calls again (a call that also runs past
+// the timeout on a loaded machine is answered 504 the same way, and it tries again); the trajectory
+// records the call that was answered and closes with the agent's reward.
+TEST_F(GatewayTest, ACallPastItsTimeoutIsA504AndTheTrajectoryGoesOn) {
+  http::Client client(io_);
+  http::Server agent(io_, http::ServerOptions{});
+  const std::string worker = worker_->url();
+  std::vector<std::pair<int, json>> seen;  // each call's status and body
+  agent.route(http::Verb::post, "/", [&](http::Request req) -> Awaitable<http::Response> {
+    const std::string base = json::parse(req.body)["base_url"];
+    auto paused = co_await client.post_json(worker + "/pause?mode=keep", json::object());
+    EXPECT_TRUE(paused && paused->status == 200);
+    for (int i = 0; i < 10 && (seen.empty() || seen.back().first != 200); ++i) {
+      if (i == 1) (void)co_await client.post_json(worker + "/resume", json::object());
+      http::ClientRequest cr;
+      cr.method = http::Verb::post;
+      cr.url = base + "/completions";
+      cr.body = R"({"prompt": "1+1=", "max_tokens": 3})";
+      cr.headers["Authorization"] = std::string("Bearer ") + kToken;
+      auto a = co_await client.request(std::move(cr));
+      seen.emplace_back(a ? a->status : -1, a ? json::parse(a->body, nullptr, false) : json());
+    }
+    co_return http::Response::json(200, {{"reward", 0.5}});
+  });
+  auto port = agent.start();
+  ASSERT_TRUE(port);
+  start_gateway(fmt::format("http://127.0.0.1:{}/", *port), std::chrono::milliseconds(1000));
+  metrics::Registry registry;
+  gateway_->count_into(&registry);
+  auto r = run_group(1);
+  agent.close();
+  ASSERT_TRUE(r) << r.error().what();
+  ASSERT_GE(seen.size(), 2U);
+  EXPECT_EQ(seen.back().first, 200);
+  const auto timeouts = static_cast<std::size_t>(
+      std::count_if(seen.begin(), seen.end(), [](const std::pair<int, json>& s) { return s.first == 504; }));
+  EXPECT_EQ(timeouts, seen.size() - 1);  // every call but the answered one
+  const json& first = seen.front().second;
+  ASSERT_TRUE(first.contains("error")) << first.dump();
+  EXPECT_EQ(first["error"]["type"], "timeout_error");
+  EXPECT_EQ(first["error"]["param"], "trajectory");
+  EXPECT_EQ(first["error"]["code"], 504);
+  const std::string message = first["error"]["message"];
+  EXPECT_NE(message.find("trajectory 7-0-"), std::string::npos) << message;
+  EXPECT_NE(message.find("gateway.call_timeout_s"), std::string::npos) << message;
+  const auto st = gateway_->stats();
+  EXPECT_EQ(st.call_timeouts, timeouts);
+  EXPECT_EQ(st.call_failures, 0U);
+  EXPECT_EQ(st.calls, 1U);
+  EXPECT_EQ(registry.counter("gateway/call_timeouts").value(), static_cast<double>(timeouts));
+  ASSERT_EQ(r->completions.size(), 1U);
+  EXPECT_EQ(r->completions[0].env_reward, 0.5);
+  EXPECT_EQ(r->completions[0].turn_versions.size(), 1U);
 }
 
 // The decorator hands agent tasks to the runner and everything else to the port it wraps.
