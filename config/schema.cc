@@ -315,6 +315,22 @@ std::vector<Key> source_item_keys() {
       objects_key("reward", reward_module_keys(), "[]",
                   "Its own reward modules, each with the keys of a reward.modules item (empty: reward.modules).")
           .range(0, 64),
+      map_key("sampling", "{}",
+              "Its training rollouts' sampling where it differs from the sampling section: any of temperature, "
+              "top_p, max_tokens and stop, e.g. {temperature: 0.7, max_tokens: 512}."),
+  };
+}
+
+// What an env.sources item's `sampling` map may override, with the sampling section's bounds.
+std::vector<OptionSpec> source_sampling_options() {
+  return {
+      float_option("temperature", nullptr, "Sampling temperature.").range(0.0, 10.0),
+      float_option("top_p", nullptr, "Nucleus sampling.").range(0.0, 1.0),
+      int_option("max_tokens", nullptr, "Most tokens per completion.").range(1, 1 << 20),
+      any_option("stop", "Strings that end a completion.").checked_by([](const nlohmann::json& v) -> std::string {
+        if (v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_string(); })) return "";
+        return "must be a list of strings";
+      }),
   };
 }
 
@@ -644,10 +660,6 @@ Section gateway_section() {
           float_key("agent_timeout_s", 600.0,
                     "How long the program may take for one trajectory when its group has no deadline of its own.")
               .range(0.001, 86400.0),
-          float_key("call_timeout_s", 0.0,
-                    "How long one model call through the gateway may take (0: up to its trajectory's deadline); a "
-                    "call past it gets a 504 naming the trajectory, is counted, and the trajectory goes on.")
-              .range(0.0, 86400.0),
       }};
 }
 
@@ -882,6 +894,7 @@ void sources_complete(const Config& c, std::vector<Violation>& out) {
     if (kind->needs_path && s.string("path").empty())
       out.push_back({s.where("kind"), item + ".path is required when its kind is " + kind->name});
     source_options(s, *kind, item, out);
+    (void)checked_options(s, "sampling", source_sampling_options(), item, out);
     const std::string name = s.string("name").empty() ? kind->name : s.string("name");
     if (auto same = std::find(names.begin(), names.end(), name); same != names.end())
       out.push_back({s.where("name"), item + ".name: '" + name + "' is also env.sources[" +

@@ -153,7 +153,7 @@ void RolloutDispatcher::pump() {
       auto& rec = create_group(RolloutKind::kTrain, std::move(*task), opt_.group_size);
       rec.group->target_step = target;
       ++inflight_train_groups_;
-      start_group(rec, opt_.sampling.max_tokens);
+      start_group(rec, sampling_of(*rec.group).max_tokens);
       continue;
     }
     break;
@@ -223,7 +223,7 @@ void RolloutDispatcher::launch(Record& rec, std::vector<int> samples, std::vecto
   req.task = g.task;
   req.prompt_tokens = std::move(prompt);
   req.n = static_cast<int>(samples.size());
-  req.sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
+  req.sampling = sampling_of(g);
   req.sampling.max_tokens = max_tokens;
   req.seed = rng_();
   req.deadline = clock_.now() + opt_.request_timeout;
@@ -319,9 +319,15 @@ void RolloutDispatcher::launch_continuation(const Continuation& c) {
   launch(rec, {c.sample}, std::move(prompt), left);
 }
 
+const SamplingParams& RolloutDispatcher::sampling_of(const Group& g) const {
+  if (g.kind == RolloutKind::kEval) return opt_.eval_sampling;
+  const auto it = opt_.source_sampling.find(g.task->env);
+  return it == opt_.source_sampling.end() ? opt_.sampling : it->second;
+}
+
 std::int64_t RolloutDispatcher::turn_budget(const Record& rec, int sample) const {
   const auto& g = *rec.group;
-  const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
+  const auto& sampling = sampling_of(g);
   const auto size = static_cast<std::int64_t>(g.completions[sample].completion_tokens.size());
   if (!rec.multi_turn) return sampling.max_tokens - size;
   const auto turn = size - static_cast<std::int64_t>(rec.turns[sample].turn_start);
@@ -397,7 +403,7 @@ void RolloutDispatcher::launch_group_turn(Record& rec) {
     samples.push_back(s);
   }
   if (samples.empty()) return;
-  const auto& sampling = g.kind == RolloutKind::kEval ? opt_.eval_sampling : opt_.sampling;
+  const auto& sampling = sampling_of(g);
   launch(rec, std::move(samples), g.prompt_tokens, std::min(sampling.max_tokens, opt_.max_trajectory_tokens));
 }
 

@@ -151,6 +151,8 @@ class RolloutDispatcher {
   void apply_step(Record& rec, int sample, EnvReply&& reply);
   void complete_trajectory(Record& rec, int sample, FinishReason reason);
   std::int64_t turn_budget(const Record& rec, int sample) const;
+  // The group's sampling: eval's, its source's (Options::source_sampling) or the run's.
+  const SamplingParams& sampling_of(const Group& g) const;
   void end_sample(Record& rec, int sample, SampleState state, const std::string& reason = {});
   void maybe_finish(std::uint64_t group_id);
   void cancel_where(const std::string& reason, bool train_only);

@@ -4,6 +4,7 @@
 // `ckpt` and `status` config sections; tests fill it by hand.
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct Options {
   int max_filtered_groups_per_step = 0;    // past this, equal-reward groups are kept; 0 = auto
   std::uint64_t seed = 0;                  // request seeds
   SamplingParams sampling;
+  // Training sampling per task env (an env.sources item's name) where that source overrides the
+  // sampling section (env.sources[].sampling); the others use `sampling`. Eval uses eval_sampling.
+  std::map<std::string, SamplingParams> source_sampling;
   Duration request_timeout = std::chrono::minutes(10);
   Duration score_timeout = std::chrono::seconds(60);
   Duration trainer_timeout{};  // a batch not accepted by the trainer within this is fatal; 0 = no bound

@@ -14,6 +14,10 @@ orch::Duration seconds(double s) {
 }
 }  // namespace
 
+std::string source_name(const config::Config& item) {
+  return item.string("name").empty() ? item.string("kind") : item.string("name");
+}
+
 Result<orch::Options> options_from_config(const config::Config& cfg) {
   orch::Options o;
   o.batch_size = static_cast<int>(cfg.integer("orchestrator.batch_size"));
@@ -34,6 +38,16 @@ Result<orch::Options> options_from_config(const config::Config& cfg) {
   o.sampling.top_p = cfg.number("sampling.top_p");
   o.sampling.max_tokens = cfg.integer("sampling.max_tokens");
   o.sampling.stop = cfg.strings("sampling.stop");
+  for (const auto& source : cfg.objects("env.sources")) {  // their sampling overrides (checked by the schema)
+    const auto& over = source.map("sampling");
+    if (!over.is_object() || over.empty()) continue;
+    SamplingParams sp = o.sampling;
+    sp.temperature = over.value("temperature", sp.temperature);
+    sp.top_p = over.value("top_p", sp.top_p);
+    sp.max_tokens = over.value("max_tokens", sp.max_tokens);
+    sp.stop = over.value("stop", sp.stop);
+    o.source_sampling[source_name(source)] = std::move(sp);
+  }
 
   o.max_turns = static_cast<int>(cfg.integer("env.max_turns"));
   o.max_trajectory_tokens = cfg.integer("env.max_trajectory_tokens");

@@ -10,5 +10,7 @@ namespace arlo::session {
 
 // Fails (kInvalidArgument, citing the config location) when the values are inconsistent.
 Result<orch::Options> options_from_config(const config::Config& cfg);
+// An env.sources item's name (its tasks' env): its `name`, else its kind.
+std::string source_name(const config::Config& item);
 
 }  // namespace arlo::session

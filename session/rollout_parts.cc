@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "reference/tokenizer.h"
+#include "session/config_options.h"
 #include "rollout/admin.h"
 #include "rollout/environment.h"
 
@@ -129,11 +130,6 @@ class SourceRewards final : public rollout::RewardModule {
   std::shared_ptr<rollout::RewardModule> fallback_;
   std::map<std::string, std::shared_ptr<rollout::RewardModule>> by_source_;
 };
-
-// An env.sources item's name: its `name`, else its kind.
-std::string source_name(const config::Config& item) {
-  return item.string("name").empty() ? item.string("kind") : item.string("name");
-}
 
 // The run's reward module: reward.modules, routed per source with env.sources.
 Result<std::shared_ptr<rollout::RewardModule>> make_run_reward(const config::Config& cfg) {

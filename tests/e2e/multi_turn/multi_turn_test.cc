@@ -7,11 +7,14 @@
 // tokenizer's one id per character), one version per model turn, the environment's reward as the
 // `env` module's score.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -75,6 +78,54 @@ TEST(MultiTurnE2E, TrajectoriesOfSeveralTurnsTrainWithTheEnvironmentsTokensMaske
   EXPECT_GT(samples, 0u);
   EXPECT_GT(several_turns, 0u) << "no trajectory had more than one model turn";
   std::printf("multi-turn e2e: %zu samples in rollouts.jsonl, %zu of several model turns\n", samples, several_turns);
+  fs::remove_all(dir);
+}
+
+// An environment server over the HTTP protocol (examples/env_server/server.py under the project's
+// Python) through `arlo run`: the run ends ok with every step trained, and the server was stepped.
+// With MALLOC_PERTURB_ freed memory is overwritten, so a use after free at the end of the run (the
+// environment's HTTP client outliving the io_context its connections live on) crashes it here.
+TEST(MultiTurnE2E, AnEnvironmentServerOverHttpThroughArloRun) {
+  const char* src = std::getenv("ARLO_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  const fs::path dir = arlo::e2e::fresh_temp_dir("arlo_multi_turn_http_e2e");
+  const fs::path server_log = dir / "server.log";
+  const pid_t server = arlo::e2e::spawn_logged({ARLO_PYTHON_BINARY, ARLO_ENV_SERVER, "--port", "0"}, server_log);
+  ASSERT_GT(server, 0);
+  struct StopServer {
+    pid_t pid;
+    ~StopServer() {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } stop_server{server};
+  ASSERT_TRUE(arlo::e2e::wait_for_text(server_log, "listening on port ", server, std::chrono::seconds(60)))
+      << arlo::e2e::read_text(server_log);
+  const std::string text = arlo::e2e::read_text(server_log);
+  const int port = std::atoi(text.c_str() + text.find("port ") + 5);
+  ASSERT_GT(port, 0) << text;
+  {
+    std::ofstream tasks(dir / "tasks.jsonl");
+    for (int i = 0; i < 16; ++i) {
+      std::string id = "t";
+      id += std::to_string(i);
+      tasks << nlohmann::json{{"id", id}, {"prompt", "guess: "}, {"info", {{"secret", 1 + i}}}} << "\n";
+    }
+  }
+  const fs::path run_dir = dir / "run";
+  const int steps = 3;
+  auto args = arlo::e2e::arlo_run_argv(
+      ARLO_BINARY, std::string(src) + "/configs/multi-turn.yaml",
+      {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0", "run.max_steps=" + std::to_string(steps),
+       "orchestrator.sft_warmup_steps=0", "orchestrator.batch_size=16", "eval.interval=0", "env.kind=http",
+       "env.url=http://127.0.0.1:" + std::to_string(port), "env.path=" + (dir / "tasks.jsonl").string()});
+  ::setenv("MALLOC_PERTURB_", "165", 1);
+  const auto run = arlo::e2e::run_to_end(args, dir / "run.log");
+  ::unsetenv("MALLOC_PERTURB_");
+  ASSERT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << arlo::e2e::tail(run.output);
+  const auto summary = nlohmann::json::parse(arlo::e2e::read_text(run_dir / "summary.json"));
+  arlo::e2e::expect_every_step_trained(summary, run_dir, steps, 2);
+  EXPECT_NE(arlo::e2e::read_text(server_log).find("POST /step"), std::string::npos) << arlo::e2e::read_text(server_log);
   fs::remove_all(dir);
 }
 

@@ -480,6 +480,34 @@ TEST(WeightUpdate, WaitModeDrainsBeforeSwapping) {
   for (std::size_t i = 4; i < 6; ++i) EXPECT_EQ(h.inf.pending()[i].version_at_submit, 1);
 }
 
+// A source's sampling (env.sources[].sampling) replaces the run's for its tasks, continuations included.
+TEST(SourceSampling, ASourcesOwnSamplingGoesWithItsRequestsAndContinuations) {
+  Harness h;
+  SamplingParams arith = h.opt.sampling;
+  arith.temperature = 0.25;
+  arith.max_tokens = 3;
+  arith.stop = {"x"};
+  h.opt.source_sampling["arith"] = arith;  // FakeTasks' env
+  h.opt.source_sampling["other"].temperature = 9.0;
+  h.opt.update_mode = PauseMode::kAbort;
+  h.opt.max_async_level = 0;
+  h.opt.max_steps = 1;
+  h.start();
+  ASSERT_EQ(h.open(), 2u);
+  for (const auto& r : h.inf.requests()) {
+    EXPECT_EQ(r.sampling.temperature, 0.25);
+    EXPECT_EQ(r.sampling.max_tokens, 3);
+    EXPECT_EQ(r.sampling.stop, std::vector<std::string>{"x"});
+  }
+  h.trainer.publish(1);
+  h.settle();
+  ASSERT_EQ(h.inf.requests().size(), 6u);
+  for (std::size_t i = 2; i < 6; ++i) {  // continued after one token: the source's budget less that token
+    EXPECT_EQ(h.inf.requests()[i].sampling.max_tokens, 2);
+    EXPECT_EQ(h.inf.requests()[i].sampling.temperature, 0.25);
+  }
+}
+
 TEST(WeightUpdate, AbortModeContinuesSamplesFromTheirTokens) {
   Harness h;
   h.opt.update_mode = PauseMode::kAbort;

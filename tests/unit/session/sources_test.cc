@@ -1,11 +1,13 @@
 // env.sources in `arlo run` (session/rollout_parts.cc): the task mix in its ratio with tasks named by
 // source, the eval set of each source, the resume cursor, the reward modules chosen per source with
 // their per-source metrics, multi-turn environments by source name, check-config's errors naming
-// env.sources[i].key, and a single-source config whose cursor is what it was.
+// env.sources[i].key, each source's own sampling, and a single-source config whose cursor is what it
+// was.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "session/config_options.h"
 #include "session/rollout_parts.h"
 #include "tests/unit/session/session_test_util.h"
 
@@ -103,6 +105,37 @@ TEST(RunSources, CheckConfigNamesTheSourceAndKey) {
   ASSERT_FALSE(bad_ratio);
   EXPECT_NE(std::string(bad_ratio.error().what()).find("env.sources[0].ratio"), std::string::npos)
       << bad_ratio.error().what();
+}
+
+// env.sources[].sampling: the named keys override the sampling section for that source's training
+// rollouts (Options::source_sampling, by source name); a source without it uses the section; bad keys
+// and values are refused naming the source.
+TEST(RunSources, EachSourceItsOwnSampling) {
+  auto cfg = load_yaml(R"(sampling: {temperature: 1.0, max_tokens: 16, stop: ["\n"]}
+env:
+  sources:
+    - {kind: arithmetic, sampling: {temperature: 0.5, max_tokens: 4}}
+    - {kind: reverse_text, name: rev}
+)");
+  ASSERT_TRUE(cfg) << cfg.error().what();
+  auto o = options_from_config(*cfg);
+  ASSERT_TRUE(o) << o.error().what();
+  ASSERT_EQ(o->source_sampling.size(), 1u);
+  const auto& a = o->source_sampling.at("arithmetic");
+  EXPECT_EQ(a.temperature, 0.5);
+  EXPECT_EQ(a.max_tokens, 4);
+  EXPECT_EQ(a.stop, std::vector<std::string>{"\n"});  // not overridden: the section's
+  EXPECT_EQ(o->sampling.max_tokens, 16);
+  auto bad = load_yaml(R"(env:
+  sources:
+    - {kind: arithmetic, sampling: {temprature: 0.5}}
+    - {kind: reverse_text, sampling: {top_p: 2, stop: 3}}
+)");
+  ASSERT_FALSE(bad);
+  const std::string e = bad.error().what();
+  EXPECT_NE(e.find("env.sources[0].sampling: unknown option 'temprature'"), std::string::npos) << e;
+  EXPECT_NE(e.find("env.sources[1].sampling.top_p"), std::string::npos) << e;
+  EXPECT_NE(e.find("env.sources[1].sampling.stop: must be a list of strings"), std::string::npos) << e;
 }
 
 TEST(RunSources, MultiTurnSourcesFindTheirEnvironmentByName) {
