@@ -660,6 +660,10 @@ Section gateway_section() {
           float_key("agent_timeout_s", 600.0,
                     "How long the program may take for one trajectory when its group has no deadline of its own.")
               .range(0.001, 86400.0),
+          float_key("call_timeout_s", 0.0,
+                    "How long one model call through the gateway may take (0: up to its trajectory's deadline); a "
+                    "call past it gets a 504 naming the trajectory, is counted, and the trajectory goes on.")
+              .range(0.0, 86400.0),
       }};
 }
 
