@@ -70,6 +70,11 @@ Result<pid_t> RunChildren::restart(const std::string& name, bool as_first_starte
   return *pid;
 }
 
+void RunChildren::update_env(const std::string& name, const std::map<std::string, std::string>& env) {
+  if (auto it = specs_.find(name); it != specs_.end())
+    for (const auto& [key, value] : env) it->second.env.insert_or_assign(key, value);
+}
+
 std::optional<ChildExit> RunChildren::next_exit() {
   auto e = launcher_.exited();
   // Give the reader thread a moment to forward the child's last lines before they are quoted.

@@ -38,6 +38,8 @@ class RunChildren {
   // Starts `name` again (same name, so its lines and tail continue) with its spec's restart_argv,
   // or the argv it was first started with when `as_first_started` or it has none; fails after stop().
   Result<pid_t> restart(const std::string& name, bool as_first_started = false);
+  // Sets `env`'s variables in `name`'s spec: its next restart starts with them.
+  void update_env(const std::string& name, const std::map<std::string, std::string>& env);
   // An exit since the last call (reaped); nullopt when none.
   std::optional<ChildExit> next_exit();
   // The exit described with the child's last lines.

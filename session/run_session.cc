@@ -438,6 +438,30 @@ class RunSession::Impl {
     return monitors_.start();
   }
 
+  // How the command or hf trainer's ranks are supervised. A trainer that resumes from its checkpoint
+  // is restarted under the RestartPolicy (exit code 2 is final): hf with checkpoints on
+  // (trainer.ckpt_interval or ckpt.interval > 0: it checkpoints before each ack), a command trainer
+  // when trainer.ckpt_interval > 0 says it does; else its exit stops the run. Several ranks are one
+  // group: any rank's exit stops the others and starts them all again, with a fresh MASTER_PORT for
+  // the new rendezvous.
+  Supervision command_trainer_supervision(std::size_t ranks) const {
+    Supervision sup;
+    const bool hf = s_.cfg.string("trainer.launch") == "hf";
+    if ((hf && trainer_ckpt_interval(s_.cfg) > 0) || (!hf && s_.cfg.integer("trainer.ckpt_interval") > 0)) {
+      sup.restart = RestartLimits{};
+      sup.final_exit_codes = {kChildUsageError};
+    }
+    if (ranks > 1) {
+      sup.group = "trainer";
+      sup.group_restart_env = [] {
+        auto port = free_loopback_port();
+        return port ? std::map<std::string, std::string>{{"MASTER_PORT", std::to_string(*port)}}
+                    : std::map<std::string, std::string>{};
+      };
+    }
+    return sup;
+  }
+
   void start_or_await_trainer(orch::Orchestrator& orchestrator, bridge::BridgeServer& server) {
     if (!error_.empty()) return;
     if (const auto& launch = s_.cfg.string("trainer.launch"); launch == "command" || launch == "hf") {
@@ -448,7 +472,7 @@ class RunSession::Impl {
                   fmt::join(specs->front().argv, " "));
       auto st = specs ? ok() : Status(std::unexpected(specs.error()));
       for (std::size_t r = 0; st && r < specs->size(); ++r)
-        st = supervisor_.start((*specs)[r]);  // an exit stops the run
+        st = supervisor_.start((*specs)[r], command_trainer_supervision(specs->size()));
       if (!st) {
         error_ = st.error().what();
         orchestrator.request_stop(error_);
@@ -491,8 +515,9 @@ class RunSession::Impl {
     switch (e.kind) {
       case SupervisionEventKind::kRestarting: {
         ARLO_WARN("arlo run: {}; restarting it in {:.1f} s (restart {} of {} within {} s); its last lines:\n{}",
-                  e.exit->describe(), std::chrono::duration<double>(e.delay).count(), e.attempt, e.max_restarts,
-                  std::chrono::duration_cast<std::chrono::seconds>(e.window).count(), e.last_lines);
+                  e.group.empty() ? e.exit->describe() : e.reason, std::chrono::duration<double>(e.delay).count(),
+                  e.attempt, e.max_restarts, std::chrono::duration_cast<std::chrono::seconds>(e.window).count(),
+                  e.last_lines);
         // The end of the run waits (bounded) for a worker coming back.
         if (const auto url = worker_url(e.name); started_ && !url.empty()) orchestrator_->worker_restarting(url);
         break;

@@ -3,8 +3,10 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <csignal>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 namespace arlo::session {
@@ -47,6 +49,7 @@ nlohmann::json to_json(const SupervisionEvent& e) {
   nlohmann::json j;
   j["event"] = std::string(to_string(e.kind));
   j["name"] = e.name;
+  if (!e.group.empty()) j["group"] = e.group;
   if (e.pid != 0) j["pid"] = e.pid;
   if (e.kind == SupervisionEventKind::kStarted || e.kind == SupervisionEventKind::kHealthy)
     j["restarted"] = e.restarted;
@@ -95,10 +98,18 @@ Status Supervisor::start(const ChildSpec& spec, Supervision supervision) {
   if (!pid) return std::unexpected(pid.error());
   Entry& entry = entries_[spec.name];
   entry.child = true;
-  if (supervision.restart) entry.policy.emplace(*supervision.restart);
+  if (!supervision.group.empty()) {
+    Group& group = groups_[supervision.group];
+    if (group.members.empty() && supervision.restart) group.policy.emplace(*supervision.restart);
+    if (std::find(group.members.begin(), group.members.end(), spec.name) == group.members.end())
+      group.members.push_back(spec.name);
+  } else if (supervision.restart) {
+    entry.policy.emplace(*supervision.restart);
+  }
   entry.supervision = std::move(supervision);
   begin_life(entry, *pid);
   SupervisionEvent ev = event(SupervisionEventKind::kStarted, spec.name, *pid);
+  ev.group = entry.supervision.group;
   emit(ev);
   ensure_ticking();
   return ok();
@@ -133,8 +144,13 @@ void Supervisor::ensure_ticking() {
 
 void Supervisor::tick() {
   if (stopped_) return;
-  while (auto e = children_.next_exit()) {
-    on_exit(*e);
+  // Exits reaped together are handled those killed by a signal first: when a rank is killed, the
+  // others of its group fail in their next collective, and the group's restart names the cause.
+  std::vector<ChildExit> exits;
+  while (auto e = children_.next_exit()) exits.push_back(std::move(*e));
+  std::stable_partition(exits.begin(), exits.end(), [](const ChildExit& e) { return WIFSIGNALED(e.status); });
+  for (const auto& e : exits) {
+    on_exit(e);
     if (stopped_) return;
   }
   const auto now = clock_.now();
@@ -196,44 +212,102 @@ void Supervisor::on_exit(const ChildExit& e) {
   auto it = entries_.find(e.name);
   if (it == entries_.end()) return;
   Entry& entry = it->second;
+  if (entry.child && e.pid != entry.pid) return;  // a previous life, stopped by its group's restart
   entry.running = false;
   entry.healthy = false;
   SupervisionEvent ev = event(SupervisionEventKind::kExited, e.name, e.pid);
+  ev.group = entry.supervision.group;
   ev.exit = e;
   ev.last_lines = children_.tail(e.name);
   emit(ev);
-  if (!stopped_) decide(entry, ev);
+  if (stopped_) return;
+  if (ev.group.empty()) return decide(entry, ev);
+  if (groups_.at(ev.group).restarting) return restart_group(ev.group);  // one the group's restart stopped
+  decide_group(ev.group, ev);
 }
 
 // After an exit: a restart after the policy's backoff, or the end of this child's supervision.
 void Supervisor::decide(Entry& entry, const SupervisionEvent& exited) {
+  SupervisionEvent ev = verdict(entry.supervision, entry.policy, exited);
+  if (ev.kind == SupervisionEventKind::kRestarting)
+    entry.restart_timer = clock_.schedule(clock_.now() + ev.delay, [this, name = exited.name] { restart_now(name); });
+  emit(ev);
+}
+
+// The exit of a group's member: the group's restart (the others stopped, then all started again) or
+// the end of the group's supervision (the run stops every child).
+void Supervisor::decide_group(const std::string& name, const SupervisionEvent& exited) {
+  Group& group = groups_.at(name);
+  const Entry& entry = entries_.at(group.members.front());
+  SupervisionEvent ev = verdict(entry.supervision, group.policy, exited);
+  if (ev.kind == SupervisionEventKind::kRestarting) {
+    const auto now = clock_.now();
+    group.restarting = true;
+    group.ready_at = now + ev.delay;
+    ev.reason = fmt::format("{}: stopping the other members of {} ({}) and starting all {} again",
+                            exited.exit->describe(), name, fmt::join(group.members, ", "), group.members.size());
+    signal_group(name, SIGTERM);
+    group.kill_timer =
+        clock_.schedule(now + entry.supervision.group_grace, [this, name] { signal_group(name, SIGKILL); });
+    group.restart_timer = clock_.schedule(group.ready_at, [this, name] { restart_group(name); });
+  }
+  emit(ev);
+}
+
+// `signal` to every member of the group still running (not reaped, so its pid is still its own).
+void Supervisor::signal_group(const std::string& name, int signal) {
+  for (const auto& member : groups_.at(name).members)
+    if (const Entry& entry = entries_.at(member); entry.running && entry.pid > 0) ::kill(entry.pid, signal);
+}
+
+// Starts every member again once all are down and the backoff passed (called by the backoff's timer
+// and by each stopped member's exit).
+void Supervisor::restart_group(const std::string& name) {
+  Group& group = groups_.at(name);
+  if (stopped_ || !group.restarting || clock_.now() < group.ready_at) return;
+  for (const auto& member : group.members)
+    if (entries_.at(member).running) return;
+  group.restarting = false;
+  group.kill_timer.reset();
+  const auto& make_env = entries_.at(group.members.front()).supervision.group_restart_env;
+  const auto env = make_env ? make_env() : std::map<std::string, std::string>{};
+  const auto members = group.members;  // restart_now may stop the run through the listener
+  for (const auto& member : members) {
+    if (stopped_) return;
+    children_.update_env(member, env);
+    restart_now(member);
+  }
+}
+
+// The decision after an exit under `supervision` and `policy`: restarting (after ev.delay) or gave_up.
+SupervisionEvent Supervisor::verdict(const Supervision& supervision, std::optional<RestartPolicy>& policy,
+                                     const SupervisionEvent& exited) {
   SupervisionEvent ev = exited;
   ev.kind = SupervisionEventKind::kGaveUp;
   ev.pid = 0;
   const int status = exited.exit->status;
-  const auto& finals = entry.supervision.final_exit_codes;
+  const auto& finals = supervision.final_exit_codes;
   const auto now = clock_.now();
-  if (!entry.policy) {
+  if (!policy) {
     ev.gave_up = GaveUpReason::kNotRestartable;
     ev.reason = fmt::format("{} (not restarted)", exited.exit->describe());
   } else if (WIFEXITED(status) && std::find(finals.begin(), finals.end(), WEXITSTATUS(status)) != finals.end()) {
     ev.gave_up = GaveUpReason::kFinalExitCode;
     ev.reason = fmt::format("{} (exit code {} is final: not restarted)", exited.exit->describe(), WEXITSTATUS(status));
-  } else if (auto delay = entry.policy->on_exit(now)) {
+  } else if (auto delay = policy->on_exit(now)) {
     ev.kind = SupervisionEventKind::kRestarting;
     ev.delay = *delay;
-    ev.attempt = entry.policy->recent(now);
-    ev.max_restarts = entry.policy->limits().max_restarts;
-    ev.window = entry.policy->limits().window;
-    entry.restart_timer = clock_.schedule(now + *delay, [this, name = exited.name] { restart_now(name); });
+    ev.attempt = policy->recent(now);
+    ev.max_restarts = policy->limits().max_restarts;
+    ev.window = policy->limits().window;
   } else {
     ev.gave_up = GaveUpReason::kPastTheBound;
-    ev.max_restarts = entry.policy->limits().max_restarts;
-    ev.window = entry.policy->limits().window;
+    ev.max_restarts = policy->limits().max_restarts;
+    ev.window = policy->limits().window;
     ev.reason = fmt::format("{}, after {} restarts within {} s: not restarted again", exited.exit->describe(),
                             ev.max_restarts, std::chrono::duration_cast<std::chrono::seconds>(ev.window).count());
   }
-  emit(ev);
+  return ev;
 }
 
 void Supervisor::restart_now(const std::string& name) {
@@ -252,6 +326,7 @@ void Supervisor::restart_now(const std::string& name) {
   begin_life(entry, *pid);
   entry.with_restart_argv = with_restart_argv;
   SupervisionEvent ev = event(SupervisionEventKind::kStarted, name, *pid);
+  ev.group = entry.supervision.group;
   ev.restarted = true;
   emit(ev);
 }
@@ -295,6 +370,10 @@ void Supervisor::stop(std::chrono::milliseconds grace) {
     stopped_ = true;
     tick_timer_.reset();
     for (auto& [name, entry] : entries_) entry.restart_timer.reset();
+    for (auto& [name, group] : groups_) {
+      group.restart_timer.reset();
+      group.kill_timer.reset();
+    }
     changed_.notify();
   }
   children_.stop(grace);

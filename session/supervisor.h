@@ -13,6 +13,12 @@
 //              `window`: RestartPolicy, session/launcher.h)
 //   gave_up    it will not be: its exit is final (not restartable, a final exit code, past the
 //              restart bound) or the restart itself failed; `reason` says so in words
+// Children of one group (Supervision::group: the ranks of a data-parallel trainer) live and die
+// together: when one exits, the decision is the group's (its restart limits, counted once per group
+// restart), the others get SIGTERM and SIGKILL after group_grace, and once every member is down and
+// the backoff passed, all start again (started, restarted), their environment updated by
+// group_restart_env (a fresh MASTER_PORT). The exits of the members it stopped are `exited` events
+// with `group` set and no decision of their own.
 // The restart waits run on the Clock as well. stop() (and the destructor) stops every child: no
 // orphans (Launcher), and no event after it.
 //
@@ -56,6 +62,11 @@ struct Supervision {
   std::optional<RestartLimits> restart;  // nullopt: its exit is final
   std::optional<HealthCheck> health;     // nullopt: not probed
   std::vector<int> final_exit_codes;     // exit codes never restarted (a usage error fails again)
+  // The group this child lives and dies with (empty: none); restart, final_exit_codes, group_grace
+  // and group_restart_env are the first member's.
+  std::string group{};
+  orch::Duration group_grace = std::chrono::seconds(5);                     // SIGTERM to SIGKILL for the other members
+  std::function<std::map<std::string, std::string>()> group_restart_env{};  // called once per group restart
 };
 
 enum class SupervisionEventKind { kStarted, kHealthy, kUnhealthy, kExited, kRestarting, kGaveUp };
@@ -66,6 +77,7 @@ std::string_view to_string(GaveUpReason reason);
 struct SupervisionEvent {
   SupervisionEventKind kind = SupervisionEventKind::kStarted;
   std::string name;
+  std::string group;               // the child's Supervision::group (empty: none)
   pid_t pid = 0;                   // started, exited: the process
   bool restarted = false;          // started, healthy: this life is a restart
   bool first_since_start = false;  // healthy: the first since it was (re)started
@@ -83,7 +95,7 @@ struct SupervisionEvent {
 };
 
 // The event as one JSON object (<run dir>/supervision.jsonl): "event", "name", and the fields that
-// kind carries ("pid", "restarted", "exit_code" or "signal" and "exited_pid", "attempt",
+// kind carries ("group" for a group's member, "pid", "restarted", "exit_code" or "signal" and "exited_pid", "attempt",
 // "max_restarts", "window_s", "delay_s", "since_start_s", "http_status", "first_since_start",
 // "failed_probes", "gave_up", "reason").
 nlohmann::json to_json(const SupervisionEvent& e);
@@ -136,11 +148,24 @@ class Supervisor {
     std::uint64_t probes = 0;
     std::unique_ptr<Timer> restart_timer;
   };
+  struct Group {
+    std::vector<std::string> members;  // in start order
+    std::optional<RestartPolicy> policy;
+    bool restarting = false;  // its members are being stopped, then started again
+    Clock::time_point ready_at{};
+    std::unique_ptr<Timer> restart_timer;
+    std::unique_ptr<Timer> kill_timer;
+  };
 
   void ensure_ticking();
   void tick();
   void on_exit(const ChildExit& e);
   void decide(Entry& entry, const SupervisionEvent& exited);
+  SupervisionEvent verdict(const Supervision& supervision, std::optional<RestartPolicy>& policy,
+                           const SupervisionEvent& exited);
+  void decide_group(const std::string& group, const SupervisionEvent& exited);
+  void signal_group(const std::string& group, int signal);
+  void restart_group(const std::string& group);
   void restart_now(const std::string& name);
   void begin_life(Entry& entry, pid_t pid);
   Awaitable<void> probe(std::string name, std::uint64_t life, std::string url, orch::Duration timeout,
@@ -153,6 +178,7 @@ class Supervisor {
   Listener listener_;
   Options options_;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, Group> groups_;
   bool use_restart_argv_ = false;
   bool stopped_ = false;
   std::unique_ptr<Timer> tick_timer_;

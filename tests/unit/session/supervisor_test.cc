@@ -11,7 +11,10 @@
 #include <boost/asio/io_context.hpp>
 
 #include <cerrno>
+#include <csignal>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -175,6 +178,65 @@ TEST_F(SupervisorTest, AFinalExitCodeOrAChildWithoutRestartsGivesUpAtOnce) {
   rec.events.clear();
   clock.advance(seconds(30));
   EXPECT_TRUE(rec.events.empty());
+}
+
+// The ranks of one group live and die together: one exits, the other gets SIGTERM (ignored here)
+// and SIGKILL after group_grace, and once both are down and the backoff passed, both start again,
+// with the environment group_restart_env gives (a fresh port); one restart of the group is counted.
+TEST_F(SupervisorTest, AGroupMembersExitStopsTheOthersAndRestartsTheWholeGroupWithItsNewEnvironment) {
+  Gate gate;
+  const auto ports = (gate.dir.path() / "ports").string();
+  int restarts = 0;
+  Supervision group{RestartLimits{.max_restarts = 1, .initial_backoff = milliseconds(500)}, std::nullopt, {}};
+  group.group = "ranks";
+  group.group_grace = seconds(5);
+  group.group_restart_env = [&] { return std::map<std::string, std::string>{{"PORT", std::to_string(++restarts)}}; };
+  ASSERT_TRUE(
+      sup.start({"rank-0",
+                 {"sh", "-c", fmt::format("echo \"${{PORT}}\" >>'{}'; cat '{}' >/dev/null; exit 3", ports, gate.fifo)},
+                 {{"PORT", "0"}}},
+                group));
+  ASSERT_TRUE(sup.start({"rank-1", {"sh", "-c", "trap '' TERM; exec sleep 1000"}, {}}, group));
+  ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kStarted, Kind::kStarted}));
+  EXPECT_EQ(rec.events[1].group, "ranks");
+  const pid_t rank0 = rec.events[0].pid, rank1 = rec.events[1].pid;
+  gate.release();
+  wait_exited(rank0);
+  rec.events.clear();
+  clock.advance(kTick);
+  ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kExited, Kind::kRestarting}));
+  EXPECT_EQ(rec.events[1].name, "rank-0");
+  EXPECT_EQ(rec.events[1].attempt, 1);
+  EXPECT_EQ(rec.events[1].reason, fmt::format("rank-0 (pid {}) exited with code 3: stopping the other members of ranks "
+                                              "(rank-0, rank-1) and starting all 2 again",
+                                              rank0));
+  rec.events.clear();
+  clock.advance(seconds(1));  // past the backoff: rank-1 ignored SIGTERM and still runs, so nobody starts
+  EXPECT_TRUE(rec.events.empty());
+  clock.advance(seconds(4));  // the grace: SIGKILL
+  wait_exited(rank1);
+  clock.advance(kTick);
+  ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kExited, Kind::kStarted, Kind::kStarted}));
+  EXPECT_EQ(rec.events[0].name, "rank-1");
+  ASSERT_TRUE(rec.events[0].exit && WIFSIGNALED(rec.events[0].exit->status));
+  EXPECT_EQ(WTERMSIG(rec.events[0].exit->status), SIGKILL);
+  EXPECT_EQ(to_json(rec.events[0]).at("group"), "ranks");
+  EXPECT_TRUE(rec.events[1].restarted && rec.events[2].restarted);
+  EXPECT_EQ(restarts, 1);
+  // The restarted rank-0 started with the new PORT (it wrote it before opening the gate); its next
+  // exit is past the bound (one restart): the group gives up, naming it and its status.
+  const pid_t again = rec.events[1].pid, rank1_again = rec.events[2].pid;
+  rec.events.clear();
+  gate.release();
+  std::ifstream written(ports);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(written), {}), "0\n1\n");
+  wait_exited(again);
+  clock.advance(kTick);
+  ASSERT_EQ(rec.kinds(), (std::vector<Kind>{Kind::kExited, Kind::kGaveUp}));
+  EXPECT_EQ(rec.events[1].gave_up, GaveUpReason::kPastTheBound);
+  EXPECT_EQ(rec.events[1].reason.find(fmt::format("rank-0 (pid {}) exited with code 3", again)), 0u)
+      << rec.events[1].reason;
+  ::kill(rank1_again, SIGKILL);  // it ignores the SIGTERM of the supervisor's stop
 }
 
 TEST_F(SupervisorTest, AServerThatStopsAnsweringIsUnhealthyAfterTheConfiguredProbes) {
