@@ -11,6 +11,7 @@
 #include "common/auth.h"
 #include "common/log.h"
 #include "rollout/openai.h"
+#include "rollout/tool_calls.h"
 #include "rollout/types.h"
 
 namespace arlo::session {
@@ -85,6 +86,21 @@ std::optional<BodyError> parse_messages(const json& body, std::vector<ChatMessag
   return std::nullopt;
 }
 
+// A chat call's "tools" (OpenAI function schemas, each naming a function) and "tool_choice" (a string
+// or an object), passed to the worker as they are.
+std::optional<BodyError> parse_tools(const json& body, rollout::CompletionRequest& cr) {
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    if (auto names = rollout::tool_names(body["tools"]); !names) return BodyError{names.error().message(), "tools"};
+    cr.tools = body["tools"];
+  }
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    if (!body["tool_choice"].is_string() && !body["tool_choice"].is_object())
+      return BodyError{"'tool_choice' must be a string or an object", "tool_choice"};
+    cr.tool_choice = body["tool_choice"];
+  }
+  return std::nullopt;
+}
+
 std::optional<BodyError> parse_prompt(const json& body, rollout::CompletionRequest& cr) {
   const json prompt = body.value("prompt", json());
   if (prompt.is_string()) {
@@ -116,6 +132,13 @@ json response_body(bool chat, const rollout::Completion& c, const std::string& m
   json choice = {{"index", 0}, {"finish_reason", finish_name(ch.finish_reason)}, {"token_ids", ch.token_ids}};
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", ch.text}};
+    if (ch.tool_calls.is_array() && !ch.tool_calls.empty()) {  // the worker parsed calls: OpenAI's shape
+      auto parsed = rollout::parse_tool_calls(ch.text, nullptr);
+      const std::string rest = parsed ? parsed->content : ch.text;
+      choice["message"]["content"] = rest.empty() ? json() : json(rest);
+      choice["message"]["tool_calls"] = ch.tool_calls;
+      choice["finish_reason"] = "tool_calls";
+    }
     json content = json::array();
     for (float lp : ch.logprobs)
       content.push_back({{"token", ""}, {"logprob", lp}, {"bytes", nullptr}, {"top_logprobs", json::array()}});
@@ -435,6 +458,7 @@ Awaitable<http::Response> Gateway::call(std::string id, http::Request request, b
   cr.sampling = t.sampling;
   cr.sampling.seed = t.seed + static_cast<std::uint64_t>(t.calls);
   auto bad = chat ? parse_messages(*body, cr.messages) : parse_prompt(*body, cr);
+  if (!bad && chat) bad = parse_tools(*body, cr);
   if (!bad) bad = parse_sampling(*body, cr.sampling);
   if (bad) co_return refuse(stats_.malformed, 400, std::move(bad->message), std::move(bad->param));
   cr.sampling.n = 1;

@@ -263,6 +263,9 @@ struct ProbeAgent {
           {"/completions", R"({"prompt": "1+1=", "stream": true})"},
           {"/chat/completions", R"({"messages": []})"},
           {"/chat/completions", R"({"messages": [{"role": "user", "content": 3}]})"},
+          {"/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})"},
+          {"/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "tool_choice": 3,
+            "tools": [{"type": "function", "function": {"name": "add"}}]})"},
           {"/completions", R"({"prompt": "1+1=", "max_tokens": 3, "temperature": 0})"},
           {"/completions", R"({"prompt": "2+2="})"},
           {"/completions", R"({"prompt": "1+1="})"},
@@ -300,16 +303,15 @@ TEST_F(GatewayTest, BadCallsAreClearCountedErrorsAndTheRunGoesOn) {
   auto r = run_group(1);
   ASSERT_TRUE(r) << r.error().what();
   const std::vector<std::pair<int, std::string>> expected = {
-      {400, "body"},   {400, "prompt"},   {400, "n"},
-      {400, "stream"}, {400, "messages"}, {400, "messages[0].content"},
-      {200, ""},       {409, "prompt"},   {409, "trajectory"}};
+      {400, "body"},  {400, "prompt"},      {400, "n"}, {400, "stream"}, {400, "messages"},  {400, "messages[0]"},
+      {400, "tools"}, {400, "tool_choice"}, {200, ""},  {409, "prompt"}, {409, "trajectory"}};
   EXPECT_EQ(agent.seen, expected);
   const auto st = gateway_->stats();
-  EXPECT_EQ(st.malformed, 6U);
+  EXPECT_EQ(st.malformed, 8U);
   EXPECT_EQ(st.calls, 1U);
   EXPECT_EQ(st.rewrites, 1U);
   EXPECT_EQ(st.closed_trajectory, 1U);
-  EXPECT_EQ(registry.counter("gateway/malformed").value(), 6.0);  // the same counts on /metrics
+  EXPECT_EQ(registry.counter("gateway/malformed").value(), 8.0);  // the same counts on /metrics
   EXPECT_EQ(registry.counter("gateway/calls").value(), 1.0);
   EXPECT_EQ(registry.counter("gateway/rewrites").value(), 1.0);
   ASSERT_EQ(r->completions.size(), 1U);
