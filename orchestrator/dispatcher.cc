@@ -314,7 +314,7 @@ void RolloutDispatcher::launch_continuation(const Continuation& c) {
     done.turn_versions.push_back(version_);
     done.text.clear();
   }
-  std::vector<std::int32_t> prompt = g.prompt_tokens;
+  std::vector<std::int32_t> prompt = rec.multi_turn ? prompt_of(rec, c.sample) : g.prompt_tokens;
   prompt.insert(prompt.end(), done.completion_tokens.begin(), done.completion_tokens.end());
   launch(rec, {c.sample}, std::move(prompt), left);
 }
@@ -331,7 +331,8 @@ std::int64_t RolloutDispatcher::turn_budget(const Record& rec, int sample) const
   const auto size = static_cast<std::int64_t>(g.completions[sample].completion_tokens.size());
   if (!rec.multi_turn) return sampling.max_tokens - size;
   const auto turn = size - static_cast<std::int64_t>(rec.turns[sample].turn_start);
-  return std::min(sampling.max_tokens - turn, opt_.max_trajectory_tokens - size);
+  const auto extra = static_cast<std::int64_t>(rec.turns[sample].extra);
+  return std::min(sampling.max_tokens - turn, opt_.max_trajectory_tokens - extra - size);
 }
 
 void RolloutDispatcher::start_group(Record& rec, std::int64_t max_tokens) {
@@ -381,6 +382,7 @@ void RolloutDispatcher::on_reset(std::uint64_t group_id, std::uint64_t call_id, 
     auto task = std::make_shared<Task>(*g.task);
     task->prompt.reset();
     task->messages = std::move(reply->messages);
+    if (!reply->tools.is_null()) task->tools = std::move(reply->tools);
     task->prompt_tokens.clear();
     g.task = std::move(task);
     g.prompt_tokens.clear();
@@ -420,7 +422,7 @@ void RolloutDispatcher::end_model_turn(Record& rec, int sample) {
     end_sample(rec, sample, SampleState::kFailed, "multi_turn_without_prompt_tokens");
     return;
   }
-  const auto budget = static_cast<std::size_t>(opt_.max_trajectory_tokens);
+  const auto budget = static_cast<std::size_t>(opt_.max_trajectory_tokens) - rec.turns[sample].extra;
   if (c.completion_tokens.size() > budget) {  // a server that overran max_tokens
     truncate(c, budget);
     complete_trajectory(rec, sample, FinishReason::kLength);
@@ -430,7 +432,8 @@ void RolloutDispatcher::end_model_turn(Record& rec, int sample) {
   const auto id = next_request_id_++;
   auto cancel = std::make_shared<asio::cancellation_signal>();
   rec.requests.emplace(id, cancel);
-  spawn(ex_, run_step(g.id, id, sample, g.task, std::make_shared<const Sample>(c), g.prompt_tokens, std::move(cancel)));
+  spawn(ex_, run_step(g.id, id, sample, g.task, std::make_shared<const Sample>(c), prompt_of(rec, sample),
+                      std::move(cancel)));
 }
 
 Awaitable<void> RolloutDispatcher::run_step(std::uint64_t group_id, std::uint64_t call_id, int sample,
@@ -466,12 +469,18 @@ void RolloutDispatcher::apply_step(Record& rec, int sample, EnvReply&& reply) {
   for (auto& m : reply.messages) c.turns.push_back(std::move(m));
   if (!reply.state.is_null()) c.env_state = std::move(reply.state);
   if (reply.reward) c.env_reward = reply.reward;
+  if (!reply.ended_because.empty()) ++ended_because_[reply.ended_because];
   if (reply.done) {
     complete_trajectory(rec, sample, c.finish_reason);
     return;
   }
+  if (!reply.restart_prompt.empty() && !split(rec, sample, std::move(reply.restart_prompt))) {
+    complete_trajectory(rec, sample, FinishReason::kLength);
+    return;
+  }
   // The environment's tokens: out of the loss, logprob 0, in the span of the model's last token.
-  const auto room = static_cast<std::size_t>(opt_.max_trajectory_tokens) - c.completion_tokens.size();
+  const auto room =
+      static_cast<std::size_t>(opt_.max_trajectory_tokens) - rec.turns[sample].extra - c.completion_tokens.size();
   const auto n = std::min(room, reply.tokens.size());
   c.completion_tokens.insert(c.completion_tokens.end(), reply.tokens.begin(),
                              reply.tokens.begin() + static_cast<std::ptrdiff_t>(n));
@@ -483,6 +492,39 @@ void RolloutDispatcher::apply_step(Record& rec, int sample, EnvReply&& reply) {
   }
   rec.states[sample] = SampleState::kAwaitingContinuation;
   continuations_.push_back({rec.group->id, sample, true});
+}
+
+bool RolloutDispatcher::split(Record& rec, int sample, std::vector<std::int32_t> restart_prompt) {
+  auto& c = rec.group->completions[sample];
+  auto& turn = rec.turns[sample];
+  const auto base = rec.group->prompt_tokens.size();
+  const auto extra = restart_prompt.size() > base ? restart_prompt.size() - base : 0;
+  if (extra >= static_cast<std::size_t>(opt_.max_trajectory_tokens)) return false;  // it ends before the split
+  const Version oldest = c.oldest_version(kNoVersion);  // an earlier split's too (see below)
+  TrajectorySegment piece;
+  piece.prompt_tokens = turn.prompt.empty() ? rec.group->prompt_tokens : std::move(turn.prompt);
+  piece.completion_tokens = std::move(c.completion_tokens);
+  piece.logprobs = std::move(c.logprobs);
+  piece.loss_mask = std::move(c.loss_mask);
+  piece.version_spans = std::move(c.version_spans);
+  c.split_segments.push_back(std::move(piece));
+  c.completion_tokens.clear();
+  c.logprobs.clear();
+  c.loss_mask.clear();
+  c.version_spans.clear();
+  // Staleness counts from the trajectory's first turn: the new piece keeps its oldest version as a
+  // span that covers no token (Sample::oldest_version reads it; token_versions gives it no token).
+  if (oldest != kNoVersion) c.version_spans.push_back({oldest, 0});
+  turn.extra = extra;
+  turn.prompt = std::move(restart_prompt);
+  c.prompt_tokens = turn.prompt;  // the train sink keeps a split sample's own prompt
+  turn.turn_start = 0;
+  return true;
+}
+
+const std::vector<std::int32_t>& RolloutDispatcher::prompt_of(const Record& rec, int sample) const {
+  const auto& own = rec.turns[sample].prompt;
+  return own.empty() ? rec.group->prompt_tokens : own;
 }
 
 void RolloutDispatcher::complete_trajectory(Record& rec, int sample, FinishReason reason) {

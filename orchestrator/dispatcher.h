@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -89,6 +90,8 @@ class RolloutDispatcher {
   std::uint64_t model_turns_total() const { return model_turns_; }
   std::uint64_t trajectories_total() const { return trajectories_; }
   std::uint64_t env_failed_total() const { return env_failed_; }
+  // Trajectories their environment ended early, by its reason (EnvReply::ended_because), so far.
+  const std::map<std::string, std::uint64_t>& ended_because_total() const { return ended_because_; }
   // Seconds the version gate alone kept dispatch stopped (time/wait_for_policy_seconds).
   double wait_for_policy_seconds() const;
 
@@ -99,10 +102,14 @@ class RolloutDispatcher {
   // kAwaitingEnv: a multi-turn sample whose environment call (the group's reset, or its step) is out.
   enum class SampleState { kInFlight, kAwaitingContinuation, kAwaitingEnv, kCompleted, kFailed, kCancelled };
   // Where a multi-turn sample stands: its model turns so far and where the current one began in
-  // its completion_tokens (the per-turn max_tokens counts from there).
+  // its completion_tokens (the per-turn max_tokens counts from there). A split trajectory's current
+  // piece (EnvReply::restart_prompt) has its own `prompt` (empty: the group's), and `extra` counts
+  // the tokens that prompt holds beyond the group's (max_trajectory_tokens counts them).
   struct TurnState {
     int model_turns = 0;
     std::size_t turn_start = 0;
+    std::vector<std::int32_t> prompt;
+    std::size_t extra = 0;
   };
   struct Record {
     GroupPtr group;
@@ -149,6 +156,11 @@ class RolloutDispatcher {
                            std::shared_ptr<asio::cancellation_signal> cancel);
   void on_step(std::uint64_t group_id, std::uint64_t call_id, int sample, Result<EnvReply> reply);
   void apply_step(Record& rec, int sample, EnvReply&& reply);
+  // The template did not extend the trajectory: its piece so far moves to Sample::split_segments
+  // and it goes on from `restart_prompt`. False: no room left in max_trajectory_tokens.
+  bool split(Record& rec, int sample, std::vector<std::int32_t> restart_prompt);
+  // The prompt of a multi-turn sample's current piece: the group's, or its own after a split.
+  const std::vector<std::int32_t>& prompt_of(const Record& rec, int sample) const;
   void complete_trajectory(Record& rec, int sample, FinishReason reason);
   std::int64_t turn_budget(const Record& rec, int sample) const;
   // The group's sampling: eval's, its source's (Options::source_sampling) or the run's.
@@ -182,6 +194,7 @@ class RolloutDispatcher {
   std::uint64_t model_turns_ = 0;
   std::uint64_t trajectories_ = 0;
   std::uint64_t env_failed_ = 0;
+  std::map<std::string, std::uint64_t> ended_because_;
   Version version_;
   std::int64_t steps_cut_ = 0;
   bool held_ = false;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,7 +70,8 @@ struct StepObservation {
   std::uint64_t model_turns = 0;
   std::uint64_t trajectories = 0;
   std::uint64_t env_failed = 0;
-  nlohmann::json ledger;  // Ledger::to_json(): where every sample went so far
+  std::map<std::string, std::uint64_t> ended_because;  // trajectories ended early, by the environment's reason
+  nlohmann::json ledger;                               // Ledger::to_json(): where every sample went so far
 };
 
 // A weight-sync round that ended; `step` is the last step cut when it did.

@@ -251,6 +251,7 @@ void Orchestrator::on_step(const StepReport& r) {
   o.model_turns = dispatcher_->model_turns_total();
   o.trajectories = dispatcher_->trajectories_total();
   o.env_failed = dispatcher_->env_failed_total();
+  o.ended_because = dispatcher_->ended_because_total();
   o.ledger = ledger_.to_json();
   last_step_at_ = now;
   tokens_at_last_step_ = tokens;

@@ -18,7 +18,7 @@ namespace {
 
 // The registry's counter of chat trajectories whose template did not extend them (a counter, not
 // one of the records' gauges).
-constexpr const char* kExtensionFailed = "multi_turn/extension_failed";
+constexpr const char* kSplit = "multi_turn/split";
 
 double wall_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -224,8 +224,10 @@ void Reporter::on_step(const orch::StepObservation& s) {
 
 // A multi-turn run's figures (nothing in a single-turn run's records): model turns per trajectory
 // ended since the previous step that ended one (turns_mean, absent while none ended), the samples an
-// environment failed so far, and the chat trajectories a worker's template did not extend so far (the
-// registry's counter, which the environment adapter's callback increments: session/run_session.cc).
+// environment failed so far, the trajectories the environment ended early by its reason so far
+// (multi_turn/ended/<reason>), and the splits so far: where a worker's template did not extend a chat
+// trajectory (the registry's counter, which the environment adapter's callback increments:
+// session/run_session.cc).
 void Reporter::add_multi_turn_figures(nlohmann::json& rec, const orch::StepObservation& s) {
   if (s.model_turns == 0 && s.trajectories == 0 && s.env_failed == 0) return;
   if (s.trajectories > trajectories_at_last_step_) {
@@ -235,10 +237,11 @@ void Reporter::add_multi_turn_figures(nlohmann::json& rec, const orch::StepObser
     trajectories_at_last_step_ = s.trajectories;
   }
   rec["multi_turn/env_failed"] = s.env_failed;
+  for (const auto& [reason, n] : s.ended_because) rec["multi_turn/ended/" + reason] = n;
   if (registry_) {
     const auto counters = registry_->snapshot();
-    const auto it = counters.find(kExtensionFailed);
-    rec[kExtensionFailed] = it != counters.end() && it->is_number() ? static_cast<std::uint64_t>(it->get<double>()) : 0;
+    const auto it = counters.find(kSplit);
+    rec[kSplit] = it != counters.end() && it->is_number() ? static_cast<std::uint64_t>(it->get<double>()) : 0;
   }
 }
 
@@ -337,7 +340,7 @@ void Reporter::emit(const char* kind, nlohmann::json rec) {
   rec["kind"] = kind;
   if (registry_) {
     for (const auto& [k, val] : rec.items())
-      if (val.is_number() && k != "time" && k != "start" && k != "step" && k != "version" && k != kExtensionFailed)
+      if (val.is_number() && k != "time" && k != "start" && k != "step" && k != "version" && k != kSplit)
         registry_->gauge(k).set(val.get<double>());
   }
   auto line = rec.dump();

@@ -13,13 +13,30 @@ namespace arlo::session {
 
 namespace {
 
-// What a multi-turn trajectory adds to its sample's line (nothing for a single-turn sample).
+// What a multi-turn trajectory adds to its sample's line (nothing for a single-turn sample); a split
+// one (docs/environments.md, "When a trajectory splits") also its pieces' token counts, in order
+// ("segments": prompt and completion tokens each; "tokens" and the model's and environment's token
+// counts are then the whole trajectory's).
 void add_trajectory(const Sample& c, nlohmann::json& sample) {
   if (!c.turns.empty()) sample["turns"] = to_json(c.turns);
-  if (!c.loss_mask.empty()) {
-    const auto model = static_cast<std::size_t>(std::count(c.loss_mask.begin(), c.loss_mask.end(), 1));
+  std::size_t model = 0, masked = 0, tokens = 0;
+  auto segments = nlohmann::json::array();
+  const auto count = [&](const std::vector<std::uint8_t>& mask, std::size_t prompt, std::size_t completion) {
+    const auto m = static_cast<std::size_t>(std::count(mask.begin(), mask.end(), 1));
+    model += m;
+    masked += mask.size() - m;
+    tokens += completion;
+    segments.push_back({{"prompt_tokens", prompt}, {"tokens", completion}});
+  };
+  for (const auto& seg : c.split_segments) count(seg.loss_mask, seg.prompt_tokens.size(), seg.completion_tokens.size());
+  count(c.loss_mask, c.prompt_tokens.size(), c.completion_tokens.size());
+  if (!c.split_segments.empty()) {
+    sample["segments"] = std::move(segments);
+    sample["tokens"] = tokens;
+  }
+  if (model + masked > 0) {
     sample["model_tokens"] = model;
-    sample["env_tokens"] = c.loss_mask.size() - model;
+    sample["env_tokens"] = masked;
   }
   if (!c.turn_versions.empty()) sample["turn_versions"] = c.turn_versions;
   if (c.env_reward) sample["env_reward"] = *c.env_reward;

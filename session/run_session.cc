@@ -321,7 +321,7 @@ class RunSession::Impl {
     observers.add(observer_);
     const bool multi_turn =
         std::ranges::any_of(s_.parts.environments, [](const auto& e) { return e.second != nullptr; });
-    a.environment.on_extension_failed([&registry] { registry.counter("multi_turn/extension_failed").inc(); });
+    a.environment.on_split([&registry] { registry.counter("multi_turn/split").inc(); });
     orch::Orchestrator orchestrator(io_,
                                     orch::Ports{inference_port_, &a.tasks, &a.scorer, &a.trainer, &clock,
                                                 multi_turn ? &a.environment : nullptr, s_.parts.eval_tasks},

@@ -163,34 +163,37 @@ Awaitable<Result<orch::EnvReply>> EnvironmentAdapter::step(std::shared_ptr<const
     auto tokens_op = tokens_of(*task, trajectory, prompt_tokens, *turn, deadline);
     auto tokens = co_await std::move(tokens_op);
     if (!tokens) co_return std::unexpected(tokens.error());
-    if (!*tokens) {  // the template does not extend the trajectory: it ends here
-      ++stats_.extension_failed;
+    if (!tokens->extends) {  // the template does not extend the trajectory: it splits here
+      ++stats_.splits;
       ARLO_WARN_EVERY(5.0,
                       "environment: task {}: the chat template of {} does not extend the trajectory's ids; "
-                      "the trajectory ends at its model turn {}",
+                      "the trajectory splits after its model turn {}",
                       task->id, trajectory.worker, trajectory.turn_versions.size());
-      if (on_extension_failed_) on_extension_failed_();
-      reply.done = true;
-      co_return reply;
+      if (on_split_) on_split_();
+      if (tokens->ids.empty())
+        co_return make_error(ErrorCode::kParse,
+                             fmt::format("{}/tokenize rendered the conversation as no ids", trajectory.worker));
+      reply.restart_prompt = std::move(tokens->ids);
+    } else {
+      reply.tokens = std::move(tokens->ids);
     }
-    reply.tokens = std::move(**tokens);
   }
   reply.messages = std::move(turn->messages);
   co_return reply;
 }
 
-Awaitable<Result<std::optional<std::vector<std::int32_t>>>> EnvironmentAdapter::tokens_of(
-    const Task& task, const Sample& trajectory, const std::vector<std::int32_t>& prompt, const rollout::EnvTurn& turn,
-    orch::TimePoint deadline) {
-  using Ids = std::optional<std::vector<std::int32_t>>;
+Awaitable<Result<EnvironmentAdapter::TurnIds>> EnvironmentAdapter::tokens_of(const Task& task, const Sample& trajectory,
+                                                                             const std::vector<std::int32_t>& prompt,
+                                                                             const rollout::EnvTurn& turn,
+                                                                             orch::TimePoint deadline) {
   if (!task.is_chat()) {
     std::string text;
     for (const auto& m : turn.messages) text += m.content;
-    if (text.empty()) co_return Ids(std::vector<std::int32_t>{});
+    if (text.empty()) co_return TurnIds{};
     auto op = tokenizer_.text(trajectory.worker, std::move(text), deadline);
     auto ids = co_await std::move(op);
     if (!ids) co_return std::unexpected(ids.error());
-    co_return Ids(std::move(*ids));
+    co_return TurnIds{std::move(*ids), true};
   }
   std::vector<ChatMessage> conversation = task.messages;
   conversation.insert(conversation.end(), trajectory.turns.begin(), trajectory.turns.end());
@@ -198,7 +201,9 @@ Awaitable<Result<std::optional<std::vector<std::int32_t>>>> EnvironmentAdapter::
   auto op = tokenizer_.chat(trajectory.worker, std::move(conversation), deadline, task.tools);
   auto rendered = co_await std::move(op);
   if (!rendered) co_return std::unexpected(rendered.error());
-  co_return extension_of(*rendered, prompt, trajectory.completion_tokens);
+  if (auto more = extension_of(*rendered, prompt, trajectory.completion_tokens))
+    co_return TurnIds{std::move(*more), true};
+  co_return TurnIds{std::move(*rendered), false};
 }
 
 }  // namespace arlo::session::adapters

@@ -12,9 +12,10 @@
 //     prompt ids, then its completion ids), and what follows them is appended. When it does not (the
 //     template does not extend what the model saw: the "extension property" fails, e.g. a template
 //     that drops earlier reasoning, or arlo-worker's, which closes an assistant turn with '\n' where
-//     the model ended it with <eos>), the trajectory ends there, done, without the environment's
-//     messages, and is counted (EnvironmentStats::extension_failed; metric
-//     multi_turn/extension_failed). Splitting such a trajectory into several samples is not built.
+//     the model ended it with <eos>), the trajectory splits: the reply carries the rendering as
+//     EnvReply::restart_prompt (the trajectory goes on as a new piece from it, sharing the reward;
+//     the dispatcher keeps the earlier piece), and the split is counted (EnvironmentStats::splits;
+//     metric multi_turn/split).
 //
 // Errors (the dispatcher fails the sample with "env_<code>"): the environment's own (kTimeout for a
 // missed deadline, kUnavailable, kParse ...), and the tokenize call's: kTimeout, kUnavailable for a
@@ -65,7 +66,7 @@ class WorkerTokenizer {
 struct EnvironmentStats {
   std::uint64_t resets = 0;
   std::uint64_t steps = 0;
-  std::uint64_t extension_failed = 0;  // chat trajectories ended because the template did not extend
+  std::uint64_t splits = 0;  // chat trajectories split because the template did not extend them
 };
 
 class EnvironmentAdapter final : public orch::EnvironmentPort {
@@ -82,22 +83,26 @@ class EnvironmentAdapter final : public orch::EnvironmentPort {
                                          std::vector<std::int32_t> prompt_tokens, orch::TimePoint deadline) override;
 
   const EnvironmentStats& stats() const { return stats_; }
-  // Called on the loop each time a chat trajectory ends because the template did not extend it.
-  void on_extension_failed(std::function<void()> callback) { on_extension_failed_ = std::move(callback); }
+  // Called on the loop each time a chat trajectory splits because the template did not extend it.
+  void on_split(std::function<void()> callback) { on_split_ = std::move(callback); }
 
  private:
   rollout::MultiTurnEnvironment* find(const Task& task) const;  // nullptr: single-turn
   Result<rollout::MultiTurnEnvironment*> environment(const Task& task) const;
-  // The ids of what `turn` adds to `trajectory` (empty optional: the extension property failed).
-  Awaitable<Result<std::optional<std::vector<std::int32_t>>>> tokens_of(const Task& task, const Sample& trajectory,
-                                                                        const std::vector<std::int32_t>& prompt,
-                                                                        const rollout::EnvTurn& turn,
-                                                                        orch::TimePoint deadline);
+  // The ids of what `turn` adds to `trajectory`; or, where the extension property failed, the
+  // worker's rendering of the whole conversation (`extends` false).
+  struct TurnIds {
+    std::vector<std::int32_t> ids;
+    bool extends = true;
+  };
+  Awaitable<Result<TurnIds>> tokens_of(const Task& task, const Sample& trajectory,
+                                       const std::vector<std::int32_t>& prompt, const rollout::EnvTurn& turn,
+                                       orch::TimePoint deadline);
 
   std::map<std::string, std::shared_ptr<rollout::MultiTurnEnvironment>> environments_;
   WorkerTokenizer& tokenizer_;
   EnvironmentStats stats_;
-  std::function<void()> on_extension_failed_;
+  std::function<void()> on_split_;
 };
 
 // Whether `ids` starts with `prefix` followed by `more` (the trajectory's ids: prompt, completion);

@@ -6,7 +6,8 @@ for the environment's message (session/adapters/environment_adapter.h). A record
 arlo and vLLM keeps every request and answer. The test checks, for every trajectory in
 rollouts.jsonl, that each turn's prompt ids were sent exactly as vLLM's chat template renders the
 conversation so far (asked of /tokenize here) and that they extend the previous turn's prompt and
-completion; and that the extension failure is counted.
+completion, or, where the template does not extend them, that the trajectory split there and its
+next piece's prompt is that rendering; and that the splits are counted.
 
 The model is the tiny model of python/arlo_tiny_model.py with two changes, both for this test:
 - a character-level tokenizer (no merges; the ChatML tokens, <|im_end|> the only special one), so
@@ -16,8 +17,8 @@ The model is the tiny model of python/arlo_tiny_model.py with two changes, both 
 - a ChatML template that has the extension property, except for conversations whose system message
   is "think: off": there it ends the generation prompt with an empty think block that a rendered
   assistant turn does not have (as Qwen3's template does with thinking off), so those trajectories
-  fail the extension at their first step, by construction, and are counted
-  (multi_turn/extension_failed).
+  fail the extension at every step, by construction: each splits into one piece per model turn
+  (docs/environments.md, "When a trajectory splits"), and the splits are counted (multi_turn/split).
 
     .venv/bin/python tests/vllm/multi_turn_test.py --source . --arlo build/apps/arlo/arlo
 """
@@ -214,9 +215,9 @@ class MultiTurnVllmTest(unittest.TestCase):
         steps = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r["kind"] == "step"]
         self.assertEqual(len(steps), STEPS)
         self.assertEqual(steps[-1]["multi_turn/env_failed"], 0)
-        self.assertGreaterEqual(steps[-1]["multi_turn/extension_failed"], self.failed_seen)
-        self.assertGreater(self.failed_seen, 0)
-        print(f"multi_turn_test: {STEPS} steps; multi_turn/extension_failed {steps[-1]['multi_turn/extension_failed']}, "
+        self.assertGreater(self.splits_seen, 0)
+        self.assertEqual(steps[-1]["multi_turn/split"], self.splits_seen)
+        print(f"multi_turn_test: {STEPS} steps; multi_turn/split {steps[-1]['multi_turn/split']}, "
               f"turns_mean {steps[-1].get('multi_turn/turns_mean')}; {len(proxy.calls)} calls recorded", file=sys.stderr)
 
     def check_turns(self, vllm, calls, groups):
@@ -231,30 +232,38 @@ class MultiTurnVllmTest(unittest.TestCase):
                 self.assertIsInstance(req["prompt"], list, "a later turn's prompt must be token ids")
                 self.assertEqual(req["prompt"], prompt)
             sent.setdefault(tuple(prompt), []).extend(c["token_ids"] for c in ans["choices"])
-        extended, self.failed_seen, self.eos_turns = 0, 0, 0
+        extended, split, self.splits_seen, self.eos_turns = 0, 0, 0, 0
         for g in groups:
             for s in g["samples"]:
                 model_turns = [t for t in s["turns"] if t["role"] == "assistant"]
-                if g["messages"][0] == THINK_OFF:
-                    # The template's generation prompt is not what a rendered assistant turn starts
-                    # with: the trajectory ends at its first turn, without the environment's message.
-                    self.assertEqual(len(s["turns"]), 1, s)
-                    self.failed_seen += 1
-                    continue
                 self.assertEqual(len(model_turns), TURNS, s)
                 self.assertEqual(s["env_reward"], sum(any(c.isdigit() for c in t["content"]) for t in model_turns) / TURNS)
-                extended += self.check_trajectory(vllm, g["messages"], s, sent)
+                think_off = g["messages"][0] == THINK_OFF
+                if think_off:
+                    # The template's generation prompt is not what a rendered assistant turn starts
+                    # with: the trajectory splits at every step, one piece per model turn.
+                    self.assertEqual(len(s.get("segments", [])), TURNS, s)
+                    self.splits_seen += len(s["segments"]) - 1
+                    split += 1
+                else:
+                    self.assertNotIn("segments", s)
+                    extended += 1
+                self.check_trajectory(vllm, g["messages"], s, sent, think_off)
         self.assertGreater(extended, 0, "no trajectory of the extending tasks")
+        self.assertGreater(split, 0, "no trajectory of the think-off tasks")
         print(f"multi_turn_test: {extended} trajectories of {TURNS} turns extend turn by turn ({self.eos_turns} "
-              f"turns ended on the EOS); {self.failed_seen} counted as extension failures", file=sys.stderr)
+              f"turns ended on the EOS); {split} split into {TURNS} pieces each ({self.splits_seen} splits)",
+              file=sys.stderr)
 
-    def check_trajectory(self, vllm, task_messages, sample, sent):
+    def check_trajectory(self, vllm, task_messages, sample, sent, splits):
         """Each model turn after the first was sent as the ids vLLM's /tokenize renders for the
         conversation so far (with the generation prompt), and those ids start with the previous turn's
-        prompt and one of its completions; the model tokens add up to the sample's."""
+        prompt and one of its completions; or, for a trajectory that `splits` at every step, those ids
+        are the prompt of the turn's own piece (rollouts.jsonl: each piece's prompt token count) and
+        do not extend the previous turn's. The model tokens add up to the sample's."""
         conversation = list(task_messages)
         previous = None  # the previous turn's prompt ids
-        model_tokens = 0
+        model_tokens, piece = 0, 0
         for turn in sample["turns"]:
             if turn["role"] == "assistant":
                 status, rendered = http_json(vllm.url + "/tokenize",
@@ -262,10 +271,15 @@ class MultiTurnVllmTest(unittest.TestCase):
                 self.assertEqual(status, 200, rendered)
                 ids = tuple(rendered["tokens"])
                 self.assertIn(ids, sent, f"turn prompt {conversation} was not sent as vLLM renders it")
-                if previous is not None:
-                    self.assertTrue(any(ids[:len(previous) + len(c)] == previous + tuple(c) and
-                                        len(ids) > len(previous) + len(c) for c in sent[previous]),
-                                    f"the prompt of {conversation} does not extend the previous turn's ids")
+                extends = previous is not None and any(
+                    ids[:len(previous) + len(c)] == previous + tuple(c) and len(ids) > len(previous) + len(c)
+                    for c in sent[previous])
+                if splits:
+                    self.assertFalse(extends, f"the prompt of {conversation} extends, yet the trajectory split")
+                    self.assertEqual(sample["segments"][piece]["prompt_tokens"], len(ids), sample)
+                    piece += 1
+                elif previous is not None:
+                    self.assertTrue(extends, f"the prompt of {conversation} does not extend the previous turn's ids")
                 matches = [c for c in sent[ids] if self.text_of(vllm, c) == turn["content"]]
                 self.assertTrue(matches, f"no completion of that prompt is the turn {turn['content']!r}")
                 model_tokens += len(matches[0])
@@ -273,7 +287,6 @@ class MultiTurnVllmTest(unittest.TestCase):
                 previous = ids
             conversation.append(turn)
         self.assertEqual(sample["model_tokens"], model_tokens, sample)
-        return 1
 
     @staticmethod
     def text_of(vllm, ids):

@@ -488,28 +488,43 @@ TEST(MultiTurn, ATaskTheEnvironmentCallsSingleTurnTakesTheSingleTurnPath) {
 
 // The whole loop with Ports::environment: trajectories reach the trainer with their masks, and the
 // ledger adds up.
-TEST(MultiTurn, ARunTrainsTrajectories) {
-  Rig r;
-  testing::FakeScorer scorer;
-  testing::FakeTrainer trainer{r.io.get_executor()};
-  r.opt.batch_size = 4;  // two groups a step, three steps
-  r.opt.max_steps = 3;
-  r.opt.eval_at_start = r.opt.eval_at_end = r.opt.console = false;
-  r.opt.log_interval_s = 1000;
-  r.inf.auto_complete = true;
-  trainer.auto_publish = true;
+// The whole loop over a rig's fakes (its batch_size and max_steps as set), with a fake scorer and a
+// trainer that acknowledges every batch, run until it finishes; `last` holds the last step's figures.
+struct LoopRun {
   struct LastStep : RunObserver {
     StepObservation seen;
     void on_step(const StepObservation& o) override { seen = o; }
-  } last;
-  Orchestrator orch(r.io, Ports{&r.inf, &r.tasks, &scorer, &trainer, &r.clock, &r.env, {}}, r.opt, &last);
-  ASSERT_TRUE(orch.start());
-  while (!orch.finished()) {
-    r.settle();
-    if (!orch.finished() && !r.clock.fire_next()) break;
+  };
+  testing::FakeScorer scorer;
+  testing::FakeTrainer trainer;
+  LastStep last;
+  std::unique_ptr<Orchestrator> orch;
+
+  explicit LoopRun(Rig& r) : trainer{r.io.get_executor()} {
+    r.opt.eval_at_start = r.opt.eval_at_end = r.opt.console = false;
+    r.opt.log_interval_s = 1000;
+    r.inf.auto_complete = true;
+    trainer.auto_publish = true;
+    orch = std::make_unique<Orchestrator>(r.io, Ports{&r.inf, &r.tasks, &scorer, &trainer, &r.clock, &r.env, {}}, r.opt,
+                                          &last);
+    EXPECT_TRUE(orch->start());
+    while (!orch->finished()) {
+      r.settle();
+      if (!orch->finished() && !r.clock.fire_next()) break;
+    }
+    EXPECT_TRUE(orch->finished());
+    EXPECT_TRUE(orch->summary().ok) << orch->summary().error;
   }
-  ASSERT_TRUE(orch.finished());
-  EXPECT_TRUE(orch.summary().ok) << orch.summary().error;
+};
+
+TEST(MultiTurn, ARunTrainsTrajectories) {
+  Rig r;
+  r.opt.batch_size = 4;  // two groups a step, three steps
+  r.opt.max_steps = 3;
+  LoopRun run(r);
+  const auto& trainer = run.trainer;
+  const auto& last = run.last;
+  const auto& orch = *run.orch;
   ASSERT_EQ(trainer.batches.size(), 3u);
   for (const auto& b : trainer.batches) {
     for (const auto& s : b.samples) {
@@ -527,6 +542,138 @@ TEST(MultiTurn, ARunTrainsTrajectories) {
   EXPECT_GE(last.seen.trajectories, 12u);
   EXPECT_EQ(last.seen.model_turns, 2 * last.seen.trajectories);
   EXPECT_EQ(last.seen.env_failed, 0u);
+}
+
+// A step whose rendering did not extend the trajectory (EnvReply::restart_prompt): 8 ids after the
+// first model turn; the second turn ends the trajectory.
+Result<EnvReply> split_after_first_turn(const FakeEnv::Call& c) {
+  EnvReply r;
+  if (FakeEnv::model_turns(c.trajectory) >= 2) {
+    r.messages = {{"user", "right"}};
+    r.done = true;
+    r.reward = 1.0;
+    return r;
+  }
+  r.messages = {{"user", "again"}};
+  r.restart_prompt = {70, 71, 72, 73, 74, 75, 76, 77};
+  return r;
+}
+
+TEST(MultiTurn, ASplitTrajectoryGoesOnFromTheRestartPromptAndKeepsItsEarlierPiece) {
+  Rig r;
+  r.env.on_step = split_after_first_turn;
+  r.start();
+  r.run_out();
+  ASSERT_EQ(r.complete.size(), 1u);
+  const Tokens group_prompt = {1, 2};  // the fake server's tokenization of the reset's messages
+  const Tokens restart = {70, 71, 72, 73, 74, 75, 76, 77};
+  ASSERT_EQ(r.inf.requests().size(), 3u);
+  for (std::size_t i = 1; i < 3; ++i) EXPECT_EQ(r.inf.requests()[i].prompt_tokens, restart);  // the new piece's
+  for (int j = 0; j < 2; ++j) {
+    const auto& s = r.sample(j);
+    ASSERT_EQ(s.split_segments.size(), 1u);
+    const auto& first = s.split_segments[0];
+    EXPECT_EQ(first.prompt_tokens, group_prompt);
+    EXPECT_EQ(first.completion_tokens, (Tokens{j % 2, 10 + j, 20 + j}));
+    EXPECT_EQ(first.loss_mask, (std::vector<std::uint8_t>{1, 1, 1}));
+    EXPECT_EQ(first.logprobs, (std::vector<float>{-0.5f, -0.5f, -0.5f}));
+    // The last piece: its own prompt, the second turn's answer only (the fake's text names the
+    // prompt's length: the restart prompt, nothing after it).
+    EXPECT_EQ(s.prompt_tokens, restart);
+    EXPECT_EQ(s.completion_tokens, (Tokens{0, 10, 20}));
+    EXPECT_EQ(s.loss_mask, (std::vector<std::uint8_t>{1, 1, 1}));
+    EXPECT_EQ(s.text, "p8s0");
+    EXPECT_EQ(
+        s.turns,
+        (std::vector<ChatMessage>{
+            {"assistant", fmt::format("p0s{}", j)}, {"user", "again"}, {"assistant", "p8s0"}, {"user", "right"}}));
+    EXPECT_EQ(s.turn_versions, (std::vector<Version>{0, 0}));
+    EXPECT_EQ(s.finish_reason, FinishReason::kStop);
+    ASSERT_TRUE(s.env_reward);
+    EXPECT_EQ(s.token_versions(), std::vector<std::int32_t>(3, 0));
+  }
+  // The second step saw the new piece: its prompt and its completion so far.
+  int second_steps = 0;
+  for (const auto& c : r.env.calls) {
+    if (c.reset || FakeEnv::model_turns(c.trajectory) < 2) continue;
+    ++second_steps;
+    EXPECT_EQ(c.prompt, restart);
+    EXPECT_EQ(c.trajectory.completion_tokens, (Tokens{0, 10, 20}));
+  }
+  EXPECT_EQ(second_steps, 2);
+  EXPECT_EQ(r.ledger.completed_total(), 2u);  // two trajectories, however many pieces
+  EXPECT_EQ(r.d->trajectories_total(), 2u);
+}
+
+TEST(MultiTurn, TheTokenBudgetCountsTheRestartPromptBeyondTheGroupsPrompt) {
+  Rig r;
+  r.opt.max_trajectory_tokens = 8;  // the restart prompt holds 6 ids beyond the group's 2
+  r.env.on_step = split_after_first_turn;
+  r.start();
+  r.run_out();
+  ASSERT_EQ(r.complete.size(), 1u);
+  ASSERT_EQ(r.inf.requests().size(), 3u);
+  EXPECT_EQ(r.inf.requests()[1].sampling.max_tokens, 2);  // 8 - 6
+  for (int j = 0; j < 2; ++j) {
+    const auto& s = r.sample(j);  // the fake answers 3 tokens whatever max_tokens says: cut to 2
+    ASSERT_EQ(s.split_segments.size(), 1u);
+    EXPECT_EQ(s.completion_tokens, (Tokens{0, 10}));
+    EXPECT_EQ(s.finish_reason, FinishReason::kLength);
+  }
+}
+
+TEST(MultiTurn, ARestartPromptThatFillsTheBudgetEndsTheTrajectoryAsLength) {
+  Rig r;
+  r.opt.max_trajectory_tokens = 6;
+  r.env.on_step = split_after_first_turn;
+  r.start();
+  r.run_out();
+  ASSERT_EQ(r.complete.size(), 1u);
+  EXPECT_EQ(r.inf.requests().size(), 1u);  // no second turn
+  for (int j = 0; j < 2; ++j) {            // it ends as it was, unsplit
+    EXPECT_EQ(r.sample(j).finish_reason, FinishReason::kLength);
+    EXPECT_TRUE(r.sample(j).split_segments.empty());
+    EXPECT_EQ(r.sample(j).completion_tokens.size(), 3u);
+  }
+}
+
+TEST(MultiTurn, ARunTrainsEachPieceOfASplitTrajectoryAsARowSharingItsScores) {
+  Rig r;
+  r.opt.batch_size = 2;
+  r.opt.max_steps = 1;
+  r.env.on_step = [](const FakeEnv::Call& c) {
+    auto reply = split_after_first_turn(c);
+    if (reply->done) reply->ended_because = "solved";
+    return reply;
+  };
+  LoopRun run(r);
+  const auto& trainer = run.trainer;
+  const auto& last = run.last;
+  const auto& orch = *run.orch;
+  ASSERT_EQ(trainer.batches.size(), 1u);
+  const auto& rows = trainer.batches[0].samples;
+  ASSERT_EQ(rows.size(), 4u);  // two trajectories, two pieces each, the earlier piece first
+  for (std::size_t t = 0; t < 2; ++t) {
+    const auto& early = rows[2 * t];
+    const auto& last_piece = rows[2 * t + 1];
+    EXPECT_EQ(early.prompt_tokens, (Tokens{1, 2}));
+    EXPECT_EQ(early.completion_tokens.size(), 3u);
+    EXPECT_EQ(early.loss_mask, (std::vector<std::uint8_t>{1, 1, 1}));
+    EXPECT_EQ(last_piece.prompt_tokens, (Tokens{70, 71, 72, 73, 74, 75, 76, 77}));
+    EXPECT_TRUE(last_piece.split_segments.empty());
+    EXPECT_EQ(early.task_id, last_piece.task_id);
+    EXPECT_EQ(early.sample_index, last_piece.sample_index);
+    ASSERT_TRUE(early.reward && last_piece.reward);
+    EXPECT_EQ(*early.reward, *last_piece.reward);
+    EXPECT_EQ(early.advantage, last_piece.advantage);
+    EXPECT_EQ(early.fate, last_piece.fate);
+  }
+  EXPECT_EQ(orch.ledger().disposed("trained"), 2u);  // the ledger counts trajectories, not rows
+  EXPECT_EQ(last.seen.report.samples, 2);
+  // Every trajectory (equal-reward groups were filtered and others drawn) ended for the one reason.
+  ASSERT_EQ(last.seen.ended_because.size(), 1u);
+  EXPECT_EQ(last.seen.ended_because.at("solved"), last.seen.trajectories);
+  EXPECT_GE(last.seen.trajectories, 2u);
 }
 
 TEST(MultiTurn, OptionsRejectNoTurnsAndNoTokenBudget) {

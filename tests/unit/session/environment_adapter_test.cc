@@ -215,7 +215,7 @@ TEST_F(EnvironmentAdapterTest, CompletionTaskTurnsExtendTheTrajectoryIds) {
     trajectory.text = again.completions[0].text;
   }
   EXPECT_EQ(trajectory.turns.size(), 7u);  // three model turns, two of them followed by two messages
-  EXPECT_EQ(adapter_->stats().extension_failed, 0u);
+  EXPECT_EQ(adapter_->stats().splits, 0u);
 }
 
 // A chat trajectory whose model turn ended at the stop "\n": the template renders the turn the same
@@ -241,15 +241,16 @@ TEST_F(EnvironmentAdapterTest, ChatTaskTurnExtendsWhenTheTemplateRendersTheModel
   EXPECT_EQ(next, whole);
   auto again = generate(task, next, 5);
   EXPECT_EQ(again.prompt_tokens, next);
-  EXPECT_EQ(adapter_->stats().extension_failed, 0u);
+  EXPECT_EQ(adapter_->stats().splits, 0u);
 }
 
 // The model ended its turn with <eos>; arlo-worker's template closes an assistant turn with '\n':
-// the rendering does not start with the trajectory's ids, so the trajectory ends there (done, no
-// tokens, no messages) and the failure is counted.
-TEST_F(EnvironmentAdapterTest, ChatTemplateThatDoesNotExtendEndsTheTrajectoryAndIsCounted) {
+// the rendering does not start with the trajectory's ids, so the trajectory splits there: not done,
+// no tokens, the environment's messages, and the worker's rendering of the whole conversation as the
+// next piece's prompt; the split is counted.
+TEST_F(EnvironmentAdapterTest, ChatTemplateThatDoesNotExtendSplitsTheTrajectoryAndIsCounted) {
   int callbacks = 0;
-  adapter_->on_extension_failed([&] { ++callbacks; });
+  adapter_->on_split([&] { ++callbacks; });
   Sample trajectory;
   trajectory.worker = url_;
   trajectory.text = "67";
@@ -259,10 +260,16 @@ TEST_F(EnvironmentAdapterTest, ChatTemplateThatDoesNotExtendEndsTheTrajectoryAnd
   trajectory.turns = {{"assistant", "67"}};
   auto reply = step(chat_task(), trajectory, *tok_.apply_chat_template({{"system", "add"}, {"user", "23+45="}}));
   ASSERT_TRUE(reply) << reply.error().what();
-  EXPECT_TRUE(reply->done);
+  EXPECT_FALSE(reply->done);
   EXPECT_TRUE(reply->tokens.empty());
-  EXPECT_TRUE(reply->messages.empty());
-  EXPECT_EQ(adapter_->stats().extension_failed, 1u);
+  ASSERT_FALSE(reply->messages.empty());
+  std::vector<reference::Tokenizer::Message> conversation = {
+      {"system", "add"}, {"user", "23+45="}, {"assistant", "67"}};
+  for (const auto& m : reply->messages)  // arlo-worker renders a tool message as a user turn
+    conversation.push_back({m.role == "tool" ? "user" : m.role, m.content});
+  ASSERT_TRUE(tok_.apply_chat_template(conversation));
+  EXPECT_EQ(reply->restart_prompt, *tok_.apply_chat_template(conversation));
+  EXPECT_EQ(adapter_->stats().splits, 1u);
   EXPECT_EQ(callbacks, 1);
 }
 

@@ -152,6 +152,26 @@ TEST(RolloutLog, AMultiTurnSamplesLineHoldsItsTurnsTokenSplitVersionsAndEnvRewar
   EXPECT_FALSE(rollout_record(scored_group(1)).contains("info"));
 }
 
+TEST(RolloutLog, ASplitTrajectorysLineSaysSoWithEachPiecesTokenCounts) {
+  auto g = multi_turn_group(5);
+  auto& c = g.completions[0];
+  TrajectorySegment first;
+  first.prompt_tokens = {1, 2, 3, 4};
+  first.completion_tokens = {7, 8, 9, 10};
+  first.loss_mask = {1, 1, 0, 0};
+  c.split_segments = {first};
+  c.prompt_tokens = {1, 2, 3, 4, 7, 8, 9, 10, 11};
+  const auto j = rollout_record(g);
+  const auto& s = j["samples"][0];
+  ASSERT_TRUE(s.contains("segments"));
+  EXPECT_EQ(s["segments"], nlohmann::json::parse(R"([{"prompt_tokens": 4, "tokens": 4},
+                                                     {"prompt_tokens": 9, "tokens": 6}])"));
+  EXPECT_EQ(s["tokens"], 10);  // the whole trajectory's
+  EXPECT_EQ(s["model_tokens"], 5);
+  EXPECT_EQ(s["env_tokens"], 5);
+  EXPECT_FALSE(j["samples"][1].contains("segments"));  // an unsplit one says nothing
+}
+
 TEST(RolloutLog, ALineReadsBackAsTheTaskAndTheSamplesRewardModulesSee) {
   const auto back = parse_rollout_record(nlohmann::json::parse(
       rollout_record(multi_turn_group(5)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));

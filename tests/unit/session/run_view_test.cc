@@ -83,9 +83,11 @@ TEST(Reporter, MultiTurnStepRecordsCarryTurnsPerTrajectoryAndTheFailureCounts) {
   Reporter reporter(io, clock, opt, &registry);
   reporter.on_start({});
   reporter.on_step(step(1, 10, 4, 0));  // 10 model turns, 4 trajectories ended: 2.5 turns each
-  registry.counter("multi_turn/extension_failed").inc(3);
+  registry.counter("multi_turn/split").inc(3);
   reporter.on_step(step(2, 13, 4, 1));  // none ended since: no turns_mean; its 3 turns count next
-  reporter.on_step(step(3, 19, 6, 2));  // (19 - 10) turns over (6 - 4) trajectories
+  auto third = step(3, 19, 6, 2);       // (19 - 10) turns over (6 - 4) trajectories
+  third.ended_because = {{"malformed_tool_call", 2}};
+  reporter.on_step(third);
   const auto recs = step_records(reporter);
   ASSERT_EQ(recs.size(), 3u);
   EXPECT_DOUBLE_EQ(recs[0].at("multi_turn/turns_mean").get<double>(), 2.5);
@@ -93,11 +95,12 @@ TEST(Reporter, MultiTurnStepRecordsCarryTurnsPerTrajectoryAndTheFailureCounts) {
   EXPECT_DOUBLE_EQ(recs[2].at("multi_turn/turns_mean").get<double>(), 4.5);
   EXPECT_EQ(recs[0].at("multi_turn/env_failed"), 0);
   EXPECT_EQ(recs[2].at("multi_turn/env_failed"), 2);  // cumulative
-  EXPECT_EQ(recs[0].at("multi_turn/extension_failed"), 0);
-  EXPECT_EQ(recs[2].at("multi_turn/extension_failed"), 3);
+  EXPECT_EQ(recs[0].at("multi_turn/split"), 0);
+  EXPECT_EQ(recs[2].at("multi_turn/split"), 3);
+  EXPECT_FALSE(recs[0].contains("multi_turn/ended/malformed_tool_call"));
+  EXPECT_EQ(recs[2].at("multi_turn/ended/malformed_tool_call"), 2);
   // The counter stays a counter in /metrics (the records' other figures become gauges).
-  EXPECT_NE(registry.prometheus().find("arlo_multi_turn_extension_failed 3"), std::string::npos)
-      << registry.prometheus();
+  EXPECT_NE(registry.prometheus().find("arlo_multi_turn_split 3"), std::string::npos) << registry.prometheus();
   EXPECT_DOUBLE_EQ(registry.gauge("multi_turn/turns_mean").value(), 4.5);
 
   // A single-turn run's records have none of them.
