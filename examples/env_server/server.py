@@ -62,10 +62,6 @@ def step(body, max_guesses):
             "state": state}
 
 
-def make_handler(max_guesses):
-    return make_handler_for({"/reset": reset, "/step": step}, max_guesses)
-
-
 def make_handler_for(routes, limit):
     """The protocol's HTTP handler: each route is route(body, limit) -> the reply (tool_server.py too)."""
 
@@ -98,19 +94,25 @@ def make_handler_for(routes, limit):
     return Handler
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def serve(routes, description, default_port, limit_flag, limit_default):
+    """Parses --host, --port and the limit flag, serves `routes` (make_handler_for) until interrupted."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
-    parser.add_argument("--max-guesses", type=int, default=7)
+    parser.add_argument("--port", type=int, default=default_port, help="0 picks a free port")
+    parser.add_argument(limit_flag, type=int, default=limit_default)
     args = parser.parse_args()
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args.max_guesses))
+    limit = getattr(args, limit_flag.lstrip("-").replace("-", "_"))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler_for(routes, limit))
     print(f"listening on port {server.server_address[1]}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     sys.exit(0)
+
+
+def main():
+    serve({"/reset": reset, "/step": step}, __doc__.splitlines()[0], 8765, "--max-guesses", 7)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,10 @@ number is the task's answer, else 0. At most --max-turns model turns.
 
     python3 tool_server.py --port 8766     # then env.kind: http, env.url: http://127.0.0.1:8766
 """
-import argparse
 import json
 import re
-import sys
-from http.server import ThreadingHTTPServer
 
-from server import make_handler_for
+from server import serve
 
 TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "The sum of the terms.",
@@ -53,19 +50,7 @@ def step(body, max_turns):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8766, help="0 picks a free port")
-    parser.add_argument("--max-turns", type=int, default=4)
-    args = parser.parse_args()
-    handler = make_handler_for({"/reset": reset, "/step": step}, args.max_turns)
-    server = ThreadingHTTPServer((args.host, args.port), handler)
-    print(f"listening on port {server.server_address[1]}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    sys.exit(0)
+    serve({"/reset": reset, "/step": step}, __doc__.splitlines()[0], 8766, "--max-turns", 4)
 
 
 if __name__ == "__main__":

@@ -371,14 +371,20 @@ TEST(HttpEnvironment, AServerThatIsNotThereIsUnavailable) {
 }
 
 // The Python example (examples/env_server/server.py) played to the end by bisection.
-TEST(PythonEnvServer, GuessTheNumberThroughTheClient) {
-  const auto dir = e2e::fresh_temp_dir("arlo_env_server_test");
-  const auto log = dir / "server.log";
-  const pid_t pid = e2e::spawn_logged({ARLO_PYTHON_BINARY, ARLO_ENV_SERVER, "--port", "0"}, log);
-  ASSERT_GT(pid, 0);
-  ASSERT_TRUE(e2e::wait_for_text(log, "listening on port ", pid, std::chrono::seconds(60))) << e2e::read_text(log);
+// Starts an example server (examples/env_server/) under the project's Python: its port, "" when it
+// did not start; `pid` is the process to kill.
+std::string start_example(const std::string& script, const char* dir_name, pid_t& pid) {
+  const auto log = e2e::fresh_temp_dir(dir_name) / "server.log";
+  pid = e2e::spawn_logged({ARLO_PYTHON_BINARY, script, "--port", "0"}, log);
+  if (pid <= 0 || !e2e::wait_for_text(log, "listening on port ", pid, std::chrono::seconds(60))) return "";
   const std::string text = e2e::read_text(log);
-  const std::string port = text.substr(text.find("port ") + 5, text.find('\n') - text.find("port ") - 5);
+  return text.substr(text.find("port ") + 5, text.find('\n') - text.find("port ") - 5);
+}
+
+TEST(PythonEnvServer, GuessTheNumberThroughTheClient) {
+  pid_t pid = 0;
+  const std::string port = start_example(ARLO_ENV_SERVER, "arlo_env_server_test", pid);
+  ASSERT_FALSE(port.empty()) << "examples/env_server/server.py did not start";
   auto env = *make_http_environment({"http://127.0.0.1:" + port});
   Task task = http_task();
   task.info = {{"secret", 37}};
@@ -434,15 +440,11 @@ TEST(EnvReply, ResetMayGiveToolsStepMayNot) {
 }
 
 TEST(PythonEnvServer, TheToolServerAnswersToolCalls) {
-  const auto dir = e2e::fresh_temp_dir("arlo_tool_server_test");
-  const auto log = dir / "server.log";
-  const std::string script =
-      std::string(ARLO_ENV_SERVER).substr(0, std::string(ARLO_ENV_SERVER).rfind('/')) + "/tool_server.py";
-  const pid_t pid = e2e::spawn_logged({ARLO_PYTHON_BINARY, script, "--port", "0"}, log);
-  ASSERT_GT(pid, 0);
-  ASSERT_TRUE(e2e::wait_for_text(log, "listening on port ", pid, std::chrono::seconds(60))) << e2e::read_text(log);
-  const std::string text = e2e::read_text(log);
-  const std::string port = text.substr(text.find("port ") + 5, text.find('\n') - text.find("port ") - 5);
+  const std::string server = ARLO_ENV_SERVER;
+  pid_t pid = 0;
+  const std::string port =
+      start_example(server.substr(0, server.rfind('/')) + "/tool_server.py", "arlo_tool_server_test", pid);
+  ASSERT_FALSE(port.empty()) << "examples/env_server/tool_server.py did not start";
   auto env = *make_http_environment({"http://127.0.0.1:" + port});
   Task task = *task_from_json(
       {{"id", "sum-1"}, {"env", "http"}, {"messages", {{{"role", "user"}, {"content", "2+3?"}}}}, {"answer", "5"}});
