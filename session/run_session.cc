@@ -522,7 +522,15 @@ class RunSession::Impl {
         if (const auto url = worker_url(e.name); started_ && !url.empty()) orchestrator_->worker_restarting(url);
         break;
       }
-      case SupervisionEventKind::kGaveUp: stop_run(gave_up_why(e)); break;
+      case SupervisionEventKind::kGaveUp: {
+        const auto why = gave_up_why(e);
+        stop_run(why);
+        // A trainer that is not coming back never takes the batch in flight: give it up (the batch
+        // journal keeps it for `arlo run --resume`), or the drain would wait for it.
+        if (started_ && (e.name == "trainer" || e.name.starts_with("trainer-")))
+          orchestrator_->train_sink().abandon(Error(ErrorCode::kUnavailable, why));
+        break;
+      }
       case SupervisionEventKind::kStarted:
         if (e.restarted && worker_url(e.name).empty()) ARLO_INFO("arlo run: {} restarted", e.name);
         break;

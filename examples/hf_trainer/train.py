@@ -13,6 +13,12 @@ tokens; gradient clipping; AdamW with a linear warm-up over --warmup-steps. With
 (arlo run sets it with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) the ranks train their part of each
 step data parallel (FSDP2; gloo on CPU, nccl on GPU) and rank 0 publishes. The initial weights are
 published as v0; every step's weights as that step's version, after the step is acknowledged.
+
+Bad input (arlo.hf_trainer.HFTrainerError: a model directory that is not a causal LM's, a tokenizer
+whose vocabulary the model cannot embed, a batch with token ids outside the vocabulary) ends the
+trainer with exit code 2 and one line "trainer: error: <what and where>": arlo run does not restart
+a trainer after exit code 2 (it would fail the same way) and stops the run quoting that line. The
+batch was not acknowledged, so no step is lost: it is delivered again to a trainer started later.
 """
 
 import argparse
@@ -27,7 +33,7 @@ import torch
 
 from arlo import trainer_support
 from arlo.bridge import Bridge
-from arlo.hf_trainer import HFTrainer, TrainerConfig
+from arlo.hf_trainer import HFTrainer, HFTrainerError, TrainerConfig
 from arlo.loss import CORRECTIONS
 from arlo.packing import samples_from_batch
 
@@ -127,5 +133,14 @@ def logged_steps(path):
         return {json.loads(line)["step"] for line in f if line.strip()}
 
 
+def run(argv=None):
+    """main(), with bad input as exit code 2 (a usage error: arlo run does not restart it) and one line."""
+    try:
+        return main(argv)
+    except HFTrainerError as e:
+        print(f"trainer: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -264,6 +264,24 @@ class BadInputTest(TinyModelCase):
         for k, v in t.module.state_dict().items():
             self.assertTrue(torch.equal(v, before[k]), k)
 
+    def test_train_py_ends_bad_input_with_exit_code_2_and_one_line(self):
+        """examples/hf_trainer/train.py: HFTrainerError is exit code 2 (arlo run does not restart it) and one
+        line "trainer: error: ..." naming what and where (quoted in arlo run's error)."""
+        import subprocess
+
+        d = os.path.join(self.tmp.name, "vit_for_train_py")
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump({"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 1}, f)
+        train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "hf_trainer",
+                             "train.py")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ARLO_")}
+        r = subprocess.run([sys.executable, train, "--model", d, "--weight-sync", "{}"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertRegex(r.stderr, r"trainer: error: model directory .*vit_for_train_py: config.json has model_type "
+                                   r"'vit'")
+
 
 if __name__ == "__main__":
     unittest.main()
