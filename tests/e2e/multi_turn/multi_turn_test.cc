@@ -82,7 +82,8 @@ TEST(MultiTurnE2E, TrajectoriesOfSeveralTurnsTrainWithTheEnvironmentsTokensMaske
 }
 
 // An environment server over the HTTP protocol (examples/env_server/server.py under the project's
-// Python) through `arlo run`: the run ends ok with every step trained, and the server was stepped.
+// Python) through `arlo run`: the run ends ok with every step trained; the server's reset and step
+// answers are in the trajectories.
 // With MALLOC_PERTURB_ freed memory is overwritten, so a use after free at the end of the run (the
 // environment's HTTP client outliving the io_context its connections live on) crashes it here.
 TEST(MultiTurnE2E, AnEnvironmentServerOverHttpThroughArloRun) {
@@ -90,7 +91,8 @@ TEST(MultiTurnE2E, AnEnvironmentServerOverHttpThroughArloRun) {
   ASSERT_NE(src, nullptr);
   const fs::path dir = arlo::e2e::fresh_temp_dir("arlo_multi_turn_http_e2e");
   const fs::path server_log = dir / "server.log";
-  const pid_t server = arlo::e2e::spawn_logged({ARLO_PYTHON_BINARY, ARLO_ENV_SERVER, "--port", "0"}, server_log);
+  const pid_t server =
+      arlo::e2e::spawn_logged({ARLO_PYTHON_BINARY, ARLO_ENV_SERVER, "--port", "0", "--max-guesses", "3"}, server_log);
   ASSERT_GT(server, 0);
   struct StopServer {
     pid_t pid;
@@ -118,14 +120,27 @@ TEST(MultiTurnE2E, AnEnvironmentServerOverHttpThroughArloRun) {
       ARLO_BINARY, std::string(src) + "/configs/multi-turn.yaml",
       {"run.dir=" + run_dir.string(), "log.progress=false", "status.port=0", "run.max_steps=" + std::to_string(steps),
        "orchestrator.sft_warmup_steps=0", "orchestrator.batch_size=16", "eval.interval=0", "env.kind=http",
-       "env.url=http://127.0.0.1:" + std::to_string(port), "env.path=" + (dir / "tasks.jsonl").string()});
+       "env.url=http://127.0.0.1:" + std::to_string(port), "env.path=" + (dir / "tasks.jsonl").string(),
+       // The server's prompt is longer than arithmetic_retry's: a context for three guesses.
+       "model.context=512", "orchestrator.seq_len=512", "env.max_trajectory_tokens=400"});
   ::setenv("MALLOC_PERTURB_", "165", 1);
   const auto run = arlo::e2e::run_to_end(args, dir / "run.log");
   ::unsetenv("MALLOC_PERTURB_");
   ASSERT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << arlo::e2e::tail(run.output);
   const auto summary = nlohmann::json::parse(arlo::e2e::read_text(run_dir / "summary.json"));
   arlo::e2e::expect_every_step_trained(summary, run_dir, steps, 2);
-  EXPECT_NE(arlo::e2e::read_text(server_log).find("POST /step"), std::string::npos) << arlo::e2e::read_text(server_log);
+  // The server's reset gave each group its prompt, and its steps answered the model's guesses.
+  std::size_t groups = 0, answered = 0;
+  for (const auto& group : arlo::e2e::read_jsonl(run_dir / "rollouts.jsonl")) {
+    ++groups;
+    EXPECT_NE(group.at("messages").dump().find("I am thinking of a number"), std::string::npos) << group.dump();
+    for (const auto& s : group.at("samples"))
+      for (const auto& t : s.at("turns"))
+        if (t.at("role") == "user" && t.at("content").get<std::string>().find("guess: ") != std::string::npos)
+          ++answered;
+  }
+  EXPECT_GT(groups, 0u);
+  EXPECT_GT(answered, 0u) << "no step of the environment server reached a trajectory";
   fs::remove_all(dir);
 }
 
