@@ -531,7 +531,10 @@ Section trainer_section() {
                   "command, hf and external: the trainer's data-parallel ranks. The bridge splits each step's "
                   "batch over them (balanced by tokens); arlo run starts the trainer once per rank with ARLO_RANK, "
                   "ARLO_NUM_RANKS and torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its "
-                  "environment; any rank's exit stops the run. The built-in trainer is one rank.")
+                  "environment. The ranks are one group: when one exits or is killed, arlo run stops the "
+                  "others and starts all again (fresh MASTER_PORT; one restart under the supervisor's limits) "
+                  "where the trainer resumes (hf with checkpoints on, command with trainer.ckpt_interval > 0), "
+                  "else the run stops naming the rank and its exit status. The built-in trainer is one rank.")
               .range(1, 1024),
           float_key("lr", 1e-3, "AdamW learning rate.").range(0.0, 10.0),
           float_key("sft_lr", 0.0,
@@ -567,7 +570,8 @@ Section trainer_section() {
           int_key("ckpt_interval", 0,
                   "Steps between trainer checkpoints (weights and optimizer); 0: ckpt.interval, so that "
                   "`arlo run --resume` finds the trainer at the orchestrator's step. The trainer also "
-                  "checkpoints when it stops.")
+                  "checkpoints when it stops. trainer.launch command: > 0 says your trainer checkpoints before "
+                  "each ack and resumes, so arlo run restarts it after a crash (else its exit stops the run).")
               .at_least(0),
           int_key("threads", 1, "Compute threads of the built-in trainer.").range(1, 1024),
       }};
