@@ -96,14 +96,16 @@ Result<std::optional<CheckpointState>> read_checkpoint(const fs::path& path) {
 
 nlohmann::json to_json(const TrainBatch& b) {
   auto samples = nlohmann::json::array();
-  for (const auto& s : b.samples)
-    samples.push_back({{"prompt_tokens", s.prompt_tokens},
-                       {"completion_tokens", s.completion_tokens},
-                       {"logprobs", s.logprobs},
-                       {"token_versions", s.token_versions()},
-                       {"advantage", s.advantage},
-                       {"reward", s.reward.value_or(0.0)},
-                       {"supervised", s.supervised}});
+  for (const auto& s : b.samples) {
+    nlohmann::json j = {{"prompt_tokens", s.prompt_tokens}, {"completion_tokens", s.completion_tokens},
+                        {"logprobs", s.logprobs},           {"token_versions", s.token_versions()},
+                        {"advantage", s.advantage},         {"reward", s.reward.value_or(0.0)},
+                        {"supervised", s.supervised}};
+    // A multi-turn sample's environment tokens and a masked sample stay out of the loss on resend.
+    if (!s.loss_mask.empty()) j["loss_mask"] = s.loss_mask;
+    if (s.fate == SampleFate::kMasked) j["masked"] = true;
+    samples.push_back(std::move(j));
+  }
   return {{"step", b.step}, {"samples", std::move(samples)}, {"metadata", b.metadata}};
 }
 
@@ -121,6 +123,8 @@ Result<TrainBatch> train_batch_from_json(const nlohmann::json& j) {
       t.advantage = s.at("advantage").get<double>();
       t.reward = s.at("reward").get<double>();
       t.supervised = s.at("supervised").get<bool>();
+      t.loss_mask = s.value("loss_mask", std::vector<std::uint8_t>{});
+      if (s.value("masked", false)) t.fate = SampleFate::kMasked;
       b.samples.push_back(std::move(t));
     }
     return b;

@@ -1056,6 +1056,31 @@ TEST(Checkpoint, MalformedFileIsAnErrorNotACrash) {
   std::filesystem::remove_all(dir);
 }
 
+// A journaled batch is resent as it was trained: a multi-turn sample's loss mask (the environment's
+// tokens out of the loss) and a masked sample's fate survive the round trip.
+TEST(Checkpoint, JournaledBatchKeepsLossMaskAndMaskedFate) {
+  TrainBatch b;
+  b.step = 7;
+  Sample turns;
+  turns.prompt_tokens = {1, 2};
+  turns.completion_tokens = {3, 4, 5};
+  turns.logprobs = {-0.5f, 0.0f, -0.25f};
+  turns.loss_mask = {1, 0, 1};
+  turns.advantage = 0.5;
+  turns.reward = 1.0;
+  Sample masked = turns;
+  masked.loss_mask.clear();
+  masked.fate = SampleFate::kMasked;
+  b.samples = {turns, masked};
+  auto back = train_batch_from_json(to_json(b));
+  ASSERT_TRUE(back) << back.error().what();
+  ASSERT_EQ(back->samples.size(), 2u);
+  EXPECT_EQ(back->samples[0].loss_mask, (std::vector<std::uint8_t>{1, 0, 1}));
+  EXPECT_EQ(back->samples[0].fate, SampleFate::kTrain);
+  EXPECT_TRUE(back->samples[1].loss_mask.empty());
+  EXPECT_EQ(back->samples[1].fate, SampleFate::kMasked);
+}
+
 // Pending tasks survive a checkpoint whole: completions and chat tasks, token ids and info.
 TEST(Checkpoint, PendingTasksRoundTrip) {
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("arlo_orch_ckpt_tasks_{}", ::getpid());
