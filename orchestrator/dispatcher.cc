@@ -260,6 +260,7 @@ void RolloutDispatcher::on_result(std::uint64_t group_id, std::uint64_t request_
     if (!result) {
       ARLO_WARN_EVERY(5.0, "dispatcher: group {} request failed: {}", group_id, result.error().what());
       for (int s : samples) end_sample(rec, s, SampleState::kFailed, reason_of(result.error()));
+      if (result.error().code() == ErrorCode::kInvalidArgument) count_rejected(samples.size(), result.error());
     } else {
       auto& g = *rec.group;
       if (g.prompt_tokens.empty()) g.prompt_tokens = result->prompt_tokens;
@@ -543,11 +544,26 @@ void RolloutDispatcher::end_sample(Record& rec, int sample, SampleState state, c
   --inflight_samples_;
   if (rec.multi_turn) ++trajectories_;
   switch (state) {
-    case SampleState::kCompleted: ledger_.completed(); break;
+    case SampleState::kCompleted:
+      ledger_.completed();
+      rejected_in_a_row_ = 0;
+      break;
     case SampleState::kFailed: ledger_.failed(reason); break;
     case SampleState::kCancelled: ledger_.cancelled(reason); break;
     default: break;
   }
+}
+
+void RolloutDispatcher::count_rejected(std::size_t samples, const Error& e) {
+  const int before = rejected_in_a_row_;
+  rejected_in_a_row_ += static_cast<int>(samples);
+  const int limit = opt_.max_rejected_in_a_row;
+  if (limit <= 0 || before >= limit || rejected_in_a_row_ < limit || !hooks_.on_fatal) return;
+  hooks_.on_fatal(Error(ErrorCode::kInvalidArgument,
+                        fmt::format("{} rollouts in a row were rejected by the inference servers and none completed, "
+                                    "so the run cannot make progress (check the prompts against the model's context "
+                                    "and the sampling parameters); the last: {}",
+                                    rejected_in_a_row_, e.what())));
 }
 
 void RolloutDispatcher::maybe_finish(std::uint64_t group_id) {

@@ -163,6 +163,8 @@ class RolloutDispatcher {
   const std::vector<std::int32_t>& prompt_of(const Record& rec, int sample) const;
   void complete_trajectory(Record& rec, int sample, FinishReason reason);
   std::int64_t turn_budget(const Record& rec, int sample) const;
+  // Counts rejected rollouts; past Options::max_rejected_in_a_row, stops the run with `e`.
+  void count_rejected(std::size_t samples, const Error& e);
   // The group's sampling: eval's, its source's (Options::source_sampling) or the run's.
   const SamplingParams& sampling_of(const Group& g) const;
   void end_sample(Record& rec, int sample, SampleState state, const std::string& reason = {});
@@ -192,6 +194,7 @@ class RolloutDispatcher {
   std::int64_t outstanding_requests_ = 0;
   std::uint64_t completion_tokens_ = 0;
   std::uint64_t model_turns_ = 0;
+  int rejected_in_a_row_ = 0;  // rollouts the servers rejected (kInvalidArgument) since one completed
   std::uint64_t trajectories_ = 0;
   std::uint64_t env_failed_ = 0;
   std::map<std::string, std::uint64_t> ended_because_;

@@ -38,6 +38,10 @@ struct Options {
   Version initial_version = 0;         // the version workers hold at start; kNoVersion = wait for v0
 
   // --- multi-turn trajectories (env.max_turns ...; used only for tasks EnvironmentPort::multi_turn) ---
+  // This many rollouts in a row rejected by the servers (HTTP 4xx: a prompt longer than the model's
+  // context, a bad parameter, a wrong token) with none completed between them stop the run with the
+  // last rejection: it cannot make progress. 0: never.
+  int max_rejected_in_a_row = 1024;
   int max_turns = 8;                          // model turns per trajectory at most; then it ends (finish "length")
   std::int64_t max_trajectory_tokens = 1024;  // completion + environment tokens at most (then "length")
   Duration env_timeout = std::chrono::seconds(30);  // per reset / step call

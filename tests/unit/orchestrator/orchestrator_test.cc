@@ -422,6 +422,32 @@ TEST(Accounting, WorkerFailingMidGroupFailsTheWholeGroupOnce) {
   EXPECT_TRUE(h.orch->summary().ok) << h.orch->summary().error;
 }
 
+// Rollouts the servers keep rejecting (HTTP 4xx: kInvalidArgument) stop the run with the last
+// rejection once Options::max_rejected_in_a_row of them came in a row; a completed rollout resets the
+// count, and failures of another kind (a worker that died) do not count.
+TEST(Accounting, RolloutsRejectedInARowStopTheRunWithTheLastRejection) {
+  Harness h;
+  h.opt.max_rejected_in_a_row = 6;
+  h.start();
+  ASSERT_EQ(h.open(), 4u);  // 4 requests of n=2
+  h.inf.fail(h.inf.open()[0], ErrorCode::kInvalidArgument);
+  h.inf.fail(h.inf.open()[0], ErrorCode::kInvalidArgument);  // 4 rejected
+  h.inf.fail(h.inf.open()[0], ErrorCode::kUnavailable);      // not counted
+  h.settle();
+  h.inf.complete(h.inf.open()[0]);  // completed: the count starts over
+  h.settle();
+  h.inf.fail(h.inf.open()[0], ErrorCode::kInvalidArgument);
+  h.inf.fail(h.inf.open()[0], ErrorCode::kInvalidArgument);
+  h.settle();
+  EXPECT_FALSE(h.orch->finished());  // 4 in a row since the completion
+  h.inf.fail(h.inf.open()[0], ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(h.run_until([&] { return h.orch->finished(); }));
+  EXPECT_FALSE(h.orch->summary().ok);
+  EXPECT_NE(h.orch->summary().error.find("6 rollouts in a row were rejected"), std::string::npos)
+      << h.orch->summary().error;
+  EXPECT_NE(h.orch->summary().error.find("worker died"), std::string::npos) << h.orch->summary().error;
+}
+
 TEST(Accounting, LateResultOfCancelledGroupIsIgnored) {
   Harness h;
   h.opt.ckpt_interval = 0;
