@@ -34,8 +34,12 @@ Result<Task> task_from_json(const Json& j) {
       if (!j["messages"].is_array() || j["messages"].empty())
         return make_error(ErrorCode::kParse, "task: 'messages' must be a non-empty array of {role, content}");
       for (std::size_t i = 0; i < j["messages"].size(); ++i) {
-        auto m = chat_message_from_json(j["messages"][i]);
+        const Json& given = j["messages"][i];
+        auto m = chat_message_from_json(given);
         if (!m) return make_error(ErrorCode::kParse, fmt::format("task: messages[{}]: {}", i, m.error()));
+        // A prompt's message says something: only an assistant's calls may stand without content.
+        if (given.value("content", Json()).is_null() && m->tool_calls.is_null())
+          return make_error(ErrorCode::kParse, fmt::format("task: messages[{}] needs a string 'content'", i));
         t.messages.push_back(std::move(*m));
       }
     } else {
