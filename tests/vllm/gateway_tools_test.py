@@ -20,10 +20,7 @@ max_tokens 300 leaves room), so most calls come back as tool calls; the test nee
 
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import unittest
 import urllib.error
@@ -33,8 +30,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from arlo_test_support import run_unittest  # noqa: E402
-from multi_turn_test import Recorder, quiet, read_jsonl, send  # noqa: E402
-from vllm_server import VllmServer, http_json, kill_group, tail  # noqa: E402
+from multi_turn_test import VllmRun, quiet, read_jsonl, send  # noqa: E402
+from vllm_server import http_json  # noqa: E402
 
 ARGS = None
 STEPS = 2
@@ -98,43 +95,16 @@ def agent_server(answers):
 
 class GatewayToolsVllmTest(unittest.TestCase):
     def test_tools_reach_vllms_template_and_parser_and_its_tool_calls_reach_the_agent(self):
-        tmp = tempfile.mkdtemp(prefix="arlo-vllm-gateway-tools-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        model = os.path.join(tmp, "tiny")
-        write_model(model)
-        vllm = VllmServer(model, tmp, extra_args=["--weight-transfer-config", '{"backend": "arlo"}',
-                                                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
-                          extra_env={"VLLM_SERVER_DEV_MODE": "1"})
-        self.addCleanup(vllm.stop)
-        vllm.start()
-        proxy = Recorder(vllm.url)
+        r = VllmRun(self, ARGS, "arlo-vllm-gateway-tools-", write_model, TASKS,
+                    ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
         answers = []
         agent, agent_url = agent_server(answers)
-        for server in (proxy.server, agent):
-            self.addCleanup(server.server_close)
-            self.addCleanup(server.shutdown)
-        tasks = os.path.join(tmp, "tasks.jsonl")
-        with open(tasks, "w") as f:
-            f.writelines(json.dumps(t) + "\n" for t in TASKS)
-
-        run_dir, log = os.path.join(tmp, "run"), os.path.join(tmp, "arlo.log")
-        sets = {"run.dir": run_dir, "run.max_steps": STEPS, "inference.launch": "external",
-                "inference.urls": json.dumps([proxy.url]), "trainer.model": model, "trainer.lr": "1e-3",
-                "env.kind": "jsonl", "env.path": tasks, "env.max_trajectory_tokens": 400,
-                "orchestrator.seq_len": 512, "orchestrator.batch_size": 4, "orchestrator.group_size": 2,
-                "orchestrator.max_inflight": 4, "sampling.stop": "[]", "gateway.agent_url": agent_url,
-                "reward.modules": '[{"kind": "env"}]', "log.rollouts_every": 1}
-        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml")]
-        for k, v in sets.items():
-            argv += ["--set", f"{k}={v}"]
-        with open(log, "w") as out:
-            arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ARGS.source, start_new_session=True,
-                                    env=dict(os.environ, OMP_NUM_THREADS="1", ARLO_PYTHON=sys.executable))
-        self.addCleanup(kill_group, arlo)
-        self.assertEqual(arlo.wait(timeout=600), 0, tail(log))
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            ledger = json.load(f)["ledger"]
-        self.assertEqual(ledger["failed"], {}, ledger)
+        r.run({"run.max_steps": STEPS, "env.kind": "jsonl", "env.max_trajectory_tokens": 400,
+               "orchestrator.seq_len": 512, "orchestrator.batch_size": 4, "orchestrator.group_size": 2,
+               "orchestrator.max_inflight": 4, "sampling.stop": "[]", "gateway.agent_url": agent_url,
+               "reward.modules": '[{"kind": "env"}]', "log.rollouts_every": 1}, [agent])
+        vllm, proxy, run_dir = r.vllm, r.proxy, r.run_dir
+        self.assertEqual(r.ledger["failed"], {}, r.ledger)
 
         chats = [(req, ans) for path, req, ans in proxy.calls if path == "/v1/chat/completions"]
         self.assertGreater(len(chats), 0, "no chat call reached vLLM")

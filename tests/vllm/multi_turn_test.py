@@ -171,43 +171,59 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-class MultiTurnVllmTest(unittest.TestCase):
-    def test_turn_prompts_are_the_servers_own_rendering_and_extend_turn_by_turn(self):
-        tmp = tempfile.mkdtemp(prefix="arlo-vllm-multi-turn-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        model = os.path.join(tmp, "tiny")
-        write_model(model)
-        vllm = VllmServer(model, tmp, extra_args=["--weight-transfer-config", '{"backend": "arlo"}'],
-                          extra_env={"VLLM_SERVER_DEV_MODE": "1"})
-        self.addCleanup(vllm.stop)
-        vllm.start()
-        proxy = Recorder(vllm.url)
-        env, env_url = env_server()
-        for server in (proxy.server, env):
-            self.addCleanup(server.server_close)
-            self.addCleanup(server.shutdown)
-        tasks = os.path.join(tmp, "tasks.jsonl")
-        with open(tasks, "w") as f:
-            f.writelines(json.dumps(t) + "\n" for t in TASKS)
+class VllmRun:
+    """One `arlo run` (args.arlo) of configs/vllm-cpu.yaml on one vLLM server behind a Recorder (both cleaned up
+    by `test`): vLLM on the tiny model `write_model` makes (with arlo's weight-transfer backend and
+    `vllm_args`), the tasks written to a file, the test's own `servers` shut down at the end, and the
+    run's `sets` (its dir, the external server and the trainer's model added here). Fails `test`
+    unless arlo exits 0; then `vllm`, `proxy`, `run_dir` and `ledger` (summary.json's) are there."""
 
-        run_dir, log = os.path.join(tmp, "run"), os.path.join(tmp, "arlo.log")
-        sets = {"run.dir": run_dir, "run.max_steps": STEPS, "inference.launch": "external",
-                "inference.urls": json.dumps([proxy.url]), "trainer.model": model, "trainer.lr": "1e-3",
-                "env.kind": "http", "env.url": env_url, "env.path": tasks, "env.max_turns": TURNS,
-                "env.max_trajectory_tokens": 200, "env.step_timeout_s": 60, "orchestrator.seq_len": 320,
-                "orchestrator.batch_size": 8, "orchestrator.max_inflight": 8, "sampling.max_tokens": 6,
-                "sampling.stop": "[]", "reward.modules": '[{"kind": "env"}]', "log.rollouts_every": 1}
-        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml")]
+    def __init__(self, test, args, prefix, write_model, tasks, vllm_args=()):
+        self.args = args  # --source and --arlo of the test file that runs it
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
+        test.addCleanup(shutil.rmtree, self.tmp, True)
+        self.model = os.path.join(self.tmp, "tiny")
+        write_model(self.model)
+        self.vllm = VllmServer(self.model, self.tmp, extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+                               extra_args=["--weight-transfer-config", '{"backend": "arlo"}', *vllm_args])
+        test.addCleanup(self.vllm.stop)
+        self.vllm.start()
+        self.proxy = Recorder(self.vllm.url)
+        self.tasks = os.path.join(self.tmp, "tasks.jsonl")
+        with open(self.tasks, "w") as f:
+            f.writelines(json.dumps(t) + "\n" for t in tasks)
+        self.run_dir = os.path.join(self.tmp, "run")
+        self.test = test
+
+    def run(self, sets, servers=()):
+        for server in (self.proxy.server, *servers):
+            self.test.addCleanup(server.server_close)
+            self.test.addCleanup(server.shutdown)
+        sets = {"run.dir": self.run_dir, "inference.launch": "external", "inference.urls": json.dumps([self.proxy.url]),
+                "trainer.model": self.model, "trainer.lr": "1e-3", "env.path": self.tasks, **sets}
+        argv = [self.args.arlo, "run", os.path.join(self.args.source, "configs/vllm-cpu.yaml")]
         for k, v in sets.items():
             argv += ["--set", f"{k}={v}"]
+        log = os.path.join(self.tmp, "arlo.log")
         with open(log, "w") as out:
-            arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ARGS.source, start_new_session=True,
+            arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.args.source, start_new_session=True,
                                     env=dict(os.environ, OMP_NUM_THREADS="1", ARLO_PYTHON=sys.executable))
-        self.addCleanup(kill_group, arlo)
-        self.assertEqual(arlo.wait(timeout=600), 0, tail(log))
+        self.test.addCleanup(kill_group, arlo)
+        self.test.assertEqual(arlo.wait(timeout=600), 0, tail(log))
+        with open(os.path.join(self.run_dir, "summary.json")) as f:
+            self.ledger = json.load(f)["ledger"]
+        return self
 
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            ledger = json.load(f)["ledger"]
+
+class MultiTurnVllmTest(unittest.TestCase):
+    def test_turn_prompts_are_the_servers_own_rendering_and_extend_turn_by_turn(self):
+        r = VllmRun(self, ARGS, "arlo-vllm-multi-turn-", write_model, TASKS)
+        env, env_url = env_server()
+        r.run({"run.max_steps": STEPS, "env.kind": "http", "env.url": env_url, "env.max_turns": TURNS,
+               "env.max_trajectory_tokens": 200, "env.step_timeout_s": 60, "orchestrator.seq_len": 320,
+               "orchestrator.batch_size": 8, "orchestrator.max_inflight": 8, "sampling.max_tokens": 6,
+               "sampling.stop": "[]", "reward.modules": '[{"kind": "env"}]', "log.rollouts_every": 1}, [env])
+        vllm, proxy, run_dir, ledger = r.vllm, r.proxy, r.run_dir, r.ledger
         settled = ledger["completed"] + sum(ledger["failed"].values()) + sum(ledger["cancelled"].values())
         self.assertEqual(ledger["dispatched"], settled + ledger["in_flight"], ledger)
         self.assertEqual(ledger["failed"], {}, ledger)
