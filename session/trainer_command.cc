@@ -39,6 +39,8 @@ std::vector<std::string> hf_trainer_argv(const config::Config& cfg, const std::s
     std::replace(flag.begin() + 2, flag.end(), '_', '-');
     argv.insert(argv.end(), {flag, fmt::format("{}", cfg.number(fmt::format("trainer.{}", key)))});
   }
+  // One line per trained step, as the built-in trainer writes (rank 0 writes it).
+  argv.insert(argv.end(), {"--metrics", (std::filesystem::path(run_dir) / "trainer_metrics.jsonl").string()});
   // Checkpointed before each step's ack, so a restarted rank trains no step twice and skips none.
   if (trainer_ckpt_interval(cfg) > 0)
     argv.insert(argv.end(), {"--checkpoint-dir", (std::filesystem::path(run_dir) / "trainer").string()});

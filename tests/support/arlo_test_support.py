@@ -5,6 +5,7 @@ A test imports it from its own path:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -70,19 +71,37 @@ class StoreDriver:
             raise AssertionError(f"the driver exited with {rc}")
 
 
-def find_pid(matches):
-    """The pid of a live process whose argv (a list of str) matches(argv) accepts, None if none."""
+def find_pid(matches, env=None):
+    """The pid of a live process whose argv (a list of str) matches(argv) accepts and whose environment
+    holds every NAME=VALUE of `env` (a dict), None if none."""
+    want = {f"{k}={v}".encode() for k, v in (env or {}).items()}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+            if want and matches(argv):
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if not want <= set(f.read().split(b"\0")):
+                        continue
         except OSError:  # gone since it was listed
             continue
         if matches(argv):
             return int(pid)
     return None
+
+
+def read_jsonl(path, complete_only=False):
+    """The JSON objects of a JSON-lines file, one per non-empty line; with complete_only, [] for a file
+    not there yet and a last line still being written (no newline) left out."""
+    if complete_only and not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().split("\n")
+    if complete_only:
+        lines = lines[:-1]
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def run_unittest(test_globals, *required):

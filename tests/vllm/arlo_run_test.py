@@ -21,7 +21,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from arlo_test_support import find_pid, run_unittest  # noqa: E402
+from arlo_test_support import find_pid, read_jsonl, run_unittest  # noqa: E402
 from vllm_server import VllmServer, kill_group, tail  # noqa: E402
 
 ARGS = None
@@ -156,6 +156,48 @@ class ArloRunTest(unittest.TestCase):
         for url, held in summary["workers"].items():
             self.assertEqual(held, {"version": steps, "checksum": want}, url)
         print(f"arlo_run_test: embedded vLLM restarted, {steps} steps, on {want}", file=sys.stderr)
+
+    def test_a_killed_trainer_rank_restarts_the_group_and_no_step_is_lost(self):
+        """trainer.num_ranks 2 (the reference trainer, FSDP2 over gloo) with a checkpoint before each
+        ack: rank 1 is killed with SIGKILL mid-run. arlo run stops rank 0, starts both again with a
+        fresh rendezvous, both resume from the checkpoint, and the run ends 0 with every step 1..N in
+        the trainer's metrics exactly once and the server on the trainer's last version and checksum."""
+        import arlo_tiny_model
+        tmp = tempfile.mkdtemp(prefix="arlo-vllm-ranks-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        model = os.path.join(tmp, "tiny")
+        arlo_tiny_model.write(model, seed=0)
+        run_dir = os.path.join(tmp, "run")
+        log = os.path.join(tmp, "arlo.log")
+        steps, kill_after = 10, 3
+        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
+                "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={steps}", "--set", "inference.num_workers=1",
+                "--set", f"trainer.model={model}", "--set", "trainer.lr=1e-3", "--set", "trainer.num_ranks=2",
+                "--set", "trainer.ckpt_interval=1", "--set", "orchestrator.sft_warmup_steps=0",
+                "--set", "eval.interval=0"]
+        arlo = self.start_arlo(argv, log)
+        metrics = os.path.join(run_dir, "trainer_metrics.jsonl")
+        wait_for(f"the trainer's step {kill_after}", lambda: len(read_jsonl(metrics, complete_only=True)) >= kill_after, 400, arlo, log)
+        rank1 = wait_for("rank 1's pid", lambda: find_pid(
+            lambda argv: model in argv and any(a.endswith("hf_trainer/train.py") for a in argv), env={"ARLO_RANK": "1"}), 30)
+        os.kill(rank1, signal.SIGKILL)
+
+        self.assertEqual(arlo.wait(timeout=500), 0, tail(log))
+        self.assertEqual([r["step"] for r in read_jsonl(metrics)], list(range(1, steps + 1)), tail(log))
+        restarts = [e for e in read_jsonl(os.path.join(run_dir, "supervision.jsonl")) if e.get("event") == "restarting"]
+        self.assertEqual([(e.get("name"), e.get("group"), e.get("signal"), e.get("exited_pid")) for e in restarts],
+                         [("trainer-1", "trainer", signal.SIGKILL, rank1)], tail(log))
+        text = tail(log, 10**7)
+        for rank in (0, 1):
+            self.assertIn(f"[trainer-{rank}] trainer: resumed from", text)
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        want = summary["trainer"]["checksum"]
+        self.assertEqual(summary["trainer"]["version"], steps)
+        for url, held in summary["workers"].items():
+            self.assertEqual(held, {"version": steps, "checksum": want}, url)
+        print(f"arlo_run_test: rank 1 killed after step {kill_after}, both ranks resumed, steps 1..{steps} "
+              f"trained once, on {want}", file=sys.stderr)
 
     def start_arlo(self, argv, log):
         """`arlo run` with argv, its output in `log`, from the source tree, killed with its group at the

@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from arlo_test_support import run_unittest  # noqa: E402
+from arlo_test_support import read_jsonl, run_unittest  # noqa: E402
 from vllm_server import VllmServer, http_json, kill_group, tail  # noqa: E402
 
 ARGS = None
@@ -164,11 +164,6 @@ def env_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 class VllmRun:
