@@ -6,8 +6,8 @@
 //     with 5 tokens added to its tokenizer).
 // Each: the trainer ends with exit code 2 and one line "trainer: error: <what and where>", arlo run
 // does not restart it (exit 2 is final) and ends non-zero at once with an error of its own that
-// quotes that line. (Token ids outside the vocabulary are refused the same way, by the first batch,
-// before any step is trained or acknowledged: tests/python/hf_trainer_test.py BadInputTest.)
+// quotes that line. Token ids outside the vocabulary are refused the same way, by the first batch,
+// before any step is trained or acknowledged (also tests/python/hf_trainer_test.py BadInputTest).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -89,6 +89,30 @@ TEST_F(HfBadInputE2E, ATokenizerTheModelCannotEmbedStopsTheRunNamingBoth) {
       arlo::e2e::run_to_end({project_python(), "-c", script, src ? src : ".", model.string()}, dir / "make.log");
   ASSERT_TRUE(made.exited_with(0)) << made.output;
   expect_refused(run_hf(dir, model), "tokenizer of " + model.string());
+}
+
+// A model that embeds 13 tokens (a word-level tokenizer of the digits, '+', '=' and <unk>; random
+// weights) under the built-in arlo-worker, whose 104-token vocabulary reaches past it: the first batch
+// holds token ids the model has no row for. The trainer refuses it naming the sample, position and
+// id; no step is trained or acknowledged, so the orchestrator's journal still holds the batch.
+TEST_F(HfBadInputE2E, TokenIdsOutsideTheVocabularyStopTheRunNamingSampleAndPosition) {
+  const auto model = dir / "narrow";
+  const std::string script =
+      "import sys, torch\n"
+      "from tokenizers import Tokenizer, models, pre_tokenizers\n"
+      "from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM\n"
+      "torch.manual_seed(0)\n"
+      "vocab = {t: i for i, t in enumerate(['<unk>'] + [str(d) for d in range(10)] + ['+', '='])}\n"
+      "tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token='<unk>'))\n"
+      "tok.pre_tokenizer = pre_tokenizers.Whitespace()\n"
+      "PreTrainedTokenizerFast(tokenizer_object=tok, unk_token='<unk>').save_pretrained(sys.argv[1])\n"
+      "Qwen3ForCausalLM(Qwen3Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, "
+      "num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16)).save_pretrained(sys.argv[1])\n";
+  const auto made = arlo::e2e::run_to_end({project_python(), "-c", script, model.string()}, dir / "make.log");
+  ASSERT_TRUE(made.exited_with(0)) << made.output;
+  const auto r = run_hf(dir, model);
+  expect_refused(r, "batch: sample ");
+  EXPECT_NE(r.output.find("outside the model's vocabulary [0, 13)"), std::string::npos) << tail(r.output);
 }
 
 }  // namespace
