@@ -64,11 +64,7 @@ def healthy_again(run_dir, name):
 
 class ArloRunTest(unittest.TestCase):
     def test_a_run_keeps_every_server_on_the_trainers_weights_through_a_kill(self):
-        import arlo_tiny_model
-        tmp = tempfile.mkdtemp(prefix="arlo-vllm-run-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        model = os.path.join(tmp, "tiny")
-        arlo_tiny_model.write(model, seed=0)
+        tmp, model, run_dir, log = self.scratch("arlo-vllm-run-")
         servers = [VllmServer(model, tmp, name=f"vllm{i}", extra_args=BACKEND, extra_env=DEV_MODE) for i in (0, 1)]
         for s in servers:
             self.addCleanup(s.stop)
@@ -76,8 +72,6 @@ class ArloRunTest(unittest.TestCase):
         for s in servers:
             s.wait_ready()
 
-        run_dir = os.path.join(tmp, "run")
-        log = os.path.join(tmp, "arlo.log")
         argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
                 "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={MAX_STEPS}",
                 "--set", "inference.launch=external", "--set", "inference.urls=" + json.dumps([s.url for s in servers]),
@@ -125,13 +119,7 @@ class ArloRunTest(unittest.TestCase):
         server here), waits for its /health, and when it is killed mid-run starts it again; the
         restarted server loads the model from disk and is synced the current version before the run
         ends on the trainer's last one."""
-        import arlo_tiny_model
-        tmp = tempfile.mkdtemp(prefix="arlo-vllm-embedded-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        model = os.path.join(tmp, "tiny")
-        arlo_tiny_model.write(model, seed=0)
-        run_dir = os.path.join(tmp, "run")
-        log = os.path.join(tmp, "arlo.log")
+        tmp, model, run_dir, log = self.scratch("arlo-vllm-embedded-")
         steps = 12
         argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
                 "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={steps}", "--set", "inference.num_workers=1",
@@ -162,13 +150,7 @@ class ArloRunTest(unittest.TestCase):
         ack: rank 1 is killed with SIGKILL mid-run. arlo run stops rank 0, starts both again with a
         fresh rendezvous, both resume from the checkpoint, and the run ends 0 with every step 1..N in
         the trainer's metrics exactly once and the server on the trainer's last version and checksum."""
-        import arlo_tiny_model
-        tmp = tempfile.mkdtemp(prefix="arlo-vllm-ranks-")
-        self.addCleanup(shutil.rmtree, tmp, True)
-        model = os.path.join(tmp, "tiny")
-        arlo_tiny_model.write(model, seed=0)
-        run_dir = os.path.join(tmp, "run")
-        log = os.path.join(tmp, "arlo.log")
+        tmp, model, run_dir, log = self.scratch("arlo-vllm-ranks-")
         steps, kill_after = 10, 3
         argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
                 "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={steps}", "--set", "inference.num_workers=1",
@@ -198,6 +180,16 @@ class ArloRunTest(unittest.TestCase):
             self.assertEqual(held, {"version": steps, "checksum": want}, url)
         print(f"arlo_run_test: rank 1 killed after step {kill_after}, both ranks resumed, steps 1..{steps} "
               f"trained once, on {want}", file=sys.stderr)
+
+    def scratch(self, prefix):
+        """A temporary directory (removed at the end) with the tiny model written into it: (the
+        directory, the model's directory, the run's directory, arlo's log)."""
+        import arlo_tiny_model
+        tmp = tempfile.mkdtemp(prefix=prefix)
+        self.addCleanup(shutil.rmtree, tmp, True)
+        model = os.path.join(tmp, "tiny")
+        arlo_tiny_model.write(model, seed=0)
+        return tmp, model, os.path.join(tmp, "run"), os.path.join(tmp, "arlo.log")
 
     def start_arlo(self, argv, log):
         """`arlo run` with argv, its output in `log`, from the source tree, killed with its group at the
