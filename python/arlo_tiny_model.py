@@ -10,6 +10,13 @@ The model is small enough for vLLM's CPU build on two cores: 2 layers, hidden 12
 The tokenizer covers printable ASCII, tab and newline (every token decodes to ASCII text on its own,
 so any id sequence the model produces decodes to the same text whole or token by token), plus merges
 for the arithmetic and reverse_text tasks' text (digits, '+', '=') and the chat roles.
+
+`--warm-up-sums STEPS` (with `--init-range 0.02`: the tests' far-from-uniform 0.35 trains poorly)
+first trains the model on arlo's arithmetic tasks ("23+45=" -> "68", then <|im_end|>), the supervised
+warm-up that orchestrator.sft_warmup_steps cannot do for a vLLM model (arlo holds reference answers
+only as the built-in tokenizer's ids): `make run-vllm` starts RL from 600 such steps (greedy pass@1
+about 0.25). Without it the weights are random, as every test other than tests/vllm/learning_test.py
+uses them.
 """
 
 import argparse
@@ -84,7 +91,11 @@ def build_tokenizer_json(seed):
     return tok, len(vocab)
 
 
-def write(out, seed, layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256):
+def write(out, seed, layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256, init_range=0.35,
+          sums_steps=0, sums_lr=3e-3, sums_batch=64):
+    """Writes the model directory `out`; returns its tree_checksum. sums_steps > 0: first trains the
+    model that many steps on two-digit sums (warm_up_on_sums), so that RL starts from a model that is
+    sometimes right."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -118,13 +129,69 @@ def write(out, seed, layers=2, hidden=128, heads=4, kv_heads=2, head_dim=32, int
         head_dim=head_dim, max_position_embeddings=2048, tie_word_embeddings=True,
         # Larger than Qwen's 0.02, so that the random model's next-token distributions are far from
         # uniform: logprobs that differ by several nats make a comparison with vLLM's meaningful.
-        initializer_range=0.35,
+        initializer_range=init_range,
         bos_token_id=None, eos_token_id=ids[IM_END], pad_token_id=ids[ENDOFTEXT],
         torch_dtype="float32")
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    if sums_steps > 0:
+        warm_up_on_sums(model, tok, ids[IM_END], seed, sums_steps, sums_lr, sums_batch)
+    model.eval()
     model.save_pretrained(out, safe_serialization=True)
     return tree_checksum(out)
+
+
+def sum_task(rng, low=10, high=49):
+    """One task of arlo's arithmetic environment (env.max_operand 49, two terms): "23+45=" -> "68"."""
+    a, b = rng.randint(low, high), rng.randint(low, high)
+    return f"{a}+{b}=", str(a + b)
+
+
+def warm_up_on_sums(model, tok, eos_id, seed, steps, lr, batch):
+    """Supervised warm-up (what orchestrator.sft_warmup_steps does for arlo-worker, which arlo cannot do
+    for a vLLM model: its reference answers are token ids of the built-in tokenizer): `steps` AdamW
+    steps of cross-entropy on the answer tokens and <|im_end|> of `batch` random sums each, the
+    prompt tokens unweighted. Deterministic for a seed on one thread."""
+    import torch
+
+    rng = random.Random(seed * 7919 + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        rows, targets = [], []
+        for _ in range(batch):
+            prompt, answer = sum_task(rng)
+            p, a = tok.encode(prompt).ids, tok.encode(answer).ids + [eos_id]
+            rows.append(p + a)
+            targets.append([-100] * len(p) + a)
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [eos_id] * (width - len(r)) for r in rows])
+        labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    return float(loss.detach())
+
+
+def greedy_pass_at_1(model_dir, n=128, seed=7):
+    """Greedy exact answers on n random sums (transformers, not vLLM): a check of a warm-up by hand."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rng, right = random.Random(seed), 0
+    for _ in range(n):
+        prompt, answer = sum_task(rng)
+        ids = torch.tensor([tok.encode(prompt)])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)
+        right += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == answer
+    return right / n
 
 
 def tree_checksum(out):
@@ -143,9 +210,26 @@ def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="directory to write (created; files in it are replaced)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--intermediate", type=int, default=256)
+    p.add_argument("--init-range", type=float, default=0.35,
+                   help="std of the random weights (0.35: far-from-uniform logprobs for the tests' comparisons)")
+    p.add_argument("--warm-up-sums", type=int, default=0, metavar="STEPS",
+                   help="train this many supervised steps on two-digit sums before writing (0: random weights)")
+    p.add_argument("--warm-up-lr", type=float, default=3e-3)
+    p.add_argument("--warm-up-batch", type=int, default=64)
+    p.add_argument("--check", action="store_true", help="then print the greedy pass@1 on 128 held-out sums")
     a = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    print(f"arlo_tiny_model: {a.out} seed {a.seed} sha256 {write(a.out, a.seed)}")
+    import torch
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    checksum = write(a.out, a.seed, layers=a.layers, hidden=a.hidden, intermediate=a.intermediate,
+                     init_range=a.init_range, sums_steps=a.warm_up_sums, sums_lr=a.warm_up_lr,
+                     sums_batch=a.warm_up_batch)
+    if a.check:
+        print(f"arlo_tiny_model: greedy pass@1 on 128 sums {greedy_pass_at_1(a.out):.3f}")
+    print(f"arlo_tiny_model: {a.out} seed {a.seed} sha256 {checksum}")
 
 
 if __name__ == "__main__":
