@@ -11,6 +11,8 @@ find_package(CLI11 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+# verifiers' environment server protocol (session/adapters/verifiers_client): libzmq and cppzmq's header.
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
 if(ARLO_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -48,8 +48,8 @@ std::optional<BodyError> parse_number(const json& body, const char* key, double 
 
 // The sampling fields of an OpenAI body over `s` (the run's sampling, the trajectory's seed).
 std::optional<BodyError> parse_sampling(const json& body, SamplingParams& s) {
-  if (body.contains("stream") && !(body["stream"].is_boolean() && !body["stream"].get<bool>()))
-    return BodyError{"'stream' is not supported by the arlo gateway: send stream false or leave it out", "stream"};
+  if (body.contains("stream") && !body["stream"].is_null() && !body["stream"].is_boolean())
+    return BodyError{"'stream' must be a boolean", "stream"};
   std::int64_t n = 1;
   if (auto e = parse_int(body, "n", 1, n)) return e;
   if (n != 1) return BodyError{"'n' must be 1: a trajectory takes one completion per call", "n"};
@@ -158,6 +158,44 @@ json response_body(bool chat, const rollout::Completion& c, const std::string& m
       {"prompt_token_ids", c.prompt_token_ids},
       {"usage",
        {{"prompt_tokens", prompt_n}, {"completion_tokens", completion_n}, {"total_tokens", prompt_n + completion_n}}}};
+}
+
+// A whole answer as the server-sent events of a stream (`stream: true`; verifiers' chat programs
+// always stream): one chunk with the message (its tool calls indexed), one with the finish reason,
+// one with the usage, then [DONE]. The call is recorded whole like any other; only the framing differs.
+std::string stream_body(bool chat, json whole) {
+  std::string out;
+  auto event = [&](json choices, json usage) {
+    json chunk = {{"id", whole["id"]},
+                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", whole["created"]},
+                  {"model", whole["model"]},
+                  {"choices", std::move(choices)}};
+    if (!usage.is_null()) chunk["usage"] = std::move(usage);
+    out += "data: " + chunk.dump() + "\n\n";
+  };
+  json& choice = whole["choices"][0];
+  const json finish = choice["finish_reason"];
+  if (chat) {
+    json delta = {{"role", "assistant"}, {"content", choice["message"]["content"]}};
+    if (choice["message"].contains("tool_calls")) {
+      delta["tool_calls"] = choice["message"]["tool_calls"];
+      for (std::size_t i = 0; i < delta["tool_calls"].size(); ++i) delta["tool_calls"][i]["index"] = i;
+    }
+    event(json::array({{{"index", 0},
+                        {"delta", std::move(delta)},
+                        {"finish_reason", nullptr},
+                        {"token_ids", choice["token_ids"]}}}),
+          nullptr);
+    event(json::array({{{"index", 0}, {"delta", json::object()}, {"finish_reason", finish}}}), nullptr);
+  } else {
+    event(
+        json::array(
+            {{{"index", 0}, {"text", choice["text"]}, {"finish_reason", finish}, {"token_ids", choice["token_ids"]}}}),
+        nullptr);
+  }
+  event(json::array(), whole["usage"]);
+  return out + "data: [DONE]\n\n";
 }
 
 // Appends `more` (a continuation of `into`'s only choice) to it, its versions shifted to follow.
@@ -461,6 +499,8 @@ Awaitable<http::Response> Gateway::call(std::string id, http::Request request, b
   if (!bad && chat) bad = parse_tools(*body, cr);
   if (!bad) bad = parse_sampling(*body, cr.sampling);
   if (bad) co_return refuse(stats_.malformed, 400, std::move(bad->message), std::move(bad->param));
+  const json stream_field = body->value("stream", json(false));
+  const bool stream = stream_field.is_boolean() && stream_field.get<bool>();
   cr.sampling.n = 1;
   cr.sampling.logprobs = true;
   cr.affinity_key = id;  // one worker per trajectory while it is up: its prefix cache
@@ -501,7 +541,9 @@ Awaitable<http::Response> Gateway::call(std::string id, http::Request request, b
   }
   now.note_turns(cr, done->choices.front().text);
   count(stats_.calls);
-  co_return http::Response::json(200, response_body(chat, *done, options_.model, fmt::format("{}-{}", id, now.calls)));
+  auto answer = response_body(chat, *done, options_.model, fmt::format("{}-{}", id, now.calls));
+  if (stream) co_return http::Response::text(200, stream_body(chat, std::move(answer)), "text/event-stream");
+  co_return http::Response::json(200, std::move(answer));
 }
 
 Awaitable<Result<double>> Gateway::ask_agent(std::shared_ptr<const Task> task, std::string id, SteadyTime deadline,

@@ -260,7 +260,7 @@ struct ProbeAgent {
           {"/completions", "{not json"},
           {"/completions", R"({"prompt": 5})"},
           {"/completions", R"({"prompt": "1+1=", "n": 2})"},
-          {"/completions", R"({"prompt": "1+1=", "stream": true})"},
+          {"/completions", R"({"prompt": "1+1=", "stream": "yes"})"},
           {"/chat/completions", R"({"messages": []})"},
           {"/chat/completions", R"({"messages": [{"role": "user", "content": 3}]})"},
           {"/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]})"},
