@@ -348,7 +348,8 @@ struct Gateway::Trajectory {
 };
 
 bool gateway_enabled(const config::Config& cfg) {
-  return cfg.boolean("gateway.enabled") || !cfg.string("gateway.agent_url").empty();
+  return cfg.boolean("gateway.enabled") || !cfg.string("gateway.agent_url").empty() ||
+         cfg.string("env.kind") == "verifiers";  // its environment server calls the model through it
 }
 
 GatewayOptions gateway_options(const config::Config& cfg) {
@@ -414,6 +415,7 @@ std::string Gateway::url() const {
 }
 
 bool Gateway::handles(const Task& task) const {
+  if (program_ && task.env == program_env_) return true;
   if (options_.agent_url.empty()) return false;
   return options_.envs.empty() ||
          std::find(options_.envs.begin(), options_.envs.end(), task.env) != options_.envs.end();
@@ -557,6 +559,10 @@ Awaitable<Result<double>> Gateway::ask_agent(std::shared_ptr<const Task> task, s
       {"api_key", options_.token.empty() ? "none" : options_.token},
       {"sampling",
        {{"temperature", sampling.temperature}, {"top_p", sampling.top_p}, {"max_tokens", sampling.max_tokens}}}};
+  if (program_ && task->env == program_env_) {
+    auto op = program_(std::move(body), deadline);
+    co_return co_await std::move(op);
+  }
   http::ClientRequest r;
   r.method = http::Verb::post;
   r.url = options_.agent_url;

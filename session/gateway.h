@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -98,6 +99,16 @@ class Gateway final : public adapters::AgentRunner {
   // http://<bind>:<port>
   std::string url() const;
 
+  // An agent program in-process instead of one at agent_url (env.kind verifiers: the environment
+  // server's client): it takes the job the HTTP program would get ({"task", "trajectory", "base_url",
+  // "api_key", "sampling", ...}) and the trajectory's deadline, and answers the reward. It drives the
+  // tasks of environment `env` (and, with agent_url, the HTTP program the others it handles).
+  using Program = std::function<Awaitable<Result<double>>(nlohmann::json job, std::chrono::steady_clock::time_point)>;
+  void set_program(std::string env, Program program) {
+    program_env_ = std::move(env);
+    program_ = std::move(program);
+  }
+
   bool handles(const Task& task) const override;
   Awaitable<Result<orch::GenerateResult>> run(orch::GenerateRequest request) override;
   GatewayStats stats() const { return stats_; }
@@ -126,6 +137,8 @@ class Gateway final : public adapters::AgentRunner {
   std::uint64_t next_id_ = 0;
   GatewayStats stats_;
   metrics::Registry* registry_ = nullptr;
+  std::string program_env_;
+  Program program_;
 };
 
 }  // namespace arlo::session

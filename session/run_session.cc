@@ -45,6 +45,7 @@
 #include "session/replay.h"
 #include "session/rollout_parts.h"
 #include "session/supervisor.h"
+#include "session/verifiers_env.h"
 #include "rollout/admin.h"
 #include "session/trainer_command.h"
 #include "web/assets.h"
@@ -216,6 +217,12 @@ class RunSession::Impl {
     std::optional<adapters::AgentInference> agents;  // agent tasks through the policy gateway
     if (auto st = start_gateway(network, pool, dialect.completions, gateway); !st) return fail(st.error().what());
     if (gateway) agents.emplace(inference, *gateway, network.executor());
+    std::unique_ptr<VerifiersEnv> verifiers;  // env.kind verifiers: the server's client, the gateway's program
+    struct ForgetVerifiers {
+      VerifiersEnv*& ptr;
+      ~ForgetVerifiers() { ptr = nullptr; }
+    } forget_verifiers{verifiers_};
+    if (auto st = start_verifiers(network, gateway.get(), verifiers); !st) return fail(st.error().what());
     inference_port_ = agents ? static_cast<orch::InferencePort*>(&*agents) : &inference;
     // Multi-turn tasks: what an environment adds is tokenized by the worker that served the trajectory.
     adapters::WorkerTokenizer env_tokenizer(pool.client(), network.executor());
@@ -380,6 +387,15 @@ class RunSession::Impl {
       }
       ARLO_INFO("arlo run: {} worker(s) healthy", s_.plan.workers.size());
     }
+    if (verifiers_) {
+      auto op = verifiers_->wait_ready(
+          std::chrono::steady_clock::now() +
+          std::chrono::milliseconds(std::llround(1000 * s_.cfg.number("env.verifiers_start_timeout_s"))));
+      if (auto st = co_await std::move(op); !st) {
+        finish_early(st.error().what());
+        co_return;
+      }
+    }
     if (done_) co_return;
     asio::post(network.context(), [&pool] { pool.start(); });
     if (auto st = reporter_->start(orchestrator); !st) {  // run files and status port, before the loop
@@ -425,6 +441,21 @@ class RunSession::Impl {
     gateway_ = gateway.get();
     ARLO_INFO("arlo run: policy gateway on {}/v1 (agent program: {})", gateway->url(),
               o.agent_url.empty() ? "none" : o.agent_url);
+    return ok();
+  }
+
+  // env.kind verifiers (session/verifiers_env.h): the embedded server as a supervised child (restarted
+  // when it dies; no /health of its own: drive() asks it over its protocol), and the gateway's program.
+  Status start_verifiers(IoThread& network, Gateway* gateway, std::unique_ptr<VerifiersEnv>& out) {
+    if (!VerifiersEnv::wanted(s_.cfg)) return ok();
+    if (!gateway) return make_error(ErrorCode::kInternal, "env.kind verifiers runs through the policy gateway");
+    ARLO_ASSIGN_OR_RETURN(out, VerifiersEnv::create(s_.cfg, s_.plan.token));
+    if (auto spec = out->child())
+      ARLO_TRY(supervisor_.start(*spec, Supervision{RestartLimits{}, std::nullopt, {kChildUsageError}}));
+    network.run_and_wait([&] { gateway->set_program("verifiers", out->program()); });
+    verifiers_ = out.get();
+    ARLO_INFO("arlo run: verifiers environment {} at {} ({})", s_.cfg.string("env.verifiers_env"), out->address(),
+              s_.cfg.string("env.verifiers_launch"));
     return ok();
   }
 
@@ -511,6 +542,10 @@ class RunSession::Impl {
   // naming the child and its last lines. The run's log lines and actions, from the events.
   void on_supervision(const SupervisionEvent& e) {
     record(e);
+    if (e.kind == SupervisionEventKind::kExited && e.name == VerifiersEnv::kChild && verifiers_) {
+      const auto lost = verifiers_->server_died(e.exit ? e.exit->describe() : e.name + " exited");
+      ARLO_WARN("arlo run: the verifiers environment server died; its {} episode(s) in flight fail their groups", lost);
+    }
     if (done_) return;
     switch (e.kind) {
       case SupervisionEventKind::kRestarting: {
@@ -621,6 +656,7 @@ class RunSession::Impl {
   Monitors monitors_;
   orch::InferencePort* inference_port_ = nullptr;  // the pool's adapter, or the gateway's decorator of it
   Gateway* gateway_ = nullptr;                     // when gateway.enabled; lives on the network thread
+  VerifiersEnv* verifiers_ = nullptr;              // env.kind verifiers, while execute() runs
   Reporter* reporter_ = nullptr;                   // run_loop's, while it runs
   RealClock clock_{io_.get_executor()};            // the supervisor's
   Supervisor supervisor_{io_, clock_, [this](const SupervisionEvent& e) { on_supervision(e); }};

@@ -1,0 +1,138 @@
+// `arlo run configs/quickstart.yaml`, shortened with --set, whose tasks a verifiers environment runs
+// (env.kind verifiers; docs/environments.md, "verifiers environments"): arlo starts verifiers'
+// environment server from the project's Python, asks it for one episode per trajectory, and the
+// episode's chat program calls the model through the policy gateway, which records every call. The
+// test environments (tests/verifiers_envs) are modules on env.verifiers_python_path: no download.
+// Checked from the outside: every step trains, the rewards are the environment's, the server was a
+// supervised child, and a server killed mid-run is restarted and costs only its episodes in flight.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "testing/process.h"
+#include "tests/e2e/run_checks.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using arlo::e2e::read_text;
+using nlohmann::json;
+
+struct VerifiersRun {
+  fs::path dir, run_dir;
+  std::vector<std::string> args;
+};
+
+// A run of `env` over 8 prompts, `steps` steps of 8 trajectories (groups of 2).
+VerifiersRun make_run(const std::string& name, const std::string& env, int steps) {
+  const std::string src = std::getenv("ARLO_SOURCE_DIR");
+  VerifiersRun r;
+  r.dir = fs::temp_directory_path() / ("arlo_verifiers_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(r.dir);
+  fs::create_directories(r.dir);
+  {
+    std::ofstream tasks(r.dir / "tasks.jsonl");
+    for (int i = 0; i < 8; ++i) tasks << json{{"prompt", "say something about " + std::to_string(i)}}.dump() << "\n";
+  }
+  r.run_dir = r.dir / "run";
+  std::vector<std::string> sets = {"env.kind=verifiers",
+                                   "env.path=" + (r.dir / "tasks.jsonl").string(),
+                                   "env.verifiers_env=" + env,
+                                   "env.verifiers_python_path=" + src + "/tests/verifiers_envs",
+                                   "reward.modules=[{kind: env}]",
+                                   "orchestrator.sft_warmup_steps=0",
+                                   "orchestrator.batch_size=8",
+                                   "orchestrator.group_size=2",
+                                   "orchestrator.max_inflight=8",
+                                   "orchestrator.filter_equal_reward_groups=false",
+                                   "eval.size=4",
+                                   "eval.interval=0",
+                                   "log.progress=false",
+                                   "log.rollouts_every=1",
+                                   "status.port=0",
+                                   "run.dir=" + r.run_dir.string(),
+                                   "run.max_steps=" + std::to_string(steps)};
+  r.args = arlo::e2e::arlo_run_argv(ARLO_BINARY, src + "/configs/quickstart.yaml", sets);
+  return r;
+}
+
+std::vector<json> events_of(const fs::path& run_dir, const std::string& name) {
+  std::vector<json> out;
+  for (const auto& e : arlo::e2e::read_jsonl(run_dir / "supervision.jsonl"))
+    if (e.value("name", "") == name) out.push_back(e);
+  return out;
+}
+
+TEST(VerifiersE2E, ASingleTurnEnvironmentRunsEveryTrajectoryThroughTheGateway) {
+  ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
+  const int steps = 2;
+  auto r = make_run("echo", "arlo_vf_echo", steps);
+  const auto run = arlo::e2e::run_to_end(r.args, r.dir / "arlo.log");
+  const std::string tail = arlo::e2e::tail(run.output);
+  ASSERT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << tail;
+  EXPECT_NE(run.output.find("verifiers environment arlo_vf_echo at tcp://127.0.0.1:"), std::string::npos) << tail;
+  const std::string summary = read_text(r.run_dir / "summary.json");
+  ASSERT_FALSE(summary.empty()) << tail;
+  arlo::e2e::expect_every_step_trained(json::parse(summary), r.run_dir, steps, 2);
+  // The environment's reward (1 when the answer has a letter, else 0) on the gateway's turns.
+  std::size_t samples = 0;
+  for (const auto& group : arlo::e2e::read_jsonl(r.run_dir / "rollouts.jsonl")) {
+    for (const auto& s : group.value("samples", json::array())) {
+      ++samples;
+      const auto reward = s.value("env_reward", -1.0);
+      EXPECT_TRUE(reward == 0.0 || reward == 1.0) << s.dump();
+      ASSERT_TRUE(s.contains("turns") && !s["turns"].empty()) << s.dump();
+      EXPECT_EQ(s["turns"].front().value("role", ""), "assistant") << s.dump();
+    }
+  }
+  EXPECT_GT(samples, 0U);
+  const auto events = events_of(r.run_dir, "verifiers-env");
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().value("event", ""), "started");
+  fs::remove_all(r.dir);
+}
+
+TEST(VerifiersE2E, AKilledServerIsRestartedAndCostsOnlyItsEpisodesInFlight) {
+  ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
+  const int steps = 4;
+  auto r = make_run("kill", "arlo_vf_echo", steps);
+  const fs::path log = r.dir / "arlo.log";
+  const pid_t arlo = arlo::e2e::spawn_logged(r.args, log);
+  // Once a step trained, the server is serving episodes: SIGKILL it.
+  ASSERT_TRUE(arlo::e2e::wait_for_text(log, "step 1/", arlo, std::chrono::seconds(180))) << read_text(log);
+  pid_t server = 0;
+  for (const auto& e : events_of(r.run_dir, "verifiers-env"))
+    if (e.value("event", "") == "started") server = e.value("pid", 0);
+  ASSERT_GT(server, 0) << read_text(r.run_dir / "supervision.jsonl");
+  ASSERT_EQ(::kill(server, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(arlo, &status, 0), arlo);
+  const std::string output = read_text(log);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << arlo::e2e::tail(output);
+  // Restarted (supervision.jsonl: exited by SIGKILL, restarting, started again), the run finished.
+  bool killed = false, restarting = false, restarted = false;
+  for (const auto& e : events_of(r.run_dir, "verifiers-env")) {
+    killed |= e.value("event", "") == "exited" && e.value("signal", 0) == SIGKILL;
+    restarting |= e.value("event", "") == "restarting";
+    restarted |= e.value("event", "") == "started" && e.value("restarted", false);
+  }
+  EXPECT_TRUE(killed && restarting && restarted) << read_text(r.run_dir / "supervision.jsonl");
+  EXPECT_NE(output.find("the verifiers environment server died"), std::string::npos) << arlo::e2e::tail(output);
+  const std::string summary = read_text(r.run_dir / "summary.json");
+  ASSERT_FALSE(summary.empty());
+  const auto s = json::parse(summary);
+  arlo::e2e::expect_every_step_trained(s, r.run_dir, steps, 2);
+  arlo::e2e::print_fault_cost("SIGKILL of the verifiers environment server", r.run_dir, s);
+  fs::remove_all(r.dir);
+}
+
+}  // namespace
