@@ -62,6 +62,22 @@ def healthy_again(run_dir, name):
     return "restarting" in kinds and "healthy" in kinds[kinds.index("restarting"):]
 
 
+def check_ledger_and_servers(test, summary, steps, urls):
+    """A finished run's summary.json: the ledger adds up (every dispatched rollout settled, none in
+    flight, every completed one with a disposition), the trainer is at version `steps`, and each
+    server of `urls` holds that version with the trainer's checksum. Returns the checksum."""
+    ledger = summary["ledger"]
+    settled = ledger["completed"] + sum(ledger["failed"].values()) + sum(ledger["cancelled"].values())
+    test.assertEqual(ledger["dispatched"], settled + ledger["in_flight"], ledger)
+    test.assertEqual(ledger["in_flight"], 0, ledger)
+    test.assertEqual(sum(ledger["dispositions"].values()), ledger["completed"], ledger)
+    want = summary["trainer"]["checksum"]
+    test.assertEqual(summary["trainer"]["version"], steps)
+    for url in urls:
+        test.assertEqual(summary["workers"][url], {"version": steps, "checksum": want}, summary["workers"])
+    return want
+
+
 class ArloRunTest(unittest.TestCase):
     def test_a_run_keeps_every_server_on_the_trainers_weights_through_a_kill(self):
         tmp, model, run_dir, log = self.scratch("arlo-vllm-run-")
@@ -101,14 +117,7 @@ class ArloRunTest(unittest.TestCase):
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
         ledger = summary["ledger"]
-        settled = ledger["completed"] + sum(ledger["failed"].values()) + sum(ledger["cancelled"].values())
-        self.assertEqual(ledger["dispatched"], settled + ledger["in_flight"], ledger)
-        self.assertEqual(ledger["in_flight"], 0, ledger)
-        self.assertEqual(sum(ledger["dispositions"].values()), ledger["completed"], ledger)
-        want = summary["trainer"]["checksum"]
-        self.assertEqual(summary["trainer"]["version"], MAX_STEPS)
-        for s in servers:
-            self.assertEqual(summary["workers"][s.url], {"version": MAX_STEPS, "checksum": want}, summary["workers"])
+        want = check_ledger_and_servers(self, summary, MAX_STEPS, [s.url for s in servers])
         with open(log) as f:
             text = f.read()
         self.assertIn(f"worker {servers[1].url}", text)
