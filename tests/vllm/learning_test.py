@@ -2,7 +2,8 @@
 two vLLM servers and the Hugging Face trainer) on the tiny model warmed up on sums as
 scripts/make-tiny-model --init-range 0.02 --warm-up-sums 600 makes it, GRPO for RL_STEPS steps. Greedy
 eval pass@1 (128 held-out sums) must rise by MIN_GAIN; the ledger adds up and both servers end on the
-trainer's version and checksum (arlo_run_test.check_ledger_and_servers). About 3 minutes on 2 cores.
+trainer's version and checksum (arlo_run_test.check_ledger_and_servers). About 3.5 minutes on 2
+cores, 8.4 under a load average of 7 (the warm-up, two servers' start, 250 steps).
 
     .venv/bin/python tests/vllm/learning_test.py --source . --arlo build/apps/arlo/arlo
 
