@@ -22,7 +22,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from arlo_test_support import find_pid, read_jsonl, run_unittest  # noqa: E402
-from vllm_server import VllmServer, kill_group, tail  # noqa: E402
+from vllm_server import MACHINERY_RUN, VllmServer, kill_group, set_args, tail  # noqa: E402
 
 ARGS = None
 MAX_STEPS = 40
@@ -88,10 +88,8 @@ class ArloRunTest(unittest.TestCase):
         for s in servers:
             s.wait_ready()
 
-        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
-                "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={MAX_STEPS}",
-                "--set", "inference.launch=external", "--set", "inference.urls=" + json.dumps([s.url for s in servers]),
-                "--set", f"trainer.model={model}", "--set", "trainer.lr=1e-3"]
+        argv = self.run_argv(run_dir, model, MAX_STEPS, {"inference.launch": "external",
+                                                         "inference.urls": json.dumps([s.url for s in servers])})
         arlo = self.start_arlo(argv, log)
         wait_for(f"step {KILL_AT_STEP}", lambda: last_step(run_dir) >= KILL_AT_STEP, 300, arlo, log)
 
@@ -130,9 +128,7 @@ class ArloRunTest(unittest.TestCase):
         ends on the trainer's last one."""
         tmp, model, run_dir, log = self.scratch("arlo-vllm-embedded-")
         steps = 12
-        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
-                "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={steps}", "--set", "inference.num_workers=1",
-                "--set", f"trainer.model={model}", "--set", "trainer.lr=1e-3"]
+        argv = self.run_argv(run_dir, model, steps, {"inference.num_workers": 1})
         arlo = self.start_arlo(argv, log)
         wait_for("step 2", lambda: last_step(run_dir) >= 2, 300, arlo, log)
         server = find_pid(lambda argv: "vllm.entrypoints.openai.api_server" in argv and model in argv)
@@ -161,11 +157,8 @@ class ArloRunTest(unittest.TestCase):
         the trainer's metrics exactly once and the server on the trainer's last version and checksum."""
         tmp, model, run_dir, log = self.scratch("arlo-vllm-ranks-")
         steps, kill_after = 10, 3
-        argv = [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
-                "--set", f"run.dir={run_dir}", "--set", f"run.max_steps={steps}", "--set", "inference.num_workers=1",
-                "--set", f"trainer.model={model}", "--set", "trainer.lr=1e-3", "--set", "trainer.num_ranks=2",
-                "--set", "trainer.ckpt_interval=1", "--set", "orchestrator.sft_warmup_steps=0",
-                "--set", "eval.interval=0"]
+        argv = self.run_argv(run_dir, model, steps, {"inference.num_workers": 1, "trainer.num_ranks": 2,
+                                                     "trainer.ckpt_interval": 1})
         arlo = self.start_arlo(argv, log)
         metrics = os.path.join(run_dir, "trainer_metrics.jsonl")
         wait_for(f"the trainer's step {kill_after}", lambda: len(read_jsonl(metrics, complete_only=True)) >= kill_after, 400, arlo, log)
@@ -199,6 +192,14 @@ class ArloRunTest(unittest.TestCase):
         model = os.path.join(tmp, "tiny")
         arlo_tiny_model.write(model, seed=0)
         return tmp, model, os.path.join(tmp, "run"), os.path.join(tmp, "arlo.log")
+
+    @staticmethod
+    def run_argv(run_dir, model, steps, sets):
+        """arlo run of configs/vllm-cpu.yaml cut down to a test of the machinery (MACHINERY_RUN), for
+        `steps` steps into run_dir on `model`, with `sets` on top."""
+        return [ARGS.arlo, "run", os.path.join(ARGS.source, "configs/vllm-cpu.yaml"),
+                *set_args({**MACHINERY_RUN, "run.dir": run_dir, "run.max_steps": steps, "trainer.model": model,
+                           **sets})]
 
     def start_arlo(self, argv, log):
         """`arlo run` with argv, its output in `log`, from the source tree, killed with its group at the

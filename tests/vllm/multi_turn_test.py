@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from arlo_test_support import read_jsonl, run_unittest  # noqa: E402
-from vllm_server import VllmServer, http_json, kill_group, tail  # noqa: E402
+from vllm_server import MACHINERY_RUN, VllmServer, http_json, kill_group, set_args, tail  # noqa: E402
 
 ARGS = None
 STEPS = 3
@@ -194,11 +194,9 @@ class VllmRun:
         for server in (self.proxy.server, *servers):
             self.test.addCleanup(server.server_close)
             self.test.addCleanup(server.shutdown)
-        sets = {"run.dir": self.run_dir, "inference.launch": "external", "inference.urls": json.dumps([self.proxy.url]),
-                "trainer.model": self.model, "trainer.lr": "1e-3", "env.path": self.tasks, **sets}
-        argv = [self.args.arlo, "run", os.path.join(self.args.source, "configs/vllm-cpu.yaml")]
-        for k, v in sets.items():
-            argv += ["--set", f"{k}={v}"]
+        sets = {**MACHINERY_RUN, "run.dir": self.run_dir, "inference.launch": "external",
+                "inference.urls": json.dumps([self.proxy.url]), "trainer.model": self.model, "env.path": self.tasks, **sets}
+        argv = [self.args.arlo, "run", os.path.join(self.args.source, "configs/vllm-cpu.yaml"), *set_args(sets)]
         log = os.path.join(self.tmp, "arlo.log")
         with open(log, "w") as out:
             arlo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.args.source, start_new_session=True,

@@ -15,6 +15,15 @@ import urllib.error
 import urllib.request
 
 START_DEADLINE_S = 300
+# configs/vllm-cpu.yaml is the learning run (batches of 64 in groups of 8, a greedy eval every 50
+# steps); the tests of the machinery on the random tiny model run it smaller, with these --set values.
+MACHINERY_RUN = {"orchestrator.batch_size": 16, "orchestrator.group_size": 4, "orchestrator.max_inflight": 16,
+                 "sampling.max_tokens": 6, "eval.interval": 0, "trainer.lr": "1e-3"}
+
+
+def set_args(sets):
+    """arlo run's --set arguments for a dict of key -> value."""
+    return [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
 
 
 def free_port():
