@@ -14,6 +14,7 @@ module that is not installed (arlo's tests/verifiers_envs) can be loaded by its 
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 
@@ -27,6 +28,8 @@ def main() -> int:
     args = parser.parse_args()
     for p in reversed(args.path):
         sys.path.insert(0, p)
+    if args.path:  # the programs the environment starts (tool servers: python -m <module>) as well
+        os.environ["PYTHONPATH"] = os.pathsep.join(args.path + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
     from verifiers.v1.configs.env import EnvConfig
     from verifiers.v1.env import Env

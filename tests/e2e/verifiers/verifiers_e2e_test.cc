@@ -101,6 +101,30 @@ TEST(VerifiersE2E, ASingleTurnEnvironmentRunsEveryTrajectoryThroughTheGateway) {
   fs::remove_all(r.dir);
 }
 
+// The multi-turn tool environment: verifiers serves its `add` tool as an MCP server (python -m, from
+// env.verifiers_python_path) and the chat program offers it to the model each turn. The untrained
+// model does not call it: every episode is scored 0.5 (1 with a call), and none fails.
+TEST(VerifiersE2E, AToolEnvironmentRunsWithItsToolServer) {
+  ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
+  const int steps = 2;
+  auto r = make_run("tools", "arlo_vf_tools", steps);
+  const auto run = arlo::e2e::run_to_end(r.args, r.dir / "arlo.log");
+  const std::string tail = arlo::e2e::tail(run.output);
+  ASSERT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << tail;
+  const std::string summary = read_text(r.run_dir / "summary.json");
+  ASSERT_FALSE(summary.empty()) << tail;
+  arlo::e2e::expect_every_step_trained(json::parse(summary), r.run_dir, steps, 2);
+  std::size_t samples = 0;
+  for (const auto& group : arlo::e2e::read_jsonl(r.run_dir / "rollouts.jsonl"))
+    for (const auto& s : group.value("samples", json::array())) {
+      ++samples;
+      const auto reward = s.value("env_reward", -1.0);
+      EXPECT_TRUE(reward == 0.5 || reward == 1.0) << s.dump();  // scored: the tool server was up
+    }
+  EXPECT_GT(samples, 0U);
+  fs::remove_all(r.dir);
+}
+
 TEST(VerifiersE2E, AKilledServerIsRestartedAndCostsOnlyItsEpisodesInFlight) {
   ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
   const int steps = 4;
