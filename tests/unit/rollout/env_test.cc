@@ -186,7 +186,7 @@ TEST(Environments, RegistryBuildsEachKindFromItsCheckedOptions) {
   std::vector<std::string> names;
   for (const auto& k : environment_kinds()) names.push_back(k.name);
   EXPECT_EQ(names, (std::vector<std::string>{"arithmetic", "reverse_text", "jsonl", "parquet", "hf_dataset",
-                                             "arithmetic_retry", "calculator", "http"}));
+                                             "arithmetic_retry", "calculator", "http", "verifiers"}));
 
   // A kind's source is the one its own function makes, options defaulted from its declaration.
   EnvironmentSpec spec;
@@ -226,7 +226,7 @@ TEST(Environments, RegistryBuildsEachKindFromItsCheckedOptions) {
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().message(),
             "unknown environment kind 'mnist': use arithmetic, reverse_text, jsonl, parquet, "
-            "hf_dataset, arithmetic_retry, calculator or http");
+            "hf_dataset, arithmetic_retry, calculator, http or verifiers");
 
   const EnvironmentKind* rt = *find_environment_kind("reverse_text");
   ASSERT_TRUE(rt->check);
