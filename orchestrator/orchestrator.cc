@@ -140,7 +140,11 @@ Awaitable<void> Orchestrator::read_worker_weights() {
   // A worker that does not hold the synced version yet may be between a restart (its supervisor
   // brought it back just now, or is about to: WeightWatcher::restart_pending) and the resync the
   // WeightWatcher gives it: it is read again, for a bounded while, until it holds what was synced.
-  const auto until = ports_.clock->now() + std::min<Duration>(opt_.final_sync_timeout, std::chrono::seconds(20));
+  // A worker that answers is given the whole final_sync_timeout to take it (a loaded machine can be
+  // slow to apply the last update); one whose restart is pending at most 20 s of it.
+  const auto now = ports_.clock->now();
+  const auto until = now + opt_.final_sync_timeout;
+  const auto restart_until = now + std::min<Duration>(opt_.final_sync_timeout, std::chrono::seconds(20));
   for (const auto& worker : ports_.inference->workers()) {
     nlohmann::json read;
     for (;;) {
@@ -148,7 +152,7 @@ Awaitable<void> Orchestrator::read_worker_weights() {
         // Left out after a failed update. Its supervisor is bringing it back (killed as the run
         // ended: the last rounds failed it before it listened again): wait for the restart and the
         // resync it triggers. Otherwise it answers no probe: do not wait for it again.
-        if (!watcher_->restart_pending(worker) || ports_.clock->now() >= until) {
+        if (!watcher_->restart_pending(worker) || ports_.clock->now() >= restart_until) {
           read = {{"error", watcher_->restart_pending(worker)
                                 ? "left out of weight updates: it stopped answering, and its restart did not "
                                   "come back in time"
