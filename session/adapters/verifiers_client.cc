@@ -16,6 +16,8 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include <msgpuck.h>
+
 #include "common/log.h"
 
 namespace arlo::session::adapters {
@@ -30,13 +32,86 @@ std::string pack(const json& payload) {
   return {bytes.begin(), bytes.end()};
 }
 
-Result<json> unpack(std::string_view bytes, std::string_view what) {
-  try {
-    return json::from_msgpack(bytes.begin(), bytes.end());
-  } catch (const json::exception& e) {
-    return make_error(ErrorCode::kParse, fmt::format("verifiers server: {} is not msgpack arlo can read ({} bytes): {}",
-                                                     what, bytes.size(), e.what()));
+namespace {
+
+// One msgpack value (already checked whole by mp_check) as json. Map keys that are integers become
+// their decimal text (verifiers keys `links` and `routing_repairs` by node index); bin becomes json
+// binary. `path` names the value in an error.
+Result<json> decode_value(const char*& p, const std::string& path, int depth) {
+  if (depth > 64) return make_error(ErrorCode::kParse, fmt::format("{}: nested deeper than 64 levels", path));
+  switch (mp_typeof(*p)) {
+    case MP_NIL: mp_decode_nil(&p); return json(nullptr);
+    case MP_BOOL: return json(mp_decode_bool(&p));
+    case MP_UINT: return json(static_cast<std::uint64_t>(mp_decode_uint(&p)));
+    case MP_INT: return json(static_cast<std::int64_t>(mp_decode_int(&p)));
+    case MP_FLOAT: return json(static_cast<double>(mp_decode_float(&p)));
+    case MP_DOUBLE: return json(mp_decode_double(&p));
+    case MP_STR: {
+      std::uint32_t n = 0;
+      const char* s = mp_decode_str(&p, &n);
+      return json(std::string(s, n));
+    }
+    case MP_BIN: {
+      std::uint32_t n = 0;
+      const auto* b = reinterpret_cast<const std::uint8_t*>(mp_decode_bin(&p, &n));
+      return json::binary(std::vector<std::uint8_t>(b, b + n));
+    }
+    case MP_ARRAY: {
+      json out = json::array();
+      for (std::uint32_t i = 0, n = mp_decode_array(&p); i < n; ++i) {
+        ARLO_ASSIGN_OR_RETURN(auto v, decode_value(p, path + "[" + std::to_string(i) + "]", depth + 1));
+        out.push_back(std::move(v));
+      }
+      return out;
+    }
+    case MP_MAP: {
+      json out = json::object();
+      for (std::uint32_t i = 0, n = mp_decode_map(&p); i < n; ++i) {
+        std::string key;
+        const auto type = mp_typeof(*p);
+        if (type == MP_STR) {
+          std::uint32_t len = 0;
+          const char* k = mp_decode_str(&p, &len);
+          key.assign(k, len);
+        } else if (type == MP_UINT) {
+          key = std::to_string(mp_decode_uint(&p));
+        } else if (type == MP_INT) {
+          key = std::to_string(mp_decode_int(&p));
+        } else {
+          return make_error(ErrorCode::kParse,
+                            fmt::format("{}: key {} of a map is neither text nor an integer", path, i));
+        }
+        ARLO_ASSIGN_OR_RETURN(auto v, decode_value(p, path + "." + key, depth + 1));
+        out[key] = std::move(v);
+      }
+      return out;
+    }
+    case MP_EXT: break;
   }
+  return make_error(ErrorCode::kParse,
+                    fmt::format("{}: a msgpack extension type, which verifiers does not send", path));
+}
+
+}  // namespace
+
+Result<json> unpack(std::string_view bytes, std::string_view what) {
+  const char* p = bytes.data();
+  const char* const end = p + bytes.size();
+  const char* check = p;
+  if (bytes.empty() || mp_check(&check, end) != 0)
+    return make_error(ErrorCode::kParse, fmt::format("verifiers server: {} is not msgpack arlo can read ({} bytes): "
+                                                     "truncated or malformed",
+                                                     what, bytes.size()));
+  if (check != end)
+    return make_error(ErrorCode::kParse,
+                      fmt::format("verifiers server: {} is not msgpack arlo can read ({} bytes): {} bytes after the "
+                                  "value",
+                                  what, bytes.size(), end - check));
+  auto value = decode_value(p, std::string(what), 0);
+  if (!value)
+    return make_error(ErrorCode::kParse,
+                      fmt::format("verifiers server: {} is not msgpack arlo can read: {}", what, value.error().what()));
+  return value;
 }
 
 Status check_reply(const json& reply, std::string_view what) {

@@ -35,6 +35,46 @@ TEST(VerifiersWire, PackAndUnpackRoundTripAndGarbageNamesWhatItWas) {
   EXPECT_NE(bad.error().what().find("the run reply"), std::string::npos) << bad.error().what();
 }
 
+std::string from_hex(std::string_view hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16));
+  return out;
+}
+
+// Bytes as Python's msgpack packs them (verifiers' wire): a delta whose `links` and `routing_repairs`
+// are keyed by node index (integer keys), a negative and a 64-bit integer, and bytes.
+TEST(VerifiersWire, MapsWithIntegerKeysAreReadWithTheKeyAsText) {
+  auto d =
+      wire::unpack(from_hex("85a57472616365a27431a56c696e6b7381039181a26964a26e31af726f7574696e675f72657061697273810081"
+                            "a464617461c4020102a36e6567fba3626967cf0000010000000000"),
+                   "a delta");
+  ASSERT_TRUE(d) << d.error().what();
+  EXPECT_EQ((*d)["links"]["3"][0]["id"], "n1");
+  EXPECT_EQ((*d)["routing_repairs"]["0"]["data"], json::binary({1, 2}));
+  EXPECT_EQ((*d)["neg"], -5);
+  EXPECT_EQ((*d)["big"], std::uint64_t{1} << 40);
+  auto f = wire::unpack(from_hex("ca3fc00000"), "a float32");
+  ASSERT_TRUE(f);
+  EXPECT_EQ(*f, 1.5);
+  wire::EpisodeAssembly a;
+  EXPECT_TRUE(a.apply(*d));
+}
+
+TEST(VerifiersWire, TruncatedTrailingAndOddKeysAreRefusedNamingWhere) {
+  const auto whole = wire::pack(json{{"success", true}, {"head", {{"ok", true}}}});
+  auto cut = wire::unpack(whole.substr(0, whole.size() - 1), "the run reply");
+  ASSERT_FALSE(cut);
+  EXPECT_NE(cut.error().what().find("truncated"), std::string::npos) << cut.error().what();
+  auto extra = wire::unpack(whole + "\x01", "the run reply");
+  ASSERT_FALSE(extra);
+  EXPECT_NE(extra.error().what().find("1 bytes after the value"), std::string::npos) << extra.error().what();
+  auto odd = wire::unpack(from_hex("81a16181c301"), "a delta");  // {"a": {true: 1}}
+  ASSERT_FALSE(odd);
+  EXPECT_NE(odd.error().what().find("a delta.a: key 0 of a map is neither text nor an integer"), std::string::npos)
+      << odd.error().what();
+}
+
 TEST(VerifiersWire, AnEpisodeIsAssembledFromItsDeltas) {
   wire::EpisodeAssembly a;
   ASSERT_TRUE(a.apply(delta("t1", {{"open", {{"id", "t1"}}}, {"set", {{"ok", false}}}})));
