@@ -19,6 +19,7 @@
 #include <msgpuck.h>
 
 #include "common/log.h"
+#include "common/utf8.h"
 
 namespace arlo::session::adapters {
 
@@ -49,6 +50,7 @@ Result<json> decode_value(const char*& p, const std::string& path, int depth) {
     case MP_STR: {
       std::uint32_t n = 0;
       const char* s = mp_decode_str(&p, &n);
+      if (!valid_utf8({s, n})) return make_error(ErrorCode::kParse, fmt::format("{}: text that is not UTF-8", path));
       return json(std::string(s, n));
     }
     case MP_BIN: {
@@ -73,6 +75,8 @@ Result<json> decode_value(const char*& p, const std::string& path, int depth) {
           std::uint32_t len = 0;
           const char* k = mp_decode_str(&p, &len);
           key.assign(k, len);
+          if (!valid_utf8(key))
+            return make_error(ErrorCode::kParse, fmt::format("{}: key {} of a map is not UTF-8", path, i));
         } else if (type == MP_UINT) {
           key = std::to_string(mp_decode_uint(&p));
         } else if (type == MP_INT) {

@@ -70,6 +70,10 @@ TEST(VerifiersWire, TruncatedTrailingAndOddKeysAreRefusedNamingWhere) {
   auto extra = wire::unpack(whole + "\x01", "the run reply");
   ASSERT_FALSE(extra);
   EXPECT_NE(extra.error().what().find("1 bytes after the value"), std::string::npos) << extra.error().what();
+  auto latin1 = wire::unpack(from_hex("81a161a1e9"), "a delta");  // {"a": "\xe9"}
+  ASSERT_FALSE(latin1);
+  EXPECT_NE(latin1.error().what().find("a delta.a: text that is not UTF-8"), std::string::npos)
+      << latin1.error().what();
   auto odd = wire::unpack(from_hex("81a16181c301"), "a delta");  // {"a": {true: 1}}
   ASSERT_FALSE(odd);
   EXPECT_NE(odd.error().what().find("a delta.a: key 0 of a map is neither text nor an integer"), std::string::npos)
