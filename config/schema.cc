@@ -880,9 +880,18 @@ void reward_modules_complete(const Config& c, std::vector<Violation>& out) {
   check_reward_modules(c.objects("reward.modules"), "reward.modules", out);
 }
 
-// An env.sources item's options: as checked_options, then the kind's own check across them.
+// An env.sources item's options: as checked_options, the ones its kind requires given (as the
+// env.* keys it requires: verifiers_env, url), then the kind's own check across them.
 void source_options(const Config& s, const rollout::EnvironmentKind& kind, const std::string& item,
                     std::vector<Violation>& out) {
+  const nlohmann::json& given = s.map("options");
+  for (const auto& o : kind.options) {
+    if (!o.required || !o.config_key) continue;
+    const bool missing = !given.is_object() || !given.contains(o.key) ||
+                         (given[o.key].is_string() && given[o.key].get<std::string>().empty());
+    if (missing)
+      out.push_back({s.where("kind"), item + ".options." + o.key + " is required when its kind is " + kind.name});
+  }
   const auto resolved = checked_options(s, "options", kind.options, item, out);
   if (!resolved || !kind.check) return;
   if (const auto [key, what] = kind.check(*resolved); !key.empty())
@@ -966,7 +975,8 @@ std::vector<Rule> product_rules() {
       {"trainer.num_ranks is 1 when trainer.launch is embedded.", embedded_trainer_is_one_rank},
       {"trainer.model is a Hugging Face model directory when trainer.launch is hf.", hf_trainer_needs_a_model},
       {reward_rule_doc(), reward_modules_complete},
-      {"Each env.sources item has a path when its kind reads a dataset, options its kind accepts (as its env.* keys), "
+      {"Each env.sources item has a path when its kind reads a dataset, options its kind accepts (as its env.* keys; "
+       "the ones it requires given, e.g. verifiers_env), "
        "its own reward modules complete, and a name (or kind) no other source has.",
        sources_complete},
       {"monitors.use names wandb or tensorboard, each at most once.", monitors_known},

@@ -209,6 +209,13 @@ Result<std::pair<const EnvironmentKind*, EnvironmentSpec>> resolve_kind(std::str
 
 }  // namespace
 
+Result<Json> resolve_environment_options(std::string_view kind, const Json& options) {
+  EnvironmentSpec spec;
+  spec.options = options;
+  ARLO_ASSIGN_OR_RETURN(auto resolved, resolve_kind(kind, spec));
+  return std::move(resolved.second.options);
+}
+
 Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec) {
   ARLO_ASSIGN_OR_RETURN(auto resolved, resolve_kind(kind, spec));
   return resolved.first->make(resolved.second);

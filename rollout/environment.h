@@ -102,6 +102,10 @@ struct EnvironmentKind {
   // Multi-turn kinds: the environment its tasks run in (rollout/multi_turn.h), made from the same
   // spec (options resolved). nullptr: a single-turn kind.
   std::function<Result<std::shared_ptr<MultiTurnEnvironment>>(const EnvironmentSpec&)> make_environment = nullptr;
+  // Its tasks run through the policy gateway (session/gateway.h): a program outside arlo calls the
+  // model for each trajectory (verifiers). A run serves the gateway when env.kind, any env.sources
+  // item's kind or eval.env_kind is such a kind.
+  bool via_gateway = false;
 };
 // Every registered kind, in registration order (rollout/environments/registry.inc).
 const ExtensionRegistry<EnvironmentKind>& environment_kinds();
@@ -109,6 +113,8 @@ const ExtensionRegistry<EnvironmentKind>& environment_kinds();
 inline Result<const EnvironmentKind*> find_environment_kind(std::string_view name) {
   return environment_kinds().find(name);
 }
+// Kind `kind`'s own options `options` checked, with the defaults filled in.
+Result<Json> resolve_environment_options(std::string_view kind, const Json& options);
 // A source of kind `kind` (its options checked, defaults filled in).
 Result<std::shared_ptr<const TaskSet>> make_task_source(std::string_view kind, const EnvironmentSpec& spec);
 // The multi-turn environment of kind `kind` (options checked and defaulted as above); nullptr for a

@@ -10,6 +10,7 @@
 
 #include "common/auth.h"
 #include "common/log.h"
+#include "rollout/environment.h"
 #include "rollout/openai.h"
 #include "rollout/tool_calls.h"
 #include "rollout/types.h"
@@ -347,9 +348,26 @@ struct Gateway::Trajectory {
   }
 };
 
+namespace {
+
+// Whether environment kind `kind`'s tasks run through the gateway (EnvironmentKind::via_gateway).
+bool kind_via_gateway(const std::string& kind) {
+  auto k = rollout::find_environment_kind(kind);
+  return k && (*k)->via_gateway;
+}
+
+}  // namespace
+
 bool gateway_enabled(const config::Config& cfg) {
-  return cfg.boolean("gateway.enabled") || !cfg.string("gateway.agent_url").empty() ||
-         cfg.string("env.kind") == "verifiers";  // its environment server calls the model through it
+  if (cfg.boolean("gateway.enabled") || !cfg.string("gateway.agent_url").empty()) return true;
+  // A kind whose program calls the model through it: the run's (env.kind, or each env.sources item's)
+  // or eval's.
+  const auto& sources = cfg.objects("env.sources");
+  if (sources.empty() && kind_via_gateway(cfg.string("env.kind"))) return true;
+  if (std::ranges::any_of(sources, [](const config::Config& s) { return kind_via_gateway(s.string("kind")); }))
+    return true;
+  const auto& eval_kind = cfg.string("eval.env_kind");
+  return cfg.integer("eval.interval") > 0 && eval_kind != "same" && kind_via_gateway(eval_kind);
 }
 
 GatewayOptions gateway_options(const config::Config& cfg) {
@@ -414,8 +432,13 @@ std::string Gateway::url() const {
   return fmt::format("http://{}:{}", host.find(':') != std::string::npos ? "[" + host + "]" : host, port());
 }
 
+const Gateway::Program* Gateway::program_for(const Task& task) const {
+  const auto it = programs_.find(task.env);
+  return it != programs_.end() && it->second ? &it->second : nullptr;
+}
+
 bool Gateway::handles(const Task& task) const {
-  if (program_ && task.env == program_env_) return true;
+  if (program_for(task)) return true;
   if (options_.agent_url.empty()) return false;
   return options_.envs.empty() ||
          std::find(options_.envs.begin(), options_.envs.end(), task.env) != options_.envs.end();
@@ -559,8 +582,8 @@ Awaitable<Result<double>> Gateway::ask_agent(std::shared_ptr<const Task> task, s
       {"api_key", options_.token.empty() ? "none" : options_.token},
       {"sampling",
        {{"temperature", sampling.temperature}, {"top_p", sampling.top_p}, {"max_tokens", sampling.max_tokens}}}};
-  if (program_ && task->env == program_env_) {
-    auto op = program_(std::move(body), deadline);
+  if (const Program* program = program_for(*task)) {
+    auto op = (*program)(std::move(body), deadline);
     co_return co_await std::move(op);
   }
   http::ClientRequest r;

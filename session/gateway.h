@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -99,15 +100,14 @@ class Gateway final : public adapters::AgentRunner {
   // http://<bind>:<port>
   std::string url() const;
 
-  // An agent program in-process instead of one at agent_url (env.kind verifiers: the environment
-  // server's client): it takes the job the HTTP program would get ({"task", "trajectory", "base_url",
+  // An agent program in-process instead of one at agent_url (a verifiers environment: its server's
+  // client): it takes the job the HTTP program would get ({"task", "trajectory", "base_url",
   // "api_key", "sampling", ...}) and the trajectory's deadline, and answers the reward. It drives the
-  // tasks of environment `env` (and, with agent_url, the HTTP program the others it handles).
+  // tasks of environment `env` (a task's env: the source's name with env.sources), one program per
+  // env, replacing the one set before for it; with agent_url, the HTTP program takes the others it
+  // handles.
   using Program = std::function<Awaitable<Result<double>>(nlohmann::json job, std::chrono::steady_clock::time_point)>;
-  void set_program(std::string env, Program program) {
-    program_env_ = std::move(env);
-    program_ = std::move(program);
-  }
+  void set_program(std::string env, Program program) { programs_[std::move(env)] = std::move(program); }
 
   bool handles(const Task& task) const override;
   Awaitable<Result<orch::GenerateResult>> run(orch::GenerateRequest request) override;
@@ -137,8 +137,10 @@ class Gateway final : public adapters::AgentRunner {
   std::uint64_t next_id_ = 0;
   GatewayStats stats_;
   metrics::Registry* registry_ = nullptr;
-  std::string program_env_;
-  Program program_;
+  // The in-process program of `task`'s env, or null.
+  const Program* program_for(const Task& task) const;
+
+  std::map<std::string, Program> programs_;  // env -> its in-process program (set_program)
 };
 
 }  // namespace arlo::session

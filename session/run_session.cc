@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -196,8 +197,13 @@ class RunSession::Impl {
     std::unique_ptr<Gateway> gateway;  // destroyed after the network thread it serves on has stopped
     struct StopNetworkFirst {          // before the pool and its clients are destroyed, on every path
       IoThread& network;
-      ~StopNetworkFirst() { network.stop(); }
-    } stop_network_first{network};
+      std::vector<std::unique_ptr<VerifiersEnv>>& verifiers;
+      // The verifiers clients go before the network thread's context: their replies post to it.
+      ~StopNetworkFirst() {
+        network.stop();
+        verifiers.clear();
+      }
+    } stop_network_first{network, verifiers_};
     auto admins = add_workers(pool, dialect);
 
     RunTasks tasks(s_.parts.stream, s_.parts.tokenize);
@@ -217,12 +223,7 @@ class RunSession::Impl {
     std::optional<adapters::AgentInference> agents;  // agent tasks through the policy gateway
     if (auto st = start_gateway(network, pool, dialect.completions, gateway); !st) return fail(st.error().what());
     if (gateway) agents.emplace(inference, *gateway, network.executor());
-    std::unique_ptr<VerifiersEnv> verifiers;  // env.kind verifiers: the server's client, the gateway's program
-    struct ForgetVerifiers {
-      VerifiersEnv*& ptr;
-      ~ForgetVerifiers() { ptr = nullptr; }
-    } forget_verifiers{verifiers_};
-    if (auto st = start_verifiers(network, gateway.get(), verifiers); !st) return fail(st.error().what());
+    if (auto st = start_verifiers(network, gateway.get()); !st) return fail(st.error().what());
     inference_port_ = agents ? static_cast<orch::InferencePort*>(&*agents) : &inference;
     // Multi-turn tasks: what an environment adds is tokenized by the worker that served the trajectory.
     adapters::WorkerTokenizer env_tokenizer(pool.client(), network.executor());
@@ -387,10 +388,8 @@ class RunSession::Impl {
       }
       ARLO_INFO("arlo run: {} worker(s) healthy", s_.plan.workers.size());
     }
-    if (verifiers_) {
-      auto op = verifiers_->wait_ready(
-          std::chrono::steady_clock::now() +
-          std::chrono::milliseconds(std::llround(1000 * s_.cfg.number("env.verifiers_start_timeout_s"))));
+    for (const auto& v : verifiers_) {  // each verifiers server answers its health request
+      auto op = v->wait_ready();
       if (auto st = co_await std::move(op); !st) {
         finish_early(st.error().what());
         co_return;
@@ -444,18 +443,26 @@ class RunSession::Impl {
     return ok();
   }
 
-  // env.kind verifiers (session/verifiers_env.h): the embedded server as a supervised child (restarted
-  // when it dies; no /health of its own: drive() asks it over its protocol), and the gateway's program.
-  Status start_verifiers(IoThread& network, Gateway* gateway, std::unique_ptr<VerifiersEnv>& out) {
-    if (!VerifiersEnv::wanted(s_.cfg)) return ok();
-    if (!gateway) return make_error(ErrorCode::kInternal, "env.kind verifiers runs through the policy gateway");
-    ARLO_ASSIGN_OR_RETURN(out, VerifiersEnv::create(s_.cfg, s_.plan.token));
-    if (auto spec = out->child())
-      ARLO_TRY(supervisor_.start(*spec, Supervision{RestartLimits{}, std::nullopt, {kChildUsageError}}));
-    network.run_and_wait([&] { gateway->set_program("verifiers", out->program()); });
-    verifiers_ = out.get();
-    ARLO_INFO("arlo run: verifiers environment {} at {} ({})", s_.cfg.string("env.verifiers_env"), out->address(),
-              s_.cfg.string("env.verifiers_launch"));
+  // The run's verifiers environments (session/verifiers_env.h: env.kind, each env.sources item of kind
+  // verifiers, eval.env_kind): each embedded server as its own supervised child (restarted when it
+  // dies; no /health of its own: drive() asks it over its protocol), and the gateway's program for
+  // the envs it drives.
+  Status start_verifiers(IoThread& network, Gateway* gateway) {
+    ARLO_ASSIGN_OR_RETURN(auto sources, verifiers_sources(s_.cfg));
+    if (sources.empty()) return ok();
+    if (!gateway) return make_error(ErrorCode::kInternal, "verifiers environments run through the policy gateway");
+    for (auto& source : sources) {
+      ARLO_ASSIGN_OR_RETURN(auto v, VerifiersEnv::create(std::move(source), s_.plan.token));
+      if (auto spec = v->child())
+        ARLO_TRY(supervisor_.start(*spec, Supervision{RestartLimits{}, std::nullopt, {kChildUsageError}}));
+      network.run_and_wait([&] {
+        for (const auto& env : v->source().envs) gateway->set_program(env, v->program());
+      });
+      const auto& o = v->source().options;
+      ARLO_INFO("arlo run: verifiers environment {} at {} ({}) for {}", o.value("verifiers_env", ""), v->address(),
+                o.value("verifiers_launch", ""), fmt::join(v->source().envs, ", "));
+      verifiers_.push_back(std::move(v));
+    }
     return ok();
   }
 
@@ -542,10 +549,12 @@ class RunSession::Impl {
   // naming the child and its last lines. The run's log lines and actions, from the events.
   void on_supervision(const SupervisionEvent& e) {
     record(e);
-    if (e.kind == SupervisionEventKind::kExited && e.name == VerifiersEnv::kChild && verifiers_) {
-      const auto lost = verifiers_->server_died(e.exit ? e.exit->describe() : e.name + " exited");
-      ARLO_WARN("arlo run: the verifiers environment server died; its {} episode(s) in flight fail their groups", lost);
-    }
+    for (const auto& v : verifiers_)  // a verifiers server died: only its episodes in flight fail
+      if (e.kind == SupervisionEventKind::kExited && e.name == v->source().child) {
+        const auto lost = v->server_died(e.exit ? e.exit->describe() : e.name + " exited");
+        ARLO_WARN("arlo run: the verifiers environment server died ({}); its {} episode(s) in flight fail their groups",
+                  e.name, lost);
+      }
     if (done_) return;
     switch (e.kind) {
       case SupervisionEventKind::kRestarting: {
@@ -656,9 +665,12 @@ class RunSession::Impl {
   Monitors monitors_;
   orch::InferencePort* inference_port_ = nullptr;  // the pool's adapter, or the gateway's decorator of it
   Gateway* gateway_ = nullptr;                     // when gateway.enabled; lives on the network thread
-  VerifiersEnv* verifiers_ = nullptr;              // env.kind verifiers, while execute() runs
-  Reporter* reporter_ = nullptr;                   // run_loop's, while it runs
-  RealClock clock_{io_.get_executor()};            // the supervisor's
+  // The run's verifiers environments (start_verifiers): their clients and the gateway's programs,
+  // while execute() runs (it ends them with the network thread). Before the supervisor, whose events
+  // name their children.
+  std::vector<std::unique_ptr<VerifiersEnv>> verifiers_;
+  Reporter* reporter_ = nullptr;         // run_loop's, while it runs
+  RealClock clock_{io_.get_executor()};  // the supervisor's
   Supervisor supervisor_{io_, clock_, [this](const SupervisionEvent& e) { on_supervision(e); }};
   orch::Orchestrator* orchestrator_ = nullptr;  // run_loop's, while it runs
   std::ofstream events_;                        // supervision.jsonl

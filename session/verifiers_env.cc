@@ -2,7 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "common/log.h"
+#include "config/schema.h"
+#include "rollout/environment.h"
+#include "session/config_options.h"
 #include "session/launch_plan.h"
 
 #ifndef ARLO_VERIFIERS_SERVER_SCRIPT
@@ -13,33 +19,96 @@ namespace arlo::session {
 
 using json = nlohmann::json;
 
-bool VerifiersEnv::wanted(const config::Config& cfg) { return cfg.string("env.kind") == "verifiers"; }
+namespace {
 
-Result<std::unique_ptr<VerifiersEnv>> VerifiersEnv::create(const config::Config& cfg, std::string token) {
+constexpr const char* kKind = "verifiers";
+
+// The verifiers kind's options `given`, checked and defaulted (verifiers_args too: {}), so two
+// environments given the same compare equal.
+Result<json> resolved_options(const json& given) {
+  ARLO_ASSIGN_OR_RETURN(json options, rollout::resolve_environment_options(kKind, given));
+  if (!options.contains("verifiers_args") || options["verifiers_args"].is_null())
+    options["verifiers_args"] = json::object();
+  return options;
+}
+
+// The verifiers kind's options as the env.verifiers_* keys give them (env.kind or eval.env_kind).
+Result<json> env_keys_options(const config::Config& cfg) {
+  ARLO_ASSIGN_OR_RETURN(const rollout::EnvironmentKind* k, rollout::find_environment_kind(kKind));
+  json options = json::object();
+  for (const auto& o : k->options)
+    if (o.config_key && cfg.has("env." + o.key)) options[o.key] = config::option_value(cfg, "env." + o.key, o.type);
+  return resolved_options(options);
+}
+
+// Eval's environment (eval.env_kind verifiers): the one of `out` with the same options, or its own.
+Status add_eval_source(const config::Config& cfg, std::vector<VerifiersSource>& out) {
+  ARLO_ASSIGN_OR_RETURN(json options, env_keys_options(cfg));
+  for (auto& s : out) {
+    if (s.options == options) {
+      if (std::ranges::find(s.envs, kKind) == s.envs.end()) s.envs.push_back(kKind);
+      return ok();
+    }
+    if (std::ranges::find(s.envs, kKind) != s.envs.end())
+      return make_error(ErrorCode::kInvalidArgument,
+                        fmt::format("eval.env_kind verifiers runs eval.env_path's tasks (env 'verifiers') on the "
+                                    "environment of the env.verifiers_* keys ({}), but {} names its source "
+                                    "'verifiers' with other options: give that source another name",
+                                    cfg.where("eval.env_kind"), s.where));
+  }
+  out.push_back({{kKind}, std::string(VerifiersEnv::kChild) + "-eval", "env", std::move(options)});
+  return ok();
+}
+
+}  // namespace
+
+Result<std::vector<VerifiersSource>> verifiers_sources(const config::Config& cfg) {
+  std::vector<VerifiersSource> out;
+  const auto& items = cfg.objects("env.sources");
+  if (items.empty() && cfg.string("env.kind") == kKind) {
+    ARLO_ASSIGN_OR_RETURN(json options, env_keys_options(cfg));
+    out.push_back({{kKind}, VerifiersEnv::kChild, "env", std::move(options)});
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items[i].string("kind") != kKind) continue;
+    const std::string where = fmt::format("env.sources[{}].options", i);
+    auto options = resolved_options(items[i].map("options"));
+    if (!options) return std::unexpected(Error(options.error()).with_context(where));
+    const std::string name = source_name(items[i]);
+    out.push_back({{name}, fmt::format("{}-{}", VerifiersEnv::kChild, name), where, std::move(*options)});
+  }
+  if (cfg.integer("eval.interval") > 0 && cfg.string("eval.env_kind") == kKind) ARLO_TRY(add_eval_source(cfg, out));
+  return out;
+}
+
+Result<std::unique_ptr<VerifiersEnv>> VerifiersEnv::create(VerifiersSource source, std::string token) {
   std::unique_ptr<VerifiersEnv> v(new VerifiersEnv());
-  v->embedded_ = cfg.string("env.verifiers_launch") != "external";
-  v->address_ = cfg.string("env.verifiers_address");
+  const json& o = source.options;
+  v->embedded_ = o.value("verifiers_launch", std::string("embedded")) != "external";
+  v->address_ = o.value("verifiers_address", std::string());
   if (v->embedded_ && v->address_.empty()) {
     ARLO_ASSIGN_OR_RETURN(auto port, free_loopback_port());
     v->address_ = fmt::format("tcp://127.0.0.1:{}", port);
   }
-  json env = cfg.map("env.verifiers_args");
+  json env = o.value("verifiers_args", json::object());
   if (!env.is_object()) env = json::object();
-  env["taskset"]["id"] = cfg.string("env.verifiers_env");
+  env["taskset"]["id"] = o.value("verifiers_env", std::string());
   if (!env.contains("agent") || !env["agent"].is_object() || !env["agent"].contains("runtime"))
     env["agent"]["runtime"] = {{"type", "subprocess"}};  // the harness runs on this machine
   v->env_config_ = std::move(env);
-  v->concurrency_ = static_cast<int>(cfg.integer("env.verifiers_concurrency"));
-  v->python_path_ = cfg.string("env.verifiers_python_path");
+  v->concurrency_ = o.value("verifiers_concurrency", 0);
+  v->start_timeout_s_ = o.value("verifiers_start_timeout_s", 120.0);
+  v->python_path_ = o.value("verifiers_python_path", std::string());
   v->token_ = std::move(token);
   v->client_ = std::make_unique<adapters::VerifiersClient>(v->address_);
+  v->source_ = std::move(source);
   return v;
 }
 
 std::optional<ChildSpec> VerifiersEnv::child() const {
   if (!embedded_) return std::nullopt;
   ChildSpec spec;
-  spec.name = kChild;
+  spec.name = source_.child;
   spec.argv = {project_python(""), ARLO_VERIFIERS_SERVER_SCRIPT, "--address", address_, "--env", env_config_.dump()};
   if (concurrency_ > 0) spec.argv.insert(spec.argv.end(), {"--max-concurrent", std::to_string(concurrency_)});
   if (!python_path_.empty()) spec.argv.insert(spec.argv.end(), {"--path", python_path_});
@@ -48,15 +117,17 @@ std::optional<ChildSpec> VerifiersEnv::child() const {
   return spec;
 }
 
-Awaitable<Status> VerifiersEnv::wait_ready(std::chrono::steady_clock::time_point deadline) {
+Awaitable<Status> VerifiersEnv::wait_ready() {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::llround(1000 * start_timeout_s_));
   // ZeroMQ queues the request until the server binds: one request waits for it.
   auto op = client_->health(deadline);
   Status st = co_await std::move(op);
   if (!st)
     co_return make_error(st.error().code(),
-                         fmt::format("verifiers environment server at {} is not ready (env.verifiers_start_timeout_s): "
+                         fmt::format("verifiers environment server at {} is not ready ({}.verifiers_start_timeout_s): "
                                      "{}",
-                                     address_, st.error().what()));
+                                     address_, source_.where, st.error().what()));
   co_return ok();
 }
 

@@ -11,7 +11,7 @@ namespace {
 std::pair<std::string, std::string> check_verifiers(const Json& o) {
   const bool external = o.value("verifiers_launch", std::string("embedded")) == "external";
   if (external && o.value("verifiers_address", std::string()).empty())
-    return {"verifiers_address", "is required when env.verifiers_launch is external (tcp://host:port)"};
+    return {"verifiers_address", "is required when verifiers_launch is external (tcp://host:port)"};
   if (o.contains("verifiers_args") && !o["verifiers_args"].is_object())
     return {"verifiers_args", "must be a map (verifiers' environment config: taskset arguments, agent, ...)"};
   return {};
@@ -57,6 +57,8 @@ EnvironmentKind verifiers_environment() {
       [](const EnvironmentSpec& s) { return load_jsonl(s.path, "verifiers", s.size); },
       check_verifiers,
       "env.verifiers_address is given when env.verifiers_launch is external.",
+      nullptr,
+      true,  // the environment server calls the model through the policy gateway
   };
 }
 

@@ -13,7 +13,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -149,6 +151,60 @@ TEST(VerifiersE2E, AKilledServerIsRestartedAndCostsOnlyItsEpisodesInFlight) {
   const auto s = json::parse(summary);
   arlo::e2e::expect_every_step_trained(s, r.run_dir, steps, 2);
   arlo::e2e::print_fault_cost("SIGKILL of the verifiers environment server", r.run_dir, s);
+  fs::remove_all(r.dir);
+}
+
+// env.sources mixes a verifiers environment (source "echo") with the built-in arithmetic tasks at
+// ratio 1:1, and eval.env_kind verifiers runs eval.env_path's tasks through the same environment
+// (the env.verifiers_* keys are the source's options: one server, child verifiers-env-echo, serves
+// both). One group in flight at a time (max_inflight 2, groups of 2): the groups are scored in the
+// order the mix served them, so rollouts.jsonl holds each source within one group of its share.
+TEST(VerifiersE2E, AVerifiersSourceBesideABuiltInOneAndEvalThroughIt) {
+  ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
+  const std::string src = std::getenv("ARLO_SOURCE_DIR");
+  const int steps = 3;
+  auto r = make_run("sources", "arlo_vf_echo", steps);
+  const std::string tasks = (r.dir / "tasks.jsonl").string(), envs = src + "/tests/verifiers_envs";
+  const std::vector<std::string> sets = {"env.sources=[{kind: verifiers, name: echo, path: " + tasks +
+                                             ", options: {verifiers_env: arlo_vf_echo, verifiers_python_path: " + envs +
+                                             "}}, {kind: arithmetic, ratio: 1, reward: [{kind: exact_match}]}]",
+                                         "orchestrator.max_inflight=2",
+                                         "eval.env_kind=verifiers",
+                                         "eval.env_path=" + tasks,
+                                         "eval.interval=1",
+                                         "eval.size=4"};
+  for (const auto& set : sets) r.args.insert(r.args.end(), {"--set", set});
+  const auto run = arlo::e2e::run_to_end(r.args, r.dir / "arlo.log");
+  const std::string tail = arlo::e2e::tail(run.output);
+  ASSERT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << tail;
+  EXPECT_NE(run.output.find("verifiers environment arlo_vf_echo at tcp://127.0.0.1:"), std::string::npos) << tail;
+  const auto events = events_of(r.run_dir, "verifiers-env-echo");
+  ASSERT_FALSE(events.empty()) << read_text(r.run_dir / "supervision.jsonl");
+  EXPECT_EQ(events.front().value("event", ""), "started");
+  EXPECT_TRUE(events_of(r.run_dir, "verifiers-env-eval").empty());  // eval shares the source's server
+  arlo::e2e::expect_every_step_trained(json::parse(read_text(r.run_dir / "summary.json")), r.run_dir, steps, 2);
+  std::map<std::string, int> groups;
+  for (const auto& group : arlo::e2e::read_jsonl(r.run_dir / "rollouts.jsonl")) {
+    const std::string env = group.value("env", "");
+    ++groups[env];
+    for (const auto& s : group.value("samples", json::array()))
+      if (env == "echo") {  // the environment's reward (1 with a letter, else 0), on the gateway's turns
+        const auto reward = s.value("env_reward", -1.0);
+        EXPECT_TRUE(reward == 0.0 || reward == 1.0) << s.dump();
+        EXPECT_TRUE(s.contains("turns") && !s["turns"].empty()) << s.dump();
+      } else {
+        EXPECT_FALSE(s.contains("env_reward") && !s["env_reward"].is_null()) << s.dump();
+      }
+  }
+  ASSERT_EQ(groups.size(), 2U) << json(groups).dump();
+  EXPECT_GE(groups["echo"] + groups["arithmetic"], steps * 4);
+  EXPECT_LE(std::abs(groups["echo"] - groups["arithmetic"]), 1) << json(groups).dump();
+  std::printf("[ sources ] groups scored: echo %d, arithmetic %d\n", groups["echo"], groups["arithmetic"]);
+  int evals = 0;  // eval/verifiers/* (the eval tasks' env), as for every other kind
+  for (const auto& rec : arlo::e2e::read_jsonl(r.run_dir / "metrics.jsonl"))
+    for (const auto& [key, value] : rec.items())
+      if (key.starts_with("eval/verifiers/")) ++evals;
+  EXPECT_GT(evals, 0) << read_text(r.run_dir / "metrics.jsonl").substr(0, 2000);
   fs::remove_all(r.dir);
 }
 

@@ -246,6 +246,42 @@ TEST_F(GatewayTest, ProgramFailuresFailTheGroupWithTheReason) {
   EXPECT_EQ(r.error().code(), ErrorCode::kUnavailable) << r.error().what();
 }
 
+// In-process programs (set_program) by task env: each env's tasks go to its own program (a
+// verifiers environment per source), the others to the HTTP program or not to the gateway at all.
+TEST_F(GatewayTest, EachEnvItsOwnInProcessProgram) {
+  start_gateway("");
+  std::vector<std::string> ran;
+  auto program = [&ran](std::string name) -> Gateway::Program {
+    return [&ran, name](json, std::chrono::steady_clock::time_point) -> Awaitable<Result<double>> {
+      ran.push_back(name);
+      co_return make_error(ErrorCode::kUnavailable, "program " + name);
+    };
+  };
+  gateway_->set_program("a", program("a"));
+  gateway_->set_program("b", program("b"));
+  for (const std::string env : {"a", "b", "a"}) {
+    Task t;
+    t.id = "t-" + env;
+    t.env = env;
+    t.prompt = "hi";
+    EXPECT_TRUE(gateway_->handles(t));
+    orch::GenerateRequest r;
+    r.task = std::make_shared<const Task>(t);
+    r.n = 1;
+    r.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::optional<Result<orch::GenerateResult>> out;
+    asio::co_spawn(
+        io_, [&]() -> Awaitable<void> { out = co_await gateway_->run(std::move(r)); }, asio::detached);
+    while (!out) io_.run_one();
+    ASSERT_FALSE(*out);
+    EXPECT_NE(out->error().what().find("program " + env), std::string::npos) << out->error().what();
+  }
+  EXPECT_EQ(ran, (std::vector<std::string>{"a", "b", "a"}));
+  Task other;
+  other.env = "arithmetic";
+  EXPECT_FALSE(gateway_->handles(other));  // no agent_url: not the gateway's
+}
+
 // An agent served by the test: it sends the gateway bad calls, one good one, then a rewrite and a
 // call after it, and answers reward 0.25. Each answer's status and error param is kept.
 struct ProbeAgent {

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "session/config_options.h"
+#include "session/gateway.h"
 #include "session/rollout_parts.h"
+#include "session/verifiers_env.h"
 #include "tests/unit/session/session_test_util.h"
 
 namespace arlo::session {
@@ -159,6 +162,92 @@ TEST(RunSources, OneSourceKeepsItsCursorAndNames) {
   ASSERT_TRUE(s);
   EXPECT_EQ(s->reward, 1.0);
   EXPECT_EQ(s->metrics.count("source/arithmetic/share"), 0u);  // no per-source metrics without sources
+}
+
+// A verifiers source beside a built-in one and a second verifiers source: each its own environment
+// (its child, its tasks' env, its options with defaults), served through the gateway.
+const char* kVerifiersSources = R"(env:
+  sources:
+    - {kind: verifiers, name: echo, path: /nonexistent/echo.jsonl, options: {verifiers_env: arlo_vf_echo}}
+    - {kind: arithmetic}
+    - kind: verifiers
+      path: /nonexistent/tools.jsonl
+      options: {verifiers_env: arlo_vf_tools, verifiers_launch: external, verifiers_address: "tcp://127.0.0.1:1"}
+)";
+
+TEST(RunSources, EachVerifiersSourceItsOwnEnvironment) {
+  auto cfg = load_yaml(kVerifiersSources);
+  ASSERT_TRUE(cfg) << cfg.error().what();
+  EXPECT_TRUE(gateway_enabled(*cfg));
+  auto sources = verifiers_sources(*cfg);
+  ASSERT_TRUE(sources) << sources.error().what();
+  ASSERT_EQ(sources->size(), 2u);
+  EXPECT_EQ((*sources)[0].envs, std::vector<std::string>{"echo"});
+  EXPECT_EQ((*sources)[0].child, "verifiers-env-echo");
+  EXPECT_EQ((*sources)[0].where, "env.sources[0].options");
+  EXPECT_EQ((*sources)[0].options.value("verifiers_env", ""), "arlo_vf_echo");
+  EXPECT_EQ((*sources)[0].options.value("verifiers_launch", ""), "embedded");  // the default, filled in
+  EXPECT_EQ((*sources)[1].envs, std::vector<std::string>{"verifiers"});        // its name: the kind
+  EXPECT_EQ((*sources)[1].child, "verifiers-env-verifiers");
+  auto external = VerifiersEnv::create((*sources)[1], "token");
+  ASSERT_TRUE(external) << external.error().what();
+  EXPECT_EQ((*external)->address(), "tcp://127.0.0.1:1");
+  EXPECT_FALSE((*external)->child());  // external: no child to start
+  auto embedded = VerifiersEnv::create((*sources)[0], "token");
+  ASSERT_TRUE(embedded) << embedded.error().what();
+  ASSERT_TRUE((*embedded)->child());
+  EXPECT_EQ((*embedded)->child()->name, "verifiers-env-echo");
+}
+
+// eval.env_kind verifiers: eval's tasks (env "verifiers") run on the environment of the
+// env.verifiers_* keys: a source's when its options are the same, else its own; a source named
+// "verifiers" with other options is refused.
+TEST(RunSources, EvalRunsOnTheVerifiersEnvironmentOfTheEnvKeys) {
+  const std::string eval = "eval: {interval: 5, env_kind: verifiers, env_path: /nonexistent/eval.jsonl}\n";
+  auto shared = load_yaml(eval +
+                          "env: {verifiers_env: arlo_vf_echo, sources: [{kind: verifiers, name: echo, "
+                          "path: /x.jsonl, options: {verifiers_env: arlo_vf_echo}}, {kind: arithmetic}]}\n");
+  ASSERT_TRUE(shared) << shared.error().what();
+  auto one = verifiers_sources(*shared);
+  ASSERT_TRUE(one) << one.error().what();
+  ASSERT_EQ(one->size(), 1u) << (*one)[0].options.dump() << (*one).back().options.dump();
+  EXPECT_EQ((*one)[0].envs, (std::vector<std::string>{"echo", "verifiers"}));
+  auto own = load_yaml(eval + "env: {verifiers_env: arlo_vf_tools}\n");  // env.kind arithmetic
+  ASSERT_TRUE(own) << own.error().what();
+  EXPECT_TRUE(gateway_enabled(*own));
+  auto two = verifiers_sources(*own);
+  ASSERT_TRUE(two) << two.error().what();
+  ASSERT_EQ(two->size(), 1u);
+  EXPECT_EQ((*two)[0].child, "verifiers-env-eval");
+  EXPECT_EQ((*two)[0].options.value("verifiers_env", ""), "arlo_vf_tools");
+  auto clash = load_yaml(eval +
+                         "env: {verifiers_env: arlo_vf_tools, sources: [{kind: verifiers, path: /x.jsonl, "
+                         "options: {verifiers_env: arlo_vf_echo}}]}\n");
+  ASSERT_TRUE(clash) << clash.error().what();
+  auto refused = verifiers_sources(*clash);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(std::string(refused.error().what()).find("give that source another name"), std::string::npos)
+      << refused.error().what();
+  auto none = load_yaml("env: {kind: arithmetic}\n");
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(gateway_enabled(*none));
+  EXPECT_TRUE(verifiers_sources(*none)->empty());
+}
+
+TEST(RunSources, CheckConfigNamesTheVerifiersSourceAndKey) {
+  auto cfg = load_yaml(R"(env:
+  sources:
+    - {kind: verifiers, path: /x.jsonl, options: {verifiers_launch: external}}
+    - {kind: verifiers, name: b, path: /y.jsonl, options: {verifiers_env: e, verifiers_args: 3, verifiers_concurency: 1}}
+)");
+  ASSERT_FALSE(cfg);
+  const std::string e = cfg.error().what();
+  EXPECT_NE(e.find("env.sources[0].options.verifiers_env is required when its kind is verifiers"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("env.sources[0].options.verifiers_address is required when verifiers_launch is external"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("env.sources[1].options: unknown option 'verifiers_concurency'"), std::string::npos) << e;
 }
 
 }  // namespace
