@@ -133,6 +133,7 @@ Result<Setup> prepare(const config::Config& cfg, bool resume, bool overwrite) {
   if (cfg.string("trainer.launch") != "embedded" || cfg.string("inference.launch") != "embedded")
     s.options.initial_version = arlo::kNoVersion;
   ARLO_ASSIGN_OR_RETURN(s.parts, build_rollout_parts(cfg));
+  if (auto v = verifiers_sources(cfg); !v) return std::unexpected(v.error());  // a name clash: before anything starts
   ARLO_ASSIGN_OR_RETURN(s.plan, plan_launch(cfg, s.run_dir));
   if (!resume) ARLO_TRY(claim_run_dir(s.run_dir, s.plan.weight_sync.weights_dir, overwrite, cfg));
   ARLO_TRY(write_run_config(s.run_dir, cfg));                      // what `arlo replay` scores with

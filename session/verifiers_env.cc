@@ -56,7 +56,7 @@ Status add_eval_source(const config::Config& cfg, std::vector<VerifiersSource>& 
                                     "'verifiers' with other options: give that source another name",
                                     cfg.where("eval.env_kind"), s.where));
   }
-  out.push_back({{kKind}, std::string(VerifiersEnv::kChild) + "-eval", "env", std::move(options)});
+  out.push_back({{kKind}, VerifiersEnv::kChild, "env", std::move(options)});
   return ok();
 }
 

@@ -38,7 +38,8 @@ struct VerifiersSource {
 // each env.sources item of kind verifiers: its own (envs {its name}, child "verifiers-env-<name>",
 // its options); eval.env_kind verifiers (eval.interval > 0): eval.env_path's tasks (env "verifiers")
 // on the environment of the env.verifiers_* keys, the one a source or env.kind already runs when
-// its options are the same (else its own, child "verifiers-env-eval"). A source named "verifiers"
+// its options are the same (else its own, child "verifiers-env": the env.verifiers_* keys'
+// environment, as with env.kind verifiers; a source's child is never that). A source named "verifiers"
 // with other options is refused then: both would be env "verifiers".
 Result<std::vector<VerifiersSource>> verifiers_sources(const config::Config& cfg);
 

@@ -68,6 +68,19 @@ VerifiersRun make_run(const std::string& name, const std::string& env, int steps
   return r;
 }
 
+// make_run's run with env.sources: the verifiers source "echo" (arlo_vf_echo over make_run's
+// tasks) and arithmetic (exact_match) at ratio 1:1; then `sets`.
+VerifiersRun make_mixed_run(const std::string& name, int steps, const std::vector<std::string>& sets) {
+  auto r = make_run(name, "arlo_vf_echo", steps);
+  const std::string envs = std::string(std::getenv("ARLO_SOURCE_DIR")) + "/tests/verifiers_envs";
+  r.args.insert(r.args.end(),
+                {"--set", "env.sources=[{kind: verifiers, name: echo, path: " + (r.dir / "tasks.jsonl").string() +
+                              ", options: {verifiers_env: arlo_vf_echo, verifiers_python_path: " + envs +
+                              "}}, {kind: arithmetic, ratio: 1, reward: [{kind: exact_match}]}]"});
+  for (const auto& set : sets) r.args.insert(r.args.end(), {"--set", set});
+  return r;
+}
+
 std::vector<json> events_of(const fs::path& run_dir, const std::string& name) {
   std::vector<json> out;
   for (const auto& e : arlo::e2e::read_jsonl(run_dir / "supervision.jsonl"))
@@ -120,16 +133,16 @@ TEST(VerifiersE2E, AToolEnvironmentRunsWithItsToolServer) {
   fs::remove_all(r.dir);
 }
 
-TEST(VerifiersE2E, AKilledServerIsRestartedAndCostsOnlyItsEpisodesInFlight) {
-  ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
-  const int steps = 4;
-  auto r = make_run("kill", "arlo_vf_echo", steps);
+// Runs `r` and SIGKILLs the server of child `child` once a step trained (it is serving episodes
+// then); checks that the run ended 0, trained every step, and that the server was restarted
+// (supervision.jsonl: exited by SIGKILL, restarting, started again) with the run's warning naming it.
+// `summary`: the run's summary.json.
+void kill_server_mid_run(const VerifiersRun& r, const std::string& child, int steps, json& summary) {
   const fs::path log = r.dir / "arlo.log";
   const pid_t arlo = arlo::e2e::spawn_logged(r.args, log);
-  // Once a step trained, the server is serving episodes: SIGKILL it.
   ASSERT_TRUE(arlo::e2e::wait_for_text(log, "step 1/", arlo, std::chrono::seconds(180))) << read_text(log);
   pid_t server = 0;
-  for (const auto& e : events_of(r.run_dir, "verifiers-env"))
+  for (const auto& e : events_of(r.run_dir, child))
     if (e.value("event", "") == "started") server = e.value("pid", 0);
   ASSERT_GT(server, 0) << read_text(r.run_dir / "supervision.jsonl");
   ASSERT_EQ(::kill(server, SIGKILL), 0);
@@ -137,19 +150,28 @@ TEST(VerifiersE2E, AKilledServerIsRestartedAndCostsOnlyItsEpisodesInFlight) {
   ASSERT_EQ(::waitpid(arlo, &status, 0), arlo);
   const std::string output = read_text(log);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << arlo::e2e::tail(output);
-  // Restarted (supervision.jsonl: exited by SIGKILL, restarting, started again), the run finished.
   bool killed = false, restarting = false, restarted = false;
-  for (const auto& e : events_of(r.run_dir, "verifiers-env")) {
+  for (const auto& e : events_of(r.run_dir, child)) {
     killed |= e.value("event", "") == "exited" && e.value("signal", 0) == SIGKILL;
     restarting |= e.value("event", "") == "restarting";
     restarted |= e.value("event", "") == "started" && e.value("restarted", false);
   }
   EXPECT_TRUE(killed && restarting && restarted) << read_text(r.run_dir / "supervision.jsonl");
-  EXPECT_NE(output.find("the verifiers environment server died"), std::string::npos) << arlo::e2e::tail(output);
-  const std::string summary = read_text(r.run_dir / "summary.json");
-  ASSERT_FALSE(summary.empty());
-  const auto s = json::parse(summary);
-  arlo::e2e::expect_every_step_trained(s, r.run_dir, steps, 2);
+  EXPECT_NE(output.find("the verifiers environment server died (" + child + ")"), std::string::npos)
+      << arlo::e2e::tail(output);
+  const std::string text = read_text(r.run_dir / "summary.json");
+  ASSERT_FALSE(text.empty());
+  summary = json::parse(text);
+  arlo::e2e::expect_every_step_trained(summary, r.run_dir, steps, 2);
+}
+
+TEST(VerifiersE2E, AKilledServerIsRestartedAndCostsOnlyItsEpisodesInFlight) {
+  ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
+  const int steps = 4;
+  auto r = make_run("kill", "arlo_vf_echo", steps);
+  json s;
+  kill_server_mid_run(r, "verifiers-env", steps, s);
+  if (::testing::Test::HasFatalFailure()) return;
   arlo::e2e::print_fault_cost("SIGKILL of the verifiers environment server", r.run_dir, s);
   fs::remove_all(r.dir);
 }
@@ -161,19 +183,10 @@ TEST(VerifiersE2E, AKilledServerIsRestartedAndCostsOnlyItsEpisodesInFlight) {
 // order the mix served them, so rollouts.jsonl holds each source within one group of its share.
 TEST(VerifiersE2E, AVerifiersSourceBesideABuiltInOneAndEvalThroughIt) {
   ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
-  const std::string src = std::getenv("ARLO_SOURCE_DIR");
   const int steps = 3;
-  auto r = make_run("sources", "arlo_vf_echo", steps);
-  const std::string tasks = (r.dir / "tasks.jsonl").string(), envs = src + "/tests/verifiers_envs";
-  const std::vector<std::string> sets = {"env.sources=[{kind: verifiers, name: echo, path: " + tasks +
-                                             ", options: {verifiers_env: arlo_vf_echo, verifiers_python_path: " + envs +
-                                             "}}, {kind: arithmetic, ratio: 1, reward: [{kind: exact_match}]}]",
-                                         "orchestrator.max_inflight=2",
-                                         "eval.env_kind=verifiers",
-                                         "eval.env_path=" + tasks,
-                                         "eval.interval=1",
-                                         "eval.size=4"};
-  for (const auto& set : sets) r.args.insert(r.args.end(), {"--set", set});
+  auto r = make_mixed_run("sources", steps,
+                          {"orchestrator.max_inflight=2", "eval.env_kind=verifiers", "eval.interval=1", "eval.size=4"});
+  r.args.insert(r.args.end(), {"--set", "eval.env_path=" + (r.dir / "tasks.jsonl").string()});
   const auto run = arlo::e2e::run_to_end(r.args, r.dir / "arlo.log");
   const std::string tail = arlo::e2e::tail(run.output);
   ASSERT_TRUE(run.exited_with(0)) << "arlo run failed (status " << run.status << "):\n" << tail;
@@ -181,7 +194,7 @@ TEST(VerifiersE2E, AVerifiersSourceBesideABuiltInOneAndEvalThroughIt) {
   const auto events = events_of(r.run_dir, "verifiers-env-echo");
   ASSERT_FALSE(events.empty()) << read_text(r.run_dir / "supervision.jsonl");
   EXPECT_EQ(events.front().value("event", ""), "started");
-  EXPECT_TRUE(events_of(r.run_dir, "verifiers-env-eval").empty());  // eval shares the source's server
+  EXPECT_TRUE(events_of(r.run_dir, "verifiers-env").empty());  // eval shares the source's server
   arlo::e2e::expect_every_step_trained(json::parse(read_text(r.run_dir / "summary.json")), r.run_dir, steps, 2);
   std::map<std::string, int> groups;
   for (const auto& group : arlo::e2e::read_jsonl(r.run_dir / "rollouts.jsonl")) {
@@ -205,6 +218,31 @@ TEST(VerifiersE2E, AVerifiersSourceBesideABuiltInOneAndEvalThroughIt) {
     for (const auto& [key, value] : rec.items())
       if (key.starts_with("eval/verifiers/")) ++evals;
   EXPECT_GT(evals, 0) << read_text(r.run_dir / "metrics.jsonl").substr(0, 2000);
+  fs::remove_all(r.dir);
+}
+
+// A verifiers source's server killed mid-run (its own child, verifiers-env-echo) is restarted and
+// costs only its own episodes in flight: the run trains every step, the arithmetic source goes on,
+// and eval.env_kind same evaluates each source (the verifiers one through its server).
+TEST(VerifiersE2E, AKilledSourceServerIsRestartedAndTheOtherSourceGoesOn) {
+  ASSERT_NE(std::getenv("ARLO_SOURCE_DIR"), nullptr);
+  const int steps = 4;
+  auto r = make_mixed_run("source_kill", steps, {"eval.env_kind=same", "eval.interval=2", "eval.size=2"});
+  json s;
+  kill_server_mid_run(r, "verifiers-env-echo", steps, s);
+  if (::testing::Test::HasFatalFailure()) return;
+  std::map<std::string, int> groups;
+  for (const auto& group : arlo::e2e::read_jsonl(r.run_dir / "rollouts.jsonl")) ++groups[group.value("env", "")];
+  EXPECT_GT(groups["echo"], 0) << json(groups).dump();
+  EXPECT_GT(groups["arithmetic"], 0) << json(groups).dump();
+  bool eval_echo = false, eval_arithmetic = false;  // eval per source, as for any kind
+  for (const auto& rec : arlo::e2e::read_jsonl(r.run_dir / "metrics.jsonl"))
+    for (const auto& [key, value] : rec.items()) {
+      eval_echo |= key.starts_with("eval/echo/");
+      eval_arithmetic |= key.starts_with("eval/arithmetic/");
+    }
+  EXPECT_TRUE(eval_echo && eval_arithmetic) << read_text(r.run_dir / "metrics.jsonl").substr(0, 2000);
+  arlo::e2e::print_fault_cost("SIGKILL of a verifiers source's server", r.run_dir, s);
   fs::remove_all(r.dir);
 }
 

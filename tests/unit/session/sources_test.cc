@@ -218,7 +218,7 @@ TEST(RunSources, EvalRunsOnTheVerifiersEnvironmentOfTheEnvKeys) {
   auto two = verifiers_sources(*own);
   ASSERT_TRUE(two) << two.error().what();
   ASSERT_EQ(two->size(), 1u);
-  EXPECT_EQ((*two)[0].child, "verifiers-env-eval");
+  EXPECT_EQ((*two)[0].child, "verifiers-env");  // the env.verifiers_* keys' environment
   EXPECT_EQ((*two)[0].options.value("verifiers_env", ""), "arlo_vf_tools");
   auto clash = load_yaml(eval +
                          "env: {verifiers_env: arlo_vf_tools, sources: [{kind: verifiers, path: /x.jsonl, "
