@@ -26,6 +26,8 @@ def main() -> int:
     parser.add_argument("--max-concurrent", type=int, default=0)
     parser.add_argument("--path", action="append", default=[])
     args = parser.parse_args()
+    # Absolute: the tool servers verifiers starts run in a directory of their own.
+    args.path = [os.path.abspath(p) for p in args.path]
     for p in reversed(args.path):
         sys.path.insert(0, p)
     if args.path:  # the programs the environment starts (tool servers: python -m <module>) as well
