@@ -28,7 +28,8 @@ can render back) without whitespace (--structured-outputs-config disable_any_whi
 rendering of the next turn extends what the model wrote, which the gateway requires. The tool's
 terms are bounded (0 to 999), so a forced call is short (sampling.max_tokens 32 holds it).
 
-The two tests take about 5 minutes on 2 cores (each starts its own vLLM, which is most of it).
+The two tests take about 5 minutes on 2 cores (each starts its own vLLM, which is most of it); ctest
+runs each on its own (vllm_verifiers, vllm_verifiers_tools).
 
     .venv/bin/python tests/vllm/verifiers_test.py --source . --arlo build/apps/arlo/arlo
 """
