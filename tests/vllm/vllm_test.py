@@ -203,19 +203,30 @@ class PauseModesTest(unittest.TestCase):
         self.assertEqual(status, 200, out)
 
     def test_abort_ends_every_choice_at_once_with_its_partial_tokens(self):
-        f = self.start_flight()
-        try:
-            self.pause("abort")
-            self.assertTrue(f.done.wait(60), "the request did not end after the abort")
-        finally:
-            self.resume()
-        self.assertIsNone(f.error)
+        # As with keep: on a loaded machine a choice (or all) can reach its last token before vLLM
+        # serves the pause. Such a choice ends as "length" with every token, which shows nothing about
+        # aborting; a flight where none was aborted is tried again, and an abort that is never honoured
+        # fails all three.
         tok = Reference.tokenizer()
-        self.assertEqual(len(f.choices), self.N)
-        for c in f.choices.values():
-            self.assertEqual(c["finish"], "abort", c["finish"])
-            self.assertLess(len(c["ids"]), self.MAX)
-            self.assertEqual(tok.decode(c["ids"], skip_special_tokens=True), c["text"])
+        for _ in range(3):
+            f = self.start_flight()
+            try:
+                self.pause("abort")
+                self.assertTrue(f.done.wait(60), "the request did not end after the abort")
+            finally:
+                self.resume()
+            self.assertIsNone(f.error)
+            self.assertEqual(len(f.choices), self.N)
+            for c in f.choices.values():
+                self.assertEqual(tok.decode(c["ids"], skip_special_tokens=True), c["text"])
+                if c["finish"] != "abort":  # it finished before the pause took hold
+                    self.assertEqual((c["finish"], len(c["ids"])), ("length", self.MAX))
+                else:
+                    self.assertLess(len(c["ids"]), self.MAX)
+            if any(c["finish"] == "abort" for c in f.choices.values()):
+                break
+        else:
+            self.fail("in 3 flights every choice made every token: the abort never took hold")
 
     def test_keep_makes_no_token_while_paused_and_finishes_every_choice_after_resume(self):
         # On a loaded machine the whole flight can end before vLLM serves the pause (its API loop is
@@ -250,16 +261,22 @@ class PauseModesTest(unittest.TestCase):
         f = self.start_flight()
         left = self.N * self.MAX - f.tokens()
         try:
+            sent_at = time.monotonic()
             self.pause("wait")
-            answered_at = time.monotonic()
-            self.assertTrue(f.done.wait(30))
+            waited = time.monotonic() - sent_at
+            # Every choice then ends with all its tokens while the server stays paused: a kept request
+            # would make no token, an aborted one would end short.
+            self.assertTrue(f.done.wait(60), "the request did not finish while paused in wait mode")
         finally:
             self.resume()
         self.assertIsNone(f.error)
-        # Most of the work was left when the pause was sent, and the stream ended with the answer (its
-        # last bytes may trail it a little): the answer waited for the generation.
+        # Most of the work was left when the pause was sent, and the answer took the time to generate
+        # it (several seconds on 2 cores; load only makes it longer), not a no-op's milliseconds. The
+        # stream's last chunks cannot show when generation ended: on a loaded machine they trail the
+        # answer by seconds (most of the tokens, in one measured run).
+        print(f"vllm_test: wait: {left} tokens left at the pause, answered after {waited:.2f} s", file=sys.stderr)
         self.assertGreater(left, self.N * self.MAX // 2)
-        self.assertLess(f.done_at - answered_at, 1.0)
+        self.assertGreater(waited, 0.5)
         for c in f.choices.values():
             self.assertEqual((c["finish"], len(c["ids"])), ("length", self.MAX))
 
